@@ -1,0 +1,266 @@
+"""Start, stop, kill and restart a real RabbitMQ broker on a data directory of our choosing.
+
+A broker lives in a *run dir*::
+
+    RUN/mnesia/rabbit@localhost/...     RABBITMQ_MNESIA_BASE (the node dir is RUN/mnesia/<node>)
+    RUN/log/  RUN/home/  RUN/rabbitmq.conf  RUN/enabled_plugins  [RUN/advanced.config]
+
+It listens on 127.0.0.1 only, with its own AMQP, distribution and epmd ports, so several
+brokers (of different versions) can run at once. Versions running in a chroot see the run dir
+at the same absolute path through a bind mount. When we are root the broker runs as the
+``rabbitmq`` user of its root filesystem, as the Debian service script does.
+
+    with Broker("4.3.6", tmp_path / "run") as b:
+        b.start(); ...; b.kill(); b.start(); ...; b.stop()
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from cqforensics.broker.runtimes import Runtime, prepare_chroot, runtime
+
+NODENAME = "rabbit@localhost"
+
+
+class BrokerError(RuntimeError):
+    """The broker could not be started or stopped; the message carries the log tail."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _owner_ids(root: Path) -> tuple[int, int] | None:
+    """uid/gid of the 'rabbitmq' user in the passwd file of ``root``."""
+    for line in (root / "etc/passwd").read_text().splitlines():
+        fields = line.split(":")
+        if fields[0] == "rabbitmq":
+            return int(fields[2]), int(fields[3])
+    return None
+
+
+class Broker:
+    """A RabbitMQ node of ``version`` whose data lives under ``run_dir``."""
+
+    def __init__(self, version: str, run_dir: Path | str, *, advanced_config: str | None = None,
+                 nodename: str = NODENAME, env: dict[str, str] | None = None):
+        self.runtime: Runtime = runtime(version)
+        why = self.runtime.unavailable()
+        if why:
+            raise BrokerError(why)
+        self.version = version
+        self.run_dir = Path(run_dir).absolute()
+        self.nodename = nodename
+        self.port, self.dist_port, self.epmd_port = free_port(), free_port(), free_port()
+        self.extra_env = dict(env or {})
+        self._proc: subprocess.Popen | None = None
+        self._mounted = False
+        self._ids = _owner_ids(self.runtime.root) if os.geteuid() == 0 else None
+        for sub in ("mnesia", "log", "home"):
+            (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "rabbitmq.conf").write_text(
+            f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
+            "loopback_users = none\n"
+            "log.console = false\n"
+            "log.file.level = info\n"
+        )
+        (self.run_dir / "enabled_plugins").write_text("[].\n")
+        if advanced_config is not None:
+            (self.run_dir / "advanced.config").write_text(advanced_config)
+
+    # -- paths ---------------------------------------------------------------------------
+
+    @property
+    def mnesia_base(self) -> Path:
+        return self.run_dir / "mnesia"
+
+    @property
+    def node_dir(self) -> Path:
+        return self.mnesia_base / self.nodename
+
+    @property
+    def log_file(self) -> Path:
+        return self.run_dir / "log" / f"{self.nodename}.log"
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
+
+    def log_tail(self, lines: int = 40) -> str:
+        out = []
+        for f in (self.log_file, self.run_dir / "log" / "stdout.txt"):
+            if f.exists():
+                out += f.read_text(errors="replace").splitlines()[-lines:]
+        return "\n".join(out[-lines:])
+
+    # -- process control -----------------------------------------------------------------
+
+    def _env(self) -> dict[str, str]:
+        r = str(self.run_dir)
+        env = {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": f"{r}/home",
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "RABBITMQ_MNESIA_BASE": f"{r}/mnesia",
+            "RABBITMQ_LOG_BASE": f"{r}/log",
+            "RABBITMQ_NODENAME": self.nodename,
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "ERL_EPMD_PORT": str(self.epmd_port),
+            "ERL_EPMD_ADDRESS": "127.0.0.1",
+            "RABBITMQ_CONFIG_FILE": f"{r}/rabbitmq.conf",
+            "RABBITMQ_ENABLED_PLUGINS_FILE": f"{r}/enabled_plugins",
+            "RABBITMQ_CONF_ENV_FILE": f"{r}/rabbitmq-env.conf",  # absent: ignore /etc/rabbitmq
+            "RABBITMQ_PID_FILE": f"{r}/pid",
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+        }
+        if (self.run_dir / "advanced.config").exists():
+            env["RABBITMQ_ADVANCED_CONFIG_FILE"] = f"{r}/advanced.config"
+        env.update(self.extra_env)
+        return env
+
+    def _argv(self, program: str, *args: str) -> list[str]:
+        """Command line running a RabbitMQ script inside the runtime, as its rabbitmq user."""
+        env = [f"{k}={v}" for k, v in self._env().items()]
+        cmd = ["env", "-i", *env, f"/usr/lib/rabbitmq/bin/{program}", *args]
+        if self._ids is None:  # not root: run as ourselves on the host
+            return cmd
+        uid, gid = self._ids
+        return ["chroot", f"--userspec={uid}:{gid}", str(self.runtime.root), *cmd]
+
+    def _prepare(self) -> None:
+        if self.runtime.chroot:
+            prepare_chroot(self.runtime.root)
+            if not self._mounted:
+                target = self.runtime.root / str(self.run_dir).lstrip("/")
+                target.mkdir(parents=True, exist_ok=True)
+                subprocess.run(["mount", "--bind", str(self.run_dir), str(target)], check=True)
+                self._mounted = True
+        if self._ids is not None:
+            uid, gid = self._ids
+            os.chown(self.run_dir, uid, gid)
+            for dirpath, dirnames, filenames in os.walk(self.run_dir):
+                for name in dirnames + filenames:
+                    os.lchown(os.path.join(dirpath, name), uid, gid)
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self, timeout: float = 180.0) -> None:
+        """Boot the node and wait until its AMQP listener accepts connections.
+
+        Raises BrokerError (with the log tail) when the node exits or is not up within
+        ``timeout`` seconds; a node that hangs at boot is killed before raising.
+        """
+        if self.running:
+            raise BrokerError(f"broker {self.version} on {self.run_dir} is already running")
+        self._prepare()
+        (self.run_dir / "pid").unlink(missing_ok=True)
+        out = open(self.run_dir / "log" / "stdout.txt", "ab")
+        self._proc = subprocess.Popen(self._argv("rabbitmq-server"), stdin=subprocess.DEVNULL, stdout=out,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        out.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                rc = self._proc.returncode
+                self._proc = None
+                raise BrokerError(f"RabbitMQ {self.version} exited at boot (status {rc}) on {self.node_dir}\n"
+                                  + self.log_tail())
+            if self._listening():
+                return
+            time.sleep(0.25)
+        self.kill()
+        raise BrokerError(f"RabbitMQ {self.version} did not come up within {timeout:.0f}s on {self.node_dir}\n"
+                          + self.log_tail())
+
+    def _listening(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"AMQP\x00\x00\x09\x01")
+                s.settimeout(2)
+                return s.recv(1) == b"\x01"  # connection.start frame: the broker is serving
+        except OSError:
+            return False
+
+    def ctl(self, *args: str, timeout: float = 120.0, check: bool = True) -> str:
+        """Run rabbitmqctl against this node; returns its stdout."""
+        proc = subprocess.run(self._argv("rabbitmqctl", "-n", self.nodename, *args), capture_output=True,
+                              text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise BrokerError(f"rabbitmqctl {' '.join(args)} failed ({proc.returncode}): "
+                              f"{proc.stderr.strip() or proc.stdout.strip()}")
+        return proc.stdout
+
+    def stop(self, timeout: float = 180.0) -> None:
+        """Clean shutdown (rabbitmqctl shutdown): the broker writes its clean-shutdown files."""
+        if not self.running:
+            return
+        try:
+            self.ctl("shutdown", timeout=timeout)
+            self._proc.wait(timeout=timeout)
+        except (BrokerError, subprocess.TimeoutExpired) as e:
+            self.kill()
+            raise BrokerError(f"clean stop of RabbitMQ {self.version} failed; killed it instead: {e}") from e
+        finally:
+            self._proc = None
+
+    def kill(self) -> None:
+        """kill -9 the whole broker process group (no clean-shutdown files are written)."""
+        if self._proc is None:
+            return
+        try:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._proc.wait()
+        self._proc = None
+
+    def close(self) -> None:
+        """Kill the node if still running, stop its epmd and release the bind mount."""
+        self.kill()
+        subprocess.run(self._argv_epmd_kill(), capture_output=True)
+        if self._mounted:
+            target = self.runtime.root / str(self.run_dir).lstrip("/")
+            subprocess.run(["umount", "-l", str(target)], check=False)
+            self._mounted = False
+            try:
+                target.rmdir()
+            except OSError:
+                pass
+
+    def _argv_epmd_kill(self) -> list[str]:
+        epmd = next(iter(sorted((self.runtime.root / "usr/lib/erlang").glob("erts-*/bin/epmd"))), None)
+        path = "/" + str(epmd.relative_to(self.runtime.root)) if epmd else "epmd"
+        cmd = ["env", "-i", f"ERL_EPMD_PORT={self.epmd_port}", path, "-kill"]
+        if self._ids is None:
+            return cmd
+        uid, gid = self._ids
+        return ["chroot", f"--userspec={uid}:{gid}", str(self.runtime.root), *cmd]
+
+    def __enter__(self) -> "Broker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- data ------------------------------------------------------------------------------
+
+    def install_node(self, src_mnesia_base: Path) -> None:
+        """Copy a node's mnesia base (``<base>/rabbit@localhost`` plus feature-flag files) in."""
+        if self.running:
+            raise BrokerError("stop the broker before replacing its data")
+        shutil.rmtree(self.mnesia_base, ignore_errors=True)
+        shutil.copytree(src_mnesia_base, self.mnesia_base, symlinks=True)

@@ -1,0 +1,291 @@
+"""Find node dirs under any path and map their vhost and queue dirs to names.
+
+Accepted inputs: a node dir (``.../mnesia/rabbit@host``, the dir holding ``msg_stores/vhosts``),
+a mnesia base holding several nodes, or any folder of backups holding such dirs at any depth.
+Names come from ``.vhost`` and ``.queue_name`` and are checked against the md5/base-36 dir
+names; a queue dir without a usable ``.queue_name`` is named from the durable-queue metadata
+when its hash matches (see ``NodeDir.resolve_names``).
+
+Layout per VH/IDX2 (rabbitmq-formats.md section 1). Nothing here reads more than the small
+text files; the data files are only listed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cqforensics import textfiles
+from cqforensics.errors import FormatError, OperationalError
+from cqforensics.grammar.idx import LEGACY_SEGMENT_ENTRY_COUNT
+
+STORES = ("persistent", "transient")
+_NUMBERED = re.compile(r"^(\d+)\.(qi|qs|idx|rdq|rdt)$")
+
+
+@dataclass
+class FileProblem:
+    """Something wrong with a small text file or a dir name (becomes a finding)."""
+
+    code: str
+    path: Path
+    message: str
+    offset: int | None = None
+
+
+@dataclass
+class StoreDir:
+    """One shared message store (``msg_store_persistent`` or ``msg_store_transient``)."""
+
+    kind: str
+    path: Path
+    rdq: list[tuple[int, Path]] = field(default_factory=list)  # numerically sorted
+    rdt: list[tuple[int, Path]] = field(default_factory=list)  # <= 3.12 interrupted combines
+    others: list[Path] = field(default_factory=list)
+
+    @property
+    def clean_dot(self) -> Path:
+        return self.path / "clean.dot"
+
+    @property
+    def file_summary(self) -> Path:
+        return self.path / "file_summary.ets"
+
+    @property
+    def msg_store_index(self) -> Path:
+        return self.path / "msg_store_index.ets"
+
+
+@dataclass
+class QueueDir:
+    path: Path
+    dir_name: str
+    name: str | None = None  # without the priority suffix
+    name_raw: bytes | None = None  # as stored (priority suffix included)
+    priority: int | None = None
+    name_source: str | None = None  # ".queue_name", "metadata" or None
+    index_hint: str | None = None  # "v2" when .queue_name says so
+    qi: list[tuple[int, Path]] = field(default_factory=list)
+    qs: dict[int, Path] = field(default_factory=dict)
+    idx: list[tuple[int, Path]] = field(default_factory=list)
+    journal: Path | None = None
+    others: list[Path] = field(default_factory=list)
+
+    @property
+    def index_version(self) -> int | None:
+        """2 when the dir holds .qi segments (a half-converted dir holds both), 1 for .idx or a
+        journal only, None for an empty dir."""
+        if self.qi:
+            return 2
+        if self.idx or self.journal is not None:
+            return 1
+        return 2 if self.index_hint == "v2" else None
+
+    @property
+    def label(self) -> str:
+        return self.name if self.name is not None else f"?{self.dir_name}"
+
+
+@dataclass
+class VhostDir:
+    path: Path
+    dir_name: str
+    name: str | None = None
+    name_raw: bytes | None = None
+    segment_entry_count: int = LEGACY_SEGMENT_ENTRY_COUNT  # CQv1 only (VH read_config)
+    stores: dict[str, StoreDir] = field(default_factory=dict)
+    queues: list[QueueDir] = field(default_factory=list)
+    problems: list[FileProblem] = field(default_factory=list)
+    others: list[Path] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return self.name if self.name is not None else f"?{self.dir_name}"
+
+    @property
+    def recovery_dets(self) -> Path:
+        return self.path / "recovery.dets"
+
+
+@dataclass
+class NodeDir:
+    path: Path
+    node: str  # label: the dir name (rabbit@host), or a relative path when names repeat
+    vhosts: list[VhostDir] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def _read_small(path: Path, limit: int = 1 << 20) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise OperationalError(f"{path}: cannot read: {e.strerror}") from e
+
+
+def _listdir(path: Path) -> list[os.DirEntry]:
+    try:
+        with os.scandir(path) as it:
+            return sorted(it, key=lambda e: e.name)
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise OperationalError(f"{path}: cannot list: {e.strerror}") from e
+
+
+def _numbered(entries, kinds: tuple[str, ...]) -> dict[str, list[tuple[int, Path]]]:
+    out: dict[str, list[tuple[int, Path]]] = {k: [] for k in kinds}
+    for e in entries:
+        m = _NUMBERED.match(e.name)
+        if m and m.group(2) in out and e.is_file():
+            out[m.group(2)].append((int(m.group(1)), Path(e.path)))
+    for v in out.values():
+        v.sort()
+    return out
+
+
+def read_queue_dir(path: Path, vhost_raw: bytes | None, problems: list[FileProblem]) -> QueueDir:
+    q = QueueDir(path=path, dir_name=path.name)
+    entries = _listdir(path)
+    files = _numbered(entries, ("qi", "qs", "idx"))
+    q.qi, q.idx = files["qi"], files["idx"]
+    q.qs = dict(files["qs"])
+    known = {p for _, p in q.qi + q.idx} | set(q.qs.values())
+    for e in entries:
+        p = Path(e.path)
+        if e.name == "journal.jif":
+            q.journal = p
+        elif e.name != ".queue_name" and p not in known:
+            q.others.append(p)
+    raw = _read_small(path / ".queue_name")
+    if raw is None:
+        problems.append(FileProblem("missing-queue-name", path / ".queue_name", "queue dir has no .queue_name"))
+        return q
+    try:
+        qn = textfiles.parse_queue_name(raw, vhost_raw)
+    except FormatError as e:
+        problems.append(FileProblem("missing-queue-name", path / ".queue_name",
+                                    f"unreadable .queue_name: {e.message}", e.offset))
+        return q
+    q.index_hint = qn.index
+    if vhost_raw is not None and qn.vhost != vhost_raw:
+        problems.append(FileProblem("queue-dir-mismatch", path / ".queue_name",
+                                    f".queue_name names vhost {qn.vhost!r}, the dir is in {vhost_raw!r}"))
+    expected = textfiles.queue_dir_name(vhost_raw if vhost_raw is not None else qn.vhost, qn.name)
+    if expected != path.name:
+        problems.append(FileProblem("queue-dir-mismatch", path,
+                                    f".queue_name says {qn.name!r}, whose dir would be {expected}"))
+        return q
+    q.name_raw, q.priority = qn.name, qn.priority
+    q.name = qn.base.decode("utf-8", "replace")
+    q.name_source = ".queue_name"
+    return q
+
+
+def read_vhost_dir(path: Path) -> VhostDir:
+    v = VhostDir(path=path, dir_name=path.name)
+    raw = _read_small(path / ".vhost")
+    if raw is None:
+        v.problems.append(FileProblem("missing-queue-name", path / ".vhost", "vhost dir has no .vhost"))
+    elif textfiles.vhost_dir_name(raw) != path.name:
+        v.problems.append(FileProblem("queue-dir-mismatch", path / ".vhost",
+                                      f".vhost says {raw!r}, whose dir would be {textfiles.vhost_dir_name(raw)}"))
+    else:
+        v.name_raw, v.name = raw, raw.decode("utf-8", "replace")
+    cfg = _read_small(path / ".config")
+    if cfg is not None:
+        try:
+            count = textfiles.segment_entry_count(cfg)
+        except FormatError as e:
+            count = None
+            v.problems.append(FileProblem("unknown-file", path / ".config", f"unreadable .config: {e.message}",
+                                          e.offset))
+        if count is not None:
+            v.segment_entry_count = count
+    for e in _listdir(path):
+        p = Path(e.path)
+        if e.name.startswith("msg_store_") and e.is_dir() and e.name[10:] in STORES:
+            kind = e.name[10:]
+            store = StoreDir(kind=kind, path=p)
+            entries = _listdir(p)
+            files = _numbered(entries, ("rdq", "rdt"))
+            store.rdq, store.rdt = files["rdq"], files["rdt"]
+            numbered = {q for _, q in store.rdq + store.rdt}
+            store.others = [Path(x.path) for x in entries if Path(x.path) not in numbered]
+            v.stores[kind] = store
+        elif e.name == "queues" and e.is_dir():
+            for qe in _listdir(p):
+                if qe.is_dir():
+                    v.queues.append(read_queue_dir(Path(qe.path), v.name_raw, v.problems))
+                else:
+                    v.others.append(Path(qe.path))
+        elif e.name not in (".vhost", ".config", "recovery.dets"):
+            v.others.append(p)
+    return v
+
+
+def read_node_dir(path: Path, label: str | None = None) -> NodeDir:
+    node = NodeDir(path=path, node=label or path.name)
+    for e in _listdir(path / "msg_stores" / "vhosts"):
+        if e.is_dir():
+            node.vhosts.append(read_vhost_dir(Path(e.path)))
+    return node
+
+
+def is_node_dir(path: Path) -> bool:
+    return (path / "msg_stores" / "vhosts").is_dir()
+
+
+def find_node_dirs(root: Path, max_depth: int = 8) -> list[Path]:
+    """Node dirs at or below ``root`` (not descending into a node dir), in sorted order."""
+    if is_node_dir(root):
+        return [root]
+    found = []
+    for dirpath, dirnames, _ in os.walk(root):
+        dirnames.sort()
+        depth = len(Path(dirpath).relative_to(root).parts)
+        keep = []
+        for d in dirnames:
+            p = Path(dirpath) / d
+            if is_node_dir(p):
+                found.append(p)
+            elif depth < max_depth and d != "msg_stores":
+                keep.append(d)
+        dirnames[:] = keep
+    return found
+
+
+def discover(paths) -> list[NodeDir]:
+    """Every node dir under ``paths`` (a path or a list), labelled uniquely, in input order."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    roots = []
+    for p in paths:
+        p = Path(p).absolute()
+        if not p.exists():
+            raise OperationalError(f"{p}: no such file or directory")
+        if not p.is_dir():
+            raise OperationalError(f"{p}: not a directory (give a node dir, a mnesia base or a folder of backups)")
+        found = find_node_dirs(p)
+        if not found:
+            raise OperationalError(f"{p}: no RabbitMQ node directory (one holding msg_stores/vhosts) found")
+        roots += [(p, f) for f in found]
+    seen: dict[Path, None] = {}
+    unique = [(r, f) for r, f in roots if not (f in seen or seen.setdefault(f, None))]
+    names = [f.name for _, f in unique]
+    dup = {n for n in names if names.count(n) > 1}
+    common = Path(os.path.commonpath([str(f) for _, f in unique])) if len(unique) > 1 else None
+    nodes = []
+    for _, f in unique:
+        label = f.name
+        if f.name in dup and common is not None:
+            label = f.relative_to(common).as_posix()
+        nodes.append(read_node_dir(f, label))
+    return nodes

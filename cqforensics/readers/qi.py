@@ -1,0 +1,127 @@
+"""CQv2 ``.qi`` segments, decoded vectorised with the numpy twin of ``grammar.qi.entry``.
+
+Slot classes (IDX2 recover_segment / parse_entry):
+
+* ``live``: status 1 and a layout the strict parser accepts;
+* ``bad``: status not 0/1, or status 1 with reserved bits set (IDX2 has no clause for it:
+  the queue crashes when it meets one), or a location the parser rejects;
+* ``ghost``: status 0 with other bytes left: an entry dirty recovery dropped (it only zeroes
+  the status byte);
+* ``empty``: all 32 bytes zero (never written, or acked: write_ack zeroes the slot).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from construct import ConstructError
+
+from cqforensics.findings import Finding
+from cqforensics.grammar import qi as c_qi
+from cqforensics.readers.files import read_bytes
+
+EMPTY, LIVE, GHOST, BAD = 0, 1, 2, 3
+CLASS_NAMES = {EMPTY: "empty", LIVE: "publish", GHOST: "ghost", BAD: "bad"}
+
+
+@dataclass
+class QiSegment:
+    path: Path
+    number: int  # from the file name
+    size: int
+    header_ok: bool
+    from_seq_id: int
+    to_seq_id: int
+    slots: np.ndarray  # ENTRY_DTYPE, one per complete slot present in the file
+    klass: np.ndarray  # uint8 slot class (EMPTY/LIVE/GHOST/BAD)
+    bad_reason: dict[int, str] = field(default_factory=dict)  # slot -> why the strict parser fails
+    tail_bytes: int = 0  # bytes of a partial last slot
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def seq_ids(self) -> np.ndarray:
+        return self.from_seq_id + np.arange(len(self.slots), dtype=np.int64)
+
+    def offsets(self) -> np.ndarray:
+        return c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * np.arange(len(self.slots), dtype=np.int64)
+
+
+def strict_parse_error(raw: bytes) -> str | None:
+    """Why the broker's strict parser rejects a 32-byte slot (the construct grammar's message)."""
+    try:
+        c_qi.entry.parse(raw)
+    except ConstructError as e:
+        return str(e).replace("\n", " ")
+    return None
+
+
+def classify(slots: np.ndarray) -> np.ndarray:
+    status = slots["status"]
+    raw = slots.view(np.uint8).reshape(-1, c_qi.ENTRY_SIZE) if len(slots) else np.zeros((0, 32), np.uint8)
+    anything = raw[:, 1:].any(axis=1) if len(slots) else np.zeros(0, bool)
+    kind = slots["loc_kind"]
+    msg_id_zero = ~raw[:, 4:20].any(axis=1) if len(slots) else np.zeros(0, bool)
+    bad_layout = ((slots["flags"] & 0xFE) != 0) | (slots["reserved"] != 0) | (kind > 2) \
+        | ((kind == 0) & ~msg_id_zero) | ((kind == 2) & (slots["loc_pad"] != 0))
+    out = np.full(len(slots), EMPTY, np.uint8)
+    out[(status == 0) & anything] = GHOST
+    out[status == 1] = LIVE
+    out[(status == 1) & bad_layout] = BAD
+    out[status > 1] = BAD
+    return out
+
+
+def read_qi(path: Path, number: int, segment_entry_count: int = c_qi.DEFAULT_SEGMENT_ENTRY_COUNT,
+            data: bytes | None = None) -> QiSegment:
+    """Decode one segment file. Never raises on damaged content."""
+    data = read_bytes(path) if data is None else data
+    findings: list[Finding] = []
+    header_ok = len(data) >= c_qi.HEADER_SIZE and data[:4] == c_qi.MAGIC and data[4] == c_qi.VERSION
+    from_seq = number * segment_entry_count
+    to_seq = from_seq + segment_entry_count
+    if header_ok:
+        hdr = np.frombuffer(data, c_qi.HEADER_DTYPE, count=1)[0]
+        h_from, h_to = int(hdr["from_seq_id"]), int(hdr["to_seq_id"])
+        count = h_to - h_from
+        # The header is informational for the broker, but it records the segment size the
+        # writer used (classic_queue_index_v2_segment_entry_count), which we need.
+        if 0 < count <= 1 << 20 and h_from == number * count:
+            from_seq, to_seq = h_from, h_to
+        else:
+            findings.append(Finding("qi-bad-header", f"header says seq ids {h_from}..{h_to}, inconsistent with "
+                                    f"segment number {number}; assuming {segment_entry_count}-entry segments",
+                                    str(path), 5, severity="warning",
+                                    details={"from_seq_id": h_from, "to_seq_id": h_to}))
+    else:
+        got = data[:5]
+        findings.append(Finding("qi-bad-header", f"bad segment header ({len(data)} bytes, starts {got.hex()}): "
+                                "the broker deletes this segment and its .qs on a dirty start", str(path), 0))
+    body = data[c_qi.HEADER_SIZE:] if len(data) > c_qi.HEADER_SIZE else b""
+    n = len(body) // c_qi.ENTRY_SIZE
+    max_slots = to_seq - from_seq
+    tail = len(body) - n * c_qi.ENTRY_SIZE
+    if n > max_slots:
+        findings.append(Finding("unknown-file", f"{(n - max_slots) * c_qi.ENTRY_SIZE} bytes beyond the segment's "
+                                f"{max_slots} slots", str(path), c_qi.HEADER_SIZE + max_slots * c_qi.ENTRY_SIZE))
+        n, tail = max_slots, 0
+    slots = np.frombuffer(body, c_qi.ENTRY_DTYPE, count=n) if n else np.zeros(0, c_qi.ENTRY_DTYPE)
+    klass = classify(slots)
+    seg = QiSegment(path, number, len(data), header_ok, from_seq, to_seq, slots, klass, tail_bytes=tail,
+                    findings=findings)
+    for i in np.flatnonzero(klass == BAD):
+        off = c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * int(i)
+        why = strict_parse_error(data[off:off + c_qi.ENTRY_SIZE]) or f"status byte {int(slots['status'][i])}"
+        seg.bad_reason[int(i)] = why
+        findings.append(Finding("qi-bad-entry", f"slot {int(i)} (seq id {from_seq + int(i)}): {why}", str(path), off,
+                                details={"seq_id": from_seq + int(i), "status": int(slots["status"][i]),
+                                         "flags": int(slots["flags"][i])}))
+    if tail:
+        off = c_qi.HEADER_SIZE + n * c_qi.ENTRY_SIZE
+        status = data[off]
+        findings.append(Finding("qi-bad-entry" if status == 1 else "unknown-file",
+                                f"segment ends inside slot {n} ({tail} of 32 bytes, status byte {status})",
+                                str(path), off, severity="error" if status == 1 else "info",
+                                details={"seq_id": from_seq + n, "tail_bytes": tail, "status": status}))
+    return seg

@@ -1,0 +1,187 @@
+"""The small text files of a node dir: ``.vhost``, ``.queue_name``, ``.config`` and
+``clean.dot`` (Erlang terms as text, as ``file:consult/1`` reads them).
+
+Sources: VH = rabbit_vhost.erl (.vhost, .config), IDX2/QI1 (.queue_name), RF = rabbit_file.erl
+``write_term_file`` (clean.dot: one ``~w.`` term per line).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from cqforensics.errors import FormatError
+from cqforensics.etf import Atom
+
+
+def b36(data: bytes) -> str:
+    """Upper-case base 36 of a big-endian integer, as ``~.36B`` formats it."""
+    n = int.from_bytes(data, "big")
+    digits = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    out = ""
+    while n:
+        n, r = divmod(n, 36)
+        out = digits[r] + out
+    return out or "0"
+
+
+def vhost_dir_name(vhost: bytes) -> str:
+    """VH vhost_name_to_dir_name: base 36 of md5(vhost)."""
+    return b36(hashlib.md5(vhost).digest())
+
+
+def queue_dir_name(vhost: bytes, name: bytes) -> str:
+    """IDX2 queue_name_to_dir_name: base 36 of md5("queue" ++ vhost ++ name)."""
+    return b36(hashlib.md5(b"queue" + vhost + name).digest())
+
+
+def priority_queue_name(name: bytes, priority: int) -> bytes:
+    """rabbit_priority_queue mutate_name_bin: each level is <<Name, 0, P:8>>."""
+    return name + b"\x00" + bytes([priority])
+
+
+@dataclass(frozen=True)
+class QueueName:
+    """What a ``.queue_name`` stub says; ``name`` is the full stored name (priority suffix
+    included), ``base``/``priority`` split it."""
+
+    vhost: bytes
+    name: bytes
+    index: str | None  # "v2" when the stub says INDEX: v2
+
+    @property
+    def priority(self) -> int | None:
+        if len(self.name) >= 2 and self.name[-2] == 0:
+            return self.name[-1]
+        return None
+
+    @property
+    def base(self) -> bytes:
+        return self.name[:-2] if self.priority is not None else self.name
+
+
+def parse_queue_name(raw: bytes, vhost: bytes | None = None) -> QueueName:
+    """Parse ``VHOST: <vhost>\\nQUEUE: <name>\\n[INDEX: v2\\n]``.
+
+    Names may contain newlines, so when the vhost is known it anchors the split.
+    """
+    if not raw.startswith(b"VHOST: "):
+        raise FormatError("does not start with 'VHOST: '", offset=0)
+    rest = raw[7:]
+    if vhost is not None and rest.startswith(vhost + b"\nQUEUE: "):
+        vh, rest = vhost, rest[len(vhost) + 8:]
+    else:
+        cut = rest.find(b"\nQUEUE: ")
+        if cut < 0:
+            raise FormatError("no 'QUEUE: ' line", offset=7)
+        vh, rest = rest[:cut], rest[cut + 8:]
+    index = None
+    if rest.endswith(b"\nINDEX: v2\n"):
+        rest, index = rest[:-11], "v2"
+    elif rest.endswith(b"\n"):
+        rest = rest[:-1]
+    else:
+        raise FormatError("queue line is not terminated", offset=len(raw))
+    return QueueName(vh, rest, index)
+
+
+# -- Erlang terms as text (file:consult) --------------------------------------------------------
+
+_TOKEN = re.compile(rb"""
+    \s+ | %[^\n]*                                   # whitespace, comments
+  | (?P<bin><<)  | (?P<ebin>>>)
+  | (?P<punct>[{}\[\],.|])
+  | (?P<float>-?\d+\.\d+(?:[eE][-+]?\d+)?)
+  | (?P<int>-?\d+)
+  | (?P<str>"(?:[^"\\]|\\.)*")
+  | (?P<qatom>'(?:[^'\\]|\\.)*')
+  | (?P<atom>[a-z][A-Za-z0-9_@]*)
+""", re.VERBOSE)
+
+
+def _tokens(text: bytes):
+    pos = 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None:
+            raise FormatError(f"unexpected character {text[pos:pos + 1]!r}", offset=pos)
+        pos = m.end()
+        if m.lastgroup:
+            yield m.lastgroup, m.group(m.lastgroup), m.start()
+
+
+def consult(text: bytes) -> list:
+    """The terms of an Erlang text file (tuples, lists, atoms, integers, floats, strings,
+    binaries ``<<1,2>>``/``<<"s">>``), each ended by a full stop."""
+    toks = list(_tokens(text))
+    out, i = [], 0
+
+    def term(i):
+        if i >= len(toks):
+            raise FormatError("unexpected end of terms", offset=len(text))
+        kind, val, off = toks[i]
+        if kind == "int":
+            return int(val), i + 1
+        if kind == "float":
+            return float(val), i + 1
+        if kind == "atom":
+            return Atom(val.decode()), i + 1
+        if kind == "qatom":
+            return Atom(_unescape(val[1:-1]).decode("utf-8", "replace")), i + 1
+        if kind == "str":
+            return list(_unescape(val[1:-1])), i + 1
+        if kind == "bin":
+            data, i = bytearray(), i + 1
+            while toks[i][0] != "ebin":
+                k, v, o = toks[i]
+                if k == "int":
+                    data.append(int(v) & 0xFF)
+                elif k == "str":
+                    data += _unescape(v[1:-1])
+                elif not (k == "punct" and v == b","):
+                    raise FormatError(f"unexpected {v!r} in binary", offset=o)
+                i += 1
+            return bytes(data), i + 1
+        if kind == "punct" and val in (b"{", b"["):
+            close = b"}" if val == b"{" else b"]"
+            items, i = [], i + 1
+            while not (toks[i][0] == "punct" and toks[i][1] == close):
+                v, i = term(i)
+                items.append(v)
+                if toks[i][0] == "punct" and toks[i][1] == b",":
+                    i += 1
+            return (tuple(items) if close == b"}" else items), i + 1
+        raise FormatError(f"unexpected {val!r}", offset=off)
+
+    try:
+        while i < len(toks):
+            v, i = term(i)
+            if i >= len(toks) or toks[i][1] != b".":
+                raise FormatError("term not ended by '.'", offset=toks[i][2] if i < len(toks) else len(text))
+            out.append(v)
+            i += 1
+    except IndexError:
+        raise FormatError("unexpected end of terms", offset=len(text)) from None
+    return out
+
+
+def _unescape(s: bytes) -> bytes:
+    return re.sub(rb"\\(.)", lambda m: {b"n": b"\n", b"t": b"\t"}.get(m.group(1), m.group(1)), s)
+
+
+def proplist(terms: list) -> dict:
+    """``[{Key, Value}, ...]`` -> dict; the first occurrence wins, as in proplists:get_value."""
+    out = {}
+    for t in terms:
+        if isinstance(t, tuple) and len(t) == 2 and t[0] not in out:
+            out[t[0]] = t[1]
+    return out
+
+
+def segment_entry_count(raw: bytes | None) -> int | None:
+    """``{segment_entry_count, N}.`` from a vhost's ``.config``; None when absent or unreadable."""
+    if raw is None:
+        return None
+    value = proplist(consult(raw)).get("segment_entry_count")
+    return value if isinstance(value, int) and 0 < value <= 16384 else None

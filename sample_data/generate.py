@@ -1,0 +1,592 @@
+#!/usr/bin/env python3
+"""Generate the sample node dirs from real RabbitMQ brokers, with their ground truth.
+
+For each dataset: boot a fresh broker of the given version, run the scenario below, stop it
+(``rabbitmqctl shutdown`` or kill -9), copy its mnesia base to ``OUT/<dataset>/mnesia`` (the
+committed sample), then restart the broker on the *original* dir and drain every queue,
+recording what it delivered, in order, into ``OUT/<dataset>/manifest.json`` (the oracle).
+
+    python sample_data/generate.py                      # every dataset into sample_data/
+    python sample_data/generate.py 4.3.6-kill --out /tmp/samples
+    python sample_data/generate.py --readme             # refresh README.md's checksum list
+
+Needs root (chroots) and the runtimes (python -m cqforensics.broker.runtimes install).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from cqforensics.broker import Broker  # noqa: E402
+from cqforensics.broker.clients import (  # noqa: E402
+    Typed, amqp10_connection, drain_091, drain_amqp10, pika_module, proton)
+
+pika = pika_module()
+
+VHOST2 = "staging/ü"  # a second vhost, with a non-ASCII name
+LOREM = b"RabbitMQ classic-queue forensic sample; every byte of it was written by a real broker. "
+
+#: dataset name -> (broker version, stop mode, profile). Profiles other than "full" change
+#: broker settings (recorded in the manifest; a broker booting the sample must use them too).
+DATASETS = {
+    "3.10.8-clean": ("3.10.8", "clean", "full"),
+    "3.10.8-kill": ("3.10.8", "kill", "full"),
+    "3.10.8-segments": ("3.10.8", "clean", "segments"),
+    "4.0.5-clean": ("4.0.5", "clean", "full"),
+    "4.0.5-kill": ("4.0.5", "kill", "full"),
+    "4.3.6-clean": ("4.3.6", "clean", "full"),
+    "4.3.6-kill": ("4.3.6", "kill", "full"),
+    "4.3.6-rolled": ("4.3.6", "kill", "rolled"),
+}
+#: rabbit application settings per profile (advanced.config)
+SETTINGS = {
+    "full": {},
+    # 64 KiB shared-store files: the store rolls over many files, and compaction shows up
+    "rolled": {"msg_store_file_size_limit": 65536},
+    # 32-entry index segments (v1 via the vhost's .config, v2 via the app env)
+    "segments": {"queue_index_segment_entry_count": 32, "classic_queue_index_v2_segment_entry_count": 32},
+}
+QUEUE_TTL_MS = 4000
+
+
+def advanced_config(settings: dict) -> str | None:
+    if not settings:
+        return None
+    items = ", ".join(f"{{{k}, {v}}}" for k, v in settings.items())
+    return f"[{{rabbit, [{items}]}}].\n"
+
+
+def body(tag: str, n: int) -> bytes:
+    """A deterministic, compressible body of exactly n bytes that names its message."""
+    head = f"[{tag}] ".encode()
+    return (head + LOREM * (n // len(LOREM) + 1))[:n]
+
+
+#: Every field type RabbitMQ parses in a header table, nested tables and arrays included.
+ALL_TYPES = {
+    "str": "plain text ✓",
+    "str-latin1": Typed("S", b"caf\xe9 not utf-8"),
+    "bytes": Typed("x", b"\x00\x01\xfe\xff"),
+    "byte": Typed("b", -7),
+    "ubyte": Typed("B", 250),
+    "short": Typed("s", -30000),
+    "ushort": Typed("u", 65000),
+    "int": Typed("I", -2_000_000_000),
+    "uint": Typed("i", 4_000_000_000),
+    "long": Typed("l", -(2**62)),
+    "long-L": Typed("L", 2**62),
+    "float": Typed("f", 3.25),
+    "double": Typed("d", -1.0e-300),
+    "decimal": Typed("D", (3, 1234567)),
+    "bool": False,
+    "timestamp": Typed("T", 1_700_000_000),
+    "void": None,
+    "table": {"inner": Typed("I", 1), "deeper": {"x": "y", "list": [1, "two", Typed("d", 3.5)]}},
+    "array": [Typed("b", 1), "s", Typed("x", b"\xff"), {"k": True}, [Typed("u", 2)], None],
+}
+
+
+def full_props(i: int, **over) -> "pika.BasicProperties":
+    """All 14 basic properties set (user_id must be the connection's user)."""
+    kw = dict(content_type="application/json", content_encoding="identity", headers=dict(ALL_TYPES, seq=i),
+              delivery_mode=2, priority=i % 10, correlation_id=f"corr-{i}", reply_to="replies",
+              expiration=None, message_id=f"msg-{i}", timestamp=1_700_000_000 + i, type="order.created",
+              user_id="guest", app_id="cqforensics-generator", cluster_id="cluster-a")
+    kw.update(over)
+    return pika.BasicProperties(**kw)
+
+
+PERSISTENT = dict(delivery_mode=2)
+TRANSIENT = dict(delivery_mode=1)
+
+
+class Scenario:
+    """The workload every dataset gets; version-specific parts are switched on features."""
+
+    def __init__(self, broker: Broker, profile: str):
+        self.b = broker
+        self.v = broker.version
+        self.profile = profile
+        self.v1 = self.v.startswith("3.")  # CQv1 queues exist only on 3.x
+        self.amqp10 = not self.v.startswith("3.")
+        self.queues: dict[tuple[str, str], dict] = {}  # (vhost, name) -> declared info
+        self.held = []  # connections holding delivered-but-unacked messages at shutdown
+        self.ttl_published_at = 0.0
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def channel(self, vhost: str = "/"):
+        params = pika.URLParameters(self.b.url)
+        params.virtual_host = vhost
+        conn = pika.BlockingConnection(params)
+        ch = conn.channel()
+        ch.confirm_delivery()  # publishes return once the broker has persisted them
+        return conn, ch
+
+    def declare(self, ch, vhost, name, version=2, drain="amqp091", **args):
+        arguments = dict(args)
+        if self.v.startswith("3."):  # 4.x has CQv2 only
+            arguments["x-queue-version"] = version
+        ch.queue_declare(name, durable=True, arguments=arguments)
+        self.queues[(vhost, name)] = {"vhost": vhost, "name": name, "index_version": version,
+                                      "arguments": {k: v for k, v in arguments.items()}, "drain": drain}
+
+    def publish(self, ch, exchange, rk, data, props=None):
+        ch.basic_publish(exchange, rk, data, props or pika.BasicProperties(**PERSISTENT), mandatory=False)
+
+    # -- the workload ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        self.b.ctl("add_vhost", VHOST2)
+        self.b.ctl("set_permissions", "-p", VHOST2, "guest", ".*", ".*", ".*")
+        if self.profile == "rolled":
+            self.rolled_store()
+            return
+        if self.profile == "segments":
+            self.segments()
+            return
+        conn, ch = self.channel("/")
+        self.orders(ch, "orders.v2", 2)
+        if self.v1:
+            self.orders(ch, "orders.v1", 1)
+        self.fanout(ch)
+        self.priority(ch)
+        self.ttl(ch)
+        self.dead_letters(ch)
+        self.transient(ch, "transient.mix", 2)
+        if self.v1:
+            self.transient(ch, "transient.mix.v1", 1)
+        conn.close()
+        if self.amqp10:
+            self.amqp10_messages()
+        conn, ch = self.channel(VHOST2)
+        self.events(ch, "events", 2)
+        if self.v1:
+            self.events(ch, "events.v1", 1)
+        conn.close()
+        self.exclusive()
+        self.hold_unacked("/", "orders.v2", 2)
+        if self.v1:
+            self.hold_unacked("/", "orders.v1", 2)
+        conn, ch = self.channel("/")
+        self.short_ttl(ch)  # last: these must still be on disk at the stop, expired at the restart
+        conn.close()
+
+    def orders(self, ch, q, version):
+        """Mixed sizes around the 4096-byte embedding threshold, every property and header type;
+        the first 3 acked, the next 2 delivered and left unacked at shutdown (hold_unacked)."""
+        self.declare(ch, "/", q, version)
+        sizes = [0, 16, 700, 3000, 4000, 4095, 4096, 4200, 9000, 10_000, 20_000, 50, 5000, 1]
+        for i, n in enumerate(sizes):
+            props = full_props(i) if i % 3 == 0 else pika.BasicProperties(
+                delivery_mode=2, message_id=f"{q}-{i}", headers={"i": i, "q": q} if i % 3 == 1 else None)
+            self.publish(ch, "", q, body(f"{q}#{i}", n), props)
+        for _ in range(3):
+            method, _, _ = ch.basic_get(q, auto_ack=False)
+            ch.basic_ack(method.delivery_tag)
+
+    def fanout(self, ch):
+        """One fanout feeding three queues: shared-store bodies referenced 3 times."""
+        ch.exchange_declare("fanout.audit", "fanout", durable=True)
+        for name, version in (("audit.a", 2), ("audit.b", 2), ("audit.c", 1 if self.v1 else 2)):
+            self.declare(ch, "/", name, version)
+            ch.queue_bind(name, "fanout.audit")
+        for i, n in enumerate([6000, 200, 12000, 4500, 100, 8000]):
+            self.publish(ch, "fanout.audit", f"audit.{i}", body(f"audit#{i}", n),
+                         pika.BasicProperties(delivery_mode=2, message_id=f"audit-{i}", app_id="auditor"))
+        for _ in range(2):  # consumed from one queue only: references drop from 3 to 2
+            method, _, _ = ch.basic_get("audit.a", auto_ack=False)
+            ch.basic_ack(method.delivery_tag)
+
+    def priority(self, ch):
+        """x-max-priority 5: one queue dir per priority level (0..5)."""
+        self.declare(ch, "/", "jobs.prio", 2, **{"x-max-priority": 5})
+        for i, p in enumerate([None, 0, 1, 5, 3, 9, 2, 5, None, 4, 1, 3]):
+            n = 5000 if i % 4 == 0 else 300
+            self.publish(ch, "", "jobs.prio", body(f"prio#{i}", n),
+                         pika.BasicProperties(delivery_mode=2, priority=p, message_id=f"job-{i}"))
+
+    def ttl(self, ch):
+        """Per-message TTL mixed with messages that never expire; TTLs are short enough that
+        they have all expired when the broker restarts, so booting this data later is stable."""
+        self.declare(ch, "/", "ttl.mixed", 2)
+        for i in range(8):
+            exp = "1500" if i % 2 else None
+            self.publish(ch, "", "ttl.mixed", body(f"ttl#{i}", 5000 if i % 3 == 0 else 120),
+                         pika.BasicProperties(delivery_mode=2, expiration=exp, message_id=f"ttl-{i}"))
+
+    def short_ttl(self, ch):
+        """Per-queue TTL (x-message-ttl): everything expires between the stop and the restart."""
+        self.declare(ch, "/", "ttl.queue", 2, **{"x-message-ttl": QUEUE_TTL_MS})
+        for i in range(4):
+            self.publish(ch, "", "ttl.queue", body(f"qttl#{i}", 4500 if i % 2 else 64))
+        self.ttl_published_at = time.monotonic()
+
+    def dead_letters(self, ch):
+        """Dead-lettering by reject (work -> dead) and by expiry (delay -> dead): x-death headers."""
+        ch.exchange_declare("dlx", "direct", durable=True)
+        self.declare(ch, "/", "dead", 2)
+        ch.queue_bind("dead", "dlx", routing_key="dead")
+        self.declare(ch, "/", "work", 2, **{"x-dead-letter-exchange": "dlx", "x-dead-letter-routing-key": "dead"})
+        self.declare(ch, "/", "delay", 2, **{"x-dead-letter-exchange": "dlx", "x-dead-letter-routing-key": "dead",
+                                             "x-message-ttl": 200})
+        for i in range(6):
+            props = full_props(100 + i) if i == 0 else pika.BasicProperties(
+                delivery_mode=2, message_id=f"work-{i}", headers={"attempt": i})
+            self.publish(ch, "", "work", body(f"work#{i}", 7000 if i % 2 else 500), props)
+        for i in range(4):  # reject 4 of 6: dead-lettered with reason 'rejected'
+            method, _, _ = ch.basic_get("work", auto_ack=False)
+            ch.basic_reject(method.delivery_tag, requeue=False)
+        for i in range(3):
+            self.publish(ch, "", "delay", body(f"delay#{i}", 6000 if i == 1 else 80),
+                         pika.BasicProperties(delivery_mode=2, message_id=f"delay-{i}", headers={"kind": "retry"}))
+        deadline = time.time() + 30
+        while time.time() < deadline:  # the broker expires them into 'dead'
+            if ch.queue_declare("delay", passive=True).method.message_count == 0:
+                break
+            time.sleep(0.2)
+
+    def transient(self, ch, q, version):
+        """Transient (delivery_mode 1) and persistent messages in one durable queue."""
+        args = {"x-queue-mode": "lazy"} if self.v.startswith("3.") else {}  # lazy: 3.x pages them to disk
+        self.declare(ch, "/", q, version, **args)
+        for i in range(12):
+            mode = TRANSIENT if i % 2 else PERSISTENT
+            self.publish(ch, "", q, body(f"{q}#{i}", 6000 if i % 3 == 0 else 150),
+                         pika.BasicProperties(message_id=f"{q}-{i}", **mode))
+
+    def events(self, ch, q, version):
+        """The second vhost: its own shared store."""
+        self.declare(ch, VHOST2, q, version)
+        for i, n in enumerate([100, 5000, 20, 4096, 7000, 300, 10]):
+            self.publish(ch, "", q, body(f"{q}#{i}", n),
+                         pika.BasicProperties(delivery_mode=2, type="event", message_id=f"{q}-{i}",
+                                              headers={"region": "eu-ü", "n": i}))
+        method, _, _ = ch.basic_get(q, auto_ack=False)
+        ch.basic_ack(method.delivery_tag)
+
+    def hold_unacked(self, vhost, q, n):
+        conn, ch = self.channel(vhost)
+        ch.basic_qos(prefetch_count=n)
+        for _ in range(n):
+            method, _, _ = ch.basic_get(q, auto_ack=False)
+            assert method is not None
+        self.held.append(conn)  # never acked: delivered-but-unacked when the broker stops
+
+    def exclusive(self):
+        """An exclusive (non-durable) queue holding messages at the stop: its dir is not in the
+        durable-queue metadata, so the broker deletes it at the next boot."""
+        conn, ch = self.channel("/")
+        ch.queue_declare("session.exclusive", exclusive=True)
+        self.queues[("/", "session.exclusive")] = {"vhost": "/", "name": "session.exclusive", "index_version": 2,
+                                                   "arguments": {}, "drain": "amqp091", "exclusive": True}
+        for i in range(6):
+            self.publish(ch, "", "session.exclusive", body(f"excl#{i}", 6000 if i % 2 else 90))
+        self.held.append(conn)
+
+    def segments(self):
+        """Queues spanning many 32-entry index segments, the first ones fully acked (deleted)."""
+        conn, ch = self.channel("/")
+        for name, version in (("seg.v1", 1), ("seg.v2", 2)):
+            self.declare(ch, "/", name, version)
+            for i in range(150):
+                props = pika.BasicProperties(delivery_mode=1 if i % 10 == 7 else 2, message_id=f"{name}-{i}")
+                self.publish(ch, "", name, body(f"{name}#{i}", 4500 if i % 25 == 0 else 24), props)
+            for _ in range(40):  # segment 0 entirely, segment 1 partly
+                method, _, _ = ch.basic_get(name, auto_ack=False)
+                ch.basic_ack(method.delivery_tag)
+        conn.close()
+        self.hold_unacked("/", "seg.v1", 3)
+        self.hold_unacked("/", "seg.v2", 3)
+
+    def amqp10_messages(self):
+        """AMQP 1.0 publishes (stored as #mc{mc_amqp}): data and amqp-value bodies, application
+        properties, message annotations, a transient one, one fanned out to two queues."""
+        p = proton()
+        conn, ch = self.channel("/")
+        self.declare(ch, "/", "amqp10.q", 2, drain="amqp10")
+        ch.exchange_declare("fanout.amqp10", "fanout", durable=True)
+        for name in ("amqp10.a", "amqp10.b"):
+            self.declare(ch, "/", name, 2, drain="amqp10")
+            ch.queue_bind(name, "fanout.amqp10")
+        conn.close()
+        c = amqp10_connection(self.b.port, "/")
+        snd = c.create_sender("/queues/amqp10.q")
+        msgs = [
+            p.Message(body=body("amqp10#0", 100), inferred=True, durable=True, id="a10-0", subject="small",
+                      content_type=p.symbol("text/plain"),
+                      application_properties={"str": "v", "int": 7, "bool": True, "double": 2.5,
+                                              "sym": p.symbol("s"), "ulong": p.ulong(2**40),
+                                              "bin": b"\x00\xff", "ts": p.timestamp(1_700_000_000_000)}),
+            p.Message(body=body("amqp10#1", 9000), inferred=True, durable=True, id=p.ulong(42),
+                      correlation_id="corr-a10", reply_to="/queues/replies", group_id="g1", group_sequence=3,
+                      creation_time=1_700_000_000.5, annotations={"x-opt-tenant": "acme", "x-opt-n": 5}),
+            p.Message(body="an amqp-value string body", durable=True, id="a10-2", user_id=b"guest",
+                      content_encoding=p.symbol("utf-8")),
+            p.Message(body=body("amqp10#3", 200), inferred=True, durable=False, id="a10-3"),  # transient
+            p.Message(body=body("amqp10#4", 4200), inferred=True, durable=True, id="a10-4", priority=7,
+                      application_properties={"k": None}),
+        ]
+        for m in msgs:
+            snd.send(m)
+        snd.close()
+        snd = c.create_sender("/exchanges/fanout.amqp10")
+        for i, n in enumerate([5500, 50]):
+            snd.send(p.Message(body=body(f"amqp10-fan#{i}", n), inferred=True, durable=True, id=f"a10-fan-{i}",
+                               subject=f"fan-{i}"))
+        snd.close()
+        c.close()
+
+    def rolled_store(self):
+        """Many 64 KiB .rdq files; one queue's messages are all consumed so the broker compacts
+        the files (zero-filling the holes it cannot fill with moved messages).
+
+        The store's GC timer (15 s) skips files that saw removes after it was armed, so a burst
+        of acks alone leaves them pending; one more ack later (as any steady workload makes)
+        arms a timer that compacts them all."""
+        conn, ch = self.channel("/")
+        for q in ("bulk.trigger", "bulk.keep", "bulk.drop"):
+            self.declare(ch, "/", q, 2)
+        self.publish(ch, "", "bulk.trigger", body("trigger", 5000))  # lands in 0.rdq
+        for i in range(60):
+            self.publish(ch, "", "bulk.keep", body(f"keep#{i}", 5000))
+            self.publish(ch, "", "bulk.drop", body(f"drop#{i}", 12000))
+        while True:
+            method, _, _ = ch.basic_get("bulk.drop", auto_ack=False)
+            if method is None:
+                break
+            ch.basic_ack(method.delivery_tag)
+        time.sleep(16)
+        method, _, _ = ch.basic_get("bulk.trigger", auto_ack=False)
+        ch.basic_ack(method.delivery_tag)
+        conn.close()
+        time.sleep(22)  # timer (15 s) + compaction
+
+
+# -- running a dataset ---------------------------------------------------------------------
+
+
+def package_versions(broker: Broker) -> dict:
+    root = broker.runtime.root
+    out = subprocess.run(["dpkg-query", f"--admindir={root}/var/lib/dpkg", "-W", "-f", "${Package} ${Version}\n",
+                          "rabbitmq-server", "erlang-base"], capture_output=True, text=True).stdout
+    pk = dict(line.split(" ", 1) for line in out.splitlines() if line)
+    otp = (root / "usr/lib/erlang/releases").glob("*/OTP_VERSION")
+    return {"rabbitmq": broker.version, "suite": broker.runtime.suite, "package": pk.get("rabbitmq-server"),
+            "erlang_package": pk.get("erlang-base"), "otp": next((f.read_text().strip() for f in otp), None)}
+
+
+def list_queues(broker: Broker, vhost: str) -> list[dict]:
+    out = broker.ctl("list_queues", "-p", vhost, "name", "durable", "messages", "--formatter", "json", "-q")
+    return json.loads(out or "[]")
+
+
+def drain(broker: Broker, scenario_queues: dict) -> list[dict]:
+    """Drain every queue of both vhosts; returns the per-queue records in delivery order.
+
+    Queues the scenario declared that no longer exist after the restart (exclusive ones) are
+    listed with ``exists_after_restart: false`` and no messages."""
+    result, seen = [], set()
+    for vhost in ("/", VHOST2):
+        params = pika.URLParameters(broker.url)
+        params.virtual_host = vhost
+        conn = pika.BlockingConnection(params)
+        ch = conn.channel()
+        for q in sorted(list_queues(broker, vhost), key=lambda q: q["name"]):
+            info = scenario_queues.get((vhost, q["name"]), {"vhost": vhost, "name": q["name"], "drain": "amqp091"})
+            if info["drain"] == "amqp10":
+                count = ch.queue_declare(q["name"], passive=True).method.message_count
+                msgs = drain_amqp10(broker.port, vhost, q["name"], count)
+            else:
+                msgs = drain_091(ch, q["name"])
+            result.append({**info, "durable": q["durable"], "exists_after_restart": True, "messages": msgs})
+            seen.add((vhost, q["name"]))
+        conn.close()
+    for key, info in sorted(scenario_queues.items()):
+        if key not in seen:
+            result.append({**info, "durable": False, "exists_after_restart": False, "messages": []})
+    return result
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def generate(name: str, out: Path, work: Path) -> dict:
+    version, stop, profile = DATASETS[name]
+    adv = advanced_config(SETTINGS[profile])
+    run = work / name
+    shutil.rmtree(run, ignore_errors=True)
+    dest = out / name
+    with Broker(version, run, advanced_config=adv) as b:
+        t0 = time.monotonic()
+        b.start()
+        sc = Scenario(b, profile)
+        sc.run()
+        time.sleep(1)  # let the metadata store settle: a kill -9 should hit messages, not declarations
+        stopped_at = now_ms()
+        if stop == "clean":
+            b.stop()
+        else:
+            b.kill()
+        for conn in sc.held:
+            try:
+                conn.close()
+            except Exception:  # the broker is gone; the connection is already dead
+                pass
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        shutil.copytree(b.mnesia_base, dest / "mnesia", symlinks=True)  # the sample: before any restart
+        # the per-queue TTL messages must have expired by the restart (they were on disk at the stop)
+        time.sleep(max(0.0, sc.ttl_published_at + QUEUE_TTL_MS / 1000 + 1 - time.monotonic()))
+        b.start()
+        restarted_at = now_ms()
+        queues = drain(b, sc.queues)
+        drained_at = now_ms()
+        b.stop()
+        manifest = {
+            "dataset": name,
+            "broker": package_versions(b),
+            "stop": stop,
+            "node": b.nodename,
+            "node_dir": f"mnesia/{b.nodename}",
+            "profile": profile,
+            "settings": SETTINGS[profile],
+            "stopped_at_ms": stopped_at,
+            "restarted_at_ms": restarted_at,
+            "drained_at_ms": drained_at,
+            "vhosts": ["/", VHOST2],
+            "queues": queues,
+        }
+    (dest / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
+    _clean_snapshot(dest / "mnesia")
+    total = sum(len(q["messages"]) for q in queues)
+    print(f"{name}: {len(queues)} queues, {total} messages delivered after restart "
+          f"({time.monotonic() - t0:.0f}s)", file=sys.stderr)
+    return manifest
+
+
+def _clean_snapshot(base: Path) -> None:
+    """Drop what is not the broker's data (plugin expansion dirs) and make files world-readable."""
+    for p in base.glob("*-plugins-expand"):
+        shutil.rmtree(p)
+    for dirpath, dirnames, filenames in os.walk(base):
+        for n in dirnames:
+            os.chmod(os.path.join(dirpath, n), 0o755)
+        for n in filenames:
+            os.chmod(os.path.join(dirpath, n), 0o644)
+    if os.geteuid() == 0:
+        uid, gid = os.stat(base.parent).st_uid, os.stat(base.parent).st_gid
+        for dirpath, dirnames, filenames in os.walk(base):
+            for n in dirnames + filenames:
+                os.lchown(os.path.join(dirpath, n), uid, gid)
+
+
+README_HEAD = """# Sample data: real RabbitMQ node dirs with their ground truth
+
+Every byte under `<dataset>/mnesia/` was written by a real RabbitMQ broker; nothing here is
+hand-made. Each dataset is the mnesia base of one node (`mnesia/rabbit@localhost/...`, plus the
+feature-flag file the broker keeps beside it), copied right after the broker stopped, before any
+restart. `<dataset>/manifest.json` is the ground truth recorded from the broker itself: the broker
+was restarted on the original dir and every queue was drained; per queue, in delivery order, it
+holds each message's body sha256 and length, exchange, routing key, redelivered flag, all basic
+properties and the typed headers (AMQP 1.0 queues were drained over AMQP 1.0 and record their
+sections instead). `restarted_at_ms` is the reference time for TTL expiry.
+
+## How it was made
+
+    python sample_data/generate.py            # as root; regenerates every dataset and this file
+
+`generate.py` (in this folder) drives the brokers through `cqforensics.broker` (RabbitMQ 3.10.8
+from Debian bookworm on the host; 4.0.5 from trixie and 4.3.6 from sid in debootstrap chroots,
+see `python -m cqforensics.broker.runtimes install`). Clients: pika (AMQP 0-9-1) and the proton
+bundled with rabbitmq-amqp-python-client (AMQP 1.0). Message ids are random, so a regeneration
+gives different bytes with the same structure.
+
+## The scenario (datasets with profile `full`)
+
+| queue (vhost `/` unless noted) | settings | what it exercises |
+|---|---|---|
+| `orders.v2`, `orders.v1` (3.10 only) | x-queue-version 2 / 1 | bodies 0 B..20 kB around the 4096-byte embedding threshold; all 14 basic properties and a header of every AMQP 0-9-1 field type on every third message; first 3 acked, next 2 delivered and left unacked at the stop |
+| `audit.a`, `audit.b`, `audit.c` | fanout `fanout.audit`; `audit.c` is v1 on 3.10 | shared-store bodies referenced 3 times; 2 consumed from `audit.a` only |
+| `jobs.prio` | x-max-priority 5 | one queue dir per priority level (`.queue_name` = name, NUL, level) |
+| `ttl.mixed` | per-message TTL 1.5 s on every other message | expired entries still on disk at the stop |
+| `ttl.queue` | x-message-ttl 4 s, published just before the stop | everything expires before the restart |
+| `work` -> `dead`, `delay` -> `dead` | x-dead-letter-exchange `dlx`; `delay` has x-message-ttl 200 ms | x-death by reject and by expiry (3.10 stores decoded properties) |
+| `transient.mix`, `transient.mix.v1` (3.10) | lazy on 3.10 | transient and persistent messages in one durable queue |
+| `session.exclusive` | exclusive | a queue dir the durable metadata does not know |
+| `amqp10.q`, `amqp10.a`, `amqp10.b` (4.x) | AMQP 1.0 publishes; fanout `fanout.amqp10` | `#mc{mc_amqp}`: data and amqp-value bodies, application properties, annotations, a non-durable message |
+| `events`, `events.v1` (3.10) in vhost `staging/ü` | | a second vhost (non-ASCII name) with its own shared store |
+
+Profile `segments` (3.10.8): queues `seg.v1` and `seg.v2` of 150 messages over 32-entry index
+segments, the first 40 acked. Profile `rolled` (4.3.6): 64 KiB shared-store files; `bulk.drop`
+is consumed entirely so the broker compacts the files and zero-fills the holes it cannot fill.
+Profiles other than `full` change broker settings (below): a broker booting such a sample must
+be given the same settings (`manifest.json` `settings`).
+
+## Datasets
+
+| dataset | broker (Debian package) | Erlang/OTP | stop | profile | settings | queues | messages delivered after restart |
+|---|---|---|---|---|---|---|---|
+"""
+
+
+def write_readme(out: Path) -> None:
+    """sample_data/README.md: provenance and the sha256 of every committed file
+    (tests/test_sample_data.py checks the list against the files)."""
+    rows = []
+    for name in DATASETS:
+        mf = out / name / "manifest.json"
+        if not mf.exists():
+            continue
+        m = json.loads(mf.read_text())
+        b = m["broker"]
+        settings = ", ".join(f"`{k}` = {v}" for k, v in m["settings"].items()) or "defaults"
+        count = sum(len(q["messages"]) for q in m["queues"])
+        rows.append(f"| `{name}` | RabbitMQ {b['rabbitmq']} ({b['package']}, {b['suite']}) | {b['otp']} | "
+                    f"{'rabbitmqctl shutdown' if m['stop'] == 'clean' else 'kill -9'} | {m['profile']} | {settings} | "
+                    f"{len(m['queues'])} | {count} |")
+    sums = []
+    for f in sorted(p for p in out.rglob("*") if p.is_file()):
+        rel = f.relative_to(out).as_posix()
+        if rel == "README.md" or "__pycache__" in rel:
+            continue
+        sums.append(f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {rel}")
+    text = (README_HEAD + "\n".join(rows) + "\n\n## SHA-256 of every file\n\n```\n" + "\n".join(sums) + "\n```\n")
+    (out / "README.md").write_text(text)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("datasets", nargs="*", help=f"default: all of {', '.join(DATASETS)}")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
+    ap.add_argument("--work", type=Path, default=None, help="scratch dir for broker run dirs")
+    ap.add_argument("--readme", action="store_true", help="only rewrite README.md (provenance + checksums)")
+    args = ap.parse_args(argv)
+    if args.readme:
+        write_readme(args.out)
+        return
+    names = args.datasets or list(DATASETS)
+    unknown = sorted(set(names) - set(DATASETS))
+    if unknown:
+        ap.error(f"unknown dataset(s): {', '.join(unknown)}")
+    work = args.work or Path(tempfile.mkdtemp(prefix="cqf-gen-"))
+    for name in names:
+        generate(name, args.out, work)
+    if args.out.resolve() == Path(__file__).resolve().parent:
+        write_readme(args.out)
+
+
+if __name__ == "__main__":
+    main()
