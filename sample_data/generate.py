@@ -29,8 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cqforensics.broker import Broker  # noqa: E402
-from cqforensics.broker.clients import (  # noqa: E402
-    Typed, amqp10_connection, drain_091, drain_amqp10, pika_module, proton)
+from cqforensics.broker.clients import Typed, amqp10_connection, drain_all, pika_module, proton  # noqa: E402
 
 pika = pika_module()
 
@@ -273,6 +272,9 @@ class Scenario:
             self.publish(ch, "", q, body(f"{q}#{i}", n),
                          pika.BasicProperties(delivery_mode=2, type="event", message_id=f"{q}-{i}",
                                               headers={"region": "eu-ü", "n": i}))
+        # CC: the stored routing keys are [publish key | CC keys] (the CC target need not exist)
+        self.publish(ch, "", q, body(f"{q}#cc", 64), pika.BasicProperties(
+            delivery_mode=2, message_id=f"{q}-cc", headers={"CC": [f"{q}.cc-copy"]}))
         method, _, _ = ch.basic_get(q, auto_ack=False)
         ch.basic_ack(method.delivery_tag)
 
@@ -387,38 +389,6 @@ def package_versions(broker: Broker) -> dict:
             "erlang_package": pk.get("erlang-base"), "otp": next((f.read_text().strip() for f in otp), None)}
 
 
-def list_queues(broker: Broker, vhost: str) -> list[dict]:
-    out = broker.ctl("list_queues", "-p", vhost, "name", "durable", "messages", "--formatter", "json", "-q")
-    return json.loads(out or "[]")
-
-
-def drain(broker: Broker, scenario_queues: dict) -> list[dict]:
-    """Drain every queue of both vhosts; returns the per-queue records in delivery order.
-
-    Queues the scenario declared that no longer exist after the restart (exclusive ones) are
-    listed with ``exists_after_restart: false`` and no messages."""
-    result, seen = [], set()
-    for vhost in ("/", VHOST2):
-        params = pika.URLParameters(broker.url)
-        params.virtual_host = vhost
-        conn = pika.BlockingConnection(params)
-        ch = conn.channel()
-        for q in sorted(list_queues(broker, vhost), key=lambda q: q["name"]):
-            info = scenario_queues.get((vhost, q["name"]), {"vhost": vhost, "name": q["name"], "drain": "amqp091"})
-            if info["drain"] == "amqp10":
-                count = ch.queue_declare(q["name"], passive=True).method.message_count
-                msgs = drain_amqp10(broker.port, vhost, q["name"], count)
-            else:
-                msgs = drain_091(ch, q["name"])
-            result.append({**info, "durable": q["durable"], "exists_after_restart": True, "messages": msgs})
-            seen.add((vhost, q["name"]))
-        conn.close()
-    for key, info in sorted(scenario_queues.items()):
-        if key not in seen:
-            result.append({**info, "durable": False, "exists_after_restart": False, "messages": []})
-    return result
-
-
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -452,7 +422,7 @@ def generate(name: str, out: Path, work: Path) -> dict:
         time.sleep(max(0.0, sc.ttl_published_at + QUEUE_TTL_MS / 1000 + 1 - time.monotonic()))
         b.start()
         restarted_at = now_ms()
-        queues = drain(b, sc.queues)
+        queues = drain_all(b, ["/", VHOST2], sc.queues)
         drained_at = now_ms()
         b.stop()
         manifest = {

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import decimal
 import hashlib
+import json
 import math
 import struct
 from dataclasses import dataclass
@@ -252,8 +253,8 @@ def amqp10_json(v: Any):
         return {"type": "double", "value": _float_json(v)}
     if isinstance(v, str):
         return {"type": "string", "value": v}
-    if isinstance(v, bytes):
-        return {"type": "binary", "base64": base64.b64encode(v).decode()}
+    if isinstance(v, (bytes, memoryview)):
+        return {"type": "binary", "base64": base64.b64encode(bytes(v)).decode()}
     if v is None:
         return {"type": "null", "value": None}
     if isinstance(v, dict):
@@ -281,6 +282,11 @@ def record_amqp10(msg) -> dict:
     def opt(v):
         return None if v is None or v == b"" else amqp10_json(v)
 
+    def msg_id(v):  # message-id / correlation-id: an integer can only be a ulong (AMQP 1.0 3.2.11)
+        if type(v) is int:
+            v = proton().ulong(v)
+        return opt(v)
+
     def sym(v):  # proton reports an absent symbol as symbol('None')
         return None if v is None or str(v) == "None" else str(v)
 
@@ -301,8 +307,8 @@ def record_amqp10(msg) -> dict:
         "redelivered": (msg.delivery_count or 0) > 0,
         "header": header,
         "properties": {
-            "message_id": opt(msg.id), "user_id": opt(msg.user_id), "to": msg.address,
-            "subject": msg.subject, "reply_to": msg.reply_to, "correlation_id": opt(msg.correlation_id),
+            "message_id": msg_id(msg.id), "user_id": opt(msg.user_id), "to": msg.address,
+            "subject": msg.subject, "reply_to": msg.reply_to, "correlation_id": msg_id(msg.correlation_id),
             "content_type": sym(msg.content_type), "content_encoding": sym(msg.content_encoding),
             "absolute_expiry_time": msg.expiry_time or None, "creation_time": msg.creation_time or None,
             "group_id": msg.group_id, "group_sequence": msg.group_sequence or None,
@@ -338,3 +344,41 @@ def drain_amqp10(port: int, vhost: str, queue: str, count: int) -> list[dict]:
         return out
     finally:
         conn.close()
+
+
+# -- draining a whole node -----------------------------------------------------------------------
+
+
+def list_queues(broker, vhost: str) -> list[dict]:
+    out = broker.ctl("list_queues", "-p", vhost, "name", "durable", "messages", "--formatter", "json", "-q")
+    return json.loads(out or "[]")
+
+
+def drain_all(broker, vhosts: list[str], known: dict | None = None) -> list[dict]:
+    """Drain every queue of ``vhosts``; returns per-queue records in delivery order.
+
+    ``known`` maps (vhost, name) to what is known of a queue (its "drain" protocol: amqp091 or
+    amqp10, and anything else to keep in the record). Known queues that no longer exist
+    (exclusive ones after a restart) are listed with ``exists_after_restart: false``."""
+    pika = pika_module()
+    known = known or {}
+    result, seen = [], set()
+    for vhost in vhosts:
+        params = pika.URLParameters(broker.url)
+        params.virtual_host = vhost
+        conn = pika.BlockingConnection(params)
+        ch = conn.channel()
+        for q in sorted(list_queues(broker, vhost), key=lambda q: q["name"]):
+            info = known.get((vhost, q["name"]), {"vhost": vhost, "name": q["name"], "drain": "amqp091"})
+            if info["drain"] == "amqp10":
+                count = ch.queue_declare(q["name"], passive=True).method.message_count
+                msgs = drain_amqp10(broker.port, vhost, q["name"], count)
+            else:
+                msgs = drain_091(ch, q["name"])
+            result.append({**info, "durable": q["durable"], "exists_after_restart": True, "messages": msgs})
+            seen.add((vhost, q["name"]))
+        conn.close()
+    for key, info in sorted(known.items()):
+        if key not in seen:
+            result.append({**info, "durable": False, "exists_after_restart": False, "messages": []})
+    return result

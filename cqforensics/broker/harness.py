@@ -124,6 +124,7 @@ class Broker:
             "RABBITMQ_CONF_ENV_FILE": f"{r}/rabbitmq-env.conf",  # absent: ignore /etc/rabbitmq
             "RABBITMQ_PID_FILE": f"{r}/pid",
             "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+            "ERL_CRASH_DUMP": f"{r}/log/erl_crash.dump",
         }
         if (self.run_dir / "advanced.config").exists():
             env["RABBITMQ_ADVANCED_CONFIG_FILE"] = f"{r}/advanced.config"
@@ -140,6 +141,12 @@ class Broker:
         return ["chroot", f"--userspec={uid}:{gid}", str(self.runtime.root), *cmd]
 
     def _prepare(self) -> None:
+        if self._ids is not None and not self.runtime.chroot:
+            # the broker runs as the rabbitmq user: every ancestor of the run dir must let it in
+            for parent in self.run_dir.parents:
+                if parent.stat().st_mode & 0o001 == 0:
+                    raise BrokerError(f"{self.run_dir}: the rabbitmq user cannot enter {parent} "
+                                      f"(mode {parent.stat().st_mode & 0o777:o}); put broker run dirs elsewhere")
         if self.runtime.chroot:
             prepare_chroot(self.runtime.root)
             if not self._mounted:
@@ -170,7 +177,7 @@ class Broker:
         (self.run_dir / "pid").unlink(missing_ok=True)
         out = open(self.run_dir / "log" / "stdout.txt", "ab")
         self._proc = subprocess.Popen(self._argv("rabbitmq-server"), stdin=subprocess.DEVNULL, stdout=out,
-                                      stderr=subprocess.STDOUT, start_new_session=True)
+                                      stderr=subprocess.STDOUT, start_new_session=True, cwd=self.run_dir)
         out.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

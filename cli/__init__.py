@@ -1,0 +1,1 @@
+"""The ``cqforensics`` command line (thin over the cqforensics library)."""

@@ -1,0 +1,8 @@
+"""e2fsck-style exit codes (bits)."""
+
+OK = 0  # no errors
+FIXED = 1  # errors found and fixed (repair commands)
+ERRORS_LEFT = 4  # errors found and left
+OPERATIONAL = 8  # the tool could not do its job (unreadable input, bug)
+USAGE = 16  # bad command line
+INTERRUPTED = 32  # interrupted (Ctrl-C)
