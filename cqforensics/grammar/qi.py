@@ -6,7 +6,7 @@ Sources: IDX2 = deps/rabbit/src/rabbit_classic_queue_index_v2.erl (same layout 3
 from __future__ import annotations
 
 import numpy as np
-from construct import Bytes, Const, FixedSized, Int8ub, Int32ub, Int64ub, Struct, Switch, this
+from construct import BitsInteger, BitStruct, Bytes, Const, FixedSized, Flag, Int8ub, Int32ub, Int64ub, Struct, Switch, this
 
 MAGIC = b"RCQI"  # IDX2 ?MAGIC 16#52435149
 VERSION = 2  # IDX2 ?VERSION
@@ -37,7 +37,10 @@ location = FixedSized(17, Struct(
 #: One slot as the broker's strict parser reads it (IDX2 parse_entry crashes on anything else).
 entry = Struct(
     "status" / Int8ub,  # 0 = empty/acked/dropped, 1 = live entry
-    "flags" / Int8ub,  # bit 0 is_persistent; bits 1-7 must be 0
+    "flags" / BitStruct(
+        "reserved" / Const(0, BitsInteger(7)),  # must be 0
+        "persistent" / Flag,  # is_persistent
+    ),
     "reserved" / Const(0, Int8ub),
     "location" / location,
     "size" / Int32ub,  # message body size (stats only)

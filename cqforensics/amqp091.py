@@ -1,0 +1,294 @@
+"""AMQP 0-9-1 basic properties and field tables, and their typed-JSON form.
+
+Wire format: FR091 (rabbit_framing_amqp_0_9_1.erl) decode_properties for class 60, and
+BP/BG (rabbit_binary_parser / rabbit_binary_generator) for tables. Decoded Erlang form:
+``{'P_basic', ContentType, ..., ClusterId}`` with headers ``[{Name, TypeAtom, Value}]``.
+
+Typed JSON keeps every wire type, so a table round-trips (JSON -> bytes -> JSON):
+
+    {"name": {"type": "longstr", "value": "text"},          # or "base64" when not UTF-8
+     "n":    {"type": "signedint", "value": 7},
+     "d":    {"type": "decimal", "value": {"scale": 2, "value": 12345}},
+     "t":    {"type": "table", "value": {...}},
+     "a":    {"type": "array", "value": [{"type": ..., "value": ...}, ...]}}
+
+Type names are RabbitMQ's (longstr, timestamp, byte, unsignedbyte, short, unsignedshort,
+signedint, unsignedint, double, float, long, bool, decimal, table, array, binary, void).
+Wire type 'L' reads as ``long``, as RabbitMQ parses it, and is written back as 'l'.
+Non-finite floats are the strings "nan", "inf", "-inf".
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import struct
+from collections import OrderedDict
+
+from cqforensics.errors import FormatError
+
+#: The 14 basic properties in wire order (flag bit 15 down to bit 2).
+PROPERTIES = ("content_type", "content_encoding", "headers", "delivery_mode", "priority", "correlation_id",
+              "reply_to", "expiration", "message_id", "timestamp", "type", "user_id", "app_id", "cluster_id")
+SCALAR_PROPERTIES = tuple(p for p in PROPERTIES if p != "headers")
+_OCTET = ("delivery_mode", "priority")
+
+TYPE_CHARS = {
+    "S": "longstr", "T": "timestamp", "b": "byte", "B": "unsignedbyte", "s": "short", "u": "unsignedshort",
+    "I": "signedint", "i": "unsignedint", "d": "double", "f": "float", "l": "long", "L": "long", "t": "bool",
+    "D": "decimal", "F": "table", "A": "array", "x": "binary", "V": "void",
+}
+TYPE_NAMES = {v: k for k, v in TYPE_CHARS.items() if k != "L"}
+_FIXED = {"b": struct.Struct(">b"), "B": struct.Struct(">B"), "s": struct.Struct(">h"), "u": struct.Struct(">H"),
+          "I": struct.Struct(">i"), "i": struct.Struct(">I"), "l": struct.Struct(">q"), "L": struct.Struct(">q"),
+          "f": struct.Struct(">f"), "d": struct.Struct(">d"), "T": struct.Struct(">Q")}
+_U32 = struct.Struct(">I")
+
+
+def _text(raw: bytes) -> dict:
+    try:
+        return {"value": raw.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(raw).decode("ascii")}
+
+
+def _float(v: float):
+    return v if math.isfinite(v) else ("nan" if math.isnan(v) else ("inf" if v > 0 else "-inf"))
+
+
+# -- wire -> typed JSON ----------------------------------------------------------------------------
+
+
+def _value(buf, o: int, depth: int) -> tuple[dict, int]:
+    if depth > 100:
+        raise FormatError("field tables nested deeper than 100", offset=o)
+    kind = chr(buf[o])
+    o += 1
+    name = TYPE_CHARS.get(kind)
+    if name is None:
+        raise FormatError(f"unknown field type {kind!r}", offset=o - 1)
+    fx = _FIXED.get(kind)
+    if fx is not None:
+        (v,) = fx.unpack_from(buf, o)
+        return {"type": name, "value": _float(v) if kind in "fd" else v}, o + fx.size
+    if kind == "t":
+        return {"type": name, "value": buf[o] != 0}, o + 1
+    if kind == "D":
+        scale, v = struct.unpack_from(">BI", buf, o)
+        return {"type": name, "value": {"scale": scale, "value": v}}, o + 5
+    if kind == "V":
+        return {"type": name, "value": None}, o
+    (n,) = _U32.unpack_from(buf, o)
+    start, end = o + 4, o + 4 + n
+    if end > len(buf):
+        raise FormatError(f"{name} of {n} bytes runs past the end of its table", offset=o)
+    if kind in ("S", "x"):
+        return {"type": name, **_text(bytes(buf[start:end]))}, end
+    if kind == "F":
+        return {"type": name, "value": _table(buf, start, end, depth + 1)}, end
+    items = []
+    while start < end:
+        v, start = _value(buf, start, depth + 1)
+        items.append(v)
+    return {"type": name, "value": items}, end
+
+
+def _table(buf, o: int, end: int, depth: int = 0) -> dict:
+    out = {}
+    while o < end:
+        n = buf[o]
+        key = bytes(buf[o + 1:o + 1 + n]).decode("utf-8", "replace")
+        out[key], o = _value(buf, o + 1 + n, depth)
+    if o != end:
+        raise FormatError("field table entries overrun the table length", offset=o)
+    return out
+
+
+def decode_table(raw: bytes) -> dict:
+    """Encoded table contents (without the 4-byte length) -> typed JSON object."""
+    try:
+        return _table(raw, 0, len(raw))
+    except (IndexError, struct.error) as e:
+        raise FormatError(f"truncated field table ({e})") from None
+
+
+def decode_properties(raw: bytes) -> tuple[dict, dict | None]:
+    """Encoded basic property list -> ({13 scalar properties}, typed headers or None)."""
+    try:
+        (flags,) = struct.unpack_from(">H", raw, 0)
+        if flags & 1:
+            raise FormatError("property flags continuation bit set (not used by class 60)", offset=0)
+        o, props, headers = 2, dict.fromkeys(SCALAR_PROPERTIES), None
+        for bit, name in zip(range(15, 1, -1), PROPERTIES):
+            if not flags & (1 << bit):
+                continue
+            if name == "headers":
+                (n,) = _U32.unpack_from(raw, o)
+                if o + 4 + n > len(raw):
+                    raise FormatError("headers table runs past the property list", offset=o)
+                headers = _table(raw, o + 4, o + 4 + n)
+                o += 4 + n
+            elif name in _OCTET:
+                props[name], o = raw[o], o + 1
+            elif name == "timestamp":
+                props[name], o = struct.unpack_from(">Q", raw, o)[0], o + 8
+            else:
+                n = raw[o]
+                if o + 1 + n > len(raw):
+                    raise FormatError(f"{name} runs past the property list", offset=o)
+                props[name] = bytes(raw[o + 1:o + 1 + n]).decode("utf-8", "replace")
+                o += 1 + n
+        return props, headers
+    except (IndexError, struct.error) as e:
+        raise FormatError(f"truncated property list ({e})") from None
+
+
+# -- Erlang decoded form -> typed JSON -----------------------------------------------------------
+
+
+def _erl_value(type_atom: str, v, depth: int = 0) -> dict:
+    t = str(type_atom)
+    if depth > 100:
+        raise FormatError("field tables nested deeper than 100")
+    if t in ("longstr", "binary"):
+        return {"type": t, **_text(bytes(v) if isinstance(v, (bytes, bytearray)) else str(v).encode())}
+    if t == "table":
+        return {"type": t, "value": erlang_table(v, depth + 1)}
+    if t == "array":
+        return {"type": t, "value": [_erl_value(a, x, depth + 1) for a, x in v]}
+    if t == "decimal":
+        return {"type": t, "value": {"scale": v[0], "value": v[1]}}
+    if t == "bool":
+        return {"type": t, "value": v == "true" or v is True}
+    if t == "void":
+        return {"type": t, "value": None}
+    if t in ("float", "double"):
+        return {"type": t, "value": _float(float(v))}
+    if t in TYPE_NAMES:
+        return {"type": t, "value": v}
+    raise FormatError(f"unknown field type {t!r}")
+
+
+def erlang_table(rows, depth: int = 0) -> dict:
+    """``[{Name, TypeAtom, Value}]`` (rabbit_binary_parser output) -> typed JSON object."""
+    out = {}
+    for row in rows if isinstance(rows, list) else []:
+        name, t, v = row
+        key = bytes(name).decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
+        out[key] = _erl_value(t, v, depth)
+    return out
+
+
+def p_basic(t: tuple) -> tuple[dict, dict | None]:
+    """A decoded ``'P_basic'`` tuple -> ({13 scalar properties}, typed headers or None)."""
+    props = {}
+    headers = None
+    for name, v in zip(PROPERTIES, t[1:]):
+        if v == "undefined":
+            v = None
+        if name == "headers":
+            headers = None if v is None else erlang_table(v)
+        elif v is None or name in _OCTET or name == "timestamp":
+            props[name] = v
+        else:
+            props[name] = bytes(v).decode("utf-8", "replace") if isinstance(v, (bytes, bytearray)) else str(v)
+    return props, headers
+
+
+# -- typed JSON -> wire ----------------------------------------------------------------------------
+
+
+def _raw_of(entry: dict) -> bytes:
+    if "base64" in entry:
+        return base64.b64decode(entry["base64"])
+    v = entry["value"]
+    return v.encode("utf-8") if isinstance(v, str) else bytes(v)
+
+
+def _unfloat(v) -> float:
+    return float(v)  # float("nan"), float("inf") accept our string forms
+
+
+def _encode_value(entry: dict, out: bytearray) -> None:
+    t = entry["type"]
+    kind = TYPE_NAMES.get(t)
+    if kind is None:
+        raise FormatError(f"unknown field type {t!r}")
+    out += kind.encode()
+    fx = _FIXED.get(kind)
+    if fx is not None:
+        out += fx.pack(_unfloat(entry["value"]) if kind in "fd" else int(entry["value"]))
+    elif kind == "t":
+        out.append(1 if entry["value"] else 0)
+    elif kind == "D":
+        out += struct.pack(">BI", entry["value"]["scale"], entry["value"]["value"])
+    elif kind == "V":
+        pass
+    elif kind in ("S", "x"):
+        raw = _raw_of(entry)
+        out += _U32.pack(len(raw)) + raw
+    elif kind == "F":
+        body = encode_table(entry["value"])
+        out += _U32.pack(len(body)) + body
+    else:  # array
+        body = bytearray()
+        for item in entry["value"]:
+            _encode_value(item, body)
+        out += _U32.pack(len(body)) + body
+
+
+def encode_table(obj: dict) -> bytes:
+    """Typed JSON object -> encoded table contents (without the 4-byte length)."""
+    out = bytearray()
+    for key, entry in obj.items():
+        raw = key.encode("utf-8")
+        out += bytes([len(raw)]) + raw
+        _encode_value(entry, out)
+    return bytes(out)
+
+
+def encode_properties(props: dict, headers: dict | None) -> bytes:
+    """({scalar properties}, typed headers) -> encoded basic property list."""
+    flags, body = 0, bytearray()
+    for bit, name in zip(range(15, 1, -1), PROPERTIES):
+        v = headers if name == "headers" else props.get(name)
+        if v is None:
+            continue
+        flags |= 1 << bit
+        if name == "headers":
+            t = encode_table(v)
+            body += _U32.pack(len(t)) + t
+        elif name in _OCTET:
+            body.append(int(v))
+        elif name == "timestamp":
+            body += struct.pack(">Q", int(v))
+        else:
+            raw = v.encode("utf-8") if isinstance(v, str) else bytes(v)
+            if len(raw) > 255:
+                raise FormatError(f"{name} is longer than 255 bytes")
+            body += bytes([len(raw)]) + raw
+    return struct.pack(">H", flags) + bytes(body)
+
+
+def headers_json(headers: dict | None) -> str | None:
+    return None if headers is None else json.dumps(headers, ensure_ascii=False, separators=(",", ":"))
+
+
+class PropertiesCache:
+    """Memoised decode_properties: messages of one producer share their property bytes."""
+
+    def __init__(self, size: int = 4096):
+        self.size = size
+        self._cache: OrderedDict[bytes, tuple] = OrderedDict()
+
+    def get(self, raw: bytes) -> tuple[dict, str | None]:
+        hit = self._cache.get(raw)
+        if hit is not None:
+            return hit
+        props, headers = decode_properties(raw)
+        hit = (props, headers_json(headers))
+        self._cache[bytes(raw)] = hit
+        if len(self._cache) > self.size:
+            self._cache.popitem(last=False)
+        return hit

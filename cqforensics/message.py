@@ -1,0 +1,319 @@
+"""Stored message terms -> one normalised form.
+
+Shapes (rabbitmq-formats.md section 6):
+
+* ``#basic_message{}`` (<= 3.12): properties encoded (``properties_bin``) or decoded
+  (``'P_basic'``, e.g. after dead-lettering in 3.10);
+* ``#mc{protocol = mc_amqpl}`` (3.13+): AMQP 0-9-1 content + annotations map;
+* ``#mc{protocol = mc_amqp}``: AMQP 1.0, 4.x ``{v1, ...}`` (original section bytes) or the 3.13
+  ``{msg, ...}`` record of ``'v1_0.*'`` records;
+* ``#mc{protocol = mc_mqtt}``.
+
+The normalised AMQP 0-9-1 view is what the broker hands an AMQP 0-9-1 consumer
+(mc_amqpl:protocol_state): for ``#mc`` messages, dead-letter history (``deaths``) becomes the
+``x-death`` header, ``x-*`` annotations become headers, and the ``ttl``/``p``/``d``/``ts``
+annotations fill expiration, priority, delivery mode and timestamp. AMQP 1.0 messages map
+their properties onto the 0-9-1 ones (message-id, correlation-id, content-type,
+content-encoding, reply-to, user-id, subject -> type, creation-time -> timestamp) and their
+application properties onto ``headers`` (AMQP 1.0 typed JSON); every 1.0 section is kept,
+typed, under ``annotations["amqp10"]``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from cqforensics import amqp10, amqp091, etf
+from cqforensics.errors import FormatError
+
+FIELDS = ("msg_id", "persistent", "exchange", "routing_keys", "properties", "timestamp_ms", "headers",
+          "annotations", "body", "term_format")
+
+_PROPS_CACHE = amqp091.PropertiesCache()
+_EMPTY_PROPS = dict.fromkeys(amqp091.SCALAR_PROPERTIES)
+# annotation keys that become columns (id, exchange, routing keys) rather than annotations JSON
+_COLUMN_ANNS = frozenset({"id", "x", "rk"})
+
+
+def _s(v) -> str | None:
+    if v is None or (isinstance(v, etf.Atom) and v == "undefined"):
+        return None
+    if isinstance(v, (bytes, bytearray)):
+        return bytes(v).decode("utf-8", "replace")
+    return str(v)
+
+
+def to_json_value(v):
+    """An Erlang term -> something json.dumps accepts (atoms and UTF-8 binaries as strings)."""
+    if isinstance(v, (bool, int, float)) or v is None:
+        return v
+    if isinstance(v, etf.Atom):
+        return str(v)
+    if isinstance(v, (bytes, bytearray)):
+        try:
+            return bytes(v).decode("utf-8")
+        except UnicodeDecodeError:
+            return {"base64": base64.b64encode(bytes(v)).decode()}
+    if isinstance(v, (list, tuple)):
+        return [to_json_value(x) for x in v]
+    if isinstance(v, dict):
+        return {str(to_json_value(k)) if not isinstance(k, str) else str(k): to_json_value(x) for k, x in v.items()}
+    if isinstance(v, etf.ImproperList):
+        return {"improper_list": [to_json_value(x) for x in v.items], "tail": to_json_value(v.tail)}
+    return repr(v)
+
+
+def _body(content: tuple) -> bytes:
+    frags = content[5]
+    if isinstance(frags, bytes):
+        return frags
+    if not isinstance(frags, list):
+        raise FormatError("payload fragments are not a list")
+    if len(frags) == 1:
+        return frags[0]
+    return b"".join(reversed(frags))  # payload_fragments_rev
+
+
+def _content_props(content: tuple) -> tuple[dict, str | None]:
+    """(13 scalar properties, headers JSON) of a #content{} (encoded form preferred)."""
+    if not (isinstance(content, tuple) and len(content) == 6 and content[0] == "content"):
+        raise FormatError("not a #content{} record")
+    decoded, encoded = content[2], content[3]
+    if isinstance(encoded, bytes):
+        props, headers = _PROPS_CACHE.get(encoded)
+        return dict(props), headers
+    if isinstance(decoded, tuple) and decoded and decoded[0] == "P_basic":
+        props, headers = amqp091.p_basic(decoded)
+        return props, amqp091.headers_json(headers)
+    return dict(_EMPTY_PROPS), None
+
+
+def _deaths(deaths) -> tuple[list[dict], list]:
+    """Annotation ``deaths`` (4.x list or 3.13 #deaths{}) -> (JSON records, x-death tables in
+    delivery order, as mc_amqpl:deaths_to_headers builds them)."""
+    if isinstance(deaths, tuple) and deaths and deaths[0] == "deaths":  # 3.13: {deaths, First, Last, Records}
+        recs = sorted(deaths[3].items(), key=lambda kv: kv[1][4].get("last_time", 0), reverse=True)
+    elif isinstance(deaths, list):
+        recs = deaths
+    else:
+        return [], []
+    out, tables = [], []
+    for (queue, reason), death in recs:
+        _, exchange, rks, count, anns = death
+        ttl = anns.get("ttl")
+        out.append({"queue": _s(queue), "reason": _s(reason), "exchange": _s(exchange),
+                    "routing_keys": [_s(k) for k in rks], "count": count,
+                    "first_time": anns.get("first_time"), "last_time": anns.get("last_time"),
+                    **({"ttl": ttl} if ttl is not None else {})})
+        t = {}
+        if ttl is not None:
+            t["original-expiration"] = {"type": "longstr", "value": str(ttl)}
+        t.update({
+            "count": {"type": "long", "value": count},
+            "reason": {"type": "longstr", "value": _s(reason)},
+            "queue": {"type": "longstr", "value": _s(queue)},
+            "time": {"type": "timestamp", "value": anns.get("first_time", 0) // 1000},
+            "exchange": {"type": "longstr", "value": _s(exchange)},
+            "routing-keys": {"type": "array", "value": [{"type": "longstr", "value": _s(k)} for k in rks]},
+        })
+        tables.append({"type": "table", "value": t})
+    return out, tables
+
+
+def _amqpl_view(props: dict, headers_json: str | None, anns: dict) -> tuple[dict, str | None, int | None]:
+    """Apply mc_amqpl:protocol_state: what an AMQP 0-9-1 consumer receives."""
+    extra = {}
+    if "deaths" in anns:
+        _, tables = _deaths(anns["deaths"])
+        extra["x-death"] = {"type": "array", "value": tables}
+    for k, v in anns.items():
+        if isinstance(k, bytes) and k.startswith(b"x-"):
+            key = k.decode("utf-8", "replace")
+            if isinstance(v, bool) or v in ("true", "false"):
+                extra[key] = {"type": "bool", "value": v is True or v == "true"}
+            elif isinstance(v, int):
+                extra[key] = {"type": "long", "value": v}
+            elif isinstance(v, bytes):
+                extra[key] = {"type": "longstr", "value": v.decode("utf-8", "replace")}
+        elif k == b"timestamp_in_ms" and isinstance(v, int):
+            extra["timestamp_in_ms"] = {"type": "long", "value": v}
+    if extra:
+        merged = json.loads(headers_json) if headers_json else {}
+        merged.update(extra)
+        headers_json = amqp091.headers_json(dict(sorted(merged.items())))
+    ttl = anns.get("ttl", ...)
+    if ttl is not ...:
+        props["expiration"] = None if ttl == "undefined" else str(ttl)
+    if props["priority"] is None and isinstance(anns.get("p"), int):
+        props["priority"] = anns["p"]
+    if props["delivery_mode"] is None:
+        props["delivery_mode"] = None if anns.get("d") == "false" else 2
+    ts = anns.get("ts")
+    if isinstance(ts, int):
+        props["timestamp"] = ts // 1000
+    return props, headers_json, ts if isinstance(ts, int) else None
+
+
+def _annotations_json(anns: dict, extra: dict | None = None) -> str | None:
+    out = {}
+    for k, v in anns.items():
+        key = k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k)
+        if key in _COLUMN_ANNS:
+            continue
+        if key == "deaths":
+            out[key] = _deaths(v)[0]
+        else:
+            out[key] = to_json_value(v)
+    if extra:
+        out.update(extra)
+    return json.dumps(out, ensure_ascii=False, separators=(",", ":")) if out else None
+
+
+def _amqp10_bare(bare: bytes, anns_list) -> tuple[dict, str | None, dict, bytes]:
+    """4.x #v1: decode BareAndFooter (properties, application-properties, body, footer)."""
+    secs = amqp10.sections(bare)
+    props10, app, body_parts, section, value, footer = None, None, [], None, None, None
+    for code, val, start, end in secs:
+        if code == amqp10.PROPERTIES:
+            props10 = val
+        elif code == amqp10.APPLICATION_PROPERTIES:
+            app = val
+        elif code == amqp10.DATA:
+            section = "data"
+            body_parts.append(base64.b64decode(val["base64"]))
+        elif code in (amqp10.AMQP_VALUE, amqp10.AMQP_SEQUENCE):
+            section = amqp10.SECTION_NAMES[code]
+            value = val if code == amqp10.AMQP_VALUE else (value or []) + [val]
+            body_parts.append(bytes(bare[start:end]))
+        elif code == amqp10.FOOTER:
+            footer = val
+    msg_anns = {amqp10.plain(k) if not isinstance(k, tuple) else amqp10.erlang_value(k)["value"]:
+                amqp10.erlang_value(v) for k, v in (anns_list or [])} if isinstance(anns_list, list) else {}
+    detail = {"properties": amqp10.fields(props10, amqp10.PROPERTY_FIELDS),
+              "application_properties": amqp10.map_object(app),
+              "message_annotations": {str(k): v for k, v in msg_anns.items()},
+              "body_section": section}
+    if value is not None:
+        detail["body_value"] = value
+    if footer is not None:
+        detail["footer"] = amqp10.map_object(footer)
+    return detail, amqp091.headers_json(detail["application_properties"]) if app is not None else None, \
+        detail["properties"], b"".join(body_parts)
+
+
+def _amqp10_records(msg: tuple) -> tuple[dict, str | None, dict, bytes]:
+    """3.13 {msg, Header, DeliveryAnns, MessageAnns, Properties, AppProps, Data, Footer}."""
+    _, header, _da, ma, props, app, data, footer = msg
+    p = {}
+    if isinstance(props, tuple) and props and props[0] == "v1_0.properties":
+        for name, v in zip(amqp10.PROPERTY_FIELDS, props[1:]):
+            p[name] = None if v in ("undefined", None) else amqp10.erlang_value(v)
+    else:
+        p = dict.fromkeys(amqp10.PROPERTY_FIELDS)
+    app_obj = {}
+    if isinstance(app, tuple) and app and app[0] == "v1_0.application_properties":
+        for k, v in app[1]:
+            app_obj[str(amqp10.plain(amqp10.erlang_value(k)))] = amqp10.erlang_value(v)
+    parts, section, value = [], None, None
+    for d in data if isinstance(data, list) else [data]:
+        if isinstance(d, tuple) and d and d[0] == "v1_0.data":
+            section = "data"
+            parts.append(bytes(d[1]))
+        elif isinstance(d, tuple) and d and d[0] == "v1_0.amqp_value":
+            section, value = "amqp-value", amqp10.erlang_value(d[1])
+        elif isinstance(d, tuple) and d and d[0] == "v1_0.amqp_sequence":
+            section, value = "amqp-sequence", amqp10.erlang_value(("list", d[1]))
+    ma_obj = {}
+    if isinstance(ma, tuple) and ma and ma[0] == "v1_0.message_annotations":
+        for k, v in ma[1]:
+            ma_obj[str(amqp10.plain(amqp10.erlang_value(k)))] = amqp10.erlang_value(v)
+    detail = {"properties": p, "application_properties": app_obj, "message_annotations": ma_obj,
+              "body_section": section}
+    if value is not None:
+        detail["body_value"] = value
+    return detail, amqp091.headers_json(app_obj) if app_obj else None, p, b"".join(parts)
+
+
+def _amqp10_props(p10: dict, anns: dict) -> tuple[dict, int | None]:
+    """AMQP 1.0 properties (+ annotations p/d/ttl) -> the 13 AMQP 0-9-1 properties."""
+    def text(name):
+        v = p10.get(name)
+        if v is None:
+            return None
+        pv = amqp10.plain(v)
+        return pv.decode("utf-8", "replace") if isinstance(pv, bytes) else str(pv)
+
+    created = amqp10.plain(p10.get("creation_time")) if p10.get("creation_time") else None
+    ttl = anns.get("ttl")
+    props = {
+        "content_type": text("content_type"), "content_encoding": text("content_encoding"),
+        "delivery_mode": 1 if anns.get("d") == "false" else 2,
+        "priority": anns.get("p") if isinstance(anns.get("p"), int) else None,
+        "correlation_id": text("correlation_id"), "reply_to": text("reply_to"),
+        "expiration": str(ttl) if isinstance(ttl, int) else None, "message_id": text("message_id"),
+        "timestamp": created // 1000 if isinstance(created, int) else None, "type": text("subject"),
+        "user_id": text("user_id"), "app_id": None, "cluster_id": None,
+    }
+    return props, created if isinstance(created, int) else None
+
+
+def normalise(term) -> dict:
+    """A decoded stored term -> dict with ``FIELDS``. Raises FormatError on an unknown shape."""
+    if not isinstance(term, tuple) or not term:
+        raise FormatError(f"stored term is not a record: {type(term).__name__}")
+    tag = term[0]
+    if tag == "basic_message" and len(term) == 6:
+        _, xres, rks, content, msg_id, persistent = term
+        props, headers = _content_props(content)
+        return {"msg_id": msg_id if isinstance(msg_id, bytes) else None, "persistent": persistent == "true",
+                "exchange": _s(xres[3]) if isinstance(xres, tuple) and len(xres) == 4 else None,
+                "routing_keys": [_s(k) for k in rks] if isinstance(rks, list) else [],
+                "properties": props, "timestamp_ms": None if props["timestamp"] is None else props["timestamp"] * 1000,
+                "headers": headers, "annotations": None, "body": _body(content), "term_format": "basic_message"}
+    if tag == "mc" and len(term) == 4:
+        _, proto, data, anns = term
+        if not isinstance(anns, dict):
+            raise FormatError("#mc{} annotations are not a map")
+        common = {"msg_id": anns.get("id"), "persistent": anns.get("d") != "false",
+                  "exchange": _s(anns.get("x")), "routing_keys": [_s(k) for k in anns.get("rk", [])]}
+        if proto == "mc_amqpl":
+            props, headers = _content_props(data)
+            props, headers, ts = _amqpl_view(props, headers, anns)
+            if ts is None and props["timestamp"] is not None:
+                ts = props["timestamp"] * 1000
+            return {**common, "properties": props, "timestamp_ms": ts, "headers": headers,
+                    "annotations": _annotations_json(anns), "body": _body(data), "term_format": "mc_amqpl"}
+        if proto == "mc_amqp":
+            if isinstance(data, tuple) and data and data[0] == "v1":
+                detail, headers, p10, body = _amqp10_bare(data[2], data[1])
+                fmt = "mc_amqp"
+            elif isinstance(data, tuple) and data and data[0] == "msg":
+                detail, headers, p10, body = _amqp10_records(data)
+                fmt = "mc_amqp_3.13"
+            else:
+                raise FormatError(f"unknown mc_amqp state {str(data[0]) if isinstance(data, tuple) else data!r:.40}")
+            props, created = _amqp10_props(p10, anns)
+            return {**common, "properties": props, "timestamp_ms": created, "headers": headers,
+                    "annotations": _annotations_json(anns, {"amqp10": detail}), "body": body, "term_format": fmt}
+        if proto == "mc_mqtt":
+            # {mqtt_msg, Retain, Qos, Topic, Dup, PacketId, Payload, Props, Timestamp}
+            if not (isinstance(data, tuple) and data and data[0] == "mqtt_msg"):
+                raise FormatError("unknown mc_mqtt state")
+            payload = data[6]
+            mqtt = {"retain": to_json_value(data[1]), "qos": data[2], "topic": _s(data[3]),
+                    "dup": to_json_value(data[4]), "packet_id": to_json_value(data[5]),
+                    "props": to_json_value(data[7]) if len(data) > 7 else None}
+            props = dict(_EMPTY_PROPS)
+            props["delivery_mode"] = 2 if data[2] else 1
+            return {**common, "properties": props, "timestamp_ms": None, "headers": None,
+                    "annotations": _annotations_json(anns, {"mqtt": mqtt}),
+                    "body": payload if isinstance(payload, bytes) else b"".join(payload), "term_format": "mc_mqtt"}
+        raise FormatError(f"unknown #mc{{}} protocol {str(proto)!r}")
+    raise FormatError(f"unknown stored term {str(tag)!r}/{len(term)}")
+
+
+def decode_stored(raw) -> dict:
+    """Stored term bytes (ETF) -> normalised dict."""
+    term, _ = etf.decode(raw)
+    return normalise(term)

@@ -1,0 +1,91 @@
+"""The tables' Arrow schemas: the single definition the embedded API and the Spark source share.
+
+Types are limited to what Spark maps one-to-one (string, binary, int32/int64, bool, double,
+timestamp[us, UTC], list<element>, struct), so ``spark_datasource`` derives its StructType
+from these and Spark's ``to_arrow_schema`` gives back exactly these (a test checks it).
+Every row carries ``node`` and ``vhost``; ``queue``, ``priority``, ``file`` and ``offset``
+where they apply. Ids are 16-byte binaries.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+TS = pa.timestamp("us", tz="UTC")
+STRINGS = pa.list_(pa.field("element", pa.string()))
+
+
+def _f(name, typ, nullable=True):
+    return pa.field(name, typ, nullable=nullable)
+
+
+WHERE = [_f("node", pa.string(), False), _f("vhost", pa.string())]
+QUEUE = [_f("queue", pa.string()), _f("priority", pa.int32())]
+AT = [_f("file", pa.string()), _f("offset", pa.int64())]
+
+#: The 13 scalar AMQP 0-9-1 basic properties (the 14th, headers, is the ``headers`` column).
+PROPERTIES = pa.struct([
+    _f("content_type", pa.string()), _f("content_encoding", pa.string()), _f("delivery_mode", pa.int32()),
+    _f("priority", pa.int32()), _f("correlation_id", pa.string()), _f("reply_to", pa.string()),
+    _f("expiration", pa.string()), _f("message_id", pa.string()), _f("timestamp", TS), _f("type", pa.string()),
+    _f("user_id", pa.string()), _f("app_id", pa.string()), _f("cluster_id", pa.string()),
+])
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "messages": pa.schema(WHERE + QUEUE + AT + [
+        _f("seq_id", pa.int64()), _f("msg_id", pa.binary()), _f("index_version", pa.int32()),
+        _f("persistent", pa.bool_()), _f("delivered", pa.bool_()), _f("location", pa.string()),
+        _f("store_file", pa.string()), _f("store_offset", pa.int64()), _f("size", pa.int64()),
+        _f("expiry", TS), _f("exchange", pa.string()), _f("routing_keys", STRINGS),
+        _f("properties", PROPERTIES), _f("headers", pa.string()), _f("annotations", pa.string()),
+        _f("body", pa.binary()), _f("body_size", pa.int64()), _f("term_format", pa.string()),
+        _f("decode_error", pa.string()), _f("survives_restart", pa.bool_()), _f("drop_reason", pa.string()),
+    ]),
+    "index": pa.schema(WHERE + QUEUE + AT + [
+        _f("index_version", pa.int32()), _f("kind", pa.string()), _f("seq_id", pa.int64()),
+        _f("persistent", pa.bool_()), _f("location", pa.string()), _f("msg_id", pa.binary()),
+        _f("store_offset", pa.int64()), _f("store_size", pa.int64()), _f("size", pa.int64()), _f("expiry", TS),
+        _f("status", pa.int32()), _f("error", pa.string()),
+    ]),
+    "acks": pa.schema(WHERE + QUEUE + AT + [
+        _f("seq_id", pa.int64()), _f("evidence", pa.string()), _f("msg_id", pa.binary()),
+    ]),
+    "store": pa.schema(WHERE + [_f("store", pa.string())] + AT + [
+        _f("total_size", pa.int64()), _f("msg_id", pa.binary()), _f("marker_ok", pa.bool_()),
+        _f("status", pa.string()), _f("refs", pa.int32()), _f("body", pa.binary()),
+    ]),
+    "refcounts": pa.schema(WHERE + [_f("store", pa.string())] + AT + [
+        _f("msg_id", pa.binary()), _f("copies", pa.int32()), _f("computed_refs", pa.int32()),
+        _f("recorded_refs", pa.int32()), _f("queues", STRINGS), _f("status", pa.string()),
+    ]),
+    "holes": pa.schema(WHERE + [_f("queue", pa.string()), _f("store", pa.string())] + AT + [
+        _f("length", pa.int64()), _f("kind", pa.string()),
+    ]),
+    "files": pa.schema(WHERE + QUEUE + AT[:1] + [
+        _f("kind", pa.string()), _f("size", pa.int64()), _f("header_ok", pa.bool_()),
+        _f("from_seq_id", pa.int64()), _f("to_seq_id", pa.int64()), _f("entries", pa.int64()),
+        _f("live_entries", pa.int64()), _f("live_bytes", pa.int64()), _f("garbage_bytes", pa.int64()),
+        _f("garbage_ratio", pa.float64()),
+    ]),
+    "queues": pa.schema(WHERE + QUEUE + [
+        _f("queue_dir", pa.string()), _f("name_source", pa.string()), _f("durable_known", pa.bool_()),
+        _f("index_version", pa.int32()), _f("segments", pa.int32()), _f("messages", pa.int64()),
+        _f("bytes", pa.int64()), _f("persistent", pa.int64()), _f("predicted_after_restart", pa.int64()),
+        _f("dropped", pa.int64()),
+    ]),
+    "findings": pa.schema(WHERE + QUEUE + AT + [
+        _f("code", pa.string(), False), _f("severity", pa.string(), False), _f("message", pa.string()),
+        _f("details", pa.string()),
+    ]),
+}
+
+TABLES = tuple(SCHEMAS)
+
+
+def schema(table: str) -> pa.Schema:
+    try:
+        return SCHEMAS[table]
+    except KeyError:
+        from cqforensics.errors import UsageError
+
+        raise UsageError(f"unknown table {table!r}; one of: {', '.join(TABLES)}") from None
