@@ -24,7 +24,6 @@ import base64
 import json
 import math
 import struct
-from collections import OrderedDict
 
 from cqforensics.errors import FormatError
 
@@ -94,12 +93,35 @@ def _value(buf, o: int, depth: int) -> tuple[dict, int]:
     return {"type": name, "value": items}, end
 
 
+_I32 = struct.Struct(">i").unpack_from
+_Q64 = struct.Struct(">q").unpack_from
+
+
 def _table(buf, o: int, end: int, depth: int = 0) -> dict:
     out = {}
     while o < end:
         n = buf[o]
         key = bytes(buf[o + 1:o + 1 + n]).decode("utf-8", "replace")
-        out[key], o = _value(buf, o + 1 + n, depth)
+        o += 1 + n
+        kind = buf[o]
+        if kind == 83:  # 'S', the most common: inline
+            (ln,) = _U32.unpack_from(buf, o + 1)
+            raw = bytes(buf[o + 5:o + 5 + ln])
+            if o + 5 + ln > end:
+                raise FormatError(f"longstr of {ln} bytes runs past the end of its table", offset=o)
+            try:
+                out[key] = {"type": "longstr", "value": raw.decode("utf-8")}
+            except UnicodeDecodeError:
+                out[key] = {"type": "longstr", "base64": base64.b64encode(raw).decode("ascii")}
+            o += 5 + ln
+        elif kind == 73:  # 'I'
+            out[key] = {"type": "signedint", "value": _I32(buf, o + 1)[0]}
+            o += 5
+        elif kind == 108:  # 'l'
+            out[key] = {"type": "long", "value": _Q64(buf, o + 1)[0]}
+            o += 9
+        else:
+            out[key], o = _value(buf, o, depth)
     if o != end:
         raise FormatError("field table entries overrun the table length", offset=o)
     return out
@@ -113,26 +135,40 @@ def decode_table(raw: bytes) -> dict:
         raise FormatError(f"truncated field table ({e})") from None
 
 
+_PLANS: dict[int, tuple] = {}
+
+
+def _plan(flags: int) -> tuple:
+    """The properties present for a flag word, in wire order (memoised: few distinct words)."""
+    plan = _PLANS.get(flags)
+    if plan is None:
+        plan = _PLANS[flags] = tuple(name for bit, name in zip(range(15, 1, -1), PROPERTIES) if flags & (1 << bit))
+    return plan
+
+
+_EMPTY_SCALARS = dict.fromkeys(SCALAR_PROPERTIES)
+
+
 def decode_properties(raw: bytes) -> tuple[dict, dict | None]:
     """Encoded basic property list -> ({13 scalar properties}, typed headers or None)."""
     try:
-        (flags,) = struct.unpack_from(">H", raw, 0)
+        flags = (raw[0] << 8) | raw[1]
         if flags & 1:
             raise FormatError("property flags continuation bit set (not used by class 60)", offset=0)
-        o, props, headers = 2, dict.fromkeys(SCALAR_PROPERTIES), None
-        for bit, name in zip(range(15, 1, -1), PROPERTIES):
-            if not flags & (1 << bit):
-                continue
+        o, props, headers = 2, _EMPTY_SCALARS.copy(), None
+        for name in _plan(flags):
             if name == "headers":
                 (n,) = _U32.unpack_from(raw, o)
                 if o + 4 + n > len(raw):
                     raise FormatError("headers table runs past the property list", offset=o)
                 headers = _table(raw, o + 4, o + 4 + n)
                 o += 4 + n
-            elif name in _OCTET:
-                props[name], o = raw[o], o + 1
+            elif name == "delivery_mode" or name == "priority":
+                props[name] = raw[o]
+                o += 1
             elif name == "timestamp":
-                props[name], o = struct.unpack_from(">Q", raw, o)[0], o + 8
+                props[name] = _Q64(raw, o)[0] & 0xFFFFFFFFFFFFFFFF
+                o += 8
             else:
                 n = raw[o]
                 if o + 1 + n > len(raw):
@@ -271,24 +307,27 @@ def encode_properties(props: dict, headers: dict | None) -> bytes:
     return struct.pack(">H", flags) + bytes(body)
 
 
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def headers_json(headers: dict | None) -> str | None:
-    return None if headers is None else json.dumps(headers, ensure_ascii=False, separators=(",", ":"))
+    return None if headers is None else _JSON.encode(headers)
 
 
 class PropertiesCache:
-    """Memoised decode_properties: messages of one producer share their property bytes."""
+    """Memoised decode_properties + headers JSON: messages of one producer often share their
+    property bytes. A plain bounded dict (cleared when full) keeps misses cheap."""
 
     def __init__(self, size: int = 4096):
         self.size = size
-        self._cache: OrderedDict[bytes, tuple] = OrderedDict()
+        self._cache: dict[bytes, tuple] = {}
 
     def get(self, raw: bytes) -> tuple[dict, str | None]:
         hit = self._cache.get(raw)
-        if hit is not None:
-            return hit
-        props, headers = decode_properties(raw)
-        hit = (props, headers_json(headers))
-        self._cache[bytes(raw)] = hit
-        if len(self._cache) > self.size:
-            self._cache.popitem(last=False)
+        if hit is None:
+            props, headers = decode_properties(raw)
+            hit = (props, headers_json(headers))
+            if len(self._cache) >= self.size:
+                self._cache.clear()
+            self._cache[raw if type(raw) is bytes else bytes(raw)] = hit
         return hit

@@ -21,7 +21,7 @@ from cqforensics.tables import BUILDERS
 
 
 def make_options(broker_version: str | None = None, as_of=None, bodies: bool = True, decode: bool = True,
-                 batch_rows: int = 8192, batch_bytes: int = 64 << 20) -> Options:
+                 batch_rows: int = 8192, batch_bytes: int = 16 << 20) -> Options:
     """Options from keyword arguments. ``as_of`` (datetime or epoch ms) is the time TTLs are
     judged at for ``survives_restart`` (default: now)."""
     if isinstance(as_of, dt.datetime):

@@ -313,6 +313,14 @@ def decode(buf, *, offset: int = 0, max_decompressed: int = MAX_DECOMPRESSED, ex
     return term, end
 
 
+def decode_at(buf, pos: int, *, max_decompressed: int = MAX_DECOMPRESSED):
+    """Decode the term whose tag is at ``buf[pos]`` (no version byte); returns (term, end)."""
+    try:
+        return _Decoder(buf, max_decompressed).term(pos, 0)
+    except RecursionError:
+        raise EtfError("terms nested too deeply", offset=pos) from None
+
+
 def binary_to_term(buf):
     """Decode a whole buffer holding one term (trailing bytes allowed)."""
     return decode(buf)[0]

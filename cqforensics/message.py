@@ -75,6 +75,12 @@ def _body(content: tuple) -> bytes:
     return b"".join(reversed(frags))  # payload_fragments_rev
 
 
+def props_from_bin(encoded: bytes) -> tuple[dict, str | None]:
+    """(13 scalar properties, headers JSON) of an encoded property list (memoised)."""
+    props, headers = _PROPS_CACHE.get(encoded)
+    return dict(props), headers
+
+
 def _content_props(content: tuple) -> tuple[dict, str | None]:
     """(13 scalar properties, headers JSON) of a #content{} (encoded form preferred)."""
     if not (isinstance(content, tuple) and len(content) == 6 and content[0] == "content"):
@@ -155,6 +161,10 @@ def _amqpl_view(props: dict, headers_json: str | None, anns: dict) -> tuple[dict
     return props, headers_json, ts if isinstance(ts, int) else None
 
 
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+_SCALARS = (int, float, str)
+
+
 def _annotations_json(anns: dict, extra: dict | None = None) -> str | None:
     out = {}
     for k, v in anns.items():
@@ -163,11 +173,13 @@ def _annotations_json(anns: dict, extra: dict | None = None) -> str | None:
             continue
         if key == "deaths":
             out[key] = _deaths(v)[0]
+        elif type(v) in _SCALARS:
+            out[key] = v
         else:
             out[key] = to_json_value(v)
     if extra:
         out.update(extra)
-    return json.dumps(out, ensure_ascii=False, separators=(",", ":")) if out else None
+    return _JSON.encode(out) if out else None
 
 
 def _amqp10_bare(bare: bytes, anns_list) -> tuple[dict, str | None, dict, bytes]:

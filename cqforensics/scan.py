@@ -1,16 +1,19 @@
-"""Analysis of one node: per vhost, every queue index is read, every shared-store file
-walked, and the two are joined the way the broker's recovery joins them.
+"""Analysis of one node: queue indexes joined to the shared stores the way the broker's recovery
+joins them.
 
-Memory stays proportional to the number of index entries (a few dozen bytes each, in numpy
-arrays); message bodies are only touched when a table asks for them, through memory maps.
+Memory is flat by construction, like the broker's own design: the only vhost-wide state is a
+compact index of each shared store (numpy arrays, about 70 bytes per stored message, no Python
+objects per message); queue indexes are streamed one segment at a time (a CQv1 queue at a time);
+message bodies are read through memory maps, only a couple of files mapped at once.
 
-``NodeScan`` -> ``VhostScan`` (lazy: nothing is read until a table needs it) ->
-``QueueIndex`` per queue dir and ``StoreScan`` per shared store.
+``NodeScan`` -> ``VhostScan`` (lazy) -> ``StoreIndex`` per shared store, ``IndexChunk`` per
+``.qi`` segment (or per CQv1 queue), ``Resolved`` per chunk.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -35,9 +38,19 @@ PUBLISH, DELIVER, ACK, GHOST, BAD = 0, 1, 2, 3, 4
 KIND_NAMES = ("publish", "deliver", "ack", "ghost", "bad")
 # locations
 MEMORY, SHARED, QSTORE, EMBEDDED, NOLOC = 0, 1, 2, 3, -1
-LOC_NAMES = {MEMORY: "memory", SHARED: "shared_store", QSTORE: "queue_store", EMBEDDED: "embedded"}
+LOC_NAMES = ("memory", "shared_store", "queue_store", "embedded")
 ID = np.dtype("V16")
 ZERO_ID = np.zeros(1, ID)[0]
+
+EVIDENCE = ("v1_ack", "v1_journal_ack", "v2_zeroed_slot", "v2_dropped_by_recovery")
+V1_ACK, V1_JOURNAL_ACK, V2_ZEROED, V2_DROPPED = range(4)
+
+FATES = (None, "queue_deleted", "v1_unsupported", "segment_deleted", "bad_index_entry", "transient",
+         "not_on_disk", "bad_location", "body_missing", "body_unreachable", "qs_missing_file", "qs_bad_header",
+         "qs_out_of_range", "qs_bad_size", "qs_bad_crc", "expired")
+FATE_CODE = {f: i for i, f in enumerate(FATES)}
+QS_STATUS = (None, "ok", "missing_file", "bad_header", "out_of_range", "bad_size", "bad_crc")
+QS_CODE = {s: i for i, s in enumerate(QS_STATUS)}
 
 
 @dataclass
@@ -49,7 +62,7 @@ class Options:
     bodies: bool = True  # read message/store bodies
     decode: bool = True  # decode stored terms (messages table)
     batch_rows: int = 8192
-    batch_bytes: int = 64 << 20
+    batch_bytes: int = 16 << 20
 
     def now_ms(self) -> int:
         return self.as_of_ms if self.as_of_ms is not None else int(time.time() * 1000)
@@ -65,28 +78,22 @@ def _cols(n: int) -> dict:
     }
 
 
-def _concat(parts: list[dict]) -> dict:
-    if not parts:
-        return _cols(0)
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+def _acks(n: int) -> dict:
+    return {"file": np.zeros(n, np.int32), "offset": np.zeros(n, np.int64), "seq": np.zeros(n, np.int64),
+            "evidence": np.zeros(n, np.int8), "msg_id": np.zeros(n, ID), "has_id": np.zeros(n, bool)}
+
+
+# -- queue indexes, one chunk at a time --------------------------------------------------------------
 
 
 @dataclass
-class Ack:
-    file: int
-    offset: int
-    seq: int
-    evidence: str
-    msg_id: bytes | None = None
+class IndexChunk:
+    """Index records of one ``.qi`` segment, or of a whole CQv1 queue (its journal must be
+    merged with all its segments).
 
-
-@dataclass
-class QueueIndex:
-    """Everything one queue dir's index says, as arrays.
-
-    ``rec`` holds one entry per index record (the ``index`` table); ``live`` are the
-    positions in ``rec`` of the messages the index holds (published, not acked), in SeqId
-    order; ``errors`` maps a record position to why the strict parser rejects it."""
+    ``rec`` holds one entry per record (the ``index`` table); ``live`` are the positions in
+    ``rec`` of the messages held (published, not acked), in SeqId order; ``errors`` maps a
+    record position to why the broker's strict parser rejects it."""
 
     qdir: QueueDir
     version: int | None
@@ -94,81 +101,65 @@ class QueueIndex:
     rec: dict = field(default_factory=lambda: _cols(0))
     live: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     errors: dict[int, str] = field(default_factory=dict)
-    acks: list[Ack] = field(default_factory=list)
-    bad_segments: set[int] = field(default_factory=set)  # file positions of .qi files with bad headers
-    segment_info: dict[int, tuple] = field(default_factory=dict)  # file pos -> (header_ok, from, to, entries, live)
+    acks: dict = field(default_factory=lambda: _acks(0))
+    bad_segments: set[int] = field(default_factory=set)  # positions in files of .qi with bad headers
+    segment: int | None = None  # v2: the segment number (names the companion .qs)
+    header: tuple | None = None  # v2: (header_ok, from_seq_id, to_seq_id, records, live)
     findings: list[Finding] = field(default_factory=list)
     crashes: list[Finding] = field(default_factory=list)
 
 
-def read_queue_index(qdir: QueueDir, vhost: VhostDir) -> QueueIndex:
-    if qdir.qi:
-        return _read_v2(qdir)
-    if qdir.idx or qdir.journal is not None:
-        return _read_v1(qdir, vhost.segment_entry_count)
-    return QueueIndex(qdir, qdir.index_version)
-
-
-def _read_v2(qdir: QueueDir) -> QueueIndex:
-    qx = QueueIndex(qdir, 2)
-    parts, live_parts, base = [], [], 0
-    for number, path in qdir.qi:
-        fi = len(qx.files)
-        qx.files.append(path)
-        seg = r_qi.read_qi(path, number)
-        qx.findings += seg.findings
-        if not seg.header_ok:
-            qx.bad_segments.add(fi)
-        sl, kl = seg.slots, seg.klass
-        used = np.flatnonzero(kl != r_qi.EMPTY)
-        c = _cols(len(used))
-        s = sl[used]
-        c["file"][:] = fi
-        c["offset"] = c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * used.astype(np.int64)
-        c["kind"] = np.where(kl[used] == r_qi.GHOST, GHOST, np.where(kl[used] == r_qi.BAD, BAD, PUBLISH))
-        c["seq"] = seg.from_seq_id + used
-        c["persistent"] = (s["flags"] & 1).astype(np.int8)
-        c["loc"] = np.where(s["loc_kind"] <= 2, s["loc_kind"], NOLOC).astype(np.int8)
-        c["msg_id"] = np.where(s["loc_kind"] == 1, s["msg_id"], ZERO_ID)
-        is_qs = s["loc_kind"] == 2
-        c["store_offset"] = np.where(is_qs, s["qs_offset"], 0).astype(np.int64)
-        c["store_size"] = np.where(is_qs, s["qs_size"], 0).astype(np.int64)
-        c["size"] = s["size"].astype(np.int64)
-        c["expiry"] = s["expiry"].astype(np.int64)
-        c["status"] = s["status"].astype(np.int32)
-        for slot, why in seg.bad_reason.items():
-            qx.errors[base + int(np.searchsorted(used, slot))] = why
-        is_live = (s["status"] == 1)
-        live_parts.append(base + np.flatnonzero(is_live))
-        for slot in np.flatnonzero(kl == r_qi.EMPTY):
-            qx.acks.append(Ack(fi, c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * int(slot), seg.from_seq_id + int(slot),
-                               "v2_zeroed_slot"))
-        for j in np.flatnonzero(kl[used] == r_qi.GHOST):
-            mid = s["msg_id"][j].tobytes() if s["loc_kind"][j] == 1 else None
-            qx.acks.append(Ack(fi, int(c["offset"][j]), int(c["seq"][j]), "v2_dropped_by_recovery", mid))
-        qx.segment_info[fi] = (seg.header_ok, seg.from_seq_id, seg.to_seq_id, len(used), int(is_live.sum()))
-        parts.append(c)
-        base += len(used)
-    qx.rec = _concat(parts)
-    qx.live = np.concatenate(live_parts) if live_parts else np.zeros(0, np.int64)
-    qx.live = qx.live[np.argsort(qx.rec["seq"][qx.live], kind="stable")]
+def _v2_chunk(qdir: QueueDir, number: int, path: Path) -> IndexChunk:
+    qx = IndexChunk(qdir, 2, [path], segment=number)
+    seg = r_qi.read_qi(path, number)
+    qx.findings += seg.findings
+    if not seg.header_ok:
+        qx.bad_segments.add(0)
+    sl, kl = seg.slots, seg.klass
+    used = np.flatnonzero(kl != r_qi.EMPTY)
+    c = _cols(len(used))
+    s = sl[used]
+    c["offset"] = c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * used.astype(np.int64)
+    c["kind"] = np.where(kl[used] == r_qi.GHOST, GHOST, np.where(kl[used] == r_qi.BAD, BAD, PUBLISH)).astype(np.uint8)
+    c["seq"] = seg.from_seq_id + used
+    c["persistent"] = (s["flags"] & 1).astype(np.int8)
+    c["loc"] = np.where(s["loc_kind"] <= 2, s["loc_kind"], NOLOC).astype(np.int8)
+    c["msg_id"] = np.where(s["loc_kind"] == 1, s["msg_id"], ZERO_ID)
+    is_qs = s["loc_kind"] == 2
+    c["store_offset"] = np.where(is_qs, s["qs_offset"], 0).astype(np.int64)
+    c["store_size"] = np.where(is_qs, s["qs_size"], 0).astype(np.int64)
+    c["size"] = s["size"].astype(np.int64)
+    c["expiry"] = s["expiry"].astype(np.int64)
+    c["status"] = s["status"].astype(np.int32)
+    qx.rec = c
+    for slot, why in seg.bad_reason.items():
+        qx.errors[int(np.searchsorted(used, slot))] = why
+    qx.live = np.flatnonzero(s["status"] == 1)  # slot order is SeqId order
+    empty = np.flatnonzero(kl == r_qi.EMPTY)
+    ghosts = np.flatnonzero(kl[used] == r_qi.GHOST)
+    a = qx.acks = _acks(len(empty) + len(ghosts))
+    a["offset"][:len(empty)] = c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * empty
+    a["seq"][:len(empty)] = seg.from_seq_id + empty
+    a["evidence"][:len(empty)] = V2_ZEROED
+    g = slice(len(empty), None)
+    a["offset"][g], a["seq"][g], a["evidence"][g] = c["offset"][ghosts], c["seq"][ghosts], V2_DROPPED
+    a["msg_id"][g] = s["msg_id"][ghosts]
+    a["has_id"][g] = s["loc_kind"][ghosts] == 1
+    qx.header = (seg.header_ok, seg.from_seq_id, seg.to_seq_id, len(used), len(qx.live))
     return qx
 
 
-def _read_v1(qdir: QueueDir, count: int) -> QueueIndex:
-    qx = QueueIndex(qdir, 1)
+def _v1_chunk(qdir: QueueDir, count: int) -> IndexChunk:
+    qx = IndexChunk(qdir, 1)
     v1 = read_v1_queue(qdir.idx, qdir.journal, count)
     qx.findings += v1.findings
     qx.crashes += v1.crashes
     fpos: dict[Path, int] = {}
-    for _, p in qdir.idx:
+    for p in [p for _, p in qdir.idx] + ([qdir.journal] if qdir.journal is not None else []):
         fpos[p] = len(qx.files)
         qx.files.append(p)
-    if qdir.journal is not None:
-        fpos[qdir.journal] = len(qx.files)
-        qx.files.append(qdir.journal)
     c = _cols(len(v1.records))
-    pos_of = {}
+    pos_of, acks = {}, []
     for i, r in enumerate(v1.records):
         pos_of[id(r)] = i
         c["file"][i] = fpos[r.path]
@@ -184,50 +175,125 @@ def _read_v1(qdir: QueueDir, count: int) -> QueueIndex:
             else:
                 c["loc"][i] = SHARED
         elif r.kind == "ack":
-            qx.acks.append(Ack(fpos[r.path], r.offset, r.seq_id,
-                               "v1_journal_ack" if r.path == qdir.journal else "v1_ack"))
+            acks.append((fpos[r.path], r.offset, r.seq_id, V1_JOURNAL_ACK if r.path == qdir.journal else V1_ACK))
     live = v1.live()
     qx.live = np.array([pos_of[id(e.pub)] for e in live], np.int64)
     for e in live:
         c["delivered"][pos_of[id(e.pub)]] = int(e.delivered)
     pubs = {e.seq_id: e.pub.msg_id for e in v1.entries.values() if e.pub is not None}
-    for a in qx.acks:
-        a.msg_id = pubs.get(a.seq)
+    a = qx.acks = _acks(len(acks))
+    for k, (fi, off, seq, ev) in enumerate(acks):
+        a["file"][k], a["offset"][k], a["seq"][k], a["evidence"][k] = fi, off, seq, ev
+        if seq in pubs:
+            a["msg_id"][k], a["has_id"][k] = np.frombuffer(pubs[seq], ID)[0], True
     qx.rec = c
     return qx
 
 
+def iter_chunks(qdir: QueueDir, vhost: VhostDir) -> Iterator[IndexChunk]:
+    """A queue dir's index, a segment at a time (v1: the whole queue at once)."""
+    if qdir.qi:
+        for number, path in qdir.qi:
+            yield _v2_chunk(qdir, number, path)
+    elif qdir.idx or qdir.journal is not None:
+        yield _v1_chunk(qdir, vhost.segment_entry_count)
+
+
+# -- shared stores -------------------------------------------------------------------------------
+
+
+def _split(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """16-byte ids as two native uint64 keys (numeric sorts and searches are fast)."""
+    halves = ids.view(">u8").reshape(-1, 2)
+    return halves[:, 0].astype(np.uint64), halves[:, 1].astype(np.uint64)
+
+
 @dataclass
-class StoreScan:
-    """One shared store: every entry of every file, and which copy the broker would use."""
+class IdSet:
+    """Distinct ids, sorted, with fast lookups (searches on the high 64 bits, verified on the low)."""
+
+    ids: np.ndarray  # V16, sorted
+    hi: np.ndarray
+    lo: np.ndarray
+
+    @classmethod
+    def build(cls, ids: np.ndarray, order_key: np.ndarray | None = None) -> tuple["IdSet", np.ndarray, np.ndarray]:
+        """(set, group of each input, first input of each group in ``order_key`` order)."""
+        n = len(ids)
+        hi, lo = _split(ids)
+        if order_key is None:  # random guids: the high halves are almost always distinct already
+            order = np.argsort(hi, kind="stable")
+            sh = hi[order]
+            if not n or not (sh[1:] == sh[:-1]).any():
+                group = np.empty(n, np.int64)
+                group[order] = np.arange(n)
+                return cls(ids[order], sh, lo[order]), group, order
+        key = np.arange(n) if order_key is None else order_key
+        order = np.lexsort((key, lo, hi))
+        new = np.ones(n, bool)
+        if n:
+            new[1:] = (hi[order][1:] != hi[order][:-1]) | (lo[order][1:] != lo[order][:-1])
+        group = np.empty(n, np.int64)
+        group[order] = np.cumsum(new) - 1
+        firsts = order[new]
+        return cls(ids[firsts], hi[firsts], lo[firsts]), group, firsts
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        """Position of each id in the set, -1 when absent."""
+        out = np.full(len(ids), -1, np.int64)
+        if not len(ids) or not len(self.ids):
+            return out
+        qhi, qlo = _split(ids)
+        i = np.minimum(np.searchsorted(self.hi, qhi), len(self.hi) - 1)
+        exact = (self.hi[i] == qhi) & (self.lo[i] == qlo)
+        out[exact] = i[exact]
+        for k in np.flatnonzero(~exact & (self.hi[i] == qhi)):  # high halves collide: rare
+            j = int(i[k])
+            while j < len(self.hi) and self.hi[j] == qhi[k]:
+                if self.lo[j] == qlo[k]:
+                    out[k] = j
+                    break
+                j += 1
+        return out
+
+
+@dataclass
+class StoreIndex:
+    """One shared store: every entry of every file (numpy arrays, ~70 bytes each), and per
+    distinct message id its copies, the first copy, and the copy the target version's
+    recovery claims."""
 
     store: StoreDir
-    files: list[r_rdq.RdqFile]
+    files: list[r_rdq.RdqFile]  # paths, holes and torn entries (entry lists are dropped)
     e_file: np.ndarray  # int32 file position
     e_offset: np.ndarray
     e_total: np.ndarray
     e_id: np.ndarray  # V16
     reach: np.ndarray  # bool: found by the target version's scanner
+    e_group: np.ndarray  # entry -> position in ``distinct``
+    distinct: IdSet
+    copies: np.ndarray  # per distinct id
+    first: np.ndarray  # per distinct id: first entry in file order
+    claim: np.ndarray  # per distinct id: the entry recovery uses, -1 when the scanner reaches none
     bad: list[tuple[int, int, int, bytes]]  # (file pos, offset, total, id): entries without a 255 marker
     recorded: dict[bytes, tuple] | None  # msg_store_index.ets: id -> (refcount, file, offset, total)
     clean: bool  # clean.dot + index files present (the broker skips the scan on a clean start)
 
-    def broker_copies(self, last_copy_wins: bool) -> tuple[np.ndarray, np.ndarray]:
-        """(sorted unique ids, entry position of the copy the broker claims for each)."""
-        cand = np.flatnonzero(self.reach)
-        if not len(cand):
-            return np.zeros(0, ID), np.zeros(0, np.int64)
-        # order by id, then file ascending, then offset (descending when the last copy in a file wins)
-        off = -self.e_offset[cand] if last_copy_wins else self.e_offset[cand]
-        order = np.lexsort((off, self.e_file[cand], self.e_id[cand]))
-        ids = self.e_id[cand][order]
-        first = np.ones(len(ids), bool)
-        first[1:] = ids[1:] != ids[:-1]
-        return ids[first], cand[order][first]
+    def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For ids: (claimed entry, first entry); -1 where none."""
+        g = self.distinct.lookup(ids)
+        found = g >= 0
+        gg = np.maximum(g, 0)
+        if not len(self.claim):
+            return np.full(len(ids), -1, np.int64), np.full(len(ids), -1, np.int64)
+        return np.where(found, self.claim[gg], -1), np.where(found, self.first[gg], -1)
 
 
-def scan_store(store: StoreDir, model: versions.BrokerModel) -> StoreScan:
-    files = [r_rdq.walk(p, n) for n, p in store.rdq]
+def scan_store(store: StoreDir, model: versions.BrokerModel) -> StoreIndex:
+    files = [r_rdq.walk(p, num) for num, p in store.rdq]
     n = sum(len(f) for f in files)
     e_file = np.zeros(n, np.int32)
     e_offset = np.zeros(n, np.int64)
@@ -248,7 +314,22 @@ def scan_store(store: StoreDir, model: versions.BrokerModel) -> StoreScan:
             reached[r_rdq.broker_chain(f)] = True
             reach[pos:pos + k] = reached
         bad += [(fi, o, t, i) for o, t, i in f.bad_markers]
+        f.offsets, f.totals, f.msg_ids = [], [], []  # now in the arrays
         pos += k
+    distinct, group, first = IdSet.build(e_id)
+    copies = np.bincount(group, minlength=len(distinct))
+    # the copy recovery claims: walk order (file, offset) among the reachable entries; the
+    # <= 3.12 rebuild folds each file's candidates in reverse, so there the last copy in a file wins
+    cand = np.flatnonzero(reach)
+    rank = np.full(n, np.iinfo(np.int64).max)
+    if model.last_copy_wins:
+        rank[cand[np.lexsort((-e_offset[cand], e_file[cand]))]] = np.arange(len(cand))
+    else:
+        rank[cand] = np.arange(len(cand))
+    claim = np.full(len(distinct), -1, np.int64)
+    if len(cand):
+        order = cand[np.argsort(rank[cand], kind="stable")]
+        claim[group[order[::-1]]] = order[::-1]  # the last write wins: the best-ranked copy
     recorded, clean = None, False
     if store.msg_store_index.exists():
         table = r_terms.read_ets(store.msg_store_index)
@@ -257,11 +338,52 @@ def scan_store(store: StoreDir, model: versions.BrokerModel) -> StoreScan:
             if isinstance(obj, tuple) and len(obj) == 6 and obj[0] == "msg_location":
                 recorded[obj[1]] = (obj[2], obj[3], obj[4], obj[5])
         clean = table.complete and store.clean_dot.exists() and store.file_summary.exists()
-    return StoreScan(store, files, e_file, e_offset, e_total, e_id, reach, bad, recorded, clean)
+    return StoreIndex(store, files, e_file, e_offset, e_total, e_id, reach, group, distinct, copies, first, claim,
+                      bad, recorded, clean)
+
+
+@dataclass
+class References:
+    """The startup walker's references into one store (live index entries whose body is in the
+    shared store), per distinct id, with the queues holding them."""
+
+    ids: IdSet
+    count: np.ndarray  # references per id
+    group: np.ndarray  # per reference: its id's position in ``ids``
+    queue: np.ndarray  # per reference: the queue's position in VhostScan.queue_dirs
+    n_queues: int
+
+    @cached_property
+    def pairs(self) -> np.ndarray:
+        """Distinct (id position * n_queues + queue position), for the queue lists."""
+        pairs = self.group * self.n_queues + self.queue
+        return pairs if not len(self.count) or self.count.max() <= 1 else np.unique(pairs)
+
+
+# -- resolution ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Resolved:
+    """Where the body of each live entry of a chunk is, and what the next boot does with it
+    (arrays aligned with ``IndexChunk.live``; a few bytes per message)."""
+
+    body_files: list[Path]  # body_file indexes this list
+    body_file: np.ndarray  # int32, -1: body not found
+    body_start: np.ndarray  # int64: term offset in that file
+    body_len: np.ndarray  # int64
+    store_offset: np.ndarray  # int64: entry offset (rdq entry, .qs entry, v1 embedded term); -1 none
+    qs_status: np.ndarray  # int8 code into QS_STATUS
+    fate: np.ndarray  # int8 code into FATES (0: the next boot delivers it)
+
+    def fates(self) -> list:
+        return [FATES[c] for c in self.fate.tolist()]
 
 
 class VhostScan:
     """One vhost of one node, analysed lazily."""
+
+    MAX_MAPS = 2
 
     def __init__(self, node: "NodeScan", vhost: VhostDir):
         self.node = node
@@ -277,10 +399,16 @@ class VhostScan:
         return self.node.options
 
     def data(self, path: Path):
-        """A memory map of ``path``, kept for the life of this scan."""
-        m = self._maps.get(path)
+        """A memory map of ``path``. Only the most recently used files stay mapped, so the pages
+        read stop counting as resident memory once a file is done with."""
+        m = self._maps.pop(path, None)
         if m is None:
-            m = self._maps[path] = map_file(path)
+            m = map_file(path)
+            while len(self._maps) >= self.MAX_MAPS:
+                old = self._maps.pop(next(iter(self._maps)))
+                if hasattr(old, "close"):
+                    old.close()
+        self._maps[path] = m  # most recent last
         return m
 
     def close(self) -> None:
@@ -290,123 +418,161 @@ class VhostScan:
         self._maps.clear()
 
     @cached_property
-    def queues(self) -> list[QueueIndex]:
-        """Queue indexes ordered as deliveries are listed: name, priority high to low."""
-        qs = [read_queue_index(q, self.vhost) for q in self.vhost.queues]
-        return sorted(qs, key=lambda q: (q.qdir.name is None, q.qdir.name or q.qdir.dir_name,
-                                         -(q.qdir.priority if q.qdir.priority is not None else -1),
-                                         q.qdir.dir_name))
+    def queue_dirs(self) -> list[QueueDir]:
+        """Queue dirs in listing order: name, then priority high to low."""
+        return sorted(self.vhost.queues, key=lambda q: (q.name is None, q.name or q.dir_name,
+                                                        -(q.priority if q.priority is not None else -1),
+                                                        q.dir_name))
+
+    def chunks(self) -> Iterator[IndexChunk]:
+        """Every queue's index, chunk by chunk, in listing order (read afresh on each call)."""
+        for q in self.queue_dirs:
+            yield from iter_chunks(q, self.vhost)
+
+    def scan_queue(self, q: QueueDir) -> Iterator[IndexChunk]:
+        return iter_chunks(q, self.vhost)
 
     @cached_property
-    def stores(self) -> dict[str, StoreScan]:
+    def stores(self) -> dict[str, StoreIndex]:
         return {kind: scan_store(st, self.model) for kind, st in sorted(self.vhost.stores.items())}
 
     @cached_property
     def qs_files(self) -> dict[Path, QsFile | None]:
-        out = {}
-        for q in self.vhost.queues:
-            for p in q.qs.values():
-                out[p] = open_qs(p)
-        return out
-
-    def qs_for(self, qx: QueueIndex, rec_pos: int) -> QsFile | None:
-        """The .qs file a v2 record points into (same segment number as its .qi)."""
-        number = int(qx.qdir.qi[int(qx.rec["file"][rec_pos])][0])
-        path = qx.qdir.qs.get(number)
-        return None if path is None else self.qs_files.get(path)
-
-    # -- references and resolution -------------------------------------------------------
+        return {p: open_qs(p) for q in self.vhost.queues for p in q.qs.values()}
 
     @cached_property
-    def references(self) -> dict[str, tuple[np.ndarray, np.ndarray, list]]:
-        """Per store: (sorted unique referenced ids, reference counts, queue labels per id).
-
-        A reference is what the broker's startup walker yields: a live, persistent index
-        entry whose body is in the shared store (v2 loc 1; v1 non-embedded). Transient loc-1
-        entries reference the transient store."""
+    def references(self) -> dict[str, References]:
+        """One pass over every index: the references each store gets (persistent loc-1 entries
+        reference msg_store_persistent, transient ones msg_store_transient)."""
         ids = {"persistent": [], "transient": []}
-        labels = {"persistent": [], "transient": []}
-        for qx in self.queues:
-            r = qx.rec
-            lv = qx.live[r["loc"][qx.live] == SHARED]
-            for kind, flag in (("persistent", 1), ("transient", 0)):
-                sel = lv[r["persistent"][lv] == flag]
-                ids[kind].append(r["msg_id"][sel])
-                labels[kind] += [qx.qdir.label] * len(sel)
+        queue = {"persistent": [], "transient": []}
+        for qi, q in enumerate(self.queue_dirs):
+            for qx in iter_chunks(q, self.vhost):
+                r, live = qx.rec, qx.live
+                for kind, flag in (("persistent", 1), ("transient", 0)):
+                    sel = live[(r["loc"][live] == SHARED) & (r["persistent"][live] == flag)]
+                    if len(sel):
+                        ids[kind].append(r["msg_id"][sel])
+                        queue[kind].append(np.full(len(sel), qi, np.int64))
         out = {}
+        nq = max(1, len(self.queue_dirs))
         for kind in ids:
-            allids = np.concatenate(ids[kind]) if ids[kind] else np.zeros(0, ID)
-            if not len(allids):
-                out[kind] = (np.zeros(0, ID), np.zeros(0, np.int64), [])
-                continue
-            order = np.argsort(allids, kind="stable")
-            sids = allids[order]
-            uniq, starts, counts = np.unique(sids, return_index=True, return_counts=True)
-            labs = [labels[kind][i] for i in order]
-            queues = [sorted(set(labs[s:s + c])) for s, c in zip(starts, counts)]
-            out[kind] = (uniq, counts, queues)
+            all_ids = np.concatenate(ids[kind]) if ids[kind] else np.zeros(0, ID)
+            qpos = np.concatenate(queue[kind]) if queue[kind] else np.zeros(0, np.int64)
+            idset, group, _ = IdSet.build(all_ids)
+            out[kind] = References(idset, np.bincount(group, minlength=len(idset)), group, qpos, nq)
         return out
 
     @cached_property
-    def claims(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """Per store: (sorted unique ids, entry position of the broker's copy)."""
-        return {k: s.broker_copies(self.model.last_copy_wins) for k, s in self.stores.items()}
+    def store_status(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Per store entry: status (0 live, 1 orphan, 2 duplicate) and the references of live copies.
 
-    def shared_copy(self, store: str, msg_id) -> int | None:
-        """Entry position (in StoreScan arrays) of the copy the broker uses for ``msg_id``."""
-        ids, pos = self.claims.get(store, (np.zeros(0, ID), None))
-        i = np.searchsorted(ids, msg_id)
-        if i < len(ids) and ids[i] == msg_id:
-            return int(pos[i])
-        return None
+        live = the copy the target version's recovery uses for a referenced id; orphan = the
+        first copy of an id nothing references; duplicate = any other copy."""
+        out = {}
+        for kind, st in self.stores.items():
+            refs = self.references[kind]
+            n = len(st.e_id)
+            at = np.arange(n)
+            r = refs.ids.lookup(st.distinct.ids)  # per distinct id: position among the references
+            count = np.where(r >= 0, refs.count[np.maximum(r, 0)], 0) if len(refs.count) else np.zeros(len(r), int)
+            e_count = count[st.e_group] if n else np.zeros(0, int)
+            status = np.full(n, 2, np.int8)
+            status[(e_count == 0) & (st.first[st.e_group] == at)] = 1
+            live = (e_count > 0) & (st.claim[st.e_group] == at)
+            status[live] = 0
+            out[kind] = (status, np.where(live, e_count, 0).astype(np.int32))
+        return out
 
-    def any_copy(self, store: str, msg_id) -> int | None:
-        """Any valid entry for ``msg_id`` (including ones the target version cannot reach)."""
-        st = self.stores.get(store)
-        if st is None:
-            return None
-        hit = np.flatnonzero(st.e_id == msg_id)
-        return int(hit[0]) if len(hit) else None
+    def resolve(self, qx: IndexChunk) -> Resolved:
+        """Locate every live entry's body (as the target version would) and decide its fate."""
+        r, live = qx.rec, qx.live
+        n = len(live)
+        loc = r["loc"][live].tolist()
+        persistent = r["persistent"][live].tolist()
+        files = r["file"][live].tolist()
+        st_off = r["store_offset"][live].tolist()
+        st_size = r["store_size"][live].tolist()
+        kinds = r["kind"][live].tolist()
+        claim_pos, any_pos = {}, {}
+        for kind, flag in (("persistent", 1), ("transient", 0)):
+            st = self.stores.get(kind)
+            if st is None:
+                continue
+            sel = np.flatnonzero((r["loc"][live] == SHARED) & (r["persistent"][live] == flag))
+            cp, ap = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
+            cp[sel], ap[sel] = st.locate(r["msg_id"][live[sel]])
+            claim_pos[kind], any_pos[kind] = cp.tolist(), ap.tolist()
+        expiry = r["expiry"][live]
+        expired = ((expiry > 0) & (expiry <= self.options.now_ms() * 1000)).tolist()
+        known = self.queue_known(qx.qdir)
+        qdrop = "queue_deleted" if known is False else (
+            "v1_unsupported" if qx.version == 1 and not self.model.reads_v1 else None)
+        out = Resolved([], np.full(n, -1, np.int32), np.zeros(n, np.int64), np.zeros(n, np.int64),
+                       np.full(n, -1, np.int64), np.zeros(n, np.int8), np.zeros(n, np.int8))
+        file_ix: dict[Path, int] = {}
 
-    # -- predictions ------------------------------------------------------------------------
+        def body(j, path, start, length):
+            f = file_ix.get(path)
+            if f is None:
+                f = file_ix[path] = len(out.body_files)
+                out.body_files.append(path)
+            out.body_file[j], out.body_start[j], out.body_len[j] = f, start, length
+
+        qs_path = qx.qdir.qs.get(qx.segment) if qx.segment is not None else None
+        qs = self.qs_files.get(qs_path) if qs_path is not None else None
+        for j in range(n):
+            lc, body_problem = loc[j], None
+            if lc == SHARED:
+                kind = "persistent" if persistent[j] == 1 else "transient"
+                st = self.stores.get(kind)
+                cp = claim_pos[kind][j] if st is not None else -1
+                ap = any_pos[kind][j] if st is not None else -1
+                e = cp if cp >= 0 else ap
+                if e >= 0:
+                    o, t = int(st.e_offset[e]), int(st.e_total[e])
+                    body(j, st.files[st.e_file[e]].path, o + 24, t - 25)
+                    out.store_offset[j] = o
+                if cp < 0:
+                    body_problem = "body_unreachable" if ap >= 0 else "body_missing"
+            elif lc == QSTORE:
+                status = "missing_file" if qs is None else qs.check(self.data(qs_path), st_off[j], st_size[j])[0]
+                out.qs_status[j] = QS_CODE[status]
+                out.store_offset[j] = st_off[j]
+                if qs is not None and status not in ("bad_header", "out_of_range"):
+                    body(j, qs_path, st_off[j] + 8, st_size[j])
+                if status != QS_OK:
+                    body_problem = f"qs_{status}"
+            elif lc == EMBEDDED:
+                body(j, qx.files[files[j]], st_off[j], st_size[j])
+                out.store_offset[j] = st_off[j]
+            # the broker's order of checks (IDX2 recover_segment; QI1 recover_message; delivery)
+            if qdrop is not None:
+                fate = qdrop
+            elif qx.version == 2 and files[j] in qx.bad_segments:
+                fate = "segment_deleted"
+            elif kinds[j] == BAD:
+                fate = "bad_index_entry"
+            elif persistent[j] != 1:
+                fate = "transient"
+            elif lc == MEMORY:
+                fate = "not_on_disk"
+            elif lc not in (SHARED, QSTORE, EMBEDDED):
+                fate = "bad_location"
+            elif body_problem is not None:
+                fate = body_problem
+            elif expired[j]:
+                fate = "expired"
+            else:
+                fate = None
+            out.fate[j] = FATE_CODE[fate]
+        return out
 
     def queue_known(self, qdir: QueueDir) -> bool | None:
         if qdir.name_raw is None or self.vhost.name_raw is None:
             return None
         name = qdir.name_raw[:-2] if qdir.priority is not None else qdir.name_raw
         return self.node.metadata.knows(self.vhost.name_raw, name)
-
-    def fate(self, qx: QueueIndex, i: int, qs_status: str | None) -> str | None:
-        """Why the next boot of the target version drops live record ``i`` (None: delivered).
-
-        ``qs_status`` is the per-queue store check result for loc-2 entries."""
-        r = qx.rec
-        if self.queue_known(qx.qdir) is False:
-            return "queue_deleted"
-        if qx.version == 1 and not self.model.reads_v1:
-            return "v1_unsupported"
-        if int(r["file"][i]) in qx.bad_segments:
-            return "segment_deleted"
-        if r["kind"][i] == BAD:
-            return "bad_index_entry"
-        if r["persistent"][i] != 1:
-            return "transient"
-        loc = r["loc"][i]
-        if loc == MEMORY:
-            return "not_on_disk"
-        if loc == SHARED:
-            if self.shared_copy("persistent", r["msg_id"][i]) is None:
-                return "body_unreachable" if self.any_copy("persistent", r["msg_id"][i]) is not None \
-                    else "body_missing"
-        elif loc == QSTORE:
-            if qs_status != QS_OK:
-                return f"qs_{qs_status}"
-        elif loc != EMBEDDED:
-            return "bad_location"
-        exp = int(r["expiry"][i])
-        if exp and exp // 1000 <= self.options.now_ms():
-            return "expired"
-        return None
 
 
 class NodeScan:
@@ -432,7 +598,38 @@ class NodeScan:
 
     @cached_property
     def vhosts(self) -> list[VhostScan]:
+        for v in self.node.vhosts:
+            name_from_metadata(v, self.metadata)
         return [VhostScan(self, v) for v in sorted(self.node.vhosts, key=lambda v: (v.name is None, v.label))]
+
+
+def name_from_metadata(v: VhostDir, meta: Metadata) -> None:
+    """Name the vhost and queue dirs that lack a usable .vhost/.queue_name, by matching their
+    dir names against the md5/base-36 names of the durable queues the metadata lists."""
+    from cqforensics import textfiles
+
+    if v.name is None:
+        for vhost, _ in meta.queues:
+            if textfiles.vhost_dir_name(vhost) == v.dir_name:
+                v.name_raw, v.name = vhost, vhost.decode("utf-8", "replace")
+                break
+    if v.name_raw is None or all(q.name is not None for q in v.queues):
+        return
+    dirs: dict[str, tuple[bytes, int | None]] = {}
+    for (vhost, name), rec in meta.queues.items():
+        if vhost != v.name_raw:
+            continue
+        dirs[textfiles.queue_dir_name(vhost, name)] = (name, None)
+        levels = meta.arguments(vhost, name).get("x-max-priority")
+        if isinstance(levels, int) and 0 < levels < 256:
+            for p in range(levels + 1):
+                dirs[textfiles.queue_dir_name(vhost, textfiles.priority_queue_name(name, p))] = (name, p)
+    for q in v.queues:
+        hit = dirs.get(q.dir_name) if q.name is None else None
+        if hit is not None:
+            name, prio = hit
+            q.name, q.priority, q.name_source = name.decode("utf-8", "replace"), prio, "metadata"
+            q.name_raw = name if prio is None else textfiles.priority_queue_name(name, prio)
 
 
 def infer_version(ns: NodeScan) -> tuple[versions.BrokerModel, str]:
@@ -450,16 +647,18 @@ def infer_version(ns: NodeScan) -> tuple[versions.BrokerModel, str]:
         for q in v.queues:
             ev.v1_files |= bool(q.idx or q.journal)
             for p in list(q.qs.values())[:1]:
-                data = map_file(p)
-                if len(data) > 64 + 8 + 24:
-                    versions.term_evidence(data[72:72 + 24], ev)
+                with open(p, "rb") as f:
+                    head = f.read(64 + 8 + 24)
+                if len(head) == 96:
+                    versions.term_evidence(head[72:96], ev)
                     seen += 1
             if seen >= 3:
                 break
         st = v.stores.get("persistent")
         if st is not None:
             for _, p in st.rdq[:1]:
-                data = map_file(p)
-                if len(data) > 48:
-                    versions.term_evidence(data[24:48], ev)
+                with open(p, "rb") as f:
+                    head = f.read(48)
+                if len(head) == 48:
+                    versions.term_evidence(head[24:48], ev)
     return ev.infer()

@@ -1,6 +1,6 @@
 """The data tables as Arrow record batches, built from a ``VhostScan``.
 
-Fixed-size facts go column-wise from numpy arrays; only the ``messages`` table (and store
+Index-derived columns are sliced from numpy arrays; only the ``messages`` table (and store
 bodies) loops per message, to slice and decode bodies. Batches are capped by rows and bytes.
 """
 
@@ -13,14 +13,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from cqforensics import etf, message
+from cqforensics import fastpath
 from cqforensics.errors import FormatError
 from cqforensics.findings import Finding
 from cqforensics.grammar import qs as c_qs
-from cqforensics.layout import QueueDir
-from cqforensics.readers.qs import OK as QS_OK
-from cqforensics.scan import (BAD, EMBEDDED, GHOST, ID, KIND_NAMES, LOC_NAMES, NOLOC, QSTORE, SHARED,
-                              QueueIndex, VhostScan)
+from cqforensics.scan import (BAD, EMBEDDED, EVIDENCE, FATES, GHOST, KIND_NAMES, LOC_NAMES, NOLOC, QS_STATUS, QSTORE,
+                              SHARED, IndexChunk, VhostScan)
 from cqforensics.schema import SCHEMAS
 
 TS = pa.timestamp("us", tz="UTC")
@@ -30,7 +28,14 @@ TS = pa.timestamp("us", tz="UTC")
 
 
 def repeat(value, n: int, typ=pa.string()) -> pa.Array:
-    return pa.repeat(pa.scalar(value, typ), n) if value is not None else pa.nulls(n, typ)
+    """A constant column (pa.repeat is slow for long arrays)."""
+    if value is None:
+        return pa.nulls(n, typ)
+    if typ == pa.string():
+        raw = value.encode("utf-8")
+        offsets = np.arange(n + 1, dtype=np.int32) * len(raw)
+        return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(raw * n)])
+    return pa.array(np.full(n, value), typ)
 
 
 def id_array(ids: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
@@ -39,11 +44,47 @@ def id_array(ids: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
     valid = np.ones(n, bool) if valid is None else valid.astype(bool)
     offsets = np.zeros(n + 1, np.int32)
     np.cumsum(np.where(valid, 16, 0), out=offsets[1:])
-    data = ids[valid].tobytes()
     nulls = int(n - valid.sum())
     bitmap = pa.py_buffer(np.packbits(valid, bitorder="little").tobytes()) if nulls else None
+    return pa.Array.from_buffers(pa.binary(), n, [bitmap, pa.py_buffer(offsets.tobytes()),
+                                                  pa.py_buffer(ids[valid].tobytes())], null_count=nulls)
+
+
+def binary_array(values: list) -> pa.Array:
+    """Bytes (or None) -> Arrow binary with one join, much faster than pa.array on big values."""
+    n = len(values)
+    lengths = np.fromiter((0 if v is None else len(v) for v in values), np.int64, n)
+    if lengths.sum() >= 1 << 31:
+        return pa.array(values, pa.binary())  # int32 offsets cannot address it in one buffer
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    valid = np.fromiter((v is not None for v in values), bool, n)
+    nulls = int(n - valid.sum())
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little").tobytes()) if nulls else None
+    data = b"".join(v for v in values if v is not None)
     return pa.Array.from_buffers(pa.binary(), n, [bitmap, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data)],
                                  null_count=nulls)
+
+
+def _slices_of(vs: VhostScan, paths: list, starts: list, lengths: list) -> list[bytes]:
+    """Byte ranges of files, mapping each file once per run of equal paths."""
+    out, last, data = [], None, None
+    for path, start, length in zip(paths, starts, lengths):
+        if path is not last:
+            data, last = vs.data(path), path
+        out.append(data[start:start + length])
+    return out
+
+
+def _capped(cum_bytes: np.ndarray, n: int, max_rows: int, max_bytes: int):
+    """Row slices of at most ``max_rows`` rows and about ``max_bytes`` (cumulative sizes given)."""
+    start = 0
+    while start < n:
+        base = cum_bytes[start - 1] if start else 0
+        end = int(np.searchsorted(cum_bytes, base + max_bytes, side="right"))
+        end = max(start + 1, min(n, end, start + max_rows))
+        yield slice(start, end)
+        start = end
 
 
 def ts_array(micros: np.ndarray) -> pa.Array:
@@ -51,11 +92,12 @@ def ts_array(micros: np.ndarray) -> pa.Array:
     return pa.array(micros.astype(np.int64), TS, mask=micros == 0)
 
 
-def names_array(names: list[str], index: np.ndarray) -> pa.Array:
+def names_array(names, index: np.ndarray, null: np.ndarray | None = None) -> pa.Array:
+    """Strings by index into ``names`` (null where ``null``)."""
     if not len(index):
         return pa.array([], pa.string())
-    return pa.DictionaryArray.from_arrays(pa.array(index.astype(np.int32)), pa.array(names, pa.string())) \
-        .dictionary_decode()
+    codes = pa.array(np.maximum(index, 0).astype(np.int32), mask=null)
+    return pa.DictionaryArray.from_arrays(codes, pa.array(list(names) or [""], pa.string())).dictionary_decode()
 
 
 def batch(table: str, columns: dict) -> pa.RecordBatch:
@@ -68,31 +110,22 @@ def batch(table: str, columns: dict) -> pa.RecordBatch:
 
 
 class Rows:
-    """Accumulates row-wise values for one table and flushes capped RecordBatches."""
+    """Accumulates row dicts for the small tables and flushes capped RecordBatches."""
 
-    def __init__(self, table: str, max_rows: int, max_bytes: int):
-        self.table = table
+    def __init__(self, table: str, max_rows: int):
         self.schema = SCHEMAS[table]
-        self.names = self.schema.names
-        self.cols = {n: [] for n in self.names}
-        self.max_rows, self.max_bytes = max_rows, max_bytes
-        self.bytes = 0
+        self.rows: list[dict] = []
+        self.max_rows = max_rows
 
-    def add(self, row: dict, size: int = 0) -> pa.RecordBatch | None:
-        for n in self.names:
-            self.cols[n].append(row.get(n))
-        self.bytes += size
-        if len(self.cols[self.names[0]]) >= self.max_rows or self.bytes >= self.max_bytes:
-            return self.flush()
-        return None
+    def add(self, row: dict) -> pa.RecordBatch | None:
+        self.rows.append(row)
+        return self.flush() if len(self.rows) >= self.max_rows else None
 
     def flush(self) -> pa.RecordBatch | None:
-        if not self.cols[self.names[0]]:
+        if not self.rows:
             return None
-        out = pa.RecordBatch.from_arrays([pa.array(self.cols[f.name], f.type) for f in self.schema],
-                                         schema=self.schema)
-        self.cols = {n: [] for n in self.names}
-        self.bytes = 0
+        out = pa.RecordBatch.from_pylist(self.rows, schema=self.schema)
+        self.rows = []
         return out
 
 
@@ -100,81 +133,56 @@ def _where(vs: VhostScan) -> tuple[str, str | None]:
     return vs.node.node.node, vs.vhost.name if vs.vhost.name is not None else vs.vhost.label
 
 
+def _queue(qx: IndexChunk, n: int, node: str, vhost: str | None) -> dict:
+    return {"node": repeat(node, n), "vhost": repeat(vhost, n), "queue": repeat(qx.qdir.name, n),
+            "priority": repeat(qx.qdir.priority, n, pa.int32())}
+
+
 # -- index / acks ------------------------------------------------------------------------------
 
 
 def index_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     node, vhost = _where(vs)
-    for qx in vs.queues:
+    step = max(1, vs.options.batch_rows)
+    for qx in vs.chunks():
         r = qx.rec
-        n = len(r["seq"])
-        if not n:
-            continue
-        loc = r["loc"]
-        has_loc = (loc != NOLOC) & np.isin(r["kind"], (0, GHOST, BAD))
-        errors = [qx.errors.get(i) for i in range(n)] if qx.errors else None
-        cols = {
-            "node": repeat(node, n), "vhost": repeat(vhost, n), "queue": repeat(qx.qdir.name, n),
-            "priority": repeat(qx.qdir.priority, n, pa.int32()),
-            "file": names_array([str(p) for p in qx.files], r["file"]), "offset": pa.array(r["offset"]),
-            "index_version": repeat(qx.version, n, pa.int32()),
-            "kind": names_array(list(KIND_NAMES), r["kind"]), "seq_id": pa.array(r["seq"]),
-            "persistent": pa.array(r["persistent"] == 1, mask=r["persistent"] < 0),
-            "location": pa.array([LOC_NAMES.get(int(x)) for x in loc], pa.string(), mask=~has_loc),
-            "msg_id": id_array(r["msg_id"], has_loc & (loc == SHARED) | ((r["kind"] == 0) & (qx.version == 1))),
-            "store_offset": pa.array(r["store_offset"], mask=~np.isin(loc, (QSTORE, EMBEDDED))),
-            "store_size": pa.array(r["store_size"], mask=~np.isin(loc, (QSTORE, EMBEDDED))),
-            "size": pa.array(r["size"], mask=~has_loc), "expiry": ts_array(r["expiry"]),
-            "status": pa.array(r["status"], pa.int32(), mask=r["status"] < 0),
-            "error": pa.array(errors, pa.string()) if errors else pa.nulls(n, pa.string()),
-        }
-        yield batch("index", cols)
+        files = [str(p) for p in qx.files]
+        for start in range(0, len(r["seq"]), step):
+            sl = slice(start, start + step)
+            n = len(r["seq"][sl])
+            loc, kind = r["loc"][sl], r["kind"][sl]
+            has_loc = (loc != NOLOC) & np.isin(kind, (0, GHOST, BAD))
+            in_file = np.isin(loc, (QSTORE, EMBEDDED))
+            errors = [qx.errors.get(i) for i in range(start, start + n)] if qx.errors else None
+            yield batch("index", {
+                **_queue(qx, n, node, vhost), "file": names_array(files, r["file"][sl]),
+                "offset": pa.array(r["offset"][sl]), "index_version": repeat(qx.version, n, pa.int32()),
+                "kind": names_array(KIND_NAMES, kind), "seq_id": pa.array(r["seq"][sl]),
+                "persistent": pa.array(r["persistent"][sl] == 1, mask=r["persistent"][sl] < 0),
+                "location": names_array(LOC_NAMES, loc, ~has_loc),
+                "msg_id": id_array(r["msg_id"][sl], has_loc & ((loc == SHARED) | (qx.version == 1) & (kind == 0))),
+                "store_offset": pa.array(r["store_offset"][sl], mask=~in_file),
+                "store_size": pa.array(r["store_size"][sl], mask=~in_file),
+                "size": pa.array(r["size"][sl], mask=~has_loc), "expiry": ts_array(r["expiry"][sl]),
+                "status": pa.array(r["status"][sl], pa.int32(), mask=r["status"][sl] < 0),
+                "error": pa.array(errors, pa.string()) if errors else pa.nulls(n, pa.string()),
+            })
 
 
 def acks_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     node, vhost = _where(vs)
-    for qx in vs.queues:
-        if not qx.acks:
-            continue
-        n = len(qx.acks)
-        yield batch("acks", {
-            "node": repeat(node, n), "vhost": repeat(vhost, n), "queue": repeat(qx.qdir.name, n),
-            "priority": repeat(qx.qdir.priority, n, pa.int32()),
-            "file": [str(qx.files[a.file]) for a in qx.acks], "offset": [a.offset for a in qx.acks],
-            "seq_id": [a.seq for a in qx.acks], "evidence": [a.evidence for a in qx.acks],
-            "msg_id": [a.msg_id for a in qx.acks],
-        })
+    for qx in vs.chunks():
+        a = qx.acks
+        n = len(a["seq"])
+        if n:
+            yield batch("acks", {
+                **_queue(qx, n, node, vhost), "file": names_array([str(p) for p in qx.files], a["file"]),
+                "offset": pa.array(a["offset"]), "seq_id": pa.array(a["seq"]),
+                "evidence": names_array(EVIDENCE, a["evidence"]), "msg_id": id_array(a["msg_id"], a["has_id"]),
+            })
 
 
 # -- store / refcounts / holes -----------------------------------------------------------------
-
-
-def store_status(vs: VhostScan, kind: str) -> tuple[np.ndarray, np.ndarray]:
-    """Per store entry: status code (0 live, 1 orphan, 2 duplicate) and computed refs."""
-    st = vs.stores[kind]
-    ref_ids, ref_counts, _ = vs.references[kind]
-    claimed_ids, claimed_pos = vs.claims[kind]
-    n = len(st.e_id)
-    status = np.full(n, 2, np.int8)
-    refs = np.zeros(n, np.int32)
-    if n:
-        i = np.searchsorted(ref_ids, st.e_id)
-        i = np.minimum(i, max(len(ref_ids) - 1, 0))
-        referenced = (ref_ids[i] == st.e_id) if len(ref_ids) else np.zeros(n, bool)
-        # the first copy of an unreferenced id is an orphan, further copies duplicates
-        order = np.lexsort((st.e_offset, st.e_file, st.e_id))
-        first = np.ones(n, bool)
-        sid = st.e_id[order]
-        first[1:] = sid[1:] != sid[:-1]
-        is_first = np.zeros(n, bool)
-        is_first[order] = first
-        status[~referenced & is_first] = 1
-        live = np.zeros(n, bool)
-        live[claimed_pos[np.isin(claimed_ids, ref_ids)]] = True
-        status[live] = 0
-        refs[live] = ref_counts[np.searchsorted(ref_ids, st.e_id[live])]
-    return status, refs
-
 
 STATUS_NAMES = ("live", "orphan", "duplicate", "corrupt")
 
@@ -183,24 +191,22 @@ def store_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     node, vhost = _where(vs)
     bodies = vs.options.bodies
     for kind, st in vs.stores.items():
-        status, refs = store_status(vs, kind)
+        status, refs = vs.store_status[kind]
         n = len(st.e_id)
         paths = [str(f.path) for f in st.files]
-        step = max(1, vs.options.batch_rows)
-        for s in range(0, n, step):
-            e = slice(s, min(n, s + step))
+        sizes = np.cumsum(st.e_total) if bodies else np.zeros(n, np.int64)
+        for e in _capped(sizes, n, vs.options.batch_rows, vs.options.batch_bytes):
             m = e.stop - e.start
-            body = None
+            body = pa.nulls(m, pa.binary())
             if bodies:
-                body = [bytes(vs.data(st.files[f].path)[o + 24:o + t - 1])
-                        for f, o, t in zip(st.e_file[e], st.e_offset[e], st.e_total[e])]
+                body = binary_array(_slices_of(vs, [st.files[f].path for f in st.e_file[e].tolist()],
+                                               (st.e_offset[e] + 24).tolist(), (st.e_total[e] - 25).tolist()))
             yield batch("store", {
                 "node": repeat(node, m), "vhost": repeat(vhost, m), "store": repeat(kind, m),
                 "file": names_array(paths, st.e_file[e]), "offset": pa.array(st.e_offset[e]),
                 "total_size": pa.array(st.e_total[e]), "msg_id": id_array(st.e_id[e]),
-                "marker_ok": repeat(True, m, pa.bool_()),
-                "status": names_array(list(STATUS_NAMES), status[e]), "refs": pa.array(refs[e]),
-                "body": pa.array(body, pa.binary()) if bodies else pa.nulls(m, pa.binary()),
+                "marker_ok": repeat(True, m, pa.bool_()), "status": names_array(STATUS_NAMES, status[e]),
+                "refs": pa.array(refs[e]), "body": body,
             })
         if st.bad:
             m = len(st.bad)
@@ -219,56 +225,67 @@ REFCOUNT_STATUS = ("ok", "duplicate", "orphan", "mismatch", "missing")
 
 
 def refcounts_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
+    """One row per distinct id of a store (ids the indexes reference but no file holds included)."""
+    from cqforensics.scan import IdSet
+
     node, vhost = _where(vs)
+    labels = [q.label for q in vs.queue_dirs]
+    names = sorted(set(labels))
+    name_of = np.array([names.index(x) for x in labels] or [0], np.int64)
     for kind, st in vs.stores.items():
-        ref_ids, ref_counts, ref_queues = vs.references[kind]
-        all_ids = np.unique(np.concatenate([st.e_id, ref_ids])) if len(st.e_id) or len(ref_ids) else np.zeros(0, ID)
-        n = len(all_ids)
+        refs = vs.references[kind]
+        missing = refs.ids.ids[st.distinct.lookup(refs.ids.ids) < 0]  # referenced, in no file
+        ids, _, _ = IdSet.build(np.concatenate([st.distinct.ids, missing]))
+        n = len(ids)
         if not n:
             continue
-        copies = np.zeros(n, np.int32)
-        if len(st.e_id):
-            u, c = np.unique(st.e_id, return_counts=True)
-            copies[np.searchsorted(all_ids, u)] = c
-        computed = np.zeros(n, np.int32)
-        queues = [[] for _ in range(n)]
-        if len(ref_ids):
-            pos = np.searchsorted(all_ids, ref_ids)
-            computed[pos] = ref_counts
-            for p, q in zip(pos, ref_queues):
-                queues[p] = q
-        claimed_ids, claimed_pos = vs.claims[kind]
-        where_file = np.full(n, -1, np.int32)
-        where_off = np.zeros(n, np.int64)
-        if len(claimed_ids):
-            p = np.searchsorted(all_ids, claimed_ids)
-            where_file[p] = st.e_file[claimed_pos]
-            where_off[p] = st.e_offset[claimed_pos]
+        g = st.distinct.lookup(ids.ids)
+        in_store = g >= 0
+        gg = np.maximum(g, 0)
+        copies = np.where(in_store, st.copies[gg] if len(st.copies) else 0, 0).astype(np.int32)
+        claim = np.where(in_store, st.claim[gg] if len(st.claim) else -1, -1)
+        where = np.where(claim >= 0, claim, np.where(in_store, st.first[gg] if len(st.first) else -1, -1))
+        has = where >= 0
+        rg = refs.ids.lookup(ids.ids)
+        computed = np.where(rg >= 0, refs.count[np.maximum(rg, 0)] if len(refs.count) else 0, 0).astype(np.int32)
+        # queue lists: distinct names per id, from the (ref id, queue) pairs
+        nn = max(1, len(names))
+        pairs = np.unique(refs.pairs // refs.n_queues * nn + name_of[refs.pairs % refs.n_queues]) \
+            if len(refs.pairs) else np.zeros(0, np.int64)
+        ref_to_row = np.full(len(refs.ids), 0, np.int64)
+        ref_to_row[rg[rg >= 0]] = np.flatnonzero(rg >= 0)
+        rows_of_pairs = ref_to_row[pairs // nn] if len(pairs) else pairs
+        order = np.lexsort((pairs % nn, rows_of_pairs)) if len(pairs) else pairs
+        offsets = np.zeros(n + 1, np.int32)
+        np.cumsum(np.bincount(rows_of_pairs, minlength=n), out=offsets[1:])
+        queues = pa.ListArray.from_arrays(pa.array(offsets), names_array(names, (pairs % nn)[order]))
         recorded = None
         if st.recorded is not None:
             rec = st.recorded
-            recorded = np.array([rec[b][0] if b in rec else 0 for b in (x.tobytes() for x in all_ids)], np.int32)
+            recorded = np.array([rec[i][0] if i in rec else 0 for i in (x.tobytes() for x in ids.ids)], np.int32)
         status = np.zeros(n, np.int8)
         status[copies > 1] = 1
         status[(computed == 0) & (copies > 0)] = 2
         if recorded is not None:
             status[recorded != computed] = 3
-        status[(computed > 0) & (where_file < 0)] = 4
-        paths = [str(f.path) for f in st.files] + [None]
+        status[(computed > 0) & (claim < 0)] = 4
+        paths = [str(f.path) for f in st.files]
+        safe = np.maximum(where, 0)
         yield batch("refcounts", {
             "node": repeat(node, n), "vhost": repeat(vhost, n), "store": repeat(kind, n),
-            "file": [paths[f] for f in where_file], "offset": pa.array(where_off, mask=where_file < 0),
-            "msg_id": id_array(all_ids), "copies": pa.array(copies), "computed_refs": pa.array(computed),
+            "file": names_array(paths, st.e_file[safe] if len(st.e_file) else safe, ~has),
+            "offset": pa.array(st.e_offset[safe] if len(st.e_offset) else safe, mask=~has),
+            "msg_id": id_array(ids.ids), "copies": pa.array(copies), "computed_refs": pa.array(computed),
             "recorded_refs": pa.array(recorded, pa.int32()) if recorded is not None else pa.nulls(n, pa.int32()),
-            "queues": queues, "status": names_array(list(REFCOUNT_STATUS), status),
+            "queues": queues, "status": names_array(REFCOUNT_STATUS, status),
         })
 
 
 def holes_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     node, vhost = _where(vs)
-    rows = Rows("holes", vs.options.batch_rows, 1 << 62)
+    rows = Rows("holes", vs.options.batch_rows)
     for kind, st in vs.stores.items():
-        status, _ = store_status(vs, kind)
+        status, _ = vs.store_status[kind]
         for f in st.files:
             for h in f.holes:
                 b = rows.add({"node": node, "vhost": vhost, "store": kind, "file": str(f.path), "offset": h.offset,
@@ -281,7 +298,7 @@ def holes_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
                           "kind": "orphan" if status[i] == 1 else "stale"})
             if b is not None:
                 yield b
-    for qx in vs.queues:
+    for qx in vs.chunks():
         for path, start, length, kind in qs_holes(vs, qx):
             b = rows.add({"node": node, "vhost": vhost, "queue": qx.qdir.label, "store": "queue", "file": str(path),
                           "offset": start, "length": length, "kind": kind})
@@ -292,166 +309,175 @@ def holes_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         yield b
 
 
-def qs_holes(vs: VhostScan, qx: QueueIndex):
-    """Byte ranges of a queue's .qs files that no live index entry uses."""
-    if qx.version != 2:
+def qs_used(vs: VhostScan, qx: IndexChunk) -> list[tuple[int, int]]:
+    """(offset, length) of the .qs entries the chunk's live records use."""
+    r, live = qx.rec, qx.live
+    sel = live[r["loc"][live] == QSTORE]
+    return sorted(zip(r["store_offset"][sel].tolist(), (c_qs.ENTRY_HEADER_SIZE + r["store_size"][sel]).tolist()))
+
+
+def qs_holes(vs: VhostScan, qx: IndexChunk):
+    """Byte ranges of the chunk's .qs segment that no live index entry uses."""
+    if qx.segment is None:
         return
-    r = qx.rec
-    used: dict[Path, list] = {}
-    for i in qx.live:
-        if r["loc"][i] == QSTORE:
-            qs = vs.qs_for(qx, int(i))
-            if qs is not None:
-                used.setdefault(qs.path, []).append((int(r["store_offset"][i]),
-                                                     c_qs.ENTRY_HEADER_SIZE + int(r["store_size"][i])))
-    for number, path in sorted(qx.qdir.qs.items()):
-        qs = vs.qs_files.get(path)
-        if qs is None:
-            continue
-        o = c_qs.HEADER_SIZE
-        for start, length in sorted(used.get(path, [])) + [(qs.size, 0)]:
-            if start > o:
-                gap = bytes(qs.data[o:start])
-                yield path, o, start - o, "zeroed" if not any(gap) else "stale"
-            o = max(o, start + length)
+    path = qx.qdir.qs.get(qx.segment)
+    qs = vs.qs_files.get(path) if path is not None else None
+    if qs is None:
+        return
+    o = c_qs.HEADER_SIZE
+    for start, length in qs_used(vs, qx) + [(qs.size, 0)]:
+        if start > o:
+            gap = vs.data(path)[o:min(start, qs.size)]
+            yield path, o, start - o, "zeroed" if not any(gap) else "stale"
+        o = max(o, start + length)
 
 
 # -- messages ------------------------------------------------------------------------------------
 
-
-def _body_of(vs: VhostScan, qx: QueueIndex, i: int):
-    """(raw term bytes or None, store file, store offset, qs status, problem) for live record i."""
-    r = qx.rec
-    loc = r["loc"][i]
-    if loc == SHARED:
-        kind = "persistent" if r["persistent"][i] == 1 else "transient"
-        st = vs.stores.get(kind)
-        if st is None:
-            return None, None, None, None, "no shared store"
-        pos = vs.shared_copy(kind, r["msg_id"][i])
-        if pos is None:
-            pos = vs.any_copy(kind, r["msg_id"][i])
-        if pos is None:
-            return None, None, None, None, "body not found in the shared store"
-        f = st.files[st.e_file[pos]]
-        o, t = int(st.e_offset[pos]), int(st.e_total[pos])
-        return vs.data(f.path)[o + 24:o + t - 1], str(f.path), o, None, None
-    if loc == QSTORE:
-        qs = vs.qs_for(qx, i)
-        off, size = int(r["store_offset"][i]), int(r["store_size"][i])
-        if qs is None:
-            return None, None, off, "missing_file", "the .qs segment is missing"
-        status, _ = qs.check(off, size)
-        if status in ("bad_header", "out_of_range"):
-            return None, str(qs.path), off, status, f".qs entry unreadable ({status})"
-        return qs.term(off, size), str(qs.path), off, status, None
-    if loc == EMBEDDED:
-        path = qx.files[int(r["file"][i])]
-        off, size = int(r["store_offset"][i]), int(r["store_size"][i])
-        return vs.data(path)[off:off + size], str(path), off, None, None
-    return None, None, None, None, None
+_PROP_FIELDS = list(SCHEMAS["messages"].field("properties").type)
+_PROP_NAMES = [f.name for f in _PROP_FIELDS]
+_DECODED = ("exchange", "routing_keys", "headers", "annotations", "body", "body_size", "term_format",
+            "msg_id", "decode_error")
 
 
-def message_rows(vs: VhostScan) -> Iterator[dict]:
-    """Live index entries, joined to their bodies and decoded, in delivery-listing order."""
-    node, vhost = _where(vs)
+def _ids(arr: np.ndarray) -> list[bytes]:
+    raw = arr.tobytes()
+    return [raw[k:k + 16] for k in range(0, len(raw), 16)]
+
+
+def _decode_chunk(vs: VhostScan, res, rows: slice, ids: list, loc: list, version: int) -> dict:
+    """The decoded columns of live entries ``rows`` (a slice of the chunk's live list)."""
     decode, bodies = vs.options.decode, vs.options.bodies
-    for qx in vs.queues:
-        r = qx.rec
-        files = [str(p) for p in qx.files]
-        for i in qx.live:
-            i = int(i)
-            raw, store_file, store_offset, qs_status, _ = _body_of(vs, qx, i)
-            fate = vs.fate(qx, i, qs_status)
-            loc = int(r["loc"][i])
-            row = {
-                "node": node, "vhost": vhost, "queue": qx.qdir.name, "priority": qx.qdir.priority,
-                "file": files[int(r["file"][i])], "offset": int(r["offset"][i]), "seq_id": int(r["seq"][i]),
-                "msg_id": r["msg_id"][i].tobytes() if loc == SHARED or qx.version == 1 else None,
-                "index_version": qx.version, "persistent": bool(r["persistent"][i] == 1),
-                "delivered": None if r["delivered"][i] < 0 else bool(r["delivered"][i]),
-                "location": LOC_NAMES.get(loc), "store_file": store_file, "store_offset": store_offset,
-                "size": int(r["size"][i]), "expiry": int(r["expiry"][i]) or None,
-                "survives_restart": fate is None, "drop_reason": fate, "decode_error": None,
-            }
-            if raw is not None and (decode or bodies):
-                try:
-                    if not decode:
-                        raise _RawOnly
-                    msg = message.decode_stored(raw)
-                    row.update(exchange=msg["exchange"], routing_keys=msg["routing_keys"],
-                               properties=_props_row(msg), headers=msg["headers"],
-                               annotations=msg["annotations"], term_format=msg["term_format"],
-                               body=msg["body"] if bodies else None, body_size=len(msg["body"]))
-                    if row["msg_id"] is None:
-                        row["msg_id"] = msg["msg_id"]
-                    elif msg["msg_id"] is not None and msg["msg_id"] != row["msg_id"]:
-                        row["decode_error"] = "the stored term's message id differs from the index's"
-                except _RawOnly:
-                    pass
-                except (FormatError, etf.EtfError, ValueError, TypeError, KeyError, IndexError,
-                        AttributeError) as e:
-                    row["decode_error"] = f"{type(e).__name__}: {e}"[:500]
-            yield row
+    out = {k: [] for k in _DECODED}
+    props = {k: [] for k in _PROP_NAMES}
+    has_props = []
+    ex, rks, hd, an, bd, bs, tf, mi, de = (out[k] for k in _DECODED)
+    files, starts, lens = (res.body_file[rows].tolist(), res.body_start[rows].tolist(),
+                           res.body_len[rows].tolist())
+    last, data = -1, None
+    for k, j in enumerate(range(rows.start, rows.stop)):
+        f = files[k]
+        msg_id = ids[j] if loc[j] == SHARED or version == 1 else None
+        msg = error = raw = None
+        if f >= 0 and (decode or bodies):
+            if f != last:
+                data, last = vs.data(res.body_files[f]), f
+            raw = data[starts[k]:starts[k] + lens[k]]
+        if raw is not None and decode:
+            try:
+                msg = fastpath.decode(raw)
+            except FormatError as e:
+                error = f"{e.message} (offset {e.offset} in the term)" if e.offset is not None else e.message
+            except Exception as e:  # a damaged term may break any assumption of the shape
+                error = f"{type(e).__name__}: {e}"[:500]
+        if msg is not None:
+            if msg_id is None:
+                msg_id = msg["msg_id"]
+            elif msg["msg_id"] is not None and msg["msg_id"] != msg_id:
+                error = "the stored term's message id differs from the index's"
+            ex.append(msg["exchange"])
+            rks.append(msg["routing_keys"])
+            p = msg["properties"]
+            for name in _PROP_NAMES:
+                props[name].append(p[name])
+            ts = msg["timestamp_ms"]
+            props["timestamp"][-1] = ts * 1000 if ts is not None else None
+            has_props.append(True)
+            hd.append(msg["headers"])
+            an.append(msg["annotations"])
+            body = msg["body"]
+            bd.append(body if bodies else None)
+            bs.append(len(body))
+            tf.append(msg["term_format"])
+        else:
+            for name in _PROP_NAMES:
+                props[name].append(None)
+            has_props.append(False)
+            ex.append(None)
+            rks.append(None)
+            hd.append(None)
+            an.append(None)
+            bd.append(bytes(raw) if raw is not None and bodies and not decode else None)
+            bs.append(None)
+            tf.append(None)
+        mi.append(msg_id)
+        de.append(error)
+    out["properties"] = pa.StructArray.from_arrays([pa.array(props[f.name], f.type) for f in _PROP_FIELDS],
+                                                   fields=_PROP_FIELDS, mask=pa.array([not h for h in has_props]))
+    return out
 
 
-class _RawOnly(Exception):
-    pass
-
-
-def _props_row(msg: dict) -> dict:
-    p = dict(msg["properties"])
-    p["timestamp"] = msg["timestamp_ms"] * 1000 if msg["timestamp_ms"] is not None else None
-    return p
+def _slices(vs: VhostScan, res, n: int):
+    """Row slices of at most batch_rows rows and (roughly) batch_bytes of bodies."""
+    sizes = np.cumsum(np.where(res.body_file >= 0, res.body_len, 0))
+    return _capped(sizes, n, vs.options.batch_rows, vs.options.batch_bytes)
 
 
 def messages_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
-    rows = Rows("messages", vs.options.batch_rows, vs.options.batch_bytes)
-    for row in message_rows(vs):
-        b = rows.add(row, len(row.get("body") or b""))
-        if b is not None:
-            yield b
-    b = rows.flush()
-    if b is not None:
-        yield b
+    """Live index entries joined to their bodies and decoded, in delivery-listing order."""
+    node, vhost = _where(vs)
+    sch = SCHEMAS["messages"]
+    for qx in vs.chunks():
+        if not len(qx.live):
+            continue
+        res = vs.resolve(qx)
+        r, live = qx.rec, qx.live
+        loc = r["loc"][live].tolist()
+        ids = _ids(r["msg_id"][live])
+        files = [str(f) for f in qx.files]
+        store_files = [str(p) for p in res.body_files]
+        for sl in _slices(vs, res, len(live)):
+            idx = live[sl]
+            m = len(idx)
+            dec = _decode_chunk(vs, res, sl, ids, loc, qx.version)
+            delivered = r["delivered"][idx]
+            fate = res.fate[sl]
+            cols = {
+                **_queue(qx, m, node, vhost), "file": names_array(files, r["file"][idx]),
+                "offset": pa.array(r["offset"][idx]), "seq_id": pa.array(r["seq"][idx]),
+                "index_version": repeat(qx.version, m, pa.int32()), "persistent": pa.array(r["persistent"][idx] == 1),
+                "delivered": pa.array(delivered == 1, mask=delivered < 0),
+                "location": names_array(LOC_NAMES, r["loc"][idx], r["loc"][idx] < 0),
+                "store_file": names_array(store_files, res.body_file[sl], res.body_file[sl] < 0),
+                "store_offset": pa.array(res.store_offset[sl], mask=res.store_offset[sl] < 0),
+                "size": pa.array(r["size"][idx]), "expiry": ts_array(r["expiry"][idx]),
+                "survives_restart": pa.array(fate == 0), "drop_reason": names_array(FATES[1:], fate - 1, fate == 0),
+                **{k: v if isinstance(v, pa.Array) else binary_array(v) if k in ("body", "msg_id")
+                   else pa.array(v, sch.field(k).type) for k, v in dec.items()},
+            }
+            yield pa.RecordBatch.from_arrays([cols[f.name] for f in sch], schema=sch)
 
 
-# -- files / queues / findings ---------------------------------------------------------------------
+# -- queues / files / findings ---------------------------------------------------------------------
 
 
-def queue_summaries(vs: VhostScan) -> list[dict]:
-    out = []
-    for qx in vs.queues:
-        r = qx.rec
-        live = qx.live
-        fates = []
-        for i in live:
-            i = int(i)
-            qs_status = None
-            if r["loc"][i] == QSTORE:
-                qs = vs.qs_for(qx, i)
-                qs_status = "missing_file" if qs is None else qs.check(int(r["store_offset"][i]),
-                                                                       int(r["store_size"][i]))[0]
-            fates.append(vs.fate(qx, i, qs_status))
-        kept = sum(1 for f in fates if f is None)
-        drops: dict[str, int] = {}
-        for f in fates:
-            if f is not None:
-                drops[f] = drops.get(f, 0) + 1
-        out.append({"qx": qx, "messages": len(live), "bytes": int(r["size"][live].sum()) if len(live) else 0,
-                    "persistent": int((r["persistent"][live] == 1).sum()), "kept": kept, "drops": drops})
-    return out
+def queue_summaries(vs: VhostScan) -> Iterator[dict]:
+    """Per queue dir: message counts and what the next boot does with them."""
+    for q in vs.queue_dirs:
+        s = {"qdir": q, "version": q.index_version, "messages": 0, "bytes": 0, "persistent": 0, "kept": 0,
+             "drops": {}, "segments": len(q.qi) + len(q.idx)}
+        for qx in vs.scan_queue(q):
+            r, live = qx.rec, qx.live
+            fates = vs.resolve(qx).fates()
+            s["messages"] += len(live)
+            s["bytes"] += int(r["size"][live].sum())
+            s["persistent"] += int((r["persistent"][live] == 1).sum())
+            s["kept"] += fates.count(None)
+            for f in fates:
+                if f is not None:
+                    s["drops"][f] = s["drops"].get(f, 0) + 1
+            s["version"] = qx.version
+        yield s
 
 
 def queues_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     node, vhost = _where(vs)
     rows = []
     for s in queue_summaries(vs):
-        qx = s["qx"]
-        q: QueueDir = qx.qdir
+        q = s["qdir"]
         rows.append({"node": node, "vhost": vhost, "queue": q.label, "priority": q.priority,
                      "queue_dir": str(q.path), "name_source": q.name_source, "durable_known": vs.queue_known(q),
-                     "index_version": qx.version, "segments": len(q.qi) + len(q.idx), "messages": s["messages"],
+                     "index_version": s["version"], "segments": s["segments"], "messages": s["messages"],
                      "bytes": s["bytes"], "persistent": s["persistent"], "predicted_after_restart": s["kept"],
                      "dropped": s["messages"] - s["kept"]})
     if rows:
@@ -461,86 +487,123 @@ def queues_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
 def file_rows(vs: VhostScan) -> Iterator[dict]:
     node, vhost = _where(vs)
     v = vs.vhost
-    base = {"node": node, "vhost": vhost}
 
-    def row(path: Path, kind: str, **kw) -> dict:
+    def row(path: Path, kind: str, overhead: int = 0, **kw) -> dict:
         try:
             size = path.stat().st_size
         except OSError:
             size = None
-        r = {**base, "file": str(path), "kind": kind, "size": size, **kw}
+        r = {"node": node, "vhost": vhost, "file": str(path), "kind": kind, "size": size, **kw}
         if kw.get("live_bytes") is not None and size is not None:
-            r.setdefault("garbage_bytes", max(0, size - kw["live_bytes"] - kw.pop("_overhead", 0)))
+            r["garbage_bytes"] = max(0, size - kw["live_bytes"] - overhead)
             r["garbage_ratio"] = r["garbage_bytes"] / size if size else 0.0
-        r.pop("_overhead", None)
         return r
 
-    for name in (".vhost", ".config", "recovery.dets"):
+    for name, kind in ((".vhost", "vhost"), (".config", "config"), ("recovery.dets", "dets")):
         if (v.path / name).exists():
-            yield row(v.path / name, {".vhost": "vhost", ".config": "config", "recovery.dets": "dets"}[name])
+            yield row(v.path / name, kind)
     for p in v.others:
         yield row(p, "unknown")
     for kind, st in vs.stores.items():
-        status, _ = store_status(vs, kind)
+        status, _ = vs.store_status[kind]
+        per_file = np.bincount(st.e_file, minlength=len(st.files))
+        live = status == 0
+        live_n = np.bincount(st.e_file[live], minlength=len(st.files))
+        live_b = np.bincount(st.e_file[live], weights=st.e_total[live], minlength=len(st.files))
         for fi, f in enumerate(st.files):
-            sel = st.e_file == fi
-            live = sel & (status == 0)
-            yield row(f.path, "rdq", entries=int(sel.sum()), live_entries=int(live.sum()),
-                      live_bytes=int(st.e_total[live].sum()), header_ok=None)
+            yield row(f.path, "rdq", entries=int(per_file[fi]), live_entries=int(live_n[fi]),
+                      live_bytes=int(live_b[fi]))
         for _, p in st.store.rdt:
             yield row(p, "rdt")
         for p in st.store.others:
-            k = {"clean.dot": "dot", "file_summary.ets": "ets", "msg_store_index.ets": "ets"}.get(p.name, "unknown")
-            yield row(p, k)
-    for qx in vs.queues:
-        q = qx.qdir
+            yield row(p, {"clean.dot": "dot", "file_summary.ets": "ets", "msg_store_index.ets": "ets"}
+                      .get(p.name, "unknown"))
+    for q in vs.queue_dirs:
         qb = {"queue": q.label, "priority": q.priority}
         if (q.path / ".queue_name").exists():
             yield {**row(q.path / ".queue_name", "queue_name"), **qb}
-        for fi, p in enumerate(qx.files):
-            sel = qx.rec["file"] == fi
-            live = np.isin(np.flatnonzero(sel), qx.live)
+        seen_qs = set()
+        for qx in vs.scan_queue(q):
             if qx.version == 2:
-                ok, frm, to, entries, nlive = qx.segment_info.get(fi, (None, None, None, 0, 0))
-                yield {**row(p, "qi", header_ok=ok, from_seq_id=frm, to_seq_id=to, entries=entries,
+                ok, frm, to, entries, nlive = qx.header
+                yield {**row(qx.files[0], "qi", header_ok=ok, from_seq_id=frm, to_seq_id=to, entries=entries,
                              live_entries=nlive), **qb}
+                path = q.qs.get(qx.segment)
+                if path is not None:
+                    seen_qs.add(path)
+                    qs = vs.qs_files.get(path)
+                    used = qs_used(vs, qx)
+                    yield {**row(path, "qs", c_qs.HEADER_SIZE, header_ok=qs.header_ok if qs else None,
+                                 live_entries=len(used), live_bytes=sum(n for _, n in used)), **qb}
             else:
-                kind = "jif" if p.name == "journal.jif" else "idx"
-                yield {**row(p, kind, entries=int(sel.sum()), live_entries=int(live.sum())), **qb}
-        if qx.version == 2:
-            used = {}
-            for i in qx.live:
-                if qx.rec["loc"][i] == QSTORE:
-                    qs = vs.qs_for(qx, int(i))
-                    if qs is not None:
-                        u = used.setdefault(qs.path, [0, 0])
-                        u[0] += 1
-                        u[1] += c_qs.ENTRY_HEADER_SIZE + int(qx.rec["store_size"][i])
-            for number, p in sorted(q.qs.items()):
-                qs = vs.qs_files.get(p)
-                n, b = used.get(p, [0, 0])
-                yield {**row(p, "qs", header_ok=qs.header_ok if qs else None, live_entries=n, live_bytes=b,
-                             _overhead=c_qs.HEADER_SIZE), **qb}
+                live = set(qx.live.tolist())
+                for fi, p in enumerate(qx.files):
+                    sel = np.flatnonzero(qx.rec["file"] == fi)
+                    yield {**row(p, "jif" if p.name == "journal.jif" else "idx", entries=len(sel),
+                                 live_entries=sum(1 for i in sel.tolist() if i in live)), **qb}
+        for number, p in sorted(q.qs.items()):
+            if p not in seen_qs:  # a .qs whose .qi is gone
+                yield {**row(p, "qs", header_ok=vs.qs_files[p].header_ok if vs.qs_files.get(p) else None,
+                             live_entries=0), **qb}
         for p in q.others:
             yield {**row(p, "unknown"), **qb}
 
 
 def files_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
-    rows = list(file_rows(vs))
-    if rows:
-        yield pa.RecordBatch.from_pylist(rows, schema=SCHEMAS["files"])
+    rows = Rows("files", vs.options.batch_rows)
+    for r in file_rows(vs):
+        b = rows.add(r)
+        if b is not None:
+            yield b
+    b = rows.flush()
+    if b is not None:
+        yield b
+
+
+def chunk_findings(vs: VhostScan, qx: IndexChunk) -> list[Finding]:
+    """A chunk's reader findings, plus its entries whose body is not where the index says
+    (per-queue store checks as QS2 check_msg_on_disk; shared-store lookups)."""
+    out = list(qx.findings)
+    r = qx.rec
+    res = vs.resolve(qx)
+    qs_path = qx.qdir.qs.get(qx.segment) if qx.segment is not None else None
+    path = str(qs_path or qx.qdir.path / f"{qx.segment}.qs")
+    reported = False
+    for j, i in enumerate(qx.live.tolist()):
+        status, seq = QS_STATUS[res.qs_status[j]], int(r["seq"][i])
+        if status is not None and status != "ok":
+            off, size = int(r["store_offset"][i]), int(r["store_size"][i])
+            if status in ("missing_file", "bad_header"):
+                if not reported:
+                    reported = True
+                    code, what = (("qs-entry-missing", "the index points into a .qs segment that is not there")
+                                  if status == "missing_file" else
+                                  ("qs-bad-header", "bad .qs header: none of its messages can be read"))
+                    out.append(Finding(code, what, path, None if status == "missing_file" else 0,
+                                       details={"seq_id": seq}))
+            elif status == "out_of_range":
+                out.append(Finding("qs-entry-missing", f"entry for seq id {seq} ({8 + size} bytes) lies beyond the "
+                                   "end of the file", path, off, details={"seq_id": seq, "size": size}))
+            else:
+                out.append(Finding("qs-entry-crc", f"entry for seq id {seq} fails its "
+                                   f"{'CRC' if status == 'bad_crc' else 'size'} check", path, off,
+                                   details={"seq_id": seq, "size": size, "check": status}))
+        elif r["loc"][i] == SHARED and r["persistent"][i] == 1 and res.body_file[j] < 0:
+            mid = r["msg_id"][i].tobytes().hex()
+            out.append(Finding("msg-missing", f"message {mid} (seq id {seq}) is in no shared-store file",
+                               str(qx.files[int(r["file"][i])]), int(r["offset"][i]),
+                               details={"msg_id": mid, "seq_id": seq}))
+    for f in out:
+        f.queue, f.priority = qx.qdir.name, qx.qdir.priority
+    return out
 
 
 def reader_findings(vs: VhostScan) -> list[Finding]:
     """What the readers met while decoding this vhost (fsck adds its checks on top)."""
     node, vhost = _where(vs)
-    out = []
-    for p in vs.vhost.problems:
-        out.append(Finding(p.code, p.message, str(p.path), p.offset))
-    for qx in vs.queues:
-        for f in qx.findings:
-            f.queue, f.priority = qx.qdir.name, qx.qdir.priority
-            out.append(f)
+    out = [Finding(p.code, p.message, str(p.path), p.offset) for p in vs.vhost.problems]
+    for qx in vs.chunks():
+        out += chunk_findings(vs, qx)
     for kind, st in vs.stores.items():
         for f in st.files:
             for h in f.holes:

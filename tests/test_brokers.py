@@ -4,6 +4,7 @@ committed sample boots on the broker that wrote it and delivers exactly its mani
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -30,6 +31,8 @@ def test_harness_start_publish_kill_restart_stop(version, broker_dir):
         for i in range(20):
             ch.basic_publish("", "harness", b"x" * (i * 500), pika.BasicProperties(delivery_mode=2))
         conn.close()
+        # confirmed messages are on disk; the queue declaration reaches Mnesia's log a moment later
+        time.sleep(1.5)
         b.kill()
         assert not list(b.node_dir.glob("msg_stores/vhosts/*/msg_store_persistent/clean.dot"))
         b.start()

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cqforensics.grammar import qs as c_qs
-from cqforensics.readers.files import map_file
 
 _ENTRY_HEADER = c_qs.ENTRY_HEADER.unpack_from
 
@@ -20,38 +19,42 @@ OK, MISSING_FILE, BAD_HEADER, OUT_OF_RANGE, BAD_SIZE, BAD_CRC = "ok", "missing_f
 
 @dataclass
 class QsFile:
+    """A .qs segment: its size and header; entry checks read through a caller-supplied buffer
+    (so the caller decides how long the file stays mapped)."""
+
     path: Path
-    data: object  # bytes or mmap
+    size: int
     header_ok: bool
 
-    @property
-    def size(self) -> int:
-        return len(self.data)
-
-    def check(self, offset: int, size: int) -> tuple[str, int]:
+    def check(self, data, offset: int, size: int) -> tuple[str, int]:
         """(status, CRC flag) of the entry the index places at ``offset`` with term ``size``."""
         if not self.header_ok:
             return BAD_HEADER, 0
         end = offset + c_qs.ENTRY_HEADER_SIZE + size
-        if offset < c_qs.HEADER_SIZE or end > len(self.data):
+        if offset < c_qs.HEADER_SIZE or end > len(data):
             return OUT_OF_RANGE, 0
-        h_size, flags, crc, _ = _ENTRY_HEADER(self.data, offset)
+        h_size, flags, crc, _ = _ENTRY_HEADER(data, offset)
         if h_size != size:
             return BAD_SIZE, flags & 1
         if flags & 1:
-            term = self.data[offset + c_qs.ENTRY_HEADER_SIZE:end]
+            term = data[offset + c_qs.ENTRY_HEADER_SIZE:end]
             if zlib.crc32(term) & 0xFFFF != crc:
                 return BAD_CRC, 1
         return OK, flags & 1
 
-    def term(self, offset: int, size: int):
-        start = offset + c_qs.ENTRY_HEADER_SIZE
-        return self.data[start:start + size]
-
 
 def open_qs(path: Path | None) -> QsFile | None:
-    if path is None or not path.exists():
+    if path is None:
         return None
-    data = map_file(path)
-    ok = len(data) >= c_qs.HEADER_SIZE and data[:4] == c_qs.MAGIC and data[4] == c_qs.VERSION
-    return QsFile(path, data, ok)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(c_qs.HEADER_SIZE)
+            size = f.seek(0, 2)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        from cqforensics.errors import OperationalError
+
+        raise OperationalError(f"{path}: cannot read: {e.strerror}") from e
+    ok = len(head) == c_qs.HEADER_SIZE and head[:4] == c_qs.MAGIC and head[4] == c_qs.VERSION
+    return QsFile(path, size, ok)

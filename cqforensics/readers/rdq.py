@@ -49,16 +49,6 @@ class RdqFile:
         return len(self.offsets)
 
 
-def _entry_at(data, o: int, end: int):
-    """(total, msg_id) when a complete, marked entry starts at o; else None."""
-    if o + 24 > end:
-        return None
-    size, msg_id = _HEAD(data, o)
-    if size < 16 or o + size + 9 > end or data[o + 8 + size] != _MARK:
-        return None
-    return size + 9, msg_id
-
-
 def find_candidates(data, start: int, end: int, first_only: bool = False) -> np.ndarray:
     """Offsets in [start, end) where a complete entry with a 255 marker starts (vectorised).
 
@@ -101,14 +91,18 @@ def walk(path: Path, number: int, data=None) -> RdqFile:
     f = RdqFile(path, number, end)
     offsets, totals, ids = f.offsets, f.totals, f.msg_ids
     o = 0
+    head, mark = _HEAD, _MARK
+    add_offset, add_total, add_id = offsets.append, totals.append, ids.append
     while o < end:
-        hit = _entry_at(data, o, end)
-        if hit is not None:
-            offsets.append(o)
-            totals.append(hit[0])
-            ids.append(hit[1])
-            o += hit[0]
-            continue
+        if o + 24 <= end:  # the healthy chain: one unpack and one byte per entry
+            size, msg_id = head(data, o)
+            nxt = o + size + 9
+            if size >= 16 and nxt <= end and data[nxt - 1] == mark:
+                add_offset(o)
+                add_total(size + 9)
+                add_id(msg_id)
+                o = nxt
+                continue
         # the chain breaks at o: a torn entry (size fits, marker missing) is remembered,
         # then slide to the next plausible entry
         if o + 24 <= end:

@@ -1,0 +1,19 @@
+"""The fast decoding path gives exactly what the generic normaliser gives, on every sample term."""
+
+from cqforensics import fastpath, message
+from cqforensics.errors import FormatError
+
+from test_etf import stored_terms
+
+
+def test_fast_path_equals_generic_on_every_sample_term():
+    fast_hits = 0
+    for path, offset, raw in stored_terms():
+        try:
+            slow = message.decode_stored(raw)
+        except FormatError:
+            continue
+        assert fastpath.decode(raw) == slow, f"{path}@{offset}"
+        lay = fastpath._LAYOUTS
+        fast_hits += any(bytes(raw).startswith(l["mc"]) or bytes(raw).startswith(l["bm"]) for l in lay)
+    assert fast_hits > 300

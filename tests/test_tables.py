@@ -1,0 +1,133 @@
+"""Layout discovery and the content of each table on the real samples."""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+
+import pytest
+
+import cqforensics
+from cqforensics import layout, textfiles
+
+from conftest import SAMPLES, manifest
+
+
+def test_dir_names_follow_the_md5_base36_rule():
+    assert textfiles.vhost_dir_name(b"/") == "628WB79CIFDYO9LJI6DKMI09L"
+    assert textfiles.queue_dir_name(b"/", b"test") == "2SVZ97PJQCBIFINCC1KIO7L5D"
+
+
+def test_discovery_accepts_node_dir_mnesia_base_and_folder(tmp_path):
+    node = SAMPLES / "4.3.6-kill" / "mnesia" / "rabbit@localhost"
+    assert [n.path for n in layout.discover(node)] == [node]
+    assert [n.path for n in layout.discover(node.parent)] == [node]
+    nodes = layout.discover(SAMPLES)
+    assert len(nodes) == len(list(SAMPLES.glob("*/manifest.json")))
+    # the same node name in several backups gets a unique label
+    assert len({n.node for n in nodes}) == len(nodes)
+    assert all(n.node.endswith("rabbit@localhost") for n in nodes)
+
+
+def test_queue_names_priorities_and_index_versions():
+    node = layout.discover(SAMPLES / "3.10.8-clean")[0]
+    root = next(v for v in node.vhosts if v.name == "/")
+    by_name = Counter(q.name for q in root.queues)
+    assert by_name["jobs.prio"] == 6  # levels 0..5
+    assert sorted(q.priority for q in root.queues if q.name == "jobs.prio") == [0, 1, 2, 3, 4, 5]
+    versions = {q.name: q.index_version for q in root.queues}
+    assert versions["orders.v1"] == 1 and versions["orders.v2"] == 2
+    assert all(q.name_source == ".queue_name" for q in root.queues)
+    seg = layout.discover(SAMPLES / "3.10.8-segments")[0]
+    assert {v.segment_entry_count for v in seg.vhosts} == {32}
+
+
+@pytest.mark.parametrize("table", cqforensics.TABLES)
+def test_batches_have_the_exact_schema_and_respect_caps(table):
+    n = 0
+    for b in cqforensics.iter_batches(SAMPLES / "4.3.6-clean", table, batch_rows=7):
+        assert b.schema == cqforensics.schema(table)
+        if table in ("messages", "store"):
+            assert b.num_rows <= 7
+        n += b.num_rows
+    assert n > 0 or table == "findings"
+
+
+def test_batches_capped_by_bytes():
+    sizes = [b.num_rows for b in cqforensics.iter_batches(SAMPLES / "3.10.8-clean", "messages", batch_bytes=10_000)]
+    assert max(sizes) < 10 and sum(sizes) > 50
+
+
+def test_projection_skips_bodies():
+    t = cqforensics.read_table(SAMPLES / "4.3.6-clean", "messages", columns=["queue", "size", "body_size"])
+    assert t.column_names == ["queue", "size", "body_size"]
+    full = cqforensics.read_table(SAMPLES / "4.3.6-clean", "messages", columns=["queue", "body"])
+    assert sum(len(b or b"") for b in full.column("body").to_pylist()) > 50_000
+
+
+def test_messages_sizes_agree_with_bodies(dataset):
+    for r in cqforensics.read_table(SAMPLES / dataset, "messages", columns=["size", "body_size", "term_format"]
+                                    ).to_pylist():
+        if r["term_format"] in ("basic_message", "mc_amqpl"):
+            assert r["size"] == r["body_size"]
+
+
+def test_fanout_refcounts_and_recorded_counts_after_clean_stop():
+    rows = cqforensics.read_table(SAMPLES / "4.3.6-clean", "refcounts").to_pylist()
+    fan = [r for r in rows if set(r["queues"]) >= {"audit.b", "audit.c"}]
+    assert fan and max(r["computed_refs"] for r in fan) == 3
+    # a clean stop recorded the reference counts: they agree with the indexes
+    assert all(r["recorded_refs"] == r["computed_refs"] for r in rows if r["store"] == "persistent")
+    # acked messages stay in the files until compaction: garbage, not damage
+    assert {r["status"] for r in rows if r["store"] == "persistent"} == {"ok", "orphan"}
+    kill = cqforensics.read_table(SAMPLES / "4.3.6-kill", "refcounts").to_pylist()
+    assert all(r["recorded_refs"] is None for r in kill)
+
+
+def test_rolled_store_shows_compaction_holes_and_garbage():
+    holes = cqforensics.read_table(SAMPLES / "4.3.6-rolled", "holes").to_pylist()
+    zeroed = [h for h in holes if h["kind"] == "zeroed" and h["store"] == "persistent"]
+    assert len(zeroed) >= 10 and all(h["length"] > 100 for h in zeroed[1:])
+    files = cqforensics.read_table(SAMPLES / "4.3.6-rolled", "files").to_pylist()
+    rdq = [f for f in files if f["kind"] == "rdq" and f["size"]]
+    assert len(rdq) >= 10 and all(0 < f["garbage_ratio"] < 0.2 for f in rdq[1:])
+    store = cqforensics.read_table(SAMPLES / "4.3.6-rolled", "store", columns=["status"]).to_pylist()
+    assert Counter(r["status"] for r in store)["live"] == 60
+
+
+def test_acks_evidence():
+    v2 = Counter(r["evidence"] for r in cqforensics.read_table(SAMPLES / "4.3.6-clean", "acks").to_pylist())
+    assert v2["v2_zeroed_slot"] > 5
+    # a clean v1 flush writes acked messages nowhere; a kill -9 leaves acks in the journal
+    v1 = Counter(r["evidence"] for r in cqforensics.read_table(SAMPLES / "3.10.8-kill", "acks").to_pylist())
+    assert v1["v1_journal_ack"] >= 1
+
+
+def test_queues_table_counts_match_messages(dataset):
+    m = manifest(dataset)
+    queues = cqforensics.read_table(SAMPLES / dataset, "queues", as_of=m["restarted_at_ms"]).to_pylist()
+    msgs = cqforensics.read_table(SAMPLES / dataset, "messages", as_of=m["restarted_at_ms"],
+                                  columns=["queue", "priority", "survives_restart"]).to_pylist()
+    for q in queues:
+        mine = [r for r in msgs if (r["queue"], r["priority"]) == (q["queue"], q["priority"])]
+        assert q["messages"] == len(mine)
+        assert q["predicted_after_restart"] == sum(r["survives_restart"] for r in mine)
+    expected = {(q["vhost"], q["name"]): len(q["messages"]) for q in m["queues"]}
+    predicted = Counter()
+    for q in queues:
+        predicted[(q["vhost"], q["queue"])] += q["predicted_after_restart"]
+    assert {k: v for k, v in predicted.items() if v} == {k: v for k, v in expected.items() if v}
+
+
+def test_vhost_and_queue_filters():
+    t = cqforensics.read_table(SAMPLES / "4.3.6-clean", "messages", vhosts=["staging/ü"], columns=["vhost", "queue"])
+    assert set(t.column("vhost").to_pylist()) == {"staging/ü"}
+    t = cqforensics.read_table(SAMPLES / "4.3.6-clean", "messages", queues=["dead"], columns=["queue"])
+    assert set(t.column("queue").to_pylist()) == {"dead"}
+
+
+def test_many_backups_in_one_read(tmp_path):
+    for i in range(3):
+        shutil.copytree(SAMPLES / "4.3.6-kill" / "mnesia", tmp_path / f"host{i}" / "mnesia")
+    t = cqforensics.read_table(tmp_path, "queues", columns=["node"])
+    assert sorted(set(t.column("node").to_pylist())) == [f"host{i}/mnesia/rabbit@localhost" for i in range(3)]
