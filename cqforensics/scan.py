@@ -495,11 +495,12 @@ class VhostScan:
         st_size = r["store_size"][live].tolist()
         kinds = r["kind"][live].tolist()
         claim_pos, any_pos = {}, {}
+        shared = r["loc"][live] == SHARED
         for kind, flag in (("persistent", 1), ("transient", 0)):
-            st = self.stores.get(kind)
+            sel = np.flatnonzero(shared & (r["persistent"][live] == flag))
+            st = self.stores.get(kind) if len(sel) else None  # no walk of a store nothing here needs
             if st is None:
                 continue
-            sel = np.flatnonzero((r["loc"][live] == SHARED) & (r["persistent"][live] == flag))
             cp, ap = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
             cp[sel], ap[sel] = st.locate(r["msg_id"][live[sel]])
             claim_pos[kind], any_pos[kind] = cp.tolist(), ap.tolist()
@@ -525,7 +526,7 @@ class VhostScan:
             lc, body_problem = loc[j], None
             if lc == SHARED:
                 kind = "persistent" if persistent[j] == 1 else "transient"
-                st = self.stores.get(kind)
+                st = self.stores.get(kind) if kind in claim_pos else None
                 cp = claim_pos[kind][j] if st is not None else -1
                 ap = any_pos[kind][j] if st is not None else -1
                 e = cp if cp >= 0 else ap
