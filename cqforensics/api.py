@@ -47,8 +47,9 @@ def iter_batches(path, table: str = "messages", *, columns: list[str] | None = N
                  **options) -> Iterator[pa.RecordBatch]:
     """Stream one table of every node dir under ``path`` (a path or a list of paths).
 
-    ``columns`` projects (leaving out ``body`` skips reading bodies); ``vhosts``/``queues``
-    restrict the vhosts and queue names read. Other keywords: see ``make_options``."""
+    ``columns`` projects (leaving out ``body`` skips reading bodies); ``vhosts`` restricts the
+    vhosts read, ``queues`` the queues of the queue-level tables (messages, index, acks,
+    queues, files, holes of .qs files). Other keywords: see ``make_options``."""
     sch = schema(table)
     if columns is not None:
         unknown = [c for c in columns if c not in sch.names]
@@ -68,7 +69,7 @@ def iter_batches(path, table: str = "messages", *, columns: list[str] | None = N
             if vhosts is not None and vs.vhost.name not in vhosts:
                 continue
             if queues is not None:
-                vs.vhost.queues = [q for q in vs.vhost.queues if q.name in queues]
+                vs.only = {q.dir_name: None for q in vs.all_queue_dirs if q.name in queues}
             try:
                 for b in build(vs):
                     yield _project(b, columns)

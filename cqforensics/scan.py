@@ -190,11 +190,13 @@ def _v1_chunk(qdir: QueueDir, count: int) -> IndexChunk:
     return qx
 
 
-def iter_chunks(qdir: QueueDir, vhost: VhostDir) -> Iterator[IndexChunk]:
-    """A queue dir's index, a segment at a time (v1: the whole queue at once)."""
+def iter_chunks(qdir: QueueDir, vhost: VhostDir, segments=None) -> Iterator[IndexChunk]:
+    """A queue dir's index, a segment at a time (v1: the whole queue at once); ``segments``
+    restricts a v2 queue to those segment numbers."""
     if qdir.qi:
         for number, path in qdir.qi:
-            yield _v2_chunk(qdir, number, path)
+            if segments is None or number in segments:
+                yield _v2_chunk(qdir, number, path)
     elif qdir.idx or qdir.journal is not None:
         yield _v1_chunk(qdir, vhost.segment_entry_count)
 
@@ -385,9 +387,12 @@ class VhostScan:
 
     MAX_MAPS = 2
 
-    def __init__(self, node: "NodeScan", vhost: VhostDir):
+    def __init__(self, node: "NodeScan", vhost: VhostDir, only: dict[str, set[int] | None] | None = None):
+        """``only`` restricts the queue-level tables to some queue dirs (by dir name), and
+        optionally to some of their segments; store-wide facts still cover the whole vhost."""
         self.node = node
         self.vhost = vhost
+        self.only = only
         self._maps: dict[Path, object] = {}
 
     @property
@@ -418,19 +423,26 @@ class VhostScan:
         self._maps.clear()
 
     @cached_property
-    def queue_dirs(self) -> list[QueueDir]:
+    def all_queue_dirs(self) -> list[QueueDir]:
         """Queue dirs in listing order: name, then priority high to low."""
         return sorted(self.vhost.queues, key=lambda q: (q.name is None, q.name or q.dir_name,
                                                         -(q.priority if q.priority is not None else -1),
                                                         q.dir_name))
 
+    @cached_property
+    def queue_dirs(self) -> list[QueueDir]:
+        """The queue dirs this scan lists (all, or those ``only`` names)."""
+        if self.only is None:
+            return self.all_queue_dirs
+        return [q for q in self.all_queue_dirs if q.dir_name in self.only]
+
     def chunks(self) -> Iterator[IndexChunk]:
-        """Every queue's index, chunk by chunk, in listing order (read afresh on each call)."""
+        """The listed queues' indexes, chunk by chunk, in listing order (read afresh on each call)."""
         for q in self.queue_dirs:
-            yield from iter_chunks(q, self.vhost)
+            yield from self.scan_queue(q)
 
     def scan_queue(self, q: QueueDir) -> Iterator[IndexChunk]:
-        return iter_chunks(q, self.vhost)
+        return iter_chunks(q, self.vhost, self.only.get(q.dir_name) if self.only else None)
 
     @cached_property
     def stores(self) -> dict[str, StoreIndex]:
@@ -446,7 +458,7 @@ class VhostScan:
         reference msg_store_persistent, transient ones msg_store_transient)."""
         ids = {"persistent": [], "transient": []}
         queue = {"persistent": [], "transient": []}
-        for qi, q in enumerate(self.queue_dirs):
+        for qi, q in enumerate(self.all_queue_dirs):
             for qx in iter_chunks(q, self.vhost):
                 r, live = qx.rec, qx.live
                 for kind, flag in (("persistent", 1), ("transient", 0)):
@@ -455,7 +467,7 @@ class VhostScan:
                         ids[kind].append(r["msg_id"][sel])
                         queue[kind].append(np.full(len(sel), qi, np.int64))
         out = {}
-        nq = max(1, len(self.queue_dirs))
+        nq = max(1, len(self.all_queue_dirs))
         for kind in ids:
             all_ids = np.concatenate(ids[kind]) if ids[kind] else np.zeros(0, ID)
             qpos = np.concatenate(queue[kind]) if queue[kind] else np.zeros(0, np.int64)

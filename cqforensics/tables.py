@@ -229,7 +229,7 @@ def refcounts_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     from cqforensics.scan import IdSet
 
     node, vhost = _where(vs)
-    labels = [q.label for q in vs.queue_dirs]
+    labels = [q.label for q in vs.all_queue_dirs]
     names = sorted(set(labels))
     name_of = np.array([names.index(x) for x in labels] or [0], np.int64)
     for kind, st in vs.stores.items():

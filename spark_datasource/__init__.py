@@ -1,0 +1,19 @@
+"""The ``rabbitcq`` Spark data source (Python Data Source API, Spark 4.0 - 4.3).
+
+``DefaultSource`` is what Spark's static lookup registers (through the top-level
+``pyspark_rabbitcq`` shim); ``register(spark)`` registers it explicitly, safely on 4.0 where an
+explicit registration of an already discovered name raises DATA_SOURCE_ALREADY_EXISTS.
+"""
+
+from spark_datasource.source import RabbitCQDataSource as DefaultSource
+
+
+def register(spark) -> None:
+    try:
+        spark.dataSource.register(DefaultSource)
+    except Exception as e:  # 4.0.x: the name is already registered by the static lookup
+        if "DATA_SOURCE_ALREADY_EXISTS" not in str(e):
+            raise
+
+
+__all__ = ["DefaultSource", "register"]

@@ -1,0 +1,185 @@
+"""Planning a read: work units, bin-packed into partitions, and the filters used to prune them.
+
+A unit is what one task can read on its own and get exactly the rows the embedded reader gives:
+
+* queue-level tables (messages, index, acks): one CQv2 ``.qi`` segment, or one CQv1 queue. A
+  task that reads several units of one vhost builds that vhost's shared-store index once.
+* vhost-level tables (store, refcounts, holes, files, queues, findings): a whole vhost, since
+  their statuses and checks need every queue of the vhost and its whole shared store.
+
+Units are weighed in bytes (segment and store bytes a unit is likely to touch), kept in a
+deterministic order (node, vhost, queue, segment), and packed greedily into partitions of about
+``maxPartitionBytes`` (a task costs ~30 ms, so small units share a task). No pyspark imports:
+this module is tested without a JVM.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cqforensics import layout
+from cqforensics.errors import UsageError
+from cqforensics.schema import SCHEMAS
+
+QUEUE_LEVEL = frozenset({"messages", "index", "acks"})
+FILTER_COLUMNS = ("node", "vhost", "queue", "file")
+
+
+@dataclass(frozen=True)
+class Unit:
+    node_path: str
+    node_label: str
+    vhost_dir: str
+    vhost: str | None
+    queue_dir: str | None = None  # None: the whole vhost
+    queue: str | None = None
+    segment: int | None = None  # v2 segment number (None: the whole queue)
+    files: tuple[str, ...] = ()  # files whose rows this unit yields (queue-level units)
+    weight: int = 0
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
+
+
+def _tree_size(root: Path) -> int:
+    total = 0
+    for dirpath, _, names in os.walk(root):
+        for n in names:
+            total += _size(Path(dirpath) / n)
+    return total
+
+
+def plan_units(paths, table: str, vhosts=None, queues=None) -> list[Unit]:
+    """Every unit of ``table`` under ``paths``, in listing order."""
+    out = []
+    for node in layout.discover(list(paths)):
+        for v in sorted(node.vhosts, key=lambda v: (v.name is None, v.label)):
+            if vhosts is not None and v.name not in vhosts:
+                continue
+            base = {"node_path": str(node.path), "node_label": node.node, "vhost_dir": v.dir_name, "vhost": v.name}
+            if table not in QUEUE_LEVEL:
+                out.append(Unit(**base, weight=_tree_size(v.path)))
+                continue
+            store = sum(_size(p) for st in v.stores.values() for _, p in st.rdq) if table == "messages" else 0
+            qdirs = [q for q in v.queues if queues is None or q.name in queues]
+            qdirs.sort(key=lambda q: (q.name is None, q.name or q.dir_name,
+                                      -(q.priority if q.priority is not None else -1), q.dir_name))
+            # the store's bytes are shared out in proportion to index bytes (a proxy for messages)
+            index_bytes = {q.dir_name: sum(_size(p) for _, p in q.qi + q.idx) + _size(q.journal or Path("/-"))
+                           for q in qdirs}
+            total_index = max(1, sum(index_bytes.values()))
+            for q in qdirs:
+                qb = {**base, "queue_dir": q.dir_name, "queue": q.name}
+                if q.qi:
+                    for number, p in q.qi:
+                        qs = q.qs.get(number)
+                        w = _size(p) + (_size(qs) if qs else 0) + store * _size(p) // total_index
+                        out.append(Unit(**qb, segment=number, files=(str(p),), weight=w))
+                elif q.idx or q.journal is not None:
+                    files = tuple(str(p) for _, p in q.idx) + ((str(q.journal),) if q.journal else ())
+                    w = index_bytes[q.dir_name] + store * index_bytes[q.dir_name] // total_index
+                    out.append(Unit(**qb, files=files, weight=w))
+    return out
+
+
+def pack(units: list[Unit], max_bytes: int, min_partitions: int = 1) -> list[list[Unit]]:
+    """Greedy sequential packing (keeps unit order): about ``max_bytes`` per partition, at least
+    ``min_partitions`` when there are enough units."""
+    if not units:
+        return []
+    total = sum(u.weight for u in units)
+    target = max(1, min(max_bytes, math.ceil(total / max(1, min_partitions))))
+    parts, cur, size = [], [], 0
+    for u in units:
+        if cur and size + u.weight > target:
+            parts.append(cur)
+            cur, size = [], 0
+        cur.append(u)
+        size += u.weight
+    parts.append(cur)
+    return parts
+
+
+# -- filters ------------------------------------------------------------------------------------
+
+
+def filter_spec(f) -> tuple[str, str, object] | None:
+    """A Spark ``Filter`` -> (column, op, value) when we can apply it exactly, else None."""
+    name = type(f).__name__
+    attr = getattr(f, "attribute", None)
+    if not (isinstance(attr, tuple) and len(attr) == 1 and attr[0] in FILTER_COLUMNS):
+        return None
+    col = attr[0]
+    value = getattr(f, "value", None)
+    if name in ("EqualTo", "EqualNullSafe") and isinstance(value, str):
+        return col, "eq", value
+    if name == "In" and all(isinstance(v, str) for v in value):
+        return col, "in", tuple(value)
+    if name in ("StringStartsWith", "StringEndsWith", "StringContains") and isinstance(value, str):
+        return col, {"StringStartsWith": "prefix", "StringEndsWith": "suffix", "StringContains": "contains"}[name], value
+    return None
+
+
+def matches(spec: tuple[str, str, object], value: str | None) -> bool:
+    _, op, v = spec
+    if value is None:
+        return False
+    if op == "eq":
+        return value == v
+    if op == "in":
+        return value in v
+    if op == "prefix":
+        return value.startswith(v)
+    if op == "suffix":
+        return value.endswith(v)
+    return v in value
+
+
+def unit_may_match(u: Unit, spec: tuple[str, str, object], table: str) -> bool:
+    """False only when no row of the unit can satisfy the filter (used to skip whole units)."""
+    col = spec[0]
+    if col == "node":
+        return matches(spec, u.node_label)
+    if col == "vhost":
+        return matches(spec, u.vhost)
+    if col == "queue":
+        return u.queue_dir is None or matches(spec, u.queue)
+    if col == "file":
+        if u.files:
+            return any(matches(spec, f) for f in u.files)
+        # a whole vhost: a file filter can only exclude it when it names a file outside it
+        prefix = os.path.join(u.node_path, "msg_stores", "vhosts", u.vhost_dir) + os.sep
+        _, op, v = spec
+        if op == "eq":
+            return v.startswith(prefix)
+        if op == "in":
+            return any(x.startswith(prefix) for x in v)
+        if op == "prefix":
+            return v.startswith(prefix) or prefix.startswith(v)
+        return True
+    return True
+
+
+def accepted(filters: list, table: str, columns: list[str]) -> tuple[list, list]:
+    """Split Spark filters into (specs we apply exactly, filters we return to Spark)."""
+    specs, rejected = [], []
+    for f in filters:
+        spec = filter_spec(f)
+        if spec is not None and spec[0] in columns and spec[0] in SCHEMAS[table].names:
+            specs.append(spec)
+        else:
+            rejected.append(f)
+    return specs, rejected
+
+
+def check_columns(table: str, names: list[str]) -> None:
+    unknown = [n for n in names if n not in SCHEMAS[table].names]
+    if unknown:
+        raise UsageError(f"table {table!r} has no column(s) {', '.join(unknown)}")

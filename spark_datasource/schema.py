@@ -1,0 +1,51 @@
+"""Spark schemas derived from the single Arrow definition in ``cqforensics.schema``.
+
+Spark's ``to_arrow_schema`` maps these StructTypes back to exactly the Arrow schemas the
+readers produce (tests/test_spark_schema.py checks every table), which Spark 4.2+ requires of
+every batch a Python data source yields.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, DataType, DoubleType, IntegerType, LongType,
+                               StringType, StructField, StructType, TimestampType)
+
+from cqforensics.schema import SCHEMAS
+
+
+def spark_type(t: pa.DataType) -> DataType:
+    if pa.types.is_string(t):
+        return StringType()
+    if pa.types.is_binary(t):
+        return BinaryType()
+    if pa.types.is_int32(t):
+        return IntegerType()
+    if pa.types.is_int64(t):
+        return LongType()
+    if pa.types.is_boolean(t):
+        return BooleanType()
+    if pa.types.is_float64(t):
+        return DoubleType()
+    if pa.types.is_timestamp(t):
+        return TimestampType()
+    if pa.types.is_list(t):
+        return ArrayType(spark_type(t.value_type), t.value_field.nullable)
+    if pa.types.is_struct(t):
+        return StructType([StructField(f.name, spark_type(f.type), f.nullable) for f in t])
+    raise TypeError(f"no Spark type for {t}")
+
+
+def struct_type(table: str) -> StructType:
+    """The Spark schema of a table."""
+    return StructType([StructField(f.name, spark_type(f.type), f.nullable) for f in SCHEMAS[table]])
+
+
+def arrow_schema(schema: StructType) -> pa.Schema:
+    """The exact Arrow schema Spark's worker expects for ``schema`` (4.0 .. 4.3)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    try:
+        return to_arrow_schema(schema, timezone="UTC")  # 4.2+: keyword-only, timezone required
+    except TypeError:
+        return to_arrow_schema(schema)  # 4.0/4.1: timestamp[us, tz=UTC] by default

@@ -1,0 +1,149 @@
+"""spark.read.format("rabbitcq") on a real local[2] session: discovery without register(), every
+table equal to the embedded reader on every sample, paths, globs, pushdown on and off, a
+narrowed schema, damaged inputs and clear errors."""
+
+from __future__ import annotations
+
+import shutil
+
+import pyarrow as pa
+import pytest
+
+import cqforensics
+import damage
+from conftest import SAMPLES, copy_node, datasets
+
+pytestmark = pytest.mark.spark
+
+
+def read(spark, path, table="messages", **options):
+    r = spark.read.format("rabbitcq").option("table", table)
+    for k, v in options.items():
+        r = r.option(k, str(v))
+    return r.load(path)
+
+
+def test_discovered_without_register(spark):
+    # the very first use of the format in this JVM: found by the static lookup of pyspark_* modules
+    df = spark.read.format("rabbitcq").load(str(SAMPLES / "4.3.6-clean"))
+    assert df.schema.names == cqforensics.schema("messages").names
+    assert df.count() > 0
+
+
+def test_register_helper_is_safe_when_already_discovered(spark):
+    from spark_datasource import register
+
+    register(spark)
+    register(spark)
+    assert read(spark, str(SAMPLES / "4.0.5-kill"), "queues").count() > 0
+
+
+@pytest.mark.parametrize("dataset", datasets())
+def test_every_table_equals_the_embedded_reader(spark, dataset):
+    path = str(SAMPLES / dataset)
+    m = __import__("oracle").manifest(dataset)
+    for table in cqforensics.TABLES:
+        opts = {"asOf": m["restarted_at_ms"], "maxPartitionBytes": 20_000}  # several partitions per read
+        got = read(spark, path, table, **opts).toArrow()
+        want = cqforensics.read_table(path, table, as_of=m["restarted_at_ms"])
+        assert got.schema == want.schema, table
+        assert got.equals(want), f"{dataset}: table {table} differs"
+
+
+def test_partitions_are_bin_packed(spark):
+    small = read(spark, str(SAMPLES), "messages", maxPartitionBytes=200_000)
+    big = read(spark, str(SAMPLES), "messages")
+    assert small.rdd.getNumPartitions() > 5 > big.rdd.getNumPartitions()
+    assert small.count() == big.count()
+    assert read(spark, str(SAMPLES / "4.3.6-kill"), "store", minPartitions=3).rdd.getNumPartitions() == 2  # 2 vhosts
+
+
+def test_paths_list_and_globs(spark):
+    p1, p2 = str(SAMPLES / "4.0.5-kill"), str(SAMPLES / "4.3.6-kill")
+    both = spark.read.format("rabbitcq").option("table", "queues").load([p1, p2]).toArrow()
+    assert both.equals(cqforensics.read_table([p1, p2], "queues"))
+    glob = read(spark, str(SAMPLES / "4.*-kill"), "queues").toArrow()
+    assert glob.equals(both)
+
+
+def test_a_fleet_of_backups_in_one_read(spark, tmp_path):
+    for i in range(4):
+        shutil.copytree(SAMPLES / "4.3.6-kill" / "mnesia", tmp_path / f"host{i}" / "mnesia")
+    df = read(spark, str(tmp_path), "findings", maxPartitionBytes=1)
+    assert df.rdd.getNumPartitions() == 8  # one task per vhost: checks run in parallel
+    nodes = read(spark, str(tmp_path), "queues").select("node").distinct().count()
+    assert nodes == 4
+
+
+@pytest.mark.parametrize("pushdown", ["false", "true"])
+def test_filters_with_pushdown_on_and_off(spark, pushdown):
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", pushdown)
+    try:
+        df = read(spark, str(SAMPLES), "messages").filter("vhost = 'staging/ü' AND queue IN ('events', 'x')")
+        rows = df.select("vhost", "queue").collect()
+        assert rows and {(r.vhost, r.queue) for r in rows} == {("staging/ü", "events")}
+        expected = sum(cqforensics.read_table(SAMPLES / d, "messages", vhosts=["staging/ü"], queues=["events"],
+                                              columns=["queue"]).num_rows for d in datasets())
+        assert len(rows) == expected
+        plan = df._jdf.queryExecution().executedPlan().toString()
+        spark_side = plan.split("BatchScan")[0]  # pushed filters leave only isnotnull() to Spark
+        assert ("staging" in spark_side and "events" in spark_side) == (pushdown == "false")
+        f = read(spark, str(SAMPLES / "4.3.6-kill"), "index").filter("file LIKE '%/0.qi'").count()
+        assert f == sum(1 for r in cqforensics.read_table(SAMPLES / "4.3.6-kill", "index", columns=["file"])
+                        .column("file").to_pylist() if r.endswith("/0.qi"))
+    finally:
+        spark.conf.set("spark.sql.python.filterPushdown.enabled", "false")
+
+
+def test_narrowed_schema_skips_bodies(spark):
+    df = spark.read.format("rabbitcq").schema("queue STRING, size BIGINT, survives_restart BOOLEAN") \
+        .load(str(SAMPLES / "4.3.6-clean"))
+    got = df.toArrow()
+    want = cqforensics.read_table(SAMPLES / "4.3.6-clean", "messages", columns=["queue", "size", "survives_restart"])
+    assert got.equals(want)
+
+
+def test_damaged_input_yields_findings_not_task_failures(spark, tmp_path):
+    node = copy_node("4.3.6-kill", tmp_path / "mnesia")
+    for qi in sorted(node.glob("msg_stores/vhosts/*/queues/*/0.qi"))[:3]:
+        damage.zero(qi, 0, 8)
+    rdq = max(node.glob("msg_stores/vhosts/*/msg_store_persistent/*.rdq"), key=lambda p: p.stat().st_size)
+    entry = [r for r in cqforensics.read_table(node, "store", columns=["file", "offset"]).to_pylist()
+             if r["file"] == str(rdq)][2]
+    damage.junk(rdq, entry["offset"], 300)  # over an entry's header: the chain breaks there
+    codes = {r.code for r in read(spark, str(tmp_path), "findings").select("code").collect()}
+    assert {"qi-bad-header", "rdq-garbage"} <= codes
+    assert read(spark, str(tmp_path), "messages").filter("drop_reason = 'segment_deleted'").count() > 0
+
+
+@pytest.mark.parametrize("path, options, message", [
+    ("/no/such/dir", {}, "no such file or directory"),
+    ("EMPTY", {}, "no RabbitMQ node directory"),
+    (str(SAMPLES), {"table": "nope"}, "is not one of"),
+    (str(SAMPLES), {"maxPartitionBytes": "lots"}, "not an integer"),
+    (str(SAMPLES), {"brokerVersion": "2.8"}, "outside the supported range"),
+    (str(SAMPLES), {"colour": "blue"}, "unknown option"),
+])
+def test_clear_errors_at_planning(spark, tmp_path, path, options, message):
+    path = str(tmp_path) if path == "EMPTY" else path
+    with pytest.raises(Exception) as e:
+        r = spark.read.format("rabbitcq")
+        for k, v in options.items():
+            r = r.option(k, v)
+        r.load(path).count()
+    assert message in str(e.value)
+    if path != str(SAMPLES):
+        assert path in str(e.value)
+
+
+def test_narrowed_schema_with_unknown_column_fails_clearly(spark):
+    with pytest.raises(Exception, match="has no column"):
+        spark.read.format("rabbitcq").schema("queue STRING, colour STRING").load(str(SAMPLES / "4.3.6-clean")).count()
+
+
+def test_arrow_schemas_match_spark_for_every_table():
+    from spark_datasource.schema import arrow_schema, struct_type
+
+    for table in cqforensics.TABLES:
+        assert arrow_schema(struct_type(table)) == cqforensics.schema(table)
+        assert isinstance(cqforensics.schema(table), pa.Schema)
