@@ -87,11 +87,159 @@ def cmd_read(args) -> int:
     return exitcodes.OK
 
 
+def _progress(enabled: bool):
+    if not enabled:
+        return None
+
+    def show(text: str) -> None:
+        sys.stderr.write(f"\r\x1b[K{text}" if sys.stderr.isatty() else f"{text}\n")
+        sys.stderr.flush()
+
+    return show
+
+
+def cmd_fsck(args) -> int:
+    """Check node dirs read-only and predict what the next boot delivers, drops or crashes on.
+
+    Exit: 0 no errors, 4 errors found (nothing is repaired), 8 operational error, 16 usage."""
+    from cli import render
+    from cqforensics import fsck as fsck_mod
+
+    if args.json and args.jsonl:
+        from cqforensics.errors import UsageError
+
+        raise UsageError("--json and --jsonl exclude each other")
+    progress = _progress(args.progress or (sys.stderr.isatty() and not (args.quiet or args.json or args.jsonl)))
+    report = None
+    for item in fsck_mod.fsck(args.paths, deep=args.deep, assume_dirty=args.assume_dirty, progress=progress,
+                              **read_options(args)):
+        if isinstance(item, fsck_mod.Report):
+            report = item
+        elif args.jsonl:
+            render.write_jsonl([item.to_dict()])
+    if progress and sys.stderr.isatty():
+        sys.stderr.write("\r\x1b[K")
+    for n in report.nodes:
+        for w in n.warnings:
+            print(f"cqforensics: warning: {n.path}: {w}", file=sys.stderr)
+    if args.json:
+        import json
+
+        print(json.dumps(render.jsonable(report.to_dict()), ensure_ascii=False, sort_keys=True, indent=1))
+    elif not args.jsonl:
+        render.fsck_text(report, sys.stdout, show_all=args.all_findings)
+    return report.exit_code
+
+
+def cmd_dump(args) -> int:
+    """List every entry of one file (.rdq, .qi, .qs, .idx, journal.jif, .ets, .dets, Mnesia logs):
+    offset, size, id, status, and holes; --deep decodes the messages."""
+    from cli import render
+    from cqforensics.dump import dump
+
+    rows = dump(args.file, deep=args.deep, segment_entry_count=args.segment_entry_count)
+    if args.jsonl:
+        render.write_jsonl(rows)
+        return exitcodes.OK
+    for r in rows:
+        head = f"{r['offset']:>10}" if r.get("offset") is not None else " " * 10
+        rest = " ".join(f"{k}={render.jsonable(v)}" for k, v in r.items() if k not in ("offset", "kind") and v is not None)
+        print(f"{head}  {r['kind']:<8} {rest}")
+    return exitcodes.OK
+
+
+def cmd_export(args) -> int:
+    """Recover the messages the indexes hold (properties, typed headers, bodies) into
+    DIR/messages.jsonl or DIR/messages.parquet; --all adds acked and dropped messages whose
+    bodies are still readable."""
+    from cqforensics.export import export
+
+    result = export(args.paths, args.format, args.out, everything=args.all, **read_options(args))
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(result["rows"].items())) or "no rows"
+    print(f"{result['file']}: {counts}", file=sys.stderr)
+    return exitcodes.OK
+
+
+def cmd_audit(args) -> int:
+    """Orphaned messages and their bytes, duplicates (by message id and by content) across queues,
+    reference counts against a clean shutdown's recorded index, live vs garbage bytes per file
+    and what a compaction would reclaim."""
+    import json
+
+    from cli import render
+    from cqforensics.audit import audit
+
+    a = audit(args.paths, **read_options(args))
+    if args.json:
+        print(json.dumps(render.jsonable(a), ensure_ascii=False, sort_keys=True, indent=1))
+        return exitcodes.OK
+    out = sys.stdout
+    c = a["compaction"]
+    out.write(f"store files: {c['store_bytes']} bytes, {c['reclaimable_bytes']} reclaimable by compaction "
+              f"({100 * c['reclaimable_ratio']:.0f}%)\n\n")
+    if a["orphans"]:
+        out.write("orphaned / duplicate / corrupt shared-store entries:\n")
+        render.text_table(a["orphans"], ["vhost", "file", "status", "entries", "bytes"], out, max_width=90)
+        out.write("\n")
+    for key, label in (("duplicates_by_message_id", "message_id"), ("duplicates_by_content", "body_sha256")):
+        groups = a[key]
+        out.write(f"{key.replace('_', ' ')}: {len(groups)} groups\n")
+        rows = [{**g, "queues": ",".join(g["queues"])} for g in groups[:20]]
+        if rows:
+            render.text_table(rows, ["vhost", label, "copies", "kind", "queues"], out, max_width=60)
+        out.write("\n")
+    out.write(f"reference count problems: {len(a['refcount_problems'])}\n")
+    if a["refcount_problems"]:
+        render.text_table(a["refcount_problems"][:20], ["vhost", "msg_id", "copies", "computed_refs",
+                                                         "recorded_refs", "status"], out)
+    out.write("\nfiles (live vs garbage):\n")
+    render.text_table(a["files"], ["vhost", "queue", "file", "kind", "size", "live_bytes", "garbage_bytes"], out,
+                      max_width=90)
+    return exitcodes.OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     from cqforensics.schema import TABLES
 
     p = Parser(prog="cqforensics", description="Forensics for RabbitMQ classic-queue storage (3.10 - 4.3).")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    f = sub.add_parser("fsck", help="check node dirs read-only; predict the next boot", description=cmd_fsck.__doc__)
+    f.add_argument("paths", nargs="+", help="node dir, mnesia base, or a folder of node backups")
+    out = f.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print one JSON document")
+    out.add_argument("--jsonl", action="store_true", help="stream findings as JSON lines")
+    f.add_argument("--deep", action="store_true", help="also decode every message the indexes hold")
+    f.add_argument("--assume-dirty", action="store_true",
+                   help="predict as if clean.dot/recovery.dets were removed (forcing the broker to verify)")
+    f.add_argument("--all-findings", action="store_true", help="list every finding (default: 5 per code)")
+    f.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    f.add_argument("--progress", action="store_true", help="progress on stderr even with --json/--jsonl")
+    add_read_options(f)
+    f.set_defaults(func=cmd_fsck)
+
+    d = sub.add_parser("dump", help="list every entry of one file", description=cmd_dump.__doc__)
+    d.add_argument("file")
+    d.add_argument("--deep", action="store_true", help="decode the stored messages")
+    d.add_argument("--jsonl", action="store_true", help="one JSON object per entry")
+    d.add_argument("--segment-entry-count", type=int, default=16384,
+                   help="CQv1 entries per segment (the vhost's .config; default 16384)")
+    d.set_defaults(func=cmd_dump)
+
+    e = sub.add_parser("export", help="recover messages into JSON lines or Parquet", description=cmd_export.__doc__)
+    e.add_argument("paths", nargs="+")
+    e.add_argument("--format", required=True, choices=("jsonl", "parquet"))
+    e.add_argument("--out", required=True, help="output dir (must not exist or be empty; not inside an input)")
+    e.add_argument("--all", action="store_true", help="also acked/dropped messages still readable on disk")
+    add_read_options(e)
+    e.set_defaults(func=cmd_export)
+
+    a = sub.add_parser("audit", help="orphans, duplicates, reference counts, reclaimable space",
+                       description=cmd_audit.__doc__)
+    a.add_argument("paths", nargs="+")
+    a.add_argument("--json", action="store_true")
+    add_read_options(a)
+    a.set_defaults(func=cmd_audit)
 
     r = sub.add_parser("read", help="print or save one table of every node dir under the paths",
                        description=cmd_read.__doc__)
@@ -110,7 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     from cqforensics.errors import CQError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # usage errors (16) and --help (0)
+        return e.code if isinstance(e.code, int) else exitcodes.USAGE
     try:
         return args.func(args)
     except CQError as e:

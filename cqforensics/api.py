@@ -21,9 +21,10 @@ from cqforensics.tables import BUILDERS
 
 
 def make_options(broker_version: str | None = None, as_of=None, bodies: bool = True, decode: bool = True,
-                 batch_rows: int = 8192, batch_bytes: int = 16 << 20) -> Options:
+                 batch_rows: int = 8192, batch_bytes: int = 16 << 20, assume_dirty: bool = False) -> Options:
     """Options from keyword arguments. ``as_of`` (datetime or epoch ms) is the time TTLs are
-    judged at for ``survives_restart`` (default: now)."""
+    judged at for ``survives_restart`` (default: now); ``assume_dirty`` predicts the boot as if
+    the clean-shutdown files were removed (the broker then rebuilds and verifies)."""
     if isinstance(as_of, dt.datetime):
         if as_of.tzinfo is None:
             raise UsageError("as_of must be timezone-aware (e.g. datetime.now(timezone.utc))")
@@ -36,7 +37,7 @@ def make_options(broker_version: str | None = None, as_of=None, bodies: bool = T
         versions.model(broker_version)  # validate early
     if batch_rows < 1 or batch_bytes < 1:
         raise UsageError("batch_rows and batch_bytes must be positive")
-    return Options(broker_version, as_of, bodies, decode, batch_rows, batch_bytes)
+    return Options(broker_version, as_of, bodies, decode, batch_rows, batch_bytes, assume_dirty)
 
 
 def _project(batch: pa.RecordBatch, columns: list[str] | None) -> pa.RecordBatch:

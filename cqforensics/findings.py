@@ -23,7 +23,7 @@ CODES: dict[str, tuple[str, str]] = {
     "msg-corrupt": (ERROR, "a stored message term does not decode"),
     "rdq-truncated": (WARNING, "a shared-store file ends inside an entry"),
     "rdq-garbage": (WARNING, "bytes in a shared-store file that are no valid entry (zeroed or damaged)"),
-    "orphan-message": (WARNING, "a shared-store message no queue index refers to (garbage)"),
+    "orphan-message": (INFO, "shared-store messages no queue index refers to (garbage until compaction)"),
     "duplicate-copy": (INFO, "the same message id stored more than once"),
     "refcount-mismatch": (WARNING, "recorded reference count differs from the references the indexes hold"),
     "transient-dropped": (INFO, "transient messages on disk that the next boot drops"),

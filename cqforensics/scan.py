@@ -47,7 +47,7 @@ V1_ACK, V1_JOURNAL_ACK, V2_ZEROED, V2_DROPPED = range(4)
 
 FATES = (None, "queue_deleted", "v1_unsupported", "segment_deleted", "bad_index_entry", "transient",
          "not_on_disk", "bad_location", "body_missing", "body_unreachable", "qs_missing_file", "qs_bad_header",
-         "qs_out_of_range", "qs_bad_size", "qs_bad_crc", "expired")
+         "qs_out_of_range", "qs_bad_size", "qs_bad_crc", "expired", "queue_crash", "boot_hang", "delivery_crash", "vhost_crash")
 FATE_CODE = {f: i for i, f in enumerate(FATES)}
 QS_STATUS = (None, "ok", "missing_file", "bad_header", "out_of_range", "bad_size", "bad_crc")
 QS_CODE = {s: i for i, s in enumerate(QS_STATUS)}
@@ -63,6 +63,7 @@ class Options:
     decode: bool = True  # decode stored terms (messages table)
     batch_rows: int = 8192
     batch_bytes: int = 16 << 20
+    assume_dirty: bool = False  # predict as if the clean-shutdown files were removed
 
     def now_ms(self) -> int:
         return self.as_of_ms if self.as_of_ms is not None else int(time.time() * 1000)
@@ -123,7 +124,7 @@ def _v2_chunk(qdir: QueueDir, number: int, path: Path) -> IndexChunk:
     c["kind"] = np.where(kl[used] == r_qi.GHOST, GHOST, np.where(kl[used] == r_qi.BAD, BAD, PUBLISH)).astype(np.uint8)
     c["seq"] = seg.from_seq_id + used
     c["persistent"] = (s["flags"] & 1).astype(np.int8)
-    c["loc"] = np.where(s["loc_kind"] <= 2, s["loc_kind"], NOLOC).astype(np.int8)
+    c["loc"] = np.where((s["loc_kind"] <= 2) & ~seg.malformed[used], s["loc_kind"], NOLOC).astype(np.int8)
     c["msg_id"] = np.where(s["loc_kind"] == 1, s["msg_id"], ZERO_ID)
     is_qs = s["loc_kind"] == 2
     c["store_offset"] = np.where(is_qs, s["qs_offset"], 0).astype(np.int64)
@@ -453,11 +454,13 @@ class VhostScan:
         return {p: open_qs(p) for q in self.vhost.queues for p in q.qs.values()}
 
     @cached_property
-    def references(self) -> dict[str, References]:
-        """One pass over every index: the references each store gets (persistent loc-1 entries
-        reference msg_store_persistent, transient ones msg_store_transient)."""
+    def index_pass(self) -> tuple[dict[str, References], dict[str, list[Finding]]]:
+        """One pass over every index of the vhost: the references each store gets (persistent
+        loc-1 entries reference msg_store_persistent, transient ones msg_store_transient), and
+        per queue name the entries that crash its recovery."""
         ids = {"persistent": [], "transient": []}
         queue = {"persistent": [], "transient": []}
+        crashes: dict[str, list[Finding]] = {}
         for qi, q in enumerate(self.all_queue_dirs):
             for qx in iter_chunks(q, self.vhost):
                 r, live = qx.rec, qx.live
@@ -466,6 +469,9 @@ class VhostScan:
                     if len(sel):
                         ids[kind].append(r["msg_id"][sel])
                         queue[kind].append(np.full(len(sel), qi, np.int64))
+                causes = [f for f in qx.findings if f.details.get("crashes_queue")] + qx.crashes
+                if causes:
+                    crashes.setdefault(q.label, []).extend(causes)
         out = {}
         nq = max(1, len(self.all_queue_dirs))
         for kind in ids:
@@ -473,6 +479,55 @@ class VhostScan:
             qpos = np.concatenate(queue[kind]) if queue[kind] else np.zeros(0, np.int64)
             idset, group, _ = IdSet.build(all_ids)
             out[kind] = References(idset, np.bincount(group, minlength=len(idset)), group, qpos, nq)
+        return out, crashes
+
+    @property
+    def references(self) -> dict[str, References]:
+        return self.index_pass[0]
+
+    @property
+    def crashing_queues(self) -> dict[str, list[Finding]]:
+        """Queue name -> index damage that crashes the queue at recovery (v2: a live slot the
+        strict parser rejects; v1: records the merge has no clause for)."""
+        return self.index_pass[1]
+
+    @cached_property
+    def recovery(self) -> str:
+        """'clean' when the next boot trusts the shutdown state (no index or store checks at
+        all), else 'dirty' (rebuild from the files). Clean needs the persistent store's
+        clean.dot, file_summary.ets and msg_store_index.ets intact and recovery terms whose
+        persistent_refs are exactly clean.dot's client_refs (MS build_index / recover_index_terms)."""
+        st = self.vhost.stores.get("persistent")
+        if self.options.assume_dirty or st is None or not st.clean_dot.exists():
+            return "dirty"
+        dot = r_terms.clean_dot(st.clean_dot)
+        terms = r_terms.recovery_terms(self.vhost.recovery_dets)
+        if not dot or not terms:
+            return "dirty"
+        for ets in (st.file_summary, st.msg_store_index):
+            if not ets.exists() or not r_terms.read_ets(ets).complete:
+                return "dirty"
+        refs = sorted(t.get("persistent_ref") for t in terms.values() if isinstance(t.get("persistent_ref"), bytes))
+        client = dot.get("client_refs")
+        return "clean" if isinstance(client, list) and sorted(client) == refs else "dirty"
+
+    def recorded_ok(self, ids: np.ndarray) -> np.ndarray:
+        """Clean recovery: whether msg_store_index.ets places each id on a valid entry holding it."""
+        st = self.stores.get("persistent")
+        out = np.zeros(len(ids), bool)
+        if st is None or st.recorded is None:
+            return out
+        numbers = np.array([f.number for f in st.files] or [0], np.int64)
+        keys = numbers[st.e_file] * (1 << 40) + st.e_offset if len(st.e_file) else np.zeros(0, np.int64)
+        order = np.argsort(keys)
+        keys = keys[order]
+        for k, raw in enumerate(ids.tobytes()[i:i + 16] for i in range(0, 16 * len(ids), 16)):
+            rec = st.recorded.get(raw)
+            if rec is None or not isinstance(rec[1], int) or not isinstance(rec[2], int):
+                continue
+            j = np.searchsorted(keys, rec[1] * (1 << 40) + rec[2])
+            out[k] = j < len(keys) and keys[j] == rec[1] * (1 << 40) + rec[2] and \
+                st.e_id[order[j]].tobytes() == raw and int(st.e_total[order[j]]) == rec[3]
         return out
 
     @cached_property
@@ -496,8 +551,30 @@ class VhostScan:
             out[kind] = (status, np.where(live, e_count, 0).astype(np.int32))
         return out
 
+    @cached_property
+    def clean_crashes(self) -> tuple[set[str], bool]:
+        """Clean recovery trusts the shutdown state, so a damaged message is only found when it
+        is read for delivery, and that read crashes: (queues that crash, whether the whole vhost
+        does). Up to 3.12 a bad shared-store read crashes the vhost's message store, taking
+        every queue of the vhost down (seen on 3.10.8); later versions crash the reading queue."""
+        if self.recovery != "clean":
+            return set(), False
+        queues, vhost = set(), False
+        for q in self.all_queue_dirs:
+            for qx in iter_chunks(q, self.vhost):
+                res = self._resolve(qx, propagate=False)
+                crashed = res.fate == FATE_CODE["delivery_crash"]
+                if crashed.any():
+                    queues.add(q.label)
+                    shared = qx.rec["loc"][qx.live] == SHARED
+                    vhost |= bool((crashed & shared).any()) and self.model.version < (3, 13, 0)
+        return queues, vhost
+
     def resolve(self, qx: IndexChunk) -> Resolved:
         """Locate every live entry's body (as the target version would) and decide its fate."""
+        return self._resolve(qx, propagate=True)
+
+    def _resolve(self, qx: IndexChunk, propagate: bool) -> Resolved:
         r, live = qx.rec, qx.live
         n = len(live)
         loc = r["loc"][live].tolist()
@@ -519,8 +596,23 @@ class VhostScan:
         expiry = r["expiry"][live]
         expired = ((expiry > 0) & (expiry <= self.options.now_ms() * 1000)).tolist()
         known = self.queue_known(qx.qdir)
+        clean = self.recovery == "clean"
         qdrop = "queue_deleted" if known is False else (
             "v1_unsupported" if qx.version == 1 and not self.model.reads_v1 else None)
+        if qdrop is None and self.node.boot_hangs:
+            qdrop = "boot_hang"
+        elif qdrop is None and qx.qdir.label in self.crashing_queues:
+            qdrop = "queue_crash"
+        at_risk = None  # clean recovery: messages a crash on delivery takes down with it
+        if qdrop is None and clean and propagate:
+            crash_queues, crash_vhost = self.clean_crashes
+            at_risk = "vhost_crash" if crash_vhost else ("queue_crash" if qx.qdir.label in crash_queues else None)
+        recorded = None
+        if clean and "persistent" in claim_pos:
+            sel = np.flatnonzero(shared & (r["persistent"][live] == 1))
+            recorded = np.ones(n, bool)
+            recorded[sel] = self.recorded_ok(r["msg_id"][live[sel]])
+            recorded = recorded.tolist()
         out = Resolved([], np.full(n, -1, np.int32), np.zeros(n, np.int64), np.zeros(n, np.int64),
                        np.full(n, -1, np.int64), np.zeros(n, np.int8), np.zeros(n, np.int8))
         file_ix: dict[Path, int] = {}
@@ -546,7 +638,10 @@ class VhostScan:
                     o, t = int(st.e_offset[e]), int(st.e_total[e])
                     body(j, st.files[st.e_file[e]].path, o + 24, t - 25)
                     out.store_offset[j] = o
-                if cp < 0:
+                if clean:
+                    if recorded is not None and not recorded[j]:
+                        body_problem = "delivery_crash"  # the trusted index points at nothing valid
+                elif cp < 0:
                     body_problem = "body_unreachable" if ap >= 0 else "body_missing"
             elif lc == QSTORE:
                 status = "missing_file" if qs is None else qs.check(self.data(qs_path), st_off[j], st_size[j])[0]
@@ -555,29 +650,34 @@ class VhostScan:
                 if qs is not None and status not in ("bad_header", "out_of_range"):
                     body(j, qs_path, st_off[j] + 8, st_size[j])
                 if status != QS_OK:
-                    body_problem = f"qs_{status}"
+                    # a dirty start checks the entry and drops it; a clean start crashes reading it,
+                    # except that 4.x reads a missing segment as no messages
+                    tolerated = status == "missing_file" and self.model.version >= (4, 0, 0)
+                    body_problem = "delivery_crash" if clean and not tolerated else f"qs_{status}"
             elif lc == EMBEDDED:
                 body(j, qx.files[files[j]], st_off[j], st_size[j])
                 out.store_offset[j] = st_off[j]
             # the broker's order of checks (IDX2 recover_segment; QI1 recover_message; delivery)
-            if qdrop is not None:
-                fate = qdrop
-            elif qx.version == 2 and files[j] in qx.bad_segments:
-                fate = "segment_deleted"
-            elif kinds[j] == BAD:
+            if kinds[j] == BAD and qdrop in (None, "queue_crash"):
                 fate = "bad_index_entry"
+            elif qdrop is not None:
+                fate = qdrop
+            elif qx.version == 2 and files[j] in qx.bad_segments and not clean:
+                fate = "segment_deleted"  # a clean start does not read segment headers
             elif persistent[j] != 1:
                 fate = "transient"
             elif lc == MEMORY:
                 fate = "not_on_disk"
             elif lc not in (SHARED, QSTORE, EMBEDDED):
                 fate = "bad_location"
+            elif clean and expired[j]:
+                fate = "expired"  # the queue drops an expired head without reading its body
             elif body_problem is not None:
                 fate = body_problem
             elif expired[j]:
                 fate = "expired"
             else:
-                fate = None
+                fate = at_risk
             out.fate[j] = FATE_CODE[fate]
         return out
 
@@ -608,6 +708,24 @@ class NodeScan:
         if self.options.broker_version:
             return versions.model(self.options.broker_version)
         return self.inferred[0]
+
+    @cached_property
+    def hang_causes(self) -> list[Finding]:
+        """CQv1 index damage that hangs the boot: up to 3.13 the shared store's startup walker
+        parses every v1 segment and journal on a dirty start, and a record it has no clause
+        for crashes the vhost's message store (seen on 3.10.8: the boot never completes)."""
+        if not (self.model.reads_v1 and not self.model.converts_v1):
+            return []
+        out = []
+        for vs in self.vhosts:
+            if vs.recovery == "dirty":
+                for causes in vs.crashing_queues.values():
+                    out += [f for f in causes if f.code.startswith("v1-")]
+        return out
+
+    @property
+    def boot_hangs(self) -> bool:
+        return bool(self.hang_causes)
 
     @cached_property
     def vhosts(self) -> list[VhostScan]:

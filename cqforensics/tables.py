@@ -598,26 +598,6 @@ def chunk_findings(vs: VhostScan, qx: IndexChunk) -> list[Finding]:
     return out
 
 
-def reader_findings(vs: VhostScan) -> list[Finding]:
-    """What the readers met while decoding this vhost (fsck adds its checks on top)."""
-    node, vhost = _where(vs)
-    out = [Finding(p.code, p.message, str(p.path), p.offset) for p in vs.vhost.problems]
-    for qx in vs.chunks():
-        out += chunk_findings(vs, qx)
-    for kind, st in vs.stores.items():
-        for f in st.files:
-            for h in f.holes:
-                if h.kind == "truncated_tail":
-                    out.append(Finding("rdq-truncated", f"file ends inside an entry ({h.length} bytes)",
-                                       str(f.path), h.offset, details={"store": kind, "length": h.length}))
-                elif h.kind == "garbage":
-                    out.append(Finding("rdq-garbage", f"{h.length} bytes hold no valid entry", str(f.path),
-                                       h.offset, details={"store": kind, "length": h.length}))
-    for f in out:
-        f.node, f.vhost = node, vhost
-    return out
-
-
 def findings_batch(findings: list[Finding]) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist(
         [{"node": f.node or "", "vhost": f.vhost, "queue": f.queue, "priority": f.priority, "file": f.file,
@@ -627,7 +607,10 @@ def findings_batch(findings: list[Finding]) -> pa.RecordBatch:
 
 
 def findings_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
-    fs = reader_findings(vs)
+    """fsck's checks of this vhost (cqforensics.checks), one row per finding."""
+    from cqforensics.checks import check_vhost
+
+    _, fs = check_vhost(vs)
     if fs:
         yield findings_batch(fs)
 

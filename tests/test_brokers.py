@@ -31,8 +31,13 @@ def test_harness_start_publish_kill_restart_stop(version, broker_dir):
         for i in range(20):
             ch.basic_publish("", "harness", b"x" * (i * 500), pika.BasicProperties(delivery_mode=2))
         conn.close()
-        # confirmed messages are on disk; the queue declaration reaches Mnesia's log a moment later
-        time.sleep(1.5)
+        # confirmed messages are on disk; the declaration reaches the metadata store's log a
+        # moment later (once seen taking over 1.5 s on 4.0.5): wait until our reader sees it
+        from cqforensics.readers.metadata import read_metadata
+
+        deadline = time.monotonic() + 30
+        while not read_metadata(b.node_dir).knows(b"/", b"harness") and time.monotonic() < deadline:
+            time.sleep(0.2)
         b.kill()
         assert not list(b.node_dir.glob("msg_stores/vhosts/*/msg_store_persistent/clean.dot"))
         b.start()

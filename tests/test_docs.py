@@ -34,3 +34,35 @@ def test_every_spark_option_is_documented():
     table = section("Spark")
     documented = {m.lower() for m in re.findall(r"^\| `(\w+)` \|", table, re.M)}
     assert documented == set(OPTIONS)
+
+
+def test_every_finding_code_is_documented():
+    from cqforensics.findings import CODES
+
+    table = section("Finding codes")
+    documented = re.findall(r"^\| `([a-z0-9-]+)` \|", table, re.M)
+    assert sorted(documented) == sorted(CODES)
+
+
+def test_every_command_is_documented():
+    from cli.main import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    for name in sub.choices:
+        assert f"### `cqforensics {name}" in README, name
+
+
+def test_exit_codes_are_documented():
+    from cli import exitcodes
+
+    table = section("Exit codes")
+    for code in (exitcodes.OK, exitcodes.FIXED, exitcodes.ERRORS_LEFT, exitcodes.OPERATIONAL, exitcodes.USAGE,
+                 exitcodes.INTERRUPTED):
+        assert f"| {code} |" in table
+
+
+def test_every_drop_reason_is_documented():
+    from cqforensics.scan import FATES
+
+    for reason in FATES[1:]:
+        assert f"`{reason}`" in README, reason

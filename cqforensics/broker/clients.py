@@ -382,3 +382,33 @@ def drain_all(broker, vhosts: list[str], known: dict | None = None) -> list[dict
         if key not in seen:
             result.append({**info, "durable": False, "exists_after_restart": False, "messages": []})
     return result
+
+
+def drain_counts(broker, vhosts: list[str], amqp10_queues=()) -> dict:
+    """Drain every queue; per (vhost, queue) the number of messages delivered, or "crash" when
+    the broker failed the queue (a channel or link error while draining)."""
+    pika = pika_module()
+    out: dict = {}
+    for vhost in vhosts:
+        try:
+            listed = list_queues(broker, vhost)
+        except Exception:  # the vhost itself is down
+            out[(vhost, None)] = "crash"
+            continue
+        for q in listed:
+            key = (vhost, q["name"])
+            try:
+                if key in amqp10_queues:
+                    out[key] = len(drain_amqp10(broker.port, vhost, q["name"], q["messages"] or 0))
+                else:
+                    params = pika.URLParameters(broker.url)
+                    params.virtual_host = vhost
+                    conn = pika.BlockingConnection(params)
+                    try:
+                        out[key] = len(drain_091(conn.channel(), q["name"]))
+                    finally:
+                        if conn.is_open:
+                            conn.close()
+            except Exception:  # the broker crashed this queue (or its vhost) while we read it
+                out[key] = "crash"
+    return out

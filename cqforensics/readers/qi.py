@@ -1,10 +1,12 @@
 """CQv2 ``.qi`` segments, decoded vectorised with the numpy twin of ``grammar.qi.entry``.
 
-Slot classes (IDX2 recover_segment / parse_entry):
+Slot classes (IDX2 recover_segment clauses, 3.10 -> 4.3):
 
-* ``live``: status 1 and a layout the strict parser accepts;
-* ``bad``: status not 0/1, or status 1 with reserved bits set (IDX2 has no clause for it:
-  the queue crashes when it meets one), or a location the parser rejects;
+* ``live``: status 1 (a transient one with odd flag bits still matches the transient clause;
+  a persistent one with a malformed location matches the catch-all clause and is dropped:
+  ``malformed`` marks those);
+* ``bad``: a status other than 0/1, or a persistent slot with reserved bits set: no clause
+  matches, the queue crashes at recovery;
 * ``ghost``: status 0 with other bytes left: an entry dirty recovery dropped (it only zeroes
   the status byte);
 * ``empty``: all 32 bytes zero (never written, or acked: write_ack zeroes the slot).
@@ -36,6 +38,7 @@ class QiSegment:
     to_seq_id: int
     slots: np.ndarray  # ENTRY_DTYPE, one per complete slot present in the file
     klass: np.ndarray  # uint8 slot class (EMPTY/LIVE/GHOST/BAD)
+    malformed: np.ndarray  # bool: live persistent slot whose location the broker rejects (dropped)
     bad_reason: dict[int, str] = field(default_factory=dict)  # slot -> why the strict parser fails
     tail_bytes: int = 0  # bytes of a partial last slot
     findings: list[Finding] = field(default_factory=list)
@@ -57,20 +60,23 @@ def strict_parse_error(raw: bytes) -> str | None:
     return None
 
 
-def classify(slots: np.ndarray) -> np.ndarray:
+def classify(slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(slot class, malformed-location mask)."""
     status = slots["status"]
     raw = slots.view(np.uint8).reshape(-1, c_qi.ENTRY_SIZE) if len(slots) else np.zeros((0, 32), np.uint8)
     anything = raw[:, 1:].any(axis=1) if len(slots) else np.zeros(0, bool)
     kind = slots["loc_kind"]
     msg_id_zero = ~raw[:, 4:20].any(axis=1) if len(slots) else np.zeros(0, bool)
-    bad_layout = ((slots["flags"] & 0xFE) != 0) | (slots["reserved"] != 0) | (kind > 2) \
-        | ((kind == 0) & ~msg_id_zero) | ((kind == 2) & (slots["loc_pad"] != 0))
+    persistent = (slots["flags"] & 1) == 1
+    reserved = ((slots["flags"] & 0xFE) != 0) | (slots["reserved"] != 0)
+    malformed = (status == 1) & persistent & ~reserved & ((kind > 2) | ((kind == 0) & ~msg_id_zero)
+                                                           | ((kind == 2) & (slots["loc_pad"] != 0)))
     out = np.full(len(slots), EMPTY, np.uint8)
     out[(status == 0) & anything] = GHOST
     out[status == 1] = LIVE
-    out[(status == 1) & bad_layout] = BAD
+    out[(status == 1) & persistent & reserved] = BAD
     out[status > 1] = BAD
-    return out
+    return out, malformed
 
 
 def read_qi(path: Path, number: int, segment_entry_count: int = c_qi.DEFAULT_SEGMENT_ENTRY_COUNT,
@@ -107,21 +113,27 @@ def read_qi(path: Path, number: int, segment_entry_count: int = c_qi.DEFAULT_SEG
                                 f"{max_slots} slots", str(path), c_qi.HEADER_SIZE + max_slots * c_qi.ENTRY_SIZE))
         n, tail = max_slots, 0
     slots = np.frombuffer(body, c_qi.ENTRY_DTYPE, count=n) if n else np.zeros(0, c_qi.ENTRY_DTYPE)
-    klass = classify(slots)
-    seg = QiSegment(path, number, len(data), header_ok, from_seq, to_seq, slots, klass, tail_bytes=tail,
-                    findings=findings)
-    for i in np.flatnonzero(klass == BAD):
+    klass, malformed = classify(slots)
+    seg = QiSegment(path, number, len(data), header_ok, from_seq, to_seq, slots, klass, malformed,
+                    tail_bytes=tail, findings=findings)
+    for i in np.flatnonzero((klass == BAD) | malformed):
         off = c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * int(i)
         why = strict_parse_error(data[off:off + c_qi.ENTRY_SIZE]) or f"status byte {int(slots['status'][i])}"
         seg.bad_reason[int(i)] = why
-        findings.append(Finding("qi-bad-entry", f"slot {int(i)} (seq id {from_seq + int(i)}): {why}", str(path), off,
+        crash = klass[i] == BAD
+        findings.append(Finding("qi-bad-entry", f"slot {int(i)} (seq id {from_seq + int(i)}): {why}"
+                                + ("" if crash else "; recovery drops it"), str(path), off,
+                                severity="error" if crash else "warning",
                                 details={"seq_id": from_seq + int(i), "status": int(slots["status"][i]),
-                                         "flags": int(slots["flags"][i])}))
+                                         "flags": int(slots["flags"][i]), "crashes_queue": bool(crash)}))
     if tail:
         off = c_qi.HEADER_SIZE + n * c_qi.ENTRY_SIZE
         status = data[off]
-        findings.append(Finding("qi-bad-entry" if status == 1 else "unknown-file",
+        # file:read returns the short slot: only <<0, _>> and a transient <<1, _:7, 0:1, _>> match a clause
+        crash = status > 1 or (status == 1 and (tail < 2 or data[off + 1] & 1))
+        findings.append(Finding("qi-bad-entry" if status else "unknown-file",
                                 f"segment ends inside slot {n} ({tail} of 32 bytes, status byte {status})",
-                                str(path), off, severity="error" if status == 1 else "info",
-                                details={"seq_id": from_seq + n, "tail_bytes": tail, "status": status}))
+                                str(path), off, severity="error" if crash else "info",
+                                details={"seq_id": from_seq + n, "tail_bytes": tail, "status": status,
+                                         "crashes_queue": bool(crash)}))
     return seg

@@ -1,0 +1,67 @@
+"""Audits as queries over the tables (the same ones Spark users run in SQL): orphaned messages
+and their bytes, duplicates by message id and by content across queues, reference counts
+against a clean shutdown's recorded index, live vs garbage bytes per file and what compaction
+would reclaim."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+
+from cqforensics.api import iter_batches
+
+
+def _rows(paths, table, columns, **kw):
+    for b in iter_batches(paths, table, columns=columns, **kw):
+        yield from b.to_pylist()
+
+
+def audit(paths, **options) -> dict:
+    orphans = defaultdict(lambda: {"entries": 0, "bytes": 0})
+    for r in _rows(paths, "store", ["node", "vhost", "store", "file", "total_size", "status"], **options):
+        if r["status"] in ("orphan", "duplicate", "corrupt"):
+            o = orphans[(r["node"], r["vhost"], r["file"], r["status"])]
+            o["entries"] += 1
+            o["bytes"] += r["total_size"]
+    by_message_id = defaultdict(list)
+    by_content = defaultdict(list)
+    for r in _rows(paths, "messages", ["node", "vhost", "queue", "priority", "seq_id", "msg_id", "properties", "body",
+                                       "store_file", "store_offset", "survives_restart"], **options):
+        where = {"node": r["node"], "vhost": r["vhost"], "queue": r["queue"], "seq_id": r["seq_id"],
+                 "stored_at": f"{r['store_file']}@{r['store_offset']}" if r["store_file"] else None}
+        mid = (r["properties"] or {}).get("message_id")
+        if mid:
+            by_message_id[(r["node"], r["vhost"], mid)].append(where)
+        if r["body"] is not None:
+            by_content[(r["node"], r["vhost"], hashlib.sha256(r["body"]).hexdigest())].append(where)
+
+    def groups(d: dict, label: str) -> list[dict]:
+        out = []
+        for (node, vhost, key), members in sorted(d.items(), key=lambda kv: (-len(kv[1]), str(kv[0]))):
+            if len(members) < 2:
+                continue
+            stored = {m["stored_at"] for m in members}
+            out.append({"node": node, "vhost": vhost, label: key, "copies": len(members),
+                        "queues": sorted({str(m["queue"]) for m in members}),
+                        # one stored entry referenced from several queues is a fan-out, not a duplicate
+                        "kind": "fan-out (one stored message)" if len(stored) == 1 and None not in stored
+                        else "separately stored copies", "where": members})
+        return out
+
+    refs = [r for r in _rows(paths, "refcounts", ["node", "vhost", "store", "msg_id", "copies", "computed_refs",
+                                                  "recorded_refs", "status", "file"], **options)
+            if r["status"] in ("mismatch", "missing")]
+    files = [r for r in _rows(paths, "files", ["node", "vhost", "queue", "file", "kind", "size", "live_bytes",
+                                               "garbage_bytes", "garbage_ratio"], **options)
+             if r["kind"] in ("rdq", "qs")]
+    reclaim = sum(r["garbage_bytes"] or 0 for r in files)
+    total = sum(r["size"] or 0 for r in files)
+    return {
+        "orphans": [{"node": k[0], "vhost": k[1], "file": k[2], "status": k[3], **v} for k, v in sorted(orphans.items())],
+        "duplicates_by_message_id": groups(by_message_id, "message_id"),
+        "duplicates_by_content": groups(by_content, "body_sha256"),
+        "refcount_problems": [{**r, "msg_id": r["msg_id"].hex()} for r in refs],
+        "files": files,
+        "compaction": {"store_bytes": total, "reclaimable_bytes": reclaim,
+                       "reclaimable_ratio": reclaim / total if total else 0.0},
+    }
