@@ -96,3 +96,72 @@ def fsck_text(report, out=None, show_all: bool = False) -> None:
     out.write(f"\nexit {code}: " + ("no errors" if code == 0 else "errors found and left (fsck repairs nothing; "
                                      "see cqforensics rebuild)") + "\n")
 
+
+def _counts(d: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(d.items()))
+
+
+def rewrite_text(result, out=None) -> None:
+    """compact/rebuild report: per queue what was written, and where the rest went."""
+    out = out or sys.stdout
+    rebuild = result.command == "rebuild"
+    verb = "would write" if result.dry_run else "wrote"
+    out.write(f"{result.command} {result.source}\n  -> {result.output}"
+              + ("  (dry run: nothing written)" if result.dry_run else "") + "\n")
+    out.write(f"  RabbitMQ {result.broker_version}\n\n")
+    rows = []
+    for q in result.queues:
+        row = {"vhost": q.vhost, "queue": q.queue if q.priority is None else f"{q.queue} [p{q.priority}]",
+               "index": f"v{q.index_version}" + (f"->v{q.written_version}" if q.written_version not in
+                                                   (None, q.index_version) else "") if q.index_version else "-",
+               "messages": q.messages, "written": q.written,
+               "not written": _counts({**q.dropped, **{f"quarantined {k}": v for k, v in q.quarantined.items()},
+                                       **{f"LOST {k}": v for k, v in q.lost.items()}})
+               + (f" (dir skipped: {q.skipped})" if q.skipped else "")}
+        if rebuild:
+            row["broker would deliver"] = q.broker_would_deliver
+        if q.messages or q.skipped:
+            rows.append(row)
+    cols = ["vhost", "queue", "index", "messages"] + (["broker would deliver"] if rebuild else []) + \
+        ["written", "not written"]
+    if rows:
+        text_table(rows, cols, out, max_width=80)
+        out.write("\n")
+    t = result.totals()
+    out.write(f"messages: {t['messages']} held by the indexes, {t['written']} {verb}"
+              + (f" ({t['rescued']} that the broker's own next boot would lose)" if rebuild else "") + "\n")
+    for label, key in (("dropped by design", "dropped"), ("quarantined in lost+found", "quarantined"),
+                       ("LOST (no bytes left)", "lost")):
+        if t[key]:
+            out.write(f"  {label}: {_counts(t[key])}\n")
+    g = result.garbage
+    if g:
+        out.write("shared-store entries no index holds (not written): "
+                  + ", ".join(f"{k} {n} ({b} bytes)" for k, (n, b) in sorted(g.items())) + "\n")
+    out.write(f"message store bytes: {result.bytes_before} before, {result.bytes_after} after "
+              f"({result.bytes_before - result.bytes_after} reclaimed); {result.store_entries_written} shared-store "
+              f"entries in {result.store_files_written} files\n")
+    if result.lost_found:
+        where = result.lost_found_path or "lost+found/"
+        out.write(f"lost+found: {result.lost_found} items ({where})\n")
+    for n in result.notes:
+        out.write(f"note: {n}\n")
+    if not result.dry_run:
+        out.write(f"verify: {'consistent' if result.verified else 'not run'}\n")
+    code = result.exit_code
+    out.write(f"\nexit {code}: " + ("damage repaired (see above)" if code == 1 else "done") + "\n")
+
+
+def verify_text(result, out=None) -> None:
+    out = out or sys.stdout
+    out.write(f"verify {result.path}  (RabbitMQ {result.broker_version})\n")
+    out.write(f"  {result.nodes} node(s), {result.vhosts} vhost(s), {result.queues} queue dirs, "
+              f"{result.messages} messages, {result.store_entries} shared-store entries\n")
+    for f in result.violations:
+        scope = " ".join(f"{k} {v!r}" for k, v in (("vhost", f.vhost), ("queue", f.queue)) if v is not None)
+        where = _where(f)
+        out.write(f"  VIOLATION {f.code} [{scope}] {f.message}" + (f"\n    at {where}" if where else "") + "\n")
+    for f in result.notes:
+        out.write(f"  note: {f.code}: {f.message}\n")
+    out.write(f"\nexit {result.exit_code}: " + ("consistent" if result.consistent else
+                                               f"{len(result.violations)} violations") + "\n")

@@ -50,13 +50,18 @@ def _amqp10_actual(row: dict) -> dict:
 
 def compare(dataset: str, rows: list[dict]) -> list[str]:
     """``rows``: messages-table rows (dicts) of the dataset, in table order."""
-    man = manifest(dataset)
+    return compare_deliveries(manifest(dataset)["queues"], rows)
+
+
+def compare_deliveries(queues: list[dict], rows: list[dict]) -> list[str]:
+    """What a broker delivered (``queues``: records per queue, as in a manifest) against the
+    messages-table ``rows`` predicted to survive a restart."""
     diffs = []
     got: dict[tuple, list] = {}
     for r in rows:
         if r["survives_restart"]:
             got.setdefault((r["vhost"], r["queue"]), []).append(r)
-    expected = {(q["vhost"], q["name"]): q["messages"] for q in man["queues"]}
+    expected = {(q["vhost"], q["name"]): q["messages"] for q in queues}
     for key in sorted(set(got) | {k for k, v in expected.items() if v}):
         exp, act = expected.get(key, []), got.get(key, [])
         if len(exp) != len(act):
@@ -96,4 +101,4 @@ def compare(dataset: str, rows: list[dict]) -> list[str]:
     return diffs
 
 
-__all__ = ["compare", "datasets", "manifest", "SAMPLES", "base64"]
+__all__ = ["compare", "compare_deliveries", "datasets", "manifest", "SAMPLES", "base64"]

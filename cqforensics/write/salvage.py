@@ -1,0 +1,689 @@
+"""``compact`` and ``rebuild``: a new node dir whose message stores hold exactly the messages
+kept from SRC's queue indexes, written the way the broker lays them out.
+
+Both read SRC with the scan the readers and fsck use and copy each kept message's bytes
+unchanged (shared-store entries whole, ``.qs`` entries with their header, CQv1 embedded terms),
+so the broker delivers them exactly as before. SeqIds are kept (delivery order and the
+``messages`` table's ``seq_id`` stay the same); ``.qs`` offsets are rewritten; shared-store
+entries are written once, in their original order, rolled at the file size limit. Everything
+outside ``msg_stores/vhosts`` (metadata, feature flags, quorum and stream data) is copied
+unchanged, and no clean-shutdown file is written, so the broker rebuilds its indexes.
+
+* compact keeps what the next boot of SRC would deliver (expired messages too: the broker
+  drops those itself, by its own clock) and refuses a damaged SRC (``rebuild`` is for that);
+* rebuild also keeps every message whose bytes are intact although the broker's recovery would
+  drop it (behind a zeroed range its store scan stops at, in a segment with a bad header, in a
+  queue whose index damage crashes it, ...), checking that each one decodes; what is readable
+  but not deliverable (transient, unknown queue, failed CRC, undecodable, unreferenced) goes to
+  ``lost+found/`` with its raw bytes and the reason; what has no bytes left is reported lost.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from cqforensics import fastpath, layout
+from cqforensics.errors import CQError, OperationalError
+from cqforensics.grammar import qi as c_qi
+from cqforensics.grammar import qs as c_qs
+from cqforensics.grammar import rdq as c_rdq
+from cqforensics.scan import EMBEDDED, FATES, MEMORY, QSTORE, SHARED, NodeScan, Options, VhostScan
+from cqforensics.write import formats
+from cqforensics.write.output import Staging
+from cqforensics.write.store import Entry, QueueWriter, SharedStoreWriter, Sources
+
+# what the next boot would drop although the message's bytes are intact (rebuild keeps them)
+SALVAGEABLE = frozenset({None, "expired", "body_unreachable", "segment_deleted", "bad_index_entry", "queue_crash",
+                         "boot_hang", "v1_unsupported", "delivery_crash", "vhost_crash"})
+# readable but not deliverable, or not trustworthy: lost+found with the bytes
+QUARANTINED = frozenset({"transient", "queue_deleted", "qs_bad_crc", "qs_bad_size"})
+# compact: what the next boot drops by design (not damage)
+BY_DESIGN = frozenset({"transient", "queue_deleted"})
+_KEY = 1 << 40  # a shared-store entry's (file position, offset) as one sortable integer
+
+
+class DamagedSource(CQError):
+    """compact met damage: exit 4 (errors left), nothing written."""
+
+    exit_code = 4
+
+
+@dataclass
+class QueueResult:
+    node: str
+    vhost: str | None
+    queue: str | None
+    priority: int | None
+    dir: str
+    index_version: int | None = None  # in SRC
+    written_version: int | None = None
+    messages: int = 0  # held by SRC's index (published, not acked)
+    written: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)  # not written, by design
+    quarantined: dict[str, int] = field(default_factory=dict)  # lost+found, bytes kept
+    lost: dict[str, int] = field(default_factory=dict)  # no bytes left to keep
+    broker_would_deliver: int | None = None  # what SRC's next boot delivers (rebuild)
+    broker_would_expire: int | None = None  # ... and keeps until their TTL drops them
+    skipped: str | None = None  # why the whole dir was not written
+
+    def to_dict(self) -> dict:
+        return {"node": self.node, "vhost": self.vhost, "queue": self.queue, "priority": self.priority,
+                "queue_dir": self.dir, "index_version": self.index_version, "written_version": self.written_version,
+                "messages": self.messages, "written": self.written, "broker_would_deliver": self.broker_would_deliver,
+                "broker_would_expire": self.broker_would_expire,
+                "dropped": self.dropped, "quarantined": self.quarantined, "lost": self.lost, "skipped": self.skipped}
+
+
+@dataclass
+class Result:
+    command: str
+    source: str
+    output: str
+    dry_run: bool
+    broker_version: str = ""
+    queues: list[QueueResult] = field(default_factory=list)
+    bytes_before: int = 0  # every file under SRC's msg_stores/vhosts
+    bytes_after: int = 0  # every file written under the output's msg_stores/vhosts
+    store_entries_before: int = 0
+    store_entries_written: int = 0
+    store_files_written: int = 0
+    garbage: dict[str, list[int]] = field(default_factory=dict)  # orphan/duplicate: [entries, bytes] not written
+    lost_found: int = 0
+    lost_found_path: str | None = None
+    notes: list[str] = field(default_factory=list)
+    verified: bool | None = None
+
+    @property
+    def rescued(self) -> int:
+        """Messages written that SRC's own next boot would have lost."""
+        return sum(max(0, q.written - q.broker_would_deliver - q.broker_would_expire) for q in self.queues
+                   if q.broker_would_deliver is not None)
+
+    @property
+    def exit_code(self) -> int:
+        """compact: 0. rebuild (e2fsck style): 1 when SRC was damaged (messages rescued, or lost
+        or quarantined for reasons other than being transient or in a deleted queue), else 0."""
+        if self.command != "rebuild":
+            return 0
+        damage = any(set(q.lost) - BY_DESIGN or set(q.quarantined) - BY_DESIGN for q in self.queues)
+        return 1 if self.rescued or damage or "torn" in self.garbage else 0
+
+    def totals(self) -> dict:
+        def total(key):
+            out: dict[str, int] = {}
+            for q in self.queues:
+                for k, v in getattr(q, key).items():
+                    out[k] = out.get(k, 0) + v
+            return out
+
+        return {"messages": sum(q.messages for q in self.queues), "written": sum(q.written for q in self.queues),
+                "rescued": self.rescued, "dropped": total("dropped"), "quarantined": total("quarantined"),
+                "lost": total("lost")}
+
+    def to_dict(self) -> dict:
+        return {"format": f"cqforensics-{self.command}/1", "command": self.command, "source": self.source,
+                "output": self.output, "dry_run": self.dry_run, "broker_version": self.broker_version,
+                "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,
+                "bytes_reclaimed": self.bytes_before - self.bytes_after,
+                "store_entries_before": self.store_entries_before, "store_entries_written": self.store_entries_written,
+                "store_files_written": self.store_files_written, "garbage_not_written": self.garbage,
+                "lost_found": {"items": self.lost_found, "path": self.lost_found_path}, "totals": self.totals(),
+                "queues": [q.to_dict() for q in self.queues], "notes": self.notes, "verified": self.verified,
+                "exit_code": self.exit_code}
+
+
+def _bump(d: dict, key: str, n: int = 1) -> None:
+    d[key] = d.get(key, 0) + n
+
+
+# -- lost+found ------------------------------------------------------------------------------------
+
+
+class LostFound:
+    """``lost+found/``: ``lost+found.jsonl`` (one line per item: where it was, why it is here,
+    what it decodes to) and ``raw/<n>.etf`` (the stored term bytes, as found)."""
+
+    def __init__(self, root: Path | None):
+        self.root = root  # None: count only (dry run)
+        self.items = 0
+        self._out = None
+
+    def add(self, reason: str, where: dict, raw: bytes | None, detail: str = "") -> None:
+        self.items += 1
+        if self.root is None:
+            return
+        if self._out is None:
+            (self.root / "raw").mkdir(parents=True, exist_ok=True)
+            self._out = open(self.root / "lost+found.jsonl", "x", encoding="utf-8")
+        line = {"item": self.items, "reason": reason, "detail": detail, **where, "raw": None, "raw_bytes": None}
+        if raw is not None:
+            raw = bytes(raw)
+            name = f"raw/{self.items:06d}.etf"
+            with open(self.root / name, "xb") as f:
+                f.write(raw)
+            line.update(raw=name, raw_bytes=len(raw), raw_sha256=hashlib.sha256(raw).hexdigest())
+            line.update(_summary(raw))
+        self._out.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
+
+    def close(self) -> None:
+        if self._out is not None:
+            self._out.flush()
+            os.fsync(self._out.fileno())
+            self._out.close()
+            self._out = None
+
+
+def _summary(raw: bytes) -> dict:
+    try:
+        m = fastpath.decode(raw)
+    except Exception as e:  # damaged bytes are why many items are here
+        return {"decode_error": f"{type(e).__name__}: {e}"[:300]}
+    props = dict(m["properties"])
+    return {"term_format": m["term_format"], "msg_id": m["msg_id"].hex() if m["msg_id"] else None,
+            "exchange": m["exchange"], "routing_keys": m["routing_keys"], "properties": props,
+            "headers": json.loads(m["headers"]) if m["headers"] else None,
+            "body_size": len(m["body"]), "body_sha256": hashlib.sha256(m["body"]).hexdigest(),
+            "body_base64": base64.b64encode(m["body"][:4096]).decode() if len(m["body"]) <= 4096 else None}
+
+
+# -- one vhost --------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Ctx:
+    command: str
+    result: Result
+    sources: Sources
+    lost: LostFound
+    dry: bool
+    limit: int
+    damage: list[str] = field(default_factory=list)  # compact: what makes SRC unfit
+    v2_count: dict[Path, int] = field(default_factory=dict)  # vhost dir -> v2 segment size seen
+    torn: dict[bytes, tuple] = field(default_factory=dict)  # this vhost: id -> marker-less entry
+    repaired: dict[bytes, bytes] = field(default_factory=dict)  # this vhost: id -> whole term of a torn entry
+
+    @property
+    def rebuild(self) -> bool:
+        return self.command == "rebuild"
+
+
+def _read_small(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _put_file(ctx: _Ctx, path: Path, data: bytes) -> None:
+    ctx.result.bytes_after += len(data)
+    if not ctx.dry:
+        with open(path, "xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _check_entry(data, offset: int, size: int) -> bool:
+    """A .qs entry whose own header is right (used when the file header is damaged)."""
+    end = offset + c_qs.ENTRY_HEADER_SIZE + size
+    if offset < c_qs.HEADER_SIZE or end > len(data):
+        return False
+    h_size, flags, crc, zero = c_qs.ENTRY_HEADER.unpack_from(data, offset)
+    if h_size != size or zero != 0:
+        return False
+    return not (flags & 1) or zlib.crc32(data[offset + c_qs.ENTRY_HEADER_SIZE:end]) & 0xFFFF == crc
+
+
+def rewrite_vhost(vs: VhostScan, out: Path, ctx: _Ctx, extra: dict | None = None) -> None:
+    """Rewrite one vhost's store into ``out``. ``extra`` (the Spark writer's append) maps queue
+    dir names to more messages (``QueueRows``) to write after the ones the dir holds."""
+    vh = vs.vhost
+    node = vs.node.node.node
+    vhost_label = vh.name if vh.name is not None else vh.label
+    model = vs.model
+    if not ctx.dry:
+        (out / "queues").mkdir(parents=True)
+        (out / "msg_store_transient").mkdir()
+    for name in (".vhost", ".config"):
+        raw = _read_small(vh.path / name)
+        if raw is not None:
+            _put_file(ctx, out / name, raw)
+    stores = vs.stores
+    persistent = stores.get("persistent")
+    ctx.result.store_entries_before += sum(len(st.e_id) for st in stores.values())
+    store_pos = {f.path: k for k, f in enumerate(persistent.files)} if persistent is not None else {}
+    ref_file, ref_off, ref_total = [], [], []
+    added = []  # extra rows written
+    # rebuild: entries whose 255 marker is bad but whose term is whole can still be delivered
+    ctx.torn = {i: (persistent.files[fi].path, o, t) for fi, o, t, i in persistent.bad} \
+        if ctx.rebuild and persistent is not None else {}
+    ctx.repaired = {}
+    for q in vs.all_queue_dirs:
+        qr = QueueResult(node, vhost_label, q.name, q.priority, q.dir_name, q.index_version)
+        ctx.result.queues.append(qr)
+        known = vs.queue_known(q)
+        if known is False:
+            qr.skipped = "not a durable queue in the metadata: the broker deletes this dir at boot"
+        vin = q.index_version
+        vout = 2 if vin == 1 and model.version >= (4, 0, 0) else vin
+        qr.written_version = None if qr.skipped else vout
+        writer = None
+        if not qr.skipped:
+            stub = _read_small(q.path / ".queue_name")
+            if stub is None and q.name_raw is not None and vh.name_raw is not None:
+                stub = formats.queue_name_stub(vh.name_raw, q.name_raw, vout or 2)
+            writer = QueueWriter(out / "queues" / q.dir_name, ctx.sources, vout or 2,
+                                 vh.segment_entry_count if vout == 1 else c_qi.DEFAULT_SEGMENT_ENTRY_COUNT, stub,
+                                 dry=ctx.dry)
+            if stub is not None:
+                ctx.result.bytes_after += len(stub)
+        for qx in vs.scan_queue(q):
+            # a v2 segment is written with the size its header records (the broker's
+            # classic_queue_index_v2_segment_entry_count); one with a bad header with the
+            # size the vhost's other segments have
+            shift = 0
+            if qx.version == 2 and qx.header is not None:
+                ok, first, to = qx.header[:3]
+                if ok:
+                    ctx.v2_count.setdefault(vh.path, to - first)
+                count = to - first if ok else ctx.v2_count.get(vh.path, c_qi.DEFAULT_SEGMENT_ENTRY_COUNT)
+                shift = qx.segment * count - first
+                if writer is not None:
+                    writer.set_entry_count(count)
+            elif writer is not None and vout == 2:
+                writer.set_entry_count(ctx.v2_count.get(vh.path, c_qi.DEFAULT_SEGMENT_ENTRY_COUNT))
+            if not len(qx.live):
+                continue
+            res = vs.resolve(qx)
+            entries = _chunk_entries(vs, qx, res, qr, ctx, (ref_file, ref_off, ref_total), store_pos, writer, shift)
+            if writer is not None and entries:
+                writer.add(entries)
+        rows = extra.pop(q.dir_name, None) if extra else None
+        if writer is not None and rows is not None:
+            writer.add(rows.entries(writer.next_seq))
+            added.append(rows)
+        if writer is not None:
+            writer.close()
+            qr.written = writer.stats.messages - (len(rows.part) if rows is not None else 0)
+            ctx.result.bytes_after += writer.stats.bytes
+    for rows in (extra or {}).values():  # queues with no dir yet
+        writer = QueueWriter(out / "queues" / rows.dir_name, ctx.sources, rows.index_version,
+                             vh.segment_entry_count if rows.index_version == 1 else c_qi.DEFAULT_SEGMENT_ENTRY_COUNT,
+                             rows.stub, dry=ctx.dry)
+        writer.add(rows.entries(0))
+        writer.close()
+        added.append(rows)
+    # the shared store: each referenced entry once, in its original order
+    shared = SharedStoreWriter(out / "msg_store_persistent", ctx.sources, ctx.limit, dry=ctx.dry)
+    keys = np.zeros(0, np.int64)
+    if ref_file:
+        f = np.concatenate(ref_file)
+        o = np.concatenate(ref_off)
+        t = np.concatenate(ref_total)
+        keys, first = np.unique(f * _KEY + o, return_index=True)
+        for k in first.tolist():
+            shared.copy(persistent.files[int(f[k])].path, int(o[k]), int(t[k]))
+    for msg_id, term in ctx.repaired.items():  # re-framed with a good marker
+        shared.add(msg_id, term)
+    for rows in added:
+        for t in rows.shared_terms():
+            shared.add_from(*t)
+    shared.close()
+    ctx.result.store_entries_written += shared.entries
+    ctx.result.store_files_written += len(shared.files)
+    ctx.result.bytes_after += shared.bytes
+    _store_garbage(vs, ctx, node, vhost_label, keys)
+
+
+
+def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: _Ctx, refs, store_pos, writer,
+                   shift: int) -> list[Entry]:
+    """The chunk's live entries to write (SeqIds moved by ``shift``); the rest counted, and
+    put in lost+found when rebuild has their bytes."""
+    r, live = qx.rec, qx.live
+    qr.messages += len(live)
+    fates = res.fate.tolist()
+    locs = r["loc"][live].tolist()
+    seqs = r["seq"][live].tolist()
+    sizes = r["size"][live].tolist()
+    expiries = r["expiry"][live].tolist()
+    delivered = r["delivered"][live].tolist()
+    persistent = r["persistent"][live].tolist()
+    ids = r["msg_id"][live].tobytes()
+    body_file, body_start, body_len = res.body_file.tolist(), res.body_start.tolist(), res.body_len.tolist()
+    store_off = res.store_offset.tolist()
+    st_off, st_size = r["store_offset"][live].tolist(), r["store_size"][live].tolist()
+    files = r["file"][live].tolist()
+    qs_path = qx.qdir.qs.get(qx.segment) if qx.segment is not None else None
+    entries: list[Entry] = []
+    rf, ro, rt = [], [], []
+    for j in range(len(live)):
+        fate = FATES[fates[j]]
+        loc = locs[j]
+        msg_id = ids[16 * j:16 * j + 16]
+        fb = body_file[j]
+
+        def place() -> dict:
+            path = str(res.body_files[fb]) if fb >= 0 else str(qx.files[files[j]]) if qx.files else None
+            return {"node": qr.node, "vhost": qr.vhost, "queue": qr.queue, "priority": qr.priority,
+                    "queue_dir": qr.dir, "seq_id": seqs[j], "msg_id": msg_id.hex() if loc == SHARED or qx.version == 1
+                    else None, "location": loc, "fate_at_next_boot": fate, "file": path,
+                    "offset": store_off[j] if store_off[j] >= 0 else None}
+
+        def raw() -> bytes | None:
+            if fb < 0:
+                return None
+            return vs.data(res.body_files[fb])[body_start[j]:body_start[j] + body_len[j]]
+
+        keep = False
+        if writer is None:  # the queue dir is not written (unknown to the metadata)
+            if ctx.rebuild:
+                b = raw()
+                if b is None:
+                    _bump(qr.lost, "queue_deleted")
+                else:
+                    ctx.lost.add("queue_deleted", place(), b, qr.skipped or "")
+                    _bump(qr.quarantined, "queue_deleted")
+            else:
+                _bump(qr.dropped, "queue_deleted")
+            continue
+        if not ctx.rebuild:
+            if fate in ("transient",):
+                _bump(qr.dropped, fate)
+                continue
+            if fate not in (None, "expired") or fb < 0:
+                _bump(qr.lost, fate or "body_missing")
+                ctx.damage.append(f"{qr.vhost}/{qr.queue}: seq id {seqs[j]}: {fate or 'body_missing'}")
+                continue
+            keep = True
+        else:
+            # what no boot delivers, whatever else is wrong with the queue
+            if persistent[j] != 1:
+                fate = "transient"
+            elif loc == MEMORY:
+                fate = "not_on_disk"
+            elif loc not in (SHARED, QSTORE, EMBEDDED):
+                fate = "bad_location"
+            if fate == "qs_bad_header" and qs_path is not None:
+                data = vs.data(qs_path)
+                if _check_entry(data, st_off[j], st_size[j]):
+                    fate, fb = None, -2  # the entry itself is intact
+            if fate == "body_missing" and loc == SHARED and msg_id in ctx.torn:
+                b = _whole_term(vs, *ctx.torn[msg_id], msg_id) if msg_id not in ctx.repaired else ctx.repaired[msg_id]
+                if b is not None:
+                    ctx.repaired[msg_id] = b
+                    entries.append(Entry(seqs[j] + shift, msg_id, sizes[j], expiries[j], shared=True,
+                                         delivered=delivered[j] == 1))
+                    continue
+            if fate in SALVAGEABLE or fb == -2:
+                b = raw() if fb >= 0 else (vs.data(qs_path)[st_off[j] + 8:st_off[j] + 8 + st_size[j]] if fb == -2
+                                           else None)
+                if b is None:
+                    _bump(qr.lost, fate if fate not in (None, "expired") else "body_missing")
+                    continue
+                why = _undecodable(b, msg_id if (loc == SHARED or (qx.version == 1 and loc == EMBEDDED)) else None)
+                if why is not None:
+                    ctx.lost.add("undecodable", place(), b, why)
+                    _bump(qr.quarantined, "undecodable")
+                    continue
+                keep = True
+            elif fate in QUARANTINED:
+                b = raw()
+                if b is None:
+                    _bump(qr.lost, fate)
+                else:
+                    ctx.lost.add(fate, place(), b)
+                    _bump(qr.quarantined, fate)
+                continue
+            else:
+                _bump(qr.lost, fate)
+                if fb >= 0:
+                    ctx.lost.add(fate, place(), raw())
+                continue
+        if not keep:
+            continue
+        seq = seqs[j] + shift
+        if loc == SHARED:
+            entries.append(Entry(seq, msg_id, sizes[j], expiries[j], shared=True, delivered=delivered[j] == 1))
+            rf.append(store_pos[res.body_files[fb]])
+            ro.append(store_off[j])
+            rt.append(body_len[j] + c_rdq.ENTRY_HEADER_SIZE + 1)
+        elif loc == QSTORE:
+            entries.append(Entry(seq, b"", sizes[j], expiries[j], src=(qs_path, st_off[j],
+                                                                        c_qs.ENTRY_HEADER_SIZE + st_size[j]),
+                                 qs_header=True))
+        else:  # CQv1 embedded
+            entries.append(Entry(seq, msg_id, sizes[j], expiries[j], delivered=delivered[j] == 1,
+                                 src=(qx.files[files[j]], st_off[j], st_size[j])))
+    if rf:
+        refs[0].append(np.array(rf, np.int64))
+        refs[1].append(np.array(ro, np.int64))
+        refs[2].append(np.array(rt, np.int64))
+    return entries
+
+
+def _whole_term(vs: VhostScan, path: Path, offset: int, total: int, msg_id: bytes) -> bytes | None:
+    """The term of a shared-store entry that lacks its write marker, when it is complete
+    (decodes to exactly the entry's length) and is the message the index expects."""
+    raw = bytes(vs.data(path)[offset + c_rdq.ENTRY_HEADER_SIZE:offset + total - 1])
+    try:
+        from cqforensics import etf
+
+        etf.decode(raw, exact=True)
+    except Exception:  # incomplete or damaged: quarantined with the other torn entries
+        return None
+    return raw if _undecodable(raw, msg_id) is None else None
+
+
+def _undecodable(raw: bytes, msg_id: bytes | None) -> str | None:
+    try:
+        m = fastpath.decode(raw)
+    except Exception as e:  # the reason is the finding
+        return f"{type(e).__name__}: {e}"[:300]
+    if msg_id is not None and m["msg_id"] is not None and m["msg_id"] != msg_id:
+        return "the stored term's message id differs from the index's"
+    return None
+
+
+def _store_garbage(vs: VhostScan, ctx: _Ctx, node: str, vhost: str | None, written_keys: np.ndarray) -> None:
+    """Shared-store entries not written: ``orphan`` (no index entry refers to the id),
+    ``duplicate`` (another copy of the id was written) or ``unreferenced`` (only messages that
+    were not written refer to it; those are accounted for with their queue). compact drops them
+    (the space it reclaims); rebuild keeps the bytes of orphans, and of duplicates that differ
+    from the copy written, in lost+found."""
+    for kind, st in vs.stores.items():
+        n = len(st.e_id)
+        written = np.zeros(n, bool)
+        if kind == "persistent" and n and len(written_keys):
+            written = np.isin(st.e_file.astype(np.int64) * _KEY + st.e_offset, written_keys)
+        group_written = np.full(len(st.distinct), -1, np.int64)
+        group_written[st.e_group[written]] = np.flatnonzero(written)
+        refs = vs.references[kind]
+        referenced = refs.ids.lookup(st.distinct.ids) >= 0
+        for i in np.flatnonzero(~written).tolist():
+            g = int(st.e_group[i])
+            label = "duplicate" if group_written[g] >= 0 else "unreferenced" if referenced[g] else "orphan"
+            entry = ctx.result.garbage.setdefault(label, [0, 0])
+            entry[0] += 1
+            entry[1] += int(st.e_total[i])
+            if not ctx.rebuild or label == "unreferenced":
+                continue
+            f = st.files[st.e_file[i]]
+            o, t = int(st.e_offset[i]), int(st.e_total[i])
+            raw = bytes(vs.data(f.path)[o + c_rdq.ENTRY_HEADER_SIZE:o + t - 1])
+            if label == "duplicate":
+                c = int(group_written[g])
+                cf = st.files[st.e_file[c]]
+                co, ct = int(st.e_offset[c]), int(st.e_total[c])
+                if vs.data(cf.path)[co + c_rdq.ENTRY_HEADER_SIZE:co + ct - 1] == raw:
+                    continue  # the same bytes as the copy written
+            ctx.lost.add(label, {"node": node, "vhost": vhost, "store": kind, "file": str(f.path), "offset": o,
+                                 "msg_id": st.e_id[i].tobytes().hex()}, raw,
+                         "no queue index refers to it (acked, or its index entry is gone)" if label == "orphan"
+                         else "differs from the copy of this id that was written")
+        for fi, o, t, i in st.bad:
+            path = st.files[fi].path
+            data = vs.data(path)
+            if kind == "persistent" and i in ctx.repaired:
+                ctx.result.notes.append(f"{vhost}: {path}@{o}: entry {i.hex()} lacked its write marker but its "
+                                        "term was whole: written with a good one")
+                continue
+            entry = ctx.result.garbage.setdefault("torn", [0, 0])
+            entry[0] += 1
+            entry[1] += t
+            if ctx.rebuild:
+                ctx.lost.add("torn_write", {"node": node, "vhost": vhost, "store": kind, "file": str(path),
+                                            "offset": o, "msg_id": i.hex()},
+                             data[o + c_rdq.ENTRY_HEADER_SIZE:min(len(data), o + t - 1)],
+                             "entry without its 255 write marker")
+
+
+# -- the node dir -----------------------------------------------------------------------------------
+
+
+def _copy_tree(src: Path, dst: Path, skip: set[Path]) -> None:
+    """Copy ``src`` into the existing dir ``dst``, except the dirs in ``skip`` (created empty)."""
+    for dirpath, dirnames, filenames in os.walk(src):
+        here = Path(dirpath)
+        target = dst / here.relative_to(src)
+        target.mkdir(exist_ok=True)
+        keep = []
+        for d in dirnames:
+            p = here / d
+            if p.is_symlink():
+                os.symlink(os.readlink(p), target / d)
+            elif p in skip:
+                (target / d).mkdir()
+            else:
+                keep.append(d)
+        dirnames[:] = keep
+        for name in filenames:
+            p = here / name
+            try:
+                if p.is_symlink():
+                    os.symlink(os.readlink(p), target / name)
+                else:
+                    shutil.copy2(p, target / name)
+            except OSError as e:
+                raise OperationalError(f"{p}: cannot copy: {e.strerror}") from e
+        shutil.copystat(here, target)
+
+
+def _tree_bytes(path: Path) -> int:
+    total = 0
+    for dirpath, _, filenames in os.walk(path):
+        for n in filenames:
+            try:
+                total += (Path(dirpath) / n).lstat().st_size
+            except OSError:
+                pass
+    return total
+
+
+def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: bool = False,
+            file_size_limit: int = c_rdq.FILE_SIZE_LIMIT, progress: Callable[[str], None] | None = None,
+            verify_output: bool = True) -> Result:
+    """compact or rebuild ``src`` (a node dir, a mnesia base or a folder of them) into ``dst``."""
+    from cqforensics.fsck import running_broker
+
+    src = Path(src).absolute()
+    nodes = layout.discover([src])
+    result = Result(command, str(src), str(Path(dst).absolute()), dry_run)
+    for node in nodes:
+        live = running_broker(node.path)
+        if live:
+            raise OperationalError(f"{node.path}: a broker appears to be running on it ({live}); stop it, or "
+                                   "copy the dir, before rewriting it")
+    predicted = {}
+    if command == "rebuild":  # what SRC's own next boot would deliver, per queue dir
+        predicted = _broker_prediction(src, broker_version)
+    with Staging(Path(dst), [src], dry_run) as staging:
+        sources = Sources()
+        lost = LostFound(None if dry_run else staging.path / "lost+found")
+        ctx = _Ctx(command, result, sources, lost, dry_run, file_size_limit)
+        try:
+            if not dry_run:
+                _copy_tree(src, staging.path, {n.path / "msg_stores" / "vhosts" for n in nodes})
+            versions = set()
+            for node in nodes:
+                options = Options(broker_version=broker_version, bodies=False, decode=False,
+                                  assume_dirty=command == "rebuild")
+                ns = NodeScan(node, options)
+                versions.add(ns.model.label)
+                out_node = staging.path / node.path.relative_to(src)
+                result.bytes_before += _tree_bytes(node.path / "msg_stores" / "vhosts")
+                vhosts = ns.vhosts
+                for k, vs in enumerate(vhosts, 1):
+                    if progress:
+                        progress(f"{node.node}: vhost {vs.vhost.label} ({k}/{len(vhosts)})")
+                    try:
+                        rewrite_vhost(vs, out_node / "msg_stores" / "vhosts" / vs.vhost.dir_name, ctx)
+                    finally:
+                        vs.close()
+                    dropped = len(vs.vhost.others) + sum(len(q.others) for q in vs.vhost.queues)
+                    if dropped:
+                        result.notes.append(f"{node.node}/{vs.vhost.label}: {dropped} files the broker does not use "
+                                            "were not carried over")
+            result.broker_version = ", ".join(sorted(versions))
+        finally:
+            lost.close()
+            sources.close()
+        if ctx.damage:
+            shown = "; ".join(ctx.damage[:5]) + (f" (and {len(ctx.damage) - 5} more)" if len(ctx.damage) > 5 else "")
+            raise DamagedSource(f"{src}: {len(ctx.damage)} messages the next boot would not deliver as they are "
+                                f"({shown}); compact only rewrites consistent stores: run `cqforensics fsck` to see "
+                                "the damage and `cqforensics rebuild` to salvage")
+        for q in result.queues:
+            if command == "rebuild":
+                q.broker_would_deliver, q.broker_would_expire = predicted.get((q.node, q.vhost, q.dir), (0, 0))
+        result.lost_found = lost.items
+        if lost.items and not dry_run:
+            result.lost_found_path = str(Path(dst).absolute() / "lost+found")
+        if staging.removed_stale:
+            result.notes.append(f"removed {len(staging.removed_stale)} partial output(s) of interrupted runs")
+        if not dry_run and verify_output:
+            from cqforensics.write.verify import verify
+
+            check = verify(staging.path, broker_version=broker_version)
+            result.verified = check.consistent
+            if not check.consistent:
+                raise OperationalError(f"the output failed verification ({len(check.violations)} violations, first: "
+                                       f"{check.violations[0].message}); nothing was written to {dst}")
+        staging.commit()
+    return result
+
+
+def _broker_prediction(src: Path, broker_version: str | None) -> dict:
+    """(node, vhost, queue dir) -> messages SRC's next boot delivers (fsck's prediction)."""
+    from cqforensics.tables import queue_summaries
+
+    out = {}
+    options = Options(broker_version=broker_version, bodies=False, decode=False)
+    for node in layout.discover([src]):
+        ns = NodeScan(node, options)
+        for vs in ns.vhosts:
+            try:
+                for s in queue_summaries(vs):
+                    vh = vs.vhost.name if vs.vhost.name is not None else vs.vhost.label
+                    out[(node.node, vh, s["qdir"].dir_name)] = (s["kept"], s["drops"].get("expired", 0))
+            finally:
+                vs.close()
+    return out
+
+
+def compact(src, dst, **kw) -> Result:
+    return rewrite("compact", src, dst, **kw)
+
+
+def rebuild(src, dst, **kw) -> Result:
+    return rewrite("rebuild", src, dst, **kw)

@@ -1,0 +1,122 @@
+"""``verify``: strict invariants of a node dir, the bar every writer's output must pass.
+
+Consistent means: the next boot (dirty recovery, the way writers' output boots) delivers every
+message the indexes hold, except those past their TTL; every live index entry resolves to a
+body that passes its checks (``.qs`` size and CRC, shared-store framing and marker, reachable
+by the version's store scan); ``.qs`` entries do not overlap; no shared-store entry is
+unreferenced or stored twice; no transient messages; index and store headers are valid; recorded
+reference counts (when clean-shutdown files exist) match the indexes; and every queue dir is a
+durable queue of the metadata. ``deep`` also decodes every stored message and checks its id.
+
+Anything fsck reports as a warning or an error breaks consistency, and so do the informational
+findings for garbage (``orphan-message``, ``duplicate-copy``, ``transient-dropped``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from cqforensics import layout
+from cqforensics.checks import check_vhost
+from cqforensics.findings import INFO, Finding
+from cqforensics.grammar import qs as c_qs
+from cqforensics.scan import QSTORE, NodeScan, Options, VhostScan
+
+BREAKS = frozenset({"orphan-message", "duplicate-copy", "transient-dropped"})
+# the finding code that names each way the next boot loses a message
+FATE_CODES = {
+    "queue_deleted": "unknown-queue", "v1_unsupported": "boot-crash", "segment_deleted": "qi-bad-header",
+    "bad_index_entry": "qi-bad-entry", "transient": "transient-dropped", "not_on_disk": "qi-bad-entry",
+    "bad_location": "qi-bad-entry", "body_missing": "msg-missing", "body_unreachable": "rdq-garbage",
+    "qs_missing_file": "qs-entry-missing", "qs_bad_header": "qs-bad-header", "qs_out_of_range": "qs-entry-missing",
+    "qs_bad_size": "qs-entry-crc", "qs_bad_crc": "qs-entry-crc", "queue_crash": "boot-crash",
+    "boot_hang": "boot-crash", "delivery_crash": "boot-crash", "vhost_crash": "boot-crash",
+}
+
+
+@dataclass
+class VerifyResult:
+    path: str
+    violations: list[Finding] = field(default_factory=list)
+    notes: list[Finding] = field(default_factory=list)  # findings that do not break consistency
+    nodes: int = 0
+    vhosts: int = 0
+    queues: int = 0
+    messages: int = 0
+    store_entries: int = 0
+    broker_version: str = ""
+
+    @property
+    def consistent(self) -> bool:
+        return not self.violations
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.consistent else 4
+
+    def to_dict(self) -> dict:
+        return {"format": "cqforensics-verify/1", "path": self.path, "consistent": self.consistent,
+                "broker_version": self.broker_version, "nodes": self.nodes, "vhosts": self.vhosts,
+                "queues": self.queues, "messages": self.messages, "store_entries": self.store_entries,
+                "violations": [f.to_dict() for f in self.violations], "notes": [f.to_dict() for f in self.notes],
+                "exit_code": self.exit_code}
+
+
+def _qs_overlaps(vs: VhostScan) -> list[Finding]:
+    """Two live index entries whose ``.qs`` ranges overlap (a writer bug the broker never sees)."""
+    out = []
+    for qx in vs.chunks():
+        r, live = qx.rec, qx.live
+        sel = live[r["loc"][live] == QSTORE]
+        if len(sel) < 2:
+            continue
+        off = r["store_offset"][sel]
+        end = off + c_qs.ENTRY_HEADER_SIZE + r["store_size"][sel]
+        order = np.argsort(off, kind="stable")
+        bad = np.flatnonzero(off[order][1:] < end[order][:-1])
+        if len(bad):
+            k = int(order[bad[0] + 1])
+            out.append(Finding("qs-entry-missing", f"{len(bad)} .qs entries overlap the entry before them "
+                               f"(first: seq id {int(r['seq'][sel[k]])})", str(qx.qdir.qs.get(qx.segment)),
+                               int(off[k]), severity="error", queue=qx.qdir.name, priority=qx.qdir.priority))
+    return out
+
+
+def verify(paths, broker_version: str | None = None, deep: bool = False,
+           progress: Callable[[str], None] | None = None) -> VerifyResult:
+    options = Options(broker_version=broker_version, bodies=False, decode=False, assume_dirty=True)
+    result = VerifyResult(str(paths) if isinstance(paths, (str, Path)) else " ".join(map(str, paths)))
+    versions = set()
+    for node in layout.discover(paths):
+        result.nodes += 1
+        ns = NodeScan(node, options)
+        versions.add(ns.model.label)
+        for vs in ns.vhosts:
+            if progress:
+                progress(f"{node.node}: vhost {vs.vhost.label}")
+            result.vhosts += 1
+            try:
+                verdicts, findings = check_vhost(vs, deep)
+                findings += _qs_overlaps(vs)
+                result.store_entries += sum(len(st.e_id) for st in vs.stores.values())
+            finally:
+                vs.close()
+            for v in verdicts:
+                result.queues += 1
+                result.messages += v.messages
+                for fate, n in sorted(v.drops.items()):
+                    if fate != "expired":
+                        findings.append(Finding(FATE_CODES.get(fate, "boot-crash"), f"{n} messages of queue "
+                                                f"{v.queue} would not be delivered after a restart: {fate}",
+                                                severity="error", node=v.node, vhost=v.vhost, queue=v.queue))
+            for f in findings:
+                if f.severity != INFO or f.code in BREAKS:
+                    result.violations.append(f)
+                elif f.code not in ("unclean-shutdown", "expired"):
+                    result.notes.append(f)
+    result.broker_version = ", ".join(sorted(versions))
+    return result
