@@ -199,8 +199,6 @@ def cmd_audit(args) -> int:
 
 
 def _rewrite(args, command: str) -> int:
-    import json
-
     from cli import render
     from cqforensics.write import salvage
 
@@ -208,12 +206,21 @@ def _rewrite(args, command: str) -> int:
     kw = {"broker_version": args.broker_version} if args.broker_version else {}
     result = salvage.rewrite(command, args.src, args.dst, dry_run=args.dry_run, progress=progress,
                              file_size_limit=args.file_size_limit, **kw)
+    return _report(result, args.json, render.rewrite_text, progress)
+
+
+def _report(result, as_json: bool, as_text, progress) -> int:
+    """Print a writer's or verify's result (one JSON document or text); its exit code."""
+    import json
+
+    from cli import render
+
     if progress and sys.stderr.isatty():
         sys.stderr.write("\r\x1b[K")
-    if args.json:
+    if as_json:
         print(json.dumps(render.jsonable(result.to_dict()), ensure_ascii=False, sort_keys=True, indent=1))
     else:
-        render.rewrite_text(result, sys.stdout)
+        as_text(result, sys.stdout)
     return result.exit_code
 
 
@@ -243,20 +250,12 @@ def cmd_verify(args) -> int:
     references agree, no orphans or duplicates, headers and CRCs valid.
 
     Exit: 0 consistent, 4 violations found, 8 operational error, 16 usage."""
-    import json
-
     from cli import render
     from cqforensics.write.verify import verify
 
     progress = _progress(sys.stderr.isatty() and not args.json)
     result = verify(args.paths, broker_version=args.broker_version, deep=args.deep, progress=progress)
-    if progress and sys.stderr.isatty():
-        sys.stderr.write("\r\x1b[K")
-    if args.json:
-        print(json.dumps(render.jsonable(result.to_dict()), ensure_ascii=False, sort_keys=True, indent=1))
-    else:
-        render.verify_text(result, sys.stdout)
-    return result.exit_code
+    return _report(result, args.json, render.verify_text, progress)
 
 
 def build_parser() -> argparse.ArgumentParser:

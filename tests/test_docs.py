@@ -36,6 +36,22 @@ def test_every_spark_option_is_documented():
     assert documented == set(OPTIONS)
 
 
+def test_every_spark_write_option_is_documented():
+    from spark_datasource.writer import WRITE_OPTIONS
+
+    table = section("Spark writer")
+    documented = {m.lower() for m in re.findall(r"^\| `(\w+)` \|", table, re.M)}
+    assert documented == set(WRITE_OPTIONS)
+
+
+def test_every_lost_found_reason_is_documented():
+    from cqforensics.write.salvage import QUARANTINED
+
+    text = section("`cqforensics rebuild")
+    for reason in QUARANTINED | {"undecodable", "torn_write", "orphan", "duplicate"}:
+        assert f"`{reason}`" in text, reason
+
+
 def test_every_finding_code_is_documented():
     from cqforensics.findings import CODES
 

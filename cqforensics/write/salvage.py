@@ -527,7 +527,7 @@ def _store_garbage(vs: VhostScan, ctx: _Ctx, node: str, vhost: str | None, writt
                 co, ct = int(st.e_offset[c]), int(st.e_total[c])
                 if vs.data(cf.path)[co + c_rdq.ENTRY_HEADER_SIZE:co + ct - 1] == raw:
                     continue  # the same bytes as the copy written
-            ctx.lost.add(label, {"node": node, "vhost": vhost, "store": kind, "file": str(f.path), "offset": o,
+            ctx.lost.add(label, {"node": node, "vhost": vhost, "queue": None, "store": kind, "file": str(f.path), "offset": o,
                                  "msg_id": st.e_id[i].tobytes().hex()}, raw,
                          "no queue index refers to it (acked, or its index entry is gone)" if label == "orphan"
                          else "differs from the copy of this id that was written")
@@ -542,7 +542,7 @@ def _store_garbage(vs: VhostScan, ctx: _Ctx, node: str, vhost: str | None, writt
             entry[0] += 1
             entry[1] += t
             if ctx.rebuild:
-                ctx.lost.add("torn_write", {"node": node, "vhost": vhost, "store": kind, "file": str(path),
+                ctx.lost.add("torn_write", {"node": node, "vhost": vhost, "queue": None, "store": kind, "file": str(path),
                                             "offset": o, "msg_id": i.hex()},
                              data[o + c_rdq.ENTRY_HEADER_SIZE:min(len(data), o + t - 1)],
                              "entry without its 255 write marker")
