@@ -22,6 +22,10 @@ from cqforensics.errors import FormatError
 _U32 = struct.Struct(">I").unpack_from
 _I32 = struct.Struct(">i").unpack_from
 _ATOMS: dict[bytes, etf.Atom] = {}
+_PROPS = message._PROPS_CACHE
+# annotations with no part in the 0-9-1 view: the id, exchange and routing key columns and the
+# receive timestamp (4.x stamps every message with it)
+_PLAIN_ANNS = frozenset({"id", "x", "rk", "rts"})
 
 
 def _atom_of(raw: bytes, utf8: bool) -> etf.Atom:
@@ -62,12 +66,31 @@ def _map(raw: bytes, p: int) -> tuple[dict, int]:
         elif tag == 119:
             a = raw[p + 2:p + 2 + raw[p + 1]]
             v, p = _atom_of(a, True), p + 2 + len(a)
+        elif tag == 108 and raw[p + 5] == 109:  # LIST of binaries (routing keys)
+            v, p = _binaries(raw, p)
+        elif tag == 106:  # NIL
+            v, p = [], p + 1
         else:
             v, p = etf.decode_at(raw, p)
         out[key] = v
     if p > len(raw):
         raise FormatError("annotations run past the term", offset=p)
     return out, p
+
+
+def _binaries(raw: bytes, p: int) -> tuple[list, int]:
+    """A proper list of binaries at p (tag 'l'); anything else goes to the generic decoder."""
+    (n,) = _U32(raw, p + 1)
+    q, items = p + 5, []
+    for _ in range(n):
+        if raw[q] != 109:
+            return etf.decode_at(raw, p)
+        (ln,) = _U32(raw, q + 1)
+        items.append(raw[q + 5:q + 5 + ln])
+        q += 5 + ln
+    if raw[q] != 106:
+        return etf.decode_at(raw, p)
+    return items, q + 1
 
 
 def _atom(name: bytes, utf8: bool) -> bytes:
@@ -135,15 +158,27 @@ def _mc_amqpl(raw: bytes, lay: dict) -> dict | None:
     if raw[p:p + 1] != b"t":
         return None
     anns, end = _map(raw, p)
-    props, headers = message.props_from_bin(props_bin)
-    props, headers, ts = message._amqpl_view(props, headers, anns)
-    if ts is None and props["timestamp"] is not None:
-        ts = props["timestamp"] * 1000
-    rk = anns.get("rk")
-    return {"msg_id": anns.get("id"), "persistent": anns.get("d") != "false", "exchange": message._s(anns.get("x")),
-            "routing_keys": [message._s(k) for k in rk] if isinstance(rk, list) else [],
+    props, headers = _PROPS.get(props_bin)
+    props = props.copy()
+    if anns.keys() <= _PLAIN_ANNS:  # nothing for the 0-9-1 view to apply (mc_amqpl:protocol_state)
+        rts = anns.get("rts")
+        annotations = None if rts is None else f'{{"rts":{rts}}}' if type(rts) is int \
+            else message._annotations_json(anns)
+        if props["delivery_mode"] is None:
+            props["delivery_mode"] = 2
+        ts = None if props["timestamp"] is None else props["timestamp"] * 1000
+    else:
+        props, headers, ts = message._amqpl_view(props, headers, anns)
+        if ts is None and props["timestamp"] is not None:
+            ts = props["timestamp"] * 1000
+        annotations = message._annotations_json(anns)
+    x, rk = anns.get("x"), anns.get("rk")
+    return {"msg_id": anns.get("id"), "persistent": anns.get("d") != "false",
+            "exchange": x.decode("utf-8", "replace") if type(x) is bytes else message._s(x),
+            "routing_keys": [k.decode("utf-8", "replace") if type(k) is bytes else message._s(k) for k in rk]
+            if type(rk) is list else [],
             "properties": props, "timestamp_ms": ts, "headers": headers,
-            "annotations": message._annotations_json(anns), "body": body, "term_format": "mc_amqpl"}
+            "annotations": annotations, "body": body, "term_format": "mc_amqpl"}
 
 
 def _basic_message(raw: bytes, lay: dict) -> dict | None:

@@ -334,8 +334,7 @@ def qs_holes(vs: VhostScan, qx: IndexChunk):
 
 # -- messages ------------------------------------------------------------------------------------
 
-_PROP_FIELDS = list(SCHEMAS["messages"].field("properties").type)
-_PROP_NAMES = [f.name for f in _PROP_FIELDS]
+_PROP_TYPE = SCHEMAS["messages"].field("properties").type
 _DECODED = ("exchange", "routing_keys", "headers", "annotations", "body", "body_size", "term_format",
             "msg_id", "decode_error")
 
@@ -349,8 +348,7 @@ def _decode_chunk(vs: VhostScan, res, rows: slice, ids: list, loc: list, version
     """The decoded columns of live entries ``rows`` (a slice of the chunk's live list)."""
     decode, bodies = vs.options.decode, vs.options.bodies
     out = {k: [] for k in _DECODED}
-    props = {k: [] for k in _PROP_NAMES}
-    has_props = []
+    props = []  # the properties dict of each row (None: not decoded)
     ex, rks, hd, an, bd, bs, tf, mi, de = (out[k] for k in _DECODED)
     files, starts, lens = (res.body_file[rows].tolist(), res.body_start[rows].tolist(),
                            res.body_len[rows].tolist())
@@ -377,12 +375,10 @@ def _decode_chunk(vs: VhostScan, res, rows: slice, ids: list, loc: list, version
                 error = "the stored term's message id differs from the index's"
             ex.append(msg["exchange"])
             rks.append(msg["routing_keys"])
-            p = msg["properties"]
-            for name in _PROP_NAMES:
-                props[name].append(p[name])
+            p = msg["properties"]  # a dict of this message's own: the column's timestamp is in µs
             ts = msg["timestamp_ms"]
-            props["timestamp"][-1] = ts * 1000 if ts is not None else None
-            has_props.append(True)
+            p["timestamp"] = ts * 1000 if ts is not None else None
+            props.append(p)
             hd.append(msg["headers"])
             an.append(msg["annotations"])
             body = msg["body"]
@@ -390,9 +386,7 @@ def _decode_chunk(vs: VhostScan, res, rows: slice, ids: list, loc: list, version
             bs.append(len(body))
             tf.append(msg["term_format"])
         else:
-            for name in _PROP_NAMES:
-                props[name].append(None)
-            has_props.append(False)
+            props.append(None)
             ex.append(None)
             rks.append(None)
             hd.append(None)
@@ -402,8 +396,7 @@ def _decode_chunk(vs: VhostScan, res, rows: slice, ids: list, loc: list, version
             tf.append(None)
         mi.append(msg_id)
         de.append(error)
-    out["properties"] = pa.StructArray.from_arrays([pa.array(props[f.name], f.type) for f in _PROP_FIELDS],
-                                                   fields=_PROP_FIELDS, mask=pa.array([not h for h in has_props]))
+    out["properties"] = pa.array(props, _PROP_TYPE)
     return out
 
 

@@ -31,6 +31,18 @@ def test_table_roundtrip_every_type():
     assert amqp091.encode_table(amqp091.decode_table(raw)) == raw
 
 
+def test_table_json_text_is_the_encoders_text():
+    """The decoder writes JSON text directly; it must be what the encoder gives for the dict
+    (the ``headers`` column), repeated names included (first place, last value, as a dict)."""
+    raw = amqp091.encode_table(ALL)
+    assert amqp091.table_json(raw) == amqp091.headers_json(ALL)
+    twice = b"\x01kS\x00\x00\x00\x01a" + b"\x01jI\x00\x00\x00\x02" + b"\x01kS\x00\x00\x00\x01b"
+    assert amqp091.table_json(twice) == amqp091.headers_json(
+        {"k": {"type": "longstr", "value": "b"}, "j": {"type": "signedint", "value": 2}})
+    ctl = amqp091.encode_table({'q"\\\n': {"type": "longstr", "value": "\u2028\x00\"é"}})
+    assert amqp091.table_json(ctl) == amqp091.headers_json(amqp091.decode_table(ctl))
+
+
 def test_properties_roundtrip():
     props = dict.fromkeys(amqp091.SCALAR_PROPERTIES)
     props.update(content_type="application/json", delivery_mode=2, priority=9, timestamp=1700000000,
