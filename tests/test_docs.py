@@ -1,9 +1,14 @@
-"""README.md documents every table, every Spark option, every finding code and every command."""
+"""README.md documents every table, every Spark option, every finding code and every command,
+and its first command works with what pip installs."""
 
+import os
 import re
+import shutil
+import subprocess
+import sys
 
 import cqforensics
-from conftest import ROOT
+from conftest import ROOT, SAMPLES
 
 README = (ROOT / "README.md").read_text()
 
@@ -21,6 +26,24 @@ def test_readme_starts_with_the_two_commands():
     assert first[1] == "python3 -m pip install '.[test]' && python3 -m pytest"
     ci = (ROOT / ".ci" / "run").read_text()
     assert first[1] in ci
+
+
+def test_the_installed_tool_runs_outside_the_checkout(tmp_path):
+    """The README's first command: what pip installed (not this checkout, which the other tests
+    import) holds every module, and its console script runs fsck on a sample."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    modules = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+                     for top in ("cqforensics", "cli", "spark_datasource", "pyspark_rabbitcq")
+                     for p in (ROOT / top).rglob("*.py") if p.name != "__main__.py")
+    load = "import importlib, sys\nfor m in sys.argv[1:]: importlib.import_module(m)"
+    p = subprocess.run([sys.executable, "-c", load, *modules], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert p.returncode == 0, f"install the project first (python3 -m pip install '.[test]'): {p.stderr[-1500:]}"
+    exe = shutil.which("cqforensics", path=os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")]))
+    assert exe, "pip installed no cqforensics console script"
+    p = subprocess.run([exe, "fsck", str(SAMPLES / "4.3.6-kill")], cwd=tmp_path, env=env, capture_output=True,
+                       text=True)
+    assert p.returncode in (0, 4) and "Traceback" not in p.stderr, p.stderr[-1500:]
+    assert "4.3.6-kill" in p.stdout or "rabbit@localhost" in p.stdout
 
 
 def test_every_table_is_documented():

@@ -4,7 +4,11 @@ narrowed schema, damaged inputs and clear errors."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
+import textwrap
 
 import pyarrow as pa
 import pytest
@@ -28,6 +32,22 @@ def test_discovered_without_register(spark):
     df = spark.read.format("rabbitcq").load(str(SAMPLES / "4.3.6-clean"))
     assert df.schema.names == cqforensics.schema("messages").names
     assert df.count() > 0
+
+
+def test_discovered_by_a_fresh_session_after_pip_install(spark, tmp_path):
+    """The user's first read: a new Python outside this checkout (no PYTHONPATH) and a new JVM
+    find the source that pip installed (the session above sees the checkout instead)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    code = textwrap.dedent("""
+        import sys
+        from pyspark.sql import SparkSession
+        s = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+        print(s.read.format("rabbitcq").option("table", "queues").load(sys.argv[1]).count())
+        s.stop()""")
+    p = subprocess.run([sys.executable, "-c", code, str(SAMPLES / "4.3.6-clean")], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, f"install the project first (python3 -m pip install '.[test]'): {p.stderr[-2000:]}"
+    assert int(p.stdout.split()[-1]) == cqforensics.read_table(SAMPLES / "4.3.6-clean", "queues").num_rows
 
 
 def test_register_helper_is_safe_when_already_discovered(spark):
