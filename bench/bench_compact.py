@@ -121,10 +121,10 @@ def main() -> None:
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "compact.json").write_text(json.dumps(results, indent=1))
     before, after = garbage["bytes_before"], garbage["bytes_after"]
-    print(f"store with garbage (10x smaller store, a third of bench.big acked): {before / 1e9:.2f} GB of stores -> "
-          f"{after / 1e9:.2f} GB after compact: {(before - after) / 1e9:.2f} GB reclaimed "
-          f"({100 * (before - after) / before:.0f}%), {garbage['compact_s']:.1f} s; audit predicted "
-          f"{(results['audit_reclaimable_bytes'] or 0) / 1e9:.2f} GB")
+    print(f"store with garbage (10x smaller store, a third of bench.big acked): {before / 1e6:.1f} MB of stores -> "
+          f"{after / 1e6:.1f} MB after compact: {(before - after) / 1e6:.1f} MB reclaimed "
+          f"({100 * (before - after) / before:.0f}%), {garbage['compact_s']:.2f} s; audit predicted "
+          f"{(results['audit_reclaimable_bytes'] or 0) / 1e6:.1f} MB of store garbage")
 
 
 if __name__ == "__main__":
