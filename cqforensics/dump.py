@@ -74,7 +74,7 @@ def _rdq(path: Path, deep: bool) -> Iterator[dict]:
     data = read_bytes(path)
     f = r_rdq.walk(path, 0, data)
     rows = [(o, {"offset": o, "kind": "entry", "size": t, "msg_id": i.hex(), "status": "ok"})
-            for o, t, i in zip(f.offsets, f.totals, f.msg_ids)]
+            for o, t, i in zip(f.offsets.tolist(), f.totals.tolist(), (m.tobytes() for m in f.msg_ids))]
     rows += [(o, {"offset": o, "kind": "entry", "size": t, "msg_id": i.hex(), "status": "no write marker"})
              for o, t, i in f.bad_markers]
     rows += [(h.offset, {"offset": h.offset, "kind": "hole", "size": h.length, "status": h.kind}) for h in f.holes]

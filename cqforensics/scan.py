@@ -310,14 +310,13 @@ def scan_store(store: StoreDir, model: versions.BrokerModel) -> StoreIndex:
         e_file[pos:pos + k] = fi
         e_offset[pos:pos + k] = f.offsets
         e_total[pos:pos + k] = f.totals
-        if k:
-            e_id[pos:pos + k] = np.frombuffer(b"".join(f.msg_ids), ID)
+        e_id[pos:pos + k] = f.msg_ids
         if model.sequential_scan and (f.holes or f.bad_markers):
             reached = np.zeros(k, bool)
             reached[r_rdq.broker_chain(f)] = True
             reach[pos:pos + k] = reached
         bad += [(fi, o, t, i) for o, t, i in f.bad_markers]
-        f.offsets, f.totals, f.msg_ids = [], [], []  # now in the arrays
+        f.offsets, f.totals, f.msg_ids = f.offsets[:0], f.totals[:0], f.msg_ids[:0]  # now in the arrays
         pos += k
     distinct, group, first = IdSet.build(e_id)
     copies = np.bincount(group, minlength=len(distinct))

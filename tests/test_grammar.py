@@ -78,7 +78,7 @@ def test_qs_and_rdq_twins_equal_grammar():
     for path in files("msg_store_*/*.rdq"):
         data = path.read_bytes()
         f = r_rdq.walk(path, 0, data)
-        for off, total, msg_id in zip(f.offsets, f.totals, f.msg_ids):
+        for off, total, msg_id in zip(f.offsets.tolist(), f.totals.tolist(), (m.tobytes() for m in f.msg_ids)):
             e = c_rdq.entry.parse(data[off:off + total])
             size, twin_id = c_rdq.ENTRY_HEAD.unpack_from(data, off)
             assert (e.size, e.msg_id) == (size, twin_id) == (total - 9, msg_id)

@@ -25,5 +25,6 @@ entry = Struct(
     "marker" / Const(bytes([WRITE_OK_MARKER])),
 )
 
-#: struct twin of the entry head (size + msg id)
+#: struct twins of the entry head (size + msg id) and of its size field alone
 ENTRY_HEAD = struct.Struct(">Q16s")
+ENTRY_SIZE_FIELD = struct.Struct(">Q")

@@ -1,7 +1,8 @@
 """Shared-store ``.rdq`` files: entries ``<<Size:64, MsgId:16, Body, 255>>`` and the holes
 between them.
 
-``walk`` follows sizes from offset 0 (the healthy case costs one struct unpack per entry).
+``walk`` follows sizes from offset 0 (the healthy case costs one struct unpack per entry;
+sizes and ids are then gathered with numpy).
 Where the chain breaks (a size that does not fit, a missing 255 marker, zero-filled or
 garbage bytes) it resynchronises like RabbitMQ 3.13.1+ does: it slides to the next offset
 holding a plausible entry, found vectorised with numpy instead of byte by byte.
@@ -23,6 +24,7 @@ from cqforensics.grammar import rdq as c_rdq
 from cqforensics.readers.files import map_file
 
 _HEAD = c_rdq.ENTRY_HEAD.unpack_from
+_SIZE = c_rdq.ENTRY_SIZE_FIELD.unpack_from
 _MARK = c_rdq.WRITE_OK_MARKER
 _CHUNK = 1 << 20
 
@@ -39,9 +41,9 @@ class RdqFile:
     path: Path
     number: int
     size: int
-    offsets: list[int] = field(default_factory=list)  # entries with a valid marker, in file order
-    totals: list[int] = field(default_factory=list)  # TotalSize = Size + 9
-    msg_ids: list[bytes] = field(default_factory=list)
+    offsets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # entries with a valid marker
+    totals: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # TotalSize = Size + 9
+    msg_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, "V16"))
     holes: list[Hole] = field(default_factory=list)
     bad_markers: list[tuple[int, int, bytes]] = field(default_factory=list)  # (offset, total, id): torn entries
 
@@ -89,18 +91,16 @@ def walk(path: Path, number: int, data=None) -> RdqFile:
     data = map_file(path) if data is None else data
     end = len(data)
     f = RdqFile(path, number, end)
-    offsets, totals, ids = f.offsets, f.totals, f.msg_ids
+    offsets: list[int] = []
     o = 0
-    head, mark = _HEAD, _MARK
-    add_offset, add_total, add_id = offsets.append, totals.append, ids.append
+    size_at, mark = _SIZE, _MARK
+    add_offset = offsets.append
     while o < end:
         if o + 24 <= end:  # the healthy chain: one unpack and one byte per entry
-            size, msg_id = head(data, o)
+            (size,) = size_at(data, o)
             nxt = o + size + 9
             if size >= 16 and nxt <= end and data[nxt - 1] == mark:
                 add_offset(o)
-                add_total(size + 9)
-                add_id(msg_id)
                 o = nxt
                 continue
         # the chain breaks at o: a torn entry (size fits, marker missing) is remembered,
@@ -116,6 +116,11 @@ def walk(path: Path, number: int, data=None) -> RdqFile:
         else:
             f.holes.append(Hole(o, stop - o, _hole_kind(data, o, stop - o)))
         o = stop
+    if offsets:
+        f.offsets = np.array(offsets, np.int64)
+        u8 = np.frombuffer(data, np.uint8, count=end)
+        f.totals = u8[f.offsets[:, None] + np.arange(8)].view(">u8").ravel().astype(np.int64) + 9
+        f.msg_ids = np.ascontiguousarray(u8[f.offsets[:, None] + np.arange(8, 24)]).view("V16").ravel()
     return f
 
 
@@ -134,7 +139,7 @@ def broker_chain(f: RdqFile, data=None) -> list[int]:
     file, and skips (by its size) an entry whose marker is not 255."""
     data = map_file(f.path) if data is None else data
     end = len(data)
-    index = {off: i for i, off in enumerate(f.offsets)}
+    index = {off: i for i, off in enumerate(f.offsets.tolist())}
     reached = []
     o = 0
     while o + 8 <= end:
