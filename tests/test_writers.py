@@ -275,11 +275,11 @@ def test_kill_9_never_leaves_output_that_looks_complete(command, tmp_path):
         work.mkdir()
         dst = work / "out"
         p = _writer(command, src, dst)
-        if k < 3:  # while the staging dir is being filled
+        if k < 3:  # while the staging dir is being filled (about 50 ms on this sample)
             deadline = time.monotonic() + 60
             while not _partials(work) and p.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.005)
-            time.sleep(rnd.uniform(0, 0.05))
+                time.sleep(0.001)
+            time.sleep(0 if k == 0 else rnd.uniform(0, 0.02))  # k == 0: the moment it appears
         else:
             time.sleep(rnd.uniform(0, duration))
         p.send_signal(signal.SIGKILL)
