@@ -387,13 +387,25 @@ class VhostScan:
 
     MAX_MAPS = 2
 
-    def __init__(self, node: "NodeScan", vhost: VhostDir, only: dict[str, set[int] | None] | None = None):
+    #: facts about the whole vhost, whatever ``only`` lists (store indexes, the index pass, ...)
+    VHOST_WIDE = ("all_queue_dirs", "stores", "qs_files", "index_pass", "recovery", "store_status",
+                  "clean_crashes")
+
+    def __init__(self, node: "NodeScan", vhost: VhostDir, only: dict[str, set[int] | None] | None = None,
+                 facts: dict | None = None):
         """``only`` restricts the queue-level tables to some queue dirs (by dir name), and
-        optionally to some of their segments; store-wide facts still cover the whole vhost."""
+        optionally to some of their segments; store-wide facts still cover the whole vhost.
+        ``facts``: what ``vhost_facts()`` of an earlier scan of the same vhost, node scan and
+        unchanged files returned, so they are not computed again."""
         self.node = node
         self.vhost = vhost
         self.only = only
         self._maps: dict[Path, object] = {}
+        self.__dict__.update({k: v for k, v in (facts or {}).items() if k in self.VHOST_WIDE})
+
+    def vhost_facts(self) -> dict:
+        """The vhost-wide facts computed so far (they do not depend on ``only``)."""
+        return {k: self.__dict__[k] for k in self.VHOST_WIDE if k in self.__dict__}
 
     @property
     def model(self) -> versions.BrokerModel:

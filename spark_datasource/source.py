@@ -134,8 +134,10 @@ def read_units(units: list[Unit], s: opt.Settings, columns: list[str]):
                 == (u.node_path, u.vhost_dir):
             group.append(units[i + len(group)])
         i += len(group)
-        node = layout.read_node_dir(layout.Path(u.node_path), u.node_label)
-        ns = NodeScan(node, options)
+        key = _task_key(u)
+        ns, facts = _VHOST_FACTS.get(key, (None, {})) if key is not None else (None, {})
+        if ns is None:
+            ns = NodeScan(layout.read_node_dir(layout.Path(u.node_path), u.node_label), options)
         vhost = next((v for v in ns.vhosts if v.vhost.dir_name == u.vhost_dir), None)
         if vhost is None:
             continue
@@ -146,12 +148,30 @@ def read_units(units: list[Unit], s: opt.Settings, columns: list[str]):
                 segs = only.setdefault(g.queue_dir, set() if g.segment is not None else None)
                 if segs is not None and g.segment is not None:
                     segs.add(g.segment)
-        vs = VhostScan(ns, vhost.vhost, only)
+        vs = VhostScan(ns, vhost.vhost, only, facts)
         try:
             for b in build(vs):
                 yield b.select(columns)
         finally:
             vs.close()
+            if key is not None:
+                _VHOST_FACTS.clear()
+                _VHOST_FACTS[key] = (ns, vs.vhost_facts())
+
+
+# A Python worker runs many tasks of a stage one after another. The vhost-wide facts (the shared
+# store's index, the pass over every queue index) of the last vhost read are kept for the next
+# task of the same stage reading the same vhost: a big vhost split over many partitions is
+# indexed once per worker, not once per partition. One vhost at most; a new read is a new stage,
+# so nothing outlives the read that computed it.
+_VHOST_FACTS: dict = {}
+
+
+def _task_key(u: Unit):
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    return None if tc is None else (tc.stageId(), u.node_path, u.node_label, u.vhost_dir)
 
 
 def apply_filters(batch, specs):

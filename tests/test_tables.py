@@ -154,3 +154,24 @@ def test_many_backups_in_one_read(tmp_path):
         shutil.copytree(SAMPLES / "4.3.6-kill" / "mnesia", tmp_path / f"host{i}" / "mnesia")
     t = cqforensics.read_table(tmp_path, "queues", columns=["node"])
     assert sorted(set(t.column("node").to_pylist())) == [f"host{i}/mnesia/rabbit@localhost" for i in range(3)]
+
+
+def test_a_scan_seeded_with_vhost_facts_reads_what_a_fresh_one_does():
+    """The Spark reader hands one task's vhost-wide facts to the next task of the same vhost."""
+    from cqforensics.api import make_options
+    from cqforensics.scan import NodeScan, VhostScan
+    from cqforensics.tables import BUILDERS
+
+    node = next(iter(layout.discover(SAMPLES / "4.3.6-kill")))
+    first = NodeScan(node, make_options()).vhosts[0]
+    for table in ("messages", "refcounts", "findings"):
+        list(BUILDERS[table](first))
+    facts = first.vhost_facts()
+    assert {"stores", "index_pass"} <= facts.keys()
+    for q in first.all_queue_dirs:
+        only = {q.dir_name: None}
+        seeded = VhostScan(first.node, first.vhost, only, facts)
+        fresh = VhostScan(NodeScan(node, make_options()), first.vhost, only)
+        assert seeded.stores is first.stores and "stores" not in fresh.__dict__
+        for table in ("messages", "index", "findings"):
+            assert list(BUILDERS[table](seeded)) == list(BUILDERS[table](fresh)), (q.name, table)
