@@ -352,7 +352,7 @@ class References:
     ids: IdSet
     count: np.ndarray  # references per id
     group: np.ndarray  # per reference: its id's position in ``ids``
-    queue: np.ndarray  # per reference: the queue's position in VhostScan.queue_dirs
+    queue: np.ndarray  # per reference: the queue's position in VhostScan.all_queue_dirs
     n_queues: int
 
     @cached_property

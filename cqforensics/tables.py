@@ -344,6 +344,12 @@ def _ids(arr: np.ndarray) -> list[bytes]:
     return [raw[k:k + 16] for k in range(0, len(raw), 16)]
 
 
+def _index_ids(ids: list, loc: list, version: int, rows: slice) -> list:
+    """The message id the index holds for each row: shared-store entries and v1 entries carry
+    one; embedded and .qs entries of a v2 index do not (the stored term does)."""
+    return [ids[j] if loc[j] == SHARED or version == 1 else None for j in range(rows.start, rows.stop)]
+
+
 def _decode_chunk(vs: VhostScan, res, rows: slice, ids: list, loc: list, version: int) -> dict:
     """The decoded columns of live entries ``rows`` (a slice of the chunk's live list)."""
     if not vs.options.decode:
@@ -355,9 +361,10 @@ def _decode_chunk(vs: VhostScan, res, rows: slice, ids: list, loc: list, version
     files, starts, lens = (res.body_file[rows].tolist(), res.body_start[rows].tolist(),
                            res.body_len[rows].tolist())
     last, data = -1, None
-    for k, j in enumerate(range(rows.start, rows.stop)):
+    index_ids = _index_ids(ids, loc, version, rows)
+    for k in range(rows.stop - rows.start):
         f = files[k]
-        msg_id = ids[j] if loc[j] == SHARED or version == 1 else None
+        msg_id = index_ids[k]
         msg = error = raw = None
         if f >= 0:
             if f != last:
@@ -409,18 +416,15 @@ def _undecoded_chunk(vs: VhostScan, res, rows: slice, ids: list, loc: list, vers
     sch = SCHEMAS["messages"]
     out = {k: pa.nulls(m, sch.field(k).type) for k in _DECODED}
     out["properties"] = pa.nulls(m, _PROP_TYPE)
-    out["msg_id"] = [ids[j] if loc[j] == SHARED or version == 1 else None for j in range(rows.start, rows.stop)]
+    out["msg_id"] = _index_ids(ids, loc, version, rows)
     if vs.options.bodies:
-        files, starts, lens = (res.body_file[rows].tolist(), res.body_start[rows].tolist(),
-                               res.body_len[rows].tolist())
-        body, last, data = [], -1, None
-        for f, s, n in zip(files, starts, lens):
-            if f < 0:
-                body.append(None)
-                continue
-            if f != last:
-                data, last = vs.data(res.body_files[f]), f
-            body.append(bytes(data[s:s + n]))
+        found = np.flatnonzero(res.body_file[rows] >= 0)
+        at = found + rows.start
+        terms = _slices_of(vs, [res.body_files[f] for f in res.body_file[at].tolist()], res.body_start[at].tolist(),
+                           res.body_len[at].tolist())
+        body = [None] * m
+        for k, t in zip(found.tolist(), terms):
+            body[k] = t
         out["body"] = body
     return out
 

@@ -163,7 +163,7 @@ def read_units(units: list[Unit], s: opt.Settings, columns: list[str]):
 # store's index, the pass over every queue index) of the last vhost read are kept for the next
 # task of the same stage reading the same vhost: a big vhost split over many partitions is
 # indexed once per worker, not once per partition. One vhost at most; a new read is a new stage,
-# so nothing outlives the read that computed it.
+# so no read uses another's facts (the last ones stay in the idle worker until its next task).
 _VHOST_FACTS: dict = {}
 
 

@@ -116,11 +116,11 @@ def walk(path: Path, number: int, data=None) -> RdqFile:
         else:
             f.holes.append(Hole(o, stop - o, _hole_kind(data, o, stop - o)))
         o = stop
-    if offsets:
+    if offsets:  # every such entry has its 24-byte head inside the file
         f.offsets = np.array(offsets, np.int64)
-        u8 = np.frombuffer(data, np.uint8, count=end)
-        f.totals = u8[f.offsets[:, None] + np.arange(8)].view(">u8").ravel().astype(np.int64) + 9
-        f.msg_ids = np.ascontiguousarray(u8[f.offsets[:, None] + np.arange(8, 24)]).view("V16").ravel()
+        heads = np.lib.stride_tricks.sliding_window_view(np.frombuffer(data, np.uint8, count=end), 24)[f.offsets]
+        f.totals = heads[:, :8].copy().view(">u8").ravel().astype(np.int64) + 9
+        f.msg_ids = heads[:, 8:].copy().view("V16").ravel()
     return f
 
 
