@@ -8,36 +8,16 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Iterator
 
 import pyarrow as pa
 
 from cqforensics import layout
 from cqforensics.errors import UsageError
-from cqforensics.scan import NodeScan, Options
+from cqforensics.model.options import make_options, needs
+from cqforensics.model.vhost import NodeScan
 from cqforensics.schema import TABLES, schema
 from cqforensics.tables import BUILDERS
-
-
-def make_options(broker_version: str | None = None, as_of=None, bodies: bool = True, decode: bool = True,
-                 batch_rows: int = 8192, batch_bytes: int = 16 << 20, assume_dirty: bool = False) -> Options:
-    """Options from keyword arguments. ``as_of`` (datetime or epoch ms) is the time TTLs are
-    judged at for ``survives_restart`` (default: now); ``assume_dirty`` predicts the boot as if
-    the clean-shutdown files were removed (the broker then rebuilds and verifies)."""
-    if isinstance(as_of, dt.datetime):
-        if as_of.tzinfo is None:
-            raise UsageError("as_of must be timezone-aware (e.g. datetime.now(timezone.utc))")
-        as_of = int(as_of.timestamp() * 1000)
-    elif as_of is not None and not isinstance(as_of, int):
-        raise UsageError(f"as_of must be a datetime or epoch milliseconds, not {type(as_of).__name__}")
-    if broker_version is not None:
-        from cqforensics import versions
-
-        versions.model(broker_version)  # validate early
-    if batch_rows < 1 or batch_bytes < 1:
-        raise UsageError("batch_rows and batch_bytes must be positive")
-    return Options(broker_version, as_of, bodies, decode, batch_rows, batch_bytes, assume_dirty)
 
 
 def _project(batch: pa.RecordBatch, columns: list[str] | None) -> pa.RecordBatch:
@@ -56,12 +36,8 @@ def iter_batches(path, table: str = "messages", *, columns: list[str] | None = N
         unknown = [c for c in columns if c not in sch.names]
         if unknown:
             raise UsageError(f"table {table!r} has no column(s) {', '.join(unknown)}")
-        if "body" not in columns:
-            options.setdefault("bodies", False)
-        if table == "messages" and not set(columns) & {"exchange", "routing_keys", "properties", "headers",
-                                                          "annotations", "body", "body_size", "term_format",
-                                                          "decode_error", "msg_id"}:
-            options.setdefault("decode", False)
+        for k, v in needs(table, columns).items():
+            options.setdefault(k, v)
     opts = make_options(**options)
     build = BUILDERS[table]
     for node in layout.discover(path):

@@ -14,8 +14,10 @@ import numpy as np
 
 from cqforensics import fastpath
 from cqforensics.findings import Finding
-from cqforensics.scan import FATES, SHARED, VhostScan
-from cqforensics.tables import chunk_findings
+from cqforensics.codes import Fate, Location, QsStatus, StoreStatus
+from cqforensics.model.index import IndexChunk
+from cqforensics.model.vhost import VhostScan
+from cqforensics.readers import qs as r_qs
 
 
 @dataclass
@@ -62,7 +64,7 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
             res = vs.resolve(qx)
             n_dir += len(qx.live)
             for code, count in zip(*np.unique(res.fate, return_counts=True)):
-                name = FATES[code]
+                name = Fate(code).reason
                 if name is not None:
                     per_dir[name] = per_dir.get(name, 0) + int(count)
             if deep:
@@ -123,6 +125,44 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
         f.node, f.vhost = node, vhost
     return list(verdicts.values()), findings
 
+def chunk_findings(vs: VhostScan, qx: IndexChunk) -> list[Finding]:
+    """A chunk's reader findings, plus its entries whose body is not where the index says
+    (per-queue store checks as QS2 check_msg_on_disk; shared-store lookups)."""
+    out = list(qx.findings)
+    r = qx.rec
+    res = vs.resolve(qx)
+    path = str(qx.qs_path or qx.qdir.path / f"{qx.segment}.qs")
+    reported = False
+    for j, i in enumerate(qx.live.tolist()):
+        status, seq = QsStatus(res.qs_status[j]), int(r.seq[i])
+        if status not in (QsStatus.NONE, QsStatus.OK):
+            off, size = int(r.store_offset[i]), int(r.store_size[i])
+            if status in (QsStatus.MISSING_FILE, QsStatus.BAD_HEADER):
+                if not reported:
+                    reported = True
+                    code, what = (("qs-entry-missing", "the index points into a .qs segment that is not there")
+                                  if status == QsStatus.MISSING_FILE else
+                                  ("qs-bad-header", "bad .qs header: none of its messages can be read"))
+                    out.append(Finding(code, what, path, None if status == QsStatus.MISSING_FILE else 0,
+                                       details={"seq_id": seq}))
+            elif status == QsStatus.OUT_OF_RANGE:
+                entry = r_qs.entry_span(off, size)[1]
+                out.append(Finding("qs-entry-missing", f"entry for seq id {seq} ({entry} bytes) lies beyond the "
+                                   "end of the file", path, off, details={"seq_id": seq, "size": size}))
+            else:
+                out.append(Finding("qs-entry-crc", f"entry for seq id {seq} fails its "
+                                   f"{'CRC' if status == QsStatus.BAD_CRC else 'size'} check", path, off,
+                                   details={"seq_id": seq, "size": size, "check": status.label}))
+        elif r.loc[i] == Location.SHARED_STORE and r.persistent[i] == 1 and res.body_file[j] < 0:
+            mid = r.msg_id[i].tobytes().hex()
+            out.append(Finding("msg-missing", f"message {mid} (seq id {seq}) is in no shared-store file",
+                               str(qx.files[int(r.file[i])]), int(r.offset[i]),
+                               details={"msg_id": mid, "seq_id": seq}))
+    for f in out:
+        f.queue, f.priority = qx.qdir.name, qx.qdir.priority
+    return out
+
+
 
 def _store_checks(vs: VhostScan) -> list[Finding]:
     out = []
@@ -145,17 +185,17 @@ def _store_checks(vs: VhostScan) -> list[Finding]:
         status, _ = vs.store_status[kind]
         for fi, f in enumerate(st.files):
             sel = st.e_file == fi
-            for code, label in ((1, "orphan-message"), (2, "duplicate-copy")):
+            for code, label in ((StoreStatus.ORPHAN, "orphan-message"), (StoreStatus.DUPLICATE, "duplicate-copy")):
                 hit = np.flatnonzero(sel & (status == code))
                 if len(hit):
                     nbytes = int(st.e_total[hit].sum())
-                    what = "no index refers to" if code == 1 else "are extra copies of"
+                    what = "no index refers to" if code == StoreStatus.ORPHAN else "are extra copies of"
                     out.append(Finding(label, f"{len(hit)} entries ({nbytes} bytes) {what} messages "
-                                       f"{'(garbage until compaction)' if code == 1 else 'already stored'}",
+                                       f"{'(garbage until compaction)' if code == StoreStatus.ORPHAN else 'already stored'}",
                                        str(f.path), int(st.e_offset[hit[0]]),
                                        details={"entries": len(hit), "bytes": nbytes}))
             size = f.size
-            live = int(st.e_total[sel & (status == 0)].sum())
+            live = int(st.e_total[sel & (status == StoreStatus.LIVE)].sum())
             if size > (1 << 20) and live * 2 < size:
                 out.append(Finding("fragmented-file", f"{size - live} of {size} bytes are garbage "
                                    f"({100 * (size - live) // size}%): compaction would reclaim them", str(f.path),
@@ -191,19 +231,19 @@ def _decode_checks(vs: VhostScan, qx, res) -> list[Finding]:
         if f < 0:
             continue
         start = int(res.body_start[j])
-        raw = vs.data(res.body_files[f])[start:start + int(res.body_len[j])]
+        raw = vs.bodies.read(res.body_files[f], start, int(res.body_len[j]))
         try:
             msg = fastpath.decode(raw)
             bad = None
-            if r["loc"][i] == SHARED and msg["msg_id"] is not None and msg["msg_id"] != r["msg_id"][i].tobytes():
+            if r.loc[i] == Location.SHARED_STORE and msg["msg_id"] is not None and msg["msg_id"] != r.msg_id[i].tobytes():
                 bad = "the stored term's message id differs from the index's"
         except Exception as e:  # any failure to decode is the finding
             bad = f"{type(e).__name__}: {e}"
         if bad:
-            qs = r["loc"][i] == 2
+            qs = r.loc[i] == Location.QUEUE_STORE
             out.append(Finding("qs-entry-undecodable" if qs else "msg-corrupt", bad[:300], str(res.body_files[f]),
                                int(res.store_offset[j]), queue=qx.qdir.name, priority=qx.qdir.priority,
-                               details={"seq_id": int(r["seq"][i])}))
+                               details={"seq_id": int(r.seq[i])}))
     return out
 
 

@@ -20,9 +20,11 @@ import numpy as np
 import pyarrow as pa
 
 from cqforensics import fastpath, layout
-from cqforensics.api import make_options
+from cqforensics.model.options import make_options
 from cqforensics.errors import OperationalError, UsageError
-from cqforensics.scan import NodeScan, VhostScan
+from cqforensics.codes import AckEvidence, Location, StoreStatus
+from cqforensics.model.vhost import NodeScan, VhostScan
+from cqforensics.readers import qs as r_qs
 from cqforensics.schema import SCHEMAS
 from cqforensics.tables import messages_batches
 
@@ -34,34 +36,32 @@ def _extra_rows(vs: VhostScan) -> Iterator[dict]:
     node, vhost = vs.node.node.node, vs.vhost.name
     for kind, st in vs.stores.items():
         status, _ = vs.store_status[kind]
-        for i in np.flatnonzero(status != 0):
-            f = st.files[st.e_file[i]]
-            o, t = int(st.e_offset[i]), int(st.e_total[i])
-            yield _row(node, vhost, None, None, str(f.path), o, vs.data(f.path)[o + 24:o + t - 1],
-                       "orphan" if status[i] == 1 else "duplicate", st.e_id[i].tobytes(), "shared_store")
+        for i in np.flatnonzero(status != StoreStatus.LIVE):
+            path, start, length = st.term_span(i)
+            yield _row(node, vhost, None, None, str(path), int(st.e_offset[i]), vs.bodies.read(path, start, length),
+                       "orphan" if status[i] == StoreStatus.ORPHAN else "duplicate", st.e_id[i].tobytes(),
+                       "shared_store")
     for qx in vs.chunks():
         a = qx.acks
-        for k in np.flatnonzero(a["evidence"] == 3):  # v2_dropped_by_recovery
-            off = int(a["offset"][k])
-            i = int(np.flatnonzero(qx.rec["offset"] == off)[0])
+        for k in np.flatnonzero(a.evidence == AckEvidence.V2_DROPPED_BY_RECOVERY):
+            off = int(a.offset[k])
+            i = int(np.flatnonzero(qx.rec.offset == off)[0])
             r = qx.rec
             raw, where = None, None
-            if r["loc"][i] == 2 and qx.segment in qx.qdir.qs:
-                path = qx.qdir.qs[qx.segment]
-                start = int(r["store_offset"][i]) + 8
-                raw, where = vs.data(path)[start:start + int(r["store_size"][i])], (str(path), start - 8)
-            elif r["loc"][i] == 1 and "persistent" in vs.stores:
+            if r.loc[i] == Location.QUEUE_STORE and qx.qs_path is not None:
+                path, off = qx.qs_path, int(r.store_offset[i])
+                raw, where = vs.bodies.read(path, *r_qs.term_span(off, int(r.store_size[i]))), (str(path), off)
+            elif r.loc[i] == Location.SHARED_STORE and "persistent" in vs.stores:
                 st = vs.stores["persistent"]
-                _, first = st.locate(r["msg_id"][i:i + 1])
+                _, first = st.locate(r.msg_id[i:i + 1])
                 if first[0] >= 0:
                     e = int(first[0])
-                    f = st.files[st.e_file[e]]
-                    o, t = int(st.e_offset[e]), int(st.e_total[e])
-                    raw, where = vs.data(f.path)[o + 24:o + t - 1], (str(f.path), o)
+                    path, start, length = st.term_span(e)
+                    raw, where = vs.bodies.read(path, start, length), (str(path), int(st.e_offset[e]))
             if raw is not None:
                 yield _row(node, vhost, qx.qdir.name, qx.qdir.priority, where[0], where[1], raw, "ghost",
-                           r["msg_id"][i].tobytes() if r["loc"][i] == 1 else None,
-                           "shared_store" if r["loc"][i] == 1 else "queue_store", seq=int(r["seq"][i]))
+                           r.msg_id[i].tobytes() if r.loc[i] == Location.SHARED_STORE else None,
+                           "shared_store" if r.loc[i] == Location.SHARED_STORE else "queue_store", seq=int(r.seq[i]))
 
 
 def _row(node, vhost, queue, priority, file, offset, raw, source, msg_id, location, seq=None) -> dict:

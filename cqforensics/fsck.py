@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cqforensics import layout
-from cqforensics.api import make_options
+from cqforensics.model.options import make_options
 from cqforensics.checks import QueueVerdict, check_vhost
 from cqforensics.findings import ERROR, SEVERITY_RANK, Finding
-from cqforensics.scan import NodeScan
+from cqforensics.model.vhost import NodeScan
 
 
 @dataclass

@@ -17,8 +17,15 @@ from cqforensics import fastpath
 from cqforensics.errors import FormatError
 from cqforensics.findings import Finding
 from cqforensics.grammar import qs as c_qs
-from cqforensics.scan import (BAD, EMBEDDED, EVIDENCE, FATES, GHOST, KIND_NAMES, LOC_NAMES, NOLOC, QS_STATUS, QSTORE,
-                              SHARED, IndexChunk, VhostScan)
+from cqforensics.codes import (FATE_LABELS, LOCATION_LABELS, AckEvidence, Fate, Location, RecordKind,
+                               RefcountStatus, StoreStatus)
+from cqforensics.codes import labels as code_labels
+from cqforensics.model.index import IndexChunk
+from cqforensics.model.options import DECODED_COLUMNS
+from cqforensics.model.store import IdSet
+from cqforensics.model.vhost import VhostScan
+from cqforensics.readers import qs as r_qs
+from cqforensics.readers import rdq as r_rdq
 from cqforensics.schema import SCHEMAS
 
 TS = pa.timestamp("us", tz="UTC")
@@ -64,16 +71,6 @@ def binary_array(values: list) -> pa.Array:
     data = b"".join(v for v in values if v is not None)
     return pa.Array.from_buffers(pa.binary(), n, [bitmap, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data)],
                                  null_count=nulls)
-
-
-def _slices_of(vs: VhostScan, paths: list, starts: list, lengths: list) -> list[bytes]:
-    """Byte ranges of files, mapping each file once per run of equal paths."""
-    out, last, data = [], None, None
-    for path, start, length in zip(paths, starts, lengths):
-        if path is not last:
-            data, last = vs.data(path), path
-        out.append(data[start:start + length])
-    return out
 
 
 def _capped(cum_bytes: np.ndarray, n: int, max_rows: int, max_bytes: int):
@@ -147,24 +144,25 @@ def index_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     for qx in vs.chunks():
         r = qx.rec
         files = [str(p) for p in qx.files]
-        for start in range(0, len(r["seq"]), step):
+        for start in range(0, len(r.seq), step):
             sl = slice(start, start + step)
-            n = len(r["seq"][sl])
-            loc, kind = r["loc"][sl], r["kind"][sl]
-            has_loc = (loc != NOLOC) & np.isin(kind, (0, GHOST, BAD))
-            in_file = np.isin(loc, (QSTORE, EMBEDDED))
+            n = len(r.seq[sl])
+            loc, kind = r.loc[sl], r.kind[sl]
+            has_loc = (loc != Location.NONE) & np.isin(kind, (RecordKind.PUBLISH, RecordKind.GHOST, RecordKind.BAD))
+            in_file = np.isin(loc, (Location.QUEUE_STORE, Location.EMBEDDED))
             errors = [qx.errors.get(i) for i in range(start, start + n)] if qx.errors else None
             yield batch("index", {
-                **_queue(qx, n, node, vhost), "file": names_array(files, r["file"][sl]),
-                "offset": pa.array(r["offset"][sl]), "index_version": repeat(qx.version, n, pa.int32()),
-                "kind": names_array(KIND_NAMES, kind), "seq_id": pa.array(r["seq"][sl]),
-                "persistent": pa.array(r["persistent"][sl] == 1, mask=r["persistent"][sl] < 0),
-                "location": names_array(LOC_NAMES, loc, ~has_loc),
-                "msg_id": id_array(r["msg_id"][sl], has_loc & ((loc == SHARED) | (qx.version == 1) & (kind == 0))),
-                "store_offset": pa.array(r["store_offset"][sl], mask=~in_file),
-                "store_size": pa.array(r["store_size"][sl], mask=~in_file),
-                "size": pa.array(r["size"][sl], mask=~has_loc), "expiry": ts_array(r["expiry"][sl]),
-                "status": pa.array(r["status"][sl], pa.int32(), mask=r["status"][sl] < 0),
+                **_queue(qx, n, node, vhost), "file": names_array(files, r.file[sl]),
+                "offset": pa.array(r.offset[sl]), "index_version": repeat(qx.version, n, pa.int32()),
+                "kind": names_array(code_labels(RecordKind), kind), "seq_id": pa.array(r.seq[sl]),
+                "persistent": pa.array(r.persistent[sl] == 1, mask=r.persistent[sl] < 0),
+                "location": names_array(LOCATION_LABELS, loc, ~has_loc),
+                "msg_id": id_array(r.msg_id[sl], has_loc & ((loc == Location.SHARED_STORE) |
+                                                            (qx.version == 1) & (kind == RecordKind.PUBLISH))),
+                "store_offset": pa.array(r.store_offset[sl], mask=~in_file),
+                "store_size": pa.array(r.store_size[sl], mask=~in_file),
+                "size": pa.array(r.size[sl], mask=~has_loc), "expiry": ts_array(r.expiry[sl]),
+                "status": pa.array(r.status[sl], pa.int32(), mask=r.status[sl] < 0),
                 "error": pa.array(errors, pa.string()) if errors else pa.nulls(n, pa.string()),
             })
 
@@ -173,19 +171,16 @@ def acks_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     node, vhost = _where(vs)
     for qx in vs.chunks():
         a = qx.acks
-        n = len(a["seq"])
+        n = len(a.seq)
         if n:
             yield batch("acks", {
-                **_queue(qx, n, node, vhost), "file": names_array([str(p) for p in qx.files], a["file"]),
-                "offset": pa.array(a["offset"]), "seq_id": pa.array(a["seq"]),
-                "evidence": names_array(EVIDENCE, a["evidence"]), "msg_id": id_array(a["msg_id"], a["has_id"]),
+                **_queue(qx, n, node, vhost), "file": names_array([str(p) for p in qx.files], a.file),
+                "offset": pa.array(a.offset), "seq_id": pa.array(a.seq),
+                "evidence": names_array(code_labels(AckEvidence), a.evidence), "msg_id": id_array(a.msg_id, a.has_id),
             })
 
 
 # -- store / refcounts / holes -----------------------------------------------------------------
-
-STATUS_NAMES = ("live", "orphan", "duplicate", "corrupt")
-
 
 def store_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     node, vhost = _where(vs)
@@ -199,13 +194,14 @@ def store_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
             m = e.stop - e.start
             body = pa.nulls(m, pa.binary())
             if bodies:
-                body = binary_array(_slices_of(vs, [st.files[f].path for f in st.e_file[e].tolist()],
-                                               (st.e_offset[e] + 24).tolist(), (st.e_total[e] - 25).tolist()))
+                starts, lengths = r_rdq.term_span(st.e_offset[e], st.e_total[e])
+                body = binary_array(vs.bodies.read_many([st.files[f].path for f in st.e_file[e].tolist()],
+                                                        starts.tolist(), lengths.tolist()))
             yield batch("store", {
                 "node": repeat(node, m), "vhost": repeat(vhost, m), "store": repeat(kind, m),
                 "file": names_array(paths, st.e_file[e]), "offset": pa.array(st.e_offset[e]),
                 "total_size": pa.array(st.e_total[e]), "msg_id": id_array(st.e_id[e]),
-                "marker_ok": repeat(True, m, pa.bool_()), "status": names_array(STATUS_NAMES, status[e]),
+                "marker_ok": repeat(True, m, pa.bool_()), "status": names_array(code_labels(StoreStatus), status[e]),
                 "refs": pa.array(refs[e]), "body": body,
             })
         if st.bad:
@@ -214,20 +210,16 @@ def store_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
                 "node": repeat(node, m), "vhost": repeat(vhost, m), "store": repeat(kind, m),
                 "file": [paths[f] for f, _, _, _ in st.bad], "offset": [o for _, o, _, _ in st.bad],
                 "total_size": [t for _, _, t, _ in st.bad], "msg_id": [i for _, _, _, i in st.bad],
-                "marker_ok": repeat(False, m, pa.bool_()), "status": repeat("corrupt", m),
+                "marker_ok": repeat(False, m, pa.bool_()), "status": repeat(StoreStatus.CORRUPT.label, m),
                 "refs": repeat(0, m, pa.int32()),
-                "body": [bytes(vs.data(st.files[f].path)[o + 24:o + t - 1]) for f, o, t, _ in st.bad] if bodies
+                "body": [bytes(vs.bodies.read(st.files[f].path, *r_rdq.term_span(o, t))) for f, o, t, _ in st.bad]
+                if bodies
                 else pa.nulls(m, pa.binary()),
             })
 
 
-REFCOUNT_STATUS = ("ok", "duplicate", "orphan", "mismatch", "missing")
-
-
 def refcounts_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     """One row per distinct id of a store (ids the indexes reference but no file holds included)."""
-    from cqforensics.scan import IdSet
-
     node, vhost = _where(vs)
     labels = [q.label for q in vs.all_queue_dirs]
     names = sorted(set(labels))
@@ -263,12 +255,12 @@ def refcounts_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         if st.recorded is not None:
             rec = st.recorded
             recorded = np.array([rec[i][0] if i in rec else 0 for i in (x.tobytes() for x in ids.ids)], np.int32)
-        status = np.zeros(n, np.int8)
-        status[copies > 1] = 1
-        status[(computed == 0) & (copies > 0)] = 2
+        status = np.full(n, RefcountStatus.OK, np.int8)
+        status[copies > 1] = RefcountStatus.DUPLICATE
+        status[(computed == 0) & (copies > 0)] = RefcountStatus.ORPHAN
         if recorded is not None:
-            status[recorded != computed] = 3
-        status[(computed > 0) & (claim < 0)] = 4
+            status[recorded != computed] = RefcountStatus.MISMATCH
+        status[(computed > 0) & (claim < 0)] = RefcountStatus.MISSING
         paths = [str(f.path) for f in st.files]
         safe = np.maximum(where, 0)
         yield batch("refcounts", {
@@ -277,7 +269,7 @@ def refcounts_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
             "offset": pa.array(st.e_offset[safe] if len(st.e_offset) else safe, mask=~has),
             "msg_id": id_array(ids.ids), "copies": pa.array(copies), "computed_refs": pa.array(computed),
             "recorded_refs": pa.array(recorded, pa.int32()) if recorded is not None else pa.nulls(n, pa.int32()),
-            "queues": queues, "status": names_array(REFCOUNT_STATUS, status),
+            "queues": queues, "status": names_array(code_labels(RefcountStatus), status),
         })
 
 
@@ -292,10 +284,10 @@ def holes_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
                               "length": h.length, "kind": h.kind})
                 if b is not None:
                     yield b
-        for i in np.flatnonzero(status != 0):
+        for i in np.flatnonzero(status != StoreStatus.LIVE):
             b = rows.add({"node": node, "vhost": vhost, "store": kind, "file": str(st.files[st.e_file[i]].path),
                           "offset": int(st.e_offset[i]), "length": int(st.e_total[i]),
-                          "kind": "orphan" if status[i] == 1 else "stale"})
+                          "kind": "orphan" if status[i] == StoreStatus.ORPHAN else "stale"})
             if b is not None:
                 yield b
     for qx in vs.chunks():
@@ -312,22 +304,21 @@ def holes_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
 def qs_used(vs: VhostScan, qx: IndexChunk) -> list[tuple[int, int]]:
     """(offset, length) of the .qs entries the chunk's live records use."""
     r, live = qx.rec, qx.live
-    sel = live[r["loc"][live] == QSTORE]
-    return sorted(zip(r["store_offset"][sel].tolist(), (c_qs.ENTRY_HEADER_SIZE + r["store_size"][sel]).tolist()))
+    sel = live[r.loc[live] == Location.QUEUE_STORE]
+    starts, lengths = r_qs.entry_span(r.store_offset[sel], r.store_size[sel])
+    return sorted(zip(starts.tolist(), lengths.tolist()))
 
 
 def qs_holes(vs: VhostScan, qx: IndexChunk):
     """Byte ranges of the chunk's .qs segment that no live index entry uses."""
-    if qx.segment is None:
-        return
-    path = qx.qdir.qs.get(qx.segment)
+    path = qx.qs_path
     qs = vs.qs_files.get(path) if path is not None else None
     if qs is None:
         return
-    o = c_qs.HEADER_SIZE
+    o = r_qs.first_entry_offset()
     for start, length in qs_used(vs, qx) + [(qs.size, 0)]:
         if start > o:
-            gap = vs.data(path)[o:min(start, qs.size)]
+            gap = vs.bodies.read(path, o, min(start, qs.size) - o)
             yield path, o, start - o, "zeroed" if not any(gap) else "stale"
         o = max(o, start + length)
 
@@ -335,8 +326,7 @@ def qs_holes(vs: VhostScan, qx: IndexChunk):
 # -- messages ------------------------------------------------------------------------------------
 
 _PROP_TYPE = SCHEMAS["messages"].field("properties").type
-_DECODED = ("exchange", "routing_keys", "headers", "annotations", "body", "body_size", "term_format",
-            "msg_id", "decode_error")
+_DECODED = tuple(c for c in DECODED_COLUMNS if c != "properties")  # properties: one struct column
 
 
 def _ids(arr: np.ndarray) -> list[bytes]:
@@ -344,32 +334,25 @@ def _ids(arr: np.ndarray) -> list[bytes]:
     return [raw[k:k + 16] for k in range(0, len(raw), 16)]
 
 
-def _index_ids(ids: list, loc: list, version: int, rows: slice) -> list:
-    """The message id the index holds for each row: shared-store entries and v1 entries carry
-    one; embedded and .qs entries of a v2 index do not (the stored term does)."""
-    return [ids[j] if loc[j] == SHARED or version == 1 else None for j in range(rows.start, rows.stop)]
+def _index_ids(ids: list, has_id: list, rows: slice) -> list:
+    """The message id the index holds for each row (``IndexChunk.index_ids``), else None."""
+    return [ids[j] if has_id[j] else None for j in range(rows.start, rows.stop)]
 
 
-def _decode_chunk(vs: VhostScan, res, rows: slice, ids: list, loc: list, version: int) -> dict:
+def _decode_chunk(vs: VhostScan, res, rows: slice, ids: list, has_id: list) -> dict:
     """The decoded columns of live entries ``rows`` (a slice of the chunk's live list)."""
     if not vs.options.decode:
-        return _undecoded_chunk(vs, res, rows, ids, loc, version)
+        return _undecoded_chunk(vs, res, rows, ids, has_id)
     bodies = vs.options.bodies
     out = {k: [] for k in _DECODED}
     props = []  # the properties dict of each row (None: not decoded)
     ex, rks, hd, an, bd, bs, tf, mi, de = (out[k] for k in _DECODED)
-    files, starts, lens = (res.body_file[rows].tolist(), res.body_start[rows].tolist(),
-                           res.body_len[rows].tolist())
-    last, data = -1, None
-    index_ids = _index_ids(ids, loc, version, rows)
+    terms = _terms(vs, res, rows)
+    index_ids = _index_ids(ids, has_id, rows)
     for k in range(rows.stop - rows.start):
-        f = files[k]
         msg_id = index_ids[k]
-        msg = error = raw = None
-        if f >= 0:
-            if f != last:
-                data, last = vs.data(res.body_files[f]), f
-            raw = data[starts[k]:starts[k] + lens[k]]
+        msg = error = None
+        raw = terms[k]
         if raw is not None:
             try:
                 msg = fastpath.decode(raw)
@@ -409,23 +392,29 @@ def _decode_chunk(vs: VhostScan, res, rows: slice, ids: list, loc: list, version
     return out
 
 
-def _undecoded_chunk(vs: VhostScan, res, rows: slice, ids: list, loc: list, version: int) -> dict:
+def _undecoded_chunk(vs: VhostScan, res, rows: slice, ids: list, has_id: list) -> dict:
     """``_decode_chunk`` without decoding: message ids from the index, raw bodies if wanted, and
     null decoded columns, without a Python step per row where none is needed."""
     m = rows.stop - rows.start
     sch = SCHEMAS["messages"]
     out = {k: pa.nulls(m, sch.field(k).type) for k in _DECODED}
     out["properties"] = pa.nulls(m, _PROP_TYPE)
-    out["msg_id"] = _index_ids(ids, loc, version, rows)
+    out["msg_id"] = _index_ids(ids, has_id, rows)
     if vs.options.bodies:
-        found = np.flatnonzero(res.body_file[rows] >= 0)
-        at = found + rows.start
-        terms = _slices_of(vs, [res.body_files[f] for f in res.body_file[at].tolist()], res.body_start[at].tolist(),
-                           res.body_len[at].tolist())
-        body = [None] * m
-        for k, t in zip(found.tolist(), terms):
-            body[k] = t
-        out["body"] = body
+        out["body"] = _terms(vs, res, rows)
+    return out
+
+
+def _terms(vs: VhostScan, res, rows: slice) -> list:
+    """The stored terms of live entries ``rows`` (None where the body was not found)."""
+    m = rows.stop - rows.start
+    found = np.flatnonzero(res.body_file[rows] >= 0)
+    at = found + rows.start
+    terms = vs.bodies.read_many([res.body_files[f] for f in res.body_file[at].tolist()], res.body_start[at].tolist(),
+                                res.body_len[at].tolist())
+    out = [None] * m
+    for k, t in zip(found.tolist(), terms):
+        out[k] = t
     return out
 
 
@@ -444,26 +433,27 @@ def messages_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
             continue
         res = vs.resolve(qx)
         r, live = qx.rec, qx.live
-        loc = r["loc"][live].tolist()
-        ids = _ids(r["msg_id"][live])
+        has_id = qx.index_ids(live).tolist()
+        ids = _ids(r.msg_id[live])
         files = [str(f) for f in qx.files]
         store_files = [str(p) for p in res.body_files]
         for sl in _slices(vs, res, len(live)):
             idx = live[sl]
             m = len(idx)
-            dec = _decode_chunk(vs, res, sl, ids, loc, qx.version)
-            delivered = r["delivered"][idx]
+            dec = _decode_chunk(vs, res, sl, ids, has_id)
+            delivered = r.delivered[idx]
             fate = res.fate[sl]
             cols = {
-                **_queue(qx, m, node, vhost), "file": names_array(files, r["file"][idx]),
-                "offset": pa.array(r["offset"][idx]), "seq_id": pa.array(r["seq"][idx]),
-                "index_version": repeat(qx.version, m, pa.int32()), "persistent": pa.array(r["persistent"][idx] == 1),
+                **_queue(qx, m, node, vhost), "file": names_array(files, r.file[idx]),
+                "offset": pa.array(r.offset[idx]), "seq_id": pa.array(r.seq[idx]),
+                "index_version": repeat(qx.version, m, pa.int32()), "persistent": pa.array(r.persistent[idx] == 1),
                 "delivered": pa.array(delivered == 1, mask=delivered < 0),
-                "location": names_array(LOC_NAMES, r["loc"][idx], r["loc"][idx] < 0),
+                "location": names_array(LOCATION_LABELS, r.loc[idx], r.loc[idx] < 0),
                 "store_file": names_array(store_files, res.body_file[sl], res.body_file[sl] < 0),
                 "store_offset": pa.array(res.store_offset[sl], mask=res.store_offset[sl] < 0),
-                "size": pa.array(r["size"][idx]), "expiry": ts_array(r["expiry"][idx]),
-                "survives_restart": pa.array(fate == 0), "drop_reason": names_array(FATES[1:], fate - 1, fate == 0),
+                "size": pa.array(r.size[idx]), "expiry": ts_array(r.expiry[idx]),
+                "survives_restart": pa.array(fate == Fate.DELIVERED),
+                "drop_reason": names_array(FATE_LABELS[1:], fate - 1, fate == Fate.DELIVERED),
                 **{k: v if isinstance(v, pa.Array) else binary_array(v) if k in ("body", "msg_id")
                    else pa.array(v, sch.field(k).type) for k, v in dec.items()},
             }
@@ -480,10 +470,10 @@ def queue_summaries(vs: VhostScan) -> Iterator[dict]:
              "drops": {}, "segments": len(q.qi) + len(q.idx)}
         for qx in vs.scan_queue(q):
             r, live = qx.rec, qx.live
-            fates = vs.resolve(qx).fates()
+            fates = vs.resolve(qx).reasons()
             s["messages"] += len(live)
-            s["bytes"] += int(r["size"][live].sum())
-            s["persistent"] += int((r["persistent"][live] == 1).sum())
+            s["bytes"] += int(r.size[live].sum())
+            s["persistent"] += int((r.persistent[live] == 1).sum())
             s["kept"] += fates.count(None)
             for f in fates:
                 if f is not None:
@@ -547,9 +537,9 @@ def file_rows(vs: VhostScan) -> Iterator[dict]:
         seen_qs = set()
         for qx in vs.scan_queue(q):
             if qx.version == 2:
-                ok, frm, to, entries, nlive = qx.header
-                yield {**row(qx.files[0], "qi", header_ok=ok, from_seq_id=frm, to_seq_id=to, entries=entries,
-                             live_entries=nlive), **qb}
+                h = qx.header
+                yield {**row(qx.files[0], "qi", header_ok=h.ok, from_seq_id=h.from_seq_id, to_seq_id=h.to_seq_id,
+                             entries=h.records, live_entries=h.live), **qb}
                 path = q.qs.get(qx.segment)
                 if path is not None:
                     seen_qs.add(path)
@@ -560,7 +550,7 @@ def file_rows(vs: VhostScan) -> Iterator[dict]:
             else:
                 live = set(qx.live.tolist())
                 for fi, p in enumerate(qx.files):
-                    sel = np.flatnonzero(qx.rec["file"] == fi)
+                    sel = np.flatnonzero(qx.rec.file == fi)
                     yield {**row(p, "jif" if p.name == "journal.jif" else "idx", entries=len(sel),
                                  live_entries=sum(1 for i in sel.tolist() if i in live)), **qb}
         for number, p in sorted(q.qs.items()):
@@ -580,44 +570,6 @@ def files_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     b = rows.flush()
     if b is not None:
         yield b
-
-
-def chunk_findings(vs: VhostScan, qx: IndexChunk) -> list[Finding]:
-    """A chunk's reader findings, plus its entries whose body is not where the index says
-    (per-queue store checks as QS2 check_msg_on_disk; shared-store lookups)."""
-    out = list(qx.findings)
-    r = qx.rec
-    res = vs.resolve(qx)
-    qs_path = qx.qdir.qs.get(qx.segment) if qx.segment is not None else None
-    path = str(qs_path or qx.qdir.path / f"{qx.segment}.qs")
-    reported = False
-    for j, i in enumerate(qx.live.tolist()):
-        status, seq = QS_STATUS[res.qs_status[j]], int(r["seq"][i])
-        if status is not None and status != "ok":
-            off, size = int(r["store_offset"][i]), int(r["store_size"][i])
-            if status in ("missing_file", "bad_header"):
-                if not reported:
-                    reported = True
-                    code, what = (("qs-entry-missing", "the index points into a .qs segment that is not there")
-                                  if status == "missing_file" else
-                                  ("qs-bad-header", "bad .qs header: none of its messages can be read"))
-                    out.append(Finding(code, what, path, None if status == "missing_file" else 0,
-                                       details={"seq_id": seq}))
-            elif status == "out_of_range":
-                out.append(Finding("qs-entry-missing", f"entry for seq id {seq} ({8 + size} bytes) lies beyond the "
-                                   "end of the file", path, off, details={"seq_id": seq, "size": size}))
-            else:
-                out.append(Finding("qs-entry-crc", f"entry for seq id {seq} fails its "
-                                   f"{'CRC' if status == 'bad_crc' else 'size'} check", path, off,
-                                   details={"seq_id": seq, "size": size, "check": status}))
-        elif r["loc"][i] == SHARED and r["persistent"][i] == 1 and res.body_file[j] < 0:
-            mid = r["msg_id"][i].tobytes().hex()
-            out.append(Finding("msg-missing", f"message {mid} (seq id {seq}) is in no shared-store file",
-                               str(qx.files[int(r["file"][i])]), int(r["offset"][i]),
-                               details={"msg_id": mid, "seq_id": seq}))
-    for f in out:
-        f.queue, f.priority = qx.qdir.name, qx.qdir.priority
-    return out
 
 
 def findings_batch(findings: list[Finding]) -> pa.RecordBatch:

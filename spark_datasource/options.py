@@ -95,7 +95,7 @@ def parse(opts: dict) -> Settings:
         raise UsageError(f"option table: {table!r} is not one of {', '.join(TABLES)}")
     version = opts.get("brokerversion") or None
     if version:
-        from cqforensics import versions
+        from cqforensics.model import versions
 
         versions.model(version)
     as_of = opts.get("asof") or None

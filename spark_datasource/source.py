@@ -115,16 +115,12 @@ class RabbitCQPushdownReader(RabbitCQReader):
 def read_units(units: list[Unit], s: opt.Settings, columns: list[str]):
     """Batches of the given units, grouped per vhost so a vhost's store is indexed once."""
     from cqforensics import layout
-    from cqforensics.api import make_options
-    from cqforensics.scan import NodeScan, VhostScan
+    from cqforensics.model.options import make_options, needs
+    from cqforensics.model.vhost import NodeScan, VhostScan
     from cqforensics.tables import BUILDERS
 
-    body = "body" in columns
-    decode = s.table != "messages" or bool(set(columns) & {"exchange", "routing_keys", "properties", "headers",
-                                                              "annotations", "body", "body_size", "term_format",
-                                                              "decode_error", "msg_id"})
-    options = make_options(s.broker_version, s.as_of_ms, bodies=body, decode=decode, batch_rows=s.batch_rows,
-                           batch_bytes=s.batch_bytes)
+    options = make_options(s.broker_version, s.as_of_ms, batch_rows=s.batch_rows, batch_bytes=s.batch_bytes,
+                           **needs(s.table, columns))
     build = BUILDERS[s.table]
     i = 0
     while i < len(units):

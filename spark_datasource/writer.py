@@ -44,7 +44,7 @@ class WriteSettings:
 
 
 def parse_write_options(opts: dict) -> WriteSettings:
-    from cqforensics import versions
+    from cqforensics.model import versions
 
     opts = {k.lower(): v for k, v in opts.items()}
     unknown = sorted(set(opts) - set(WRITE_OPTIONS) - {"path"})
@@ -112,7 +112,7 @@ class RabbitCQWriter(DataSourceArrowWriter):
     def write(self, iterator) -> StagedPart:
         from pyspark import TaskContext
 
-        from cqforensics import versions
+        from cqforensics.model import versions
         from cqforensics.write.rows import encode_part
 
         ctx = TaskContext.get()
@@ -124,7 +124,7 @@ class RabbitCQWriter(DataSourceArrowWriter):
         return StagedPart(part.partition, part.index, part.terms, part.rows, part.bytes)
 
     def commit(self, messages) -> None:
-        from cqforensics import versions
+        from cqforensics.model import versions
         from cqforensics.write.rows import PartInfo, build
 
         parts = [PartInfo(m.partition, m.index, m.terms, m.rows, m.bytes)

@@ -68,10 +68,10 @@ def test_every_spark_write_option_is_documented():
 
 
 def test_every_lost_found_reason_is_documented():
-    from cqforensics.write.salvage import QUARANTINED
+    from cqforensics.model.recovery import QUARANTINED
 
     text = section("`cqforensics rebuild")
-    for reason in QUARANTINED | {"undecodable", "torn_write", "orphan", "duplicate"}:
+    for reason in {f.label for f in QUARANTINED} | {"undecodable", "torn_write", "orphan", "duplicate"}:
         assert f"`{reason}`" in text, reason
 
 
@@ -101,7 +101,7 @@ def test_exit_codes_are_documented():
 
 
 def test_every_drop_reason_is_documented():
-    from cqforensics.scan import FATES
+    from cqforensics.codes import FATE_LABELS
 
-    for reason in FATES[1:]:
+    for reason in FATE_LABELS[1:]:
         assert f"`{reason}`" in README, reason

@@ -159,7 +159,7 @@ def test_many_backups_in_one_read(tmp_path):
 def test_a_scan_seeded_with_vhost_facts_reads_what_a_fresh_one_does():
     """The Spark reader hands one task's vhost-wide facts to the next task of the same vhost."""
     from cqforensics.api import make_options
-    from cqforensics.scan import NodeScan, VhostScan
+    from cqforensics.model.vhost import NodeScan, VhostScan
     from cqforensics.tables import BUILDERS
 
     node = next(iter(layout.discover(SAMPLES / "4.3.6-kill")))

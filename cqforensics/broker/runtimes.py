@@ -17,8 +17,36 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CHROOTS = Path(os.environ.get("CQF_CHROOTS", "/var/cache/cqforensics/chroots"))
-#: The Debian mirror apt already uses on the host (debootstrap pulls from the same one).
-DEFAULT_MIRROR = "http://deb.debian.org/debian"
+APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
+
+
+def apt_mirror() -> str:
+    """The Debian archive apt already uses on this host, read from its sources at run time.
+
+    debootstrap must pull from the same mirror the host's apt is configured for (no registry host is
+    written into the project). Both formats are read: one-line ``deb URI suite ...`` and deb822
+    ``URIs:`` stanzas; the first URI whose path ends in ``/debian`` (the main archive, not security)
+    wins.
+    """
+    files: list[Path] = []
+    for src in APT_SOURCES:
+        if src.is_file():
+            files.append(src)
+        elif src.is_dir():
+            files += sorted(p for p in src.iterdir() if p.suffix in (".list", ".sources") and p.is_file())
+    uris: list[str] = []
+    for f in files:
+        for line in f.read_text(errors="replace").splitlines():
+            line = line.strip()
+            if line.startswith("deb "):
+                parts = [w for w in line.split()[1:] if not w.startswith("[")]
+                uris += parts[:1]
+            elif line.startswith("URIs:"):
+                uris += line.split()[1:]
+    for uri in uris:
+        if uri.rstrip("/").endswith("/debian"):
+            return uri.rstrip("/")
+    raise SystemExit(f"no Debian archive found in apt's sources ({', '.join(map(str, APT_SOURCES))}); pass --mirror")
 
 
 @dataclass(frozen=True)
@@ -81,7 +109,7 @@ def _run(cmd: list[str], **kw) -> None:
     subprocess.run(cmd, check=True, **kw)
 
 
-def install(versions: list[str] | None = None, mirror: str = DEFAULT_MIRROR) -> None:
+def install(versions: list[str] | None = None, mirror: str | None = None) -> None:
     """Install every missing runtime (needs root). Existing chroots are reused."""
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     wanted = [runtime(v) for v in (versions or list(RUNTIMES))]
@@ -96,6 +124,7 @@ def install(versions: list[str] | None = None, mirror: str = DEFAULT_MIRROR) -> 
         _run(["apt-get", "update", "-q"], env=env)
         _run(["apt-get", "install", "-y", "-q", "rabbitmq-server", "debootstrap"], env=env)
     procs = []
+    mirror = mirror or apt_mirror()
     for rt in wanted:
         if not rt.chroot or rt.server_dir.is_dir():
             continue
@@ -127,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_install = sub.add_parser("install", help="install the missing broker runtimes (root)")
     p_install.add_argument("versions", nargs="*", help=f"default: {' '.join(RUNTIMES)}")
-    p_install.add_argument("--mirror", default=DEFAULT_MIRROR)
+    p_install.add_argument("--mirror", default=None, help="Debian archive for debootstrap (default: the one in apt's sources)")
     sub.add_parser("status", help="say which versions can be started here")
     args = parser.parse_args(argv)
     if args.cmd == "install":

@@ -16,6 +16,15 @@ def read_bytes(path: Path | str) -> bytes:
         raise OperationalError(f"{path}: cannot read: {e.strerror}") from e
 
 
+def read_head(path: Path | str, n: int) -> bytes:
+    """The first ``n`` bytes of ``path`` (fewer when it is shorter)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(n)
+    except OSError as e:
+        raise OperationalError(f"{path}: cannot read: {e.strerror}") from e
+
+
 def map_file(path: Path | str):
     """A read-only memory map of ``path`` (``b""`` for an empty file)."""
     try:

@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 from construct import ConstructError
 
+from cqforensics.codes import SlotClass
 from cqforensics.findings import Finding
 from cqforensics.grammar import qi as c_qi
 from cqforensics.readers.files import read_bytes
 
-EMPTY, LIVE, GHOST, BAD = 0, 1, 2, 3
-CLASS_NAMES = {EMPTY: "empty", LIVE: "publish", GHOST: "ghost", BAD: "bad"}
+EMPTY, LIVE, GHOST, BAD = SlotClass.EMPTY, SlotClass.LIVE, SlotClass.GHOST, SlotClass.BAD
 
 
 @dataclass

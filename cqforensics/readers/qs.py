@@ -9,12 +9,49 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from cqforensics.codes import QsStatus
 from cqforensics.grammar import qs as c_qs
 
 _ENTRY_HEADER = c_qs.ENTRY_HEADER.unpack_from
 
-OK, MISSING_FILE, BAD_HEADER, OUT_OF_RANGE, BAD_SIZE, BAD_CRC = "ok", "missing_file", "bad_header", \
-    "out_of_range", "bad_size", "bad_crc"
+OK, MISSING_FILE, BAD_HEADER, OUT_OF_RANGE = QsStatus.OK, QsStatus.MISSING_FILE, QsStatus.BAD_HEADER, QsStatus.OUT_OF_RANGE
+BAD_SIZE, BAD_CRC = QsStatus.BAD_SIZE, QsStatus.BAD_CRC
+
+
+def term_span(offset, size):
+    """(start, length) of the term of the entry at ``offset`` whose index records ``size``."""
+    return offset + c_qs.ENTRY_HEADER_SIZE, size
+
+
+def entry_span(offset, size):
+    """(start, length) of the whole entry (header included) at ``offset`` with term ``size``."""
+    return offset, c_qs.ENTRY_HEADER_SIZE + size
+
+
+def first_entry_offset() -> int:
+    """Where the first entry of a segment starts (right after the file header)."""
+    return c_qs.HEADER_SIZE
+
+
+def first_term_start() -> int:
+    """Where the term of the first entry of a segment starts (right after the file header)."""
+    return term_span(c_qs.HEADER_SIZE, 0)[0]
+
+
+def check_entry(data, offset: int, size: int) -> tuple[QsStatus, int]:
+    """(status, CRC flag) of the entry at ``offset`` judged by its own header alone: the size
+    it records must be ``size`` and its CRC (when flagged) must match (QS2 check_msg_on_disk)."""
+    end = offset + c_qs.ENTRY_HEADER_SIZE + size
+    if offset < c_qs.HEADER_SIZE or end > len(data):
+        return OUT_OF_RANGE, 0
+    h_size, flags, crc, _ = _ENTRY_HEADER(data, offset)
+    if h_size != size:
+        return BAD_SIZE, flags & 1
+    if flags & 1:
+        term = data[offset + c_qs.ENTRY_HEADER_SIZE:end]
+        if zlib.crc32(term) & 0xFFFF != crc:
+            return BAD_CRC, 1
+    return OK, flags & 1
 
 
 @dataclass
@@ -26,21 +63,11 @@ class QsFile:
     size: int
     header_ok: bool
 
-    def check(self, data, offset: int, size: int) -> tuple[str, int]:
+    def check(self, data, offset: int, size: int) -> tuple[QsStatus, int]:
         """(status, CRC flag) of the entry the index places at ``offset`` with term ``size``."""
         if not self.header_ok:
             return BAD_HEADER, 0
-        end = offset + c_qs.ENTRY_HEADER_SIZE + size
-        if offset < c_qs.HEADER_SIZE or end > len(data):
-            return OUT_OF_RANGE, 0
-        h_size, flags, crc, _ = _ENTRY_HEADER(data, offset)
-        if h_size != size:
-            return BAD_SIZE, flags & 1
-        if flags & 1:
-            term = data[offset + c_qs.ENTRY_HEADER_SIZE:end]
-            if zlib.crc32(term) & 0xFFFF != crc:
-                return BAD_CRC, 1
-        return OK, flags & 1
+        return check_entry(data, offset, size)
 
 
 def open_qs(path: Path | None) -> QsFile | None:

@@ -51,6 +51,17 @@ class RdqFile:
         return len(self.offsets)
 
 
+def term_span(offset, total):
+    """(start, length) of the stored term inside the entry at ``offset`` of ``total`` bytes
+    (``<<Size:64, MsgId:16, Term, 255>>``); works on numpy arrays too."""
+    return offset + c_rdq.ENTRY_HEADER_SIZE, total - c_rdq.ENTRY_HEADER_SIZE - 1
+
+
+def entry_total(term_length):
+    """The ``total`` of an entry framing a term of ``term_length`` bytes (inverse of term_span)."""
+    return term_length + c_rdq.ENTRY_HEADER_SIZE + 1
+
+
 def find_candidates(data, start: int, end: int, first_only: bool = False) -> np.ndarray:
     """Offsets in [start, end) where a complete entry with a 255 marker starts (vectorised).
 

@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from cqforensics import amqp091, etf, layout, textfiles, versions
+from cqforensics import amqp091, etf, layout, textfiles
+from cqforensics.model import versions
 from cqforensics.errors import OperationalError, UsageError
 from cqforensics.write import formats
 
@@ -128,7 +129,7 @@ def stored_term(model: versions.BrokerModel, msg_id: bytes, vhost: str, exchange
     content = (_CONTENT, 60, _NONE, props_bin, _FRAMING, [body])
     x = (exchange or "").encode()
     rks = [k.encode() for k in routing_keys]
-    if model.version < (3, 13, 0):
+    if not model.stores_mc:
         term = (etf.Atom("basic_message"), (etf.Atom("resource"), vhost.encode(), etf.Atom("exchange"), x), rks,
                 content, msg_id, etf.Atom("true"))
         return etf.term_to_binary(term, utf8_atoms=False)
@@ -144,7 +145,7 @@ def stored_term(model: versions.BrokerModel, msg_id: bytes, vhost: str, exchange
     if ttl and ttl.isdigit():
         anns[etf.Atom("ttl")] = int(ttl)
     return etf.term_to_binary((etf.Atom("mc"), etf.Atom("mc_amqpl"), content, anns),
-                              utf8_atoms=model.version >= (4, 0, 0))
+                              utf8_atoms=model.utf8_atoms)
 
 
 @dataclass
@@ -316,7 +317,7 @@ def _queue_dir(v: str, q: str, p, mp, plans, meta, model, queue_version, existin
             version = args["x-queue-version"]
     stored = qb if level is None else textfiles.priority_queue_name(qb, int(level))
     dir_name = textfiles.queue_dir_name(vb, stored)
-    if model.version >= (4, 0, 0):
+    if model.index_v2_only:
         version = 2
     elif version is None:
         version = existing.get(dir_name, 1)  # classic_queue_default_version, up to 3.13
@@ -411,9 +412,10 @@ def build(parts: list[PartInfo], dst: Path, model: versions.BrokerModel, mode: s
         for plan in plans.values():
             by_vhost.setdefault(plan.vhost, []).append(plan)
         if mode == "append" and old is not None:
-            from cqforensics.scan import NodeScan, Options
+            from cqforensics.model.options import make_options
+            from cqforensics.model.vhost import NodeScan
 
-            ns = NodeScan(old, Options(broker_version=model.label, bodies=False, decode=False))
+            ns = NodeScan(old, make_options(broker_version=model.label, bodies=False, decode=False))
             ctx = _Ctx("compact", Result("compact", str(dst), str(dst), False), sources, LostFound(None), False, limit)
             for vs in ns.vhosts:
                 extra = {p.dir_name: p for p in by_vhost.pop(vs.vhost.name_raw, [])}

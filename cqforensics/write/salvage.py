@@ -25,7 +25,6 @@ import hashlib
 import json
 import os
 import shutil
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,20 +34,17 @@ import numpy as np
 from cqforensics import fastpath, layout
 from cqforensics.errors import CQError, OperationalError
 from cqforensics.grammar import qi as c_qi
-from cqforensics.grammar import qs as c_qs
 from cqforensics.grammar import rdq as c_rdq
-from cqforensics.scan import EMBEDDED, FATES, MEMORY, QSTORE, SHARED, NodeScan, Options, VhostScan
+from cqforensics.codes import Fate, Location
+from cqforensics.model.options import make_options
+from cqforensics.model.recovery import BY_DESIGN, KEPT_AS_IS, QUARANTINED, SALVAGEABLE, intrinsic_fate
+from cqforensics.model.vhost import NodeScan, VhostScan
+from cqforensics.readers import qs as r_qs
+from cqforensics.readers import rdq as r_rdq
 from cqforensics.write import formats
 from cqforensics.write.output import Staging
 from cqforensics.write.store import Entry, QueueWriter, SharedStoreWriter, Sources
 
-# what the next boot would drop although the message's bytes are intact (rebuild keeps them)
-SALVAGEABLE = frozenset({None, "expired", "body_unreachable", "segment_deleted", "bad_index_entry", "queue_crash",
-                         "boot_hang", "v1_unsupported", "delivery_crash", "vhost_crash"})
-# readable but not deliverable, or not trustworthy: lost+found with the bytes
-QUARANTINED = frozenset({"transient", "queue_deleted", "qs_bad_crc", "qs_bad_size"})
-# compact: what the next boot drops by design (not damage)
-BY_DESIGN = frozenset({"transient", "queue_deleted"})
 _KEY = 1 << 40  # a shared-store entry's (file position, offset) as one sortable integer
 
 
@@ -115,7 +111,8 @@ class Result:
         or quarantined for reasons other than being transient or in a deleted queue), else 0."""
         if self.command != "rebuild":
             return 0
-        damage = any(set(q.lost) - BY_DESIGN or set(q.quarantined) - BY_DESIGN for q in self.queues)
+        by_design = {f.label for f in BY_DESIGN}
+        damage = any(set(q.lost) - by_design or set(q.quarantined) - by_design for q in self.queues)
         return 1 if self.rescued or damage or "torn" in self.garbage else 0
 
     def totals(self) -> dict:
@@ -233,17 +230,6 @@ def _put_file(ctx: _Ctx, path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
 
 
-def _check_entry(data, offset: int, size: int) -> bool:
-    """A .qs entry whose own header is right (used when the file header is damaged)."""
-    end = offset + c_qs.ENTRY_HEADER_SIZE + size
-    if offset < c_qs.HEADER_SIZE or end > len(data):
-        return False
-    h_size, flags, crc, zero = c_qs.ENTRY_HEADER.unpack_from(data, offset)
-    if h_size != size or zero != 0:
-        return False
-    return not (flags & 1) or zlib.crc32(data[offset + c_qs.ENTRY_HEADER_SIZE:end]) & 0xFFFF == crc
-
-
 def rewrite_vhost(vs: VhostScan, out: Path, ctx: _Ctx, extra: dict | None = None) -> None:
     """Rewrite one vhost's store into ``out``. ``extra`` (the Spark writer's append) maps queue
     dir names to more messages (``QueueRows``) to write after the ones the dir holds."""
@@ -275,7 +261,7 @@ def rewrite_vhost(vs: VhostScan, out: Path, ctx: _Ctx, extra: dict | None = None
         if known is False:
             qr.skipped = "not a durable queue in the metadata: the broker deletes this dir at boot"
         vin = q.index_version
-        vout = 2 if vin == 1 and model.version >= (4, 0, 0) else vin
+        vout = 2 if vin == 1 and model.index_v2_only else vin
         qr.written_version = None if qr.skipped else vout
         writer = None
         if not qr.skipped:
@@ -293,7 +279,7 @@ def rewrite_vhost(vs: VhostScan, out: Path, ctx: _Ctx, extra: dict | None = None
             # size the vhost's other segments have
             shift = 0
             if qx.version == 2 and qx.header is not None:
-                ok, first, to = qx.header[:3]
+                ok, first, to = qx.header.ok, qx.header.from_seq_id, qx.header.to_seq_id
                 if ok:
                     ctx.v2_count.setdefault(vh.path, to - first)
                 count = to - first if ok else ctx.v2_count.get(vh.path, c_qi.DEFAULT_SEGMENT_ENTRY_COUNT)
@@ -352,23 +338,25 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: _Ctx, refs, sto
     put in lost+found when rebuild has their bytes."""
     r, live = qx.rec, qx.live
     qr.messages += len(live)
-    fates = res.fate.tolist()
-    locs = r["loc"][live].tolist()
-    seqs = r["seq"][live].tolist()
-    sizes = r["size"][live].tolist()
-    expiries = r["expiry"][live].tolist()
-    delivered = r["delivered"][live].tolist()
-    persistent = r["persistent"][live].tolist()
-    ids = r["msg_id"][live].tobytes()
+    fates = res.fates()
+    locs = r.loc[live].tolist()
+    seqs = r.seq[live].tolist()
+    sizes = r.size[live].tolist()
+    expiries = r.expiry[live].tolist()
+    delivered = r.delivered[live].tolist()
+    persistent = r.persistent[live].tolist()
+    ids = r.msg_id[live].tobytes()
     body_file, body_start, body_len = res.body_file.tolist(), res.body_start.tolist(), res.body_len.tolist()
     store_off = res.store_offset.tolist()
-    st_off, st_size = r["store_offset"][live].tolist(), r["store_size"][live].tolist()
-    files = r["file"][live].tolist()
-    qs_path = qx.qdir.qs.get(qx.segment) if qx.segment is not None else None
+    st_off, st_size = r.store_offset[live].tolist(), r.store_size[live].tolist()
+    files = r.file[live].tolist()
+    qs_path = qx.qs_path
+    qs = vs.qs_files.get(qs_path) if qs_path is not None else None
+    has_id = qx.index_ids(live).tolist()
     entries: list[Entry] = []
     rf, ro, rt = [], [], []
     for j in range(len(live)):
-        fate = FATES[fates[j]]
+        fate = fates[j]
         loc = locs[j]
         msg_id = ids[16 * j:16 * j + 16]
         fb = body_file[j]
@@ -376,14 +364,14 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: _Ctx, refs, sto
         def place() -> dict:
             path = str(res.body_files[fb]) if fb >= 0 else str(qx.files[files[j]]) if qx.files else None
             return {"node": qr.node, "vhost": qr.vhost, "queue": qr.queue, "priority": qr.priority,
-                    "queue_dir": qr.dir, "seq_id": seqs[j], "msg_id": msg_id.hex() if loc == SHARED or qx.version == 1
-                    else None, "location": loc, "fate_at_next_boot": fate, "file": path,
+                    "queue_dir": qr.dir, "seq_id": seqs[j], "msg_id": msg_id.hex() if has_id[j] else None,
+                    "location": loc, "fate_at_next_boot": fate.reason, "file": path,
                     "offset": store_off[j] if store_off[j] >= 0 else None}
 
         def raw() -> bytes | None:
             if fb < 0:
                 return None
-            return vs.data(res.body_files[fb])[body_start[j]:body_start[j] + body_len[j]]
+            return vs.bodies.read(res.body_files[fb], body_start[j], body_len[j])
 
         keep = False
         if writer is None:  # the queue dir is not written (unknown to the metadata)
@@ -398,40 +386,35 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: _Ctx, refs, sto
                 _bump(qr.dropped, "queue_deleted")
             continue
         if not ctx.rebuild:
-            if fate in ("transient",):
-                _bump(qr.dropped, fate)
+            if fate == Fate.TRANSIENT:
+                _bump(qr.dropped, fate.label)
                 continue
-            if fate not in (None, "expired") or fb < 0:
-                _bump(qr.lost, fate or "body_missing")
-                ctx.damage.append(f"{qr.vhost}/{qr.queue}: seq id {seqs[j]}: {fate or 'body_missing'}")
+            if fate not in KEPT_AS_IS or fb < 0:
+                why = fate.reason or Fate.BODY_MISSING.label
+                _bump(qr.lost, why)
+                ctx.damage.append(f"{qr.vhost}/{qr.queue}: seq id {seqs[j]}: {why}")
                 continue
             keep = True
         else:
             # what no boot delivers, whatever else is wrong with the queue
-            if persistent[j] != 1:
-                fate = "transient"
-            elif loc == MEMORY:
-                fate = "not_on_disk"
-            elif loc not in (SHARED, QSTORE, EMBEDDED):
-                fate = "bad_location"
-            if fate == "qs_bad_header" and qs_path is not None:
-                data = vs.data(qs_path)
-                if _check_entry(data, st_off[j], st_size[j]):
-                    fate, fb = None, -2  # the entry itself is intact
-            if fate == "body_missing" and loc == SHARED and msg_id in ctx.torn:
+            fate = intrinsic_fate(persistent[j], loc) or fate
+            whole_qs_entry = False
+            if fate == Fate.QS_BAD_HEADER and qs is not None and \
+                    vs.bodies.qs_entry(qs, st_off[j], st_size[j], trust_header=False) == r_qs.OK:
+                fate, whole_qs_entry = Fate.DELIVERED, True  # the entry itself is intact
+            if fate == Fate.BODY_MISSING and loc == Location.SHARED_STORE and msg_id in ctx.torn:
                 b = _whole_term(vs, *ctx.torn[msg_id], msg_id) if msg_id not in ctx.repaired else ctx.repaired[msg_id]
                 if b is not None:
                     ctx.repaired[msg_id] = b
                     entries.append(Entry(seqs[j] + shift, msg_id, sizes[j], expiries[j], shared=True,
                                          delivered=delivered[j] == 1))
                     continue
-            if fate in SALVAGEABLE or fb == -2:
-                b = raw() if fb >= 0 else (vs.data(qs_path)[st_off[j] + 8:st_off[j] + 8 + st_size[j]] if fb == -2
-                                           else None)
+            if fate in SALVAGEABLE:
+                b = vs.bodies.read(qs_path, *r_qs.term_span(st_off[j], st_size[j])) if whole_qs_entry else raw()
                 if b is None:
-                    _bump(qr.lost, fate if fate not in (None, "expired") else "body_missing")
+                    _bump(qr.lost, fate.reason if fate not in KEPT_AS_IS else Fate.BODY_MISSING.label)
                     continue
-                why = _undecodable(b, msg_id if (loc == SHARED or (qx.version == 1 and loc == EMBEDDED)) else None)
+                why = _undecodable(b, msg_id if has_id[j] else None)
                 if why is not None:
                     ctx.lost.add("undecodable", place(), b, why)
                     _bump(qr.quarantined, "undecodable")
@@ -440,27 +423,26 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: _Ctx, refs, sto
             elif fate in QUARANTINED:
                 b = raw()
                 if b is None:
-                    _bump(qr.lost, fate)
+                    _bump(qr.lost, fate.label)
                 else:
-                    ctx.lost.add(fate, place(), b)
-                    _bump(qr.quarantined, fate)
+                    ctx.lost.add(fate.label, place(), b)
+                    _bump(qr.quarantined, fate.label)
                 continue
             else:
-                _bump(qr.lost, fate)
+                _bump(qr.lost, fate.label)
                 if fb >= 0:
-                    ctx.lost.add(fate, place(), raw())
+                    ctx.lost.add(fate.label, place(), raw())
                 continue
         if not keep:
             continue
         seq = seqs[j] + shift
-        if loc == SHARED:
+        if loc == Location.SHARED_STORE:
             entries.append(Entry(seq, msg_id, sizes[j], expiries[j], shared=True, delivered=delivered[j] == 1))
             rf.append(store_pos[res.body_files[fb]])
             ro.append(store_off[j])
-            rt.append(body_len[j] + c_rdq.ENTRY_HEADER_SIZE + 1)
-        elif loc == QSTORE:
-            entries.append(Entry(seq, b"", sizes[j], expiries[j], src=(qs_path, st_off[j],
-                                                                        c_qs.ENTRY_HEADER_SIZE + st_size[j]),
+            rt.append(r_rdq.entry_total(body_len[j]))
+        elif loc == Location.QUEUE_STORE:
+            entries.append(Entry(seq, b"", sizes[j], expiries[j], src=(qs_path, *r_qs.entry_span(st_off[j], st_size[j])),
                                  qs_header=True))
         else:  # CQv1 embedded
             entries.append(Entry(seq, msg_id, sizes[j], expiries[j], delivered=delivered[j] == 1,
@@ -475,7 +457,7 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: _Ctx, refs, sto
 def _whole_term(vs: VhostScan, path: Path, offset: int, total: int, msg_id: bytes) -> bytes | None:
     """The term of a shared-store entry that lacks its write marker, when it is complete
     (decodes to exactly the entry's length) and is the message the index expects."""
-    raw = bytes(vs.data(path)[offset + c_rdq.ENTRY_HEADER_SIZE:offset + total - 1])
+    raw = bytes(vs.bodies.read(path, *r_rdq.term_span(offset, total)))
     try:
         from cqforensics import etf
 
@@ -519,13 +501,10 @@ def _store_garbage(vs: VhostScan, ctx: _Ctx, node: str, vhost: str | None, writt
             if not ctx.rebuild or label == "unreferenced":
                 continue
             f = st.files[st.e_file[i]]
-            o, t = int(st.e_offset[i]), int(st.e_total[i])
-            raw = bytes(vs.data(f.path)[o + c_rdq.ENTRY_HEADER_SIZE:o + t - 1])
+            o = int(st.e_offset[i])
+            raw = bytes(vs.bodies.read(*st.term_span(i)))
             if label == "duplicate":
-                c = int(group_written[g])
-                cf = st.files[st.e_file[c]]
-                co, ct = int(st.e_offset[c]), int(st.e_total[c])
-                if vs.data(cf.path)[co + c_rdq.ENTRY_HEADER_SIZE:co + ct - 1] == raw:
+                if vs.bodies.read(*st.term_span(int(group_written[g]))) == raw:
                     continue  # the same bytes as the copy written
             ctx.lost.add(label, {"node": node, "vhost": vhost, "queue": None, "store": kind, "file": str(f.path), "offset": o,
                                  "msg_id": st.e_id[i].tobytes().hex()}, raw,
@@ -533,7 +512,6 @@ def _store_garbage(vs: VhostScan, ctx: _Ctx, node: str, vhost: str | None, writt
                          else "differs from the copy of this id that was written")
         for fi, o, t, i in st.bad:
             path = st.files[fi].path
-            data = vs.data(path)
             if kind == "persistent" and i in ctx.repaired:
                 ctx.result.notes.append(f"{vhost}: {path}@{o}: entry {i.hex()} lacked its write marker but its "
                                         "term was whole: written with a good one")
@@ -544,7 +522,7 @@ def _store_garbage(vs: VhostScan, ctx: _Ctx, node: str, vhost: str | None, writt
             if ctx.rebuild:
                 ctx.lost.add("torn_write", {"node": node, "vhost": vhost, "queue": None, "store": kind, "file": str(path),
                                             "offset": o, "msg_id": i.hex()},
-                             data[o + c_rdq.ENTRY_HEADER_SIZE:min(len(data), o + t - 1)],
+                             vs.bodies.read(path, *r_rdq.term_span(o, t)),
                              "entry without its 255 write marker")
 
 
@@ -616,8 +594,8 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
                 _copy_tree(src, staging.path, {n.path / "msg_stores" / "vhosts" for n in nodes})
             versions = set()
             for node in nodes:
-                options = Options(broker_version=broker_version, bodies=False, decode=False,
-                                  assume_dirty=command == "rebuild")
+                options = make_options(broker_version=broker_version, bodies=False, decode=False,
+                                       assume_dirty=command == "rebuild")
                 ns = NodeScan(node, options)
                 versions.add(ns.model.label)
                 out_node = staging.path / node.path.relative_to(src)
@@ -668,7 +646,7 @@ def _broker_prediction(src: Path, broker_version: str | None) -> dict:
     from cqforensics.tables import queue_summaries
 
     out = {}
-    options = Options(broker_version=broker_version, bodies=False, decode=False)
+    options = make_options(broker_version=broker_version, bodies=False, decode=False)
     for node in layout.discover([src]):
         ns = NodeScan(node, options)
         for vs in ns.vhosts:

@@ -23,19 +23,13 @@ import numpy as np
 from cqforensics import layout
 from cqforensics.checks import check_vhost
 from cqforensics.findings import INFO, Finding
-from cqforensics.grammar import qs as c_qs
-from cqforensics.scan import QSTORE, NodeScan, Options, VhostScan
+from cqforensics.codes import Fate, Location
+from cqforensics.model.options import make_options
+from cqforensics.model.recovery import FINDING_OF_FATE
+from cqforensics.model.vhost import NodeScan, VhostScan
+from cqforensics.readers import qs as r_qs
 
 BREAKS = frozenset({"orphan-message", "duplicate-copy", "transient-dropped"})
-# the finding code that names each way the next boot loses a message
-FATE_CODES = {
-    "queue_deleted": "unknown-queue", "v1_unsupported": "boot-crash", "segment_deleted": "qi-bad-header",
-    "bad_index_entry": "qi-bad-entry", "transient": "transient-dropped", "not_on_disk": "qi-bad-entry",
-    "bad_location": "qi-bad-entry", "body_missing": "msg-missing", "body_unreachable": "rdq-garbage",
-    "qs_missing_file": "qs-entry-missing", "qs_bad_header": "qs-bad-header", "qs_out_of_range": "qs-entry-missing",
-    "qs_bad_size": "qs-entry-crc", "qs_bad_crc": "qs-entry-crc", "queue_crash": "boot-crash",
-    "boot_hang": "boot-crash", "delivery_crash": "boot-crash", "vhost_crash": "boot-crash",
-}
 
 
 @dataclass
@@ -71,24 +65,24 @@ def _qs_overlaps(vs: VhostScan) -> list[Finding]:
     out = []
     for qx in vs.chunks():
         r, live = qx.rec, qx.live
-        sel = live[r["loc"][live] == QSTORE]
+        sel = live[r.loc[live] == Location.QUEUE_STORE]
         if len(sel) < 2:
             continue
-        off = r["store_offset"][sel]
-        end = off + c_qs.ENTRY_HEADER_SIZE + r["store_size"][sel]
+        off, length = r_qs.entry_span(r.store_offset[sel], r.store_size[sel])
+        end = off + length
         order = np.argsort(off, kind="stable")
         bad = np.flatnonzero(off[order][1:] < end[order][:-1])
         if len(bad):
             k = int(order[bad[0] + 1])
             out.append(Finding("qs-entry-missing", f"{len(bad)} .qs entries overlap the entry before them "
-                               f"(first: seq id {int(r['seq'][sel[k]])})", str(qx.qdir.qs.get(qx.segment)),
+                               f"(first: seq id {int(r.seq[sel[k]])})", str(qx.qdir.qs.get(qx.segment)),
                                int(off[k]), severity="error", queue=qx.qdir.name, priority=qx.qdir.priority))
     return out
 
 
 def verify(paths, broker_version: str | None = None, deep: bool = False,
            progress: Callable[[str], None] | None = None) -> VerifyResult:
-    options = Options(broker_version=broker_version, bodies=False, decode=False, assume_dirty=True)
+    options = make_options(broker_version=broker_version, bodies=False, decode=False, assume_dirty=True)
     result = VerifyResult(str(paths) if isinstance(paths, (str, Path)) else " ".join(map(str, paths)))
     versions = set()
     for node in layout.discover(paths):
@@ -109,8 +103,8 @@ def verify(paths, broker_version: str | None = None, deep: bool = False,
                 result.queues += 1
                 result.messages += v.messages
                 for fate, n in sorted(v.drops.items()):
-                    if fate != "expired":
-                        findings.append(Finding(FATE_CODES.get(fate, "boot-crash"), f"{n} messages of queue "
+                    if fate != Fate.EXPIRED.label:
+                        findings.append(Finding(FINDING_OF_FATE[Fate[fate.upper()]], f"{n} messages of queue "
                                                 f"{v.queue} would not be delivered after a restart: {fate}",
                                                 severity="error", node=v.node, vhost=v.vhost, queue=v.queue))
             for f in findings:

@@ -52,6 +52,34 @@ class BrokerModel:
     def large_message_own_file(self) -> bool:
         return self.version >= (4, 0, 0)
 
+    @property
+    def stores_mc(self) -> bool:
+        """>= 3.13.0: messages are stored as ``#mc{}`` containers, not ``#basic_message{}``."""
+        return self.version >= (3, 13, 0)
+
+    @property
+    def utf8_atoms(self) -> bool:
+        """>= 4.0 (OTP 26+): atoms are written as SMALL_ATOM_UTF8_EXT."""
+        return self.version >= (4, 0, 0)
+
+    @property
+    def index_v2_only(self) -> bool:
+        """>= 4.0: every classic queue uses the v2 index (x-queue-version is ignored; v1 dirs
+        are converted at boot), so writers write v2."""
+        return self.version >= (4, 0, 0)
+
+    @property
+    def shared_read_crash_takes_vhost(self) -> bool:
+        """<= 3.12: a failed shared-store read crashes the vhost's message store, taking every
+        queue of the vhost down (seen on 3.10.8); later versions crash the reading queue."""
+        return self.version < (3, 13, 0)
+
+    @property
+    def missing_qs_reads_empty(self) -> bool:
+        """>= 4.0: a clean start reads a missing ``.qs`` segment as holding no messages
+        instead of crashing the queue on the read."""
+        return self.version >= (4, 0, 0)
+
     def __str__(self) -> str:
         return self.label
 
