@@ -1,8 +1,5 @@
-"""e2fsck-style exit codes (bits)."""
+"""e2fsck-style exit codes (bits): ``cqforensics.exitcodes``, re-exported."""
 
-OK = 0  # no errors
-FIXED = 1  # errors found and fixed (repair commands)
-ERRORS_LEFT = 4  # errors found and left
-OPERATIONAL = 8  # the tool could not do its job (unreadable input, bug)
-USAGE = 16  # bad command line
-INTERRUPTED = 32  # interrupted (Ctrl-C)
+from cqforensics.exitcodes import ERRORS_LEFT, FIXED, INTERRUPTED, OK, OPERATIONAL, USAGE
+
+__all__ = ["OK", "FIXED", "ERRORS_LEFT", "OPERATIONAL", "USAGE", "INTERRUPTED"]

@@ -1,7 +1,8 @@
 """``cqforensics`` command line. Each subcommand: arguments -> one library call -> render ->
 exit code (e2fsck style: 0 clean, 1 fixed, 4 errors left, 8 operational error, 16 usage,
 32 interrupted). No traceback reaches the user: operational failures print one line naming
-the file."""
+the file, and so does any unexpected exception (a bug: exit 8); ``--traceback`` shows its
+traceback for a bug report."""
 
 from __future__ import annotations
 
@@ -12,78 +13,119 @@ from cli import exitcodes
 
 
 class Parser(argparse.ArgumentParser):
-    def error(self, message):  # usage errors exit 16, not argparse's 2
-        self.print_usage(sys.stderr)
-        self.exit(exitcodes.USAGE, f"{self.prog}: error: {message}\n")
+    def error(self, message):  # usage errors: one line, exit 16 (not argparse's usage block and 2)
+        self.exit(exitcodes.USAGE, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {v}")
+        return v
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def _as_of(text: str) -> int:
+    """--as-of through the one parser (``cqforensics.model.options.parse_as_of``: ISO 8601 or
+    epoch ms, within 1970 .. 9999), so a bad time is a usage error at parse time."""
+    from cqforensics.errors import UsageError
+    from cqforensics.model.options import parse_as_of
+
+    try:
+        return parse_as_of(text, "--as-of")
+    except UsageError as e:  # argparse names the option itself
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--as-of: ").removeprefix("--as-of ")) from None
+
+
+def add_force(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--force", action="store_true",
+                   help=f"overwrite {what} if it exists (never allowed: an output inside an input)")
 
 
 def add_read_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--broker-version", metavar="V",
                    help="the RabbitMQ version whose next boot to predict (3.10 .. 4.3; default: inferred)")
-    p.add_argument("--as-of", metavar="TIME",
-                   help="judge message TTLs at this time (ISO 8601 or epoch ms; default: now)")
+    p.add_argument("--as-of", metavar="TIME", type=_as_of,
+                   help="judge message TTLs at this time (ISO 8601 or epoch ms, 1970 .. 9999; default: now)")
 
 
 def read_options(args) -> dict:
-    import datetime as dt
+    """--broker-version and --as-of as keywords of ``make_options`` (as-of parsed by the one
+    parser, ``cqforensics.model.options.parse_as_of``, into epoch ms)."""
+    from cqforensics.model.options import parse_as_of
 
     out = {}
     if getattr(args, "broker_version", None):
         out["broker_version"] = args.broker_version
-    as_of = getattr(args, "as_of", None)
-    if as_of:
-        from cqforensics.errors import UsageError
-
-        if as_of.isdigit():
-            out["as_of"] = int(as_of)
-        else:
-            try:
-                t = dt.datetime.fromisoformat(as_of.replace("Z", "+00:00"))
-            except ValueError:
-                raise UsageError(f"--as-of: not ISO 8601 or epoch ms: {as_of!r}") from None
-            out["as_of"] = t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
+    as_of = parse_as_of(getattr(args, "as_of", None), "--as-of")
+    if as_of is not None:
+        out["as_of"] = as_of
     return out
 
 
 def cmd_read(args) -> int:
-    """Print or save one table (see README: Tables)."""
+    """Print or save one table (see README: Tables). --out FILE: not inside an input, not an
+    existing file unless --force; written under a temporary name and renamed when complete."""
     import cqforensics
-    from cli import render
 
     columns = args.columns.split(",") if args.columns else None
     opts = read_options(args)
-    if args.format == "parquet":
-        import pyarrow.parquet as pq
+    target = None
+    if args.out:
+        from cqforensics.outputs import check_output
 
-        if not args.out:
-            from cqforensics.errors import UsageError
+        target = check_output(args.out, args.paths, force=args.force)
+    elif args.format == "parquet":
+        from cqforensics.errors import UsageError
 
-            raise UsageError("--format parquet needs --out FILE")
-        table = cqforensics.read_table(args.paths, args.table, columns=columns, **opts)
-        pq.write_table(table, args.out)
-        print(f"{table.num_rows} rows -> {args.out}", file=sys.stderr)
-        return exitcodes.OK
-    out = open(args.out, "w") if args.out else sys.stdout
+        raise UsageError("--format parquet needs --out FILE")
+    if target is None:
+        return _read_rows(args, columns, opts, sys.stdout)
+    import os
+
+    tmp = target.parent / f".{target.name}.cqf-partial-{os.getpid()}"
     try:
-        n = 0
-        rows_for_text = []
-        for batch in cqforensics.iter_batches(args.paths, args.table, columns=columns, **opts):
-            rows = batch.to_pylist()
-            if args.limit is not None:
-                rows = rows[:max(0, args.limit - n)]
-            n += len(rows)
-            if args.format == "jsonl":
-                render.write_jsonl(rows, out)
-            else:
-                rows_for_text += rows
-            if args.limit is not None and n >= args.limit:
-                break
-        if args.format == "table":
-            cols = columns or [c for c in cqforensics.schema(args.table).names if c not in ("body",)]
-            render.text_table(rows_for_text, cols, out)
+        if args.format == "parquet":
+            import pyarrow.parquet as pq
+
+            table = cqforensics.read_table(args.paths, args.table, columns=columns, **opts)
+            pq.write_table(table, tmp)
+            print(f"{table.num_rows} rows -> {target}", file=sys.stderr)
+        else:
+            with open(tmp, "w", encoding="utf-8") as out:
+                _read_rows(args, columns, opts, out)
+        os.replace(tmp, target)  # a half-written output never has the final name
     finally:
-        if out is not sys.stdout:
-            out.close()
+        tmp.unlink(missing_ok=True)
+    return exitcodes.OK
+
+
+def _read_rows(args, columns, opts, out) -> int:
+    import cqforensics
+    from cli import render
+
+    n = 0
+    rows_for_text = []
+    for batch in cqforensics.iter_batches(args.paths, args.table, columns=columns, **opts):
+        rows = batch.to_pylist()
+        if args.limit is not None:
+            rows = rows[:max(0, args.limit - n)]
+        n += len(rows)
+        if args.format == "jsonl":
+            render.write_jsonl(rows, out)
+        else:
+            rows_for_text += rows
+        if args.limit is not None and n >= args.limit:
+            break
+    if args.format == "table":
+        cols = columns or [c for c in cqforensics.schema(args.table).names if c not in ("body",)]
+        render.text_table(rows_for_text, cols, out)
     return exitcodes.OK
 
 
@@ -143,7 +185,8 @@ def cmd_dump(args) -> int:
         return exitcodes.OK
     for r in rows:
         head = f"{r['offset']:>10}" if r.get("offset") is not None else " " * 10
-        rest = " ".join(f"{k}={render.jsonable(v)}" for k, v in r.items() if k not in ("offset", "kind") and v is not None)
+        rest = " ".join(f"{k}={render.dump_value(v)}" for k, v in r.items()
+                        if k not in ("offset", "kind") and v is not None)
         print(f"{head}  {r['kind']:<8} {rest}")
     return exitcodes.OK
 
@@ -154,7 +197,7 @@ def cmd_export(args) -> int:
     bodies are still readable."""
     from cqforensics.export import export
 
-    result = export(args.paths, args.format, args.out, everything=args.all, **read_options(args))
+    result = export(args.paths, args.format, args.out, everything=args.all, force=args.force, **read_options(args))
     counts = ", ".join(f"{n} {k}" for k, n in sorted(result["rows"].items())) or "no rows"
     print(f"{result['file']}: {counts}", file=sys.stderr)
     return exitcodes.OK
@@ -204,8 +247,10 @@ def _rewrite(args, command: str) -> int:
 
     progress = _progress(args.progress or (sys.stderr.isatty() and not (args.quiet or args.json)))
     kw = {"broker_version": args.broker_version} if args.broker_version else {}
+    if args.source_version:
+        kw["source_version"] = args.source_version
     result = salvage.rewrite(command, args.src, args.dst, dry_run=args.dry_run, progress=progress,
-                             file_size_limit=args.file_size_limit, **kw)
+                             file_size_limit=args.file_size_limit, force=args.force, **kw)
     return _report(result, args.json, render.rewrite_text, progress)
 
 
@@ -261,8 +306,15 @@ def cmd_verify(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from cqforensics.schema import TABLES
 
+    from cqforensics import __version__
+
     p = Parser(prog="cqforensics", description="Forensics for RabbitMQ classic-queue storage (3.10 - 4.3).")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+    p.add_argument("--version", action="version", version=f"cqforensics {__version__}",
+                   help="print the version and exit")
+    p.add_argument("--traceback", action="store_true",
+                   help="on an unexpected error (a bug), print its traceback for a bug report")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND",
+                           help="what to do (cqforensics COMMAND --help for its arguments)")
 
     f = sub.add_parser("fsck", help="check node dirs read-only; predict the next boot", description=cmd_fsck.__doc__)
     f.add_argument("paths", nargs="+", help="node dir, mnesia base, or a folder of node backups")
@@ -279,25 +331,28 @@ def build_parser() -> argparse.ArgumentParser:
     f.set_defaults(func=cmd_fsck)
 
     d = sub.add_parser("dump", help="list every entry of one file", description=cmd_dump.__doc__)
-    d.add_argument("file")
+    d.add_argument("file", help="the file to list (.rdq, .qi, .qs, .idx, journal.jif, .ets, .dets, Mnesia logs)")
     d.add_argument("--deep", action="store_true", help="decode the stored messages")
     d.add_argument("--jsonl", action="store_true", help="one JSON object per entry")
-    d.add_argument("--segment-entry-count", type=int, default=16384,
+    d.add_argument("--segment-entry-count", type=_int_at_least(1), default=16384, metavar="N",
                    help="CQv1 entries per segment (the vhost's .config; default 16384)")
     d.set_defaults(func=cmd_dump)
 
     e = sub.add_parser("export", help="recover messages into JSON lines or Parquet", description=cmd_export.__doc__)
-    e.add_argument("paths", nargs="+")
-    e.add_argument("--format", required=True, choices=("jsonl", "parquet"))
-    e.add_argument("--out", required=True, help="output dir (must not exist or be empty; not inside an input)")
+    e.add_argument("paths", nargs="+", help="node dir, mnesia base, or a folder of node backups")
+    e.add_argument("--format", required=True, choices=("jsonl", "parquet"),
+                   help="DIR/messages.jsonl (bodies base64) or DIR/messages.parquet")
+    e.add_argument("--out", required=True, metavar="DIR",
+                   help="output dir (must not exist or be empty, unless --force; never inside an input)")
     e.add_argument("--all", action="store_true", help="also acked/dropped messages still readable on disk")
+    add_force(e, "a non-empty DIR's messages file")
     add_read_options(e)
     e.set_defaults(func=cmd_export)
 
     a = sub.add_parser("audit", help="orphans, duplicates, reference counts, reclaimable space",
                        description=cmd_audit.__doc__)
-    a.add_argument("paths", nargs="+")
-    a.add_argument("--json", action="store_true")
+    a.add_argument("paths", nargs="+", help="node dir, mnesia base, or a folder of node backups")
+    a.add_argument("--json", action="store_true", help="print one JSON document")
     add_read_options(a)
     a.set_defaults(func=cmd_audit)
 
@@ -305,14 +360,19 @@ def build_parser() -> argparse.ArgumentParser:
                              ("rebuild", cmd_rebuild, "salvage a damaged node dir into a consistent copy")):
         w = sub.add_parser(name, help=what, description=func.__doc__)
         w.add_argument("src", help="node dir or mnesia base to read (never modified)")
-        w.add_argument("dst", help="output dir: must not exist or be empty")
+        w.add_argument("dst", help="output dir: must not exist or be empty (unless --force); never inside SRC")
         w.add_argument("--dry-run", action="store_true", help="show the plan and the byte counts, write nothing")
-        w.add_argument("--broker-version", metavar="V", help="the version that wrote SRC (default: inferred)")
-        w.add_argument("--file-size-limit", type=int, default=16 << 20, metavar="BYTES",
+        w.add_argument("--broker-version", metavar="V",
+                       help="the version that will boot DST: its index versions, stored message shapes and atom "
+                            "encoding (default: the version that wrote SRC)")
+        w.add_argument("--source-version", metavar="V",
+                       help="the version that wrote SRC, whose next boot decides what is kept (default: inferred)")
+        w.add_argument("--file-size-limit", type=_int_at_least(1), default=16 << 20, metavar="BYTES",
                        help="roll shared-store files at this size (msg_store_file_size_limit; default 16 MiB)")
         w.add_argument("--json", action="store_true", help="print the report as one JSON document")
         w.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
         w.add_argument("--progress", action="store_true", help="progress on stderr even with --json")
+        add_force(w, "DST (an existing dir is replaced whole, atomically)")
         w.set_defaults(func=func)
 
     v = sub.add_parser("verify", help="check a node dir's strict invariants", description=cmd_verify.__doc__)
@@ -325,11 +385,15 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("read", help="print or save one table of every node dir under the paths",
                        description=cmd_read.__doc__)
     r.add_argument("paths", nargs="+", help="node dir, mnesia base, or a folder of node backups")
-    r.add_argument("--table", default="messages", choices=TABLES)
-    r.add_argument("--format", default="table", choices=("table", "jsonl", "parquet"))
-    r.add_argument("--columns", help="comma-separated column list")
-    r.add_argument("--limit", type=int, help="at most this many rows")
-    r.add_argument("--out", help="write to this file instead of stdout")
+    r.add_argument("--table", default="messages", choices=TABLES, help="which table (default: messages)")
+    r.add_argument("--format", default="table", choices=("table", "jsonl", "parquet"),
+                   help="aligned text, JSON lines or Parquet (Parquet needs --out; default: table)")
+    r.add_argument("--columns", metavar="A,B", help="comma-separated column list")
+    r.add_argument("--limit", type=_int_at_least(0), metavar="N", help="at most this many rows (table, jsonl)")
+    r.add_argument("--out", metavar="FILE",
+                   help="write to this file instead of stdout (not an existing file unless --force; "
+                        "never inside an input)")
+    add_force(r, "FILE")
     add_read_options(r)
     r.set_defaults(func=cmd_read)
     return p
@@ -354,7 +418,17 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return exitcodes.OK
     except OSError as e:
-        print(f"cqforensics: {e.filename or ''}: {e.strerror}", file=sys.stderr)
+        print(f"cqforensics: {e.filename if e.filename is not None else 'error'}: {e.strerror or e}",
+              file=sys.stderr)
+        return exitcodes.OPERATIONAL
+    except Exception as e:  # a bug: one line (the traceback with --traceback), exit 8
+        if args.traceback:
+            import traceback
+
+            traceback.print_exc(file=sys.stderr)
+        line = " ".join(str(e).split())
+        print(f"cqforensics: internal error: {type(e).__name__}{': ' + line if line else ''} "
+              f"(run with --traceback for a bug report)", file=sys.stderr)
         return exitcodes.OPERATIONAL
 
 

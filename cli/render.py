@@ -20,23 +20,54 @@ def jsonable(v):
     return v
 
 
+def dump_value(v) -> str:
+    """A ``dump`` field as text: strings as they are (Erlang terms come as Erlang text, see
+    ``cqforensics.etf.format_term``), numbers, ``true``/``false``, bytes as an Erlang binary
+    (``<<"text">>`` or ``<<1,2,3>>``), anything else (lists, header maps) as compact JSON, never
+    as a Python repr."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return str(v)
+    if isinstance(v, (bytes, bytearray)):
+        from cqforensics.etf import format_term
+
+        return format_term(bytes(v))
+    return json.dumps(jsonable(v), ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
 def write_jsonl(rows, out=None) -> None:
     out = out or sys.stdout
     for r in rows:
         out.write(json.dumps(jsonable(r), ensure_ascii=False, sort_keys=True) + "\n")
 
 
+#: columns holding paths: cut from the front when too wide, so the file name stays readable
+PATH_COLUMNS = frozenset({"file", "store_file", "path", "source", "output"})
+
+
+def fit(s: str, width: int, tail: bool = False) -> str:
+    """``s`` cut to ``width`` characters with an ellipsis: its head, or with ``tail`` (paths) its
+    end, where the file name is."""
+    if len(s) <= width:
+        return s
+    return "…" + s[len(s) - width + 1:] if tail else s[:width - 1] + "…"
+
+
 def text_table(rows: list[dict], columns: list[str], out=None, max_width: int = 60) -> None:
     out = out or sys.stdout
-    def cell(v) -> str:
+
+    def cell(v, column: str) -> str:
         if v is None:
             return "-"
         if isinstance(v, (bytes, bytearray)):
             v = bytes(v).hex()
         s = str(v)
-        return s if len(s) <= max_width else s[:max_width - 1] + "…"
+        return fit(s, max_width, tail=column in PATH_COLUMNS or s.startswith(("/", "./", "../")))
 
-    cells = [[cell(r.get(c)) for c in columns] for r in rows]
+    cells = [[cell(r.get(c), c) for c in columns] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
     out.write("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip() + "\n")
     for row in cells:
@@ -55,6 +86,8 @@ def fsck_text(report, out=None, show_all: bool = False) -> None:
     for n in report.nodes:
         out.write(f"node {n.node}  ({n.path})\n")
         out.write(f"  next boot: RabbitMQ {n.broker_version}  [{n.version_source}]\n")
+        if n.written_by and not n.version_source.startswith("inferred"):
+            out.write(f"  data written by: RabbitMQ {n.written_by['label']}  [{'; '.join(n.written_by['why'])}]\n")
         for vhost, mode in n.vhost_recovery.items():
             what = "clean recovery: the broker trusts the shutdown state" if mode == "clean" else \
                 "dirty recovery: the broker rebuilds the indexes from the files"
@@ -108,7 +141,9 @@ def rewrite_text(result, out=None) -> None:
     verb = "would write" if result.dry_run else "wrote"
     out.write(f"{result.command} {result.source}\n  -> {result.output}"
               + ("  (dry run: nothing written)" if result.dry_run else "") + "\n")
-    out.write(f"  RabbitMQ {result.broker_version}\n\n")
+    source = getattr(result, "source_version", "")
+    out.write(f"  written for RabbitMQ {result.broker_version}"
+              + (f" (SRC read as {source})" if source and source != result.broker_version else "") + "\n\n")
     rows = []
     for q in result.queues:
         row = {"vhost": q.vhost, "queue": q.queue if q.priority is None else f"{q.queue} [p{q.priority}]",

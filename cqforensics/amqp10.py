@@ -19,6 +19,14 @@ import uuid as _uuid
 
 from cqforensics.errors import FormatError
 
+
+def _char(v) -> str:
+    """An AMQP 1.0 char: a Unicode scalar value (a UTF-16 surrogate or a number past U+10FFFF
+    is damage: it has no UTF-8 form)."""
+    if not isinstance(v, int) or not (0 <= v < 0x110000) or 0xD800 <= v <= 0xDFFF:
+        raise FormatError(f"char {v!r} is not a Unicode scalar value")
+    return chr(v)
+
 # section descriptors (ulong codes, part 3 section 3.2)
 HEADER, DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS, PROPERTIES, APPLICATION_PROPERTIES = 0x70, 0x71, 0x72, 0x73, 0x74
 DATA, AMQP_SEQUENCE, AMQP_VALUE, FOOTER = 0x75, 0x76, 0x77, 0x78
@@ -79,7 +87,7 @@ class Decoder:
             self.need(o, st.size)
             (v,) = st.unpack_from(buf, o)
             if name == "char":
-                v = chr(v) if v < 0x110000 else v
+                v = _char(v)
             return {"type": name, "value": _num(v)}, o + st.size
         if code == 0x40:
             return {"type": "null", "value": None}, o
@@ -227,7 +235,7 @@ def erlang_value(t) -> dict:
         if tag == "boolean":
             return {"type": "boolean", "value": t[1] in ("true", True)}
         if tag == "char":
-            return {"type": "char", "value": chr(t[1])}
+            return {"type": "char", "value": _char(t[1])}
         if tag == "uuid":
             return {"type": "uuid", "value": str(_uuid.UUID(bytes=bytes(t[1])))}
         if tag == "list":

@@ -8,20 +8,18 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 
 import pyarrow as pa
 
-from cqforensics import layout
+from cqforensics import driver
 from cqforensics.errors import UsageError
 from cqforensics.model.options import make_options, needs
-from cqforensics.model.vhost import NodeScan
-from cqforensics.schema import TABLES, schema
-from cqforensics.tables import BUILDERS
+from cqforensics.schema import TABLES
 
 
-def _project(batch: pa.RecordBatch, columns: list[str] | None) -> pa.RecordBatch:
-    return batch if columns is None else batch.select(columns)
+_OPTIONS = frozenset(inspect.signature(make_options).parameters)
 
 
 def iter_batches(path, table: str = "messages", *, columns: list[str] | None = None, vhosts=None, queues=None,
@@ -30,36 +28,24 @@ def iter_batches(path, table: str = "messages", *, columns: list[str] | None = N
 
     ``columns`` projects (leaving out ``body`` skips reading bodies); ``vhosts`` restricts the
     vhosts read, ``queues`` the queues of the queue-level tables (messages, index, acks,
-    queues, files, holes of .qs files). Other keywords: see ``make_options``."""
-    sch = schema(table)
-    if columns is not None:
-        unknown = [c for c in columns if c not in sch.names]
-        if unknown:
-            raise UsageError(f"table {table!r} has no column(s) {', '.join(unknown)}")
-        for k, v in needs(table, columns).items():
-            options.setdefault(k, v)
-    opts = make_options(**options)
-    build = BUILDERS[table]
-    for node in layout.discover(path):
-        ns = NodeScan(node, opts)
-        for vs in ns.vhosts:
-            if vhosts is not None and vs.vhost.name not in vhosts:
-                continue
-            if queues is not None:
-                vs.only = {q.dir_name: None for q in vs.all_queue_dirs if q.name in queues}
-            try:
-                for b in build(vs):
-                    yield _project(b, columns)
-            finally:
-                vs.close()
+    queues, files, holes of .qs files); each is one name (a str) or a list of names. Other
+    keywords: see ``make_options``.
+
+    Raises only ``cqforensics.errors`` types: ``UsageError`` (bad arguments), ``OperationalError``
+    (missing or unreadable input, naming the path); damage in the files is reported in the rows
+    (the ``findings`` table), not raised."""
+    driver.check_columns(table, columns)
+    unknown = sorted(set(options) - _OPTIONS)
+    if unknown:
+        raise UsageError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(_OPTIONS))}")
+    opts = make_options(**{**needs(table, columns), **options})
+    yield from driver.read(table, opts, paths=path, columns=columns, vhosts=vhosts, queues=queues)
 
 
 def read_table(path, table: str = "messages", **kwargs) -> pa.Table:
     """One table of every node dir under ``path``, as a pyarrow Table (see ``iter_batches``)."""
     batches = list(iter_batches(path, table, **kwargs))
-    sch = schema(table) if kwargs.get("columns") is None else pa.schema([schema(table).field(c)
-                                                                          for c in kwargs["columns"]])
-    return pa.Table.from_batches(batches, schema=sch)
+    return pa.Table.from_batches(batches, schema=driver.check_columns(table, kwargs.get("columns")))
 
 
 def to_pandas(path, table: str = "messages", **kwargs):

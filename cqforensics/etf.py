@@ -42,6 +42,7 @@ SMALL_TUPLE, LARGE_TUPLE, NIL, STRING, LIST, BINARY, SMALL_BIG, LARGE_BIG = 104,
 NEW_FUN, EXPORT, NEW_REFERENCE, SMALL_ATOM, MAP, FUN, ATOM_UTF8, SMALL_ATOM_UTF8 = 112, 113, 114, 115, 116, 117, 118, 119
 
 MAX_DEPTH = 200
+MAX_BIG_BYTES = 1024  # ~2,466 digits: larger integers break Python's int/str conversion (4,300 digits)
 MAX_DECOMPRESSED = 256 << 20
 
 
@@ -205,6 +206,8 @@ class _Decoder:
             else:
                 self.need(p, 5, "big integer header")
                 (n,), p = _u32(buf, p), p + 4
+            if n > MAX_BIG_BYTES:
+                raise EtfError(f"big integer of {n} bytes (more than {MAX_BIG_BYTES})", offset=p)
             sign = buf[p]
             self.need(p + 1, n, "big integer")
             v = int.from_bytes(buf[p + 1:p + 1 + n], "little")
@@ -436,3 +439,115 @@ def term_order_key(t):
 def erlang_map(pairs) -> dict:
     """A dict whose iteration order is the order term_to_binary uses for a small map."""
     return dict(sorted(pairs, key=lambda kv: term_order_key(kv[0])))
+
+
+# -- text ---------------------------------------------------------------------------------------
+
+_RESERVED = frozenset("after and andalso band begin bnot bor bsl bsr bxor case catch cond div else end fun if "
+                      "let maybe not of or orelse receive rem try when xor".split())
+_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r", "\b": "\\b", "\f": "\\f", "\v": "\\v",
+            "\x1b": "\\e", "\x7f": "\\d"}
+
+
+def _quoted(text: str, quote: str) -> str:
+    out = []
+    for ch in text:
+        if ch == quote:
+            out.append("\\" + ch)
+        elif ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif ord(ch) < 32:
+            out.append(f"\\x{{{ord(ch):X}}}")
+        else:
+            out.append(ch)
+    return quote + "".join(out) + quote
+
+
+def _atom_text(a: str) -> str:
+    if a and "a" <= a[0] <= "z" and a not in _RESERVED and all(c.isascii() and (c.isalnum() or c in "_@") for c in a):
+        return a
+    return _quoted(a, "'")
+
+
+def _printable(text: str) -> bool:
+    return all(ch.isprintable() or ch in "\n\t\r" for ch in text)
+
+
+def _binary_text(b: bytes) -> str:
+    if b:
+        try:
+            text = b.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if text is not None and _printable(text):
+            return f"<<{_quoted(text, chr(34))}{'' if text.isascii() else '/utf8'}>>"
+    return "<<" + ",".join(str(x) for x in b) + ">>"
+
+
+def _opaque_text(o: Opaque) -> str:
+    """Pids as ``<node.id.serial>`` (the node named, as the term holds it); ports, references
+    and funs as ``#Port<...>``, ``#Ref<...>``, ``#Fun<...>`` with their node and raw words."""
+    try:
+        d = _Decoder(o.raw, MAX_DECOMPRESSED)
+        if o.tag in (NEW_PID, PID):
+            node, p = d.term(1, 0)
+            ident, serial = _u32(o.raw, p)[0], _u32(o.raw, p + 4)[0]
+            return f"<{_atom_text(node)}.{ident}.{serial}>"
+        if o.tag in (NEW_PORT, PORT, V4_PORT):
+            node, p = d.term(1, 0)
+            n = 8 if o.tag == V4_PORT else 4
+            return f"#Port<{_atom_text(node)}.{int.from_bytes(o.raw[p:p + n], 'big')}>"
+        if o.tag in (NEWER_REFERENCE, NEW_REFERENCE, REFERENCE):
+            if o.tag == REFERENCE:
+                node, p = d.term(1, 0)
+                words = [_u32(o.raw, p)[0]]
+            else:
+                (n,) = _u16(o.raw, 1)
+                node, p = d.term(3, 0)
+                p += 4 if o.tag == NEWER_REFERENCE else 1
+                words = [_u32(o.raw, p + 4 * i)[0] for i in range(n)]
+            return f"#Ref<{_atom_text(node)}.{'.'.join(str(w) for w in reversed(words))}>"
+        if o.tag == EXPORT:
+            m, p = d.term(1, 0)
+            f, p = d.term(p, 0)
+            a, _ = d.term(p, 0)
+            return f"fun {_atom_text(m)}:{_atom_text(f)}/{a}"
+    except (EtfError, struct.error, TypeError):
+        pass
+    return f"#Fun<{o.raw.hex()}>" if o.tag in (NEW_FUN, FUN) else f"#Opaque<{o.tag}:{o.raw.hex()}>"
+
+
+def format_term(t) -> str:
+    """A decoded term as Erlang writes it (``io:format("~0p")``-like): atoms bare or quoted,
+    ``{tuples}``, ``[lists]`` (printable character lists as ``"strings"``), ``[a|Tail]``,
+    ``#{maps}``, ``<<"binaries">>`` / ``<<1,2,3>>`` / ``<<1,2:3>>``, pids as ``<node.id.serial>``."""
+    if isinstance(t, Atom):
+        return _atom_text(t)
+    if isinstance(t, bool):  # not produced by decode; shown as the atoms Erlang has
+        return "true" if t else "false"
+    if isinstance(t, int):
+        return str(t)
+    if isinstance(t, float):
+        return repr(t)
+    if isinstance(t, (bytes, bytearray)):
+        return _binary_text(bytes(t))
+    if isinstance(t, str):  # a plain str (not an Atom): Elixir-style text, shown as a binary
+        return _binary_text(t.encode("utf-8"))
+    if isinstance(t, tuple):
+        return "{" + ",".join(format_term(x) for x in t) + "}"
+    if isinstance(t, list):
+        if t and all(type(x) is int and (32 <= x < 127 or x in (9, 10, 13)) for x in t):
+            return _quoted("".join(map(chr, t)), '"')
+        return "[" + ",".join(format_term(x) for x in t) + "]"
+    if isinstance(t, ImproperList):
+        return "[" + ",".join(format_term(x) for x in t.items) + "|" + format_term(t.tail) + "]"
+    if isinstance(t, dict):
+        return "#{" + ",".join(f"{format_term(k)} => {format_term(v)}" for k, v in t.items()) + "}"
+    if isinstance(t, BitBinary):
+        if not t.data:
+            return "<<>>"
+        *whole, last = t.data
+        return "<<" + ",".join([str(x) for x in whole] + [f"{last >> (8 - t.bits)}:{t.bits}"]) + ">>"
+    if isinstance(t, Opaque):
+        return _opaque_text(t)
+    return repr(t)

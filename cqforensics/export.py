@@ -6,7 +6,8 @@ messages still on disk, compaction leftovers) and ``ghost`` (v2 slots a dirty re
 whose body is still readable). As SQLite's ``.recover`` warns: acked and deleted messages come
 back this way, which is the point in forensics and a hazard when republishing.
 
-The output dir must not exist or be empty, and may not lie inside an input.
+The output dir must not exist or be empty (``force``: it may, and DIR/messages.<format> is
+replaced), and may not lie inside an input (``cqforensics.outputs.check_output``).
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from cqforensics import fastpath, layout
+from cqforensics import driver, fastpath
 from cqforensics.model.options import make_options
-from cqforensics.errors import OperationalError, UsageError
+from cqforensics.outputs import check_output
+from cqforensics.errors import OperationalError, UsageError, display
 from cqforensics.codes import AckEvidence, Location, StoreStatus
-from cqforensics.model.vhost import NodeScan, VhostScan
+from cqforensics.model.vhost import VhostScan
 from cqforensics.readers import qs as r_qs
 from cqforensics.schema import SCHEMAS
 from cqforensics.tables import messages_batches
@@ -33,12 +35,12 @@ SCHEMA = SCHEMAS["messages"].append(pa.field("source", pa.string(), False))
 
 def _extra_rows(vs: VhostScan) -> Iterator[dict]:
     """Readable bodies no index holds: store orphans/duplicates and v2 ghosts."""
-    node, vhost = vs.node.node.node, vs.vhost.name
+    node, vhost = display(vs.node.node.node), display(vs.vhost.name)
     for kind, st in vs.stores.items():
         status, _ = vs.store_status[kind]
         for i in np.flatnonzero(status != StoreStatus.LIVE):
             path, start, length = st.term_span(i)
-            yield _row(node, vhost, None, None, str(path), int(st.e_offset[i]), vs.bodies.read(path, start, length),
+            yield _row(node, vhost, None, None, display(path), int(st.e_offset[i]), vs.bodies.read(path, start, length),
                        "orphan" if status[i] == StoreStatus.ORPHAN else "duplicate", st.e_id[i].tobytes(),
                        "shared_store")
     for qx in vs.chunks():
@@ -50,14 +52,14 @@ def _extra_rows(vs: VhostScan) -> Iterator[dict]:
             raw, where = None, None
             if r.loc[i] == Location.QUEUE_STORE and qx.qs_path is not None:
                 path, off = qx.qs_path, int(r.store_offset[i])
-                raw, where = vs.bodies.read(path, *r_qs.term_span(off, int(r.store_size[i]))), (str(path), off)
+                raw, where = vs.bodies.read(path, *r_qs.term_span(off, int(r.store_size[i]))), (display(path), off)
             elif r.loc[i] == Location.SHARED_STORE and "persistent" in vs.stores:
                 st = vs.stores["persistent"]
                 _, first = st.locate(r.msg_id[i:i + 1])
                 if first[0] >= 0:
                     e = int(first[0])
                     path, start, length = st.term_span(e)
-                    raw, where = vs.bodies.read(path, start, length), (str(path), int(st.e_offset[e]))
+                    raw, where = vs.bodies.read(path, start, length), (display(path), int(st.e_offset[e]))
             if raw is not None:
                 yield _row(node, vhost, qx.qdir.name, qx.qdir.priority, where[0], where[1], raw, "ghost",
                            r.msg_id[i].tobytes() if r.loc[i] == Location.SHARED_STORE else None,
@@ -84,29 +86,16 @@ def _row(node, vhost, queue, priority, file, offset, raw, source, msg_id, locati
 
 def export_batches(paths, everything: bool = False, **options) -> Iterator[pa.RecordBatch]:
     opts = make_options(**options)
-    for node in layout.discover(paths):
-        ns = NodeScan(node, opts)
-        for vs in ns.vhosts:
-            try:
-                for b in messages_batches(vs):
-                    yield pa.RecordBatch.from_arrays(b.columns + [pa.repeat(pa.scalar("index"), b.num_rows)],
-                                                     schema=SCHEMA)
-                if everything:
-                    rows = list(_extra_rows(vs))
-                    for k in range(0, len(rows), opts.batch_rows):
-                        yield pa.RecordBatch.from_pylist(rows[k:k + opts.batch_rows], schema=SCHEMA)
-            finally:
-                vs.close()
 
+    def build(vs: VhostScan) -> Iterator[pa.RecordBatch]:
+        for b in messages_batches(vs):
+            yield pa.RecordBatch.from_arrays(b.columns + [pa.repeat(pa.scalar("index"), b.num_rows)], schema=SCHEMA)
+        if everything:
+            rows = list(_extra_rows(vs))
+            for k in range(0, len(rows), opts.batch_rows):
+                yield pa.RecordBatch.from_pylist(rows[k:k + opts.batch_rows], schema=SCHEMA)
 
-def _check_out(out: Path, paths) -> None:
-    out = out.absolute()
-    for p in [paths] if isinstance(paths, (str, Path)) else paths:
-        p = Path(p).absolute()
-        if out == p or p in out.parents:
-            raise UsageError(f"{out}: the output dir may not be inside an input ({p})")
-    if out.exists() and any(out.iterdir()):
-        raise UsageError(f"{out}: the output dir exists and is not empty")
+    yield from driver.read("messages", opts, paths=paths, build=build)  # the one read driver
 
 
 def _jsonl_line(row: dict) -> str:
@@ -129,34 +118,45 @@ def _jsonl_line(row: dict) -> str:
     return json.dumps(row, ensure_ascii=False, sort_keys=True)
 
 
-def export(paths, fmt: str, out: Path | str, everything: bool = False, **options) -> dict:
-    """Write DIR/messages.jsonl or DIR/messages.parquet; returns counts per source."""
-    out = Path(out)
+def export(paths, fmt: str, out: Path | str, everything: bool = False, force: bool = False, **options) -> dict:
+    """Write DIR/messages.jsonl or DIR/messages.parquet; returns counts per source. ``force``:
+    DIR may exist and hold files (an existing messages file is replaced)."""
     if fmt not in ("jsonl", "parquet"):
         raise UsageError(f"unknown format {fmt!r}: jsonl or parquet")
-    _check_out(out, paths)
+    out = check_output(out, paths, directory=True, force=force)
+    target = out / f"messages.{fmt}"
+    if target.is_dir():
+        raise UsageError(f"{target}: is a directory (the output is a file)")
+    created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise OperationalError(f"{out}: cannot create: {e.strerror}") from e
     counts: dict[str, int] = {}
-    target = out / f"messages.{fmt}"
     tmp = target.with_suffix(target.suffix + ".partial")
     writer = None
-    with open(tmp, "w") if fmt == "jsonl" else open(tmp, "wb") as fh:
-        if fmt == "parquet":
-            import pyarrow.parquet as pq
+    try:
+        with open(tmp, "w") if fmt == "jsonl" else open(tmp, "wb") as fh:
+            if fmt == "parquet":
+                import pyarrow.parquet as pq
 
-            writer = pq.ParquetWriter(fh, SCHEMA)
-        for b in export_batches(paths, everything, **options):
-            for s in b.column("source").to_pylist():
-                counts[s] = counts.get(s, 0) + 1
+                writer = pq.ParquetWriter(fh, SCHEMA)
+            for b in export_batches(paths, everything, **options):
+                for s in b.column("source").to_pylist():
+                    counts[s] = counts.get(s, 0) + 1
+                if writer is not None:
+                    writer.write_batch(b)
+                else:
+                    for row in b.to_pylist():
+                        fh.write(_jsonl_line(row) + "\n")
             if writer is not None:
-                writer.write_batch(b)
-            else:
-                for row in b.to_pylist():
-                    fh.write(_jsonl_line(row) + "\n")
-        if writer is not None:
-            writer.close()
-    tmp.replace(target)  # a half-written export never has the final name
-    return {"file": str(target), "rows": counts}
+                writer.close()
+        tmp.replace(target)  # a half-written export never has the final name
+    finally:
+        tmp.unlink(missing_ok=True)  # a failed export leaves nothing behind
+        if created and not target.exists():
+            try:
+                out.rmdir()
+            except OSError:
+                pass
+    return {"file": display(target), "rows": counts}

@@ -7,7 +7,9 @@ change meaning. ``CODES`` maps each code to its default severity and a one-line 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from cqforensics.errors import display, display_all
 
 INFO, WARNING, ERROR = "info", "warning", "error"
 SEVERITY_RANK = {INFO: 0, WARNING: 1, ERROR: 2}
@@ -32,6 +34,9 @@ CODES: dict[str, tuple[str, str]] = {
     "missing-queue-name": (WARNING, "a queue or vhost dir without a readable .queue_name/.vhost"),
     "unknown-queue": (WARNING, "a queue dir not in the durable-queue metadata: the broker deletes it at boot"),
     "unknown-file": (INFO, "a file the broker does not use in this place"),
+    "not-regular-file": (WARNING, "a FIFO, socket, device or unfollowable symlink where a file is expected; never read"),
+    "value-out-of-range": (WARNING, "a decoded number does not fit its column (e.g. an expiry past 2^63 or year 9999); "
+                                    "shown as null"),
     "v1-journal-torn": (WARNING, "a CQv1 journal ends in a partial or invalid record"),
     "v1-segment-truncated": (ERROR, "a CQv1 segment ends inside a record"),
     "v1-orphan-ack": (WARNING, "a CQv1 deliver/ack record for a message that was never published"),
@@ -41,8 +46,14 @@ CODES: dict[str, tuple[str, str]] = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class Finding:
+    """One finding, immutable and located when it is made: readers name the file and offset,
+    checks add where in the node it is (``scoped``) by making a new finding.
+
+    ``crashes_queue``: the damage crashes the queue's recovery at boot (a record the broker's
+    index parser or merge has no clause for); the boot-crash check collects these."""
+
     code: str
     message: str
     file: str | None = None
@@ -52,18 +63,38 @@ class Finding:
     vhost: str | None = None
     queue: str | None = None
     priority: int | None = None
-    details: dict = field(default_factory=dict)
+    details: dict = field(default_factory=dict, hash=False)  # never mutated after creation
+    crashes_queue: bool = False
 
     def __post_init__(self):
         if self.code not in CODES:
             raise ValueError(f"unknown finding code {self.code!r}")
         if self.severity is None:
-            self.severity = CODES[self.code][0]
+            object.__setattr__(self, "severity", CODES[self.code][0])
+        object.__setattr__(self, "details", display_all(dict(self.details)))  # a copy of its own
+        for name in ("message", "file", "node", "vhost", "queue"):  # undecodable names as \\xNN text
+            v = getattr(self, name)
+            if v is not None:
+                object.__setattr__(self, name, display(v))
+
+    def scoped(self, **where) -> "Finding":
+        """This finding placed in a node, vhost, queue and/or priority level (a new finding)."""
+        bad = set(where) - {"node", "vhost", "queue", "priority"}
+        if bad:
+            raise TypeError(f"scoped() takes node, vhost, queue, priority, not {sorted(bad)}")
+        return replace(self, **where)
 
     def to_dict(self) -> dict:
         return {"code": self.code, "severity": self.severity, "node": self.node, "vhost": self.vhost,
                 "queue": self.queue, "priority": self.priority, "file": self.file, "offset": self.offset,
-                "message": self.message, "details": self.details}
+                "message": self.message, "details": dict(self.details)}
+
+    @classmethod
+    def out_of_range(cls, name: str, value: int, file, offset: int | None) -> "Finding":
+        """A decoded number that does not fit its column: the column shows null (never a wrapped
+        or clamped value) and this finding says where the number is."""
+        return cls("value-out-of-range", f"{name} {value} is outside the range of its column: shown as null",
+                   display(file) if file is not None else None, offset, details={"field": name, "value": str(value)})
 
     def details_json(self) -> str:
         return json.dumps(self.details, sort_keys=True, default=str)

@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cqforensics import layout
+from cqforensics import exitcodes, layout
+from cqforensics.errors import display
 from cqforensics.model.options import make_options
 from cqforensics.checks import QueueVerdict, check_vhost
 from cqforensics.findings import ERROR, SEVERITY_RANK, Finding
@@ -34,11 +35,12 @@ class NodeVerdict:
     vhost_recovery: dict[str, str]
     boot: str  # "ok" or "hangs"
     warnings: list[str] = field(default_factory=list)
+    written_by: dict = field(default_factory=dict)  # the inferred VersionRange (low, high, label, why)
 
     def to_dict(self) -> dict:
         return {"node": self.node, "path": self.path, "broker_version": self.broker_version,
-                "version_source": self.version_source, "recovery": self.vhost_recovery, "boot": self.boot,
-                "warnings": self.warnings}
+                "version_source": self.version_source, "written_by": self.written_by,
+                "recovery": self.vhost_recovery, "boot": self.boot, "warnings": self.warnings}
 
 
 @dataclass
@@ -50,7 +52,7 @@ class Report:
     @property
     def exit_code(self) -> int:
         """e2fsck style: 4 when errors are left (fsck fixes nothing), else 0."""
-        return 4 if any(f.severity == ERROR for f in self.findings) else 0
+        return exitcodes.ERRORS_LEFT if any(f.severity == ERROR for f in self.findings) else exitcodes.OK
 
     def to_dict(self) -> dict:
         return {"format": "cqforensics-fsck/1", "nodes": [n.to_dict() for n in self.nodes],
@@ -71,14 +73,14 @@ def running_broker(node_dir: Path) -> str | None:
     try:
         pid = int(pid_file.read_text().strip())
         os.kill(pid, 0)
-        return f"pid {pid} from {pid_file} is alive"
+        return f"pid {pid} from {display(pid_file)} is alive"
     except (OSError, ValueError):
         pass
     try:
         procs = os.listdir("/proc")
     except OSError:
         return None
-    needle = str(node_dir.parent).encode()
+    needle = os.fsencode(node_dir.parent)
     for p in procs:
         if not p.isdigit():
             continue
@@ -87,7 +89,7 @@ def running_broker(node_dir: Path) -> str | None:
         except OSError:
             continue
         if b"beam" in cmd and needle in cmd:
-            return f"process {p} (beam) runs on {node_dir.parent}"
+            return f"process {p} (beam) runs on {display(node_dir.parent)}"
     return None
 
 
@@ -104,7 +106,8 @@ def fsck(paths, broker_version: str | None = None, as_of=None, deep: bool = Fals
         else:
             source = f"inferred: {ns.inferred[1]}"
         vhosts = ns.vhosts
-        nv = NodeVerdict(node.node, str(node.path), ns.model.label, source, {}, "hangs" if ns.boot_hangs else "ok")
+        nv = NodeVerdict(display(node.node), display(node.path), ns.model.label, source, {}, "hangs" if ns.boot_hangs else "ok",
+                         written_by=ns.version_range.to_dict())
         live = running_broker(node.path)
         if live:
             nv.warnings.append(f"a broker appears to be running on this node dir ({live}): its files change "

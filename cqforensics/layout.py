@@ -7,22 +7,23 @@ names; a queue dir without a usable ``.queue_name`` is named from the durable-qu
 when its hash matches (see ``NodeDir.resolve_names``).
 
 Layout per VH/IDX2 (rabbitmq-formats.md section 1). Nothing here reads more than the small
-text files; the data files are only listed.
+text files; the data files are only listed, classified by the reader registry
+(``cqforensics.readers.registry.kind_of``).
 """
 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cqforensics import textfiles
-from cqforensics.errors import FormatError, OperationalError
+from cqforensics.errors import FormatError, OperationalError, display
 from cqforensics.grammar.idx import LEGACY_SEGMENT_ENTRY_COUNT
+from cqforensics.readers import files as r_files
+from cqforensics.readers import registry
 
 STORES = ("persistent", "transient")
-_NUMBERED = re.compile(r"^(\d+)\.(qi|qs|idx|rdq|rdt)$")
 
 
 @dataclass
@@ -44,6 +45,7 @@ class StoreDir:
     rdq: list[tuple[int, Path]] = field(default_factory=list)  # numerically sorted
     rdt: list[tuple[int, Path]] = field(default_factory=list)  # <= 3.12 interrupted combines
     others: list[Path] = field(default_factory=list)
+    numbered: dict[str, list[tuple[int, Path]]] = field(default_factory=dict)  # every <N>.<ext> file, by kind
 
     @property
     def clean_dot(self) -> Path:
@@ -72,6 +74,7 @@ class QueueDir:
     idx: list[tuple[int, Path]] = field(default_factory=list)
     journal: Path | None = None
     others: list[Path] = field(default_factory=list)
+    numbered: dict[str, list[tuple[int, Path]]] = field(default_factory=dict)  # every <N>.<ext> file, by kind
 
     @property
     def index_version(self) -> int | None:
@@ -85,7 +88,7 @@ class QueueDir:
 
     @property
     def label(self) -> str:
-        return self.name if self.name is not None else f"?{self.dir_name}"
+        return self.name if self.name is not None else f"?{display(self.dir_name)}"
 
 
 @dataclass
@@ -102,7 +105,7 @@ class VhostDir:
 
     @property
     def label(self) -> str:
-        return self.name if self.name is not None else f"?{self.dir_name}"
+        return self.name if self.name is not None else f"?{display(self.dir_name)}"
 
     @property
     def recovery_dets(self) -> Path:
@@ -120,14 +123,19 @@ class NodeDir:
         return self.path.name
 
 
-def _read_small(path: Path, limit: int = 1 << 20) -> bytes | None:
+def _read_small(path: Path, problems: list[FileProblem], limit: int = 1 << 20) -> bytes | None:
+    """The first ``limit`` bytes of a small text file; None when absent or not a regular file
+    (a FIFO would block ``open()`` forever: it becomes a ``not-regular-file`` problem, unread)."""
     try:
-        with open(path, "rb") as f:
-            return f.read(limit)
-    except FileNotFoundError:
+        return r_files.read_optional(path, limit)
+    except r_files.NotRegularFile as e:
+        _not_regular(problems, path, e.message)
         return None
-    except OSError as e:
-        raise OperationalError(f"{path}: cannot read: {e.strerror}") from e
+
+
+def _not_regular(problems: list[FileProblem], path: Path, message: str) -> None:
+    if not any(p.code == "not-regular-file" and p.path == path for p in problems):  # once per file
+        problems.append(FileProblem("not-regular-file", path, message))
 
 
 def _listdir(path: Path) -> list[os.DirEntry]:
@@ -137,15 +145,41 @@ def _listdir(path: Path) -> list[os.DirEntry]:
     except FileNotFoundError:
         return []
     except OSError as e:
-        raise OperationalError(f"{path}: cannot list: {e.strerror}") from e
+        raise OperationalError(f"{display(path)}: cannot list: {e.strerror}") from e
 
 
-def _numbered(entries, kinds: tuple[str, ...]) -> dict[str, list[tuple[int, Path]]]:
-    out: dict[str, list[tuple[int, Path]]] = {k: [] for k in kinds}
+def _is_dir(e: os.DirEntry) -> bool:
+    try:
+        return e.is_dir()
+    except OSError:  # a symlink loop, a dir we may not stat
+        return False
+
+
+def _special(entries, problems: list[FileProblem]) -> list[os.DirEntry]:
+    """``entries`` without those that are neither a dir nor a regular file (FIFOs, sockets,
+    devices, dangling or looping symlinks), each reported as a ``not-regular-file`` problem:
+    nothing ever opens them."""
+    keep = []
     for e in entries:
-        m = _NUMBERED.match(e.name)
-        if m and m.group(2) in out and e.is_file():
-            out[m.group(2)].append((int(m.group(1)), Path(e.path)))
+        try:
+            what = None if _is_dir(e) else r_files.file_type(e.path)
+        except OSError as err:
+            what = f"unreadable ({err.strerror})"
+        if what is None:
+            keep.append(e)
+        else:
+            _not_regular(problems, Path(e.path), f"{what}, not a regular file: never read")
+    return keep
+
+
+def _numbered(entries, where: str) -> dict[str, list[tuple[int, Path]]]:
+    """The numbered data files (``<N>.<ext>``) the registry places at ``where``, per kind."""
+    out: dict[str, list[tuple[int, Path]]] = {r.kind: [] for r in registry.READERS.values()
+                                              if r.where == where and r.numbered}
+    for e in entries:
+        hit = registry.numbered(e.name, where)
+        if hit is not None and r_files.is_regular(e.path):
+            out[hit[0]].append((hit[1], Path(e.path)))
     for v in out.values():
         v.sort()
     return out
@@ -153,20 +187,23 @@ def _numbered(entries, kinds: tuple[str, ...]) -> dict[str, list[tuple[int, Path
 
 def read_queue_dir(path: Path, vhost_raw: bytes | None, problems: list[FileProblem]) -> QueueDir:
     q = QueueDir(path=path, dir_name=path.name)
-    entries = _listdir(path)
-    files = _numbered(entries, ("qi", "qs", "idx"))
+    entries = _special(_listdir(path), problems)
+    q.numbered = files = _numbered(entries, "queue")
     q.qi, q.idx = files["qi"], files["idx"]
     q.qs = dict(files["qs"])
-    known = {p for _, p in q.qi + q.idx} | set(q.qs.values())
+    known = {p for v in files.values() for _, p in v}
     for e in entries:
         p = Path(e.path)
-        if e.name == "journal.jif":
+        kind = registry.kind_of(e.name, "queue")
+        if kind == "jif":
             q.journal = p
-        elif e.name != ".queue_name" and p not in known:
+        elif kind != "queue_name" and p not in known:
             q.others.append(p)
-    raw = _read_small(path / ".queue_name")
-    if raw is None:
+    raw = _read_small(path / ".queue_name", problems)
+    if raw is None and not any(p.path == path / ".queue_name" for p in problems):
         problems.append(FileProblem("missing-queue-name", path / ".queue_name", "queue dir has no .queue_name"))
+        return q
+    if raw is None:
         return q
     try:
         qn = textfiles.parse_queue_name(raw, vhost_raw)
@@ -191,15 +228,17 @@ def read_queue_dir(path: Path, vhost_raw: bytes | None, problems: list[FileProbl
 
 def read_vhost_dir(path: Path) -> VhostDir:
     v = VhostDir(path=path, dir_name=path.name)
-    raw = _read_small(path / ".vhost")
-    if raw is None:
+    raw = _read_small(path / ".vhost", v.problems)
+    if raw is None and v.problems:
+        pass
+    elif raw is None:
         v.problems.append(FileProblem("missing-queue-name", path / ".vhost", "vhost dir has no .vhost"))
     elif textfiles.vhost_dir_name(raw) != path.name:
         v.problems.append(FileProblem("queue-dir-mismatch", path / ".vhost",
                                       f".vhost says {raw!r}, whose dir would be {textfiles.vhost_dir_name(raw)}"))
     else:
         v.name_raw, v.name = raw, raw.decode("utf-8", "replace")
-    cfg = _read_small(path / ".config")
+    cfg = _read_small(path / ".config", v.problems)
     if cfg is not None:
         try:
             count = textfiles.segment_entry_count(cfg)
@@ -209,24 +248,24 @@ def read_vhost_dir(path: Path) -> VhostDir:
                                           e.offset))
         if count is not None:
             v.segment_entry_count = count
-    for e in _listdir(path):
+    for e in _special(_listdir(path), v.problems):
         p = Path(e.path)
-        if e.name.startswith("msg_store_") and e.is_dir() and e.name[10:] in STORES:
+        if e.name.startswith("msg_store_") and _is_dir(e) and e.name[10:] in STORES:
             kind = e.name[10:]
             store = StoreDir(kind=kind, path=p)
-            entries = _listdir(p)
-            files = _numbered(entries, ("rdq", "rdt"))
+            entries = _special(_listdir(p), v.problems)
+            store.numbered = files = _numbered(entries, "store")
             store.rdq, store.rdt = files["rdq"], files["rdt"]
-            numbered = {q for _, q in store.rdq + store.rdt}
+            numbered = {q for v in files.values() for _, q in v}
             store.others = [Path(x.path) for x in entries if Path(x.path) not in numbered]
             v.stores[kind] = store
-        elif e.name == "queues" and e.is_dir():
-            for qe in _listdir(p):
-                if qe.is_dir():
+        elif e.name == "queues" and _is_dir(e):
+            for qe in _special(_listdir(p), v.problems):
+                if _is_dir(qe):
                     v.queues.append(read_queue_dir(Path(qe.path), v.name_raw, v.problems))
                 else:
                     v.others.append(Path(qe.path))
-        elif e.name not in (".vhost", ".config", "recovery.dets"):
+        elif registry.kind_of(e.name, "vhost") is None:
             v.others.append(p)
     return v
 
@@ -234,7 +273,7 @@ def read_vhost_dir(path: Path) -> VhostDir:
 def read_node_dir(path: Path, label: str | None = None) -> NodeDir:
     node = NodeDir(path=path, node=label or path.name)
     for e in _listdir(path / "msg_stores" / "vhosts"):
-        if e.is_dir():
+        if _is_dir(e):
             node.vhosts.append(read_vhost_dir(Path(e.path)))
     return node
 
@@ -248,7 +287,11 @@ def find_node_dirs(root: Path, max_depth: int = 8) -> list[Path]:
     if is_node_dir(root):
         return [root]
     found = []
-    for dirpath, dirnames, _ in os.walk(root):
+
+    def unreadable(e: OSError):  # a dir we cannot list may hold a node dir: never skipped silently
+        raise OperationalError(f"{display(e.filename or root)}: cannot list: {e.strerror or e}") from e
+
+    for dirpath, dirnames, _ in os.walk(root, onerror=unreadable):
         dirnames.sort()
         depth = len(Path(dirpath).relative_to(root).parts)
         keep = []
@@ -269,8 +312,12 @@ def discover(paths) -> list[NodeDir]:
     roots = []
     for p in paths:
         p = Path(p).absolute()
-        if not p.exists():
-            raise OperationalError(f"{p}: no such file or directory")
+        try:
+            p.stat()
+        except FileNotFoundError as e:
+            raise OperationalError(f"{display(p)}: no such file or directory") from e
+        except OSError as e:  # a symlink loop (ELOOP), a dir we may not enter
+            raise OperationalError(f"{display(p)}: cannot read: {e.strerror or e}") from e
         if not p.is_dir():
             raise OperationalError(f"{p}: not a directory (give a node dir, a mnesia base or a folder of backups)")
         found = find_node_dirs(p)

@@ -70,9 +70,19 @@ def _body(content: tuple) -> bytes:
         return frags
     if not isinstance(frags, list):
         raise FormatError("payload fragments are not a list")
+    return _fragments(frags)
+
+
+def _fragments(frags) -> bytes:
+    """A body from its fragments (``payload_fragments_rev``: a binary or a list of binaries);
+    anything else (a list of lists, numbers) is damage."""
+    if isinstance(frags, bytes):
+        return frags
+    if not isinstance(frags, list) or not all(isinstance(f, bytes) for f in frags):
+        raise FormatError("payload fragments are not binaries")
     if len(frags) == 1:
         return frags[0]
-    return b"".join(reversed(frags))  # payload_fragments_rev
+    return b"".join(reversed(frags))
 
 
 def props_from_bin(encoded: bytes) -> tuple[dict, str | None]:
@@ -320,7 +330,7 @@ def normalise(term) -> dict:
             props["delivery_mode"] = 2 if data[2] else 1
             return {**common, "properties": props, "timestamp_ms": None, "headers": None,
                     "annotations": _annotations_json(anns, {"mqtt": mqtt}),
-                    "body": payload if isinstance(payload, bytes) else b"".join(payload), "term_format": "mc_mqtt"}
+                    "body": _fragments(payload), "term_format": "mc_mqtt"}
         raise FormatError(f"unknown #mc{{}} protocol {str(proto)!r}")
     raise FormatError(f"unknown stored term {str(tag)!r}/{len(term)}")
 
@@ -328,4 +338,17 @@ def normalise(term) -> dict:
 def decode_stored(raw) -> dict:
     """Stored term bytes (ETF) -> normalised dict."""
     term, _ = etf.decode(raw)
-    return normalise(term)
+    try:
+        out = normalise(term)
+        for k in ("headers", "annotations"):  # must be valid UTF-8 text (no lone surrogates)
+            if isinstance(out.get(k), str):
+                out[k].encode("utf-8")
+        for v in out["properties"].values():
+            if isinstance(v, str):
+                v.encode("utf-8")
+        return out
+    except FormatError:
+        raise
+    except (TypeError, ValueError, IndexError, KeyError, AttributeError, RecursionError, OverflowError) as e:
+        # a decodable term of a shape no broker writes (e.g. a list where a binary belongs)
+        raise FormatError(f"malformed stored term ({type(e).__name__}: {str(e)[:120]})") from None

@@ -89,3 +89,68 @@ def schema(table: str) -> pa.Schema:
         from cqforensics.errors import UsageError
 
         raise UsageError(f"unknown table {table!r}; one of: {', '.join(TABLES)}") from None
+
+
+# -- ranges: a decoded number goes into a typed column only if it fits -----------------------------
+
+#: The range of timestamp[us] values every consumer can render (0001-01-01 .. 9999-12-31, as
+#: Python's datetime, Spark and Parquet readers do): beyond it ``as_py`` raises.
+TS_MIN_US = -62135596800 * 1_000_000
+TS_MAX_US = 253402300800 * 1_000_000 - 1
+
+
+def type_range(typ: pa.DataType) -> tuple[int, int] | None:
+    """(min, max) of the numbers a column of ``typ`` holds (timestamps in µs); None if not numeric."""
+    if pa.types.is_timestamp(typ):
+        return TS_MIN_US, TS_MAX_US
+    if pa.types.is_integer(typ):
+        bits = typ.bit_width
+        return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if pa.types.is_signed_integer(typ) else (0, (1 << bits) - 1)
+    return None
+
+
+def fits(value, typ: pa.DataType) -> bool:
+    """Whether the decoded number ``value`` fits a column of ``typ`` (non-numbers: True)."""
+    rng = type_range(typ)
+    if rng is None or value is None or isinstance(value, bool) or not isinstance(value, int):
+        return True
+    return rng[0] <= value <= rng[1]
+
+
+def fit_array(values, typ: pa.DataType, none=None):
+    """``values`` (a numpy integer array, e.g. a uint64 field) as int64 with those that do not
+    fit ``typ`` replaced by ``none`` (0 for an expiry: no value, rendered null) -> (array, bad mask).
+    Never wraps: a uint64 above 2^63 is out of range, not negative."""
+    import numpy as np
+
+    lo, hi = type_range(typ)
+    values = np.asarray(values)
+    if values.dtype.kind == "u":
+        bad = values > np.uint64(min(hi, (1 << 63) - 1))
+    else:
+        bad = (values < lo) | (values > hi)
+    out = np.where(bad, 0, values).astype(np.int64)
+    if none is not None:
+        out[bad] = none
+    return out, bad
+
+
+_RANGES: dict = {}  # id(struct type) -> (type, ((field name, lo, hi), ...) of its numeric fields)
+
+
+def fit_struct(values: dict, typ: pa.StructType) -> list[str]:
+    """Nulls, in place, each number of ``values`` that does not fit its field of ``typ``;
+    returns ``"name=value"`` for each (for the row's decode note or a finding). Runs once per
+    message: the numeric fields' ranges are computed once per type."""
+    hit = _RANGES.get(id(typ))  # by identity: hashing an Arrow type costs more than the check
+    if hit is None or hit[0] is not typ:
+        hit = _RANGES[id(typ)] = (typ, tuple((f.name, *type_range(f.type)) for f in typ
+                                             if type_range(f.type) is not None))
+    ranges = hit[1]
+    bad = []
+    for name, lo, hi in ranges:
+        v = values.get(name)
+        if v is not None and v.__class__ is not bool and isinstance(v, int) and not lo <= v <= hi:
+            bad.append(f"{name}={v}")
+            values[name] = None
+    return bad

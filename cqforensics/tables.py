@@ -12,9 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from cqforensics import fastpath
-from cqforensics.errors import FormatError
+from cqforensics.checks import check_vhost
+from cqforensics.errors import FormatError, display
 from cqforensics.findings import Finding
 from cqforensics.grammar import qs as c_qs
 from cqforensics.codes import (FATE_LABELS, LOCATION_LABELS, AckEvidence, Fate, Location, RecordKind,
@@ -26,7 +28,8 @@ from cqforensics.model.store import IdSet
 from cqforensics.model.vhost import VhostScan
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
-from cqforensics.schema import SCHEMAS
+from cqforensics.readers import registry
+from cqforensics.schema import SCHEMAS, TS_MAX_US, TS_MIN_US, fit_array, fit_struct
 
 TS = pa.timestamp("us", tz="UTC")
 
@@ -85,8 +88,10 @@ def _capped(cum_bytes: np.ndarray, n: int, max_rows: int, max_bytes: int):
 
 
 def ts_array(micros: np.ndarray) -> pa.Array:
-    """Epoch microseconds (0 = none) -> timestamp[us, UTC] with nulls."""
-    return pa.array(micros.astype(np.int64), TS, mask=micros == 0)
+    """Epoch microseconds (0 = none) -> timestamp[us, UTC] with nulls (also where a value lies
+    outside the column's range: the model reports those as ``value-out-of-range``)."""
+    micros, bad = fit_array(micros, TS)
+    return pa.array(micros, TS, mask=(micros == 0) | bad)
 
 
 def names_array(names, index: np.ndarray, null: np.ndarray | None = None) -> pa.Array:
@@ -127,7 +132,7 @@ class Rows:
 
 
 def _where(vs: VhostScan) -> tuple[str, str | None]:
-    return vs.node.node.node, vs.vhost.name if vs.vhost.name is not None else vs.vhost.label
+    return display(vs.node.node.node), display(vs.vhost.name if vs.vhost.name is not None else vs.vhost.label)
 
 
 def _queue(qx: IndexChunk, n: int, node: str, vhost: str | None) -> dict:
@@ -143,7 +148,7 @@ def index_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     step = max(1, vs.options.batch_rows)
     for qx in vs.chunks():
         r = qx.rec
-        files = [str(p) for p in qx.files]
+        files = [display(p) for p in qx.files]
         for start in range(0, len(r.seq), step):
             sl = slice(start, start + step)
             n = len(r.seq[sl])
@@ -174,7 +179,7 @@ def acks_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         n = len(a.seq)
         if n:
             yield batch("acks", {
-                **_queue(qx, n, node, vhost), "file": names_array([str(p) for p in qx.files], a.file),
+                **_queue(qx, n, node, vhost), "file": names_array([display(p) for p in qx.files], a.file),
                 "offset": pa.array(a.offset), "seq_id": pa.array(a.seq),
                 "evidence": names_array(code_labels(AckEvidence), a.evidence), "msg_id": id_array(a.msg_id, a.has_id),
             })
@@ -188,7 +193,7 @@ def store_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     for kind, st in vs.stores.items():
         status, refs = vs.store_status[kind]
         n = len(st.e_id)
-        paths = [str(f.path) for f in st.files]
+        paths = [display(f.path) for f in st.files]
         sizes = np.cumsum(st.e_total) if bodies else np.zeros(n, np.int64)
         for e in _capped(sizes, n, vs.options.batch_rows, vs.options.batch_bytes):
             m = e.stop - e.start
@@ -261,7 +266,7 @@ def refcounts_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         if recorded is not None:
             status[recorded != computed] = RefcountStatus.MISMATCH
         status[(computed > 0) & (claim < 0)] = RefcountStatus.MISSING
-        paths = [str(f.path) for f in st.files]
+        paths = [display(f.path) for f in st.files]
         safe = np.maximum(where, 0)
         yield batch("refcounts", {
             "node": repeat(node, n), "vhost": repeat(vhost, n), "store": repeat(kind, n),
@@ -280,19 +285,19 @@ def holes_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         status, _ = vs.store_status[kind]
         for f in st.files:
             for h in f.holes:
-                b = rows.add({"node": node, "vhost": vhost, "store": kind, "file": str(f.path), "offset": h.offset,
+                b = rows.add({"node": node, "vhost": vhost, "store": kind, "file": display(f.path), "offset": h.offset,
                               "length": h.length, "kind": h.kind})
                 if b is not None:
                     yield b
         for i in np.flatnonzero(status != StoreStatus.LIVE):
-            b = rows.add({"node": node, "vhost": vhost, "store": kind, "file": str(st.files[st.e_file[i]].path),
+            b = rows.add({"node": node, "vhost": vhost, "store": kind, "file": display(st.files[st.e_file[i]].path),
                           "offset": int(st.e_offset[i]), "length": int(st.e_total[i]),
                           "kind": "orphan" if status[i] == StoreStatus.ORPHAN else "stale"})
             if b is not None:
                 yield b
     for qx in vs.chunks():
         for path, start, length, kind in qs_holes(vs, qx):
-            b = rows.add({"node": node, "vhost": vhost, "queue": qx.qdir.label, "store": "queue", "file": str(path),
+            b = rows.add({"node": node, "vhost": vhost, "queue": qx.qdir.label, "store": "queue", "file": display(path),
                           "offset": start, "length": length, "kind": kind})
             if b is not None:
                 yield b
@@ -369,7 +374,7 @@ def _decode_chunk(vs: VhostScan, res, rows: slice, ids: list, has_id: list) -> d
             rks.append(msg["routing_keys"])
             p = msg["properties"]  # a dict of this message's own: the column's timestamp is in µs
             ts = msg["timestamp_ms"]
-            p["timestamp"] = ts * 1000 if ts is not None else None
+            p["timestamp"] = ts * 1000 if isinstance(ts, int) else None
             props.append(p)
             hd.append(msg["headers"])
             an.append(msg["annotations"])
@@ -388,8 +393,34 @@ def _decode_chunk(vs: VhostScan, res, rows: slice, ids: list, has_id: list) -> d
             tf.append(None)
         mi.append(msg_id)
         de.append(error)
-    out["properties"] = pa.array(props, _PROP_TYPE)
+    out["properties"] = _properties(props, de)
     return out
+
+
+_PROP_TS = [f.name for f in _PROP_TYPE if pa.types.is_timestamp(f.type)]
+
+
+def _properties(props: list, errors: list) -> pa.Array:
+    """The properties column. Numbers that do not fit their field (an integer column, or a
+    timestamp beyond 9999-12-31) become null and are named in the row's ``decode_error``; the
+    check costs nothing per row unless Arrow or the timestamp range says something is off."""
+    try:
+        arr = pa.array(props, _PROP_TYPE)
+        if all(_in_ts_range(arr.field(name)) for name in _PROP_TS):
+            return arr
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):
+        pass  # a number too big for its column: found row by row below
+    for k, p in enumerate(props):
+        bad = fit_struct(p, _PROP_TYPE) if p is not None else None
+        if bad:
+            errors[k] = (errors[k] + "; " if errors[k] else "") + "out of range (shown as null): " + ", ".join(bad)
+    return pa.array(props, _PROP_TYPE)
+
+
+def _in_ts_range(col: pa.Array) -> bool:
+    lo_hi = pc.min_max(col.cast(pa.int64()))
+    lo, hi = lo_hi["min"].as_py(), lo_hi["max"].as_py()
+    return lo is None or (TS_MIN_US <= lo and hi <= TS_MAX_US)
 
 
 def _undecoded_chunk(vs: VhostScan, res, rows: slice, ids: list, has_id: list) -> dict:
@@ -435,8 +466,8 @@ def messages_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         r, live = qx.rec, qx.live
         has_id = qx.index_ids(live).tolist()
         ids = _ids(r.msg_id[live])
-        files = [str(f) for f in qx.files]
-        store_files = [str(p) for p in res.body_files]
+        files = [display(f) for f in qx.files]
+        store_files = [display(p) for p in res.body_files]
         for sl in _slices(vs, res, len(live)):
             idx = live[sl]
             m = len(idx)
@@ -488,7 +519,7 @@ def queues_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     for s in queue_summaries(vs):
         q = s["qdir"]
         rows.append({"node": node, "vhost": vhost, "queue": q.label, "priority": q.priority,
-                     "queue_dir": str(q.path), "name_source": q.name_source, "durable_known": vs.queue_known(q),
+                     "queue_dir": display(q.path), "name_source": q.name_source, "durable_known": vs.queue_known(q),
                      "index_version": s["version"], "segments": s["segments"], "messages": s["messages"],
                      "bytes": s["bytes"], "persistent": s["persistent"], "predicted_after_restart": s["kept"],
                      "dropped": s["messages"] - s["kept"]})
@@ -505,17 +536,17 @@ def file_rows(vs: VhostScan) -> Iterator[dict]:
             size = path.stat().st_size
         except OSError:
             size = None
-        r = {"node": node, "vhost": vhost, "file": str(path), "kind": kind, "size": size, **kw}
+        r = {"node": node, "vhost": vhost, "file": display(path), "kind": kind, "size": size, **kw}
         if kw.get("live_bytes") is not None and size is not None:
             r["garbage_bytes"] = max(0, size - kw["live_bytes"] - overhead)
             r["garbage_ratio"] = r["garbage_bytes"] / size if size else 0.0
         return r
 
-    for name, kind in ((".vhost", "vhost"), (".config", "config"), ("recovery.dets", "dets")):
+    for name, kind in registry.fixed_names("vhost"):
         if (v.path / name).exists():
             yield row(v.path / name, kind)
     for p in v.others:
-        yield row(p, "unknown")
+        yield row(p, registry.other_kind(p, "vhost"))
     for kind, st in vs.stores.items():
         status, _ = vs.store_status[kind]
         per_file = np.bincount(st.e_file, minlength=len(st.files))
@@ -525,11 +556,12 @@ def file_rows(vs: VhostScan) -> Iterator[dict]:
         for fi, f in enumerate(st.files):
             yield row(f.path, "rdq", entries=int(per_file[fi]), live_entries=int(live_n[fi]),
                       live_bytes=int(live_b[fi]))
-        for _, p in st.store.rdt:
-            yield row(p, "rdt")
+        for k, numbered in st.store.numbered.items():  # rdt, and numbered kinds no column covers
+            if k != "rdq":
+                for _, p in numbered:
+                    yield row(p, k)
         for p in st.store.others:
-            yield row(p, {"clean.dot": "dot", "file_summary.ets": "ets", "msg_store_index.ets": "ets"}
-                      .get(p.name, "unknown"))
+            yield row(p, registry.other_kind(p, "store"))
     for q in vs.queue_dirs:
         qb = {"queue": q.label, "priority": q.priority}
         if (q.path / ".queue_name").exists():
@@ -551,14 +583,18 @@ def file_rows(vs: VhostScan) -> Iterator[dict]:
                 live = set(qx.live.tolist())
                 for fi, p in enumerate(qx.files):
                     sel = np.flatnonzero(qx.rec.file == fi)
-                    yield {**row(p, "jif" if p.name == "journal.jif" else "idx", entries=len(sel),
+                    yield {**row(p, registry.kind_of(p, "queue"), entries=len(sel),
                                  live_entries=sum(1 for i in sel.tolist() if i in live)), **qb}
         for number, p in sorted(q.qs.items()):
             if p not in seen_qs:  # a .qs whose .qi is gone
                 yield {**row(p, "qs", header_ok=vs.qs_files[p].header_ok if vs.qs_files.get(p) else None,
                              live_entries=0), **qb}
+        for k, numbered in q.numbered.items():  # numbered kinds the index above does not cover
+            if k not in ("qi", "qs", "idx"):
+                for _, p in numbered:
+                    yield {**row(p, k), **qb}
         for p in q.others:
-            yield {**row(p, "unknown"), **qb}
+            yield {**row(p, registry.other_kind(p, "queue")), **qb}
 
 
 def files_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
@@ -582,8 +618,6 @@ def findings_batch(findings: list[Finding]) -> pa.RecordBatch:
 
 def findings_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     """fsck's checks of this vhost (cqforensics.checks), one row per finding."""
-    from cqforensics.checks import check_vhost
-
     _, fs = check_vhost(vs)
     if fs:
         yield findings_batch(fs)

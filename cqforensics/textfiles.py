@@ -111,16 +111,24 @@ def _tokens(text: bytes):
             yield m.lastgroup, m.group(m.lastgroup), m.start()
 
 
+MAX_DEPTH = 200  # nesting of the terms of a text file (deeper input is damage, not recursion)
+MAX_DIGITS = 1000  # digits of one number (Python refuses int/str conversions past 4,300)
+
+
 def consult(text: bytes) -> list:
     """The terms of an Erlang text file (tuples, lists, atoms, integers, floats, strings,
     binaries ``<<1,2>>``/``<<"s">>``), each ended by a full stop."""
     toks = list(_tokens(text))
     out, i = [], 0
 
-    def term(i):
+    def term(i, depth=0):
         if i >= len(toks):
             raise FormatError("unexpected end of terms", offset=len(text))
         kind, val, off = toks[i]
+        if depth > MAX_DEPTH:
+            raise FormatError(f"terms nested deeper than {MAX_DEPTH}", offset=off)
+        if kind in ("int", "float") and len(val) > MAX_DIGITS:
+            raise FormatError(f"number of {len(val)} digits (more than {MAX_DIGITS})", offset=off)
         if kind == "int":
             return int(val), i + 1
         if kind == "float":
@@ -136,6 +144,8 @@ def consult(text: bytes) -> list:
             while toks[i][0] != "ebin":
                 k, v, o = toks[i]
                 if k == "int":
+                    if len(v) > MAX_DIGITS:
+                        raise FormatError(f"number of {len(v)} digits in binary", offset=o)
                     data.append(int(v) & 0xFF)
                 elif k == "str":
                     data += _unescape(v[1:-1])
@@ -147,7 +157,7 @@ def consult(text: bytes) -> list:
             close = b"}" if val == b"{" else b"]"
             items, i = [], i + 1
             while not (toks[i][0] == "punct" and toks[i][1] == close):
-                v, i = term(i)
+                v, i = term(i, depth + 1)
                 items.append(v)
                 if toks[i][0] == "punct" and toks[i][1] == b",":
                     i += 1
@@ -174,8 +184,12 @@ def proplist(terms: list) -> dict:
     """``[{Key, Value}, ...]`` -> dict; the first occurrence wins, as in proplists:get_value."""
     out = {}
     for t in terms:
-        if isinstance(t, tuple) and len(t) == 2 and t[0] not in out:
-            out[t[0]] = t[1]
+        if isinstance(t, tuple) and len(t) == 2:
+            try:
+                if t[0] not in out:
+                    out[t[0]] = t[1]
+            except TypeError:  # a list or map as the key (no proplist key any lookup asks for)
+                continue
     return out
 
 

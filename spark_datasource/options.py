@@ -6,13 +6,13 @@ README.md (tests/test_docs.py checks that the table there lists exactly ``OPTION
 
 from __future__ import annotations
 
-import datetime as dt
 import glob
 import json
 import os
 from dataclasses import dataclass
 
 from cqforensics.errors import UsageError
+from cqforensics.model.options import Options, make_options, parse_as_of
 from cqforensics.schema import TABLES
 
 #: option name (lower case, as Spark hands them over) -> (default, meaning)
@@ -41,6 +41,7 @@ class Settings:
     queues: tuple[str, ...] | None
     batch_rows: int
     batch_bytes: int
+    options: Options  # the reading options, built once by make_options (pickled into the tasks)
 
 
 def _int(opts: dict, key: str, low: int = 1) -> int:
@@ -94,21 +95,8 @@ def parse(opts: dict) -> Settings:
     if table not in TABLES:
         raise UsageError(f"option table: {table!r} is not one of {', '.join(TABLES)}")
     version = opts.get("brokerversion") or None
-    if version:
-        from cqforensics.model import versions
-
-        versions.model(version)
-    as_of = opts.get("asof") or None
-    as_of_ms = None
-    if as_of:
-        if as_of.isdigit():
-            as_of_ms = int(as_of)
-        else:
-            try:
-                t = dt.datetime.fromisoformat(as_of.replace("Z", "+00:00"))
-            except ValueError:
-                raise UsageError(f"option asOf: not ISO 8601 or epoch ms: {as_of!r}") from None
-            as_of_ms = int((t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)).timestamp() * 1000)
+    as_of_ms = parse_as_of(opts.get("asof") or None, "option asOf")  # the one as-of parser
+    batch_rows, batch_bytes = _int(opts, "batchrows"), _int(opts, "batchbytes")
+    options = make_options(version, as_of_ms, batch_rows=batch_rows, batch_bytes=batch_bytes)  # validates the version
     return Settings(expand_paths(opts), table, _int(opts, "maxpartitionbytes"), _int(opts, "minpartitions"),
-                    version, as_of_ms, _list(opts, "vhosts"), _list(opts, "queues"), _int(opts, "batchrows"),
-                    _int(opts, "batchbytes"))
+                    version, as_of_ms, _list(opts, "vhosts"), _list(opts, "queues"), batch_rows, batch_bytes, options)

@@ -1,4 +1,4 @@
-"""Planning a read: work units, bin-packed into partitions, and the filters used to prune them.
+"""Planning a read: work units, bin-packed into partitions.
 
 A unit is what one task can read on its own and get exactly the rows the embedded reader gives:
 
@@ -21,11 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cqforensics import layout
+from cqforensics.driver import QUEUE_LEVEL
 from cqforensics.errors import UsageError
 from cqforensics.schema import SCHEMAS
-
-QUEUE_LEVEL = frozenset({"messages", "index", "acks"})
-FILTER_COLUMNS = ("node", "vhost", "queue", "file")
 
 
 @dataclass(frozen=True)
@@ -105,78 +103,6 @@ def pack(units: list[Unit], max_bytes: int, min_partitions: int = 1) -> list[lis
         size += u.weight
     parts.append(cur)
     return parts
-
-
-# -- filters ------------------------------------------------------------------------------------
-
-
-def filter_spec(f) -> tuple[str, str, object] | None:
-    """A Spark ``Filter`` -> (column, op, value) when we can apply it exactly, else None."""
-    name = type(f).__name__
-    attr = getattr(f, "attribute", None)
-    if not (isinstance(attr, tuple) and len(attr) == 1 and attr[0] in FILTER_COLUMNS):
-        return None
-    col = attr[0]
-    value = getattr(f, "value", None)
-    if name in ("EqualTo", "EqualNullSafe") and isinstance(value, str):
-        return col, "eq", value
-    if name == "In" and all(isinstance(v, str) for v in value):
-        return col, "in", tuple(value)
-    if name in ("StringStartsWith", "StringEndsWith", "StringContains") and isinstance(value, str):
-        return col, {"StringStartsWith": "prefix", "StringEndsWith": "suffix", "StringContains": "contains"}[name], value
-    return None
-
-
-def matches(spec: tuple[str, str, object], value: str | None) -> bool:
-    _, op, v = spec
-    if value is None:
-        return False
-    if op == "eq":
-        return value == v
-    if op == "in":
-        return value in v
-    if op == "prefix":
-        return value.startswith(v)
-    if op == "suffix":
-        return value.endswith(v)
-    return v in value
-
-
-def unit_may_match(u: Unit, spec: tuple[str, str, object], table: str) -> bool:
-    """False only when no row of the unit can satisfy the filter (used to skip whole units)."""
-    col = spec[0]
-    if col == "node":
-        return matches(spec, u.node_label)
-    if col == "vhost":
-        return matches(spec, u.vhost)
-    if col == "queue":
-        return u.queue_dir is None or matches(spec, u.queue)
-    if col == "file":
-        if u.files:
-            return any(matches(spec, f) for f in u.files)
-        # a whole vhost: a file filter can only exclude it when it names a file outside it
-        prefix = os.path.join(u.node_path, "msg_stores", "vhosts", u.vhost_dir) + os.sep
-        _, op, v = spec
-        if op == "eq":
-            return v.startswith(prefix)
-        if op == "in":
-            return any(x.startswith(prefix) for x in v)
-        if op == "prefix":
-            return v.startswith(prefix) or prefix.startswith(v)
-        return True
-    return True
-
-
-def accepted(filters: list, table: str, columns: list[str]) -> tuple[list, list]:
-    """Split Spark filters into (specs we apply exactly, filters we return to Spark)."""
-    specs, rejected = [], []
-    for f in filters:
-        spec = filter_spec(f)
-        if spec is not None and spec[0] in columns and spec[0] in SCHEMAS[table].names:
-            specs.append(spec)
-        else:
-            rejected.append(f)
-    return specs, rejected
 
 
 def check_columns(table: str, names: list[str]) -> None:

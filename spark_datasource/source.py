@@ -6,17 +6,26 @@ and yields Arrow batches whose schema is exactly what Spark expects for the read
 
 The DataSource, reader and partitions are pickled into every task, so they carry plain values
 only (the unit lists travel in the partitions, never on the reader).
+
+No filter pushdown (no ``pushFilters``), on purpose. In Spark 4.1 .. 4.3 the read function and
+partitions planned by the pushdown pass are cached on the DataFrame's relation and reused by every
+later plan of that DataFrame that pushes nothing (``PythonDataSourceV2.setReadInfo`` /
+``getOrCreateReadInfo``), and by a sibling scan of the same DataFrame (a self-union or self-join).
+A reader that accepted ``queue = 'work'`` would then answer a later ``df.count()`` with the
+filtered rows: no reader-side state can prevent it, the reuse happens in the JVM. Without
+``pushFilters`` every plan reads the same units and Spark applies every filter itself, so the rows
+are right whatever ``spark.sql.python.filterPushdown.enabled`` says (with it on, Spark calls the
+inherited ``pushFilters``, which pushes nothing). Pruning at planning is what the ``vhosts`` and
+``queues`` options are for: they belong to the DataFrame, so no other plan can leak them.
 """
 
 from __future__ import annotations
 
-import sys
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from spark_datasource import options as opt
-from spark_datasource.plan import (QUEUE_LEVEL, Unit, accepted, check_columns, matches, pack, plan_units,
-                                   unit_may_match)
+from spark_datasource.plan import Unit, check_columns, pack, plan_units
 from spark_datasource.schema import arrow_schema, struct_type
 
 
@@ -44,35 +53,13 @@ class RabbitCQDataSource(DataSource):
         return struct_type(opt.parse(self.options).table)
 
     def reader(self, schema: StructType) -> "RabbitCQReader":
-        settings = opt.parse(self.options)
-        cls = RabbitCQPushdownReader if _pushdown_enabled() else RabbitCQReader
-        return cls(settings, schema)
+        # a fresh reader per plan, holding the options and the read schema only
+        return RabbitCQReader(opt.parse(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool):
         from spark_datasource.writer import RabbitCQWriter
 
         return RabbitCQWriter(self.options, schema, overwrite)
-
-
-def _pushdown_enabled() -> bool:
-    """Whether Spark will push filters (spark.sql.python.filterPushdown.enabled, 4.1+).
-
-    With the conf off, Spark refuses to plan a reader whose class overrides pushFilters, and
-    the reader cannot see the conf. The planner worker that calls ``reader()`` can: the
-    pushdown worker only runs when the conf is on; the plain planner has read the flag into its
-    ``enable_pushdown`` local before calling us (pyspark.sql.worker, 4.1 .. 4.3)."""
-    try:
-        frame = sys._getframe(2)
-    except ValueError:
-        return False
-    while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        if module.endswith("data_source_pushdown_filters"):
-            return True
-        if module.endswith("plan_data_source_read"):
-            return bool(frame.f_locals.get("enable_pushdown", False))
-        frame = frame.f_back
-    return False
 
 
 class RabbitCQReader(DataSourceReader):
@@ -81,12 +68,10 @@ class RabbitCQReader(DataSourceReader):
         self.schema = schema
         self.columns = [f.name for f in schema.fields]
         check_columns(settings.table, self.columns)
-        self.filters: list = []  # (column, op, value) specs applied exactly in read()
 
     def partitions(self) -> list[InputPartition]:
         s = self.settings
         units = plan_units(s.paths, s.table, s.vhosts, s.queues)
-        units = [u for u in units if all(unit_may_match(u, f, s.table) for f in self.filters)]
         return [UnitsPartition(p) for p in pack(units, s.max_partition_bytes, s.min_partitions)]
 
     def read(self, partition):
@@ -95,64 +80,17 @@ class RabbitCQReader(DataSourceReader):
         units = getattr(partition, "units", None) or []  # read(None) on 4.0 for an empty plan
         expected = arrow_schema(self.schema)
         for b in read_units(units, self.settings, self.columns):
-            if self.filters:
-                b = apply_filters(b, self.filters)
-                if not b.num_rows:
-                    continue
             yield pa.RecordBatch.from_arrays(b.columns, schema=expected)
 
 
-class RabbitCQPushdownReader(RabbitCQReader):
-    """The reader Spark gets when filter pushdown is on: node, vhost, queue and file filters
-    skip whole units at planning and are applied exactly to the rows."""
-
-    def pushFilters(self, filters):
-        specs, rejected = accepted(list(filters), self.settings.table, self.columns)
-        self.filters = specs
-        yield from rejected
-
-
 def read_units(units: list[Unit], s: opt.Settings, columns: list[str]):
-    """Batches of the given units, grouped per vhost so a vhost's store is indexed once."""
-    from cqforensics import layout
-    from cqforensics.model.options import make_options, needs
-    from cqforensics.model.vhost import NodeScan, VhostScan
-    from cqforensics.tables import BUILDERS
+    """Batches of the given units through the one read driver (``cqforensics.driver.read``):
+    consecutive units of one vhost are read by one scan, so its store is indexed once."""
+    from cqforensics import driver
+    from cqforensics.model.options import narrowed
 
-    options = make_options(s.broker_version, s.as_of_ms, batch_rows=s.batch_rows, batch_bytes=s.batch_bytes,
-                           **needs(s.table, columns))
-    build = BUILDERS[s.table]
-    i = 0
-    while i < len(units):
-        u = units[i]
-        group = [u]
-        while i + len(group) < len(units) and (units[i + len(group)].node_path, units[i + len(group)].vhost_dir) \
-                == (u.node_path, u.vhost_dir):
-            group.append(units[i + len(group)])
-        i += len(group)
-        key = _task_key(u)
-        ns, facts = _VHOST_FACTS.get(key, (None, {})) if key is not None else (None, {})
-        if ns is None:
-            ns = NodeScan(layout.read_node_dir(layout.Path(u.node_path), u.node_label), options)
-        vhost = next((v for v in ns.vhosts if v.vhost.dir_name == u.vhost_dir), None)
-        if vhost is None:
-            continue
-        only = None
-        if s.table in QUEUE_LEVEL:
-            only = {}
-            for g in group:
-                segs = only.setdefault(g.queue_dir, set() if g.segment is not None else None)
-                if segs is not None and g.segment is not None:
-                    segs.add(g.segment)
-        vs = VhostScan(ns, vhost.vhost, only, facts)
-        try:
-            for b in build(vs):
-                yield b.select(columns)
-        finally:
-            vs.close()
-            if key is not None:
-                _VHOST_FACTS.clear()
-                _VHOST_FACTS[key] = (ns, vs.vhost_facts())
+    yield from driver.read(s.table, narrowed(s.options, s.table, columns), units=units, columns=columns,
+                           queues=s.queues, cache=_VHOST_FACTS, cache_scope=_task_scope())
 
 
 # A Python worker runs many tasks of a stage one after another. The vhost-wide facts (the shared
@@ -163,34 +101,12 @@ def read_units(units: list[Unit], s: opt.Settings, columns: list[str]):
 _VHOST_FACTS: dict = {}
 
 
-def _task_key(u: Unit):
+def _task_scope():
+    """The stage of the running task (None outside a task: nothing is cached)."""
     from pyspark import TaskContext
 
     tc = TaskContext.get()
-    return None if tc is None else (tc.stageId(), u.node_path, u.node_label, u.vhost_dir)
+    return None if tc is None else tc.stageId()
 
 
-def apply_filters(batch, specs):
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    mask = None
-    for spec in specs:
-        col, op, v = spec
-        arr = batch.column(col)
-        if op == "eq":
-            m = pc.equal(arr, pa.scalar(v, pa.string()))
-        elif op == "in":
-            m = pc.is_in(arr, value_set=pa.array(list(v), pa.string()))
-        elif op == "prefix":
-            m = pc.starts_with(arr, v)
-        elif op == "suffix":
-            m = pc.ends_with(arr, v)
-        else:
-            m = pc.match_substring(arr, v)
-        m = pc.fill_null(m, False)
-        mask = m if mask is None else pc.and_(mask, m)
-    return batch.filter(mask)
-
-
-__all__ = ["RabbitCQDataSource", "RabbitCQReader", "RabbitCQPushdownReader", "UnitsPartition", "matches"]
+__all__ = ["RabbitCQDataSource", "RabbitCQReader", "UnitsPartition"]

@@ -41,6 +41,7 @@ class WriteSettings:
     template: str | None
     queue_version: int | None
     file_size_limit: int
+    model: object = None  # the BrokerModel of broker_version, parsed once here (pickled into the tasks)
 
 
 def parse_write_options(opts: dict) -> WriteSettings:
@@ -57,7 +58,7 @@ def parse_write_options(opts: dict) -> WriteSettings:
     if not version:
         raise UsageError("rabbitcq writer: option brokerVersion is required (the RabbitMQ version that will boot "
                          "the store, e.g. 3.10 or 4.3): it decides how messages are stored")
-    versions.model(version)
+    model = versions.model(version)
     qv = opts.get("queueversion") or None
     if qv is not None and qv not in ("1", "2"):
         raise UsageError(f"rabbitcq writer: option queueVersion must be 1 or 2, not {qv!r}")
@@ -68,7 +69,7 @@ def parse_write_options(opts: dict) -> WriteSettings:
     if template is not None and not Path(template).is_dir():
         raise UsageError(f"rabbitcq writer: template {template}: not a directory")
     return WriteSettings(os.path.abspath(opts["path"]), version, os.path.abspath(template) if template else None,
-                         int(qv) if qv else None, int(limit))
+                         int(qv) if qv else None, int(limit), model)
 
 
 def check_struct(schema: StructType) -> None:
@@ -112,26 +113,24 @@ class RabbitCQWriter(DataSourceArrowWriter):
     def write(self, iterator) -> StagedPart:
         from pyspark import TaskContext
 
-        from cqforensics.model import versions
         from cqforensics.write.rows import encode_part
 
         ctx = TaskContext.get()
         pid = ctx.partitionId() if ctx else 0
         attempt = ctx.attemptNumber() if ctx else 0
         self.staging.mkdir(exist_ok=True)
-        part = encode_part(iterator, versions.model(self.settings.broker_version), self.staging,
+        part = encode_part(iterator, self.settings.model, self.staging,
                            f"part-{pid:05d}-{attempt}", pid)
         return StagedPart(part.partition, part.index, part.terms, part.rows, part.bytes)
 
     def commit(self, messages) -> None:
-        from cqforensics.model import versions
         from cqforensics.write.rows import PartInfo, build
 
         parts = [PartInfo(m.partition, m.index, m.terms, m.rows, m.bytes)
                  for m in sorted((m for m in messages if m is not None), key=lambda m: m.partition)]
         try:
             s = self.settings
-            build(parts, Path(s.dst), versions.model(s.broker_version), self.mode,
+            build(parts, Path(s.dst), s.model, self.mode,
                   Path(s.template) if s.template else None, s.queue_version, s.file_size_limit)
         finally:
             shutil.rmtree(self.staging, ignore_errors=True)

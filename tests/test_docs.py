@@ -71,7 +71,10 @@ def test_every_lost_found_reason_is_documented():
     from cqforensics.model.recovery import QUARANTINED
 
     text = section("`cqforensics rebuild")
-    for reason in {f.label for f in QUARANTINED} | {"undecodable", "torn_write", "orphan", "duplicate"}:
+    from cqforensics.write.formats import NOT_REPRESENTABLE
+
+    for reason in {f.label for f in QUARANTINED} | {"undecodable", "torn_write", "orphan", "duplicate",
+                                                    NOT_REPRESENTABLE}:
         assert f"`{reason}`" in text, reason
 
 

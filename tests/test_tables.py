@@ -23,10 +23,11 @@ def test_discovery_accepts_node_dir_mnesia_base_and_folder(tmp_path):
     assert [n.path for n in layout.discover(node)] == [node]
     assert [n.path for n in layout.discover(node.parent)] == [node]
     nodes = layout.discover(SAMPLES)
-    assert len(nodes) == len(list(SAMPLES.glob("*/manifest.json")))
+    assert len(nodes) == len(list(SAMPLES.glob("*/manifest.json*")))
     # the same node name in several backups gets a unique label
     assert len({n.node for n in nodes}) == len(nodes)
-    assert all(n.node.endswith("rabbit@localhost") for n in nodes)
+    assert all(n.node.endswith(n.path.name) for n in nodes)
+    assert sum(n.node.endswith("rabbit@localhost") for n in nodes) == len(list(SAMPLES.glob("*/mnesia/rabbit@localhost")))
 
 
 def test_queue_names_priorities_and_index_versions():

@@ -5,7 +5,6 @@ inputs are never touched. (Broker acceptance: test_writers_brokers.py.)"""
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import signal
@@ -18,7 +17,6 @@ import numpy as np
 import pytest
 
 import cqforensics
-from cli.main import main
 from conftest import ROOT, SAMPLES
 from cqforensics.grammar import idx as c_idx
 from cqforensics.grammar import qi as c_qi

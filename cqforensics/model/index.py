@@ -19,6 +19,7 @@ from cqforensics.findings import Finding
 from cqforensics.layout import QueueDir, VhostDir
 from cqforensics.readers import qi as r_qi
 from cqforensics.readers.v1 import read_v1_queue
+from cqforensics.schema import TS, fit_array, fits
 
 ID = np.dtype("V16")
 ZERO_ID = np.zeros(1, ID)[0]
@@ -106,8 +107,7 @@ class IndexChunk:
     bad_segments: set[int] = field(default_factory=set)  # positions in files of .qi with bad headers
     segment: int | None = None  # v2: the segment number (names the companion .qs)
     header: SegmentHeader | None = None  # v2
-    findings: list[Finding] = field(default_factory=list)
-    crashes: list[Finding] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)  # the readers'; crashes_queue marks boot-crash causes
 
     @property
     def qs_path(self) -> Path | None:
@@ -146,7 +146,7 @@ def _v2_chunk(qdir: QueueDir, number: int, path: Path) -> IndexChunk:
     c.store_offset = np.where(is_qs, s["qs_offset"], 0).astype(np.int64)
     c.store_size = np.where(is_qs, s["qs_size"], 0).astype(np.int64)
     c.size = s["size"].astype(np.int64)
-    c.expiry = s["expiry"].astype(np.int64)
+    c.expiry, _ = fit_array(s["expiry"], TS, none=0)  # out of range: no value (the reader's finding)
     c.status = s["status"].astype(np.int32)
     qx.rec = c
     for slot, why in seg.bad_reason.items():
@@ -173,7 +173,6 @@ def _v1_chunk(qdir: QueueDir, count: int) -> IndexChunk:
     qx = IndexChunk(qdir, 1)
     v1 = read_v1_queue(qdir.idx, qdir.journal, count)
     qx.findings += v1.findings
-    qx.crashes += v1.crashes
     fpos: dict[Path, int] = {}
     for p in [p for _, p in qdir.idx] + ([qdir.journal] if qdir.journal is not None else []):
         fpos[p] = len(qx.files)
@@ -189,7 +188,9 @@ def _v1_chunk(qdir: QueueDir, count: int) -> IndexChunk:
         if r.kind == "publish":
             c.persistent[i] = int(r.persistent)
             c.msg_id[i] = np.frombuffer(r.msg_id, ID)[0]
-            c.size[i], c.expiry[i] = r.size, r.expiry
+            c.size[i] = r.size
+            if fits(r.expiry, TS):  # else no value (rendered null, the reader's finding), never wrapped
+                c.expiry[i] = r.expiry
             if r.embedded_size:
                 c.loc[i], c.store_offset[i], c.store_size[i] = Location.EMBEDDED, r.embedded_offset, r.embedded_size
             else:

@@ -8,11 +8,13 @@ the one list of the ``messages`` columns that need the stored term decoded.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cqforensics.errors import UsageError
+from cqforensics.model import versions
 
 #: columns of the ``messages`` table that need the stored term decoded (the rest come from the
 #: index); a projection without any of them skips decoding.
@@ -34,6 +36,8 @@ class Options:
     batch_rows: int = 8192
     batch_bytes: int = 16 << 20
     assume_dirty: bool = False  # predict as if the clean-shutdown files were removed
+    #: ``broker_version`` parsed once, by ``make_options`` (None: inferred from the data)
+    broker_model: versions.BrokerModel | None = field(default=None, compare=False, repr=False)
 
     def now_ms(self) -> int:
         return self.as_of_ms if self.as_of_ms is not None else int(time.time() * 1000)
@@ -75,16 +79,19 @@ def make_options(broker_version: str | None = None, as_of=None, bodies: bool = T
     """Options from keyword arguments, validated. ``as_of`` (see ``parse_as_of``) is the time TTLs
     are judged at for ``survives_restart`` (default: now); ``assume_dirty`` predicts the boot as
     if the clean-shutdown files were removed (the broker then rebuilds and verifies)."""
-    if broker_version is not None:
-        from cqforensics.model import versions
-
-        versions.model(broker_version)  # validate early
+    model = versions.model(broker_version) if broker_version is not None else None  # parsed once, here
     if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
         raise UsageError(f"batch_rows must be a positive integer, not {batch_rows!r}")
     if isinstance(batch_bytes, bool) or not isinstance(batch_bytes, int) or batch_bytes < 1:
         raise UsageError(f"batch_bytes must be a positive integer, not {batch_bytes!r}")
     return Options(broker_version, parse_as_of(as_of), bool(bodies), bool(decode), batch_rows, batch_bytes,
-                   bool(assume_dirty))
+                   bool(assume_dirty), model)
+
+
+def narrowed(opts: Options, table: str, columns) -> Options:
+    """``opts`` reading only what the projection ``columns`` of ``table`` needs (see ``needs``)."""
+    changes = needs(table, columns)
+    return dataclasses.replace(opts, **changes) if changes else opts
 
 
 def needs(table: str, columns) -> dict:

@@ -42,9 +42,9 @@ def reachable(f: r_rdq.RdqFile, model: BrokerModel) -> np.ndarray:
 
 def claims(e_file: np.ndarray, e_offset: np.ndarray, reach: np.ndarray, group: np.ndarray, n_ids: int,
            model: BrokerModel) -> np.ndarray:
-    """Per distinct id: the entry the next boot uses, -1 when its scan reaches none. Walk order is
-    (file, offset) among the reachable entries, and the last write wins; <= 3.12 folds each file's
-    candidates in reverse (build_index_worker foldl), so there the last copy in a file wins."""
+    """Per distinct id: the entry the next boot uses, -1 when its scan reaches none: the first
+    reachable copy in walk order (file, offset); <= 3.12 folds each file's candidates in reverse
+    (build_index_worker foldl), so there the last copy within the first file holding it wins."""
     n = len(e_file)
     cand = np.flatnonzero(reach)
     rank = np.full(n, np.iinfo(np.int64).max)
@@ -55,7 +55,7 @@ def claims(e_file: np.ndarray, e_offset: np.ndarray, reach: np.ndarray, group: n
     claim = np.full(n_ids, -1, np.int64)
     if len(cand):
         order = cand[np.argsort(rank[cand], kind="stable")]
-        claim[group[order[::-1]]] = order[::-1]  # the last write wins: the best-ranked copy
+        claim[group[order[::-1]]] = order[::-1]  # numpy keeps the last write: the best-ranked copy
     return claim
 
 
@@ -151,6 +151,12 @@ _QS_FATE = {QsStatus.MISSING_FILE: Fate.QS_MISSING_FILE, QsStatus.BAD_HEADER: Fa
             QsStatus.BAD_CRC: Fate.QS_BAD_CRC}
 
 
+# plain ints for the per-message loop of ``resolve`` (enum attribute lookups cost more than the rest)
+_SHARED, _QSTORE, _EMBEDDED = int(Location.SHARED_STORE), int(Location.QUEUE_STORE), int(Location.EMBEDDED)
+_ON_DISK = frozenset((_SHARED, _QSTORE, _EMBEDDED))
+_BAD = int(RecordKind.BAD)
+
+
 def intrinsic_fate(persistent: int, loc: int) -> Fate | None:
     """What no boot delivers, whatever else is wrong with the queue: a transient message, one the
     index keeps in memory only, one with no valid location."""
@@ -189,7 +195,7 @@ def resolve(vs, qx, propagate: bool = True) -> Resolved:
     st_off = r.store_offset[live].tolist()
     st_size = r.store_size[live].tolist()
     kinds = r.kind[live].tolist()
-    claim_pos, any_pos = {}, {}
+    claim_pos, any_pos, spans = {}, {}, {}
     shared = r.loc[live] == Location.SHARED_STORE
     for kind, flag in (("persistent", 1), ("transient", 0)):
         sel = np.flatnonzero(shared & (r.persistent[live] == flag))
@@ -199,6 +205,11 @@ def resolve(vs, qx, propagate: bool = True) -> Resolved:
         cp, ap = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
         cp[sel], ap[sel] = st.locate(r.msg_id[live[sel]])
         claim_pos[kind], any_pos[kind] = cp.tolist(), ap.tolist()
+        # the body of the copy used (the claimed one, else any): spans computed for all at once
+        e = np.maximum(np.where(cp >= 0, cp, ap), 0)
+        if len(st.e_offset):
+            start, length = r_rdq.term_span(st.e_offset[e], st.e_total[e])
+            spans[kind] = (st.e_file[e].tolist(), start.tolist(), length.tolist(), st.e_offset[e].tolist())
     expiry = r.expiry[live]
     expired = ((expiry > 0) & (expiry <= vs.options.now_ms() * 1000)).tolist()
     clean = vs.recovery == "clean"
@@ -228,21 +239,21 @@ def resolve(vs, qx, propagate: bool = True) -> Resolved:
     qs = vs.qs_files.get(qs_path) if qs_path is not None else None
     for j in range(n):
         lc, body_problem = loc[j], None
-        if lc == Location.SHARED_STORE:
+        if lc == _SHARED:
             kind = "persistent" if persistent[j] == 1 else "transient"
             st = vs.stores.get(kind) if kind in claim_pos else None
             cp = claim_pos[kind][j] if st is not None else -1
             ap = any_pos[kind][j] if st is not None else -1
-            e = cp if cp >= 0 else ap
-            if e >= 0:
-                body(j, *st.term_span(e))
-                out.store_offset[j] = st.e_offset[e]
+            if cp >= 0 or ap >= 0:
+                files_k, start_k, len_k, off_k = spans[kind]
+                body(j, st.files[files_k[j]].path, start_k[j], len_k[j])
+                out.store_offset[j] = off_k[j]
             if clean:
                 if recorded is not None and not recorded[j]:
                     body_problem = Fate.DELIVERY_CRASH  # the trusted index points at nothing valid
             elif cp < 0:
                 body_problem = Fate.BODY_UNREACHABLE if ap >= 0 else Fate.BODY_MISSING
-        elif lc == Location.QUEUE_STORE:
+        elif lc == _QSTORE:
             status = QsStatus.MISSING_FILE if qs is None else vs.bodies.qs_entry(qs, st_off[j], st_size[j])
             out.qs_status[j] = status
             out.store_offset[j] = st_off[j]
@@ -253,18 +264,18 @@ def resolve(vs, qx, propagate: bool = True) -> Resolved:
                 # except where the version reads a missing segment as no messages
                 tolerated = status == QsStatus.MISSING_FILE and vs.model.missing_qs_reads_empty
                 body_problem = Fate.DELIVERY_CRASH if clean and not tolerated else _QS_FATE[status]
-        elif lc == Location.EMBEDDED:
+        elif lc == _EMBEDDED:
             body(j, qx.files[files[j]], st_off[j], st_size[j])
             out.store_offset[j] = st_off[j]
         # the broker's order of checks (IDX2 recover_segment; QI1 recover_message; delivery)
-        if kinds[j] == RecordKind.BAD and qdrop in (None, Fate.QUEUE_CRASH):
+        if kinds[j] == _BAD and qdrop in (None, Fate.QUEUE_CRASH):
             fate = Fate.BAD_INDEX_ENTRY
         elif qdrop is not None:
             fate = qdrop
         elif qx.version == 2 and files[j] in qx.bad_segments and not clean:
             fate = Fate.SEGMENT_DELETED  # a clean start does not read segment headers
-        elif (why := intrinsic_fate(persistent[j], lc)) is not None:
-            fate = why
+        elif persistent[j] != 1 or lc not in _ON_DISK:
+            fate = intrinsic_fate(persistent[j], lc)
         elif clean and expired[j]:
             fate = Fate.EXPIRED  # the queue drops an expired head without reading its body
         elif body_problem is not None:

@@ -19,6 +19,7 @@ from cqforensics.model import recovery
 from cqforensics.model.index import ID
 from cqforensics.model.versions import BrokerModel
 from cqforensics.readers import rdq as r_rdq
+from cqforensics.readers import registry
 from cqforensics.readers import terms as r_terms
 
 def _split(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -120,7 +121,8 @@ class StoreIndex:
 
 
 def scan_store(store: StoreDir, model: BrokerModel) -> StoreIndex:
-    files = [r_rdq.walk(p, num) for num, p in store.rdq]
+    walk = registry.reader("rdq").read
+    files = [walk(p, num) for num, p in store.rdq]
     n = sum(len(f) for f in files)
     e_file = np.zeros(n, np.int32)
     e_offset = np.zeros(n, np.int64)

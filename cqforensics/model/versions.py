@@ -1,18 +1,24 @@
 """What each RabbitMQ version does with the files at boot, and which version wrote the data.
 
-Only behaviour that changes what the next boot delivers is modelled (rabbitmq-formats.md
-section 8 and the sources cited there):
+``BEHAVIOURS`` below is the version table: every behaviour the next-boot prediction
+(model/recovery.py, checks) and the writers (write/) depend on, per release series from 3.10.0
+to 4.3.x, each with the RabbitMQ source file/function and tag, or the release note, it comes
+from (tests/test_versions.py checks that ``BrokerModel`` answers exactly what the table says).
+Summary:
 
-==============  =====================  ==================  =================================
-version         shared-store scan      duplicate in file   CQv1 index
-==============  =====================  ==================  =================================
-3.10 - 3.12     sequential; stops at   last copy wins      read
+==============  =====================  ==================  ==============================  ============
+version         shared-store scan      duplicate in file   CQv1 index                      message term
+==============  =====================  ==================  ==============================  ============
+3.10 - 3.12     sequential; stops at   last copy wins      read; default for new queues    #basic_message
                 a zero size field      (reverse fold)
-3.13.0          sequential             first copy wins     read
-3.13.1 - 3.13   byte-wise resync       first copy wins     read
-4.0 - 4.2       byte-wise + index      first copy wins     converted to v2 at boot
-4.3             byte-wise + index      first copy wins     not read (ignored; clean v1 terms crash)
-==============  =====================  ==================  =================================
+3.13.0          sequential             first copy wins     read; default for new queues    #mc
+3.13.1 - 3.13   byte-wise resync       first copy wins     read; default for new queues    #mc
+4.0 - 4.2       byte-wise + index      first copy wins     converted to v2 at boot         #mc
+4.3             byte-wise + index      first copy wins     not read (removed)              #mc
+==============  =====================  ==================  ==============================  ============
+
+``Evidence.range()`` names the narrowest range of versions the data supports (``VersionRange``)
+and why; prediction then uses the newest version of that range.
 """
 
 from __future__ import annotations
@@ -32,7 +38,9 @@ class BrokerModel:
 
     @property
     def sequential_scan(self) -> bool:
-        """<= 3.13.0: rabbit_msg_file:scan stops at a zero size field (MF@v3.12.0 scanner)."""
+        """<= 3.13.0: rabbit_msg_file:scanner/4 stops at a zero size field (v3.10.0 - v3.13.0);
+        3.13.1 removed rabbit_msg_file and rabbit_msg_store:scan_data/6 skips a byte at a time
+        until an entry parses (v3.13.1)."""
         return self.version <= (3, 13, 0)
 
     @property
@@ -42,14 +50,20 @@ class BrokerModel:
 
     @property
     def reads_v1(self) -> bool:
+        """< 4.3: rabbit_queue_index.erl (the CQv1 index) exists up to v4.2.x; 4.3.0 removed it
+        (4.3.0 release notes, "CQv1 Storage is Removed")."""
         return self.version < (4, 3, 0)
 
     @property
     def converts_v1(self) -> bool:
+        """4.0 - 4.2: a v1 queue is converted to v2 at boot
+        (rabbit_variable_queue:convert_from_v1_to_v2_loop/8, v4.0.0)."""
         return (4, 0, 0) <= self.version < (4, 3, 0)
 
     @property
     def large_message_own_file(self) -> bool:
+        """>= 4.0: a stored term of 4,000,000 bytes or more gets a shared-store file of its own
+        (rabbit_msg_store:write_message/3, LARGE_MESSAGE_THRESHOLD, v4.0.0)."""
         return self.version >= (4, 0, 0)
 
     @property
@@ -58,9 +72,54 @@ class BrokerModel:
         return self.version >= (3, 13, 0)
 
     @property
+    def amqp10_state(self) -> str | None:
+        """How an AMQP 1.0 message is stored inside ``#mc{protocol = mc_amqp}``: none before 3.13
+        (no message containers), ``msg`` in 3.13 (the ``#msg{}`` record of decoded
+        ``'v1_0.*'`` sections, mc_amqp.erl v3.13.x), ``v1`` from 4.0 (the bare message's
+        section bytes, ``{v1, ...}``, mc_amqp.erl v4.0.0)."""
+        if self.version < (3, 13, 0):
+            return None
+        return "msg" if self.version < (4, 0, 0) else "v1"
+
+    @property
     def utf8_atoms(self) -> bool:
-        """>= 4.0 (OTP 26+): atoms are written as SMALL_ATOM_UTF8_EXT."""
-        return self.version >= (4, 0, 0)
+        """>= 3.13.0: the version requires OTP 26+ (3.13.0 release notes), whose term_to_binary
+        writes atoms as SMALL_ATOM_UTF8_EXT; 3.10 - 3.12 are written for OTP 25 (ATOM_EXT),
+        which every later OTP reads (3.12 on OTP 26 writes UTF-8 atoms too)."""
+        return self.version >= (3, 13, 0)
+
+    @property
+    def default_index_version(self) -> int:
+        """The index version of a queue declared without x-queue-version: 1 up to 3.13
+        (rabbit_variable_queue:init, ``classic_queue_default_version`` defaults to 1), 2 from 4.0
+        (the version setting is gone from rabbit_variable_queue, v4.0.0)."""
+        return 2 if self.version >= (4, 0, 0) else 1
+
+    @property
+    def metadata_stores(self) -> tuple[str, ...]:
+        """Metadata stores the version can run on, default first: Mnesia only up to 3.12;
+        Khepri opt-in from 3.13.0 (feature flag khepri_db, rabbit_core_ff.erl); Khepri default
+        for new clusters in 4.2 (4.2.0 release notes); Mnesia removed in 4.3 (4.3.0 release notes)."""
+        if self.version < (3, 13, 0):
+            return ("mnesia",)
+        if self.version < (4, 2, 0):
+            return ("mnesia", "khepri")
+        if self.version < (4, 3, 0):
+            return ("khepri", "mnesia")
+        return ("khepri",)
+
+    @property
+    def recovery_seq_term(self) -> str:
+        """The per-queue recovery term (recovery.dets) of a clean stop naming the delivery
+        position: ``next_deliver_seq_id`` up to 4.2, ``redeliver_seq_id`` from 4.3
+        (rabbit_variable_queue:terminate/2, v4.3.0; 4.3 still reads the old one)."""
+        return "redeliver_seq_id" if self.version >= (4, 3, 0) else "next_deliver_seq_id"
+
+    @property
+    def clean_dot_index_module(self) -> bool:
+        """<= 3.13: the shared store's clean.dot records ``index_module`` (rabbit_msg_store
+        terminate, v3.13.7); 4.0 dropped it (v4.0.0)."""
+        return self.version < (4, 0, 0)
 
     @property
     def index_v2_only(self) -> bool:
@@ -100,6 +159,174 @@ def model(version: str) -> BrokerModel:
     return BrokerModel(v, version.strip())
 
 
+#: Release series of the version table, each with the version ``model`` builds for it.
+SERIES = {"3.10": "3.10", "3.11": "3.11", "3.12": "3.12", "3.13.0": "3.13.0", "3.13.1+": "3.13",
+          "4.0": "4.0", "4.1": "4.1", "4.2": "4.2", "4.3": "4.3"}
+
+#: The version table: behaviour -> ({series: value}, source). A value of a BrokerModel property
+#: (named by the key) is what that property answers for the series' model.
+BEHAVIOURS: dict[str, tuple[dict[str, object], str]] = {
+    "sequential_scan": (
+        {"3.10": True, "3.11": True, "3.12": True, "3.13.0": True, "3.13.1+": False,
+         "4.0": False, "4.1": False, "4.2": False, "4.3": False},
+        "rabbit_msg_file:scanner/4 stops at a zero size field (deps/rabbit/src/rabbit_msg_file.erl, "
+        "v3.10.0 - v3.13.0); v3.13.1 removed the module: rabbit_msg_store:scan_data/6 resynchronises "
+        "byte by byte"),
+    "last_copy_wins": (
+        {"3.10": True, "3.11": True, "3.12": True, "3.13.0": False, "3.13.1+": False,
+         "4.0": False, "4.1": False, "4.2": False, "4.3": False},
+        "rabbit_msg_store:build_index_worker: up to v3.12.14 it folds the scan's end-of-file-first "
+        "list as is (the last copy in a file is claimed); v3.13.0 reverses it first (first copy)"),
+    "stores_mc": (
+        {"3.10": False, "3.11": False, "3.12": False, "3.13.0": True, "3.13.1+": True,
+         "4.0": True, "4.1": True, "4.2": True, "4.3": True},
+        "#basic_message up to 3.12; deps/rabbit/src/mc.erl and feature flag message_containers "
+        "(rabbit_core_ff.erl) appear in v3.13.0: #mc{} containers (mc_amqpl, mc_amqp)"),
+    "amqp10_state": (
+        {"3.10": None, "3.11": None, "3.12": None, "3.13.0": "msg", "3.13.1+": "msg",
+         "4.0": "v1", "4.1": "v1", "4.2": "v1", "4.3": "v1"},
+        "deps/rabbit/src/mc_amqp.erl: v3.13.x keeps an AMQP 1.0 message as #msg{} of decoded "
+        "'v1_0.*' section records; v4.0.0 keeps the bare message's bytes ({v1, ...}); no #mc before 3.13"),
+    "utf8_atoms": (
+        {"3.10": False, "3.11": False, "3.12": False, "3.13.0": True, "3.13.1+": True,
+         "4.0": True, "4.1": True, "4.2": True, "4.3": True},
+        "atom encoding follows OTP: term_to_binary writes UTF-8 atoms from OTP 26. Required OTP "
+        "(release notes, which-erlang compatibility matrix): 3.10 23.2-25, 3.11 25, 3.12 25-26 "
+        "(written for 25), 3.13 26 only, 4.0/4.1 26.2-27, 4.2 27, 4.3 27-28"),
+    "default_index_version": (
+        {"3.10": 1, "3.11": 1, "3.12": 1, "3.13.0": 1, "3.13.1+": 1,
+         "4.0": 2, "4.1": 2, "4.2": 2, "4.3": 2},
+        "rabbit_variable_queue:init: classic_queue_default_version defaults to 1 (v3.10.0 - v3.13.7; "
+        "3.13.0 release notes recommend CQv2); v4.0.0 has v2 only"),
+    "reads_v1": (
+        {"3.10": True, "3.11": True, "3.12": True, "3.13.0": True, "3.13.1+": True,
+         "4.0": True, "4.1": True, "4.2": True, "4.3": False},
+        "deps/rabbit/src/rabbit_queue_index.erl exists v3.10.0 - v4.2.x, removed in v4.3.0 "
+        "(4.3.0 release notes: CQv1 Storage is Removed)"),
+    "converts_v1": (
+        {"3.10": False, "3.11": False, "3.12": False, "3.13.0": False, "3.13.1+": False,
+         "4.0": True, "4.1": True, "4.2": True, "4.3": False},
+        "rabbit_variable_queue:convert_from_v1_to_v2_loop/8 (v4.0.0 - v4.2.x) converts a v1 queue "
+        "at boot and deletes its v1 segments"),
+    "index_v2_only": (
+        {"3.10": False, "3.11": False, "3.12": False, "3.13.0": False, "3.13.1+": False,
+         "4.0": True, "4.1": True, "4.2": True, "4.3": True},
+        "v4.0.0: x-queue-version no longer selects an index (queues are v2; v1 is converted)"),
+    "metadata_stores": (
+        {"3.10": ("mnesia",), "3.11": ("mnesia",), "3.12": ("mnesia",),
+         "3.13.0": ("mnesia", "khepri"), "3.13.1+": ("mnesia", "khepri"), "4.0": ("mnesia", "khepri"),
+         "4.1": ("mnesia", "khepri"), "4.2": ("khepri", "mnesia"), "4.3": ("khepri",)},
+        "feature flag khepri_db from v3.13.0 (rabbit_core_ff.erl); 4.2.0 release notes: Khepri is the "
+        "default for new clusters; 4.3.0 release notes: Mnesia removed"),
+    "recovery_seq_term": (
+        {"3.10": "next_deliver_seq_id", "3.11": "next_deliver_seq_id", "3.12": "next_deliver_seq_id",
+         "3.13.0": "next_deliver_seq_id", "3.13.1+": "next_deliver_seq_id", "4.0": "next_deliver_seq_id",
+         "4.1": "next_deliver_seq_id", "4.2": "next_deliver_seq_id", "4.3": "redeliver_seq_id"},
+        "rabbit_variable_queue:terminate/2 recovery terms (v3.10.0 - v4.2.x: next_deliver_seq_id; "
+        "v4.3.0: redeliver_seq_id, the old term still read)"),
+    "clean_dot_index_module": (
+        {"3.10": True, "3.11": True, "3.12": True, "3.13.0": True, "3.13.1+": True,
+         "4.0": False, "4.1": False, "4.2": False, "4.3": False},
+        "rabbit_msg_store terminate writes {index_module, _} into clean.dot up to v3.13.7, not from v4.0.0"),
+    "large_message_own_file": (
+        {"3.10": False, "3.11": False, "3.12": False, "3.13.0": False, "3.13.1+": False,
+         "4.0": True, "4.1": True, "4.2": True, "4.3": True},
+        "rabbit_msg_store:write_message/3, LARGE_MESSAGE_THRESHOLD 4,000,000 bytes (v4.0.0)"),
+    "shared_read_crash_takes_vhost": (
+        {"3.10": True, "3.11": True, "3.12": True, "3.13.0": False, "3.13.1+": False,
+         "4.0": False, "4.1": False, "4.2": False, "4.3": False},
+        "seen on 3.10.8 (vhost) and 4.3.6 (queue) boots, tests/test_predict_brokers.py; 3.11 - 4.2 "
+        "are assumed like their neighbours (not yet checked against their source)"),
+    "missing_qs_reads_empty": (
+        {"3.10": False, "3.11": False, "3.12": False, "3.13.0": False, "3.13.1+": False,
+         "4.0": True, "4.1": True, "4.2": True, "4.3": True},
+        "seen on 3.10.8 (crash) and 4.3.6 (empty) clean boots, tests/test_predict_brokers.py "
+        "qs_missing; 3.11 - 4.2 are assumed like their neighbours (not yet checked against their source)"),
+}
+
+#: Settings every version shares (the writers and the layout readers use them): the RabbitMQ
+#: defaults and where they are defined.
+CONSTANTS = {
+    "msg_store_file_size_limit": (16_777_216, "rabbit app env (deps/rabbit/Makefile), v3.10.0 - v4.3.x"),
+    "queue_index_embed_msgs_below": (4096, "rabbit app env (deps/rabbit/Makefile), v3.10.0 - v4.3.x"),
+    "classic_queue_index_v2_segment_entry_count": (
+        4096, "rabbit_classic_queue_index_v2:segment_entry_count/0, v3.10.0 - v4.3.x"),
+    "queue_index_segment_entry_count": (
+        2048, "CQv1: rabbit_vhost.erl writes it into the vhost's .config at creation (2048 for a "
+              "vhost created on 3.8.17+, 16384 when queues already existed), v3.10.0 - v4.2.x"),
+}
+
+#: Feature flags by the first release that defines them (flags declared with
+#: -rabbit_feature_flag in deps/*/src at each tag from v3.10.0 to v4.3.1). An enabled flag in
+#: ``<node>-feature_flags`` proves the node ran that version or a later one.
+FEATURE_FLAG_SINCE = {
+    "classic_queue_type_delivery_support": (3, 10, 9), "direct_exchange_routing_v2": (3, 11, 0),
+    "feature_flags_v2": (3, 11, 0), "listener_records_in_ets": (3, 11, 0),
+    "stream_single_active_consumer": (3, 11, 0), "tracking_records_in_ets": (3, 11, 0),
+    "stream_sac_coordinator_unblock_group": (3, 11, 14), "delete_ra_cluster_mqtt_node": (3, 12, 0),
+    "restart_streams": (3, 12, 0), "detailed_queues_endpoint": (3, 13, 0), "khepri_db": (3, 13, 0),
+    "message_containers": (3, 13, 0), "mqtt_v5": (3, 13, 0), "stream_filtering": (3, 13, 0),
+    "stream_update_config_command": (3, 13, 0), "quorum_queue_non_voters": (3, 13, 1),
+    "message_containers_deaths_v2": (3, 13, 3), "rabbitmq_4.0.0": (4, 0, 0),
+    "rabbitmq_4.1.0": (4, 1, 0), "rabbitmq_4.2.0": (4, 2, 0), "rabbitmq_4.3.0": (4, 3, 0),
+    "track_qq_members_uids": (4, 3, 0), "tie_binding_to_dest_with_keep_while_cond": (4, 3, 0),
+    "topic_binding_projection_v4": (4, 3, 0), "topic_binding_projection_v5": (4, 3, 1),
+}
+
+OLDEST = (3, 10, 0)
+NEWEST = (4, 3, 999)  # any 4.3.x
+
+
+def _fmt(v: tuple[int, int, int], high: bool) -> str:
+    if high and v[2] == 999 or not high and v[2] == 0:
+        return f"{v[0]}.{v[1]}"
+    return f"{v[0]}.{v[1]}.{v[2]}"
+
+
+@dataclass(frozen=True)
+class VersionRange:
+    """The versions (inclusive; patch 999: any patch of the series) that may have written the
+    data, and the evidence that bounds them."""
+
+    low: tuple[int, int, int] = OLDEST
+    high: tuple[int, int, int] = NEWEST
+    reasons: tuple[str, ...] = ()
+
+    def contains(self, version: str) -> bool:
+        m = _VERSION.match(version.strip())
+        if not m:
+            return False
+        v = (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))
+        return self.low <= v <= self.high
+
+    @property
+    def label(self) -> str:
+        lo, hi = _fmt(self.low, False), _fmt(self.high, True)
+        if self.low[:2] == self.high[:2] and self.high[2] == 999:
+            return lo if self.low[2] == 0 else f"{lo} - {self.high[0]}.{self.high[1]}.x"
+        return f"{lo} - {hi}"
+
+    @property
+    def newest(self) -> str:
+        """The newest version of the range, as a model label: what the prediction uses."""
+        return _fmt(self.high, True) if self.high[2] == 999 else _fmt(self.high, False)
+
+    @property
+    def model(self) -> BrokerModel:
+        return model(self.newest)
+
+    @property
+    def why(self) -> str:
+        return "; ".join(self.reasons) if self.reasons else "no version evidence in the data"
+
+    def to_dict(self) -> dict:
+        return {"low": _fmt(self.low, False), "high": _fmt(self.high, True), "label": self.label,
+                "why": list(self.reasons)}
+
+    def __str__(self) -> str:
+        return f"{self.label} ({self.why})"
+
+
 @dataclass
 class Evidence:
     """Facts about the data that narrow down which version wrote it."""
@@ -108,29 +335,64 @@ class Evidence:
     mc: bool = False  # >= 3.13 term shape
     latin1_atoms: bool = False  # ATOM_EXT: OTP <= 25
     utf8_atoms: bool = False  # SMALL_ATOM_UTF8: OTP >= 26
-    khepri: bool = False  # 4.2+ default metadata store
+    khepri: bool = False  # Khepri metadata (opt-in 3.13 - 4.1, default 4.2, only 4.3)
+    mnesia: bool = False  # Mnesia metadata (schema.DAT): removed in 4.3
     redeliver_seq_id: bool = False  # recovery terms of 4.3+
     next_deliver_seq_id: bool = False  # recovery terms <= 4.2
     index_module: bool = False  # clean.dot of <= 3.13
+    clean_dot_without_index_module: bool = False  # clean.dot of 4.0+
     v1_files: bool = False
+    feature_flags: tuple[str, ...] = ()  # enabled flags listed in <node>-feature_flags
+
+    def constraints(self) -> list[tuple[tuple, tuple, str]]:
+        """(low, high, reason) per piece of evidence, strongest first: files every stop
+        rewrites before the stored terms (which may predate an upgrade)."""
+        out = []
+        known = [(FEATURE_FLAG_SINCE[f], f) for f in self.feature_flags if f in FEATURE_FLAG_SINCE]
+        if known:
+            since, flag = max(known)
+            out.append((since, NEWEST, f"feature flag {flag} is enabled (defined from {_fmt(since, False)})"))
+        if self.redeliver_seq_id:
+            out.append(((4, 3, 0), NEWEST, "recovery terms carry redeliver_seq_id (4.3+)"))
+        if self.next_deliver_seq_id:
+            out.append((OLDEST, (4, 2, 999), "recovery terms carry next_deliver_seq_id (up to 4.2)"))
+        if self.index_module:
+            out.append((OLDEST, (3, 13, 999), "clean.dot records index_module (up to 3.13)"))
+        if self.clean_dot_without_index_module:
+            out.append(((4, 0, 0), NEWEST, "clean.dot without index_module (4.0+)"))
+        if self.mnesia:
+            out.append((OLDEST, (4, 2, 999), "Mnesia metadata store (removed in 4.3)"))
+        if self.khepri:
+            out.append(((3, 13, 0), NEWEST, "Khepri metadata store (khepri_db from 3.13; default from 4.2)"))
+        if self.v1_files:
+            out.append((OLDEST, (3, 13, 999), "CQv1 index files (4.0+ converts them at boot; 4.3 never reads them)"))
+        if self.mc:
+            out.append(((3, 13, 0), NEWEST, "stored messages are #mc (3.13+)"))
+        if self.basic_message and not self.mc:
+            out.append((OLDEST, (3, 12, 999), "stored messages are #basic_message (up to 3.12)"))
+        if self.latin1_atoms and not self.utf8_atoms:
+            out.append((OLDEST, (3, 12, 999), "atoms written by OTP 25 or older (3.13+ requires OTP 26)"))
+        if self.utf8_atoms:
+            out.append(((3, 12, 0), NEWEST, "UTF-8 atoms: OTP 26+ (supported from 3.12)"))
+        return out
+
+    def range(self) -> VersionRange:
+        """The narrowest range every piece of evidence allows; evidence contradicting the
+        stronger pieces before it is left out, and said so."""
+        low, high, reasons = OLDEST, NEWEST, []
+        for lo, hi, why in self.constraints():
+            nlo, nhi = max(low, lo), min(high, hi)
+            if nlo > nhi:
+                reasons.append(f"ignored, contradicts the above: {why}")
+                continue
+            low, high = nlo, nhi
+            reasons.append(why)
+        return VersionRange(low, high, tuple(reasons))
 
     def infer(self) -> tuple[BrokerModel, str]:
-        """The most likely version, and why."""
-        if self.redeliver_seq_id:
-            return model("4.3"), "recovery terms carry redeliver_seq_id (4.3+)"
-        if self.khepri and not self.v1_files:
-            return model("4.3"), "metadata store is Khepri (default from 4.2)"
-        if self.basic_message and not self.mc:
-            return model("3.10"), "stored messages are #basic_message (3.10-3.12)"
-        if self.mc and (self.latin1_atoms or self.index_module):
-            return model("3.13"), "#mc messages with OTP-25 atoms or an index_module in clean.dot (3.13)"
-        if self.mc:
-            return model("4.0"), "#mc messages with UTF-8 atoms (4.0-4.2)"
-        if self.index_module or self.latin1_atoms:
-            return model("3.10"), "clean.dot index_module / OTP-25 atoms (3.x)"
-        if self.utf8_atoms or self.next_deliver_seq_id:
-            return model("4.0"), "OTP-26+ atoms (4.x)"
-        return model("4.3"), "no version evidence in the data; assuming the newest supported"
+        """The version to predict for (the newest of the range), and why."""
+        r = self.range()
+        return r.model, f"written by {r.label}: {r.why}"
 
 
 def term_evidence(raw, ev: Evidence) -> None:

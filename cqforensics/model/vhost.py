@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from cqforensics.codes import Location, StoreStatus
+from cqforensics.errors import CQError
 from cqforensics.findings import Finding
 from cqforensics.layout import NodeDir, QueueDir, VhostDir
 from cqforensics.model import recovery, versions
@@ -31,7 +32,7 @@ from cqforensics.readers import terms as r_terms
 from cqforensics.readers.metadata import Metadata, read_metadata
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
-from cqforensics.readers.files import read_head
+from cqforensics.readers.files import read_head, read_optional
 from cqforensics.readers.qs import QsFile, open_qs
 
 
@@ -120,7 +121,7 @@ class VhostScan:
                     if len(sel):
                         ids[kind].append(r.msg_id[sel])
                         queue[kind].append(np.full(len(sel), qi, np.int64))
-                causes = [f for f in qx.findings if f.details.get("crashes_queue")] + qx.crashes
+                causes = [f for f in qx.findings if f.crashes_queue]
                 if causes:
                     crashes.setdefault(q.label, []).extend(causes)
         out = {}
@@ -196,13 +197,19 @@ class NodeScan:
         return read_metadata(self.node.path)
 
     @cached_property
+    def version_range(self) -> versions.VersionRange:
+        """The versions that may have written the data, and why (model.versions.Evidence)."""
+        return infer_range(self)
+
+    @cached_property
     def inferred(self) -> tuple[versions.BrokerModel, str]:
-        return infer_version(self)
+        r = self.version_range
+        return r.model, f"written by {r.label}: {r.why}"
 
     @cached_property
     def model(self) -> versions.BrokerModel:
-        if self.options.broker_version:
-            return versions.model(self.options.broker_version)
+        if self.options.broker_model is not None:  # parsed once, by make_options
+            return self.options.broker_model
         return self.inferred[0]
 
     @cached_property
@@ -263,9 +270,36 @@ _TERM_HEAD = 24  # bytes of a stored term enough to see its record tag and atom 
 
 
 def infer_version(ns: NodeScan) -> tuple[versions.BrokerModel, str]:
-    """Collect version evidence cheaply: metadata kind, recovery terms, clean.dot, and the
-    first bytes of a few stored terms."""
-    ev = versions.Evidence(khepri=ns.metadata.kind == "khepri")
+    """The version to predict for (the newest the data allows) and why."""
+    return ns.inferred
+
+
+def infer_range(ns: NodeScan) -> versions.VersionRange:
+    return collect_evidence(ns).range()
+
+
+def feature_flags(node_dir: Path) -> tuple[str, ...]:
+    """The enabled feature flags the broker lists beside its node dir (``<node>-feature_flags``,
+    an Erlang list of atoms); () when the file is absent or unreadable."""
+    import re
+
+    try:
+        raw = read_optional(node_dir.parent / f"{node_dir.name}-feature_flags", 65536)
+    except CQError:  # unreadable, or not a regular file (a FIFO would block forever)
+        return ()
+    if raw is None:
+        return ()
+    text = raw.decode("utf-8", "replace").strip()
+    if not (text.startswith("[") and text.rstrip(". \n").endswith("]")):
+        return ()
+    return tuple(a or b for a, b in re.findall(r"'([^']+)'|([a-z][A-Za-z0-9_@.]*)", text))
+
+
+def collect_evidence(ns: NodeScan) -> versions.Evidence:
+    """Collect version evidence cheaply: enabled feature flags, metadata kind, recovery terms,
+    clean.dot, and the first bytes of a few stored terms."""
+    ev = versions.Evidence(khepri=ns.metadata.kind == "khepri", mnesia=ns.metadata.kind == "mnesia",
+                           feature_flags=feature_flags(ns.node.path))
     for v in ns.node.vhosts:
         for terms in r_terms.recovery_terms(v.recovery_dets).values():
             ev.redeliver_seq_id |= "redeliver_seq_id" in terms
@@ -273,6 +307,7 @@ def infer_version(ns: NodeScan) -> tuple[versions.BrokerModel, str]:
         for st in v.stores.values():
             dot = r_terms.clean_dot(st.clean_dot)
             ev.index_module |= bool(dot and "index_module" in dot)
+            ev.clean_dot_without_index_module |= bool(dot is not None and "index_module" not in dot)
         seen = 0
         for q in v.queues:
             ev.v1_files |= bool(q.idx or q.journal)
@@ -290,4 +325,4 @@ def infer_version(ns: NodeScan) -> tuple[versions.BrokerModel, str]:
                 head = read_head(p, start + _TERM_HEAD)
                 if len(head) == start + _TERM_HEAD:
                     versions.term_evidence(head[-_TERM_HEAD:], ev)
-    return ev.infer()
+    return ev

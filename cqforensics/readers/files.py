@@ -1,44 +1,157 @@
-"""Reading input files: whole-file reads and memory maps, with one-line operational errors."""
+"""Reading input files: whole-file reads and memory maps, with one-line operational errors.
+
+Every input file is opened here, and only when it is a regular file (``os.stat`` before the
+open, ``O_NONBLOCK`` as a belt, ``fstat`` after it): a FIFO, socket or device named like a
+broker file would block ``open()`` or a read forever. Such a file raises ``NotRegularFile``
+(a ``FormatError``: the layout turns it into a ``not-regular-file`` finding) and is never read.
+``data_extents`` lists the data regions of a sparse file so scanners skip its holes unread."""
 
 from __future__ import annotations
 
 import mmap
+import os
+import stat
 from pathlib import Path
 
-from cqforensics.errors import OperationalError
+from cqforensics.errors import FormatError, OperationalError, display
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))
+
+
+class NotRegularFile(FormatError):
+    """A path that is not a regular file where one is expected (never opened for reading)."""
+
+
+def _what(mode: int) -> str:
+    for test, name in _KINDS:
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _oserror(path, e: OSError, verb: str = "read") -> OperationalError:
+    return OperationalError(f"{display(path)}: cannot {verb}: {e.strerror or e}")
+
+
+def file_type(path: Path | str) -> str | None:
+    """None for a regular file (symlinks followed), else what it is ("a FIFO", "a dangling or
+    looping symlink", ...); raises FileNotFoundError when nothing is there."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if os.path.lexists(path):
+            return "a dangling symlink"
+        raise
+    except OSError as e:
+        if os.path.islink(path):
+            return f"a symlink that cannot be followed ({e.strerror})"
+        raise
+    return None if stat.S_ISREG(st.st_mode) else _what(st.st_mode)
+
+
+def is_regular(path: Path | str) -> bool:
+    """Whether ``path`` is a regular file (symlinks followed); False when missing or unreadable."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def not_regular(path: Path | str, what: str) -> NotRegularFile:
+    return NotRegularFile(f"{what}, not a regular file: never read", os.fsdecode(path), None)
+
+
+def open_regular(path: Path | str):
+    """A binary file object on ``path``, opened only if it is a regular file (NotRegularFile
+    otherwise; OSError as is, for the caller to word)."""
+    what = file_type(path)
+    if what == "a directory":  # an operational error, as before (cannot read: is a directory)
+        raise IsADirectoryError(21, "Is a directory", os.fsdecode(path))
+    if what is not None:
+        raise not_regular(path, what)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # swapped between the stat and the open
+            raise not_regular(path, _what(st.st_mode))
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def read_bytes(path: Path | str) -> bytes:
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             return f.read()
     except OSError as e:
-        raise OperationalError(f"{path}: cannot read: {e.strerror}") from e
+        raise _oserror(path, e) from e
+
+
+def read_optional(path: Path | str, limit: int | None = None) -> bytes | None:
+    """The bytes of ``path`` (its first ``limit``), or None when it does not exist."""
+    try:
+        with open_regular(path) as f:
+            return f.read() if limit is None else f.read(limit)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise _oserror(path, e) from e
 
 
 def read_head(path: Path | str, n: int) -> bytes:
     """The first ``n`` bytes of ``path`` (fewer when it is shorter)."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             return f.read(n)
     except OSError as e:
-        raise OperationalError(f"{path}: cannot read: {e.strerror}") from e
+        raise _oserror(path, e) from e
 
 
 def map_file(path: Path | str):
     """A read-only memory map of ``path`` (``b""`` for an empty file)."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             try:
                 return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             except ValueError:  # empty file
                 return b""
     except OSError as e:
-        raise OperationalError(f"{path}: cannot read: {e.strerror}") from e
+        raise _oserror(path, e) from e
 
 
 def file_size(path: Path | str) -> int:
     try:
         return Path(path).stat().st_size
     except OSError as e:
-        raise OperationalError(f"{path}: cannot stat: {e.strerror}") from e
+        raise _oserror(path, e, "stat") from e
+
+
+def data_extents(path: Path | str, size: int | None = None) -> list[tuple[int, int]] | None:
+    """The ``[start, end)`` ranges of ``path`` that hold data (everything outside them reads as
+    zeros), found with SEEK_DATA/SEEK_HOLE without reading; None when the file system cannot
+    tell (then every byte must be treated as data)."""
+    if not hasattr(os, "SEEK_DATA"):
+        return None
+    try:
+        with open_regular(path) as f:
+            fd = f.fileno()
+            end = os.fstat(fd).st_size if size is None else size
+            out = []
+            pos = 0
+            while pos < end:
+                try:
+                    start = os.lseek(fd, pos, os.SEEK_DATA)
+                except OSError as e:
+                    if e.errno == 6:  # ENXIO: no data past pos
+                        break
+                    return None
+                if start >= end:
+                    break
+                stop = min(os.lseek(fd, start, os.SEEK_HOLE), end)
+                out.append((start, stop))
+                pos = stop
+            return out
+    except (OSError, FormatError):
+        return None

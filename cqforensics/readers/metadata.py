@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cqforensics import etf
+from cqforensics.errors import FormatError
+from cqforensics.readers.files import is_regular, read_bytes
 from cqforensics.readers.terms import read_disk_log
 
 TABLE = "rabbit_durable_queue"
@@ -123,8 +125,11 @@ _AMQQUEUE = re.compile(rb"[\x68\x69].{1,4}?(?:\x64\x00\x08|\x73\x08|\x76\x00\x08
 def _khepri(coord: Path) -> Metadata:
     meta = Metadata("khepri", notes=["Khepri metadata read heuristically (queues carved from the Ra log)"])
     queues: dict = {}
-    for path in sorted(p for p in coord.rglob("*") if p.is_file()):
-        data = path.read_bytes()
+    for path in sorted(p for p in coord.rglob("*") if is_regular(p)):
+        try:
+            data = read_bytes(path)
+        except FormatError:  # swapped for a FIFO since listed: never read
+            continue
         meta.files.append(path)
         for m in _AMQQUEUE.finditer(data):
             start = m.start()

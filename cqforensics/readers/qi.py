@@ -23,6 +23,7 @@ from construct import ConstructError
 from cqforensics.codes import SlotClass
 from cqforensics.findings import Finding
 from cqforensics.grammar import qi as c_qi
+from cqforensics.schema import TS, fit_array
 from cqforensics.readers.files import read_bytes
 
 EMPTY, LIVE, GHOST, BAD = SlotClass.EMPTY, SlotClass.LIVE, SlotClass.GHOST, SlotClass.BAD
@@ -116,6 +117,10 @@ def read_qi(path: Path, number: int, segment_entry_count: int = c_qi.DEFAULT_SEG
     klass, malformed = classify(slots)
     seg = QiSegment(path, number, len(data), header_ok, from_seq, to_seq, slots, klass, malformed,
                     tail_bytes=tail, findings=findings)
+    _, bad_expiry = fit_array(slots["expiry"], TS)
+    for i in np.flatnonzero(bad_expiry & (klass != EMPTY)).tolist():
+        findings.append(Finding.out_of_range("expiry", int(slots["expiry"][i]), path,
+                                             c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i))
     for i in np.flatnonzero((klass == BAD) | malformed):
         off = c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * int(i)
         why = strict_parse_error(data[off:off + c_qi.ENTRY_SIZE]) or f"status byte {int(slots['status'][i])}"
@@ -125,7 +130,8 @@ def read_qi(path: Path, number: int, segment_entry_count: int = c_qi.DEFAULT_SEG
                                 + ("" if crash else "; recovery drops it"), str(path), off,
                                 severity="error" if crash else "warning",
                                 details={"seq_id": from_seq + int(i), "status": int(slots["status"][i]),
-                                         "flags": int(slots["flags"][i]), "crashes_queue": bool(crash)}))
+                                         "flags": int(slots["flags"][i]), "crashes_queue": bool(crash)},
+                                crashes_queue=bool(crash)))
     if tail:
         off = c_qi.HEADER_SIZE + n * c_qi.ENTRY_SIZE
         status = data[off]
@@ -135,5 +141,44 @@ def read_qi(path: Path, number: int, segment_entry_count: int = c_qi.DEFAULT_SEG
                                 f"segment ends inside slot {n} ({tail} of 32 bytes, status byte {status})",
                                 str(path), off, severity="error" if crash else "info",
                                 details={"seq_id": from_seq + n, "tail_bytes": tail, "status": status,
-                                         "crashes_queue": bool(crash)}))
+                                         "crashes_queue": bool(crash)},
+                                crashes_queue=bool(crash)))
     return seg
+
+
+_LOCATIONS = {0: "memory", 1: "shared_store", 2: "queue_store"}
+_CLASS_NAMES = {LIVE: "publish", GHOST: "ghost (dropped by recovery)", BAD: "bad"}
+
+
+def dump_rows(path: Path, segment_entry_count: int | None = None):
+    """The per-slot listing of one segment (``dump``) as ``(row, term)`` pairs; a message kept
+    in the queue store is located in the sibling ``.qs`` (``term`` = (qs path, start, length))."""
+    from cqforensics.readers import qs as r_qs
+
+    try:
+        number = int(path.stem)
+    except ValueError:
+        number = 0
+    seg = read_qi(path, number)
+    yield {"offset": 0, "kind": "header", "status": "ok" if seg.header_ok else "bad header",
+           "from_seq_id": seg.from_seq_id, "to_seq_id": seg.to_seq_id}, None
+    qs = path.with_suffix(".qs")
+    qs_exists = qs.exists()
+    offsets = seg.offsets()
+    for i in np.flatnonzero(seg.klass != EMPTY):
+        s = seg.slots[i]
+        loc = int(s["loc_kind"])
+        row = {"offset": int(offsets[i]), "kind": _CLASS_NAMES[int(seg.klass[i])], "seq_id": seg.from_seq_id + int(i),
+               "persistent": bool(s["flags"] & 1), "size": int(s["size"]),
+               "location": _LOCATIONS.get(loc, f"invalid ({loc})"),
+               "expiry_us": int(s["expiry"]) or None, "status": seg.bad_reason.get(int(i), "ok")}
+        term = None
+        if loc == 1:
+            row["msg_id"] = s["msg_id"].tobytes().hex()
+        elif loc == 2:
+            row["qs_offset"], row["qs_size"] = int(s["qs_offset"]), int(s["qs_size"])
+            if qs_exists:
+                term = (qs, *r_qs.term_span(row["qs_offset"], row["qs_size"]))
+        yield row, term
+    for f in seg.findings:
+        yield {"offset": f.offset, "kind": "problem", "status": f"{f.code}: {f.message}"}, None

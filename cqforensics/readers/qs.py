@@ -5,12 +5,15 @@ as QS2 check_msg_on_disk does: the entry header's size must equal the index's, a
 
 from __future__ import annotations
 
+import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from cqforensics.codes import QsStatus
 from cqforensics.grammar import qs as c_qs
+from cqforensics.errors import FormatError
+from cqforensics.readers.files import open_regular, read_bytes
 
 _ENTRY_HEADER = c_qs.ENTRY_HEADER.unpack_from
 
@@ -74,10 +77,12 @@ def open_qs(path: Path | None) -> QsFile | None:
     if path is None:
         return None
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             head = f.read(c_qs.HEADER_SIZE)
             size = f.seek(0, 2)
     except FileNotFoundError:
+        return None
+    except FormatError:  # not a regular file (NotRegularFile): never read, as if missing
         return None
     except OSError as e:
         from cqforensics.errors import OperationalError
@@ -85,3 +90,45 @@ def open_qs(path: Path | None) -> QsFile | None:
         raise OperationalError(f"{path}: cannot read: {e.strerror}") from e
     ok = len(head) == c_qs.HEADER_SIZE and head[:4] == c_qs.MAGIC and head[4] == c_qs.VERSION
     return QsFile(path, size, ok)
+
+
+_NONZERO = re.compile(rb"[^\x00]")
+
+
+def dump_rows(path: Path, segment_entry_count: int | None = None):
+    """The per-entry listing of one segment (``dump``) as ``(row, term)`` pairs.
+
+    Without the .qi, entries are found heuristically: an entry header whose term starts
+    with 131 and whose CRC checks; zero runs are skipped (QS2 leaves zero-filled gaps for
+    messages acked while buffered; rabbitmq-formats.md 3.2)."""
+    data = read_bytes(path)
+    ok = data[:4] == c_qs.MAGIC and len(data) >= c_qs.HEADER_SIZE and data[4] == c_qs.VERSION
+    yield {"offset": 0, "kind": "header", "status": "ok" if ok else "bad header"}, None
+    o, gap = first_entry_offset(), None
+    while o < len(data):
+        if o + c_qs.ENTRY_HEADER_SIZE + 1 <= len(data):
+            size, flags, crc, reserved = _ENTRY_HEADER(data, o)
+            start, length = term_span(o, size)
+            term = data[start:start + length]
+            if 0 < size <= len(data) - start and flags in (0, 1) and reserved == 0 and term[:1] == b"\x83" \
+                    and (not flags or zlib.crc32(term) & 0xFFFF == crc):
+                if gap is not None:
+                    yield _gap(data, gap, o), None
+                    gap = None
+                yield ({"offset": o, "kind": "entry", "size": size, "crc": "ok" if flags else "none", "status": "ok"},
+                       (data, start, length))
+                o = sum(entry_span(o, size))
+                continue
+        gap = o if gap is None else gap
+        if data[o] == 0:
+            m = _NONZERO.search(data, o)
+            o = m.start() if m else len(data)
+        else:
+            o += 1
+    if gap is not None:
+        yield _gap(data, gap, len(data)), None
+
+
+def _gap(data: bytes, start: int, end: int) -> dict:
+    return {"offset": start, "kind": "gap", "size": end - start,
+            "status": "zeroed" if not any(data[start:end]) else "unparsed bytes"}

@@ -15,18 +15,20 @@ so everything behind a zeroed range is lost to those versions.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from cqforensics.grammar import rdq as c_rdq
-from cqforensics.readers.files import map_file
+from cqforensics.readers.files import data_extents, map_file
 
 _HEAD = c_rdq.ENTRY_HEAD.unpack_from
 _SIZE = c_rdq.ENTRY_SIZE_FIELD.unpack_from
 _MARK = c_rdq.WRITE_OK_MARKER
 _CHUNK = 1 << 20
+_SPARSE_MIN = 1 << 26  # files this big are walked by their data extents (holes skipped unread)
 
 
 @dataclass
@@ -62,14 +64,26 @@ def entry_total(term_length):
     return term_length + c_rdq.ENTRY_HEADER_SIZE + 1
 
 
-def find_candidates(data, start: int, end: int, first_only: bool = False) -> np.ndarray:
+def find_candidates(data, start: int, end: int, first_only: bool = False, extents=None) -> np.ndarray:
     """Offsets in [start, end) where a complete entry with a 255 marker starts (vectorised).
 
-    ``first_only`` stops at the first chunk that yields any candidate (the resync case)."""
+    ``first_only`` stops at the first chunk that yields any candidate (the resync case).
+    ``extents`` (sorted ``[start, end)`` data ranges of a sparse file, see
+    ``files.data_extents``): the holes between them read as zeros, where no entry can start
+    (its size field would be 0), so they are skipped without being read."""
     found = []
     pos = start
+    ends = [e for _, e in extents] if extents is not None else None
     while pos < end:
         stop = min(pos + _CHUNK, end)
+        if ends is not None:
+            i = bisect.bisect_right(ends, pos)
+            if i == len(ends):
+                break  # only zeros from here on
+            pos = max(pos, extents[i][0] - 7)  # a size field may start up to 7 bytes before data
+            if pos >= end:
+                break
+            stop = min(pos + _CHUNK, end, max(ends[i], pos + 1))
         window = np.frombuffer(data, np.uint8, count=min(stop + 7, end) - pos, offset=pos)
         n = stop - pos
         if len(window) < n + 7:
@@ -92,15 +106,24 @@ def find_candidates(data, start: int, end: int, first_only: bool = False) -> np.
     return np.concatenate(found) if found else np.zeros(0, np.int64)
 
 
-def _hole_kind(data, o: int, n: int) -> str:
-    view = np.frombuffer(data, np.uint8, count=n, offset=o)
-    return "zeroed" if not view.any() else "garbage"
+def _hole_kind(data, o: int, n: int, extents=None) -> str:
+    ranges = [(o, o + n)] if extents is None else \
+        [(max(a, o), min(b, o + n)) for a, b in extents if a < o + n and b > o]
+    for a, b in ranges:
+        for c in range(a, b, _CHUNK):
+            if np.frombuffer(data, np.uint8, count=min(_CHUNK, b - c), offset=c).any():
+                return "garbage"
+    return "zeroed"
 
 
 def walk(path: Path, number: int, data=None) -> RdqFile:
-    """Every entry of one file, plus its holes. Never raises on damaged content."""
+    """Every entry of one file, plus its holes. Never raises on damaged content. A big sparse
+    file is walked by its data extents: its holes are skipped without being read."""
     data = map_file(path) if data is None else data
     end = len(data)
+    extents = data_extents(path, end) if end >= _SPARSE_MIN else None
+    if extents == [(0, end)]:
+        extents = None
     f = RdqFile(path, number, end)
     offsets: list[int] = []
     o = 0
@@ -120,12 +143,12 @@ def walk(path: Path, number: int, data=None) -> RdqFile:
             size, msg_id = _HEAD(data, o)
             if 16 <= size and o + size + 9 <= end:
                 f.bad_markers.append((o, size + 9, msg_id))
-        nxt = find_candidates(data, o + 1, end, first_only=True)
+        nxt = find_candidates(data, o + 1, end, first_only=True, extents=extents)
         stop = int(nxt[0]) if len(nxt) else end
         if stop == end and _is_truncated_tail(data, o, end):
             f.holes.append(Hole(o, end - o, "truncated_tail"))
         else:
-            f.holes.append(Hole(o, stop - o, _hole_kind(data, o, stop - o)))
+            f.holes.append(Hole(o, stop - o, _hole_kind(data, o, stop - o, extents)))
         o = stop
     if offsets:  # every such entry has its 24-byte head inside the file
         f.offsets = np.array(offsets, np.int64)
@@ -162,3 +185,25 @@ def broker_chain(f: RdqFile, data=None) -> list[int]:
             reached.append(i)
         o += size + 9
     return reached
+
+
+def dump_rows(path: Path, segment_entry_count: int | None = None):
+    """The per-entry listing of one file (``dump``): entries and holes in file order, each as
+    ``(row, term)`` with ``term`` the ``(data, start, length)`` of the stored message (None
+    for holes and torn entries). The file is memory-mapped (pages come and go), never read whole."""
+    data = map_file(path)
+    f = walk(path, 0, data)
+    rows = [(o, {"offset": o, "kind": "entry", "size": t, "msg_id": i.hex(), "status": "ok"})
+            for o, t, i in zip(f.offsets.tolist(), f.totals.tolist(), (m.tobytes() for m in f.msg_ids))]
+    rows += [(o, {"offset": o, "kind": "entry", "size": t, "msg_id": i.hex(), "status": "no write marker"})
+             for o, t, i in f.bad_markers]
+    rows += [(h.offset, {"offset": h.offset, "kind": "hole", "size": h.length, "status": h.kind}) for h in f.holes]
+    seen: set = set()
+    for _, row in sorted(rows, key=lambda r: (r[0], r[1]["kind"] != "hole")):
+        term = None
+        if row["kind"] == "entry" and row["status"] == "ok":
+            if row["msg_id"] in seen:
+                row["status"] = "duplicate id in this file"
+            seen.add(row["msg_id"])
+            term = (data, *term_span(row["offset"], row["size"]))
+        yield row, term

@@ -16,7 +16,7 @@ from pathlib import Path
 from cqforensics import etf, textfiles
 from cqforensics.errors import FormatError
 from cqforensics.grammar import disklog as c_disklog
-from cqforensics.readers.files import read_bytes
+from cqforensics.readers.files import read_bytes, read_optional
 
 _ITEM_HEAD = c_disklog.ITEM_HEAD.unpack_from
 DETS_ACTIVE = b"\x12\x34\x56\x78"
@@ -32,8 +32,13 @@ class TermLog:
 
 
 def read_disk_log(path: Path, data: bytes | None = None) -> TermLog:
-    """Items of a disk_log internal-format file; stops (with ``error``) at the first damage."""
-    data = read_bytes(path) if data is None else data
+    """Items of a disk_log internal-format file; stops (with ``error``) at the first damage
+    (a file that is not a regular file is never read: ``error`` says what it is)."""
+    if data is None:
+        try:
+            data = read_bytes(path)
+        except FormatError as e:  # NotRegularFile
+            return TermLog(path, None, error=e)
     if data[:4] != c_disklog.FILE_MAGIC:
         return TermLog(path, None, error=FormatError("not a disk_log file", str(path), 0))
     log = TermLog(path, data[4:8] == c_disklog.CLOSED)
@@ -105,11 +110,16 @@ def read_dets_objects(path: Path) -> list:
 
 
 def recovery_terms(path: Path) -> dict[str, dict]:
-    """recovery.dets: queue dir name -> recovery terms (present only after a clean stop)."""
+    """recovery.dets: queue dir name -> recovery terms (present only after a clean stop; {}
+    when absent or not a regular file)."""
     if not path.exists():
         return {}
     out = {}
-    for obj in read_dets_objects(path):
+    try:
+        objects = read_dets_objects(path)
+    except FormatError:  # NotRegularFile: reported by the layout, never read
+        return {}
+    for obj in objects:
         if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], list):
             try:
                 name = bytes(obj[0]).decode("latin-1")
@@ -122,10 +132,28 @@ def recovery_terms(path: Path) -> dict[str, dict]:
 def clean_dot(path: Path) -> dict | None:
     """clean.dot terms ({client_refs, [...]}, {index_module, ...}); None when absent or unreadable."""
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+        raw = read_optional(path)
+    except FormatError:  # NotRegularFile: reported by the layout, never read
+        return None
+    if raw is None:
         return None
     try:
         return textfiles.proplist(textfiles.consult(raw))
     except FormatError:
         return None
+
+
+def dump_dets(path: Path, segment_entry_count: int | None = None):
+    """The per-object listing of a DETS file (``dump``) as ``(row, None)`` pairs."""
+    for obj in read_dets_objects(path):
+        yield {"kind": "object", "term": etf.format_term(obj)}, None
+
+
+def dump_disk_log(path: Path, segment_entry_count: int | None = None):
+    """The per-item listing of a disk_log (``dump``) as ``(row, None)`` pairs."""
+    log = read_disk_log(path)
+    yield {"kind": "header", "closed_properly": log.closed}, None
+    for off, item in zip(log.offsets, log.items):
+        yield {"offset": off, "kind": "item", "term": etf.format_term(item)}, None
+    if log.error:
+        yield {"offset": log.error.offset, "kind": "error", "status": log.error.message}, None

@@ -4,8 +4,8 @@ Records are decoded with the struct twins of ``grammar.idx`` / ``grammar.jif``. 
 follows QI1 (rabbit_queue_index.erl, 3.10): the journal is applied on top of the segments, a
 RelSeq goes ``published -> delivered -> acked (gone)``, and duplicates already in a segment
 are ignored. Combinations the broker has no clause for (an ack without a publish, a record
-after the ack, a truncated publish that leaves the segment misaligned) are recorded in
-``crashes``: they crash the queue's recovery (and so hang the boot) on versions that read v1.
+after the ack, a truncated publish that leaves the segment misaligned) are findings marked
+``crashes_queue``: they crash the queue's recovery (and so hang the boot) on versions that read v1.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cqforensics.findings import Finding
+from cqforensics.schema import TS, fits
 from cqforensics.grammar import idx as c_idx
 from cqforensics.grammar import jif as c_jif
 from cqforensics.readers.files import read_bytes
@@ -56,8 +57,7 @@ class Entry:
 class V1Index:
     records: list[Record] = field(default_factory=list)
     entries: dict[int, Entry] = field(default_factory=dict)
-    findings: list[Finding] = field(default_factory=list)
-    crashes: list[Finding] = field(default_factory=list)  # boot-crash causes (3.10-4.2 recovery)
+    findings: list[Finding] = field(default_factory=list)  # crashes_queue: boot-crash causes (3.10-4.2)
 
     def live(self) -> list[Entry]:
         """Published and not acked, in SeqId order."""
@@ -92,6 +92,8 @@ def parse_segment(path: Path, number: int, count: int, data: bytes, out: V1Index
                 break
             rec = Record(path, o, "publish", base + rel, bool(head & 0x4000), msg_id, expiry, size,
                          o + c_idx.PUB_HEAD_SIZE if emb else 0, emb)
+            if not fits(expiry, TS):
+                out.findings.append(Finding.out_of_range("expiry", expiry, path, o))
             out.records.append(rec)
             state[rel] = [rec, False, False]
             o += c_idx.PUB_HEAD_SIZE + emb
@@ -144,6 +146,8 @@ def parse_journal(path: Path, count: int, data: bytes, out: V1Index) -> dict[int
             break
         rec = Record(path, o, "publish", seq, prefix == c_jif.PUB_PERSISTENT, msg_id, expiry, size,
                      o + c_jif.PUB_HEAD_SIZE if emb else 0, emb)
+        if not fits(expiry, TS):
+            out.findings.append(Finding.out_of_range("expiry", expiry, path, o))
         out.records.append(rec)
         _journal_action(state, seq, "publish", path, o, out, rec)
         o += c_jif.PUB_HEAD_SIZE + emb
@@ -171,9 +175,8 @@ def _journal_action(state, seq, kind, path, off, out: V1Index, rec: Record | Non
 
 
 def _crash(out: V1Index, code: str, path: Path, offset: int, message: str, seq_id: int | None = None) -> None:
-    f = Finding(code, message, str(path), offset, details={"seq_id": seq_id} if seq_id is not None else {})
-    out.findings.append(f)
-    out.crashes.append(f)
+    out.findings.append(Finding(code, message, str(path), offset,
+                                details={"seq_id": seq_id} if seq_id is not None else {}, crashes_queue=True))
 
 
 def read_v1_queue(idx_files: list[tuple[int, Path]], journal: Path | None, count: int) -> V1Index:
@@ -232,3 +235,33 @@ def _journal_minus_segment_ok(j, s) -> bool:
     return (jd, ja, sd, sa) in {(True, False, False, False), (True, False, True, False),
                                 (False, True, True, False), (False, True, True, True),
                                 (True, True, False, False), (True, True, True, False), (True, True, True, True)}
+
+
+def _dump_rows(path: Path, data: bytes, out: V1Index):
+    for r in out.records:
+        row = {"offset": r.offset, "kind": r.kind, "seq_id": r.seq_id}
+        term = None
+        if r.kind == "publish":
+            row.update(persistent=r.persistent, msg_id=r.msg_id.hex(), size=r.size, expiry_us=r.expiry or None,
+                       embedded_size=r.embedded_size)
+            if r.embedded_size:
+                term = (data, r.embedded_offset, r.embedded_size)
+        yield row, term
+    for f in out.findings:
+        yield {"offset": f.offset, "kind": "problem", "status": f"{f.code}: {f.message}"}, None
+
+
+def dump_segment(path: Path, segment_entry_count: int):
+    """The per-record listing of one ``.idx`` segment (``dump``) as ``(row, term)`` pairs."""
+    data = read_bytes(path)
+    out = V1Index()
+    parse_segment(path, int(path.stem) if path.stem.isdigit() else 0, segment_entry_count, data, out)
+    yield from _dump_rows(path, data, out)
+
+
+def dump_journal(path: Path, segment_entry_count: int):
+    """The per-record listing of a ``journal.jif`` (``dump``) as ``(row, term)`` pairs."""
+    data = read_bytes(path)
+    out = V1Index()
+    parse_journal(path, segment_entry_count, data, out)
+    yield from _dump_rows(path, data, out)

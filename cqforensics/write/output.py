@@ -1,39 +1,33 @@
-"""Never in place, never half done: writers build their output in a staging dir beside the
-destination and rename it into place only once it is complete and verified.
+"""Never in place, never half done: every writer (compact, rebuild, the Spark writer) builds
+its output in a staging dir beside the destination (``Staging``) and moves it into place only
+once it is complete and verified.
 
 The staging dir is ``.<DST name>.cqf-partial-<pid>`` in DST's parent, so the final rename is
 atomic (same filesystem) and a kill at any moment leaves either no DST (or the empty dir it
 was) or the complete one, never something that looks complete. Partial dirs left by killed
-runs are removed by the next run for the same DST.
+runs are removed by the next run for the same DST. A writer that replaces an existing DST
+(``replace=True``: the Spark writer's overwrite and append) swaps the two trees atomically
+(renameat2 RENAME_EXCHANGE), so DST is at every moment the old tree or the new one; the old
+one then sits in the staging dir's place until it is removed.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 from pathlib import Path
 
-from cqforensics.errors import OperationalError, UsageError
+from cqforensics.errors import OperationalError, UsageError, display
+from cqforensics.outputs import check_output
 
 PARTIAL = ".cqf-partial-"
 
 
-def _inside(a: Path, b: Path) -> bool:
-    return a == b or b in a.parents
-
-
-def check_destination(dst: Path, inputs: list[Path]) -> Path:
-    """DST must not exist (or be an empty dir) and must not overlap an input."""
-    dst = Path(dst).absolute()
-    for p in inputs:
-        p = Path(p).absolute()
-        if _inside(dst, p) or _inside(p, dst):
-            raise UsageError(f"{dst}: the output may not be inside an input or contain one ({p})")
-    if dst.is_symlink() or (dst.exists() and not dst.is_dir()):
-        raise UsageError(f"{dst}: exists and is not a directory")
-    if dst.is_dir() and any(dst.iterdir()):
-        raise UsageError(f"{dst}: exists and is not empty (writers never write into existing data)")
-    return dst
+def check_destination(dst: Path, inputs: list[Path], replace: bool = False) -> Path:
+    """A writer's DST (a dir): ``check_output`` with ``directory=True``; with ``replace`` it may
+    be an existing dir (the output replaces it whole)."""
+    return check_output(dst, inputs, directory=True, force=replace)
 
 
 def _alive(pid: int) -> bool:
@@ -59,6 +53,37 @@ def stale_partials(dst: Path) -> list[Path]:
     return out
 
 
+def copy_tree(src: Path, dst: Path, skip: set[Path]) -> None:
+    """Copy ``src`` into the existing dir ``dst``, except the dirs in ``skip`` (created empty).
+    Writers carry a node dir's metadata over this way and write its message stores anew."""
+    for dirpath, dirnames, filenames in os.walk(src):
+        here = Path(dirpath)
+        target = dst / here.relative_to(src)
+        target.mkdir(exist_ok=True)
+        keep = []
+        for d in dirnames:
+            p = here / d
+            if p.is_symlink():
+                os.symlink(os.readlink(p), target / d)
+            elif p in skip:
+                (target / d).mkdir()
+            else:
+                keep.append(d)
+        dirnames[:] = keep
+        for name in filenames:
+            p = here / name
+            try:
+                if p.is_symlink():
+                    os.symlink(os.readlink(p), target / name)
+                elif stat.S_ISFIFO(p.lstat().st_mode):  # carried as what it is (opening it would block)
+                    os.mkfifo(target / name, stat.S_IMODE(p.lstat().st_mode))
+                else:
+                    shutil.copy2(p, target / name)
+            except OSError as e:
+                raise OperationalError(f"{display(p)}: cannot copy: {e.strerror or e}") from e
+        shutil.copystat(here, target)
+
+
 def fsync_tree(root: Path) -> None:
     """Make the dir entries durable (files are fsynced as they are closed)."""
     for dirpath, _, _ in os.walk(root, topdown=False):
@@ -69,13 +94,44 @@ def fsync_tree(root: Path) -> None:
             os.close(fd)
 
 
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (renameat2 RENAME_EXCHANGE); False where that is unsupported."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: not on this filesystem or kernel
+        return False
+    raise OperationalError(f"{b}: cannot swap in the new store: {os.strerror(err)}")
+
+
 class Staging:
     """``with Staging(dst, inputs) as st: write under st.path; st.commit()``. Leaving the block
-    without ``commit`` (an error) removes the staging dir; a kill leaves it, named partial."""
+    without ``commit`` (an error) removes the staging dir; a kill leaves it, named partial.
 
-    def __init__(self, dst: Path, inputs: list[Path], dry_run: bool = False):
-        self.dst = check_destination(dst, inputs)
+    ``replace``: DST may be an existing dir, which ``commit`` swaps out atomically (see the
+    module doc) and removes; an input may then be DST itself (it is read, never written)."""
+
+    def __init__(self, dst: Path, inputs: list[Path], dry_run: bool = False, replace: bool = False):
+        self.dst = check_destination(dst, inputs, replace)
         self.dry_run = dry_run
+        self.replace = replace
         self.path = self.dst.parent / f".{self.dst.name}{PARTIAL}{os.getpid()}"
         self.removed_stale: list[Path] = []
         self.committed = False
@@ -100,16 +156,33 @@ class Staging:
         if self.dry_run:
             return
         fsync_tree(self.path)
-        try:
-            os.rename(self.path, self.dst)  # replaces an empty dir atomically
-        except OSError as e:
-            raise OperationalError(f"{self.dst}: cannot rename the finished output into place: {e.strerror}") from e
-        fd = os.open(self.dst.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        dst = self.dst
+        if self.replace and dst.is_dir() and any(dst.iterdir()):
+            self._swap()
+        else:
+            try:
+                os.rename(self.path, dst)  # replaces an empty dir atomically
+            except OSError as e:
+                raise OperationalError(f"{dst}: cannot rename the finished output into place: {e.strerror}") from e
+            _fsync_dir(dst.parent)
+            self.committed = True
+
+    def _swap(self) -> None:
+        """Make the staging dir the new DST in one step; the old tree takes the staging dir's
+        name (so a kill before it is removed leaves it as a stale partial) and is removed."""
+        dst = self.dst
+        if _exchange(self.path, dst):
+            _fsync_dir(dst.parent)
+            self.committed = True
+            shutil.rmtree(self.path)  # the old DST now
+            return
+        # no renameat2 here: two renames; between them the old tree waits beside DST
+        old = dst.parent / f".{dst.name}.cqf-old-{os.getpid()}"
+        os.rename(dst, old)
+        os.rename(self.path, dst)
+        _fsync_dir(dst.parent)
         self.committed = True
+        shutil.rmtree(old)
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if not self.committed and not self.dry_run:

@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from cqforensics import amqp091, etf, layout, textfiles
-from cqforensics.model import versions
+from cqforensics import amqp091, layout, textfiles
 from cqforensics.errors import OperationalError, UsageError
+from cqforensics.model import versions
 from cqforensics.write import formats
 
 REQUIRED = {"vhost": pa.string(), "queue": pa.string(), "body": pa.binary()}
@@ -110,10 +110,6 @@ def headers_table(headers: str | None, term_format: str | None = None) -> dict |
 
 # -- one row -> the stored term ---------------------------------------------------------------------
 
-_CONTENT = etf.Atom("content")
-_NONE = etf.Atom("none")
-_FRAMING = etf.Atom("rabbit_framing_amqp_0_9_1")
-
 
 def _props(p: dict | None) -> dict:
     out = dict.fromkeys(amqp091.SCALAR_PROPERTIES)
@@ -123,29 +119,9 @@ def _props(p: dict | None) -> dict:
     return out
 
 
-def stored_term(model: versions.BrokerModel, msg_id: bytes, vhost: str, exchange: str | None,
-                routing_keys: list[str], props: dict, props_bin: bytes, body: bytes) -> bytes:
-    """The term the target version stores for an AMQP 0-9-1 message published with ``props``."""
-    content = (_CONTENT, 60, _NONE, props_bin, _FRAMING, [body])
-    x = (exchange or "").encode()
-    rks = [k.encode() for k in routing_keys]
-    if not model.stores_mc:
-        term = (etf.Atom("basic_message"), (etf.Atom("resource"), vhost.encode(), etf.Atom("exchange"), x), rks,
-                content, msg_id, etf.Atom("true"))
-        return etf.term_to_binary(term, utf8_atoms=False)
-    anns = {etf.Atom("id"): msg_id, etf.Atom("x"): x, etf.Atom("rk"): rks}
-    # the annotations a publish derives from the properties (mc_amqpl essential_properties);
-    # on delivery the broker rebuilds priority, expiration and timestamp from these, not from
-    # the stored property bytes
-    if props.get("priority") is not None:
-        anns[etf.Atom("p")] = props["priority"]
-    if props.get("timestamp") is not None:
-        anns[etf.Atom("ts")] = props["timestamp"] * 1000
-    ttl = props.get("expiration")
-    if ttl and ttl.isdigit():
-        anns[etf.Atom("ttl")] = int(ttl)
-    return etf.term_to_binary((etf.Atom("mc"), etf.Atom("mc_amqpl"), content, anns),
-                              utf8_atoms=model.utf8_atoms)
+#: the term a target version stores for an AMQP 0-9-1 message (the per-version shape decision
+#: lives in ``formats``, shared with compact and rebuild)
+stored_term = formats.stored_term
 
 
 @dataclass
@@ -237,10 +213,14 @@ class QueueRows:
 
     @property
     def label(self) -> str:
-        name = self.name
-        if len(name) >= 2 and name[-2] == 0:
-            return f"{name[:-2].decode('utf-8', 'replace')}[p{name[-1]}]"
-        return name.decode("utf-8", "replace")
+        q = textfiles.QueueName(self.vhost, self.name, None)
+        base = q.base.decode("utf-8", "replace")
+        return base if q.priority is None else f"{base}[p{q.priority}]"
+
+    @property
+    def count(self) -> int:
+        """Rows going to this dir."""
+        return len(self.part)
 
     def extend(self, k: int, cols: dict, positions: np.ndarray) -> None:
         self.part = np.concatenate([self.part, np.full(len(positions), k, np.int32)])
@@ -317,10 +297,7 @@ def _queue_dir(v: str, q: str, p, mp, plans, meta, model, queue_version, existin
             version = args["x-queue-version"]
     stored = qb if level is None else textfiles.priority_queue_name(qb, int(level))
     dir_name = textfiles.queue_dir_name(vb, stored)
-    if model.index_v2_only:
-        version = 2
-    elif version is None:
-        version = existing.get(dir_name, 1)  # classic_queue_default_version, up to 3.13
+    version = formats.index_version(model, version, existing.get(dir_name))
     plan = plans.get(dir_name)
     if plan is None:
         plan = plans[dir_name] = QueueRows(vb, stored, dir_name, int(version), terms)
@@ -353,8 +330,7 @@ def write_new_vhost(vhost: bytes, plans: list[QueueRows], out: Path, sources, li
     (out / "msg_store_transient").mkdir()
     (out / ".vhost").write_bytes(vhost)
     if any(p.index_version == 1 for p in plans):
-        (out / ".config").write_bytes(b"%% This file is auto-generated! Edit at your own risk!\n"
-                                      b"{segment_entry_count, %d}." % V1_SEGMENT_ENTRY_COUNT)
+        (out / ".config").write_bytes(formats.vhost_config(V1_SEGMENT_ENTRY_COUNT))
     shared = SharedStoreWriter(out / "msg_store_persistent", sources, limit)
     for plan in sorted(plans, key=lambda p: p.dir_name):
         w = QueueWriter(out / "queues" / plan.dir_name, sources, plan.index_version,
@@ -372,13 +348,12 @@ def build(parts: list[PartInfo], dst: Path, model: versions.BrokerModel, mode: s
     """Write the parts' rows into ``dst`` (see the module doc). ``mode``: "overwrite" replaces
     DST's message stores, "append" adds the rows after the messages DST holds. A new DST is a
     copy of ``template`` (a node dir: its metadata comes along) with these stores, or a bare
-    ``msg_stores`` tree. The result is built beside DST, verified, then swapped in atomically."""
-    import shutil
-
+    ``msg_stores`` tree. The result is built beside DST, verified, then swapped in atomically
+    (``output.Staging`` with ``replace``)."""
     from cqforensics.fsck import running_broker
     from cqforensics.grammar import rdq as c_rdq
-    from cqforensics.write.output import PARTIAL, fsync_tree, stale_partials
-    from cqforensics.write.salvage import LostFound, Result, _copy_tree, _Ctx, rewrite_vhost
+    from cqforensics.write.output import Staging, copy_tree
+    from cqforensics.write.salvage import RewriteContext, rewrite_vhost
     from cqforensics.write.store import Sources
     from cqforensics.write.verify import verify
 
@@ -398,53 +373,46 @@ def build(parts: list[PartInfo], dst: Path, model: versions.BrokerModel, mode: s
     plans = plan_queues(parts, model, _metadata(base), queue_version, existing)
     result = BuildResult(str(dst), mode, model.label)
     limit = file_size_limit or c_rdq.FILE_SIZE_LIMIT
-    for p in stale_partials(dst):
-        shutil.rmtree(p, ignore_errors=True)
-    staging = dst.parent / f".{dst.name}{PARTIAL}{os.getpid()}"
-    staging.mkdir()
-    sources = Sources()
-    try:
-        if base is not None:
-            _copy_tree(base, staging, {base / "msg_stores" / "vhosts"})
-        vhosts_dir = staging / "msg_stores" / "vhosts"
-        vhosts_dir.mkdir(parents=True, exist_ok=True)
-        by_vhost: dict[bytes, list[QueueRows]] = {}
-        for plan in plans.values():
-            by_vhost.setdefault(plan.vhost, []).append(plan)
-        if mode == "append" and old is not None:
-            from cqforensics.model.options import make_options
-            from cqforensics.model.vhost import NodeScan
+    with Staging(dst, [template] if template is not None else [], replace=True) as staging:
+        sources = Sources()
+        try:
+            if base is not None:
+                copy_tree(base, staging.path, {base / "msg_stores" / "vhosts"})
+            vhosts_dir = staging.path / "msg_stores" / "vhosts"
+            vhosts_dir.mkdir(parents=True, exist_ok=True)
+            by_vhost: dict[bytes, list[QueueRows]] = {}
+            for plan in plans.values():
+                by_vhost.setdefault(plan.vhost, []).append(plan)
+            if mode == "append" and old is not None:
+                from cqforensics.model.options import make_options
+                from cqforensics.model.vhost import NodeScan
 
-            ns = NodeScan(old, make_options(broker_version=model.label, bodies=False, decode=False))
-            ctx = _Ctx("compact", Result("compact", str(dst), str(dst), False), sources, LostFound(None), False, limit)
-            for vs in ns.vhosts:
-                extra = {p.dir_name: p for p in by_vhost.pop(vs.vhost.name_raw, [])}
-                try:
-                    rewrite_vhost(vs, vhosts_dir / vs.vhost.dir_name, ctx, extra=extra)
-                finally:
-                    vs.close()
-            if ctx.damage:
-                raise OperationalError(f"rabbitcq writer: {dst} holds damaged messages ({ctx.damage[0]}); append "
-                                       "only to a consistent store (see cqforensics rebuild)")
-            result.kept = sum(q.written for q in ctx.result.queues)
-        for vhost, vplans in sorted(by_vhost.items()):
-            write_new_vhost(vhost, vplans, vhosts_dir / textfiles.vhost_dir_name(vhost), sources, limit)
-        for plan in plans.values():
-            result.queues[f"{plan.vhost.decode('utf-8', 'replace')}/{plan.label}"] = len(plan.part)
-        result.rows = sum(result.queues.values())
-        sources.close()
-        check = verify(staging, broker_version=model.label)
+                ns = NodeScan(old, make_options(broker_version=model.label, bodies=False, decode=False))
+                ctx = RewriteContext.start("compact", dst, dst, sources, limit)
+                for vs in ns.vhosts:
+                    extra = {p.dir_name: p for p in by_vhost.pop(vs.vhost.name_raw, [])}
+                    try:
+                        rewrite_vhost(vs, vhosts_dir / vs.vhost.dir_name, ctx, extra=extra)
+                    finally:
+                        vs.close()
+                if ctx.damage:
+                    raise OperationalError(f"rabbitcq writer: {dst} holds damaged messages ({ctx.damage[0]}); "
+                                           "append only to a consistent store (see cqforensics rebuild)")
+                result.kept = sum(q.written for q in ctx.result.queues)
+            for vhost, vplans in sorted(by_vhost.items()):
+                write_new_vhost(vhost, vplans, vhosts_dir / textfiles.vhost_dir_name(vhost), sources, limit)
+            for plan in plans.values():
+                result.queues[f"{plan.vhost.decode('utf-8', 'replace')}/{plan.label}"] = plan.count
+            result.rows = sum(result.queues.values())
+        finally:
+            sources.close()
+        check = verify(staging.path, broker_version=model.label)
         if not check.consistent:
             f = check.violations[0]
             raise OperationalError(f"rabbitcq writer: the written store failed verification ({f.code}: {f.message});"
                                    f" {dst} is unchanged")
         result.verified = True
-        fsync_tree(staging)
-        swap_into_place(staging, dst)
-    except BaseException:
-        sources.close()
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        staging.commit()
     return result
 
 
@@ -455,42 +423,3 @@ def _metadata(node_dir: Path | None):
 
     meta = read_metadata(node_dir)
     return meta if meta.kind is not None else None
-
-
-def swap_into_place(staging: Path, dst: Path) -> None:
-    """Make ``staging`` the new ``dst`` atomically: a rename when DST is absent or empty, else
-    an exchange of the two (renameat2 RENAME_EXCHANGE) and removal of the old tree."""
-    import shutil
-
-    if not dst.exists() or (dst.is_dir() and not any(dst.iterdir())):
-        os.rename(staging, dst)
-    elif _exchange(staging, dst):
-        shutil.rmtree(staging)  # the old DST now
-    else:  # no renameat2 here: two renames; between them the old tree waits beside DST
-        old = dst.parent / f".{dst.name}.cqf-old-{os.getpid()}"
-        os.rename(dst, old)
-        os.rename(staging, dst)
-        shutil.rmtree(old)
-    fd = os.open(dst.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: not on this filesystem or kernel
-        return False
-    raise OperationalError(f"{b}: cannot swap in the new store: {os.strerror(err)}")

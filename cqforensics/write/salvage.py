@@ -24,25 +24,33 @@ import base64
 import hashlib
 import json
 import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from cqforensics import fastpath, layout
-from cqforensics.errors import CQError, OperationalError
+from cqforensics import exitcodes, fastpath, layout
+from cqforensics.codes import Fate, Location
+from cqforensics.errors import CQError, OperationalError, display, display_all
 from cqforensics.grammar import qi as c_qi
 from cqforensics.grammar import rdq as c_rdq
-from cqforensics.codes import Fate, Location
 from cqforensics.model.options import make_options
-from cqforensics.model.recovery import BY_DESIGN, KEPT_AS_IS, QUARANTINED, SALVAGEABLE, intrinsic_fate
+from cqforensics.model.recovery import (
+    BY_DESIGN,
+    KEPT_AS_IS,
+    QUARANTINED,
+    SALVAGEABLE,
+    intrinsic_fate,
+)
+from cqforensics.model.versions import BrokerModel
+from cqforensics.model.versions import model as version_model
 from cqforensics.model.vhost import NodeScan, VhostScan
+from cqforensics.readers import files as r_files
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.write import formats
-from cqforensics.write.output import Staging
+from cqforensics.write.output import Staging, check_destination, copy_tree
 from cqforensics.write.store import Entry, QueueWriter, SharedStoreWriter, Sources
 
 _KEY = 1 << 40  # a shared-store entry's (file position, offset) as one sortable integer
@@ -51,7 +59,7 @@ _KEY = 1 << 40  # a shared-store entry's (file position, offset) as one sortable
 class DamagedSource(CQError):
     """compact met damage: exit 4 (errors left), nothing written."""
 
-    exit_code = 4
+    exit_code = exitcodes.ERRORS_LEFT
 
 
 @dataclass
@@ -86,7 +94,8 @@ class Result:
     source: str
     output: str
     dry_run: bool
-    broker_version: str = ""
+    broker_version: str = ""  # the version(s) the output is written for
+    source_version: str = ""  # the version(s) SRC was read as (what its own next boot does)
     queues: list[QueueResult] = field(default_factory=list)
     bytes_before: int = 0  # every file under SRC's msg_stores/vhosts
     bytes_after: int = 0  # every file written under the output's msg_stores/vhosts
@@ -110,10 +119,10 @@ class Result:
         """compact: 0. rebuild (e2fsck style): 1 when SRC was damaged (messages rescued, or lost
         or quarantined for reasons other than being transient or in a deleted queue), else 0."""
         if self.command != "rebuild":
-            return 0
-        by_design = {f.label for f in BY_DESIGN}
+            return exitcodes.OK
+        by_design = {f.label for f in BY_DESIGN} | {formats.NOT_REPRESENTABLE}  # not damage of SRC
         damage = any(set(q.lost) - by_design or set(q.quarantined) - by_design for q in self.queues)
-        return 1 if self.rescued or damage or "torn" in self.garbage else 0
+        return exitcodes.FIXED if self.rescued or damage or "torn" in self.garbage else exitcodes.OK
 
     def totals(self) -> dict:
         def total(key):
@@ -130,6 +139,7 @@ class Result:
     def to_dict(self) -> dict:
         return {"format": f"cqforensics-{self.command}/1", "command": self.command, "source": self.source,
                 "output": self.output, "dry_run": self.dry_run, "broker_version": self.broker_version,
+                "source_version": self.source_version,
                 "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,
                 "bytes_reclaimed": self.bytes_before - self.bytes_after,
                 "store_entries_before": self.store_entries_before, "store_entries_written": self.store_entries_written,
@@ -170,7 +180,8 @@ class LostFound:
                 f.write(raw)
             line.update(raw=name, raw_bytes=len(raw), raw_sha256=hashlib.sha256(raw).hexdigest())
             line.update(_summary(raw))
-        self._out.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
+        # paths and names as text (``display``): an undecodable file name is no valid UTF-8
+        self._out.write(json.dumps(display_all(line), ensure_ascii=False, default=str) + "\n")
 
     def close(self) -> None:
         if self._out is not None:
@@ -197,7 +208,11 @@ def _summary(raw: bytes) -> dict:
 
 
 @dataclass
-class _Ctx:
+class RewriteContext:
+    """What rewriting one vhost after another shares (``rewrite_vhost``): the command's rules
+    (compact or rebuild), the result being filled in, open sources, lost+found, the output's
+    shared-store file size limit, and what compact found that makes SRC unfit."""
+
     command: str
     result: Result
     sources: Sources
@@ -205,9 +220,21 @@ class _Ctx:
     dry: bool
     limit: int
     damage: list[str] = field(default_factory=list)  # compact: what makes SRC unfit
+    target: BrokerModel | None = None  # the version the output is written for (None: SRC's)
+    reterm: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)  # this vhost: store key -> (id, new term)
     v2_count: dict[Path, int] = field(default_factory=dict)  # vhost dir -> v2 segment size seen
     torn: dict[bytes, tuple] = field(default_factory=dict)  # this vhost: id -> marker-less entry
     repaired: dict[bytes, bytes] = field(default_factory=dict)  # this vhost: id -> whole term of a torn entry
+
+    @classmethod
+    def start(cls, command: str, source, output, sources: Sources, limit: int = c_rdq.FILE_SIZE_LIMIT,
+              lost_found: Path | None = None, dry_run: bool = False,
+              target: BrokerModel | None = None) -> "RewriteContext":
+        """A context with a new, empty ``Result``; ``lost_found``: where lost+found goes
+        (None: items are only counted); ``target``: the version written for (None: each
+        vhost's own)."""
+        return cls(command, Result(command, display(source), display(output), dry_run), sources, LostFound(lost_found),
+                   dry_run, limit, target=target)
 
     @property
     def rebuild(self) -> bool:
@@ -215,13 +242,15 @@ class _Ctx:
 
 
 def _read_small(path: Path) -> bytes | None:
+    """A small file's bytes; None when absent, unreadable or not a regular file (a FIFO would
+    block ``open()`` forever)."""
     try:
-        return path.read_bytes()
-    except OSError:
+        return r_files.read_optional(path)
+    except (CQError, OSError):
         return None
 
 
-def _put_file(ctx: _Ctx, path: Path, data: bytes) -> None:
+def _put_file(ctx: RewriteContext, path: Path, data: bytes) -> None:
     ctx.result.bytes_after += len(data)
     if not ctx.dry:
         with open(path, "xb") as f:
@@ -230,18 +259,22 @@ def _put_file(ctx: _Ctx, path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
 
 
-def rewrite_vhost(vs: VhostScan, out: Path, ctx: _Ctx, extra: dict | None = None) -> None:
+def rewrite_vhost(vs: VhostScan, out: Path, ctx: RewriteContext, extra: dict | None = None) -> None:
     """Rewrite one vhost's store into ``out``. ``extra`` (the Spark writer's append) maps queue
-    dir names to more messages (``QueueRows``) to write after the ones the dir holds."""
+    dir names to more messages to write after the ones the dir holds: objects with the interface
+    of ``rows.QueueRows`` (``dir_name``, ``index_version``, ``stub``, ``count``, ``entries(first_seq)``,
+    ``shared_terms()``); the dirs written are popped from it."""
     vh = vs.vhost
     node = vs.node.node.node
     vhost_label = vh.name if vh.name is not None else vh.label
-    model = vs.model
+    model = ctx.target or vs.model  # what the output is written for
     if not ctx.dry:
         (out / "queues").mkdir(parents=True)
         (out / "msg_store_transient").mkdir()
     for name in (".vhost", ".config"):
-        raw = _read_small(vh.path / name)
+        # .vhost holds the name exactly: a damaged one is written afresh from the name the
+        # metadata gives the dir (copied as found only when no name is known)
+        raw = vh.name_raw if name == ".vhost" and vh.name_raw is not None else _read_small(vh.path / name)
         if raw is not None:
             _put_file(ctx, out / name, raw)
     stores = vs.stores
@@ -254,6 +287,7 @@ def rewrite_vhost(vs: VhostScan, out: Path, ctx: _Ctx, extra: dict | None = None
     ctx.torn = {i: (persistent.files[fi].path, o, t) for fi, o, t, i in persistent.bad} \
         if ctx.rebuild and persistent is not None else {}
     ctx.repaired = {}
+    ctx.reterm = {}
     for q in vs.all_queue_dirs:
         qr = QueueResult(node, vhost_label, q.name, q.priority, q.dir_name, q.index_version)
         ctx.result.queues.append(qr)
@@ -261,11 +295,16 @@ def rewrite_vhost(vs: VhostScan, out: Path, ctx: _Ctx, extra: dict | None = None
         if known is False:
             qr.skipped = "not a durable queue in the metadata: the broker deletes this dir at boot"
         vin = q.index_version
-        vout = 2 if vin == 1 and model.index_v2_only else vin
+        vout = formats.index_version(model, current=vin) if vin is not None else None
+        if not qr.skipped and q.name_source != ".queue_name" and q.name_raw is None and not q.qi and not q.idx \
+                and q.journal is None:  # a dir with no name and no index: nothing a boot could read
+            qr.skipped = "an empty queue dir without a readable .queue_name: nothing to write"
         qr.written_version = None if qr.skipped else vout
         writer = None
         if not qr.skipped:
-            stub = _read_small(q.path / ".queue_name")
+            # the source's own .queue_name only when it parsed and matched its dir; a damaged one
+            # is written afresh from the name the metadata gives the dir (never copied damaged)
+            stub = _read_small(q.path / ".queue_name") if q.name_source == ".queue_name" else None
             if stub is None and q.name_raw is not None and vh.name_raw is not None:
                 stub = formats.queue_name_stub(vh.name_raw, q.name_raw, vout or 2)
             writer = QueueWriter(out / "queues" / q.dir_name, ctx.sources, vout or 2,
@@ -300,7 +339,7 @@ def rewrite_vhost(vs: VhostScan, out: Path, ctx: _Ctx, extra: dict | None = None
             added.append(rows)
         if writer is not None:
             writer.close()
-            qr.written = writer.stats.messages - (len(rows.part) if rows is not None else 0)
+            qr.written = writer.stats.messages - (rows.count if rows is not None else 0)
             ctx.result.bytes_after += writer.stats.bytes
     for rows in (extra or {}).values():  # queues with no dir yet
         writer = QueueWriter(out / "queues" / rows.dir_name, ctx.sources, rows.index_version,
@@ -318,7 +357,11 @@ def rewrite_vhost(vs: VhostScan, out: Path, ctx: _Ctx, extra: dict | None = None
         t = np.concatenate(ref_total)
         keys, first = np.unique(f * _KEY + o, return_index=True)
         for k in first.tolist():
-            shared.copy(persistent.files[int(f[k])].path, int(o[k]), int(t[k]))
+            new = ctx.reterm.get(int(f[k]) * _KEY + int(o[k]))
+            if new is not None:  # re-encoded for the target version
+                shared.add(*new)
+            else:
+                shared.copy(persistent.files[int(f[k])].path, int(o[k]), int(t[k]))
     for msg_id, term in ctx.repaired.items():  # re-framed with a good marker
         shared.add(msg_id, term)
     for rows in added:
@@ -332,7 +375,7 @@ def rewrite_vhost(vs: VhostScan, out: Path, ctx: _Ctx, extra: dict | None = None
 
 
 
-def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: _Ctx, refs, store_pos, writer,
+def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: RewriteContext, refs, store_pos, writer,
                    shift: int) -> list[Entry]:
     """The chunk's live entries to write (SeqIds moved by ``shift``); the rest counted, and
     put in lost+found when rebuild has their bytes."""
@@ -353,6 +396,8 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: _Ctx, refs, sto
     qs_path = qx.qs_path
     qs = vs.qs_files.get(qs_path) if qs_path is not None else None
     has_id = qx.index_ids(live).tolist()
+    target = ctx.target or vs.model
+    vhost_raw = vs.vhost.name_raw if vs.vhost.name_raw is not None else (qr.vhost or "").encode()
     entries: list[Entry] = []
     rf, ro, rt = [], [], []
     for j in range(len(live)):
@@ -373,20 +418,34 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: _Ctx, refs, sto
                 return None
             return vs.bodies.read(res.body_files[fb], body_start[j], body_len[j])
 
+        def retarget(term, whole: bool) -> tuple[bool, bytes | None]:
+            """(write it, its new term; None: copy the stored bytes): the target version's shape
+            (``formats.term_plan``). ``term``: the stored term, or its first bytes (not ``whole``)."""
+            action, why = formats.term_plan(target, formats.term_shape(term))
+            if action == formats.KEEP:
+                return True, None
+            full = term if whole else raw()
+            if action == formats.UNREPRESENTABLE:
+                ctx.lost.add(formats.NOT_REPRESENTABLE, place(), full, why)
+                _bump(qr.quarantined, formats.NOT_REPRESENTABLE)
+                return False, None
+            return True, formats.retarget_term(target, full, vhost_raw, msg_id if has_id[j] else None)
+
+        b = None
         keep = False
         if writer is None:  # the queue dir is not written (unknown to the metadata)
             if ctx.rebuild:
                 b = raw()
                 if b is None:
-                    _bump(qr.lost, "queue_deleted")
+                    _bump(qr.lost, Fate.QUEUE_DELETED.label)
                 else:
-                    ctx.lost.add("queue_deleted", place(), b, qr.skipped or "")
-                    _bump(qr.quarantined, "queue_deleted")
+                    ctx.lost.add(Fate.QUEUE_DELETED.label, place(), b, qr.skipped or "")
+                    _bump(qr.quarantined, Fate.QUEUE_DELETED.label)
             else:
-                _bump(qr.dropped, "queue_deleted")
+                _bump(qr.dropped, Fate.QUEUE_DELETED.label)
             continue
         if not ctx.rebuild:
-            if fate == Fate.TRANSIENT:
+            if fate in BY_DESIGN:  # transient: not a message a restart keeps
                 _bump(qr.dropped, fate.label)
                 continue
             if fate not in KEPT_AS_IS or fb < 0:
@@ -405,6 +464,11 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: _Ctx, refs, sto
             if fate == Fate.BODY_MISSING and loc == Location.SHARED_STORE and msg_id in ctx.torn:
                 b = _whole_term(vs, *ctx.torn[msg_id], msg_id) if msg_id not in ctx.repaired else ctx.repaired[msg_id]
                 if b is not None:
+                    if msg_id not in ctx.repaired:
+                        ok, new = retarget(b, True)
+                        if not ok:
+                            continue
+                        b = new if new is not None else b
                     ctx.repaired[msg_id] = b
                     entries.append(Entry(seqs[j] + shift, msg_id, sizes[j], expiries[j], shared=True,
                                          delivered=delivered[j] == 1))
@@ -435,12 +499,20 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: _Ctx, refs, sto
                 continue
         if not keep:
             continue
+        ok, new = retarget(b, True) if b is not None else \
+            retarget(vs.bodies.read(res.body_files[fb], body_start[j], min(body_len[j], formats.SHAPE_HEAD)), False)
+        if not ok:
+            continue
         seq = seqs[j] + shift
         if loc == Location.SHARED_STORE:
             entries.append(Entry(seq, msg_id, sizes[j], expiries[j], shared=True, delivered=delivered[j] == 1))
             rf.append(store_pos[res.body_files[fb]])
             ro.append(store_off[j])
             rt.append(r_rdq.entry_total(body_len[j]))
+            if new is not None:
+                ctx.reterm[rf[-1] * _KEY + ro[-1]] = (msg_id, new)
+        elif new is not None:  # re-encoded: written from memory
+            entries.append(Entry(seq, msg_id, sizes[j], expiries[j], delivered=delivered[j] == 1, term=new))
         elif loc == Location.QUEUE_STORE:
             entries.append(Entry(seq, b"", sizes[j], expiries[j], src=(qs_path, *r_qs.entry_span(st_off[j], st_size[j])),
                                  qs_header=True))
@@ -477,7 +549,7 @@ def _undecodable(raw: bytes, msg_id: bytes | None) -> str | None:
     return None
 
 
-def _store_garbage(vs: VhostScan, ctx: _Ctx, node: str, vhost: str | None, written_keys: np.ndarray) -> None:
+def _store_garbage(vs: VhostScan, ctx: RewriteContext, node: str, vhost: str | None, written_keys: np.ndarray) -> None:
     """Shared-store entries not written: ``orphan`` (no index entry refers to the id),
     ``duplicate`` (another copy of the id was written) or ``unreferenced`` (only messages that
     were not written refer to it; those are accounted for with their queue). compact drops them
@@ -529,34 +601,6 @@ def _store_garbage(vs: VhostScan, ctx: _Ctx, node: str, vhost: str | None, writt
 # -- the node dir -----------------------------------------------------------------------------------
 
 
-def _copy_tree(src: Path, dst: Path, skip: set[Path]) -> None:
-    """Copy ``src`` into the existing dir ``dst``, except the dirs in ``skip`` (created empty)."""
-    for dirpath, dirnames, filenames in os.walk(src):
-        here = Path(dirpath)
-        target = dst / here.relative_to(src)
-        target.mkdir(exist_ok=True)
-        keep = []
-        for d in dirnames:
-            p = here / d
-            if p.is_symlink():
-                os.symlink(os.readlink(p), target / d)
-            elif p in skip:
-                (target / d).mkdir()
-            else:
-                keep.append(d)
-        dirnames[:] = keep
-        for name in filenames:
-            p = here / name
-            try:
-                if p.is_symlink():
-                    os.symlink(os.readlink(p), target / name)
-                else:
-                    shutil.copy2(p, target / name)
-            except OSError as e:
-                raise OperationalError(f"{p}: cannot copy: {e.strerror}") from e
-        shutil.copystat(here, target)
-
-
 def _tree_bytes(path: Path) -> int:
     total = 0
     for dirpath, _, filenames in os.walk(path):
@@ -570,13 +614,18 @@ def _tree_bytes(path: Path) -> int:
 
 def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: bool = False,
             file_size_limit: int = c_rdq.FILE_SIZE_LIMIT, progress: Callable[[str], None] | None = None,
-            verify_output: bool = True) -> Result:
-    """compact or rebuild ``src`` (a node dir, a mnesia base or a folder of them) into ``dst``."""
+            verify_output: bool = True, source_version: str | None = None, force: bool = False) -> Result:
+    """compact or rebuild ``src`` (a node dir, a mnesia base or a folder of them) into ``dst``.
+    ``broker_version``: the version that will boot the output (its index versions, stored term
+    shapes and atom encoding; default: the version SRC was written by); ``source_version``: the
+    version SRC is read as, whose next boot decides what is kept (default: inferred); ``force``:
+    ``dst`` may be an existing non-empty dir, replaced whole (atomically) by the output."""
     from cqforensics.fsck import running_broker
 
     src = Path(src).absolute()
+    check_destination(Path(dst), [src], replace=force)  # usage errors before the long read (Staging checks again)
     nodes = layout.discover([src])
-    result = Result(command, str(src), str(Path(dst).absolute()), dry_run)
+    result = Result(command, display(src), display(Path(dst).absolute()), dry_run)
     for node in nodes:
         live = running_broker(node.path)
         if live:
@@ -584,20 +633,22 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
                                    "copy the dir, before rewriting it")
     predicted = {}
     if command == "rebuild":  # what SRC's own next boot would deliver, per queue dir
-        predicted = _broker_prediction(src, broker_version)
-    with Staging(Path(dst), [src], dry_run) as staging:
+        predicted = _broker_prediction(src, source_version)
+    with Staging(Path(dst), [src], dry_run, replace=force) as staging:
         sources = Sources()
         lost = LostFound(None if dry_run else staging.path / "lost+found")
-        ctx = _Ctx(command, result, sources, lost, dry_run, file_size_limit)
+        ctx = RewriteContext(command, result, sources, lost, dry_run, file_size_limit,
+                             target=version_model(broker_version) if broker_version else None)
         try:
             if not dry_run:
-                _copy_tree(src, staging.path, {n.path / "msg_stores" / "vhosts" for n in nodes})
-            versions = set()
+                copy_tree(src, staging.path, {n.path / "msg_stores" / "vhosts" for n in nodes})
+            versions, targets = set(), set()
             for node in nodes:
-                options = make_options(broker_version=broker_version, bodies=False, decode=False,
+                options = make_options(broker_version=source_version, bodies=False, decode=False,
                                        assume_dirty=command == "rebuild")
                 ns = NodeScan(node, options)
                 versions.add(ns.model.label)
+                targets.add((ctx.target or ns.model).label)
                 out_node = staging.path / node.path.relative_to(src)
                 result.bytes_before += _tree_bytes(node.path / "msg_stores" / "vhosts")
                 vhosts = ns.vhosts
@@ -612,7 +663,8 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
                     if dropped:
                         result.notes.append(f"{node.node}/{vs.vhost.label}: {dropped} files the broker does not use "
                                             "were not carried over")
-            result.broker_version = ", ".join(sorted(versions))
+            result.source_version = ", ".join(sorted(versions))
+            result.broker_version = ", ".join(sorted(targets))
         finally:
             lost.close()
             sources.close()
@@ -626,7 +678,7 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
                 q.broker_would_deliver, q.broker_would_expire = predicted.get((q.node, q.vhost, q.dir), (0, 0))
         result.lost_found = lost.items
         if lost.items and not dry_run:
-            result.lost_found_path = str(Path(dst).absolute() / "lost+found")
+            result.lost_found_path = display(Path(dst).absolute() / "lost+found")
         if staging.removed_stale:
             result.notes.append(f"removed {len(staging.removed_stale)} partial output(s) of interrupted runs")
         if not dry_run and verify_output:
@@ -653,7 +705,7 @@ def _broker_prediction(src: Path, broker_version: str | None) -> dict:
             try:
                 for s in queue_summaries(vs):
                     vh = vs.vhost.name if vs.vhost.name is not None else vs.vhost.label
-                    out[(node.node, vh, s["qdir"].dir_name)] = (s["kept"], s["drops"].get("expired", 0))
+                    out[(node.node, vh, s["qdir"].dir_name)] = (s["kept"], s["drops"].get(Fate.EXPIRED.label, 0))
             finally:
                 vs.close()
     return out

@@ -19,6 +19,7 @@ from cqforensics.grammar import idx as c_idx
 from cqforensics.grammar import qi as c_qi
 from cqforensics.grammar import qs as c_qs
 from cqforensics.grammar import rdq as c_rdq
+from cqforensics.readers.registry import file_name
 from cqforensics.write import formats
 
 _COPY_CHUNK = 1 << 30
@@ -165,7 +166,7 @@ class SharedStoreWriter:
             self._close_current()
             out = None
         if out is None:
-            out = self._out = OutFile(self.path / f"{len(self.files)}.rdq", self.sources, self.dry)
+            out = self._out = OutFile(self.path / file_name("rdq", len(self.files)), self.sources, self.dry)
         return out
 
     def _close_current(self) -> None:
@@ -314,7 +315,7 @@ class QueueWriter:
                 ids[k] = np.frombuffer(e.msg_id, "V16")[0]
                 continue
             if qs is None:
-                qs = OutFile(self.path / f"{number}.qs", self.sources, self.dry)
+                qs = OutFile(self.path / file_name("qs", number), self.sources, self.dry)
                 qs.put(formats.segment_header(c_qs.MAGIC, number, self.entry_count))
             loc[k] = c_qi.LOC_QUEUE_STORE
             qs_off[k] = qs.size
@@ -331,14 +332,14 @@ class QueueWriter:
                 qs.put(formats.qs_entry_header(term))
                 qs.put(term)
                 qs_size[k] = len(term)
-        qi = OutFile(self.path / f"{number}.qi", self.sources, self.dry)
+        qi = OutFile(self.path / file_name("qi", number), self.sources, self.dry)
         qi.put(formats.qi_segment(number, self.entry_count, slots, np.ones(n, np.uint8), loc, ids, qs_off, qs_size,
                                   size, expiry))
         self._done(qi, qs)
         self.stats.messages += n
 
     def _v1_segment(self, number: int, entries: list[Entry]) -> None:
-        out = OutFile(self.path / f"{number}.idx", self.sources, self.dry)
+        out = OutFile(self.path / file_name("idx", number), self.sources, self.dry)
         for e in entries:
             rel = e.seq_id - number * self.entry_count
             if e.shared:

@@ -18,16 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-from cqforensics import layout
-from cqforensics.checks import check_vhost
+from cqforensics import exitcodes, layout
+from cqforensics.errors import display
+from cqforensics.checks import check_vhost, qs_overlaps, undelivered
 from cqforensics.findings import INFO, Finding
-from cqforensics.codes import Fate, Location
 from cqforensics.model.options import make_options
-from cqforensics.model.recovery import FINDING_OF_FATE
-from cqforensics.model.vhost import NodeScan, VhostScan
-from cqforensics.readers import qs as r_qs
+from cqforensics.model.vhost import NodeScan
 
 BREAKS = frozenset({"orphan-message", "duplicate-copy", "transient-dropped"})
 
@@ -50,7 +46,7 @@ class VerifyResult:
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.consistent else 4
+        return exitcodes.OK if self.consistent else exitcodes.ERRORS_LEFT
 
     def to_dict(self) -> dict:
         return {"format": "cqforensics-verify/1", "path": self.path, "consistent": self.consistent,
@@ -60,30 +56,10 @@ class VerifyResult:
                 "exit_code": self.exit_code}
 
 
-def _qs_overlaps(vs: VhostScan) -> list[Finding]:
-    """Two live index entries whose ``.qs`` ranges overlap (a writer bug the broker never sees)."""
-    out = []
-    for qx in vs.chunks():
-        r, live = qx.rec, qx.live
-        sel = live[r.loc[live] == Location.QUEUE_STORE]
-        if len(sel) < 2:
-            continue
-        off, length = r_qs.entry_span(r.store_offset[sel], r.store_size[sel])
-        end = off + length
-        order = np.argsort(off, kind="stable")
-        bad = np.flatnonzero(off[order][1:] < end[order][:-1])
-        if len(bad):
-            k = int(order[bad[0] + 1])
-            out.append(Finding("qs-entry-missing", f"{len(bad)} .qs entries overlap the entry before them "
-                               f"(first: seq id {int(r.seq[sel[k]])})", str(qx.qdir.qs.get(qx.segment)),
-                               int(off[k]), severity="error", queue=qx.qdir.name, priority=qx.qdir.priority))
-    return out
-
-
 def verify(paths, broker_version: str | None = None, deep: bool = False,
            progress: Callable[[str], None] | None = None) -> VerifyResult:
     options = make_options(broker_version=broker_version, bodies=False, decode=False, assume_dirty=True)
-    result = VerifyResult(str(paths) if isinstance(paths, (str, Path)) else " ".join(map(str, paths)))
+    result = VerifyResult(display(paths) if isinstance(paths, (str, Path)) else " ".join(map(display, paths)))
     versions = set()
     for node in layout.discover(paths):
         result.nodes += 1
@@ -95,18 +71,14 @@ def verify(paths, broker_version: str | None = None, deep: bool = False,
             result.vhosts += 1
             try:
                 verdicts, findings = check_vhost(vs, deep)
-                findings += _qs_overlaps(vs)
+                findings += qs_overlaps(vs)
                 result.store_entries += sum(len(st.e_id) for st in vs.stores.values())
             finally:
                 vs.close()
             for v in verdicts:
                 result.queues += 1
                 result.messages += v.messages
-                for fate, n in sorted(v.drops.items()):
-                    if fate != Fate.EXPIRED.label:
-                        findings.append(Finding(FINDING_OF_FATE[Fate[fate.upper()]], f"{n} messages of queue "
-                                                f"{v.queue} would not be delivered after a restart: {fate}",
-                                                severity="error", node=v.node, vhost=v.vhost, queue=v.queue))
+                findings += undelivered(v)
             for f in findings:
                 if f.severity != INFO or f.code in BREAKS:
                     result.violations.append(f)

@@ -1,0 +1,35 @@
+"""``--deep``: decode every stored message the index holds (the broker never does at boot)."""
+
+from __future__ import annotations
+
+from cqforensics import fastpath
+from cqforensics.codes import Location
+from cqforensics.findings import Finding
+from cqforensics.model.index import IndexChunk
+from cqforensics.model.recovery import Resolved
+from cqforensics.model.vhost import VhostScan
+
+
+def decode_checks(vs: VhostScan, qx: IndexChunk, res: Resolved) -> list[Finding]:
+    """--deep: decode every stored message the index holds (the broker never does at boot)."""
+    out = []
+    r = qx.rec
+    for j, i in enumerate(qx.live.tolist()):
+        f = int(res.body_file[j])
+        if f < 0:
+            continue
+        start = int(res.body_start[j])
+        raw = vs.bodies.read(res.body_files[f], start, int(res.body_len[j]))
+        try:
+            msg = fastpath.decode(raw)
+            bad = None
+            if r.loc[i] == Location.SHARED_STORE and msg["msg_id"] is not None and msg["msg_id"] != r.msg_id[i].tobytes():
+                bad = "the stored term's message id differs from the index's"
+        except Exception as e:  # any failure to decode is the finding
+            bad = f"{type(e).__name__}: {e}"
+        if bad:
+            qs = r.loc[i] == Location.QUEUE_STORE
+            out.append(Finding("qs-entry-undecodable" if qs else "msg-corrupt", bad[:300], str(res.body_files[f]),
+                               int(res.store_offset[j]), queue=qx.qdir.name, priority=qx.qdir.priority,
+                               details={"seq_id": int(r.seq[i])}))
+    return out

@@ -1,0 +1,154 @@
+"""The one dispatch point from a file to its reader.
+
+Every file kind the tool knows is one ``Reader`` line in ``READERS``: where the broker puts it
+in a node dir (``where`` and its fixed ``names``, or ``<N><ext>`` when ``numbered``), the
+extensions a lone file is recognised by (``dump``), and the reader's entry points. Discovery
+(``layout``), the files table, ``dump`` and the writers ask ``kind_of`` / ``READERS`` instead of
+matching names themselves, so a new format is one grammar module, one reader module and one
+line here.
+
+Places (``where``): ``store`` (``msg_store_persistent`` / ``msg_store_transient``), ``queue``
+(a queue dir), ``vhost`` (a vhost dir), ``node`` (the node dir's Mnesia files).
+
+``dump`` callables take ``(path, segment_entry_count)`` and yield ``(row, term)`` pairs in file
+order: ``row`` is the listing dict, ``term`` is ``None`` or ``(source, start, length)`` locating
+the stored message term (``source`` is the buffer the offsets are into, or a ``Path`` to read).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cqforensics.readers import qi as r_qi
+from cqforensics.readers import qs as r_qs
+from cqforensics.readers import rdq as r_rdq
+from cqforensics.readers import terms as r_terms
+from cqforensics.readers import v1 as r_v1
+
+PLACES = ("node", "vhost", "store", "queue")
+_DIGITS = re.compile(r"[0-9]{1,15}")  # ASCII digits only (Erlang's list_to_integer); at most 15 of them:
+# every number a broker gives a file is far below 10^15, and N * segment size then fits an int64
+# (a longer number is an unknown file, never a number that overflows the columns)
+
+
+@dataclass(frozen=True)
+class Reader:
+    kind: str
+    where: str | None  # PLACES; None: never laid out in a node dir
+    doc: str
+    names: tuple[str, ...] = ()  # fixed names the broker gives the file at ``where``
+    ext: str | None = None  # the ``<N><ext>`` extension when ``numbered``
+    numbered: bool = False
+    suffixes: tuple[str, ...] = ()  # extensions a lone file is known by (besides ``ext``)
+    read: Callable | None = None  # the reader's entry point
+    dump: Callable | None = None  # (path, segment_entry_count) -> Iterator[(row, term)]
+    term_span: Callable | None = None  # framing: entry -> (start, length) of its term
+
+    @property
+    def lone_suffixes(self) -> tuple[str, ...]:
+        return ((self.ext,) if self.ext else ()) + self.suffixes
+
+    def matches(self, name: str) -> bool:
+        """Whether ``name`` is what the broker calls a file of this kind at ``where``."""
+        if name in self.names:
+            return True
+        if self.numbered and name.endswith(self.ext):
+            return bool(_DIGITS.fullmatch(name[:-len(self.ext)]))
+        return False
+
+
+READERS: dict[str, Reader] = {r.kind: r for r in (
+    Reader("vhost", "vhost", "vhost name", names=(".vhost",)),
+    Reader("config", "vhost", "vhost config (CQv1 segment_entry_count)", names=(".config",)),
+    Reader("dets", "vhost", "DETS table (recovery terms)", names=("recovery.dets",), suffixes=(".dets",),
+           read=r_terms.read_dets_objects, dump=r_terms.dump_dets),
+    Reader("rdq", "store", "shared message store file", ext=".rdq", numbered=True, read=r_rdq.walk,
+           dump=r_rdq.dump_rows, term_span=r_rdq.term_span),
+    Reader("rdt", "store", "interrupted store combine (<= 3.12)", ext=".rdt", numbered=True),
+    Reader("dot", "store", "store clean-shutdown terms", names=("clean.dot",), read=r_terms.clean_dot),
+    Reader("ets", "store", "ets:tab2file dump", names=("file_summary.ets", "msg_store_index.ets"),
+           suffixes=(".ets",), read=r_terms.read_ets, dump=r_terms.dump_disk_log),
+    Reader("queue_name", "queue", "queue name", names=(".queue_name",)),
+    Reader("qi", "queue", "CQv2 index segment", ext=".qi", numbered=True, read=r_qi.read_qi, dump=r_qi.dump_rows),
+    Reader("qs", "queue", "CQv2 per-queue store segment", ext=".qs", numbered=True, read=r_qs.open_qs,
+           dump=r_qs.dump_rows, term_span=r_qs.term_span),
+    Reader("idx", "queue", "CQv1 index segment", ext=".idx", numbered=True, read=r_v1.parse_segment,
+           dump=r_v1.dump_segment),
+    Reader("jif", "queue", "CQv1 index journal", names=("journal.jif",), suffixes=(".jif",),
+           read=r_v1.parse_journal, dump=r_v1.dump_journal),
+    Reader("disk_log", "node", "Mnesia disk_log (table dump, table log, transaction log)",
+           suffixes=(".DCD", ".DCL", ".LOG"), read=r_terms.read_disk_log, dump=r_terms.dump_disk_log),
+)}
+
+
+def kind_of(path: Path | str, where: str | None = None) -> str | None:
+    """The kind of the file at ``path``, or None.
+
+    With ``where`` (one of PLACES): only what the broker puts there, by its exact name.
+    Without: the exact name first, then the extension (a lone, possibly renamed file)."""
+    name = Path(path).name
+    for r in READERS.values():
+        if (where is None or r.where == where) and r.matches(name):
+            return r.kind
+    if where is None:
+        suffix = Path(path).suffix
+        for r in READERS.values():
+            if suffix and suffix in r.lone_suffixes:
+                return r.kind
+    return None
+
+
+def number_of(path: Path | str) -> int | None:
+    """N of a numbered file ``<N><ext>`` of a known kind, else None."""
+    name = Path(path).name
+    for r in READERS.values():
+        if r.numbered and r.matches(name):
+            return int(name[:-len(r.ext)])
+    return None
+
+
+def numbered(path: Path | str, where: str | None = None) -> tuple[str, int] | None:
+    """(kind, N) when ``path`` is a numbered file ``<N><ext>`` (at ``where``), else None."""
+    kind = kind_of(path, where)
+    if kind is None or not READERS[kind].numbered:
+        return None
+    return kind, number_of(path)
+
+
+def fixed_names(where: str) -> list[tuple[str, str]]:
+    """(name, kind) of the fixed-name files the broker keeps at ``where``, in registry order."""
+    return [(n, r.kind) for r in READERS.values() if r.where == where for n in r.names]
+
+
+def other_kind(path: Path | str, where: str) -> str:
+    """The kind a listing shows for a file discovery left aside at ``where`` (not a numbered
+    data file): its fixed-name kind, else ``unknown``."""
+    kind = kind_of(path, where)
+    return kind if kind is not None and not READERS[kind].numbered else "unknown"
+
+
+def file_name(kind: str, number: int | None = None) -> str:
+    """The name the broker gives a file of ``kind`` (``<N><ext>`` for a numbered kind), for
+    the writers."""
+    r = READERS[kind]
+    if r.numbered:
+        if number is None:
+            raise ValueError(f"{kind} files are numbered")
+        return f"{number}{r.ext}"
+    return r.names[0]
+
+
+def dumpable() -> list[str]:
+    """The extensions ``dump`` accepts, sorted."""
+    return sorted(s for r in READERS.values() if r.dump is not None for s in r.lone_suffixes)
+
+
+def reader(kind: str) -> Reader:
+    return READERS[kind]
+
+
+__all__ = ["PLACES", "READERS", "Reader", "dumpable", "file_name", "fixed_names", "kind_of", "number_of",
+           "numbered", "other_kind", "reader"]
