@@ -16,6 +16,7 @@ Needs root (chroots) and the runtimes (python -m cqforensics.broker.runtimes ins
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import os
@@ -512,6 +513,50 @@ be given the same settings (`manifest.json` `settings`).
 """
 
 
+README_IMPORTED = """
+## Datasets written by brokers that cannot be installed here
+
+RabbitMQ 3.12.14, 3.13.7, 4.1.8 and 4.2.2 have no package for this host, so no test boots them:
+their node dirs were written elsewhere by the real brokers (core builds, no plugins) and are
+proven by reading. Each `<dataset>/` holds the node dir exactly as copied after `rabbitmqctl stop`,
+as `NAME.tar.gz` (node name `NAME@localhost`; a 16 MiB mostly empty `0.rdq` per store makes the
+unpacked dir about 21 MB), and `manifest.json.gz`, converted from that broker's ground truth
+(`truth.json`: the broker was restarted on the original dir and every queue drained) by
+`python sample_data/import_extra.py FOLDER...` (in this folder; its docstring gives the rules).
+
+* The archive is unpacked into `<dataset>/mnesia/` (gitignored) by the tests before anything reads
+  it (`tests/oracle.py` `extract_archives()`, run when `tests/conftest.py` is imported; idempotent,
+  it re-extracts only when the archive changed). By hand:
+  `mkdir -p D/mnesia && tar xzf D/NAME.tar.gz -C D/mnesia`.
+* The truth records 6 of the 13 basic properties (`content_type`, `delivery_mode`, `priority`,
+  `message_id`, `timestamp`, `expiration`): the manifest lists them in `properties_recorded` and
+  the oracle compares exactly those. Headers were recorded as the client decoded them and are
+  typed by the publisher's and the broker's encoding rules (`import_extra.py`).
+* `restarted_at_ms` is the truth's `snapshot_ms` (when the files were copied; TTLs are judged
+  then). Queue arguments come from the node's own metadata store (not in the truth).
+* 3.13.7 ran on OTP 27 (upstream supports 3.13 on OTP 26 only); its atoms are UTF-8 as OTP 26
+  writes them. 4.2.2 ran with the `khepri_db` feature flag enabled from the first start (no
+  Mnesia table files). 3.12.14 and 3.13.7 have CQv1 queues (`legacy`, `audit.b`).
+
+Scenario (the same on every imported version): vhost `/` with `orders` (bodies of 0 B to 70 kB
+around the 4096-byte embedding threshold, every AMQP 0-9-1 field type in headers, 39 transient
+messages that the restart drops, 5 messages fetched and returned), `legacy`, fan-out
+`audit.a`/`audit.b` (one stored copy referenced twice), `prio` (x-max-priority), `ttl`
+(x-message-ttl 1 day and per-message expiration 1 h), `work` -> `dead` (dead-lettered by reject,
+x-death), and vhost `prod` with `payments`.
+
+| dataset | broker | Erlang/OTP | stop | archive | metadata store | queues | messages delivered after restart |
+|---|---|---|---|---|---|---|---|
+"""
+
+
+def _unpacked(out: Path, rel: str) -> bool:
+    """Files unpacked from a committed archive (gitignored): the archive is listed instead."""
+    parts = rel.split("/")
+    return (len(parts) > 1 and any((out / parts[0]).glob("*.tar.gz"))
+            and parts[1] in ("mnesia", ".mnesia.extracted"))
+
+
 def write_readme(out: Path) -> None:
     """sample_data/README.md: provenance and the sha256 of every committed file
     (tests/test_sample_data.py checks the list against the files)."""
@@ -527,13 +572,25 @@ def write_readme(out: Path) -> None:
         rows.append(f"| `{name}` | RabbitMQ {b['rabbitmq']} ({b['package']}, {b['suite']}) | {b['otp']} | "
                     f"{'rabbitmqctl shutdown' if m['stop'] == 'clean' else 'kill -9'} | {m['profile']} | {settings} | "
                     f"{len(m['queues'])} | {count} |")
+    imported = []
+    for mf in sorted(out.glob("*/manifest.json*")):
+        m = json.loads(gzip.decompress(mf.read_bytes()) if mf.suffix == ".gz" else mf.read_bytes())
+        if m["dataset"] in DATASETS or "archive" not in m:
+            continue
+        b = m["broker"]
+        store = "Khepri" if not any((out / m["dataset"]).glob("mnesia/*/schema.DAT")) else "Mnesia"
+        count = sum(len(q["messages"]) for q in m["queues"])
+        imported.append(f"| `{m['dataset']}` | RabbitMQ {b['rabbitmq']} | {b['otp']} | "
+                        f"{'rabbitmqctl stop' if m['stop'] == 'clean' else 'kill -9'} | `{m['archive']}` | {store} | "
+                        f"{len(m['queues'])} | {count} |")
     sums = []
     for f in sorted(p for p in out.rglob("*") if p.is_file()):
         rel = f.relative_to(out).as_posix()
-        if rel == "README.md" or "__pycache__" in rel:
+        if rel == "README.md" or "__pycache__" in rel or _unpacked(out, rel):
             continue
         sums.append(f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {rel}")
-    text = (README_HEAD + "\n".join(rows) + "\n\n## SHA-256 of every file\n\n```\n" + "\n".join(sums) + "\n```\n")
+    text = (README_HEAD + "\n".join(rows) + "\n" + (README_IMPORTED + "\n".join(imported) + "\n" if imported else "")
+            + "\n## SHA-256 of every file\n\n```\n" + "\n".join(sums) + "\n```\n")
     (out / "README.md").write_text(text)
 
 

@@ -14,7 +14,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_data"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from oracle import datasets, manifest  # noqa: E402
+from oracle import datasets, extract_archives, manifest  # noqa: E402
+
+extract_archives()  # datasets committed as their node-dir archive are unpacked before any test reads them
 
 NO_SKIP = os.environ.get("CQF_NO_SKIP") == "1"
 
@@ -36,7 +38,7 @@ def need_broker(version: str) -> None:
 def copy_node(dataset: str, dest: Path) -> Path:
     """A private copy of a sample's mnesia base; returns the node dir inside it."""
     shutil.copytree(SAMPLES / dataset / "mnesia", dest, symlinks=True)
-    return dest / "rabbit@localhost"
+    return dest / Path(manifest(dataset)["node_dir"]).name
 
 
 @pytest.fixture
