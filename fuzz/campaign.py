@@ -1,0 +1,655 @@
+#!/usr/bin/env python3
+"""Fuzzing campaign: seeded, structure-aware mutations of copies of the real sample node dirs,
+then every entry point on each mutated copy, each in a child process with a wall-time and a
+memory limit.
+
+    python3 fuzz/campaign.py --runs 3000 --seed S [--jobs 2] [--out summary.json]
+    python3 fuzz/campaign.py --replay SEED [--mutation M] [--dataset D] [--command C]
+
+A *seed* picks a dataset and a mutation (``plan``); the mutation is applied to a private copy
+of the dataset's mnesia base, with its own ``random.Random`` derived from (seed, dataset,
+mutation), so ``--replay SEED --mutation M`` rebuilds exactly the same input. Every command of
+``COMMANDS`` then runs on it (one *run* each): the nine tables through ``cqforensics.read_table``
+and the CLI's ``fsck``, ``fsck --deep``, ``fsck --json``, ``dump`` and ``dump --deep`` (of the
+mutated file), ``export``, ``audit``, ``rebuild``, ``compact`` and ``verify`` through
+``cli.main.main``. Each run is a forked child with ``RLIMIT_AS`` set and a wall-time limit; its
+peak RSS comes from ``os.wait4``. A run fails when:
+
+- ``traceback``: a Python traceback (API: an exception that is no ``cqforensics.errors.CQError``;
+  CLI: an "internal error" line, which is how the CLI reports a bug),
+- ``hang``: it ran past the wall-time limit (killed),
+- ``memory``: its peak RSS passed the bound, or it died of the address-space limit,
+- ``modified-input``: the input tree (names, types, bytes) changed,
+- ``exit-code``: an exit code outside the documented set (0, 1, 4, 8, 16),
+- ``writer-refused``: ``rebuild``/``compact`` built output that failed its own verification (a
+  writer must write what it keeps in a form it verifies).
+
+The JSON summary lists the runs, seeds, figures (peak RSS, slowest run) and the failures by
+class, each with a reproducer. Failing inputs are kept in ``fuzz/regressions.json``
+(``tests/test_fuzz.py`` replays them)."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import random
+import resource
+import shutil
+import signal
+import stat
+import struct
+import sys
+import tempfile
+import time
+import traceback
+import zlib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import cqforensics  # noqa: E402  (imported before forking: children start warm)
+from cli.main import main as cli_main  # noqa: E402
+from cqforensics import etf  # noqa: E402
+from cqforensics.errors import CQError  # noqa: E402
+from cqforensics.grammar import qi as c_qi  # noqa: E402
+from cqforensics.grammar import rdq as c_rdq  # noqa: E402
+from cqforensics.readers import rdq as r_rdq  # noqa: E402
+
+SAMPLES = ROOT / "sample_data"
+#: the small datasets (the 22 MB archived ones would make each seed ten times slower)
+DATASETS = ("3.10.8-clean", "3.10.8-kill", "3.10.8-segments", "4.0.5-clean", "4.0.5-kill", "4.3.6-clean",
+            "4.3.6-kill", "4.3.6-rolled")
+TABLES = ("messages", "index", "acks", "store", "refcounts", "holes", "files", "queues", "findings")
+EXIT_CODES = frozenset({0, 1, 4, 8, 16})
+WALL_LIMIT = 60.0  # seconds per run
+AS_LIMIT = 1536 << 20  # RLIMIT_AS of a run (bytes)
+RSS_BOUND = 1536 << 20  # peak RSS a run may reach (bytes)
+DATA_SUFFIXES = (b".qi", b".qs", b".rdq", b".idx", b".jif", b".ets", b".dets", b".DCD", b".DCL", b".LOG",
+                 b".queue_name", b".vhost", b".config", b".dot")
+
+
+# -- inputs ------------------------------------------------------------------------------------------
+
+def _files(base: bytes) -> list[bytes]:
+    """Regular files below ``base`` (bytes paths, sorted: the order a seed's choices index)."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(base):
+        dirnames.sort()
+        for n in sorted(filenames):
+            p = os.path.join(dirpath, n)
+            if stat.S_ISREG(os.lstat(p).st_mode):
+                out.append(p)
+    return out
+
+
+def _data_files(base: bytes, suffixes=DATA_SUFFIXES) -> list[bytes]:
+    return [p for p in _files(base) if p.endswith(suffixes)]
+
+
+def tree_digest(base: bytes) -> str:
+    """sha256 over every name, type and content below ``base`` (never opens a special file)."""
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(base):
+        dirnames.sort()
+        for n in sorted(dirnames + filenames):
+            p = os.path.join(dirpath, n)
+            st = os.lstat(p)
+            h.update(os.path.relpath(p, base) + b"\0" + str(stat.S_IFMT(st.st_mode)).encode())
+            if stat.S_ISREG(st.st_mode):
+                with open(p, "rb") as f:
+                    h.update(hashlib.sha256(f.read()).digest())
+            elif stat.S_ISLNK(st.st_mode):
+                h.update(os.readlink(p))
+    return h.hexdigest()
+
+
+def _read(p: bytes) -> bytes:
+    with open(p, "rb") as f:
+        return f.read()
+
+
+def _write(p: bytes, data: bytes) -> None:
+    with open(p, "wb") as f:
+        f.write(data)
+
+
+# -- mutations: each takes (rng, node dir as bytes) and returns (what it did, the file it targeted) ---
+
+def m_bitflip(rng, node):
+    p = rng.choice(_data_files(node))
+    data = bytearray(_read(p))
+    if not data:
+        return "empty file, nothing flipped", p
+    flips = [rng.randrange(len(data) * 8) for _ in range(rng.randint(1, 8))]
+    for b in flips:
+        data[b // 8] ^= 1 << (b % 8)
+    _write(p, bytes(data))
+    return f"{len(flips)} bit(s) flipped at bytes {sorted({b // 8 for b in flips})}", p
+
+
+def m_truncate(rng, node):
+    p = rng.choice(_data_files(node))
+    n = os.path.getsize(p)
+    at = rng.randrange(n + 1) if n else 0
+    os.truncate(p, at)
+    return f"truncated {n} -> {at}", p
+
+
+def m_zero(rng, node):
+    p = rng.choice(_data_files(node))
+    data = bytearray(_read(p))
+    if not data:
+        return "empty file", p
+    a = rng.randrange(len(data))
+    n = min(len(data) - a, rng.choice((1, 8, 9, 24, 32, 64, 4096, 1 << 20)))
+    data[a:a + n] = bytes(n)
+    _write(p, bytes(data))
+    return f"zeroed {n} bytes at {a}", p
+
+
+def m_junk(rng, node):
+    p = rng.choice(_data_files(node))
+    n = rng.choice((1, 7, 33, 1000, 70000))
+    junk = bytes(rng.randrange(256) for _ in range(min(n, 4096))) * (n // 4096 + 1)
+    with open(p, "ab") as f:
+        f.write(junk[:n])
+    return f"{n} junk bytes appended", p
+
+
+def m_delete(rng, node):
+    p = rng.choice(_files(node))
+    os.unlink(p)
+    return "deleted", p
+
+
+def m_swap(rng, node):
+    by_kind: dict[bytes, list[bytes]] = {}
+    for p in _data_files(node):
+        by_kind.setdefault(os.path.splitext(p)[1] or os.path.basename(p), []).append(p)
+    kinds = sorted(k for k, v in by_kind.items() if len({_read(p) for p in v}) > 1)
+    if not kinds:
+        return "no two different files of one kind", None
+    files = by_kind[rng.choice(kinds)]
+    while True:  # two files that differ (swapping equal ones changes nothing)
+        a, b = rng.sample(files, 2)
+        da, db = _read(a), _read(b)
+        if da != db:
+            break
+    _write(a, db)
+    _write(b, da)
+    return f"swapped with {os.fsdecode(os.path.relpath(b, node))!r}", a
+
+
+def m_dup_record(rng, node):
+    """A .qi slot copied over another slot, or a CQv1 .idx/journal record over another of its size."""
+    qis = [p for p in _data_files(node, (b".qi",)) if os.path.getsize(p) >= c_qi.HEADER_SIZE + 2 * c_qi.ENTRY_SIZE]
+    v1 = [p for p in _data_files(node, (b".idx", b".jif")) if os.path.getsize(p) >= 4]
+    if qis and (not v1 or rng.random() < 0.7):
+        p = rng.choice(qis)
+        data = bytearray(_read(p))
+        n = (len(data) - c_qi.HEADER_SIZE) // c_qi.ENTRY_SIZE
+        used = [i for i in range(n) if data[c_qi.HEADER_SIZE + i * c_qi.ENTRY_SIZE] != 0] or list(range(n))
+        src, dst = rng.choice(used), rng.randrange(n)
+        e = c_qi.ENTRY_SIZE
+        data[c_qi.HEADER_SIZE + dst * e:c_qi.HEADER_SIZE + (dst + 1) * e] = \
+            data[c_qi.HEADER_SIZE + src * e:c_qi.HEADER_SIZE + (src + 1) * e]
+        _write(p, bytes(data))
+        return f"slot {src} copied over slot {dst}", p
+    if not v1:
+        return "no index file", None
+    p = rng.choice(v1)
+    data = bytearray(_read(p))
+    size = rng.choice((2, 34))  # a deliver/ack record, or a publish head (CQv1 record sizes)
+    a, b = rng.randrange(max(1, len(data) - size)), rng.randrange(max(1, len(data) - size))
+    data[b:b + size] = data[a:a + size]
+    _write(p, bytes(data))
+    return f"{size} bytes at {a} copied over {b}", p
+
+
+def _deep(tag: bytes, n: int) -> bytes:
+    if tag == b"l":  # [[[...]]] n deep
+        return b"\x83" + b"l\x00\x00\x00\x01" * n + b"j" + b"j" * n
+    return b"\x83" + b"h\x01" * n + b"j"  # {{{...}}}
+
+
+_ZEROS_Z: dict[int, bytes] = {}
+
+
+def _zeros_z(n: int) -> bytes:
+    """zlib of ``n`` zero bytes (cached: compressing 200 MB takes a while)."""
+    if n not in _ZEROS_Z:
+        c = zlib.compressobj(9)
+        chunk = bytes(1 << 20)
+        _ZEROS_Z[n] = b"".join([c.compress(chunk) for _ in range(n >> 20)] + [c.flush()])
+    return _ZEROS_Z[n]
+
+
+def _hostile_term(rng, original: bytes) -> tuple[str, bytes]:
+    """A hostile Erlang term (name, bytes), chosen by ``rng``; built only once chosen."""
+    big = rng.randrange(1 << 16, 1 << 17)
+    terms = {
+        "deep-list": lambda: _deep(b"l", rng.choice((300, 5000, 100000))),
+        "deep-tuple": lambda: _deep(b"h", rng.choice((300, 5000, 100000))),
+        "huge-bignum": lambda: b"\x83o" + struct.pack(">I", big) + b"\x00" + bytes([0xFF]) * big,
+        "binary-length-lies": lambda: b"\x83m" + struct.pack(">I", 0xFFFFFFF0) + b"abc",
+        "list-length-lies": lambda: b"\x83l" + struct.pack(">I", 0x7FFFFFFF) + b"a\x01j",
+        "zlib-bomb": lambda: b"\x83P" + struct.pack(">I", 0xFFFFFFFF) + _zeros_z(64 << 20),
+        "zlib-bomb-exact": lambda: b"\x83P" + struct.pack(">I", 200 << 20) + _zeros_z(200 << 20),
+        "many-map-keys": lambda: etf.term_to_binary({i: i for i in range(rng.choice((1000, 200000)))}),
+        "long-atom": lambda: b"\x83v" + struct.pack(">H", 65535) + b"\xff" * 65535,
+        "bad-utf8-atom": lambda: b"\x83w\x04\xff\xfe\xfd\xfc",
+        "float-nan": lambda: b"\x83F" + struct.pack(">d", float("nan")),
+        "empty": lambda: b"\x83",
+        "no-version": lambda: b"j",
+    }
+    try:
+        term, _ = etf.decode(original)
+    except Exception:
+        term = None
+    if term is not None:
+        terms["odd-leaf"] = lambda: etf.term_to_binary(_mutate_leaf(rng, term))
+        terms["odd-leaf-2"] = lambda: etf.term_to_binary(_mutate_leaf(rng, _mutate_leaf(rng, term)))
+    name = rng.choice(sorted(terms))
+    return name, terms[name]()
+
+
+_ODD = (lambda r: 1 << r.choice((63, 64, 200, 2000)), lambda r: -1, lambda r: [], lambda r: (),
+        lambda r: {}, lambda r: etf.Atom("undefined"), lambda r: b"\xff" * r.choice((0, 1, 300)),
+        lambda r: [b"a", [b"b"]], lambda r: 1.5e308, lambda r: etf.ImproperList([1], b"t"),
+        lambda r: etf.Atom("\u00ff" * 255), lambda r: [[[[]]]], lambda r: (etf.Atom("basic_message"),))
+
+
+def _mutate_leaf(rng, term):
+    """``term`` with one randomly chosen subterm replaced by an odd value."""
+    paths = []
+
+    def walk(t, path, depth):
+        paths.append(path)
+        if depth > 12:
+            return
+        if isinstance(t, (tuple, list)):
+            for i, x in enumerate(t):
+                walk(x, path + (i,), depth + 1)
+
+    walk(term, (), 0)
+    target = rng.choice(paths[1:] or paths)
+    new = rng.choice(_ODD)(rng)
+
+    def put(t, path):
+        if not path:
+            return new
+        i = path[0]
+        items = list(t)
+        items[i] = put(items[i], path[1:])
+        return tuple(items) if isinstance(t, tuple) else items
+
+    return put(term, target)
+
+
+def m_hostile_term(rng, node):
+    """A stored message replaced by a hostile Erlang term, framed correctly (size, id, marker)."""
+    rdqs = [p for p in _data_files(node, (b".rdq",)) if os.path.getsize(p) > 0]
+    if not rdqs:
+        return "no .rdq", None
+    p = rng.choice(rdqs)
+    data = _read(p)
+    f = r_rdq.walk(Path(os.fsdecode(p)), 0, data)
+    if not len(f):
+        return "no entry", p
+    i = rng.randrange(len(f))
+    off, total = int(f.offsets[i]), int(f.totals[i])
+    start, length = r_rdq.term_span(off, total)
+    name, term = _hostile_term(rng, data[start:start + length])
+    msg_id = data[off + 8:off + 24]
+    entry = struct.pack(">Q", len(term) + c_rdq.MSG_ID_SIZE) + msg_id + term + bytes((c_rdq.WRITE_OK_MARKER,))
+    _write(p, data[:off] + entry + data[off + total:])
+    return f"entry {i} at {off} replaced by a {name} term of {len(term)} bytes", p
+
+
+def m_fifo(rng, node):
+    if not hasattr(os, "mkfifo"):
+        return "no FIFOs here", None
+    p = rng.choice(_files(node))
+    os.unlink(p)
+    os.mkfifo(p)
+    return "replaced by a FIFO", p
+
+
+def m_odd_name(rng, node):
+    what = rng.choice(("rename-file", "rename-dir", "stray", "long", "numbered"))
+    if what == "rename-dir":
+        dirs = sorted(d for d, _, _ in os.walk(node) if d != node)
+        d = rng.choice(dirs)
+        os.rename(d, d + b"\xff\xfe")
+        return "dir renamed with \\xff\\xfe", d + b"\xff\xfe"
+    if what == "rename-file":
+        p = rng.choice(_files(node))
+        stem, ext = os.path.splitext(p)
+        q = stem + rng.choice((b"\xff", b"\xc3", b" ", b"\n", b"-1", b"\x00"[:0] + b"..")) + ext
+        os.rename(p, q)
+        return f"renamed to {os.path.basename(q)!r}", q
+    d = os.path.dirname(rng.choice(_files(node)))
+    if what == "long":
+        q = os.path.join(d, b"9" * 250 + b".rdq")
+    elif what == "numbered":
+        q = os.path.join(d, rng.choice((b"99999999999999999999999.qi", b"-3.rdq", b"0x10.idx", b"\xd9\xa3.qs",
+                                        b"00000.qi", b"1e5.rdq")))
+    else:
+        q = os.path.join(d, b"stray\xff" + rng.choice(DATA_SUFFIXES))
+    _write(q, b"junk" * rng.choice((0, 1, 100)))
+    return f"stray file {os.path.basename(q)!r}", q
+
+
+MUTATIONS = {"bitflip": m_bitflip, "truncate": m_truncate, "zero": m_zero, "junk": m_junk, "delete": m_delete,
+             "swap": m_swap, "dup_record": m_dup_record, "hostile_term": m_hostile_term, "fifo": m_fifo,
+             "odd_name": m_odd_name}
+
+
+def plan(seed: int, dataset: str | None = None, mutation: str | None = None) -> tuple[str, str]:
+    rng = random.Random(seed)
+    d = rng.choice(DATASETS)
+    m = rng.choice(sorted(MUTATIONS))
+    return dataset or d, mutation or m
+
+
+def prepare(seed: int, work: Path, dataset: str | None = None, mutation: str | None = None) -> dict:
+    """The mutated copy of ``seed``'s dataset under ``work``: {dataset, mutation, what, base, target}."""
+    dataset, mutation = plan(seed, dataset, mutation)
+    base = work / "mnesia"
+    shutil.copytree(SAMPLES / dataset / "mnesia", base, symlinks=True)
+    node = os.fsencode(next(p for p in sorted(base.iterdir()) if (p / "msg_stores").is_dir()))
+    rng = random.Random(f"{seed}:{dataset}:{mutation}")
+    what, target = MUTATIONS[mutation](rng, node)
+    return {"dataset": dataset, "mutation": mutation, "what": what, "base": base,
+            "target": os.fsdecode(target) if target is not None else None}
+
+
+# -- commands -------------------------------------------------------------------------------------------
+
+COMMANDS = tuple([f"table:{t}" for t in TABLES] +
+                 ["fsck", "fsck --deep", "fsck --json", "dump", "dump --deep", "export", "audit", "rebuild",
+                  "compact", "verify"])
+
+
+def argv_of(command: str, inp: dict, out: Path) -> list[str] | None:
+    base = str(inp["base"])
+    if command.startswith("dump"):
+        target = inp["target"]
+        if target is None:
+            return None
+        return ["dump"] + command.split()[1:] + [target]
+    if command == "export":
+        return ["export", base, "--all", "--format", "jsonl", "--out", str(out / "export")]
+    if command in ("rebuild", "compact"):
+        return [command, base, str(out / command)]
+    if command == "audit":
+        return ["audit", "--json", base]
+    return command.split() + [base]
+
+
+def _child(command: str, argv, base: str, out_path: str, err_path: str, as_limit: int) -> None:
+    """In the forked child: limits, redirections, the command; never returns."""
+    code = 70
+    try:
+        os.setpgid(0, 0)
+        resource.setrlimit(resource.RLIMIT_AS, (as_limit, as_limit))
+        nul = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(nul, 0)
+        out = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        err = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", closefd=False), encoding="utf-8", errors="strict")
+        sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", closefd=False), encoding="utf-8", errors="backslashreplace")
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if command.startswith("table:"):
+            try:
+                cqforensics.read_table(base, command[6:])
+                code = 0
+            except CQError as e:
+                print(f"{type(e).__name__}: {e}", file=sys.stderr)
+                code = e.exit_code
+        else:
+            try:
+                code = cli_main(argv)
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 16
+    except BaseException:
+        traceback.print_exc()
+        code = 70
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code if isinstance(code, int) and 0 <= code < 256 else 70)
+
+
+def run_one(command: str, inp: dict, out: Path, wall: float = WALL_LIMIT, as_limit: int = AS_LIMIT,
+            rss_bound: int = RSS_BOUND) -> dict:
+    """One command on the prepared input in a forked child: {command, rc, wall, rss, failure, excerpt}."""
+    argv = argv_of(command, inp, out)
+    res = {"command": command, "rc": None, "wall": 0.0, "rss_mb": 0.0, "failure": None, "excerpt": ""}
+    if argv is None:
+        res["skipped"] = True
+        return res
+    so, se = str(out / f"{command.replace(' ', '_')}.out"), str(out / f"{command.replace(' ', '_')}.err")
+    before = tree_digest(os.fsencode(inp["base"]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        _child(command, argv, str(inp["base"]), so, se, as_limit)
+    hung = False
+    while True:
+        wpid, status, ru = os.wait4(pid, os.WNOHANG)
+        if wpid:
+            break
+        if time.monotonic() - t0 > wall:
+            hung = True
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                os.kill(pid, signal.SIGKILL)
+            _, status, ru = os.wait4(pid, 0)
+            break
+        time.sleep(0.01)
+    res["wall"] = round(time.monotonic() - t0, 3)
+    res["rss_mb"] = round(ru.ru_maxrss / 1024, 1)
+    rc = os.waitstatus_to_exitcode(status)
+    res["rc"] = rc
+    try:
+        with open(se, "rb") as f:
+            err = f.read().decode("utf-8", "backslashreplace")
+    except OSError:
+        err = ""
+    res["excerpt"] = err[-1500:]
+    after = tree_digest(os.fsencode(inp["base"]))
+    cli = not command.startswith("table:")
+    if hung:
+        res["failure"] = "hang"
+    elif ru.ru_maxrss * 1024 > rss_bound or "MemoryError" in err:
+        res["failure"] = "memory"
+    elif rc == 70 or "Traceback" in err or (cli and "internal error" in err):
+        res["failure"] = "traceback"
+    elif before != after:
+        res["failure"] = "modified-input"
+    elif rc not in EXIT_CODES:
+        res["failure"] = "exit-code"
+    elif command in ("rebuild", "compact") and "failed verification" in err:
+        res["failure"] = "writer-refused"
+    return res
+
+
+def run_seed(seed: int, work: Path, commands=COMMANDS, dataset: str | None = None, mutation: str | None = None,
+             wall: float = WALL_LIMIT, as_limit: int = AS_LIMIT, rss_bound: int = RSS_BOUND) -> dict:
+    """Prepare ``seed``'s input and run every command on it: {seed, dataset, mutation, what, runs}."""
+    d = Path(tempfile.mkdtemp(prefix=f"seed{seed}-", dir=work))
+    try:
+        inp = prepare(seed, d, dataset, mutation)
+        out = d / "out"
+        out.mkdir()
+        runs = [run_one(c, inp, out, wall, as_limit, rss_bound) for c in commands]
+        return {"seed": seed, "dataset": inp["dataset"], "mutation": inp["mutation"], "what": inp["what"],
+                "target": inp["target"], "runs": runs}
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _reproducer(r: dict, run: dict) -> str:
+    return (f"python3 fuzz/campaign.py --replay {r['seed']} --dataset {r['dataset']} --mutation {r['mutation']} "
+            f"--command '{run['command']}'")
+
+
+def _operational(results: list[dict]) -> dict[str, int]:
+    """Exit-8 runs that are no failure (an operational error naming its path), counted by the
+    command and the message's gist (paths cut), to see what the tool refuses and why."""
+    import re
+
+    out: dict[str, int] = {}
+    for r in results:
+        for x in r["runs"]:
+            if x["rc"] == 8 and not x.get("failure"):
+                line = (x["excerpt"].strip().splitlines() or [""])[-1]
+                gist = re.sub(r"/\S*", "PATH", line)[:120]
+                key = f"{x['command']}: {gist}"
+                out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def summarize(results: list[dict], elapsed: float) -> dict:
+    runs = [x for r in results for x in r["runs"] if not x.get("skipped")]
+    failures: dict[str, list[dict]] = {}
+    for r in results:
+        for x in r["runs"]:
+            if x.get("failure"):
+                failures.setdefault(x["failure"], []).append({
+                    "seed": r["seed"], "dataset": r["dataset"], "mutation": r["mutation"], "what": r["what"],
+                    "command": x["command"], "rc": x["rc"], "reproducer": _reproducer(r, x),
+                    "stderr": x["excerpt"][-600:]})
+    return {
+        "seeds": sorted(r["seed"] for r in results), "inputs": len(results), "runs": len(runs),
+        "failures": sum(len(v) for v in failures.values()),
+        "by_class": {k: len(v) for k, v in sorted(failures.items())},
+        "tracebacks": len(failures.get("traceback", [])), "hangs": len(failures.get("hang", [])),
+        "modified_inputs": len(failures.get("modified-input", [])),
+        "max_rss_mb": max((x["rss_mb"] for x in runs), default=0.0),
+        "max_wall_s": max((x["wall"] for x in runs), default=0.0),
+        "mutations": {m: sum(1 for r in results if r["mutation"] == m) for m in sorted(MUTATIONS)},
+        "exit_codes": {str(c): sum(1 for x in runs if x["rc"] == c) for c in sorted({x["rc"] for x in runs})},
+        "operational_errors": _operational(results),
+        "elapsed_s": round(elapsed, 1), "failed": failures,
+    }
+
+
+def _worker(args):
+    seed, work, commands, wall, as_limit, rss_bound = args
+    return run_seed(seed, Path(work), commands, wall=wall, as_limit=as_limit, rss_bound=rss_bound)
+
+
+def campaign(seeds, *, jobs: int = 2, commands=COMMANDS, wall: float = WALL_LIMIT, as_limit: int = AS_LIMIT,
+             rss_bound: int = RSS_BOUND, budget: float | None = None, work: Path | None = None,
+             progress=None) -> dict:
+    """Runs ``seeds`` (``jobs`` seeds at a time) and returns the summary. ``budget``: stop starting
+    new seeds after that many seconds."""
+    import multiprocessing as mp
+
+    t0 = time.monotonic()
+    own = work is None
+    work = Path(tempfile.mkdtemp(prefix="cqf-fuzz-")) if own else work
+    results = []
+    try:
+        tasks = [(s, str(work), tuple(commands), wall, as_limit, rss_bound) for s in seeds]
+        ctx = mp.get_context("fork")
+        with ctx.Pool(max(1, jobs), maxtasksperchild=20) as pool:
+            pending = []
+            it = iter(tasks)
+            while True:
+                while len(pending) < jobs * 2 and (budget is None or time.monotonic() - t0 < budget):
+                    t = next(it, None)
+                    if t is None:
+                        break
+                    pending.append(pool.apply_async(_worker, (t,)))
+                if not pending:
+                    break
+                r = pending.pop(0).get()
+                results.append(r)
+                if progress:
+                    progress(r)
+    finally:
+        if own:
+            shutil.rmtree(work, ignore_errors=True)
+    return summarize(results, time.monotonic() - t0)
+
+
+REGRESSIONS = Path(__file__).resolve().parent / "regressions.json"
+
+
+def regressions() -> list[dict]:
+    return json.loads(REGRESSIONS.read_text()) if REGRESSIONS.exists() else []
+
+
+def replay(entry: dict, work: Path) -> dict:
+    """One regression case ({dataset, seed, mutation, command?}) run again."""
+    cmds = (entry["command"],) if entry.get("command") else COMMANDS
+    return run_seed(entry["seed"], work, cmds, dataset=entry["dataset"], mutation=entry["mutation"])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=500, help="at least this many runs (one command on one input)")
+    ap.add_argument("--seed", type=int, default=0, help="first seed")
+    ap.add_argument("--jobs", type=int, default=2, help="inputs fuzzed at once")
+    ap.add_argument("--wall", type=float, default=WALL_LIMIT, help="seconds a run may take")
+    ap.add_argument("--rss-mb", type=int, default=RSS_BOUND >> 20, help="peak RSS bound of a run (MB)")
+    ap.add_argument("--as-mb", type=int, default=AS_LIMIT >> 20, help="RLIMIT_AS of a run (MB)")
+    ap.add_argument("--budget", type=float, help="stop starting inputs after this many seconds")
+    ap.add_argument("--out", help="write the JSON summary here (default: stdout)")
+    ap.add_argument("--replay", type=int, metavar="SEED", help="run one seed again")
+    ap.add_argument("--dataset", choices=DATASETS)
+    ap.add_argument("--mutation", choices=sorted(MUTATIONS))
+    ap.add_argument("--command", choices=COMMANDS)
+    ap.add_argument("--keep", action="store_true", help="with --replay: keep the mutated copy and outputs")
+    a = ap.parse_args(argv)
+    if a.replay is not None:
+        work = Path(tempfile.mkdtemp(prefix="cqf-fuzz-replay-"))
+        cmds = (a.command,) if a.command else COMMANDS
+        if a.keep:
+            inp = prepare(a.replay, work, a.dataset, a.mutation)
+            (work / "out").mkdir()
+            r = {"seed": a.replay, **{k: inp[k] for k in ("dataset", "mutation", "what", "target")},
+                 "runs": [run_one(c, inp, work / "out", a.wall, a.as_mb << 20, a.rss_mb << 20) for c in cmds]}
+            print(f"kept in {work}", file=sys.stderr)
+        else:
+            r = run_seed(a.replay, work, cmds, a.dataset, a.mutation, a.wall, a.as_mb << 20, a.rss_mb << 20)
+            shutil.rmtree(work, ignore_errors=True)
+        print(json.dumps(r, indent=1, default=str))
+        return 1 if any(x.get("failure") for x in r["runs"]) else 0
+    per_seed = len(COMMANDS)
+    seeds = range(a.seed, a.seed + max(1, -(-a.runs // per_seed)))
+
+    def progress(r):
+        bad = [x["command"] for x in r["runs"] if x.get("failure")]
+        print(f"seed {r['seed']} {r['dataset']} {r['mutation']}: {r['what'][:70]}"
+              + (f"  FAIL {bad}" if bad else ""), file=sys.stderr, flush=True)
+
+    s = campaign(seeds, jobs=a.jobs, wall=a.wall, as_limit=a.as_mb << 20, rss_bound=a.rss_mb << 20,
+                 budget=a.budget, progress=progress)
+    text = json.dumps(s, indent=1, default=str)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+    else:
+        print(text)
+    print(f"{s['runs']} runs on {s['inputs']} inputs: {s['failures']} failures {s['by_class']}, "
+          f"max RSS {s['max_rss_mb']} MB, slowest {s['max_wall_s']} s", file=sys.stderr)
+    return 1 if s["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
