@@ -33,111 +33,100 @@ _VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?$")
 
 @dataclass(frozen=True)
 class BrokerModel:
+    """One broker version. Every behaviour is answered by the version table (``BEHAVIOURS``,
+    which cites the RabbitMQ source of each value) for the version's release series."""
+
     version: tuple[int, int, int]
     label: str
 
     @property
+    def series(self) -> str:
+        """The release series of the version table this version belongs to."""
+        major, minor, patch = self.version
+        if (major, minor) == (3, 13):
+            return "3.13.0" if patch == 0 else "3.13.1+"
+        return f"{major}.{minor}"
+
+    def _answer(self, behaviour: str):
+        return BEHAVIOURS[behaviour][0][self.series]
+
+    @property
     def sequential_scan(self) -> bool:
-        """<= 3.13.0: rabbit_msg_file:scanner/4 stops at a zero size field (v3.10.0 - v3.13.0);
-        3.13.1 removed rabbit_msg_file and rabbit_msg_store:scan_data/6 skips a byte at a time
-        until an entry parses (v3.13.1)."""
-        return self.version <= (3, 13, 0)
+        """The shared-store scan stops at a zero size field (else it resynchronises byte by byte)."""
+        return self._answer("sequential_scan")
 
     @property
     def last_copy_wins(self) -> bool:
-        """<= 3.12: candidates are claimed in reverse file order (build_index_worker foldl)."""
-        return self.version < (3, 13, 0)
+        """Of two copies of an id in one file, recovery claims the last one."""
+        return self._answer("last_copy_wins")
 
     @property
     def reads_v1(self) -> bool:
-        """< 4.3: rabbit_queue_index.erl (the CQv1 index) exists up to v4.2.x; 4.3.0 removed it
-        (4.3.0 release notes, "CQv1 Storage is Removed")."""
-        return self.version < (4, 3, 0)
+        """The CQv1 index (``.idx`` + ``journal.jif``) is read at boot."""
+        return self._answer("reads_v1")
 
     @property
     def converts_v1(self) -> bool:
-        """4.0 - 4.2: a v1 queue is converted to v2 at boot
-        (rabbit_variable_queue:convert_from_v1_to_v2_loop/8, v4.0.0)."""
-        return (4, 0, 0) <= self.version < (4, 3, 0)
+        """A CQv1 queue is converted to v2 at boot."""
+        return self._answer("converts_v1")
 
     @property
     def large_message_own_file(self) -> bool:
-        """>= 4.0: a stored term of 4,000,000 bytes or more gets a shared-store file of its own
-        (rabbit_msg_store:write_message/3, LARGE_MESSAGE_THRESHOLD, v4.0.0)."""
-        return self.version >= (4, 0, 0)
+        """A stored term of 4,000,000 bytes or more gets a shared-store file of its own."""
+        return self._answer("large_message_own_file")
 
     @property
     def stores_mc(self) -> bool:
-        """>= 3.13.0: messages are stored as ``#mc{}`` containers, not ``#basic_message{}``."""
-        return self.version >= (3, 13, 0)
+        """Messages are stored as ``#mc{}`` containers, not ``#basic_message{}``."""
+        return self._answer("stores_mc")
 
     @property
     def amqp10_state(self) -> str | None:
-        """How an AMQP 1.0 message is stored inside ``#mc{protocol = mc_amqp}``: none before 3.13
-        (no message containers), ``msg`` in 3.13 (the ``#msg{}`` record of decoded
-        ``'v1_0.*'`` sections, mc_amqp.erl v3.13.x), ``v1`` from 4.0 (the bare message's
-        section bytes, ``{v1, ...}``, mc_amqp.erl v4.0.0)."""
-        if self.version < (3, 13, 0):
-            return None
-        return "msg" if self.version < (4, 0, 0) else "v1"
+        """How an AMQP 1.0 message is kept in ``#mc{mc_amqp}``: None (no containers), ``msg`` (the
+        3.13 ``#msg{}`` record of decoded sections) or ``v1`` (the section bytes)."""
+        return self._answer("amqp10_state")
 
     @property
     def utf8_atoms(self) -> bool:
-        """>= 3.13.0: the version requires OTP 26+ (3.13.0 release notes), whose term_to_binary
-        writes atoms as SMALL_ATOM_UTF8_EXT; 3.10 - 3.12 are written for OTP 25 (ATOM_EXT),
-        which every later OTP reads (3.12 on OTP 26 writes UTF-8 atoms too)."""
-        return self.version >= (3, 13, 0)
+        """Atoms are written as SMALL_ATOM_UTF8_EXT (the OTP the version runs on)."""
+        return self._answer("utf8_atoms")
 
     @property
     def default_index_version(self) -> int:
-        """The index version of a queue declared without x-queue-version: 1 up to 3.13
-        (rabbit_variable_queue:init, ``classic_queue_default_version`` defaults to 1), 2 from 4.0
-        (the version setting is gone from rabbit_variable_queue, v4.0.0)."""
-        return 2 if self.version >= (4, 0, 0) else 1
+        """The index version of a queue declared without x-queue-version."""
+        return self._answer("default_index_version")
 
     @property
     def metadata_stores(self) -> tuple[str, ...]:
-        """Metadata stores the version can run on, default first: Mnesia only up to 3.12;
-        Khepri opt-in from 3.13.0 (feature flag khepri_db, rabbit_core_ff.erl); Khepri default
-        for new clusters in 4.2 (4.2.0 release notes); Mnesia removed in 4.3 (4.3.0 release notes)."""
-        if self.version < (3, 13, 0):
-            return ("mnesia",)
-        if self.version < (4, 2, 0):
-            return ("mnesia", "khepri")
-        if self.version < (4, 3, 0):
-            return ("khepri", "mnesia")
-        return ("khepri",)
+        """The metadata stores the version runs on, default first."""
+        return self._answer("metadata_stores")
 
     @property
     def recovery_seq_term(self) -> str:
-        """The per-queue recovery term (recovery.dets) of a clean stop naming the delivery
-        position: ``next_deliver_seq_id`` up to 4.2, ``redeliver_seq_id`` from 4.3
-        (rabbit_variable_queue:terminate/2, v4.3.0; 4.3 still reads the old one)."""
-        return "redeliver_seq_id" if self.version >= (4, 3, 0) else "next_deliver_seq_id"
+        """The recovery term (recovery.dets) naming a queue's delivery position."""
+        return self._answer("recovery_seq_term")
 
     @property
     def clean_dot_index_module(self) -> bool:
-        """<= 3.13: the shared store's clean.dot records ``index_module`` (rabbit_msg_store
-        terminate, v3.13.7); 4.0 dropped it (v4.0.0)."""
-        return self.version < (4, 0, 0)
+        """The shared store's clean.dot records ``index_module``."""
+        return self._answer("clean_dot_index_module")
 
     @property
     def index_v2_only(self) -> bool:
-        """>= 4.0: every classic queue uses the v2 index (x-queue-version is ignored; v1 dirs
-        are converted at boot), so writers write v2."""
-        return self.version >= (4, 0, 0)
+        """Every classic queue uses the v2 index, so writers write v2."""
+        return self._answer("index_v2_only")
 
     @property
     def shared_read_crash_takes_vhost(self) -> bool:
-        """<= 3.12: a failed shared-store read crashes the vhost's message store, taking every
-        queue of the vhost down (seen on 3.10.8); later versions crash the reading queue."""
-        return self.version < (3, 13, 0)
+        """A failed shared-store read on delivery crashes the vhost's message store (every
+        queue of the vhost), not just the reading queue."""
+        return self._answer("shared_read_crash_takes_vhost")
 
     @property
     def missing_qs_reads_empty(self) -> bool:
-        """>= 4.0: a clean start reads a missing ``.qs`` segment as holding no messages
-        instead of crashing the queue on the read."""
-        return self.version >= (4, 0, 0)
+        """A clean start reads a missing ``.qs`` segment as no messages instead of crashing the
+        queue on the read."""
+        return self._answer("missing_qs_reads_empty")
 
     def __str__(self) -> str:
         return self.label
