@@ -19,7 +19,7 @@ from cqforensics.findings import Finding
 from cqforensics.layout import QueueDir, VhostDir
 from cqforensics.readers import qi as r_qi
 from cqforensics.readers.v1 import read_v1_queue
-from cqforensics.schema import TS, fit_array, fits
+from cqforensics.schema import TS, fits
 
 ID = np.dtype("V16")
 ZERO_ID = np.zeros(1, ID)[0]
@@ -146,7 +146,7 @@ def _v2_chunk(qdir: QueueDir, number: int, path: Path) -> IndexChunk:
     c.store_offset = np.where(is_qs, s["qs_offset"], 0).astype(np.int64)
     c.store_size = np.where(is_qs, s["qs_size"], 0).astype(np.int64)
     c.size = s["size"].astype(np.int64)
-    c.expiry, _ = fit_array(s["expiry"], TS, none=0)  # out of range: no value (the reader's finding)
+    c.expiry = seg.expiry[used]  # out of range: no value (the reader's finding)
     c.status = s["status"].astype(np.int32)
     qx.rec = c
     for slot, why in seg.bad_reason.items():

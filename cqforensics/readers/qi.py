@@ -43,6 +43,7 @@ class QiSegment:
     bad_reason: dict[int, str] = field(default_factory=dict)  # slot -> why the strict parser fails
     tail_bytes: int = 0  # bytes of a partial last slot
     findings: list[Finding] = field(default_factory=list)
+    expiry: np.ndarray | None = None  # int64 per slot, epoch µs; 0 where none or out of range (a finding)
 
     @property
     def seq_ids(self) -> np.ndarray:
@@ -117,7 +118,7 @@ def read_qi(path: Path, number: int, segment_entry_count: int = c_qi.DEFAULT_SEG
     klass, malformed = classify(slots)
     seg = QiSegment(path, number, len(data), header_ok, from_seq, to_seq, slots, klass, malformed,
                     tail_bytes=tail, findings=findings)
-    _, bad_expiry = fit_array(slots["expiry"], TS)
+    seg.expiry, bad_expiry = fit_array(slots["expiry"], TS, none=0)
     for i in np.flatnonzero(bad_expiry & (klass != EMPTY)).tolist():
         findings.append(Finding.out_of_range("expiry", int(slots["expiry"][i]), path,
                                              c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i))
