@@ -135,22 +135,34 @@ def fit_array(values, typ: pa.DataType, none=None):
     return out, bad
 
 
-_RANGES: dict = {}  # id(struct type) -> (type, ((field name, lo, hi), ...) of its numeric fields)
+_RANGES: dict = {}  # id(struct type) -> (type, ((field name, lo, hi), ...), string field names)
 
 
 def fit_struct(values: dict, typ: pa.StructType) -> list[str]:
-    """Nulls, in place, each number of ``values`` that does not fit its field of ``typ``;
-    returns ``"name=value"`` for each (for the row's decode note or a finding). Runs once per
-    message: the numeric fields' ranges are computed once per type."""
+    """Nulls, in place, each value of ``values`` that does not fit its field of ``typ`` (a
+    number out of range, or a value of another kind, as a damaged term may hold); returns
+    ``"name=value"`` for each (for the row's decode note or a finding). Runs once per message:
+    the fields' ranges are computed once per type."""
     hit = _RANGES.get(id(typ))  # by identity: hashing an Arrow type costs more than the check
     if hit is None or hit[0] is not typ:
         hit = _RANGES[id(typ)] = (typ, tuple((f.name, *type_range(f.type)) for f in typ
-                                             if type_range(f.type) is not None))
-    ranges = hit[1]
+                                             if type_range(f.type) is not None),
+                                  tuple(f.name for f in typ if pa.types.is_string(f.type)))
+    ranges, strings = hit[1], hit[2]
     bad = []
     for name, lo, hi in ranges:
         v = values.get(name)
-        if v is not None and v.__class__ is not bool and isinstance(v, int) and not lo <= v <= hi:
+        if v is None:
+            continue
+        if v.__class__ is bool or not isinstance(v, int):
+            bad.append(f"{name}={str(v)[:40]!r}")
+            values[name] = None
+        elif not lo <= v <= hi:
             bad.append(f"{name}={v}")
+            values[name] = None
+    for name in strings:
+        v = values.get(name)
+        if v is not None and not isinstance(v, str):
+            bad.append(f"{name}={str(v)[:40]!r}")
             values[name] = None
     return bad

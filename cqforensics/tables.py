@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cqforensics import fastpath
+from cqforensics import core, fastpath
 from cqforensics.checks import check_vhost
 from cqforensics.errors import FormatError, display
 from cqforensics.findings import Finding
@@ -348,13 +348,47 @@ def _decode_chunk(vs: VhostScan, res, rows: slice, ids: list, has_id: list) -> d
     """The decoded columns of live entries ``rows`` (a slice of the chunk's live list)."""
     if not vs.options.decode:
         return _undecoded_chunk(vs, res, rows, ids, has_id)
-    bodies = vs.options.bodies
+    index_ids = _index_ids(ids, has_id, rows)
+    if core.native() is not None:
+        return decode_core(vs, res, rows, index_ids)
+    return decode_reference(_terms(vs, res, rows), index_ids, vs.options.bodies)
+
+
+def _arrays(cols: dict) -> dict:
+    sch = SCHEMAS["messages"]
+    return {k: v if isinstance(v, pa.Array) else binary_array(v) if k in ("body", "msg_id")
+            else pa.array(v, sch.field(k).type) for k, v in cols.items()}
+
+
+def decode_core(vs: VhostScan, res, rows: slice, index_ids: list) -> dict:
+    """``decode_reference`` by the compiled core, reading the terms where they are stored; the
+    rows it hands back (shapes it does not know) are decoded by the reference and put in place."""
+    used = np.unique(res.body_file[rows][res.body_file[rows] >= 0])
+    file_ix = np.full(len(res.body_files), -1, np.int32)
+    file_ix[used] = np.arange(len(used))
+    file_ix = np.where(res.body_file[rows] >= 0, file_ix[res.body_file[rows]], -1)
+    has_id = np.array([i is not None for i in index_ids], np.uint8)
+    status, cols = core.decode_messages(vs.bodies.buffers([res.body_files[f] for f in used.tolist()]), file_ix,
+                                        res.body_start[rows], res.body_len[rows],
+                                        b"".join(i or bytes(16) for i in index_ids), has_id, vs.options.bodies)
+    fallback = np.flatnonzero(status == core.FALLBACK)
+    if not len(fallback):
+        return cols
+    terms = _terms(vs, res, slice(rows.start, rows.stop))
+    ref = _arrays(decode_reference([terms[k] for k in fallback], [index_ids[k] for k in fallback],
+                                   vs.options.bodies))
+    order = np.arange(len(index_ids))
+    order[fallback] = len(index_ids) + np.arange(len(fallback))
+    return {k: pa.concat_arrays([v, ref[k]]).take(order) for k, v in cols.items()}
+
+
+def decode_reference(terms: list, index_ids: list, bodies: bool) -> dict:
+    """The decoded columns of stored ``terms`` (bytes, or None where the body was not found),
+    given the message id the index holds for each (or None): the Python reference."""
     out = {k: [] for k in _DECODED}
     props = []  # the properties dict of each row (None: not decoded)
     ex, rks, hd, an, bd, bs, tf, mi, de = (out[k] for k in _DECODED)
-    terms = _terms(vs, res, rows)
-    index_ids = _index_ids(ids, has_id, rows)
-    for k in range(rows.stop - rows.start):
+    for k in range(len(terms)):
         msg_id = index_ids[k]
         msg = error = None
         raw = terms[k]
@@ -485,8 +519,7 @@ def messages_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
                 "size": pa.array(r.size[idx]), "expiry": ts_array(r.expiry[idx]),
                 "survives_restart": pa.array(fate == Fate.DELIVERED),
                 "drop_reason": names_array(FATE_LABELS[1:], fate - 1, fate == Fate.DELIVERED),
-                **{k: v if isinstance(v, pa.Array) else binary_array(v) if k in ("body", "msg_id")
-                   else pa.array(v, sch.field(k).type) for k, v in dec.items()},
+                **_arrays(dec),
             }
             yield pa.RecordBatch.from_arrays([cols[f.name] for f in sch], schema=sch)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from cqforensics.codes import QsStatus
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers.files import map_file
@@ -45,8 +47,26 @@ class Bodies:
             out.append(data[start:start + length])
         return out
 
+    def buffers(self, paths: list[Path]) -> list:
+        """The mapped bytes of each of ``paths``, all valid together (the compiled core reads
+        many spans of them in one call); afterwards only the most recent stay mapped."""
+        out = []
+        for path in paths:
+            m = self._maps.pop(path, None)
+            out.append(map_file(path) if m is None else m)
+            self._maps[path] = out[-1]
+        while len(self._maps) > max(self.MAX_MAPS, len(paths)):
+            old = self._maps.pop(next(iter(self._maps)))
+            if hasattr(old, "close"):
+                old.close()
+        return out
+
     def size(self, path: Path) -> int:
         return len(self._data(path))
+
+    def qs_entries(self, qs: r_qs.QsFile, offsets, sizes) -> np.ndarray:
+        """``qs_entry`` (trusting the file header) of many entries: int8 QsStatus codes."""
+        return qs.check_many(self._data(qs.path), offsets, sizes)
 
     def qs_entry(self, qs: r_qs.QsFile, offset: int, size: int, trust_header: bool = True) -> QsStatus:
         """The check of the ``.qs`` entry an index places at ``offset`` with term ``size``;

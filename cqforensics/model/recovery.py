@@ -149,11 +149,12 @@ class Resolved:
 _QS_FATE = {QsStatus.MISSING_FILE: Fate.QS_MISSING_FILE, QsStatus.BAD_HEADER: Fate.QS_BAD_HEADER,
             QsStatus.OUT_OF_RANGE: Fate.QS_OUT_OF_RANGE, QsStatus.BAD_SIZE: Fate.QS_BAD_SIZE,
             QsStatus.BAD_CRC: Fate.QS_BAD_CRC}
+_QS_FATE_CODES = np.array([_QS_FATE.get(s, -1) for s in sorted(QsStatus, key=int)], np.int8)  # by QsStatus code
 
 
-# plain ints for the per-message loop of ``resolve`` (enum attribute lookups cost more than the rest)
+# plain ints for ``resolve``'s array expressions
 _SHARED, _QSTORE, _EMBEDDED = int(Location.SHARED_STORE), int(Location.QUEUE_STORE), int(Location.EMBEDDED)
-_ON_DISK = frozenset((_SHARED, _QSTORE, _EMBEDDED))
+_ON_DISK_CODES = np.array([_SHARED, _QSTORE, _EMBEDDED])
 _BAD = int(RecordKind.BAD)
 
 
@@ -186,105 +187,99 @@ def queue_fate(vs, qx) -> Fate | None:
 def resolve(vs, qx, propagate: bool = True) -> Resolved:
     """Locate every live entry's body (as the target version would) and decide its fate.
     ``propagate``: include the crash a damaged message causes on a clean start (off while
-    computing those crashes)."""
+    computing those crashes). Vectorised: each rule below is one array expression over the
+    chunk's live entries, applied in the broker's order of checks."""
     r, live = qx.rec, qx.live
     n = len(live)
-    loc = r.loc[live].tolist()
-    persistent = r.persistent[live].tolist()
-    files = r.file[live].tolist()
-    st_off = r.store_offset[live].tolist()
-    st_size = r.store_size[live].tolist()
-    kinds = r.kind[live].tolist()
-    claim_pos, any_pos, spans = {}, {}, {}
-    shared = r.loc[live] == Location.SHARED_STORE
+    loc, persistent, files = r.loc[live], r.persistent[live], r.file[live]
+    st_off, st_size = r.store_offset[live], r.store_size[live]
+    clean = vs.recovery == "clean"
+    out = Resolved([], np.full(n, -1, np.int32), np.zeros(n, np.int64), np.zeros(n, np.int64),
+                   np.full(n, -1, np.int64), np.zeros(n, np.int8), np.zeros(n, np.int8))
+    file_ix: dict[Path, int] = {}
+
+    def path_ix(path: Path) -> int:
+        f = file_ix.get(path)
+        if f is None:
+            f = file_ix[path] = len(out.body_files)
+            out.body_files.append(path)
+        return f
+
+    def body(rows: np.ndarray, file_of_row: np.ndarray, start, length) -> None:
+        out.body_file[rows], out.body_start[rows], out.body_len[rows] = file_of_row, start, length
+
+    problem = np.full(n, -1, np.int8)  # the fate a body problem causes (-1: none)
+    # shared store: the claimed copy (else any copy) of each id
+    shared = loc == _SHARED
     for kind, flag in (("persistent", 1), ("transient", 0)):
-        sel = np.flatnonzero(shared & (r.persistent[live] == flag))
+        sel = np.flatnonzero(shared & (persistent == flag))
         st = vs.stores.get(kind) if len(sel) else None  # no walk of a store nothing here needs
         if st is None:
+            if not clean:
+                problem[sel] = Fate.BODY_MISSING
             continue
-        cp, ap = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
-        cp[sel], ap[sel] = st.locate(r.msg_id[live[sel]])
-        claim_pos[kind], any_pos[kind] = cp.tolist(), ap.tolist()
-        # the body of the copy used (the claimed one, else any): spans computed for all at once
-        e = np.maximum(np.where(cp >= 0, cp, ap), 0)
-        if len(st.e_offset):
-            start, length = r_rdq.term_span(st.e_offset[e], st.e_total[e])
-            spans[kind] = (st.e_file[e].tolist(), start.tolist(), length.tolist(), st.e_offset[e].tolist())
+        cp, ap = st.locate(r.msg_id[live[sel]])
+        e = np.where(cp >= 0, cp, ap)
+        have = e >= 0
+        if have.any():
+            rows, e = sel[have], e[have]
+            used = np.unique(st.e_file[e])
+            file_map = np.full(len(st.files), -1, np.int32)
+            file_map[used] = [path_ix(st.files[k].path) for k in used.tolist()]
+            body(rows, file_map[st.e_file[e]], *r_rdq.term_span(st.e_offset[e], st.e_total[e]))
+            out.store_offset[rows] = st.e_offset[e]
+        if clean:
+            if kind == "persistent":  # the trusted index must place the id on a valid entry holding it
+                problem[sel[~recorded_ok(st, r.msg_id[live[sel]])]] = Fate.DELIVERY_CRASH
+        else:
+            problem[sel[cp < 0]] = np.where(ap[cp < 0] >= 0, Fate.BODY_UNREACHABLE, Fate.BODY_MISSING)
+    # per-queue store
+    sel = np.flatnonzero(loc == _QSTORE)
+    if len(sel):
+        qs_path = qx.qs_path
+        qs = vs.qs_files.get(qs_path) if qs_path is not None else None
+        status = np.full(len(sel), QsStatus.MISSING_FILE, np.int8) if qs is None else \
+            vs.bodies.qs_entries(qs, st_off[sel], st_size[sel])
+        out.qs_status[sel] = status
+        out.store_offset[sel] = st_off[sel]
+        if qs is not None:
+            ok = (status != QsStatus.BAD_HEADER) & (status != QsStatus.OUT_OF_RANGE)
+            rows = sel[ok]
+            body(rows, path_ix(qs_path), *r_qs.term_span(st_off[rows], st_size[rows]))
+        # a dirty start checks the entry and drops it; a clean start crashes reading it,
+        # except where the version reads a missing segment as no messages
+        bad = status != QsStatus.OK
+        tolerated = (status == QsStatus.MISSING_FILE) & vs.model.missing_qs_reads_empty
+        qs_fate = _QS_FATE_CODES[status]
+        problem[sel[bad]] = np.where(clean & ~tolerated, Fate.DELIVERY_CRASH, qs_fate)[bad]
+    # terms embedded in a v1 index
+    sel = np.flatnonzero(loc == _EMBEDDED)
+    if len(sel):
+        file_map = np.array([path_ix(p) for p in qx.files], np.int32)
+        body(sel, file_map[files[sel]], st_off[sel], st_size[sel])
+        out.store_offset[sel] = st_off[sel]
+    # the broker's order of checks (IDX2 recover_segment; QI1 recover_message; delivery)
     expiry = r.expiry[live]
-    expired = ((expiry > 0) & (expiry <= vs.options.now_ms() * 1000)).tolist()
-    clean = vs.recovery == "clean"
+    expired = (expiry > 0) & (expiry <= vs.options.now_ms() * 1000)
     qdrop = queue_fate(vs, qx)
     at_risk = None  # clean recovery: messages a crash on delivery takes down with it
     if qdrop is None and clean and propagate:
         crash_queues, crash_vhost = vs.clean_crashes
         at_risk = Fate.VHOST_CRASH if crash_vhost else (Fate.QUEUE_CRASH if qx.qdir.label in crash_queues else None)
-    recorded = None
-    if clean and "persistent" in claim_pos:
-        sel = np.flatnonzero(shared & (r.persistent[live] == 1))
-        recorded = np.ones(n, bool)
-        recorded[sel] = recorded_ok(vs.stores.get("persistent"), r.msg_id[live[sel]])
-        recorded = recorded.tolist()
-    out = Resolved([], np.full(n, -1, np.int32), np.zeros(n, np.int64), np.zeros(n, np.int64),
-                   np.full(n, -1, np.int64), np.zeros(n, np.int8), np.zeros(n, np.int8))
-    file_ix: dict[Path, int] = {}
-
-    def body(j, path, start, length):
-        f = file_ix.get(path)
-        if f is None:
-            f = file_ix[path] = len(out.body_files)
-            out.body_files.append(path)
-        out.body_file[j], out.body_start[j], out.body_len[j] = f, start, length
-
-    qs_path = qx.qs_path
-    qs = vs.qs_files.get(qs_path) if qs_path is not None else None
-    for j in range(n):
-        lc, body_problem = loc[j], None
-        if lc == _SHARED:
-            kind = "persistent" if persistent[j] == 1 else "transient"
-            st = vs.stores.get(kind) if kind in claim_pos else None
-            cp = claim_pos[kind][j] if st is not None else -1
-            ap = any_pos[kind][j] if st is not None else -1
-            if cp >= 0 or ap >= 0:
-                files_k, start_k, len_k, off_k = spans[kind]
-                body(j, st.files[files_k[j]].path, start_k[j], len_k[j])
-                out.store_offset[j] = off_k[j]
-            if clean:
-                if recorded is not None and not recorded[j]:
-                    body_problem = Fate.DELIVERY_CRASH  # the trusted index points at nothing valid
-            elif cp < 0:
-                body_problem = Fate.BODY_UNREACHABLE if ap >= 0 else Fate.BODY_MISSING
-        elif lc == _QSTORE:
-            status = QsStatus.MISSING_FILE if qs is None else vs.bodies.qs_entry(qs, st_off[j], st_size[j])
-            out.qs_status[j] = status
-            out.store_offset[j] = st_off[j]
-            if qs is not None and status not in (QsStatus.BAD_HEADER, QsStatus.OUT_OF_RANGE):
-                body(j, qs_path, *r_qs.term_span(st_off[j], st_size[j]))
-            if status != QsStatus.OK:
-                # a dirty start checks the entry and drops it; a clean start crashes reading it,
-                # except where the version reads a missing segment as no messages
-                tolerated = status == QsStatus.MISSING_FILE and vs.model.missing_qs_reads_empty
-                body_problem = Fate.DELIVERY_CRASH if clean and not tolerated else _QS_FATE[status]
-        elif lc == _EMBEDDED:
-            body(j, qx.files[files[j]], st_off[j], st_size[j])
-            out.store_offset[j] = st_off[j]
-        # the broker's order of checks (IDX2 recover_segment; QI1 recover_message; delivery)
-        if kinds[j] == _BAD and qdrop in (None, Fate.QUEUE_CRASH):
-            fate = Fate.BAD_INDEX_ENTRY
-        elif qdrop is not None:
-            fate = qdrop
-        elif qx.version == 2 and files[j] in qx.bad_segments and not clean:
-            fate = Fate.SEGMENT_DELETED  # a clean start does not read segment headers
-        elif persistent[j] != 1 or lc not in _ON_DISK:
-            fate = intrinsic_fate(persistent[j], lc)
-        elif clean and expired[j]:
-            fate = Fate.EXPIRED  # the queue drops an expired head without reading its body
-        elif body_problem is not None:
-            fate = body_problem
-        elif expired[j]:
-            fate = Fate.EXPIRED
-        else:
-            fate = at_risk or Fate.DELIVERED
-        out.fate[j] = fate
+    bad_segment = np.isin(files, list(qx.bad_segments)) if qx.version == 2 and not clean and qx.bad_segments \
+        else np.zeros(n, bool)
+    intrinsic = np.where(persistent != 1, Fate.TRANSIENT,
+                         np.where(loc == Location.MEMORY, Fate.NOT_ON_DISK, Fate.BAD_LOCATION))
+    out.fate[:] = np.select(
+        [(r.kind[live] == _BAD) & (qdrop in (None, Fate.QUEUE_CRASH)),
+         np.full(n, qdrop is not None),
+         bad_segment,
+         (persistent != 1) | ~np.isin(loc, _ON_DISK_CODES),
+         clean & expired,  # the queue drops an expired head without reading its body
+         problem >= 0,
+         expired],
+        [Fate.BAD_INDEX_ENTRY, qdrop or 0, Fate.SEGMENT_DELETED, intrinsic, Fate.EXPIRED, problem, Fate.EXPIRED],
+        at_risk or Fate.DELIVERED)
     return out
 
 

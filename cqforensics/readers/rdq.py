@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cqforensics import core
 from cqforensics.grammar import rdq as c_rdq
 from cqforensics.readers.files import data_extents, map_file
 
@@ -116,15 +117,23 @@ def _hole_kind(data, o: int, n: int, extents=None) -> str:
     return "zeroed"
 
 
-def walk(path: Path, number: int, data=None) -> RdqFile:
+def walk(path: Path, number: int, data=None, reference: bool = False) -> RdqFile:
     """Every entry of one file, plus its holes. Never raises on damaged content. A big sparse
-    file is walked by its data extents: its holes are skipped without being read."""
+    file is walked by its data extents: its holes are skipped without being read.
+
+    The compiled core does the walk when it is built (``reference=True``, or no core: this
+    module's Python walk, the specification it is tested against)."""
     data = map_file(path) if data is None else data
     end = len(data)
     extents = data_extents(path, end) if end >= _SPARSE_MIN else None
     if extents == [(0, end)]:
         extents = None
     f = RdqFile(path, number, end)
+    if not reference and core.native() is not None:
+        f.offsets, f.totals, f.msg_ids, holes, torn = core.walk_rdq(data, extents)
+        f.holes = [Hole(o, n, kind) for o, n, kind in holes]
+        f.bad_markers = torn
+        return f
     offsets: list[int] = []
     o = 0
     size_at, mark = _SIZE, _MARK

@@ -1,0 +1,469 @@
+//! The two stored-message layouts that make up almost every store, decoded as the Python
+//! fast path does (`cqforensics.fastpath.decode`), with the same results:
+//!
+//! * 3.13+/4.x `{mc, mc_amqpl, {content, 60, none, PropsBin, rabbit_framing_amqp_0_9_1, [Body]}, Anns}`
+//!   whose annotations hold only `id`, `x`, `rk` and `rts`;
+//! * 3.10-3.12 `{basic_message, {resource, VHost, exchange, X}, Rks, {content, ...}, Id, IsPersistent}`.
+//!
+//! Any other shape, value type or damage is `Err(Fallback)`: the reference decodes that entry.
+
+use std::borrow::Cow;
+
+use base64::Engine;
+
+use crate::amqp091::{self, Fallback, Props, R};
+
+/// The range of the timestamp[us] column (schema.TS_MIN_US, TS_MAX_US): beyond it the
+/// reference reports the value out of range.
+const TS_MIN_US: i128 = -62_135_596_800 * 1_000_000;
+const TS_MAX_US: i128 = 253_402_300_800 * 1_000_000 - 1;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Format {
+    McAmqpl,
+    BasicMessage,
+}
+
+pub struct Msg<'a> {
+    pub msg_id: Option<&'a [u8]>,
+    pub exchange: Option<&'a str>,
+    pub routing_keys: Vec<&'a str>,
+    /// the expiration property when annotations replace it (`Some(None)`: removed)
+    pub expiration: Option<Option<String>>,
+    pub headers: Option<String>,
+    pub props: Props<'a>,
+    pub timestamp_us: Option<i64>,
+    pub annotations: Option<String>,
+    pub body: &'a [u8],
+    pub format: Format,
+}
+
+struct Layout {
+    mc: Vec<u8>,
+    bm: Vec<u8>,
+    exchange: Vec<u8>,
+    content: Vec<u8>,
+    framing: Vec<u8>,
+    true_: Vec<u8>,
+    false_: Vec<u8>,
+}
+
+fn atom(name: &[u8], utf8: bool) -> Vec<u8> {
+    let mut v = if utf8 { vec![b'w', name.len() as u8] } else { vec![b'd', 0, name.len() as u8] };
+    v.extend_from_slice(name);
+    v
+}
+
+fn cat(parts: &[&[u8]]) -> Vec<u8> {
+    parts.concat()
+}
+
+impl Layout {
+    fn new(utf8: bool) -> Layout {
+        let a = |n: &[u8]| atom(n, utf8);
+        Layout {
+            mc: cat(&[b"\x83h\x04", &a(b"mc"), &a(b"mc_amqpl")]),
+            bm: cat(&[b"\x83h\x06", &a(b"basic_message"), b"h\x04", &a(b"resource"), b"m"]),
+            exchange: cat(&[&a(b"exchange"), b"m"]),
+            content: cat(&[b"h\x06", &a(b"content"), b"a<", &a(b"none"), b"m"]),
+            framing: cat(&[&a(b"rabbit_framing_amqp_0_9_1"), b"l\x00\x00\x00\x01m"]),
+            true_: a(b"true"),
+            false_: a(b"false"),
+        }
+    }
+}
+
+pub struct Decoder {
+    layouts: [Layout; 2],
+}
+
+impl Default for Decoder {
+    fn default() -> Self {
+        Decoder { layouts: [Layout::new(true), Layout::new(false)] }
+    }
+}
+
+#[inline]
+fn starts(raw: &[u8], p: usize, prefix: &[u8]) -> bool {
+    raw.get(p..p + prefix.len()) == Some(prefix)
+}
+
+#[inline]
+fn u32_at(raw: &[u8], p: usize) -> R<usize> {
+    Ok(u32::from_be_bytes(raw.get(p..p + 4).ok_or(Fallback)?.try_into().unwrap()) as usize)
+}
+
+/// The bytes of a binary whose 4-byte length is at `p`, and the offset after it.
+#[inline]
+fn binary(raw: &[u8], p: usize) -> R<(&[u8], usize)> {
+    let n = u32_at(raw, p)?;
+    let end = p + 4 + n;
+    Ok((raw.get(p + 4..end).ok_or(Fallback)?, end))
+}
+
+#[inline]
+fn text(b: &[u8]) -> R<&str> {
+    std::str::from_utf8(b).map_err(|_| Fallback)
+}
+
+/// A proper list of binaries (`l ... j`) or nil at `p`, as UTF-8 strings.
+fn binaries(raw: &[u8], mut p: usize) -> R<(Vec<&str>, usize)> {
+    match raw.get(p) {
+        Some(b'j') => return Ok((Vec::new(), p + 1)),
+        Some(b'l') => {}
+        _ => return Err(Fallback),
+    }
+    let n = u32_at(raw, p + 1)?;
+    p += 5;
+    let mut items = Vec::with_capacity(n.min(64));
+    for _ in 0..n {
+        if raw.get(p) != Some(&b'm') {
+            return Err(Fallback);
+        }
+        let (b, q) = binary(raw, p + 1)?;
+        items.push(text(b)?);
+        p = q;
+    }
+    if raw.get(p) != Some(&b'j') || n == 0 {
+        return Err(Fallback); // an empty 'l' list or an improper tail: the reference decides
+    }
+    Ok((items, p + 1))
+}
+
+/// An integer term at `p` (small integer, integer, small big up to 64 bits).
+fn integer(raw: &[u8], p: usize) -> R<(i128, usize)> {
+    match raw.get(p) {
+        Some(b'a') => Ok((*raw.get(p + 1).ok_or(Fallback)? as i128, p + 2)),
+        Some(b'b') => {
+            let v = i32::from_be_bytes(raw.get(p + 1..p + 5).ok_or(Fallback)?.try_into().unwrap());
+            Ok((v as i128, p + 5))
+        }
+        Some(b'n') => {
+            let n = *raw.get(p + 1).ok_or(Fallback)? as usize;
+            let sign = *raw.get(p + 2).ok_or(Fallback)?;
+            if n > 8 || sign > 1 {
+                return Err(Fallback);
+            }
+            let digits = raw.get(p + 3..p + 3 + n).ok_or(Fallback)?;
+            let v = digits.iter().rev().fold(0u64, |acc, &d| (acc << 8) | d as u64) as i128;
+            Ok((if sign == 1 { -v } else { v }, p + 3 + n))
+        }
+        _ => Err(Fallback),
+    }
+}
+
+/// An annotation value of the kinds stores hold; anything else is for the reference.
+enum Val<'a> {
+    Bin(&'a [u8]),
+    Int(i128),
+    Atom(Cow<'a, str>),
+    Bins(Vec<&'a [u8]>),
+    Nil,
+}
+
+fn latin1(b: &[u8]) -> Cow<'_, str> {
+    match std::str::from_utf8(b) {
+        Ok(s) if b.is_ascii() => Cow::Borrowed(s),
+        _ => Cow::Owned(b.iter().map(|&c| c as char).collect()),
+    }
+}
+
+/// An atom at `p` in any of its four encodings, as text (latin-1 ones converted).
+fn any_atom(raw: &[u8], p: usize) -> R<(Cow<'_, str>, usize)> {
+    let tag = *raw.get(p).ok_or(Fallback)?;
+    let (n, at) = match tag {
+        b'w' | b's' => (*raw.get(p + 1).ok_or(Fallback)? as usize, p + 2),
+        b'v' | b'd' => (u16::from_be_bytes(raw.get(p + 1..p + 3).ok_or(Fallback)?.try_into().unwrap()) as usize, p + 3),
+        _ => return Err(Fallback),
+    };
+    let b = raw.get(at..at + n).ok_or(Fallback)?;
+    let name = if tag == b'w' || tag == b'v' { Cow::Borrowed(text(b)?) } else { latin1(b) };
+    Ok((name, at + n))
+}
+
+fn value(raw: &[u8], p: usize) -> R<(Val<'_>, usize)> {
+    Ok(match raw.get(p) {
+        Some(b'm') => {
+            let (b, q) = binary(raw, p + 1)?;
+            (Val::Bin(b), q)
+        }
+        Some(b'a' | b'b' | b'n') => {
+            let (v, q) = integer(raw, p)?;
+            (Val::Int(v), q)
+        }
+        Some(b'w' | b's' | b'v' | b'd') => {
+            let (a, q) = any_atom(raw, p)?;
+            (Val::Atom(a), q)
+        }
+        Some(b'j') => (Val::Nil, p + 1),
+        Some(b'l') => {
+            let n = u32_at(raw, p + 1)?;
+            let mut q = p + 5;
+            let mut items = Vec::with_capacity(n.min(64));
+            for _ in 0..n {
+                if raw.get(q) != Some(&b'm') {
+                    return Err(Fallback);
+                }
+                let (b, r) = binary(raw, q + 1)?;
+                items.push(b);
+                q = r;
+            }
+            if raw.get(q) != Some(&b'j') || n == 0 {
+                return Err(Fallback);
+            }
+            (Val::Bins(items), q + 1)
+        }
+        _ => return Err(Fallback),
+    })
+}
+
+/// message.to_json_value of a binary: UTF-8 text, else `{"base64": ...}`.
+fn push_json_bin(out: &mut String, b: &[u8]) {
+    match std::str::from_utf8(b) {
+        Ok(s) => amqp091::push_json_str(out, s),
+        Err(_) => {
+            out.push_str("{\"base64\":\"");
+            out.push_str(&base64::engine::general_purpose::STANDARD.encode(b));
+            out.push_str("\"}");
+        }
+    }
+}
+
+fn push_json_val(out: &mut String, v: &Val) {
+    match v {
+        Val::Bin(b) => push_json_bin(out, b),
+        Val::Int(i) => out.push_str(&i.to_string()),
+        Val::Atom(a) => amqp091::push_json_str(out, a),
+        Val::Nil => out.push_str("[]"),
+        Val::Bins(items) => {
+            out.push('[');
+            for (i, b) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                push_json_bin(out, b);
+            }
+            out.push(']');
+        }
+    }
+}
+
+/// The annotation names the 0-9-1 view or the columns give a meaning to (as atoms).
+const SPECIAL: [&str; 10] = ["id", "x", "rk", "rts", "p", "ts", "ttl", "d", "deaths", "timestamp_in_ms"];
+
+impl Decoder {
+    pub fn decode<'a>(&self, raw: &'a [u8]) -> R<Msg<'a>> {
+        for lay in &self.layouts {
+            if starts(raw, 0, &lay.mc) {
+                return self.mc_amqpl(raw, lay);
+            }
+            if starts(raw, 0, &lay.bm) {
+                return self.basic_message(raw, lay);
+            }
+        }
+        Err(Fallback)
+    }
+
+    /// A #content{} with encoded properties and one body fragment at p: (props, body, end).
+    fn content<'a>(&self, raw: &'a [u8], p: usize, lay: &Layout) -> R<(&'a [u8], &'a [u8], usize)> {
+        if !starts(raw, p, &lay.content) {
+            return Err(Fallback);
+        }
+        let (props, p) = binary(raw, p + lay.content.len())?;
+        if !starts(raw, p, &lay.framing) {
+            return Err(Fallback);
+        }
+        let (body, p) = binary(raw, p + lay.framing.len())?;
+        if raw.get(p) != Some(&b'j') {
+            return Err(Fallback);
+        }
+        Ok((props, body, p + 1))
+    }
+
+    /// mc_amqpl with the annotations applied as mc_amqpl:protocol_state does for a 0-9-1
+    /// consumer (message._amqpl_view), and the annotations JSON (message._annotations_json).
+    fn mc_amqpl<'a>(&self, raw: &'a [u8], lay: &Layout) -> R<Msg<'a>> {
+        let (props_bin, body, mut p) = self.content(raw, lay.mc.len(), lay)?;
+        if raw.get(p) != Some(&b't') {
+            return Err(Fallback);
+        }
+        let n = u32_at(raw, p + 1)?;
+        p += 5;
+        // (name, is an atom, value), in map order
+        let mut anns: Vec<(Cow<str>, bool, Val)> = Vec::with_capacity(n.min(32));
+        for _ in 0..n {
+            let (key, is_atom, q) = if raw.get(p) == Some(&b'm') {
+                let (b, q) = binary(raw, p + 1)?;
+                (Cow::Borrowed(text(b)?), false, q)
+            } else {
+                let (a, q) = any_atom(raw, p)?;
+                (a, true, q)
+            };
+            // a name seen twice (either kind), or a binary spelling a special atom's name,
+            // is left to the reference's dict semantics
+            if anns.iter().any(|(k, _, _)| *k == key) || (!is_atom && SPECIAL.contains(&key.as_ref())) {
+                return Err(Fallback);
+            }
+            let (v, q) = value(raw, q)?;
+            anns.push((key, is_atom, v));
+            p = q;
+        }
+        let get = |name: &str| anns.iter().find(|(k, a, _)| *a && k == name).map(|(_, _, v)| v);
+        let msg_id = match get("id") {
+            None => None,
+            Some(Val::Bin(b)) => Some(*b),
+            _ => return Err(Fallback),
+        };
+        let exchange = match get("x") {
+            None => None,
+            Some(Val::Bin(b)) => Some(text(b)?),
+            _ => return Err(Fallback),
+        };
+        let routing_keys = match get("rk") {
+            None | Some(Val::Nil) => Vec::new(),
+            Some(Val::Bins(items)) => items.iter().map(|b| text(b)).collect::<R<Vec<_>>>()?,
+            _ => return Err(Fallback),
+        };
+        if get("deaths").is_some() {
+            return Err(Fallback);
+        }
+        let mut props = amqp091::properties(props_bin)?;
+        // x- binaries and timestamp_in_ms become headers (sorted with the table's own)
+        let mut extra: Vec<(String, String)> = Vec::new();
+        for (k, is_atom, v) in &anns {
+            if *is_atom {
+                continue;
+            }
+            if k.starts_with("x-") {
+                let t = match v {
+                    Val::Atom(a) if a == "true" || a == "false" => format!("{{\"type\":\"bool\",\"value\":{a}}}"),
+                    Val::Int(i) => format!("{{\"type\":\"long\",\"value\":{i}}}"),
+                    Val::Bin(b) => {
+                        let mut t = String::from("{\"type\":\"longstr\",\"value\":");
+                        amqp091::push_json_str(&mut t, text(b)?);
+                        t.push('}');
+                        t
+                    }
+                    _ => continue,
+                };
+                extra.push((k.to_string(), t));
+            } else if k == "timestamp_in_ms" {
+                if let Val::Int(i) = v {
+                    extra.push((k.to_string(), format!("{{\"type\":\"long\",\"value\":{i}}}")));
+                }
+            }
+        }
+        let headers = if extra.is_empty() {
+            props.headers.take().map(|h| {
+                let mut s = String::new();
+                amqp091::push_entries(&mut s, &h);
+                s
+            })
+        } else {
+            let mut merged: Vec<(String, String)> =
+                props.headers.take().unwrap_or_default().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+            for (k, v) in extra {
+                match merged.iter_mut().find(|(m, _)| *m == k) {
+                    Some(slot) => slot.1 = v,
+                    None => merged.push((k, v)),
+                }
+            }
+            merged.sort_by(|a, b| a.0.cmp(&b.0));
+            let mut s = String::new();
+            amqp091::push_entries(&mut s, &merged);
+            Some(s)
+        };
+        let expiration = match get("ttl") {
+            None => None,
+            Some(Val::Atom(a)) if a == "undefined" => Some(None),
+            Some(Val::Int(i)) => Some(Some(i.to_string())),
+            _ => return Err(Fallback),
+        };
+        if props.priority.is_none() {
+            if let Some(Val::Int(v)) = get("p") {
+                if !(i32::MIN as i128..=i32::MAX as i128).contains(v) {
+                    return Err(Fallback); // out of the column's range: the reference reports it
+                }
+                props.priority = Some(*v as i32);
+            }
+        }
+        if props.delivery_mode.is_none() {
+            props.delivery_mode = match get("d") {
+                Some(Val::Atom(a)) if a == "false" => None,
+                _ => Some(2),
+            };
+        }
+        let ts_ms: Option<i128> = match get("ts") {
+            Some(Val::Int(ms)) => Some(*ms),
+            _ => props.timestamp.map(|s| s as i128 * 1000),
+        };
+        let timestamp_us = match ts_ms {
+            None => None,
+            Some(ms) if (TS_MIN_US..=TS_MAX_US).contains(&(ms * 1000)) => Some((ms * 1000) as i64),
+            Some(_) => return Err(Fallback), // the reference names it out of range
+        };
+        let mut annotations = String::from("{");
+        for (k, _, v) in anns.iter().filter(|(k, a, _)| !(*a && matches!(k.as_ref(), "id" | "x" | "rk"))) {
+            if annotations.len() > 1 {
+                annotations.push(',');
+            }
+            amqp091::push_json_str(&mut annotations, k);
+            annotations.push(':');
+            push_json_val(&mut annotations, v);
+        }
+        annotations.push('}');
+        Ok(Msg {
+            msg_id,
+            exchange,
+            routing_keys,
+            expiration,
+            headers,
+            props,
+            timestamp_us,
+            annotations: if annotations.len() > 2 { Some(annotations) } else { None },
+            body,
+            format: Format::McAmqpl,
+        })
+    }
+
+    fn basic_message<'a>(&self, raw: &'a [u8], lay: &Layout) -> R<Msg<'a>> {
+        let (_vhost, p) = binary(raw, lay.bm.len())?;
+        if !starts(raw, p, &lay.exchange) {
+            return Err(Fallback);
+        }
+        let (x, p) = binary(raw, p + lay.exchange.len())?;
+        let (rks, p) = binaries(raw, p)?;
+        let (props_bin, body, p) = self.content(raw, p, lay)?;
+        if raw.get(p..p + 5) != Some(b"m\x00\x00\x00\x10") {
+            return Err(Fallback);
+        }
+        let msg_id = raw.get(p + 5..p + 21).ok_or(Fallback)?;
+        let p = p + 21;
+        if !starts(raw, p, &lay.true_) && !starts(raw, p, &lay.false_) {
+            return Err(Fallback);
+        }
+        let mut props = amqp091::properties(props_bin)?;
+        let timestamp_us = match props.timestamp {
+            None => None,
+            Some(s) if (s as i128) * 1_000_000 <= TS_MAX_US => Some(s as i64 * 1_000_000),
+            Some(_) => return Err(Fallback),
+        };
+        let headers = props.headers.take().map(|h| {
+            let mut s = String::new();
+            amqp091::push_entries(&mut s, &h);
+            s
+        });
+        Ok(Msg {
+            expiration: None,
+            headers,
+            msg_id: Some(msg_id),
+            exchange: Some(text(x)?),
+            routing_keys: rks,
+            props,
+            timestamp_us,
+            annotations: None,
+            body,
+            format: Format::BasicMessage,
+        })
+    }
+}

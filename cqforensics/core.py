@@ -1,0 +1,138 @@
+"""The compiled core: the hot paths in Rust (PyO3, sources in ``core/``, built into the
+module ``cqforensics_core`` by ``pip install .``), behind the same interfaces as their Python
+reference implementations, which stay the specification the core is tested against
+(tests/test_core.py: equal on every sample, damaged variant and fuzz case).
+
+* ``walk_rdq``: the shared-store walk with resynchronisation (``readers.rdq.walk``);
+* ``check_qs``: the checks of the ``.qs`` entries an index points at (``readers.qs.check_entry``);
+* ``decode_messages``: the two stored layouts that make up almost every store (``fastpath``)
+  decoded straight into Arrow columns. A row the core does not handle (another shape, a float
+  header, damage) is marked for the reference to decode; ``COUNTS`` keeps the tally.
+
+``CQF_CORE=0`` in the environment turns the core off (the reference does everything), for
+comparisons and benchmarks. A missing or stale build is not an error: the reference runs and
+``status()`` says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+
+import numpy as np
+import pyarrow as pa
+
+from cqforensics.schema import PROPERTIES, STRINGS
+
+ABI = 3  # must equal the core's ABI (core/src/lib.rs)
+log = logging.getLogger("cqforensics.core")
+
+try:
+    import cqforensics_core as _native
+except ImportError as e:  # not built (a checkout never installed with pip)
+    _native, _why = None, f"not built ({e}); run: python3 -m pip install ."
+else:
+    _why = None
+    if getattr(_native, "ABI", None) != ABI:
+        _native, _why = None, (f"stale build (ABI {getattr(_native, 'ABI', '?')}, sources {ABI}); "
+                               "run: python3 -m pip install .")
+
+#: rows decoded by the core / handed to the reference, since the process started
+COUNTS: Counter = Counter()
+
+
+def native():
+    """The compiled module, or None when it is missing, stale or turned off."""
+    if _native is None or os.environ.get("CQF_CORE", "1") == "0":
+        return None
+    return _native
+
+
+def status() -> str:
+    if _native is None:
+        return _why
+    return "off (CQF_CORE=0)" if native() is None else "on"
+
+
+# -- rdq walk --------------------------------------------------------------------------------------
+
+
+def walk_rdq(data, extents=None):
+    """``(offsets, totals, msg_ids, holes, torn)`` of one ``.rdq`` file's bytes (see
+    readers.rdq.walk): numpy int64, int64 and V16 arrays, ``[(offset, length, kind)]`` and
+    ``[(offset, total, id)]``."""
+    offsets, totals, ids, holes, torn = _native.walk_rdq(data, extents)
+    return (np.frombuffer(offsets, np.int64), np.frombuffer(totals, np.int64), np.frombuffer(ids, "V16"),
+            holes, torn)
+
+
+def check_qs(data, offsets: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The QsStatus code (int8) of each ``.qs`` entry at ``offsets`` with term ``sizes``
+    (readers.qs.check_entry)."""
+    out = _native.check_qs(data, np.ascontiguousarray(offsets, np.int64).tobytes(),
+                           np.ascontiguousarray(sizes, np.int64).tobytes())
+    return np.frombuffer(out, np.int8)
+
+
+# -- message decode --------------------------------------------------------------------------------
+
+FALLBACK, NO_TERM = 1, 2
+
+
+def _buf(b: bytes):
+    return pa.py_buffer(b)
+
+
+def _var(typ, n: int, col) -> pa.Array:
+    bits, nulls, offsets, data = col
+    return pa.Array.from_buffers(typ, n, [_buf(bits) if nulls else None, _buf(offsets), _buf(data)],
+                                 null_count=nulls)
+
+
+def _num(typ, n: int, col) -> pa.Array:
+    bits, nulls, values = col
+    return pa.Array.from_buffers(typ, n, [_buf(bits) if nulls else None, _buf(values)], null_count=nulls)
+
+
+def decode_messages(buffers: list, file_ix: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                    index_ids: bytes, has_id: np.ndarray, bodies: bool) -> tuple[np.ndarray, dict]:
+    """The decoded ``messages`` columns of stored terms as Arrow arrays, and each row's status
+    (0 decoded, ``FALLBACK``: for the reference, ``NO_TERM``). Row k's term is the byte range
+    ``[starts[k], starts[k] + lengths[k])`` of ``buffers[file_ix[k]]`` (-1: no term)."""
+    out = _native.decode_messages(buffers, np.ascontiguousarray(file_ix, np.int32).tobytes(),
+                                  np.ascontiguousarray(starts, np.int64).tobytes(),
+                                  np.ascontiguousarray(lengths, np.int64).tobytes(), index_ids,
+                                  np.ascontiguousarray(has_id, np.uint8).tobytes(), bodies)
+    n = len(has_id)
+    status = np.frombuffer(out["status"], np.uint8)
+    props = []
+    for f in PROPERTIES:
+        col = out[f.name]
+        props.append(_num(f.type, n, col) if len(col) == 3 else _var(f.type, n, col))
+    bits, nulls = out["properties"]
+    rk_bits, rk_nulls, rk_offsets, items = out["routing_keys"]
+    keys = _var(pa.string(), int(np.frombuffer(rk_offsets, np.int32)[-1]), items)
+    cols = {
+        "msg_id": _var(pa.binary(), n, out["msg_id"]),
+        "exchange": _var(pa.string(), n, out["exchange"]),
+        "routing_keys": pa.Array.from_buffers(STRINGS, n, [_buf(rk_bits) if rk_nulls else None, _buf(rk_offsets)],
+                                              null_count=rk_nulls, children=[keys]),
+        "properties": pa.Array.from_buffers(PROPERTIES, n, [_buf(bits) if nulls else None], null_count=nulls,
+                                            children=props),
+        "headers": _var(pa.string(), n, out["headers"]),
+        "annotations": _var(pa.string(), n, out["annotations"]),
+        "body": _var(pa.binary(), n, out["body"]),
+        "body_size": _num(pa.int64(), n, out["body_size"]),
+        "term_format": _var(pa.string(), n, out["term_format"]),
+        "decode_error": _var(pa.string(), n, out["decode_error"]),
+    }
+    fallback = int(np.count_nonzero(status == FALLBACK))
+    COUNTS["core"] += int(np.count_nonzero(status == 0))
+    COUNTS["reference"] += fallback
+    if fallback:
+        log.debug("core: %d of %d messages decoded by the Python reference", fallback, n)
+    return status, cols
+
+
+__all__ = ["ABI", "COUNTS", "FALLBACK", "NO_TERM", "check_qs", "decode_messages", "native", "status", "walk_rdq"]
