@@ -7,9 +7,12 @@ traceback for a bug report."""
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from cli import exitcodes
+
+log = logging.getLogger("cqforensics.cli")
 
 
 class Parser(argparse.ArgumentParser):
@@ -55,6 +58,22 @@ def add_read_options(p: argparse.ArgumentParser) -> None:
                    help="judge message TTLs at this time (ISO 8601 or epoch ms, 1970 .. 9999; default: now)")
 
 
+def add_filters(p: argparse.ArgumentParser, queues_help: str = "only this queue (repeatable)") -> None:
+    p.add_argument("--vhost", action="append", metavar="NAME", dest="vhosts",
+                   help="only this vhost (repeatable; default: every vhost)")
+    p.add_argument("--queue", action="append", metavar="NAME", dest="queues", help=queues_help)
+
+
+def filters(args) -> dict:
+    """--vhost/--queue as the ``vhosts``/``queues`` keywords of the read path (absent: all)."""
+    out = {}
+    if getattr(args, "vhosts", None):
+        out["vhosts"] = list(args.vhosts)
+    if getattr(args, "queues", None):
+        out["queues"] = list(args.queues)
+    return out
+
+
 def read_options(args) -> dict:
     """--broker-version and --as-of as keywords of ``make_options`` (as-of parsed by the one
     parser, ``cqforensics.model.options.parse_as_of``, into epoch ms)."""
@@ -70,13 +89,15 @@ def read_options(args) -> dict:
 
 
 def cmd_read(args) -> int:
-    """Print or save one table (see README: Tables). --out FILE: not inside an input, not an
-    existing file unless --force; written under a temporary name and renamed when complete."""
+    """Print or save one table (see README: Tables), streamed: rows are printed or written as
+    they are read, so the first rows show at once and memory stays flat. --out FILE: not inside
+    an input, not an existing file unless --force; written under a temporary name and renamed
+    when complete (removed on an error or Ctrl-C). Parquet is written in row groups of up to
+    64k rows / about 64 MB."""
     import cqforensics
 
     columns = args.columns.split(",") if args.columns else None
-    opts = read_options(args)
-    target = None
+    opts = {**read_options(args), **filters(args)}
     if args.out:
         from cqforensics.outputs import check_output
 
@@ -85,47 +106,56 @@ def cmd_read(args) -> int:
         from cqforensics.errors import UsageError
 
         raise UsageError("--format parquet needs --out FILE")
-    if target is None:
+    else:
         return _read_rows(args, columns, opts, sys.stdout)
-    import os
+    from cqforensics.export import ParquetSink, staged_file
 
-    tmp = target.parent / f".{target.name}.cqf-partial-{os.getpid()}"
-    try:
+    with staged_file(target, "wb" if args.format == "parquet" else "w") as out:
         if args.format == "parquet":
-            import pyarrow.parquet as pq
+            from cqforensics.driver import check_columns
 
-            table = cqforensics.read_table(args.paths, args.table, columns=columns, **opts)
-            pq.write_table(table, tmp)
-            print(f"{table.num_rows} rows -> {target}", file=sys.stderr)
+            with ParquetSink(out, check_columns(args.table, columns)) as sink:
+                for batch in _limited(cqforensics.iter_batches(args.paths, args.table, columns=columns, **opts),
+                                      args.limit):
+                    sink.write(batch)
+            print(f"{sink.num_rows} rows -> {target}", file=sys.stderr)
         else:
-            with open(tmp, "w", encoding="utf-8") as out:
-                _read_rows(args, columns, opts, out)
-        os.replace(tmp, target)  # a half-written output never has the final name
-    finally:
-        tmp.unlink(missing_ok=True)
+            _read_rows(args, columns, opts, out)
     return exitcodes.OK
 
 
+def _limited(batches, limit: int | None):
+    """``batches`` cut to ``limit`` rows in all (None: no limit); stops reading once reached."""
+    n = 0
+    for b in batches:
+        if limit is not None:
+            if n >= limit:
+                break
+            b = b.slice(0, limit - n)
+        n += b.num_rows
+        yield b
+        if limit is not None and n >= limit:
+            break
+
+
 def _read_rows(args, columns, opts, out) -> int:
+    """Rows as JSON lines or an aligned text table, written (and flushed) batch by batch."""
     import cqforensics
     from cli import render
 
-    n = 0
-    rows_for_text = []
-    for batch in cqforensics.iter_batches(args.paths, args.table, columns=columns, **opts):
-        rows = batch.to_pylist()
-        if args.limit is not None:
-            rows = rows[:max(0, args.limit - n)]
-        n += len(rows)
-        if args.format == "jsonl":
-            render.write_jsonl(rows, out)
-        else:
-            rows_for_text += rows
-        if args.limit is not None and n >= args.limit:
-            break
+    table = None
     if args.format == "table":
         cols = columns or [c for c in cqforensics.schema(args.table).names if c not in ("body",)]
-        render.text_table(rows_for_text, cols, out)
+        table = render.TextTable(cols, out)
+    for batch in _limited(cqforensics.iter_batches(args.paths, args.table, columns=columns, **opts), args.limit):
+        rows = batch.to_pylist()
+        if table is not None:
+            table.write(rows)
+        else:
+            render.write_jsonl(rows, out)
+            out.flush()
+    if table is not None:
+        table.close()
     return exitcodes.OK
 
 
@@ -154,7 +184,7 @@ def cmd_fsck(args) -> int:
     progress = _progress(args.progress or (sys.stderr.isatty() and not (args.quiet or args.json or args.jsonl)))
     report = None
     for item in fsck_mod.fsck(args.paths, deep=args.deep, assume_dirty=args.assume_dirty, progress=progress,
-                              **read_options(args)):
+                              **read_options(args), **filters(args)):
         if isinstance(item, fsck_mod.Report):
             report = item
         elif args.jsonl:
@@ -197,9 +227,49 @@ def cmd_export(args) -> int:
     bodies are still readable."""
     from cqforensics.export import export
 
-    result = export(args.paths, args.format, args.out, everything=args.all, force=args.force, **read_options(args))
+    result = export(args.paths, args.format, args.out, everything=args.all, force=args.force, **read_options(args),
+                    **filters(args))
     counts = ", ".join(f"{n} {k}" for k, n in sorted(result["rows"].items())) or "no rows"
     print(f"{result['file']}: {counts}", file=sys.stderr)
+    return exitcodes.OK
+
+
+def cmd_find(args) -> int:
+    """Find messages by shared-store msg_id (hex; a prefix matches), AMQP message id or body
+    text, among everything still readable (what export --all recovers: messages held by a queue
+    index, ghosts of dropped index slots, orphaned and duplicate store entries). One line per
+    hit: where its bytes are (file, offset), its queue and index entry, and its fate.
+
+    Exit: 0 (also when nothing is found: "0 hit(s)" on stderr), 8 operational error, 16 usage."""
+    from cli import render
+    from cqforensics.export import find
+
+    body = args.body.encode() if args.body is not None else None
+    if args.body_hex is not None:
+        try:
+            body = bytes.fromhex(args.body_hex)
+        except ValueError:
+            from cqforensics.errors import UsageError
+
+            raise UsageError(f"--body-hex: not hex: {args.body_hex!r}") from None
+    hits = find(args.paths, msg_ids=args.msg_id or (), body=body or None, message_ids=args.message_id or (),
+                **read_options(args), **filters(args))
+    table = None if args.jsonl else render.TextTable(
+        ["vhost", "queue", "source", "fate", "msg_id", "file", "offset", "index"], sys.stdout, max_width=80)
+    n = 0
+    for h in hits:
+        n += 1
+        if table is None:
+            render.write_jsonl([{**h, "msg_id": h["msg_id"].hex() if h["msg_id"] is not None else None}])
+            sys.stdout.flush()
+            continue
+        bytes_at = (h["store_file"], h["store_offset"]) if h["store_file"] else (h["file"], h["offset"])
+        index = f"{h['file']}@{h['offset']}" if h["store_file"] and h["file"] != h["store_file"] else None
+        queue = h["queue"] if h["priority"] is None else f"{h['queue']} [p{h['priority']}]"
+        table.write([{**h, "queue": queue, "file": bytes_at[0], "offset": bytes_at[1], "index": index}])
+    if table is not None and n:
+        table.close()
+    print(f"{n} hit(s)", file=sys.stderr)
     return exitcodes.OK
 
 
@@ -306,13 +376,18 @@ def cmd_verify(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from cqforensics.schema import TABLES
 
-    from cqforensics import __version__
+    from cqforensics import __version__, core
 
     p = Parser(prog="cqforensics", description="Forensics for RabbitMQ classic-queue storage (3.10 - 4.3).")
-    p.add_argument("--version", action="version", version=f"cqforensics {__version__}",
+    p.add_argument("--version", action="version", version=f"cqforensics {__version__} (compiled core: {core.status()})",
                    help="print the version and exit")
     p.add_argument("--traceback", action="store_true",
                    help="on an unexpected error (a bug), print its traceback for a bug report")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="log what is done to stderr (-v: steps, -vv: details)")
+    p.add_argument("--log-json", action="store_true",
+                   help="log to stderr as JSON lines (time, level, logger, message), at the -v level "
+                        "(warnings only without -v)")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND",
                            help="what to do (cqforensics COMMAND --help for its arguments)")
 
@@ -328,6 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     f.add_argument("--progress", action="store_true", help="progress on stderr even with --json/--jsonl")
     add_read_options(f)
+    add_filters(f, "only this queue's verdicts and findings, and the store-wide findings (repeatable)")
     f.set_defaults(func=cmd_fsck)
 
     d = sub.add_parser("dump", help="list every entry of one file", description=cmd_dump.__doc__)
@@ -347,7 +423,23 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--all", action="store_true", help="also acked/dropped messages still readable on disk")
     add_force(e, "a non-empty DIR's messages file")
     add_read_options(e)
+    add_filters(e, "only this queue's messages (repeatable; leaves out the store entries no queue holds)")
     e.set_defaults(func=cmd_export)
+
+    fd = sub.add_parser("find", help="find messages by msg_id, message id or body text; print where they are",
+                        description=cmd_find.__doc__)
+    fd.add_argument("paths", nargs="+", help="node dir, mnesia base, or a folder of node backups")
+    fd.add_argument("--msg-id", action="append", metavar="HEX",
+                    help="shared-store message id, hex (a prefix matches; repeatable)")
+    fd.add_argument("--message-id", action="append", metavar="ID",
+                    help="the AMQP message_id property, exactly (repeatable)")
+    body = fd.add_mutually_exclusive_group()
+    body.add_argument("--body", metavar="TEXT", help="bodies containing this text (UTF-8)")
+    body.add_argument("--body-hex", metavar="HEX", help="bodies containing these bytes, given in hex")
+    fd.add_argument("--jsonl", action="store_true", help="one JSON object per hit")
+    add_read_options(fd)
+    add_filters(fd)
+    fd.set_defaults(func=cmd_find)
 
     a = sub.add_parser("audit", help="orphans, duplicates, reference counts, reclaimable space",
                        description=cmd_audit.__doc__)
@@ -389,40 +481,86 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--format", default="table", choices=("table", "jsonl", "parquet"),
                    help="aligned text, JSON lines or Parquet (Parquet needs --out; default: table)")
     r.add_argument("--columns", metavar="A,B", help="comma-separated column list")
-    r.add_argument("--limit", type=_int_at_least(0), metavar="N", help="at most this many rows (table, jsonl)")
+    r.add_argument("--limit", type=_int_at_least(0), metavar="N", help="at most this many rows (every format; reading stops there)")
     r.add_argument("--out", metavar="FILE",
                    help="write to this file instead of stdout (not an existing file unless --force; "
                         "never inside an input)")
     add_force(r, "FILE")
     add_read_options(r)
+    add_filters(r, "only this queue (repeatable; queue-level tables: messages, index, acks, queues, files "
+                   "and holes of .qs files)")
     r.set_defaults(func=cmd_read)
     return p
 
 
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per log record: time (UTC, ISO 8601), level, logger, message."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        import datetime as dt
+        import json
+
+        doc = {"time": dt.datetime.fromtimestamp(record.created, dt.timezone.utc).isoformat(timespec="milliseconds"),
+               "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
+        for key in ("command", "exit_code", "seconds"):
+            if hasattr(record, key):
+                doc[key] = getattr(record, key)
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        return json.dumps(doc, ensure_ascii=False, sort_keys=True)
+
+
+_handler: logging.Handler | None = None
+
+
+def setup_logging(verbose: int, as_json: bool) -> None:
+    """Log records of ``cqforensics.*`` to stderr: warnings by default, -v info, -vv debug; as
+    JSON lines with --log-json. Replaces the handler an earlier call installed."""
+    global _handler
+    logger = logging.getLogger("cqforensics")
+    if _handler is not None:
+        logger.removeHandler(_handler)
+    _handler = logging.StreamHandler(sys.stderr)
+    _handler.setFormatter(JsonLogFormatter() if as_json else logging.Formatter("cqforensics: %(levelname)s: %(message)s"))
+    logger.addHandler(_handler)
+    logger.setLevel(logging.DEBUG if verbose >= 2 else logging.INFO if verbose == 1 else logging.WARNING)
+
+
 def main(argv: list[str] | None = None) -> int:
+    import time
+
     from cqforensics.errors import CQError
 
-    parser = build_parser()
+    args = None
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # usage errors (16) and --help (0)
-        return e.code if isinstance(e.code, int) else exitcodes.USAGE
-    try:
-        return args.func(args)
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:  # usage errors (16) and --help (0)
+            return e.code if isinstance(e.code, int) else exitcodes.USAGE
+        setup_logging(args.verbose, args.log_json)
+        started = time.monotonic()
+        log.info("%s started", args.command, extra={"command": args.command})
+        code = args.func(args)
+        log.info("%s finished: exit %d in %.2f s", args.command, code, time.monotonic() - started,
+                 extra={"command": args.command, "exit_code": code, "seconds": round(time.monotonic() - started, 3)})
+        return code
     except CQError as e:
         print(f"cqforensics: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
+        _interrupt_caught()
         print("cqforensics: interrupted", file=sys.stderr)
         return exitcodes.INTERRUPTED
-    except BrokenPipeError:
+    except BrokenPipeError:  # the reader went away (| head): not an error; nothing more can be written
+        _silence_stdout()
         return exitcodes.OK
     except OSError as e:
         print(f"cqforensics: {e.filename if e.filename is not None else 'error'}: {e.strerror or e}",
               file=sys.stderr)
         return exitcodes.OPERATIONAL
     except Exception as e:  # a bug: one line (the traceback with --traceback), exit 8
-        if args.traceback:
+        if args is not None and args.traceback:
             import traceback
 
             traceback.print_exc(file=sys.stderr)
@@ -432,8 +570,66 @@ def main(argv: list[str] | None = None) -> int:
         return exitcodes.OPERATIONAL
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush of a closed pipe raises nothing."""
+    import os
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+_interrupted = False
+
+
+def _on_interrupt(signum, frame):
+    """SIGINT and SIGTERM: KeyboardInterrupt, so the writers remove their partial output on the
+    way out (their cleanup holds further signals until it is done: ``export.signals_held``).
+
+    numpy swallows an exception raised while it probes an operand's attributes, so one
+    KeyboardInterrupt can be lost; until ``main`` has caught one, it is raised again every half
+    second (SIGALRM)."""
+    import signal
+
+    global _interrupted
+    if signum == signal.SIGALRM:
+        if not _interrupted:
+            return
+    elif not _interrupted:
+        _interrupted = True
+        signal.setitimer(signal.ITIMER_REAL, 0.5, 0.5)
+    raise KeyboardInterrupt
+
+
+def _interrupt_caught() -> None:
+    """The interrupt reached ``main``: stop raising it again."""
+    global _interrupted
+    if _interrupted:
+        import signal
+
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        _interrupted = False
+
+
 def run() -> None:
-    sys.exit(main())
+    """The console script: ``main`` with Ctrl-C (or SIGTERM) turned into one line and exit 32,
+    wherever it arrives."""
+    import signal
+
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM):
+            signal.signal(sig, _on_interrupt)
+        code = main()
+        _interrupt_caught()  # one that numpy swallowed while the command finished anyway
+    except KeyboardInterrupt:
+        _interrupt_caught()
+        print("cqforensics: interrupted", file=sys.stderr)
+        code = exitcodes.INTERRUPTED
+    sys.exit(code)
 
 
 if __name__ == "__main__":

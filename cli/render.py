@@ -56,22 +56,47 @@ def fit(s: str, width: int, tail: bool = False) -> str:
     return "…" + s[len(s) - width + 1:] if tail else s[:width - 1] + "…"
 
 
+def _cell(v, column: str, max_width: int) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, (bytes, bytearray)):
+        v = bytes(v).hex()
+    s = str(v)
+    return fit(s, max_width, tail=column in PATH_COLUMNS or s.startswith(("/", "./", "../")))
+
+
 def text_table(rows: list[dict], columns: list[str], out=None, max_width: int = 60) -> None:
-    out = out or sys.stdout
+    TextTable(columns, out or sys.stdout, max_width).write(rows)
 
-    def cell(v, column: str) -> str:
-        if v is None:
-            return "-"
-        if isinstance(v, (bytes, bytearray)):
-            v = bytes(v).hex()
-        s = str(v)
-        return fit(s, max_width, tail=column in PATH_COLUMNS or s.startswith(("/", "./", "../")))
 
-    cells = [[cell(r.get(c), c) for c in columns] for r in rows]
-    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-    out.write("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip() + "\n")
-    for row in cells:
-        out.write("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() + "\n")
+class TextTable:
+    """An aligned text table written as its rows arrive (``write`` per batch, each flushed), so
+    ``cqforensics read ... | head`` shows rows at once and nothing is held: the header is
+    written with the first rows; column widths are those of the rows seen so far (they grow,
+    never shrink, so a later batch with wider values is aligned from there on)."""
+
+    def __init__(self, columns: list[str], out=None, max_width: int = 60):
+        self.columns, self.out, self.max_width = list(columns), out or sys.stdout, max_width
+        self.widths = [len(c) for c in self.columns]
+        self.started = False
+
+    def write(self, rows: list[dict]) -> None:
+        cells = [[_cell(r.get(c), c, self.max_width) for c in self.columns] for r in rows]
+        for row in cells:
+            self.widths = [max(w, len(v)) for w, v in zip(self.widths, row)]
+        lines = []
+        if not self.started:
+            lines.append("  ".join(c.ljust(w) for c, w in zip(self.columns, self.widths)).rstrip())
+            self.started = True
+        lines += ["  ".join(v.ljust(w) for v, w in zip(row, self.widths)).rstrip() for row in cells]
+        if lines:
+            self.out.write("\n".join(lines) + "\n")
+            self.out.flush()
+
+    def close(self) -> None:
+        """Write the header if no row came (an empty table still names its columns)."""
+        if not self.started:
+            self.write([])
 
 
 def _where(f) -> str:

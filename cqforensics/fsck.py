@@ -94,9 +94,14 @@ def running_broker(node_dir: Path) -> str | None:
 
 
 def fsck(paths, broker_version: str | None = None, as_of=None, deep: bool = False, assume_dirty: bool = False,
-         progress: Callable[[str], None] | None = None) -> Iterator:
+         progress: Callable[[str], None] | None = None, vhosts=None, queues=None) -> Iterator:
     """Check every node dir under ``paths``. Yields findings as they are found and, last, the
-    Report (whose findings list holds them all)."""
+    Report (whose findings list holds them all). ``vhosts`` (names) checks only those vhosts;
+    ``queues`` (names) keeps only those queues' verdicts and findings, and the findings that
+    name no queue (store-wide: a vhost's checks need all of it, so it is still read whole)."""
+    from cqforensics.driver import names
+
+    vhosts, queues = names(vhosts, "vhosts"), names(queues, "queues")
     options = make_options(broker_version, as_of, bodies=False, decode=False, assume_dirty=assume_dirty)
     report = Report()
     for node in layout.discover(paths):
@@ -105,7 +110,7 @@ def fsck(paths, broker_version: str | None = None, as_of=None, deep: bool = Fals
             source = "--broker-version"
         else:
             source = f"inferred: {ns.inferred[1]}"
-        vhosts = ns.vhosts
+        scans = [vs for vs in ns.vhosts if vhosts is None or vs.vhost.name in vhosts]
         nv = NodeVerdict(display(node.node), display(node.path), ns.model.label, source, {}, "hangs" if ns.boot_hangs else "ok",
                          written_by=ns.version_range.to_dict())
         live = running_broker(node.path)
@@ -113,12 +118,15 @@ def fsck(paths, broker_version: str | None = None, as_of=None, deep: bool = Fals
             nv.warnings.append(f"a broker appears to be running on this node dir ({live}): its files change "
                                "under fsck, results may be inconsistent")
         report.nodes.append(nv)
-        for k, vs in enumerate(vhosts, 1):
+        for k, vs in enumerate(scans, 1):
             if progress:
-                progress(f"{node.node}: vhost {vs.vhost.label} ({k}/{len(vhosts)})")
+                progress(f"{node.node}: vhost {vs.vhost.label} ({k}/{len(scans)})")
             nv.vhost_recovery[vs.vhost.label] = vs.recovery
             verdicts, findings = check_vhost(vs, deep)
             vs.close()
+            if queues is not None:
+                verdicts = [v for v in verdicts if v.queue in queues]
+                findings = [f for f in findings if f.queue is None or f.queue in queues]
             report.queues += verdicts
             for f in sorted(findings, key=_order):
                 report.findings.append(f)

@@ -276,9 +276,10 @@ def test_every_argument_has_help():
 
 def test_version(capsys):
     import cqforensics
+    from cqforensics import core
 
     code, out, _ = run(capsys, "--version")
-    assert code == 0 and out.strip() == f"cqforensics {cqforensics.__version__}"
+    assert code == 0 and out.strip() == f"cqforensics {cqforensics.__version__} (compiled core: {core.status()})"
 
 
 @pytest.mark.parametrize("argv, option", [

@@ -13,15 +13,17 @@ one then sits in the staging dir's place until it is removed.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import stat
 from pathlib import Path
 
 from cqforensics.errors import OperationalError, UsageError, display
+from cqforensics.export import PARTIAL, partials, process_gone, signals_held
 from cqforensics.outputs import check_output
 
-PARTIAL = ".cqf-partial-"
+log = logging.getLogger(__name__)
 
 
 def check_destination(dst: Path, inputs: list[Path], replace: bool = False) -> Path:
@@ -30,27 +32,11 @@ def check_destination(dst: Path, inputs: list[Path], replace: bool = False) -> P
     return check_output(dst, inputs, directory=True, force=replace)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def stale_partials(dst: Path) -> list[Path]:
-    """Staging dirs of earlier runs for ``dst`` whose process is gone."""
-    out = []
-    prefix = f".{dst.name}{PARTIAL}"
-    if dst.parent.is_dir():
-        for p in dst.parent.iterdir():
-            if p.name.startswith(prefix) and p.is_dir():
-                pid = p.name[len(prefix):]
-                if pid.isdigit() and not _alive(int(pid)):
-                    out.append(p)
-    return out
+    """Staging dirs of earlier runs for ``dst`` whose process is gone (the one naming and
+    liveness rule of partial outputs, ``cqforensics.export.partials``, as for files)."""
+    return [p for p, pid in partials(dst) if pid != os.getpid() and p.is_dir() and not p.is_symlink()
+            and process_gone(pid)]
 
 
 def copy_tree(src: Path, dst: Path, skip: set[Path]) -> None:
@@ -143,6 +129,7 @@ class Staging:
             raise UsageError(f"{self.dst.parent}: the output's parent dir does not exist")
         for p in stale_partials(self.dst):
             shutil.rmtree(p, ignore_errors=True)
+            log.warning("removed %s, the partial output of an interrupted run", display(p))
             self.removed_stale.append(p)
         if self.path.exists():
             shutil.rmtree(self.path)
@@ -157,15 +144,16 @@ class Staging:
             return
         fsync_tree(self.path)
         dst = self.dst
-        if self.replace and dst.is_dir() and any(dst.iterdir()):
-            self._swap()
-        else:
+        with signals_held():  # Ctrl-C now lands after the rename(s), never between them
+            if self.replace and dst.is_dir() and any(dst.iterdir()):
+                self._swap()
+                return
             try:
                 os.rename(self.path, dst)  # replaces an empty dir atomically
             except OSError as e:
                 raise OperationalError(f"{dst}: cannot rename the finished output into place: {e.strerror}") from e
-            _fsync_dir(dst.parent)
             self.committed = True
+        _fsync_dir(dst.parent)
 
     def _swap(self) -> None:
         """Make the staging dir the new DST in one step; the old tree takes the staging dir's
@@ -186,4 +174,5 @@ class Staging:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if not self.committed and not self.dry_run:
-            shutil.rmtree(self.path, ignore_errors=True)
+            with signals_held():  # a second Ctrl-C does not cut the removal short
+                shutil.rmtree(self.path, ignore_errors=True)
