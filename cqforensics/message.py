@@ -7,7 +7,9 @@ Shapes (rabbitmq-formats.md section 6):
 * ``#mc{protocol = mc_amqpl}`` (3.13+): AMQP 0-9-1 content + annotations map;
 * ``#mc{protocol = mc_amqp}``: AMQP 1.0, 4.x ``{v1, ...}`` (original section bytes) or the 3.13
   ``{msg, ...}`` record of ``'v1_0.*'`` records;
-* ``#mc{protocol = mc_mqtt}``.
+* ``#mc{protocol = mc_mqtt}`` (3.13+ MQTT publishes): converted as mc_mqtt:convert_to(mc_amqpl)
+  does at delivery; the MQTT view (topic, QoS, retain, MQTT 5.0 properties) is kept under
+  ``annotations["mqtt"]``.
 
 The normalised AMQP 0-9-1 view is what the broker hands an AMQP 0-9-1 consumer
 (mc_amqpl:protocol_state): for ``#mc`` messages, dead-letter history (``deaths``) becomes the
@@ -280,6 +282,130 @@ def _amqp10_props(p10: dict, anns: dict) -> tuple[dict, int | None]:
     return props, created if isinstance(created, int) else None
 
 
+# -- MQTT (#mc{mc_mqtt}, 3.13+) ------------------------------------------------------------------
+#
+# The state is {mqtt_msg, Retain, Qos, Topic, Dup, PacketId, Payload, Props, Timestamp}; Props is
+# the PUBLISH properties map of MQTT 5.0 ('Content-Type', 'Correlation-Data', 'Response-Topic',
+# 'User-Property' [{Name, Value}], 'Message-Expiry-Interval', 'Payload-Format-Indicator', ...;
+# empty for MQTT 3.1.1). A 0-9-1 consumer receives mc_mqtt:convert_to(mc_amqpl) (unchanged from
+# 3.13 to 4.3) followed by mc_amqpl:protocol_state.
+
+_MQTT_PROPERTY_NAMES = ("Payload-Format-Indicator", "Message-Expiry-Interval", "Content-Type", "Response-Topic",
+                        "Correlation-Data", "Subscription-Identifier", "Topic-Alias", "User-Property",
+                        "Will-Delay-Interval")
+
+
+def _utf8_no_null(b: bytes) -> bool:
+    """mc_util:is_utf8_no_null: valid UTF-8 without NUL."""
+    try:
+        return "\x00" not in b.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+
+
+def _ascii(b: bytes) -> bool:
+    """mc_util:utf8_string_is_ascii."""
+    return all(c < 0x80 for c in b)
+
+
+def mqtt_to_amqp(topic: bytes) -> bytes:
+    """rabbit_mqtt_util:mqtt_to_amqp (no Sparkplug rewriting): '/' -> '.', '+' -> '*'."""
+    return topic.replace(b"/", b".").replace(b"+", b"*")
+
+
+def _mqtt_json(v):
+    """An MQTT property value -> JSON (text, or {"base64"} when not UTF-8)."""
+    if isinstance(v, list):
+        return [[_mqtt_json(x) for x in kv] if isinstance(kv, tuple) else _mqtt_json(kv) for kv in v]
+    return to_json_value(v)
+
+
+def _bool(v):
+    return v is True or v == "true" if isinstance(v, (bool, str)) else to_json_value(v)
+
+
+def _mqtt(data) -> tuple[dict, dict, str | None, bytes]:
+    """#mqtt_msg{} -> (the MQTT view for annotations, the 13 properties and the headers JSON an
+    AMQP 0-9-1 consumer gets before mc_amqpl:protocol_state, body)."""
+    if not (isinstance(data, tuple) and len(data) >= 8 and data[0] == "mqtt_msg"):
+        raise FormatError("unknown mc_mqtt state")
+    _, retain, qos, topic, dup, packet_id, payload, mprops = data[:8]
+    if not isinstance(mprops, dict):
+        raise FormatError("mc_mqtt properties are not a map")
+    if qos not in (0, 1):
+        raise FormatError(f"mc_mqtt QoS {qos!r} is not 0 or 1")
+    named = {str(k): v for k, v in mprops.items()}
+    order = {n: i for i, n in enumerate(_MQTT_PROPERTY_NAMES)}
+    view = {"topic": _s(topic), "qos": qos, "retain": _bool(retain), "dup": _bool(dup),
+            "packet_id": packet_id if isinstance(packet_id, int) else None,
+            "properties": {k: _mqtt_json(named[k]) for k in sorted(named, key=lambda k: (order.get(k, 99), k))}}
+    if len(data) > 8 and isinstance(data[8], int):
+        view["timestamp"] = data[8]
+    # mc_mqtt:convert_to(mc_amqpl, ...)
+    props = dict(_EMPTY_PROPS)
+    props["delivery_mode"] = 1 if qos == 0 else 2
+    ct = named.get("Content-Type")
+    if isinstance(ct, bytes) and len(ct) < 256 and _ascii(ct):
+        props["content_type"] = ct.decode("ascii")
+    headers: list[tuple[bytes, dict]] = []  # in mc_mqtt's order: usort keeps the first of a key
+    corr = named.get("Correlation-Data")
+    if isinstance(corr, bytes):
+        if len(corr) < 256 and _utf8_no_null(corr):
+            props["correlation_id"] = corr.decode("utf-8")
+        else:
+            headers.append((b"x-correlation-id", _longstr(corr)))
+    reply = named.get("Response-Topic")
+    if isinstance(reply, bytes):
+        headers.append((b"x-reply-to-topic", _longstr(mqtt_to_amqp(reply))))
+    for kv in named.get("User-Property") or []:
+        if isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], bytes) and len(kv[0]) < 256 \
+                and isinstance(kv[1], bytes):
+            headers.append((kv[0], _longstr(kv[1])))
+    mei = named.get("Message-Expiry-Interval")
+    if isinstance(mei, int):
+        props["expiration"] = str(mei * 1000)
+    table: dict[bytes, dict] = {}
+    for k, v in headers:
+        table.setdefault(k, v)
+    headers_json = None
+    if table:
+        headers_json = amqp091.headers_json({k.decode("utf-8", "replace"): table[k] for k in sorted(table)})
+    return view, props, headers_json, _iodata(payload)
+
+
+def _longstr(b: bytes) -> dict:
+    try:
+        return {"type": "longstr", "value": b.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"type": "longstr", "base64": base64.b64encode(b).decode()}
+
+
+def _iodata(v) -> bytes:
+    """An MQTT payload (iodata: a binary or a deep list of binaries and bytes) -> bytes."""
+    if isinstance(v, (bytes, bytearray)):
+        return bytes(v)
+    if isinstance(v, list):
+        out = bytearray()
+        stack = [iter(v)]
+        while stack:
+            for x in stack[-1]:
+                if isinstance(x, (bytes, bytearray)):
+                    out += x
+                elif isinstance(x, int) and 0 <= x < 256:
+                    out.append(x)
+                elif isinstance(x, list):
+                    if len(stack) > 100:
+                        raise FormatError("payload iodata nested too deeply")
+                    stack.append(iter(x))
+                    break
+                else:
+                    raise FormatError("payload is not iodata")
+            else:
+                stack.pop()
+        return bytes(out)
+    raise FormatError("payload is not iodata")
+
+
 def normalise(term) -> dict:
     """A decoded stored term -> dict with ``FIELDS``. Raises FormatError on an unknown shape."""
     if not isinstance(term, tuple) or not term:
@@ -314,25 +440,17 @@ def normalise(term) -> dict:
                 detail, headers, p10, body = _amqp10_records(data)
                 fmt = "mc_amqp_3.13"
             else:
-                raise FormatError(f"unknown mc_amqp state {str(data[0]) if isinstance(data, tuple) else data!r:.40}")
+                raise FormatError(f"unknown mc_amqp state {(str(data[0]) if isinstance(data, tuple) else repr(data))[:40]!r}")
             props, created = _amqp10_props(p10, anns)
             return {**common, "properties": props, "timestamp_ms": created, "headers": headers,
                     "annotations": _annotations_json(anns, {"amqp10": detail}), "body": body, "term_format": fmt}
         if proto == "mc_mqtt":
-            # {mqtt_msg, Retain, Qos, Topic, Dup, PacketId, Payload, Props, Timestamp}
-            if not (isinstance(data, tuple) and data and data[0] == "mqtt_msg"):
-                raise FormatError("unknown mc_mqtt state")
-            payload = data[6]
-            mqtt = {"retain": to_json_value(data[1]), "qos": data[2], "topic": _s(data[3]),
-                    "dup": to_json_value(data[4]), "packet_id": to_json_value(data[5]),
-                    "props": to_json_value(data[7]) if len(data) > 7 else None}
-            props = dict(_EMPTY_PROPS)
-            props["delivery_mode"] = 2 if data[2] else 1
-            return {**common, "properties": props, "timestamp_ms": None, "headers": None,
-                    "annotations": _annotations_json(anns, {"mqtt": mqtt}),
-                    "body": _fragments(payload), "term_format": "mc_mqtt"}
-        raise FormatError(f"unknown #mc{{}} protocol {str(proto)!r}")
-    raise FormatError(f"unknown stored term {str(tag)!r}/{len(term)}")
+            mqtt, props, headers, body = _mqtt(data)
+            props, headers, ts = _amqpl_view(props, headers, anns)
+            return {**common, "properties": props, "timestamp_ms": ts, "headers": headers,
+                    "annotations": _annotations_json(anns, {"mqtt": mqtt}), "body": body, "term_format": "mc_mqtt"}
+        raise FormatError(f"unknown #mc{{}} protocol {str(proto)[:40]!r}")
+    raise FormatError(f"unknown stored term {str(tag)[:40]!r}/{len(term)}")
 
 
 def decode_stored(raw) -> dict:

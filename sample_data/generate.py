@@ -5,6 +5,7 @@ For each dataset: boot a fresh broker of the given version, run the scenario bel
 (``rabbitmqctl shutdown`` or kill -9), copy its mnesia base to ``OUT/<dataset>/mnesia`` (the
 committed sample), then restart the broker on the *original* dir and drain every queue,
 recording what it delivered, in order, into ``OUT/<dataset>/manifest.json`` (the oracle).
+Profiles in ``ARCHIVED`` are committed as ``rabbit.tar.gz`` + ``manifest.json.gz`` instead.
 
     python sample_data/generate.py                      # every dataset into sample_data/
     python sample_data/generate.py 4.3.6-kill --out /tmp/samples
@@ -30,7 +31,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cqforensics.broker import Broker  # noqa: E402
-from cqforensics.broker.clients import Typed, amqp10_connection, drain_all, pika_module, proton  # noqa: E402
+from cqforensics.broker.clients import (  # noqa: E402
+    Typed, amqp10_connection, drain_all, mqtt_client, mqtt_close, mqtt_publish, mqtt_subscribe, pika_module, proton,
+    stomp_connection, stomp_send)
 
 pika = pika_module()
 
@@ -48,6 +51,13 @@ DATASETS = {
     "4.3.6-clean": ("4.3.6", "clean", "full"),
     "4.3.6-kill": ("4.3.6", "kill", "full"),
     "4.3.6-rolled": ("4.3.6", "kill", "rolled"),
+    # MQTT 3.1.1 / 5.0 and STOMP publishers (committed as an archive, see ARCHIVED)
+    "3.10.8-proto-clean": ("3.10.8", "clean", "protocols"),
+    "3.10.8-proto-kill": ("3.10.8", "kill", "protocols"),
+    "4.0.5-proto-clean": ("4.0.5", "clean", "protocols"),
+    "4.0.5-proto-kill": ("4.0.5", "kill", "protocols"),
+    "4.3.6-proto-clean": ("4.3.6", "clean", "protocols"),
+    "4.3.6-proto-kill": ("4.3.6", "kill", "protocols"),
 }
 #: rabbit application settings per profile (advanced.config)
 SETTINGS = {
@@ -56,7 +66,14 @@ SETTINGS = {
     "rolled": {"msg_store_file_size_limit": 65536},
     # 32-entry index segments (v1 via the vhost's .config, v2 via the app env)
     "segments": {"queue_index_segment_entry_count": 32, "classic_queue_index_v2_segment_entry_count": 32},
+    "protocols": {},
 }
+#: protocol plugins enabled per profile (a broker booting such a sample needs them: manifest "plugins")
+PLUGINS = {"protocols": ["rabbitmq_mqtt", "rabbitmq_stomp"]}
+#: profiles committed as ``<dataset>/rabbit.tar.gz`` + ``manifest.json.gz`` (unpacked by the tests
+#: into the gitignored ``<dataset>/mnesia/``) instead of an unpacked node dir
+ARCHIVED = {"protocols"}
+ARCHIVE = "rabbit.tar.gz"
 QUEUE_TTL_MS = 4000
 
 
@@ -123,6 +140,7 @@ class Scenario:
         self.queues: dict[tuple[str, str], dict] = {}  # (vhost, name) -> declared info
         self.held = []  # connections holding delivered-but-unacked messages at shutdown
         self.ttl_published_at = 0.0
+        self.published: list[dict] = []  # what the MQTT and STOMP publishers sent (profile protocols)
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -155,6 +173,9 @@ class Scenario:
             return
         if self.profile == "segments":
             self.segments()
+            return
+        if self.profile == "protocols":
+            self.protocols()
             return
         conn, ch = self.channel("/")
         self.orders(ch, "orders.v2", 2)
@@ -351,6 +372,138 @@ class Scenario:
         snd.close()
         c.close()
 
+    # -- MQTT and STOMP (profile protocols) --------------------------------------------------
+
+    def protocols(self):
+        """MQTT 3.1.1 and 5.0 (5.0 from 3.13 on) and STOMP 1.2 publishers; AMQP 0-9-1 queues
+        bound to amq.topic (the MQTT exchange) and to amq.direct, persistent MQTT sessions that
+        went offline with messages queued, STOMP's own durable queues."""
+        v5 = not self.v.startswith("3.")
+        conn, ch = self.channel("/")
+        self.declare(ch, "/", "mqtt.v311", 2)
+        ch.queue_bind("mqtt.v311", "amq.topic", routing_key="v311.#")
+        self.declare(ch, "/", "mqtt.copy", 2)  # a second copy of the fanned-out topics
+        ch.queue_bind("mqtt.copy", "amq.topic", routing_key="*.fan.#")
+        if v5:
+            self.declare(ch, "/", "mqtt.v5", 2)
+            ch.queue_bind("mqtt.v5", "amq.topic", routing_key="v5.#")
+        self.declare(ch, "/", "stomp.pre", 1)  # CQv1 on 3.10
+        self.declare(ch, "/", "stomp.topic", 2)
+        ch.queue_bind("stomp.topic", "amq.topic", routing_key="stomp.#")
+        self.declare(ch, "/", "stomp.direct", 2)
+        ch.queue_bind("stomp.direct", "amq.direct", routing_key="stomp-direct")
+        conn.close()
+        port = self.b.mqtt_port
+
+        # persistent sessions: subscribe at QoS 1, go offline; messages queue up while they are away
+        sub = mqtt_client(port, "sub311", "3.1.1", clean=False)
+        mqtt_subscribe(sub, "offline/v311/#", 1)
+        mqtt_close(sub)
+        self.session_queue("mqtt-subscription-sub311qos1")
+        if v5:
+            sub = mqtt_client(port, "sub5", "5.0", clean=False, session_expiry=86400)
+            mqtt_subscribe(sub, "offline/v5/#", 1)
+            mqtt_close(sub)
+            self.session_queue("mqtt-subscription-sub5qos1")
+
+        pub = mqtt_client(port, "pub311", "3.1.1")
+        sends = [
+            ("v311/sensors/room-1/temp", body("mqtt311#0", 40), 1, False),
+            ("v311/sensors/room-1/temp", body("mqtt311#1", 60), 0, False),   # QoS 0: transient
+            ("v311/sensors/big", body("mqtt311#2", 6000), 1, False),         # shared store
+            ("v311/status", body("mqtt311#3", 30), 1, True),                 # retained
+            ("v311/dotted.name/x", body("mqtt311#4", 50), 1, False),         # a '.' inside a level
+            ("v311/zone/ü", body("mqtt311#5", 4200), 1, False),
+            ("v311/fan/one", body("mqtt311#6", 5000), 1, False),            # also in mqtt.copy
+            ("v311/empty", b"", 1, False),
+            ("offline/v311/a", body("mqtt311-off#0", 100), 1, False),
+            ("offline/v311/a", body("mqtt311-off#1", 7000), 1, False),
+            ("offline/v311/b", body("mqtt311-off#2", 20), 0, False),         # QoS 0 into a QoS 1 session
+            ("offline/v5/c", body("mqtt311-off#3", 90), 1, False),           # 3.1.1 publisher, 5.0 session
+        ]
+        for topic, data, qos, retain in sends:
+            if topic.startswith("offline/v5/") and not v5:
+                continue
+            self.published.append(mqtt_publish(pub, "3.1.1", topic, data, qos, retain))
+        mqtt_close(pub)
+
+        if v5:
+            self.mqtt5()
+        self.stomp()
+
+    def mqtt5(self):
+        """MQTT 5.0 PUBLISH properties: what an AMQP 0-9-1 consumer gets of each."""
+        pub = mqtt_client(self.b.mqtt_port, "pub5", "5.0")
+        ten_years = 10 * 365 * 86400  # an expiry no later boot of the sample reaches
+        users = [("region", "eu-west"), ("x-tenant", "acme"), ("dup", "first"), ("dup", "second"),
+                 ("ключ", "значение"), ("empty", "")]
+        sends = [
+            ("v5/orders/created", body("mqtt5#0", 80), 1, False,
+             {"ContentType": "application/json", "UserProperty": users}),
+            ("v5/orders/reply", body("mqtt5#1", 120), 1, False,
+             {"ResponseTopic": "replies/v5/client-1", "CorrelationData": b"corr-5-1"}),
+            ("v5/orders/binary-corr", body("mqtt5#2", 64), 1, False,  # not a valid shortstr: x-correlation-id
+             {"CorrelationData": b"\x00\x01\xfe\xff", "ResponseTopic": "replies/a.b"}),
+            ("v5/orders/long-corr", body("mqtt5#3", 64), 1, False,
+             {"CorrelationData": ("c" * 300).encode()}),
+            ("v5/orders/expiring", body("mqtt5#4", 5000), 1, False,  # expiration + timestamp
+             {"MessageExpiryInterval": ten_years, "ContentType": "text/plain", "PayloadFormatIndicator": 1}),
+            ("v5/orders/short-ttl", body("mqtt5#5", 70), 1, False,   # expired by the restart
+             {"MessageExpiryInterval": 1}),
+            ("v5/orders/non-ascii-ct", body("mqtt5#6", 70), 1, False,
+             {"ContentType": "text/plain; charset=ü", "UserProperty": [("n", "1")]}),
+            ("v5/orders/long-ct", body("mqtt5#7", 70), 1, False,
+             {"ContentType": "application/" + "x" * 300}),
+            ("v5/orders/qos0", body("mqtt5#8", 90), 0, False,       # transient
+             {"UserProperty": [("k", "v")]}),
+            ("v5/fan/two", body("mqtt5#9", 9000), 1, True,          # retained; also in mqtt.copy
+             {"UserProperty": [("fan", "yes")], "ContentType": "application/octet-stream"}),
+            ("v5/plain", body("mqtt5#10", 10), 1, False, None),
+            ("offline/v5/d", body("mqtt5-off#0", 300), 1, False,
+             {"UserProperty": [("session", "offline")], "ResponseTopic": "back/to/me",
+              "CorrelationData": b"off-1"}),
+            ("offline/v5/d", body("mqtt5-off#1", 4500), 1, False, {"MessageExpiryInterval": ten_years}),
+            ("offline/v5/d", body("mqtt5-off#2", 50), 0, False, None),
+            ("offline/v311/from-v5", body("mqtt5-off#3", 55), 1, False,  # 5.0 publisher, 3.1.1 session
+             {"UserProperty": [("to", "v311")]}),
+        ]
+        for topic, data, qos, retain, props in sends:
+            self.published.append(mqtt_publish(pub, "5.0", topic, data, qos, retain, props))
+        mqtt_close(pub)
+
+    def stomp(self):
+        """STOMP 1.2 SENDs: persistent and transient, every header that maps onto a basic
+        property, custom headers (escaped characters, non-ASCII); to a queue STOMP declares
+        (/queue/), an existing queue (/amq/queue/), the topic exchange (/topic/) and an exchange."""
+        conn = stomp_connection(self.b.stomp_port, "/")
+        mapped = {"content-type": "application/xml", "content-encoding": "gzip", "correlation-id": "corr-stomp",
+                  "reply-to": "/queue/replies", "amqp-message-id": "stomp-msg-1", "priority": "3",
+                  "type": "invoice", "app-id": "stomp-app", "timestamp": "1700000123", "user-id": "guest",
+                  "expiration": str(10 * 365 * 86400 * 1000)}
+        custom = {"x-custom": "custom value", "colon": "a:b", "newline": "line1\nline2", "backslash": "c\\d",
+                  "unicode": "grüße ✓", "number": "42"}
+        sends = [
+            ("/queue/stomp.q", body("stomp#0", 100), {"persistent": "true"}),
+            ("/queue/stomp.q", body("stomp#1", 120), {}),                               # transient
+            ("/queue/stomp.q", body("stomp#2", 5000), {"persistent": "true", **mapped, **custom}),
+            ("/queue/stomp.q", body("stomp#3", 80), {"persistent": "true", **custom}),
+            ("/queue/stomp.q", body("stomp#4", 6000), {**custom}),                       # transient, big
+            ("/amq/queue/stomp.pre", body("stomp#5", 200), {"persistent": "true", "content-type": "text/plain"}),
+            ("/amq/queue/stomp.pre", body("stomp#6", 4100), {"persistent": "true", "priority": "9"}),
+            ("/amq/queue/stomp.pre", body("stomp#7", 10), {"persistent": "false"}),
+            ("/topic/stomp.events.created", body("stomp#8", 150), {"persistent": "true", "x-event": "created"}),
+            ("/topic/stomp.events.deleted", body("stomp#9", 90), {}),
+            ("/exchange/amq.direct/stomp-direct", body("stomp#10", 4500), {"persistent": "true", "kind": "direct"}),
+        ]
+        for dest, data, headers in sends:
+            self.published.append(stomp_send(conn, dest, data, headers))
+        conn.disconnect()
+        self.queues.setdefault(("/", "stomp.q"), {"vhost": "/", "name": "stomp.q", "drain": "amqp091",
+                                                  "created_by": "stomp"})
+
+    def session_queue(self, name):
+        self.queues[("/", name)] = {"vhost": "/", "name": name, "drain": "amqp091", "created_by": "mqtt"}
+
     def rolled_store(self):
         """Many 64 KiB .rdq files; one queue's messages are all consumed so the broker compacts
         the files (zero-filling the holes it cannot fill with moved messages).
@@ -400,7 +553,8 @@ def generate(name: str, out: Path, work: Path) -> dict:
     run = work / name
     shutil.rmtree(run, ignore_errors=True)
     dest = out / name
-    with Broker(version, run, advanced_config=adv) as b:
+    plugins = PLUGINS.get(profile, [])
+    with Broker(version, run, advanced_config=adv, plugins=plugins) as b:
         t0 = time.monotonic()
         b.start()
         sc = Scenario(b, profile)
@@ -440,12 +594,44 @@ def generate(name: str, out: Path, work: Path) -> dict:
             "vhosts": ["/", VHOST2],
             "queues": queues,
         }
-    (dest / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
+        if plugins:
+            manifest["plugins"] = plugins
+            manifest["published"] = sc.published
     _clean_snapshot(dest / "mnesia")
+    if profile in ARCHIVED:
+        _archive(dest, manifest)
+    else:
+        (dest / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
     total = sum(len(q["messages"]) for q in queues)
     print(f"{name}: {len(queues)} queues, {total} messages delivered after restart "
           f"({time.monotonic() - t0:.0f}s)", file=sys.stderr)
     return manifest
+
+
+def _archive(dest: Path, manifest: dict) -> None:
+    """Commit form of an ARCHIVED profile: the node dir as ``rabbit.tar.gz`` (the files as the
+    broker left them, owner and times reset) and the manifest as ``manifest.json.gz``; the
+    unpacked copy stays in ``mnesia/`` (gitignored; tests/oracle.py extract_archives() makes it
+    from the archive when missing)."""
+    import tarfile
+
+    def reset(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        info.mtime = manifest["stopped_at_ms"] // 1000
+        return info
+
+    tarball = dest / ARCHIVE
+    with gzip.GzipFile(tarball, "wb", compresslevel=9, mtime=0) as gz:
+        with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tf:
+            for path in sorted((dest / "mnesia").rglob("*")):
+                tf.add(path, arcname=path.relative_to(dest / "mnesia").as_posix(), recursive=False, filter=reset)
+    digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
+    manifest.update(archive=ARCHIVE, archive_sha256=digest)
+    text = json.dumps(manifest, indent=1, ensure_ascii=False, sort_keys=True) + "\n"
+    (dest / "manifest.json.gz").write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
+    (dest / ".mnesia.extracted").write_text(digest + "\n")
+    (dest / "manifest.json").unlink(missing_ok=True)
 
 
 def _clean_snapshot(base: Path) -> None:
@@ -506,6 +692,26 @@ is consumed entirely so the broker compacts the files and zero-fills the holes i
 Profiles other than `full` change broker settings (below): a broker booting such a sample must
 be given the same settings (`manifest.json` `settings`).
 
+Profile `protocols` (3.10.8, 4.0.5, 4.3.6; plugins `rabbitmq_mqtt` and `rabbitmq_stomp`, listed in
+the manifest's `plugins`): MQTT 3.1.1 and 5.0 (5.0 on 4.x only: 3.10 has no MQTT 5) and STOMP 1.2
+publishers. Queues `mqtt.v311`, `mqtt.v5` and `mqtt.copy` (bound to `amq.topic`, the MQTT
+exchange: QoS 0 and 1, retained, topics with a `.` inside a level and a non-ASCII level, an empty
+payload, a fan-out to two queues, MQTT 5.0 content type, correlation data (text, binary, > 255 bytes),
+response topic, user properties (duplicate keys, `x-` keys, non-ASCII), message expiry (10 years,
+and 1 s: expired by the restart), non-ASCII and over-long content types); persistent sessions
+`sub311` (3.1.1, clean_session false) and `sub5` (5.0, clean_start false, session expiry 1 day)
+that subscribed at QoS 1 and went offline before QoS 0 and QoS 1 messages were queued for them
+(`mqtt-subscription-sub311qos1`, `mqtt-subscription-sub5qos1`); STOMP SENDs to `/queue/stomp.q`
+(declared by STOMP), `/amq/queue/stomp.pre` (CQv1 on 3.10), `/topic/...` (`stomp.topic`) and
+`/exchange/amq.direct/...` (`stomp.direct`), persistent and transient, with every header that maps
+onto a basic property and custom headers (escaped `:`, `\\`, newline; non-ASCII). 4.x stores MQTT
+messages as `#mc{mc_mqtt}`, 3.10 as `#basic_message` (the plugin publishes over AMQP 0-9-1 with
+`x-mqtt-publish-qos`/`x-mqtt-dup` headers); STOMP messages are AMQP 0-9-1 messages on every
+version. The manifest's `published` lists what each MQTT/STOMP publisher sent (topic or
+destination, QoS, retain, MQTT 5.0 properties, STOMP headers, body sha256). These datasets are
+committed as `rabbit.tar.gz` (the node dir, node `rabbit@localhost`) and `manifest.json.gz`,
+unpacked by the tests like the imported ones below.
+
 ## Datasets
 
 | dataset | broker (Debian package) | Erlang/OTP | stop | profile | settings | queues | messages delivered after restart |
@@ -562,10 +768,10 @@ def write_readme(out: Path) -> None:
     (tests/test_sample_data.py checks the list against the files)."""
     rows = []
     for name in DATASETS:
-        mf = out / name / "manifest.json"
-        if not mf.exists():
+        mf = next((f for f in (out / name / "manifest.json", out / name / "manifest.json.gz") if f.exists()), None)
+        if mf is None:
             continue
-        m = json.loads(mf.read_text())
+        m = json.loads(gzip.decompress(mf.read_bytes()) if mf.suffix == ".gz" else mf.read_bytes())
         b = m["broker"]
         settings = ", ".join(f"`{k}` = {v}" for k, v in m["settings"].items()) or "defaults"
         count = sum(len(q["messages"]) for q in m["queues"])

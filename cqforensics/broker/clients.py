@@ -1,7 +1,9 @@
 """AMQP clients for driving a real broker and recording what it delivers (the ground truth).
 
 AMQP 0-9-1 goes through pika, AMQP 1.0 through the proton bundled with
-rabbitmq-amqp-python-client. Two pika limitations are worked around here, on the client side
+rabbitmq-amqp-python-client, MQTT 3.1.1 / 5.0 through paho-mqtt and STOMP through stomp.py
+(publishers only: what they sent is recorded by ``mqtt_publish`` / ``stomp_send``; what the
+broker delivered is always recorded by an AMQP 0-9-1 or 1.0 consumer). Two pika limitations are worked around here, on the client side
 only, so that the recorded ground truth is independent of cqforensics' own decoders:
 
 * pika can only *send* a few field types (S, x, t, I, l, D, T, F, A, V). ``Typed(kind, value)``
@@ -344,6 +346,135 @@ def drain_amqp10(port: int, vhost: str, queue: str, count: int) -> list[dict]:
         return out
     finally:
         conn.close()
+
+
+# -- MQTT (paho-mqtt) and STOMP (stomp.py) publishers -------------------------------------------
+
+#: MQTT 5.0 PUBLISH properties we set, by their paho attribute name -> manifest key
+MQTT5_PROPERTIES = {"ContentType": "content_type", "ResponseTopic": "response_topic",
+                    "CorrelationData": "correlation_data", "MessageExpiryInterval": "message_expiry_interval",
+                    "PayloadFormatIndicator": "payload_format_indicator", "UserProperty": "user_property"}
+
+
+def mqtt_client(port: int, client_id: str, version: str = "5.0", clean: bool = True,
+                session_expiry: int | None = None, timeout: float = 30.0):
+    """A connected paho client (network loop running) of MQTT ``version`` "3.1.1" or "5.0".
+
+    ``clean``: clean_session (3.1.1) / clean_start (5.0); ``session_expiry``: the 5.0 CONNECT
+    Session Expiry Interval in seconds (a 5.0 session outlives its connection only with one)."""
+    import threading
+
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    v5 = version == "5.0"
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
+                    protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311, clean_session=None if v5 else clean)
+    c.username_pw_set("guest", "guest")
+    connected, result = threading.Event(), {}
+
+    def on_connect(client, userdata, flags, reason_code, properties):
+        result["rc"] = reason_code
+        connected.set()
+
+    c.on_connect = on_connect
+    kw = {}
+    if v5:
+        props = Properties(PacketTypes.CONNECT)
+        if session_expiry is not None:
+            props.SessionExpiryInterval = session_expiry
+        kw = {"clean_start": clean, "properties": props}
+    c.connect("127.0.0.1", port, keepalive=60, **kw)
+    c.loop_start()
+    if not connected.wait(timeout) or result["rc"].is_failure:
+        c.loop_stop()
+        raise RuntimeError(f"MQTT {version} connect of {client_id!r} failed: {result.get('rc')}")
+    return c
+
+
+def mqtt_subscribe(client, topic: str, qos: int = 1, timeout: float = 30.0) -> None:
+    import threading
+
+    done = threading.Event()
+    client.on_subscribe = lambda *a: done.set()
+    client.subscribe(topic, qos=qos)
+    if not done.wait(timeout):
+        raise RuntimeError(f"MQTT subscribe to {topic!r} was not acknowledged")
+
+
+def mqtt_close(client) -> None:
+    client.disconnect()
+    client.loop_stop()
+
+
+def mqtt_publish(client, version: str, topic: str, payload: bytes, qos: int, retain: bool = False,
+                 props: dict | None = None, timeout: float = 30.0) -> dict:
+    """Publish one message and wait until it left (QoS 0) or the broker acknowledged it (QoS 1);
+    returns what was sent. ``props``: MQTT 5.0 properties by paho name (``UserProperty`` a list of
+    pairs, kept in order, duplicates allowed)."""
+    properties = None
+    if props:
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        properties = Properties(PacketTypes.PUBLISH)
+        for name, value in props.items():
+            setattr(properties, name, value)
+    info = client.publish(topic, payload, qos=qos, retain=retain, properties=properties)
+    info.wait_for_publish(timeout)
+    if not info.is_published():
+        raise RuntimeError(f"MQTT publish to {topic!r} not confirmed")
+    sent = {}
+    for name, value in (props or {}).items():
+        key = MQTT5_PROPERTIES.get(name, name)
+        if isinstance(value, (bytes, bytearray)):
+            sent[key] = {"base64": base64.b64encode(bytes(value)).decode()}
+        elif name == "UserProperty":
+            sent[key] = [list(kv) for kv in value]
+        else:
+            sent[key] = value
+    return {"protocol": "mqtt", "version": version, "client_id": client._client_id.decode(), "topic": topic,
+            "qos": qos, "retain": retain, "properties": sent, "body_sha256": hashlib.sha256(payload).hexdigest(),
+            "body_len": len(payload)}
+
+
+def stomp_connection(port: int, vhost: str = "/"):
+    """A connected STOMP 1.2 connection (stomp.py) whose ``sent_receipts`` can be awaited."""
+    import threading
+
+    import stomp
+
+    class Receipts(stomp.ConnectionListener):
+        def __init__(self):
+            self.seen, self.cond = set(), threading.Condition()
+
+        def on_receipt(self, frame):
+            with self.cond:
+                self.seen.add(frame.headers.get("receipt-id"))
+                self.cond.notify_all()
+
+        def wait(self, receipt, timeout):
+            with self.cond:
+                return self.cond.wait_for(lambda: receipt in self.seen, timeout)
+
+    conn = stomp.Connection12([("127.0.0.1", port)], vhost=vhost, heartbeats=(0, 0))
+    conn.receipts = Receipts()
+    conn.set_listener("receipts", conn.receipts)
+    conn.connect("guest", "guest", wait=True)
+    return conn
+
+
+def stomp_send(conn, destination: str, payload: bytes, headers: dict[str, str], timeout: float = 30.0) -> dict:
+    """SEND one frame and wait for its receipt (the broker confirmed the publish); returns what was sent."""
+    import uuid
+
+    receipt = f"r-{uuid.uuid4()}"
+    conn.send(destination, payload, headers=dict(headers, receipt=receipt))
+    if not conn.receipts.wait(receipt, timeout):
+        raise RuntimeError(f"no STOMP receipt for a SEND to {destination!r}")
+    return {"protocol": "stomp", "version": "1.2", "destination": destination, "headers": dict(headers),
+            "body_sha256": hashlib.sha256(payload).hexdigest(), "body_len": len(payload)}
 
 
 # -- draining a whole node -----------------------------------------------------------------------

@@ -6,7 +6,11 @@ A broker lives in a *run dir*::
     RUN/log/  RUN/home/  RUN/rabbitmq.conf  RUN/enabled_plugins  [RUN/advanced.config]
 
 It listens on 127.0.0.1 only, with its own AMQP, distribution and epmd ports, so several
-brokers (of different versions) can run at once. Versions running in a chroot see the run dir
+brokers (of different versions) can run at once. ``plugins`` enables the protocol plugins the
+broker packages ship (``rabbitmq_mqtt``, ``rabbitmq_stomp``), each on its own 127.0.0.1 port
+(``mqtt_port``, ``stomp_port``). A node dir installed with ``install_node`` that a 4.x broker wrote
+with the MQTT plugin (its feature-flag file lists the plugin's flags) gets that plugin enabled
+too: its ``#mc{mc_mqtt}`` messages can be converted for delivery only when the plugin is loaded. Versions running in a chroot see the run dir
 at the same absolute path through a bind mount. When we are root the broker runs as the
 ``rabbitmq`` user of its root filesystem, as the Debian service script does.
 
@@ -27,6 +31,12 @@ from pathlib import Path
 from cqforensics.broker.runtimes import Runtime, prepare_chroot, runtime
 
 NODENAME = "rabbit@localhost"
+
+#: protocol plugins the harness knows how to configure (listener setting of each)
+PLUGIN_LISTENERS = {"rabbitmq_mqtt": "mqtt.listeners.tcp.default", "rabbitmq_stomp": "stomp.listeners.tcp.1"}
+#: feature flags that only a node running the plugin enables (rabbit_mqtt_ff, 3.13+); a node dir
+#: whose feature-flag file lists one of them was written with the plugin and needs it to deliver
+PLUGIN_FEATURE_FLAGS = {"rabbitmq_mqtt": ("mqtt_v5", "rabbit_mqtt_qos0_queue", "delete_ra_cluster_mqtt_node")}
 
 
 class BrokerError(RuntimeError):
@@ -52,7 +62,7 @@ class Broker:
     """A RabbitMQ node of ``version`` whose data lives under ``run_dir``."""
 
     def __init__(self, version: str, run_dir: Path | str, *, advanced_config: str | None = None,
-                 nodename: str = NODENAME, env: dict[str, str] | None = None):
+                 nodename: str = NODENAME, env: dict[str, str] | None = None, plugins=()):
         self.runtime: Runtime = runtime(version)
         why = self.runtime.unavailable()
         if why:
@@ -61,21 +71,42 @@ class Broker:
         self.run_dir = Path(run_dir).absolute()
         self.nodename = nodename
         self.port, self.dist_port, self.epmd_port = free_port(), free_port(), free_port()
+        self.mqtt_port, self.stomp_port = free_port(), free_port()
+        unknown = sorted(set(plugins) - set(PLUGIN_LISTENERS))
+        if unknown:
+            raise BrokerError(f"unsupported plugin(s) {', '.join(unknown)}; known: {', '.join(PLUGIN_LISTENERS)}")
+        self.plugins: list[str] = sorted(set(plugins))
         self.extra_env = dict(env or {})
         self._proc: subprocess.Popen | None = None
         self._mounted = False
         self._ids = _owner_ids(self.runtime.root) if os.geteuid() == 0 else None
         for sub in ("mnesia", "log", "home"):
             (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "rabbitmq.conf").write_text(
-            f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
-            "loopback_users = none\n"
-            "log.console = false\n"
-            "log.file.level = info\n"
-        )
-        (self.run_dir / "enabled_plugins").write_text("[].\n")
+        self._write_config()
         if advanced_config is not None:
             (self.run_dir / "advanced.config").write_text(advanced_config)
+
+    def _write_config(self) -> None:
+        """rabbitmq.conf and enabled_plugins (a plugin's settings are valid only when it is enabled)."""
+        conf = (f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
+                "loopback_users = none\n"
+                "log.console = false\n"
+                "log.file.level = info\n")
+        ports = {"rabbitmq_mqtt": self.mqtt_port, "rabbitmq_stomp": self.stomp_port}
+        for plugin in self.plugins:
+            conf += f"{PLUGIN_LISTENERS[plugin]} = 127.0.0.1:{ports[plugin]}\n"
+        (self.run_dir / "rabbitmq.conf").write_text(conf)
+        (self.run_dir / "enabled_plugins").write_text(f"[{','.join(self.plugins)}].\n")
+
+    def enable_plugins(self, *plugins: str) -> None:
+        """Enable more protocol plugins (before ``start``)."""
+        if self.running:
+            raise BrokerError("stop the broker before changing its plugins")
+        unknown = sorted(set(plugins) - set(PLUGIN_LISTENERS))
+        if unknown:
+            raise BrokerError(f"unsupported plugin(s) {', '.join(unknown)}; known: {', '.join(PLUGIN_LISTENERS)}")
+        self.plugins = sorted(set(self.plugins) | set(plugins))
+        self._write_config()
 
     # -- paths ---------------------------------------------------------------------------
 
@@ -198,9 +229,17 @@ class Broker:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
                 s.sendall(b"AMQP\x00\x00\x09\x01")
                 s.settimeout(2)
-                return s.recv(1) == b"\x01"  # connection.start frame: the broker is serving
+                if s.recv(1) != b"\x01":  # connection.start frame: the broker is serving
+                    return False
         except OSError:
             return False
+        ports = {"rabbitmq_mqtt": self.mqtt_port, "rabbitmq_stomp": self.stomp_port}
+        for plugin in self.plugins:  # and every enabled protocol plugin accepts connections
+            try:
+                socket.create_connection(("127.0.0.1", ports[plugin]), timeout=0.5).close()
+            except OSError:
+                return False
+        return True
 
     def ctl(self, *args: str, timeout: float = 120.0, check: bool = True) -> str:
         """Run rabbitmqctl against this node; returns its stdout."""
@@ -271,3 +310,21 @@ class Broker:
             raise BrokerError("stop the broker before replacing its data")
         shutil.rmtree(self.mnesia_base, ignore_errors=True)
         shutil.copytree(src_mnesia_base, self.mnesia_base, symlinks=True)
+        needed = plugins_needed(self.mnesia_base)
+        if not set(needed) <= set(self.plugins):
+            self.enable_plugins(*needed)
+
+
+def plugins_needed(mnesia_base: Path) -> list[str]:
+    """The protocol plugins a node dir was written with, as far as its own files tell: a 4.x
+    node records the MQTT plugin's feature flags in ``<node>-feature_flags``. (3.10 records
+    nothing, and needs no plugin: its MQTT and STOMP messages are stored as AMQP 0-9-1.)"""
+    flags: set[str] = set()
+    for f in Path(mnesia_base).glob("*-feature_flags"):
+        try:
+            text = f.read_text(errors="replace")
+        except OSError:
+            continue
+        flags |= {w.strip("'") for w in text.replace("[", " ").replace("]", " ").replace(".", " ")
+                  .replace(",", " ").split()}
+    return sorted(p for p, names in PLUGIN_FEATURE_FLAGS.items() if flags & set(names))
