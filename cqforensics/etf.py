@@ -17,8 +17,12 @@ pid, port, ref, fun        :class:`Opaque` (tag + raw bytes, re-encoded verbatim
 =========================  ==========================================================
 
 Hostile input is bounded: nesting depth, element counts larger than the remaining bytes and
-zlib output beyond ``max_decompressed`` raise :class:`EtfError` with the offset; nothing hangs
-or allocates more than the input justifies.
+compressed terms (tag 80) raise :class:`EtfError` with the offset; nothing hangs or allocates
+more than the input justifies. Decompression has a budget per decode, not per compressed term:
+the sizes that all compressed terms of one decode claim (nested ones included) add up, and a
+claim beyond what is left of ``max_decompressed`` (64 MiB by default) fails before anything is
+inflated, so a 1.6 MB term cannot expand to gigabytes. ``decode_budget()`` makes several decodes
+(the parts of one message) share one budget. Error messages never embed decoded values.
 
 ``encode`` reproduces what ``term_to_binary/1`` writes for the terms RabbitMQ stores, given the
 node's atom encoding (OTP <= 25: ATOM_EXT; OTP >= 26: SMALL_ATOM_UTF8/ATOM_UTF8), so decoded
@@ -28,7 +32,10 @@ Sources: OTP ``erts/emulator/beam/external.c``, ``lib/erts/doc/src/erl_ext_dist.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import struct
+import threading
 import zlib
 from dataclasses import dataclass
 
@@ -43,7 +50,8 @@ NEW_FUN, EXPORT, NEW_REFERENCE, SMALL_ATOM, MAP, FUN, ATOM_UTF8, SMALL_ATOM_UTF8
 
 MAX_DEPTH = 200
 MAX_BIG_BYTES = 1024  # ~2,466 digits: larger integers break Python's int/str conversion (4,300 digits)
-MAX_DECOMPRESSED = 256 << 20
+MAX_DECOMPRESSED = 64 << 20  # bytes all compressed terms of one decode may inflate to, together
+_ZCHUNK = 1 << 16  # compressed bytes fed to zlib at a time
 
 
 class EtfError(FormatError):
@@ -92,13 +100,52 @@ _f64 = struct.Struct(">d").unpack_from
 _ATOM_CACHE: dict[tuple[bytes, bool], Atom] = {}
 
 
-class _Decoder:
-    __slots__ = ("buf", "end", "max_decompressed")
+class _Budget:
+    """Bytes compressed terms may still inflate to; charging one also charges its parent (the
+    budget of an enclosing ``decode_budget``)."""
 
-    def __init__(self, buf, max_decompressed: int):
+    __slots__ = ("limit", "left", "parent")
+
+    def __init__(self, limit: int, parent: "_Budget | None" = None):
+        self.limit = self.left = max(0, int(limit))
+        self.parent = parent
+
+    def charge(self, n: int, offset: int) -> None:
+        b = self
+        while b is not None:
+            if n > b.left:
+                raise EtfError(f"compressed term claims {n} bytes, over the decompression limit ({b.left} of "
+                               f"the budget of {b.limit} bytes left)", offset=offset)
+            b = b.parent
+        b = self
+        while b is not None:
+            b.left -= n
+            b = b.parent
+
+
+_SHARED: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("cqforensics_etf_budget", default=None)
+
+
+@contextlib.contextmanager
+def decode_budget(limit: int = MAX_DECOMPRESSED):
+    """Within this block every decode shares one decompression budget of ``limit`` bytes (on
+    top of each decode's own): the parts of one message decoded one after another, or a whole
+    command's worth of decodes, cannot inflate to more than ``limit`` together. Nests."""
+    token = _SHARED.set(_Budget(limit, _SHARED.get()))
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+class _Decoder:
+    __slots__ = ("buf", "end", "max_decompressed", "budget")
+
+    def __init__(self, buf, max_decompressed: int, budget: _Budget | None = None):
         self.buf = buf
         self.end = len(buf)
         self.max_decompressed = max_decompressed
+        self.budget = budget if budget is not None else _Budget(max_decompressed, _SHARED.get())
 
     def need(self, pos: int, n: int, what: str) -> None:
         if n < 0 or pos + n > self.end:
@@ -235,21 +282,35 @@ class _Decoder:
     def compressed(self, p: int, depth: int):
         self.need(p, 4, "uncompressed size")
         (size,) = _u32(self.buf, p)
-        if size > self.max_decompressed:
-            raise EtfError(f"compressed term claims {size} bytes (limit {self.max_decompressed})", offset=p)
+        self.budget.charge(size, p)  # before inflating anything: the claims of one decode add up
+        # fed in chunks: zlib copies the input it has not used, so one call on the whole rest of
+        # a large buffer would copy it again for every compressed term in it
         z = zlib.decompressobj()
+        src = memoryview(self.buf)
+        pos, tail, parts, got = p + 4, b"", [], 0
         try:
-            data = z.decompress(bytes(self.buf[p + 4:]), size + 1)
+            while not z.eof and got <= size:
+                if not tail:
+                    if pos >= self.end:
+                        break
+                    tail = src[pos:pos + _ZCHUNK]
+                    pos += len(tail)
+                part = z.decompress(tail, size + 1 - got)
+                tail = z.unconsumed_tail
+                parts.append(part)
+                got += len(part)
         except zlib.error as e:
-            raise EtfError(f"bad zlib data: {e}", offset=p + 4) from None
-        if len(data) != size:
-            raise EtfError(f"compressed term inflates to {len(data)} bytes, header says {size}", offset=p)
-        inner = _Decoder(data, self.max_decompressed)
+            raise EtfError(f"bad zlib data: {str(e)[:80]}", offset=p + 4) from None
+        if got != size or not z.eof:
+            raise EtfError(f"compressed term inflates to {'more than ' if got > size else ''}{got} bytes, "
+                           f"header says {size}", offset=p)
+        data = b"".join(parts)
+        del parts
+        inner = _Decoder(data, self.max_decompressed, self.budget)  # nested compressed terms: same budget
         v, q = inner.term(0, depth + 1)
         if q != size:
             raise EtfError("trailing bytes inside a compressed term", offset=p)
-        consumed = len(self.buf) - p - 4 - len(z.unused_data)
-        return v, p + 4 + consumed
+        return v, pos - len(tail) - len(z.unused_data)
 
     def skip_opaque(self, tag: int, p: int, depth: int) -> int:
         """End offset of a pid/port/ref/fun starting after its tag (contents not interpreted)."""
@@ -316,10 +377,23 @@ def decode(buf, *, offset: int = 0, max_decompressed: int = MAX_DECOMPRESSED, ex
     return term, end
 
 
+_LAST = threading.local()  # the buffer decode_at last read, and its budget
+
+
 def decode_at(buf, pos: int, *, max_decompressed: int = MAX_DECOMPRESSED):
-    """Decode the term whose tag is at ``buf[pos]`` (no version byte); returns (term, end)."""
+    """Decode the term whose tag is at ``buf[pos]`` (no version byte); returns (term, end).
+
+    Successive calls on the same buffer object (the parts of one stored term, read one after
+    another as ``fastpath`` does) share one decompression budget, so many compressed parts of
+    one message cannot each inflate to the limit."""
+    last = getattr(_LAST, "state", None)
+    if last is not None and last[0] is buf and last[1] == max_decompressed and last[3] is _SHARED.get():
+        budget = last[2]
+    else:
+        budget = _Budget(max_decompressed, _SHARED.get())
+        _LAST.state = (buf, max_decompressed, budget, _SHARED.get())
     try:
-        return _Decoder(buf, max_decompressed).term(pos, 0)
+        return _Decoder(buf, max_decompressed, budget).term(pos, 0)
     except RecursionError:
         raise EtfError("terms nested too deeply", offset=pos) from None
 
@@ -515,6 +589,17 @@ def _opaque_text(o: Opaque) -> str:
     except (EtfError, struct.error, TypeError):
         pass
     return f"#Fun<{o.raw.hex()}>" if o.tag in (NEW_FUN, FUN) else f"#Opaque<{o.tag}:{o.raw.hex()}>"
+
+
+def pid_node(t) -> str | None:
+    """The node a decoded pid names (``rabbit@host``), None when ``t`` is no readable pid."""
+    if not (isinstance(t, Opaque) and t.tag in (NEW_PID, PID)):
+        return None
+    try:
+        node, _ = _Decoder(t.raw, 0).term(1, 0)
+    except (EtfError, struct.error, IndexError):
+        return None
+    return str(node) if isinstance(node, Atom) else None
 
 
 def format_term(t) -> str:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from cqforensics.errors import display, display_all
 
 INFO, WARNING, ERROR = "info", "warning", "error"
+MAX_TEXT = 1000  # characters of a message (or a text in details) kept; the rest is cut
 SEVERITY_RANK = {INFO: 0, WARNING: 1, ERROR: 2}
 
 CODES: dict[str, tuple[str, str]] = {
@@ -32,6 +33,8 @@ CODES: dict[str, tuple[str, str]] = {
     "expired": (INFO, "messages whose TTL has passed; the broker drops them on delivery"),
     "queue-dir-mismatch": (WARNING, "a dir name does not match the md5/base-36 of the name it holds"),
     "missing-queue-name": (WARNING, "a queue or vhost dir without a readable .queue_name/.vhost"),
+    "queue-index-missing": (ERROR, "a durable queue of the metadata has no readable index dir: the next boot "
+                                   "starts it empty and its messages are lost"),
     "unknown-queue": (WARNING, "a queue dir not in the durable-queue metadata: the broker deletes it at boot"),
     "unknown-file": (INFO, "a file the broker does not use in this place"),
     "not-regular-file": (WARNING, "a FIFO, socket, device or unfollowable symlink where a file is expected; never read"),
@@ -44,6 +47,21 @@ CODES: dict[str, tuple[str, str]] = {
     "fragmented-file": (INFO, "a shared-store file is mostly garbage; compaction would reclaim it"),
     "boot-crash": (ERROR, "damage that makes the named broker version crash or hang at boot"),
 }
+
+
+def _cut(text: str) -> str:
+    return text[:MAX_TEXT] + f"... ({len(text) - MAX_TEXT} more characters cut)"
+
+
+def _capped(value):
+    """``value`` (details: dicts, lists, strings) with every over-long string cut."""
+    if isinstance(value, str):
+        return _cut(value) if len(value) > MAX_TEXT else value
+    if isinstance(value, dict):
+        return {k: _capped(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_capped(v) for v in value)
+    return value
 
 
 @dataclass(frozen=True)
@@ -71,11 +89,13 @@ class Finding:
             raise ValueError(f"unknown finding code {self.code!r}")
         if self.severity is None:
             object.__setattr__(self, "severity", CODES[self.code][0])
-        object.__setattr__(self, "details", display_all(dict(self.details)))  # a copy of its own
+        object.__setattr__(self, "details", _capped(display_all(dict(self.details))))  # a copy of its own
         for name in ("message", "file", "node", "vhost", "queue"):  # undecodable names as \\xNN text
             v = getattr(self, name)
             if v is not None:
                 object.__setattr__(self, name, display(v))
+        if len(self.message) > MAX_TEXT:  # never an unbounded repr of damaged data
+            object.__setattr__(self, "message", _cut(self.message))
 
     def scoped(self, **where) -> "Finding":
         """This finding placed in a node, vhost, queue and/or priority level (a new finding)."""

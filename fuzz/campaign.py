@@ -229,6 +229,26 @@ def _zeros_z(n: int) -> bytes:
     return _ZEROS_Z[n]
 
 
+def _zbinary(n: int) -> bytes:
+    """A compressed term (tag 80) holding a binary of ``n`` zero bytes, valid (cached)."""
+    key = -n
+    if key not in _ZEROS_Z:
+        c = zlib.compressobj(9)
+        chunk = bytes(1 << 20)
+        parts = [c.compress(b"m" + struct.pack(">I", n))] + [c.compress(chunk) for _ in range(n >> 20)]
+        _ZEROS_Z[key] = b"P" + struct.pack(">I", n + 5) + b"".join(parts + [c.compress(bytes(n % (1 << 20))), c.flush()])
+    return _ZEROS_Z[key]
+
+
+def _nested_z(inner: bytes, depth: int) -> bytes:
+    """``inner`` (a term without version byte) in ``depth`` layers of a 2-tuple {inner, compressed}."""
+    t = inner
+    for _ in range(depth):
+        body = b"h\x02" + inner + t
+        t = b"P" + struct.pack(">I", len(body)) + zlib.compress(body)
+    return t
+
+
 def _hostile_term(rng, original: bytes) -> tuple[str, bytes]:
     """A hostile Erlang term (name, bytes), chosen by ``rng``; built only once chosen."""
     big = rng.randrange(1 << 16, 1 << 17)
@@ -240,6 +260,9 @@ def _hostile_term(rng, original: bytes) -> tuple[str, bytes]:
         "list-length-lies": lambda: b"\x83l" + struct.pack(">I", 0x7FFFFFFF) + b"a\x01j",
         "zlib-bomb": lambda: b"\x83P" + struct.pack(">I", 0xFFFFFFFF) + _zeros_z(64 << 20),
         "zlib-bomb-exact": lambda: b"\x83P" + struct.pack(">I", 200 << 20) + _zeros_z(200 << 20),
+        # several valid compressed binaries, each under any per-term limit: 1 MB inflating to 1 GB
+        "zlib-several": lambda: b"\x83h\x05" + _zbinary(200 << 20) * 5,
+        "zlib-nested": lambda: b"\x83" + _nested_z(_zbinary(60 << 20), 3),
         "many-map-keys": lambda: etf.term_to_binary({i: i for i in range(rng.choice((1000, 200000)))}),
         "long-atom": lambda: b"\x83v" + struct.pack(">H", 65535) + b"\xff" * 65535,
         "bad-utf8-atom": lambda: b"\x83w\x04\xff\xfe\xfd\xfc",

@@ -3,6 +3,9 @@ it deletes at boot, files it does not use, and what a queue dir's messages come 
 
 from __future__ import annotations
 
+import numpy as np
+
+from cqforensics.codes import StoreStatus
 from cqforensics.findings import Finding
 from cqforensics.layout import QueueDir
 from cqforensics.model.vhost import VhostScan
@@ -34,4 +37,81 @@ def queue_dir_findings(q: QueueDir, known: bool | None, messages: int, drops: di
         out.append(Finding("expired", f"{drops['expired']} messages are past their TTL: the broker drops "
                            "them when they reach the head of the queue", str(q.path), **where,
                            details={"messages": drops["expired"]}))
+    return out
+
+
+def lost_queue_findings(vs: VhostScan) -> list[Finding]:
+    """``queue-index-missing``: a durable classic queue of the metadata whose index dir is
+    missing or unreadable. The next boot declares it afresh, empty: everything its index held
+    is lost, and only its shared-store messages may be left, as orphans; how many orphans the
+    vhost's store holds (those the queue's bindings could have routed to it, when known) is
+    in ``details``."""
+    lost = vs.lost_queues
+    if not lost:
+        return []
+    out = []
+    orphans, orphan_bytes = 0, 0
+    st = vs.stores.get("persistent") if vs.vhost.stores else None
+    if st is not None and len(st.e_id):
+        status, _ = vs.store_status["persistent"]
+        hit = status == StoreStatus.ORPHAN
+        orphans, orphan_bytes = int(hit.sum()), int(st.e_total[hit].sum())
+    unheld = None  # ids a clean shutdown recorded more references for than the indexes hold
+    if st is not None and st.recorded is not None:
+        refs = vs.references["persistent"]
+        unheld = 0
+        for raw, rec in st.recorded.items():
+            g = refs.ids.lookup(np.frombuffer(raw, "V16"))[0] if len(raw) == 16 else -1
+            if isinstance(rec[0], int) and rec[0] > (int(refs.count[g]) if g >= 0 else 0):
+                unheld += 1
+    routed = _routed_orphans(vs, lost)
+    vs.node.vhosts  # names the dirs, and finds renamed ones
+    found_as = {own: d for (vd, d), (own, _, _) in getattr(vs.node, "renamed", {}).items()
+                if vd == vs.vhost.dir_name}
+    for lq in lost:
+        vhost = lq.vhost.decode("utf-8", "replace")
+        here = lq.vhost_dir == vs.vhost.dir_name
+        missing = [d for d, _, _ in lq.dirs]
+        whys = sorted({w for _, _, w in lq.dirs})
+        levels = [p for _, p, _ in lq.dirs if p is not None]
+        what = (f"{len(missing)} of its {lq.levels} priority-level index dirs are" if lq.levels > 1 else
+                "its index dir is")
+        details = {"queue_vhost": vhost, "dirs": missing, "why": whys, "levels_missing": levels or None,
+                   "home_node": lq.record.node, "metadata": lq.record.source}
+        renamed = [found_as[d] for d in missing if d in found_as]
+        if renamed:
+            details["renamed_dirs"] = renamed
+            whys = sorted(set(whys) | {"renamed"})
+        if here:
+            details.update(orphans_in_store=orphans, orphan_bytes=orphan_bytes)
+            if unheld is not None:
+                details["recorded_refs_not_held"] = unheld
+            n = routed.get(lq.name) if routed is not None else None
+            if n is not None:
+                details["orphans_routed_here"] = n
+            could = (f"{n} of the vhost's {orphans} orphaned store messages its bindings would have routed to it"
+                     if n is not None else f"{orphans} orphaned store messages of the vhost could be its own")
+        else:
+            could = "its vhost has no dir: none of its messages are left"
+        if renamed:
+            could = (f"its index is in dir(s) {', '.join(renamed)} under another name, which the next boot deletes "
+                     f"(rebuild writes it back); {could}")
+        path = (vs.vhost.path / "queues" / missing[0]) if here else (vs.vhost.path.parent / lq.vhost_dir)
+        out.append(Finding("queue-index-missing", f"durable queue {lq.label!r} (vhost {vhost!r}): {what} "
+                           f"{'/'.join(whys)}; the next boot starts it empty and its messages are lost; {could}",
+                           str(path), queue=lq.label, details=details))
+    return out
+
+
+def _routed_orphans(vs: VhostScan, lost) -> dict[bytes, int] | None:
+    """Lost queue name -> orphaned messages of the vhost its bindings would have routed to it
+    (``VhostScan.orphan_destinations``); None when the metadata is unreadable."""
+    if vs.node.metadata.kind is None or not any(lq.vhost_dir == vs.vhost.dir_name for lq in lost):
+        return None
+    dests = vs.orphan_destinations()
+    out = {lq.name: 0 for lq in lost if lq.vhost_dir == vs.vhost.dir_name}
+    for queues in dests.values():
+        for q in queues or ():
+            if q in out:
+                out[q] += 1
     return out

@@ -14,7 +14,7 @@ from cqforensics.model.vhost import VhostScan
 from cqforensics.checks.boot import boot_crash_findings, recovery_findings
 from cqforensics.checks.deep import decode_checks
 from cqforensics.checks.index import chunk_findings
-from cqforensics.checks.layout import queue_dir_findings, vhost_dir_findings
+from cqforensics.checks.layout import lost_queue_findings, queue_dir_findings, vhost_dir_findings
 from cqforensics.checks.store import store_checks
 
 
@@ -82,5 +82,6 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
         for v in verdicts.values():
             v.crash = "node"
     findings += store_checks(vs)
+    findings += lost_queue_findings(vs)
     findings += recovery_findings(vs)
     return list(verdicts.values()), [f.scoped(node=node, vhost=vhost) for f in findings]

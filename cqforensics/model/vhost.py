@@ -12,7 +12,9 @@ bytes are read through ``Bodies``, only a couple of files mapped at once.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
@@ -29,7 +31,7 @@ from cqforensics.model.options import Options, make_options
 from cqforensics.model.recovery import Resolved
 from cqforensics.model.store import IdSet, References, StoreIndex, scan_store
 from cqforensics.readers import terms as r_terms
-from cqforensics.readers.metadata import Metadata, read_metadata
+from cqforensics.readers.metadata import Metadata, QueueRecord, read_metadata
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers.files import read_head, read_optional
@@ -53,6 +55,8 @@ class VhostScan:
         self.vhost = vhost
         self.only = only
         self.bodies = Bodies()  # the one accessor of stored bytes
+        #: rebuild: a renamed queue dir counts as its queue's own dir (it is written back there)
+        self.keep_renamed = False
         self.__dict__.update({k: v for k, v in (facts or {}).items() if k in self.VHOST_WIDE})
 
     def vhost_facts(self) -> dict:
@@ -152,8 +156,11 @@ class VhostScan:
     def store_status(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Per store entry: ``StoreStatus`` (live, orphan, duplicate) and the references of live copies.
 
-        live = the copy the target version's recovery uses for a referenced id; orphan = the
-        first copy of an id nothing references; duplicate = any other copy."""
+        ``duplicate`` only ever labels a second (third, ...) copy of an id stored more than once:
+        live = the copy the target version's recovery uses for a referenced id, or, when its
+        store scan reaches no copy of it (behind damage: the messages say ``body_unreachable``),
+        the first copy, the one the index refers to; orphan = the first copy of an id nothing
+        references; duplicate = any other copy."""
         out = {}
         for kind, st in self.stores.items():
             refs = self.references[kind]
@@ -162,11 +169,41 @@ class VhostScan:
             r = refs.ids.lookup(st.distinct.ids)  # per distinct id: position among the references
             count = np.where(r >= 0, refs.count[np.maximum(r, 0)], 0) if len(refs.count) else np.zeros(len(r), int)
             e_count = count[st.e_group] if n else np.zeros(0, int)
+            first = st.first[st.e_group] == at if n else np.zeros(0, bool)
+            claim = st.claim[st.e_group] if n else np.zeros(0, np.int64)
             status = np.full(n, StoreStatus.DUPLICATE, np.int8)
-            status[(e_count == 0) & (st.first[st.e_group] == at)] = StoreStatus.ORPHAN
-            live = (e_count > 0) & (st.claim[st.e_group] == at)
+            status[(e_count == 0) & first] = StoreStatus.ORPHAN
+            live = (e_count > 0) & ((claim == at) | ((claim < 0) & first))
             status[live] = StoreStatus.LIVE
             out[kind] = (status, np.where(live, e_count, 0).astype(np.int32))
+        return out
+
+    def orphan_destinations(self, kind: str = "persistent") -> dict[int, tuple[bytes, ...] | None]:
+        """Per orphaned entry of the store (``store_status`` orphan; its position in the store's
+        entry arrays): the queues of this vhost its exchange and routing keys reach under the
+        metadata's durable bindings (``model.routing``), sorted; None where that cannot be told
+        (undecodable term, unknown exchange or exchange type). The column a ``store`` table can
+        carry, and what ``queue-index-missing`` counts for a lost queue."""
+        cache = self.__dict__.setdefault("_orphan_destinations", {})
+        if kind in cache:
+            return cache[kind]
+        from cqforensics import fastpath
+        from cqforensics.model.routing import Router, route_message
+
+        out: dict[int, tuple[bytes, ...] | None] = {}
+        st = self.stores.get(kind)
+        vhost = self.vhost.name_raw
+        if st is not None and len(st.e_id) and vhost is not None:
+            router = Router(self.node.metadata)
+            status, _ = self.store_status[kind]
+            for e in np.flatnonzero(status == StoreStatus.ORPHAN).tolist():
+                try:
+                    msg = fastpath.decode(self.bodies.read(*st.term_span(e)))
+                    dest = route_message(router, vhost, msg)
+                except Exception:  # damaged term: its routing cannot be told
+                    dest = None
+                out[e] = tuple(sorted(dest)) if dest is not None else None
+        cache[kind] = out
         return out
 
     @cached_property
@@ -178,11 +215,28 @@ class VhostScan:
         """Locate every live entry's body (as the target version would) and decide its fate."""
         return recovery.resolve(self, qx)
 
+    @property
+    def lost_queues(self) -> list["LostQueue"]:
+        """Durable classic queues of the metadata, homed on this node, whose index dir (a level
+        dir, for a priority queue) is missing or unreadable under this vhost dir; the first
+        vhost of the node (``NodeScan.vhosts[0]``) also carries those of vhosts with no dir."""
+        lost = self.node.lost_queues
+        out = list(lost.get(self.vhost.dir_name, []))
+        vhosts = self.node.vhosts
+        if vhosts and vhosts[0].vhost.path == self.vhost.path:
+            out += lost.get(None, [])
+        return out
+
     def queue_known(self, qdir: QueueDir) -> bool | None:
-        if qdir.name_raw is None or self.vhost.name_raw is None:
+        """Whether the dir is an index dir of a durable queue of the metadata, by its dir name
+        (the broker keeps only those dirs, whatever their ``.queue_name`` says: a renamed dir is
+        deleted); None when the metadata is unreadable."""
+        dirs = self.node.durable_dirs
+        if dirs is None:
             return None
-        name = qdir.name_raw[:-2] if qdir.priority is not None else qdir.name_raw
-        return self.node.metadata.knows(self.vhost.name_raw, name)
+        if self.keep_renamed and self.node.renamed_dir(self.vhost, qdir) is not None:
+            return True
+        return qdir.dir_name in dirs.get(self.vhost.dir_name, ())
 
 
 class NodeScan:
@@ -232,38 +286,180 @@ class NodeScan:
 
     @cached_property
     def vhosts(self) -> list[VhostScan]:
+        self.renamed = {}
         for v in self.node.vhosts:
-            name_from_metadata(v, self.metadata)
+            for d, own in name_from_metadata(v, self.metadata).items():
+                self.renamed[(v.dir_name, d)] = own
         return [VhostScan(self, v) for v in sorted(self.node.vhosts, key=lambda v: (v.name is None, v.label))]
 
+    @cached_property
+    def durable_dirs(self) -> dict[str, set[str]] | None:
+        """Vhost dir name -> the index dir names of its durable queues (every level of a
+        priority queue): the dirs the next boot keeps (IDX2 start/2 deletes the others); None
+        when the metadata is unreadable."""
+        from cqforensics import textfiles
 
-def name_from_metadata(v: VhostDir, meta: Metadata) -> None:
+        meta = self.metadata
+        if meta.kind is None:
+            return None
+        out: dict[str, set[str]] = {}
+        for vhost, name in meta.queues:
+            out.setdefault(textfiles.vhost_dir_name(vhost), set()).update(
+                d for d, _, _ in queue_dirs_of(meta, vhost, name))
+        return out
+
+    def renamed_dir(self, vhost: VhostDir, qdir: QueueDir) -> tuple[str, bytes, int | None] | None:
+        """A queue dir renamed away from its queue's own dir (see ``name_from_metadata``): (its
+        queue's dir name, stored name, priority level); None for any other dir."""
+        self.vhosts  # names (and finds renamed dirs) once
+        return self.renamed.get((vhost.dir_name, qdir.dir_name))
+
+    @cached_property
+    def lost_queues(self) -> dict[str | None, list["LostQueue"]]:
+        """Vhost dir name -> the durable classic queues of that vhost whose index dir is missing
+        or unreadable (None: those whose vhost has no dir at all). See ``lost_queues``."""
+        out: dict[str | None, list[LostQueue]] = {}
+        present = {v.dir_name for v in self.node.vhosts}
+        for lq in lost_queues(self.node, self.metadata):
+            key = lq.vhost_dir if lq.vhost_dir in present else None
+            out.setdefault(key, []).append(lq)
+        return out
+
+
+def name_from_metadata(v: VhostDir, meta: Metadata) -> dict[str, tuple[str, bytes, int | None]]:
     """Name the vhost and queue dirs that lack a usable .vhost/.queue_name, by matching their
-    dir names against the md5/base-36 names of the durable queues the metadata lists."""
+    dir names against the md5/base-36 names of the vhosts (the metadata's vhost list, and the
+    vhosts of its durable queues) and durable queues the metadata lists.
+
+    A queue dir whose ``.queue_name`` is whole but names a durable queue of another dir (a dir
+    renamed, or two dirs swapped) keeps its dir name: the broker deletes it at boot, its queue
+    boots empty. It is named from its ``.queue_name`` (``name_source`` "renamed") when that
+    queue has no dir of its own here; returns those dirs: dir name -> (the queue's own dir
+    name, stored name, priority level), what ``rebuild`` writes them back as."""
     from cqforensics import textfiles
 
     if v.name is None:
-        for vhost, _ in meta.queues:
+        for vhost in sorted(set(meta.vhosts) | {vh for vh, _ in meta.queues}):
             if textfiles.vhost_dir_name(vhost) == v.dir_name:
                 v.name_raw, v.name = vhost, vhost.decode("utf-8", "replace")
                 break
     if v.name_raw is None or all(q.name is not None for q in v.queues):
-        return
+        return {}
     dirs: dict[str, tuple[bytes, int | None]] = {}
     for (vhost, name), rec in meta.queues.items():
-        if vhost != v.name_raw:
-            continue
-        dirs[textfiles.queue_dir_name(vhost, name)] = (name, None)
-        levels = meta.arguments(vhost, name).get("x-max-priority")
-        if isinstance(levels, int) and 0 < levels < 256:
-            for p in range(levels + 1):
-                dirs[textfiles.queue_dir_name(vhost, textfiles.priority_queue_name(name, p))] = (name, p)
+        if vhost == v.name_raw:
+            for dir_name, _, prio in queue_dirs_of(meta, vhost, name):
+                dirs[dir_name] = (name, prio)
     for q in v.queues:
         hit = dirs.get(q.dir_name) if q.name is None else None
         if hit is not None:
             name, prio = hit
             q.name, q.priority, q.name_source = name.decode("utf-8", "replace"), prio, "metadata"
             q.name_raw = name if prio is None else textfiles.priority_queue_name(name, prio)
+    renamed = {}
+    present = {q.dir_name for q in v.queues}
+    for q in v.queues:
+        if q.name is not None:
+            continue
+        try:
+            raw = read_optional(q.path / ".queue_name", 1 << 20)
+            qn = textfiles.parse_queue_name(raw, v.name_raw) if raw is not None else None
+        except CQError:  # unreadable, not a regular file, or damaged: nothing to go by
+            continue
+        if qn is None or qn.vhost != v.name_raw or meta.knows(qn.vhost, qn.base) is not True:
+            continue
+        own = textfiles.queue_dir_name(qn.vhost, qn.name)
+        if own in present or own not in dirs or any(own == t for t, _, _ in renamed.values()):
+            continue
+        q.name, q.name_raw, q.priority = qn.base.decode("utf-8", "replace"), qn.name, qn.priority
+        q.name_source, q.index_hint = "renamed", qn.index
+        renamed[q.dir_name] = (own, qn.name, qn.priority)
+    return renamed
+
+
+@dataclass
+class LostQueue:
+    """A durable classic queue whose index dir(s) the node does not have (or cannot read): the
+    next boot starts it empty, and whatever its index held is gone; only its messages in the
+    vhost's shared store may be left, as orphans."""
+
+    record: QueueRecord
+    vhost_dir: str  # the dir its vhost has (or would have)
+    dirs: list[tuple[str, int | None, str]] = field(default_factory=list)  # (dir name, priority level, why)
+    levels: int = 1  # index dirs the queue has in all (a priority queue: one per level)
+
+    @property
+    def vhost(self) -> bytes:
+        return self.record.vhost
+
+    @property
+    def name(self) -> bytes:
+        return self.record.name
+
+    @property
+    def label(self) -> str:
+        return self.record.name.decode("utf-8", "replace")
+
+
+def queue_dirs_of(meta: Metadata, vhost: bytes, name: bytes) -> list[tuple[str, bytes, int | None]]:
+    """The index dirs a durable queue has: (dir name, stored name, priority level); one per
+    level 0..x-max-priority for a priority queue (rabbit_priority_queue), else one."""
+    from cqforensics import textfiles
+
+    levels = meta.arguments(vhost, name).get("x-max-priority")
+    if isinstance(levels, int) and 0 < levels < 256:
+        return [(textfiles.queue_dir_name(vhost, textfiles.priority_queue_name(name, p)),
+                 textfiles.priority_queue_name(name, p), p) for p in range(levels + 1)]
+    return [(textfiles.queue_dir_name(vhost, name), name, None)]
+
+
+def home_nodes(node: NodeDir, meta: Metadata) -> set[str]:
+    """The names this node dir had: its own dir name, and the home node (pid) of every durable
+    queue that has an index dir here (a backup may have renamed the dir)."""
+    from cqforensics import textfiles
+
+    here = {(v.dir_name, q.dir_name) for v in node.vhosts for q in v.queues}
+    names = {node.path.name}
+    for (vhost, name), rec in meta.queues.items():
+        if rec.node is not None and rec.node not in names:
+            vdir = textfiles.vhost_dir_name(vhost)
+            if any((vdir, d) in here for d, _, _ in queue_dirs_of(meta, vhost, name)):
+                names.add(rec.node)
+    return names
+
+
+def lost_queues(node: NodeDir, meta: Metadata) -> list[LostQueue]:
+    """Durable classic queues homed on this node (their pid names it, or no node) whose index
+    dir, or a level dir of a priority queue, is not a readable dir under their vhost's dir.
+    A queue homed on another node of a cluster has no dir here and is not listed; nor is
+    anything when the metadata is unreadable."""
+    from cqforensics import textfiles
+
+    if meta.kind is None or not meta.queues:
+        return []
+    vhost_dirs = {v.dir_name: v for v in node.vhosts}
+    homes = home_nodes(node, meta)
+    out = []
+    for (vhost, name), rec in sorted(meta.queues.items()):
+        if not rec.classic or (rec.node is not None and rec.node not in homes):
+            continue
+        vdir = textfiles.vhost_dir_name(vhost)
+        v = vhost_dirs.get(vdir)
+        have = {q.dir_name for q in v.queues} if v is not None else set()
+        dirs = queue_dirs_of(meta, vhost, name)
+        lq = LostQueue(rec, vdir, levels=len(dirs))
+        for dir_name, _, prio in dirs:
+            if dir_name in have:
+                continue
+            if v is None:
+                why = "its vhost has no dir"
+            else:
+                path = v.path / "queues" / dir_name
+                why = "not a directory" if os.path.lexists(path) else "missing"
+            lq.dirs.append((dir_name, prio, why))
+        if lq.dirs:
+            out.append(lq)
+    return out
 
 
 _TERM_HEAD = 24  # bytes of a stored term enough to see its record tag and atom encoding

@@ -1,11 +1,14 @@
-"""The node's durable-queue metadata: which queues the broker will recover (a queue dir not
-listed here is deleted at boot, IDX2 start/2).
+"""The node's durable metadata: which queues the broker will recover (a queue dir not listed
+here is deleted at boot, IDX2 start/2), the vhosts, and the durable exchanges and bindings a
+message was routed by (``model.routing``).
 
-* Mnesia (3.x, 4.0-4.1 by default): table ``rabbit_durable_queue`` is replayed from its dump
-  (``.DCD``), its log (``.DCL``) and the transaction logs (``PREVIOUS.LOG``, ``LATEST.LOG``),
+* Mnesia (3.x, 4.0-4.1 by default): tables ``rabbit_durable_queue``, ``rabbit_vhost``,
+  ``rabbit_durable_exchange`` and ``rabbit_durable_route`` are replayed from their dumps
+  (``.DCD``), their logs (``.DCL``) and the transaction logs (``PREVIOUS.LOG``, ``LATEST.LOG``),
   in that order; ops are ``{{Tab, Key}, Value, write|delete|delete_object}``.
 * Khepri (4.2+ by default): the Ra log under ``coordination/<node>/`` is carved for
-  ``#amqqueue{}`` records (heuristic: a queue deleted since its last put may still be listed).
+  ``#amqqueue{}``, ``#vhost{}``, ``#exchange{}`` and ``#binding{}`` records (heuristic: a record
+  deleted since its last put may still be listed).
 """
 
 from __future__ import annotations
@@ -20,6 +23,12 @@ from cqforensics.readers.files import is_regular, read_bytes
 from cqforensics.readers.terms import read_disk_log
 
 TABLE = "rabbit_durable_queue"
+VHOST_TABLE = "rabbit_vhost"
+EXCHANGE_TABLE = "rabbit_durable_exchange"
+ROUTE_TABLE = "rabbit_durable_route"
+#: bindings also found in the transaction logs: semi-durable (transient exchange, durable queue) and all
+LOG_ROUTE_TABLES = ("rabbit_semi_durable_route", "rabbit_route")
+TABLES = (TABLE, VHOST_TABLE, EXCHANGE_TABLE, ROUTE_TABLE) + LOG_ROUTE_TABLES
 
 
 @dataclass
@@ -30,6 +39,25 @@ class QueueRecord:
     arguments: list  # AMQP table as decoded: [(Key, Type, Value)]
     type: str | None
     source: str
+    node: str | None = None  # the node its pid names (the queue's home), None when unknown
+
+    @property
+    def classic(self) -> bool:
+        """A classic queue (its messages live in ``msg_stores``; quorum and stream queues do not)."""
+        return self.type in (None, "rabbit_classic_queue")
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A durable binding: messages published to exchange ``source`` of ``vhost`` with a routing
+    key (or headers) that ``key``/``args`` match go to ``destination`` (a queue or an exchange)."""
+
+    vhost: bytes
+    source: bytes  # exchange name (b"" is the default exchange)
+    key: bytes
+    dest_kind: str  # "queue" or "exchange"
+    destination: bytes
+    args: tuple = field(default=(), hash=False)  # AMQP table as decoded: ((Key, Type, Value), ...)
 
 
 @dataclass
@@ -38,6 +66,10 @@ class Metadata:
     queues: dict[tuple[bytes, bytes], QueueRecord] = field(default_factory=dict)  # durable queues
     files: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    vhosts: set[bytes] = field(default_factory=set)  # the vhosts the metadata lists
+    exchanges: dict[tuple[bytes, bytes], str] = field(default_factory=dict)  # durable exchange -> its type
+    exchange_args: dict[tuple[bytes, bytes], list] = field(default_factory=dict)  # its arguments (AMQP table)
+    bindings: list[Binding] = field(default_factory=list)  # durable bindings
 
     def knows(self, vhost: bytes, name: bytes) -> bool | None:
         """Whether (vhost, name) is a durable queue; None when the metadata is unreadable."""
@@ -67,39 +99,134 @@ def queue_record(term, source: str) -> QueueRecord | None:
         return None
     qtype = term[19] if len(term) > 19 and isinstance(term[19], str) else None
     args = term[5] if isinstance(term[5], list) else []
-    return QueueRecord(vhost, name, term[2] == "true", args, qtype, source)
+    node = etf.pid_node(term[6]) if len(term) > 6 else None
+    return QueueRecord(vhost, name, term[2] == "true", args, qtype, source, node)
+
+
+def _resource(t, kind: str) -> tuple[bytes, bytes] | None:
+    """A #resource{virtual_host, kind, name} of ``kind`` -> (vhost, name)."""
+    if isinstance(t, tuple) and len(t) == 4 and t[0] == "resource" and t[2] == kind \
+            and isinstance(t[1], bytes) and isinstance(t[3], bytes):
+        return t[1], t[3]
+    return None
+
+
+def vhost_record(term) -> bytes | None:
+    """A #vhost{virtual_host, limits[, metadata]} tuple -> the vhost name."""
+    if isinstance(term, tuple) and len(term) in (3, 4) and term[0] == "vhost" and isinstance(term[1], bytes):
+        return term[1]
+    return None
+
+
+def exchange_record(term) -> tuple[tuple[bytes, bytes], str, list] | None:
+    """An #exchange{name, type, durable, auto_delete, internal, arguments, ...} tuple ->
+    ((vhost, name), type, arguments)."""
+    if not (isinstance(term, tuple) and len(term) > 3 and term[0] == "exchange" and isinstance(term[2], str)):
+        return None
+    name = _resource(term[1], "exchange")
+    args = term[6] if len(term) > 6 and isinstance(term[6], list) else []
+    return (name, str(term[2]), args) if name is not None else None
+
+
+def binding_record(term) -> Binding | None:
+    """A #binding{source, key, destination, args} (or the #route{binding} around it) -> Binding."""
+    if isinstance(term, tuple) and len(term) >= 2 and term[0] == "route":
+        term = term[1]
+    if not (isinstance(term, tuple) and len(term) == 5 and term[0] == "binding" and isinstance(term[2], bytes)):
+        return None
+    src = _resource(term[1], "exchange")
+    if src is None:
+        return None
+    for kind in ("queue", "exchange"):
+        dst = _resource(term[3], kind)
+        if dst is not None and dst[0] == src[0]:
+            args = tuple(a for a in term[4] if isinstance(a, tuple) and len(a) == 3) if isinstance(term[4], list) else ()
+            return Binding(src[0], src[1], term[2], kind, dst[1], args)
+    return None
+
+
+def _key_of(table: str, rec):
+    """The Mnesia key of a record of ``table`` (its second field), hashable."""
+    if table == ROUTE_TABLE and isinstance(rec, tuple) and len(rec) >= 2 and rec[0] == "route":
+        return _frozen(rec[1])
+    return _frozen(rec[1]) if isinstance(rec, tuple) and len(rec) >= 2 else None
+
+
+def _frozen(t):
+    if isinstance(t, list):
+        return ("$list",) + tuple(_frozen(x) for x in t)
+    if isinstance(t, tuple):
+        return tuple(_frozen(x) for x in t)
+    if isinstance(t, dict):
+        return ("$map",) + tuple((_frozen(k), _frozen(v)) for k, v in t.items())
+    return t
+
+
+def _fill(meta: Metadata, tables: dict[str, dict]) -> None:
+    """Metadata from the replayed records of each table (key -> (record, source))."""
+    queues = {}
+    for rec, source in tables[TABLE].values():
+        q = queue_record(rec, source)
+        if q is not None:
+            queues[(q.vhost, q.name)] = q
+    meta.queues = {k: v for k, v in queues.items() if v.durable}
+    for rec, _ in tables[VHOST_TABLE].values():
+        name = vhost_record(rec)
+        if name is not None:
+            meta.vhosts.add(name)
+    for rec, _ in tables[EXCHANGE_TABLE].values():
+        x = exchange_record(rec)
+        if x is not None:
+            meta.exchanges[x[0]] = x[1]
+            meta.exchange_args[x[0]] = x[2]
+    seen = set()
+    for table in (ROUTE_TABLE,) + LOG_ROUTE_TABLES:
+        for key, (rec, _) in tables[table].items():  # one record per key: no binding twice
+            b = binding_record(rec)
+            if b is not None and key not in seen:
+                seen.add(key)
+                meta.bindings.append(b)
 
 
 def _mnesia(node: Path) -> Metadata:
     meta = Metadata("mnesia")
-    queues: dict = {}
+    tables: dict[str, dict] = {t: {} for t in TABLES}
 
     def apply(op_tuple, source):
         if not (isinstance(op_tuple, tuple) and len(op_tuple) == 3):
             return
         tab_key, value, op = op_tuple
-        if not (isinstance(tab_key, tuple) and len(tab_key) == 2 and tab_key[0] == TABLE):
+        if not (isinstance(tab_key, tuple) and len(tab_key) == 2 and tab_key[0] in tables):
             return
-        key = tab_key[1]
+        table = tables[str(tab_key[0])]
+        try:
+            key = _frozen(tab_key[1])
+            hash(key)
+        except TypeError:  # an unhashable key: not a record of ours
+            return
         if op == "write":
-            rec = queue_record(value, source)
-            if rec is not None:
-                queues[(rec.vhost, rec.name)] = rec
-        elif op in ("delete", "delete_object") and isinstance(key, tuple) and len(key) == 4:
-            queues.pop((key[1], key[3]), None)
+            table[key] = (value, source)
+        elif op in ("delete", "delete_object"):
+            table.pop(key, None)
 
-    dcd = node / f"{TABLE}.DCD"
-    if dcd.exists():
+    for name in TABLES:
+        dcd = node / f"{name}.DCD"
+        if not dcd.exists():
+            continue
         meta.files.append(dcd)
         log = read_disk_log(dcd)
         for item in log.items[1:]:
             for rec in item if isinstance(item, list) else [item]:
-                q = queue_record(rec, dcd.name)
-                if q is not None:
-                    queues[(q.vhost, q.name)] = q
+                key = _key_of(name, rec)
+                try:
+                    hash(key)
+                except TypeError:
+                    continue
+                if key is not None:
+                    tables[name][key] = (rec, dcd.name)
         if log.error:
             meta.notes.append(str(log.error))
-    for name in (f"{TABLE}.DCL", "PREVIOUS.LOG", "LATEST.LOG"):
+    for name in [f"{t}.DCL" for t in TABLES] + ["PREVIOUS.LOG", "LATEST.LOG"]:
         path = node / name
         if not path.exists():
             continue
@@ -115,34 +242,51 @@ def _mnesia(node: Path) -> Metadata:
                         apply(op, path.name)
             else:
                 apply(item, path.name)
-    meta.queues = {k: v for k, v in queues.items() if v.durable}
+    _fill(meta, tables)
     return meta
 
 
-_AMQQUEUE = re.compile(rb"[\x68\x69].{1,4}?(?:\x64\x00\x08|\x73\x08|\x76\x00\x08|\x77\x08)amqqueue", re.S)
+def _carver(atom: bytes) -> re.Pattern:
+    """Where a tuple tagged with ``atom`` may start (any atom encoding)."""
+    n = bytes([len(atom)])
+    return re.compile(rb"[\x68\x69].{1,4}?(?:\x64\x00" + re.escape(n) + rb"|\x73" + re.escape(n) + rb"|\x76\x00"
+                      + re.escape(n) + rb"|\x77" + re.escape(n) + rb")" + atom, re.S)
+
+
+_CARVE = {TABLE: _carver(b"amqqueue"), VHOST_TABLE: _carver(b"vhost"), EXCHANGE_TABLE: _carver(b"exchange"),
+          ROUTE_TABLE: _carver(b"binding")}
+_CARVE_CHECK = {TABLE: lambda t: queue_record(t, "") is not None, VHOST_TABLE: lambda t: vhost_record(t) is not None,
+                EXCHANGE_TABLE: lambda t: exchange_record(t) is not None,
+                ROUTE_TABLE: lambda t: binding_record(t) is not None}
 
 
 def _khepri(coord: Path) -> Metadata:
-    meta = Metadata("khepri", notes=["Khepri metadata read heuristically (queues carved from the Ra log)"])
-    queues: dict = {}
+    meta = Metadata("khepri", notes=["Khepri metadata read heuristically (records carved from the Ra log)"])
+    tables: dict[str, dict] = {t: {} for t in TABLES}
     for path in sorted(p for p in coord.rglob("*") if is_regular(p)):
         try:
             data = read_bytes(path)
         except FormatError:  # swapped for a FIFO since listed: never read
             continue
         meta.files.append(path)
-        for m in _AMQQUEUE.finditer(data):
-            start = m.start()
-            if data[start] == 0x69 and m.end() - start < 5 + 3:
-                continue
-            try:
-                term, _ = etf.decode(b"\x83" + data[start:start + 65536])
-            except etf.EtfError:
-                continue
-            rec = queue_record(term, path.name)
-            if rec is not None:
-                queues[(rec.vhost, rec.name)] = rec
-    meta.queues = {k: v for k, v in queues.items() if v.durable}
+        for table, pattern in _CARVE.items():
+            for m in pattern.finditer(data):
+                start = m.start()
+                if data[start] == 0x69 and m.end() - start < 5 + 3:
+                    continue
+                try:
+                    term, _ = etf.decode(b"\x83" + data[start:start + 65536])
+                except etf.EtfError:
+                    continue
+                if not _CARVE_CHECK[table](term):
+                    continue
+                key = _key_of(table, term) if table != ROUTE_TABLE else _frozen(term)
+                try:
+                    hash(key)
+                except TypeError:
+                    continue
+                tables[table][key] = (term, path.name)
+    _fill(meta, tables)
     return meta
 
 

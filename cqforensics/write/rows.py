@@ -353,7 +353,7 @@ def build(parts: list[PartInfo], dst: Path, model: versions.BrokerModel, mode: s
     from cqforensics.fsck import running_broker
     from cqforensics.grammar import rdq as c_rdq
     from cqforensics.write.output import Staging, copy_tree
-    from cqforensics.write.salvage import RewriteContext, rewrite_vhost
+    from cqforensics.write.salvage import RewriteContext, rewrite_vhost, write_lost_queue_dirs
     from cqforensics.write.store import Sources
     from cqforensics.write.verify import verify
 
@@ -401,6 +401,9 @@ def build(parts: list[PartInfo], dst: Path, model: versions.BrokerModel, mode: s
                 result.kept = sum(q.written for q in ctx.result.queues)
             for vhost, vplans in sorted(by_vhost.items()):
                 write_new_vhost(vhost, vplans, vhosts_dir / textfiles.vhost_dir_name(vhost), sources, limit)
+            # durable queues of the metadata with no rows and no dir: an empty dir each, as the
+            # broker leaves a declared queue (the output then verifies as a broker's own)
+            write_lost_queue_dirs(staging.path, _metadata(staging.path), model)
             for plan in plans.values():
                 result.queues[f"{plan.vhost.decode('utf-8', 'replace')}/{plan.label}"] = plan.count
             result.rows = sum(result.queues.values())

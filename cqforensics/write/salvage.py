@@ -288,10 +288,18 @@ def rewrite_vhost(vs: VhostScan, out: Path, ctx: RewriteContext, extra: dict | N
         if ctx.rebuild and persistent is not None else {}
     ctx.repaired = {}
     ctx.reterm = {}
+    # rebuild: a queue dir renamed away from its queue's own dir (which is missing) is written
+    # back as that dir; the broker would delete it and boot the queue empty
+    vs.keep_renamed = ctx.rebuild
     for q in vs.all_queue_dirs:
         qr = QueueResult(node, vhost_label, q.name, q.priority, q.dir_name, q.index_version)
         ctx.result.queues.append(qr)
         known = vs.queue_known(q)
+        own = vs.node.renamed_dir(vh, q) if ctx.rebuild else None
+        out_dir = own[0] if own is not None else q.dir_name
+        if own is not None:
+            ctx.result.notes.append(f"{node}: vhost {vhost_label!r}: queue dir {q.dir_name} holds the index of "
+                                    f"queue {q.label!r}, whose own dir {own[0]} is missing: written back as {own[0]}")
         if known is False:
             qr.skipped = "not a durable queue in the metadata: the broker deletes this dir at boot"
         vin = q.index_version
@@ -307,7 +315,7 @@ def rewrite_vhost(vs: VhostScan, out: Path, ctx: RewriteContext, extra: dict | N
             stub = _read_small(q.path / ".queue_name") if q.name_source == ".queue_name" else None
             if stub is None and q.name_raw is not None and vh.name_raw is not None:
                 stub = formats.queue_name_stub(vh.name_raw, q.name_raw, vout or 2)
-            writer = QueueWriter(out / "queues" / q.dir_name, ctx.sources, vout or 2,
+            writer = QueueWriter(out / "queues" / out_dir, ctx.sources, vout or 2,
                                  vh.segment_entry_count if vout == 1 else c_qi.DEFAULT_SEGMENT_ENTRY_COUNT, stub,
                                  dry=ctx.dry)
             if stub is not None:
@@ -601,6 +609,46 @@ def _store_garbage(vs: VhostScan, ctx: RewriteContext, node: str, vhost: str | N
 # -- the node dir -----------------------------------------------------------------------------------
 
 
+def write_lost_queue_dirs(out_node: Path, meta, model: BrokerModel, dry: bool = False,
+                          source: "layout.NodeDir | None" = None) -> list[str]:
+    """Give every durable classic queue of ``meta`` homed on the node an index dir in the
+    written node dir ``out_node`` (``.queue_name`` only, as the broker leaves an empty queue):
+    a queue whose dir SRC lacks (``queue-index-missing``) or that a Spark write has no rows
+    for. The next boot would declare it empty anyway; the output then reads and verifies as a
+    broker's own. ``dry``: nothing is written, ``source`` (SRC's layout) tells what would be.
+    Returns one note per queue."""
+    from cqforensics import textfiles
+    from cqforensics.model.vhost import lost_queues, queue_dirs_of
+
+    if meta is None or meta.kind is None:
+        return []
+    node = source if dry else layout.read_node_dir(out_node)
+    notes = []
+    for lq in lost_queues(node, meta):
+        declared = meta.arguments(lq.vhost, lq.name).get("x-queue-version")
+        version = formats.index_version(model, declared if isinstance(declared, int) else None)
+        vdir = out_node / "msg_stores" / "vhosts" / lq.vhost_dir
+        stored = {d: n for d, n, _ in queue_dirs_of(meta, lq.vhost, lq.name)}
+        if not dry:
+            if not vdir.is_dir():
+                (vdir / "queues").mkdir(parents=True)
+                for sub in ("msg_store_persistent", "msg_store_transient"):
+                    (vdir / sub).mkdir()
+                with open(vdir / ".vhost", "xb") as f:
+                    f.write(lq.vhost)
+            (vdir / "queues").mkdir(exist_ok=True)
+            for dir_name, _, _ in lq.dirs:
+                qdir = vdir / "queues" / dir_name
+                qdir.mkdir()
+                with open(qdir / ".queue_name", "xb") as f:
+                    f.write(formats.queue_name_stub(lq.vhost, stored[dir_name], version))
+        notes.append(f"vhost {lq.vhost.decode('utf-8', 'replace')!r}, queue {lq.label!r}: durable queue with no index dir "
+                     f"({', '.join(sorted({w for _, _, w in lq.dirs}))}): written empty, as its next boot "
+                     "would start it")
+    return notes
+
+
+
 def _tree_bytes(path: Path) -> int:
     total = 0
     for dirpath, _, filenames in os.walk(path):
@@ -663,6 +711,8 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
                     if dropped:
                         result.notes.append(f"{node.node}/{vs.vhost.label}: {dropped} files the broker does not use "
                                             "were not carried over")
+                result.notes += [f"{node.node}: {n}" for n in
+                                 write_lost_queue_dirs(out_node, ns.metadata, ctx.target or ns.model, dry_run, node)]
             result.source_version = ", ".join(sorted(versions))
             result.broker_version = ", ".join(sorted(targets))
         finally:
