@@ -268,14 +268,17 @@ def refcounts_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         status[(computed > 0) & (claim < 0)] = RefcountStatus.MISSING
         paths = [display(f.path) for f in st.files]
         safe = np.maximum(where, 0)
-        yield batch("refcounts", {
-            "node": repeat(node, n), "vhost": repeat(vhost, n), "store": repeat(kind, n),
-            "file": names_array(paths, st.e_file[safe] if len(st.e_file) else safe, ~has),
-            "offset": pa.array(st.e_offset[safe] if len(st.e_offset) else safe, mask=~has),
-            "msg_id": id_array(ids.ids), "copies": pa.array(copies), "computed_refs": pa.array(computed),
-            "recorded_refs": pa.array(recorded, pa.int32()) if recorded is not None else pa.nulls(n, pa.int32()),
-            "queues": queues, "status": names_array(code_labels(RefcountStatus), status),
-        })
+        file_ix = st.e_file[safe] if len(st.e_file) else safe
+        offset = st.e_offset[safe] if len(st.e_offset) else safe
+        for e in _capped(np.zeros(n, np.int64), n, vs.options.batch_rows, vs.options.batch_bytes):
+            m = e.stop - e.start
+            yield batch("refcounts", {
+                "node": repeat(node, m), "vhost": repeat(vhost, m), "store": repeat(kind, m),
+                "file": names_array(paths, file_ix[e], ~has[e]), "offset": pa.array(offset[e], mask=~has[e]),
+                "msg_id": id_array(ids.ids[e]), "copies": pa.array(copies[e]), "computed_refs": pa.array(computed[e]),
+                "recorded_refs": pa.array(recorded[e], pa.int32()) if recorded is not None else pa.nulls(m, pa.int32()),
+                "queues": queues.slice(e.start, m), "status": names_array(code_labels(RefcountStatus), status[e]),
+            })
 
 
 def holes_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
