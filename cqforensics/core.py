@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from cqforensics.schema import PROPERTIES, STRINGS
 
-ABI = 3  # must equal the core's ABI (core/src/lib.rs)
+ABI = 4  # must equal the core's ABI (core/src/lib.rs)
 log = logging.getLogger("cqforensics.core")
 
 try:
@@ -58,13 +58,14 @@ def status() -> str:
 # -- rdq walk --------------------------------------------------------------------------------------
 
 
-def walk_rdq(data, extents=None):
-    """``(offsets, totals, msg_ids, holes, torn)`` of one ``.rdq`` file's bytes (see
-    readers.rdq.walk): numpy int64, int64 and V16 arrays, ``[(offset, length, kind)]`` and
-    ``[(offset, total, id)]``."""
-    offsets, totals, ids, holes, torn = _native.walk_rdq(data, extents)
+def walk_rdq(data, extents=None, referenced: bytes | None = None):
+    """``(offsets, totals, msg_ids, holes, torn, rejected)`` of one ``.rdq`` file's bytes (see
+    readers.rdq.walk): numpy int64, int64 and V16 arrays, ``[(offset, length, kind)]``,
+    ``[(offset, total, id)]`` and ``[(offset, total, id, reason, hidden)]``; ``referenced``: the
+    ids to trust, 16 bytes each, sorted bytewise (``readers.rdq.Referenced.sorted``)."""
+    offsets, totals, ids, holes, torn, rejected = _native.walk_rdq(data, extents, referenced)
     return (np.frombuffer(offsets, np.int64), np.frombuffer(totals, np.int64), np.frombuffer(ids, "V16"),
-            holes, torn)
+            holes, torn, rejected)
 
 
 def check_qs(data, offsets: np.ndarray, sizes: np.ndarray) -> np.ndarray:

@@ -10,6 +10,12 @@ pub struct Validity {
 }
 
 impl Validity {
+    pub fn clear(&mut self) {
+        self.bits.clear();
+        self.len = 0;
+        self.nulls = 0;
+    }
+
     #[inline]
     pub fn push(&mut self, valid: bool) {
         if self.len % 8 == 0 {
@@ -38,6 +44,14 @@ impl Default for VarCol {
 }
 
 impl VarCol {
+    /// Empty again, keeping the buffers' capacity (columns are reused from batch to batch).
+    pub fn clear(&mut self) {
+        self.valid.clear();
+        self.offsets.clear();
+        self.offsets.push(0);
+        self.data.clear();
+    }
+
     /// Appends a value; false when the column would pass the int32 offset range.
     #[inline]
     pub fn push(&mut self, v: Option<&[u8]>) -> bool {
@@ -60,6 +74,11 @@ pub struct NumCol<T> {
 }
 
 impl<T: Default + Copy> NumCol<T> {
+    pub fn clear(&mut self) {
+        self.valid.clear();
+        self.values.clear();
+    }
+
     #[inline]
     pub fn push(&mut self, v: Option<T>) {
         self.valid.push(v.is_some());
@@ -81,6 +100,13 @@ impl Default for ListCol {
 }
 
 impl ListCol {
+    pub fn clear(&mut self) {
+        self.valid.clear();
+        self.offsets.clear();
+        self.offsets.push(0);
+        self.items.clear();
+    }
+
     pub fn push(&mut self, v: Option<&[&str]>) -> bool {
         if let Some(items) = v {
             for s in items {

@@ -16,7 +16,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 /// Bumped whenever a function's arguments or results change: the Python side refuses a core
 /// built from other sources (a stale build) and says how to rebuild.
-pub const ABI: u32 = 3;
+pub const ABI: u32 = 4;
 
 /// Row status of `decode_messages`.
 const DECODED: u8 = 0;
@@ -52,20 +52,24 @@ impl View {
 }
 
 /// Every entry of one `.rdq` file and its holes (readers.rdq.walk):
-/// `(offsets, totals, ids, holes, torn)` with offsets and totals as native int64 bytes, ids as
-/// 16 bytes each, holes `[(offset, length, kind)]`, torn `[(offset, total, id)]`.
+/// `(offsets, totals, ids, holes, torn, rejected)` with offsets and totals as native int64
+/// bytes, ids as 16 bytes each, holes `[(offset, length, kind)]`, torn `[(offset, total, id)]`,
+/// rejected `[(offset, total, id, reason, hidden)]`. `referenced`: the ids to trust, 16 bytes
+/// each, sorted bytewise.
 #[pyfunction]
-#[pyo3(signature = (data, extents=None))]
+#[pyo3(signature = (data, extents=None, referenced=None))]
 fn walk_rdq<'py>(
     py: Python<'py>,
     data: &Bound<'py, PyAny>,
     extents: Option<Vec<(usize, usize)>>,
+    referenced: Option<&[u8]>, // bytes, borrowed: extracting a Vec<u8> would convert it byte by byte
 ) -> PyResult<Bound<'py, PyTuple>> {
     let view = View::new(data)?;
     let (ptr, len) = (view.ptr, view.len);
+    let refs: &[u8] = referenced.unwrap_or_default();
     let w = py.detach(move || {
         let bytes: &[u8] = if len == 0 { &[] } else { unsafe { std::slice::from_raw_parts(ptr as *const u8, len) } };
-        rdq::walk(bytes, extents.as_deref())
+        rdq::walk(bytes, extents.as_deref(), &rdq::Referenced(&refs))
     });
     drop(view);
     let kinds = ["zeroed", "garbage", "truncated_tail"];
@@ -77,6 +81,11 @@ fn walk_rdq<'py>(
     for (o, t, id) in &w.torn {
         torn.append((o, t, PyBytes::new(py, id)))?;
     }
+    let reasons = ["not_a_message_term", "hides_referenced"];
+    let rejected = PyList::empty(py);
+    for (o, t, id, r, hidden) in &w.rejected {
+        rejected.append((o, t, PyBytes::new(py, id), reasons[*r as usize], hidden))?;
+    }
     PyTuple::new(
         py,
         [
@@ -85,6 +94,7 @@ fn walk_rdq<'py>(
             PyBytes::new(py, &w.ids).into_any(),
             holes.into_any(),
             torn.into_any(),
+            rejected.into_any(),
         ],
     )
 }
@@ -127,7 +137,29 @@ struct Columns {
     decode_error: VarCol,
 }
 
+thread_local! {
+    /// The decode's output columns, kept between calls so their buffers keep their capacity
+    /// (no regrowing and no fresh pages batch after batch).
+    static COLUMNS: std::cell::RefCell<Columns> = std::cell::RefCell::new(Columns::default());
+}
+
 impl Columns {
+    fn clear(&mut self) {
+        for c in [&mut self.msg_id, &mut self.exchange, &mut self.headers, &mut self.annotations, &mut self.term_format,
+                  &mut self.decode_error] {
+            c.clear();
+        }
+        for c in self.strings.iter_mut() {
+            c.clear();
+        }
+        self.routing_keys.clear();
+        self.delivery_mode.clear();
+        self.priority.clear();
+        self.timestamp.clear();
+        self.props_valid.clear();
+        self.body_size.clear();
+    }
+
     /// A row with only a message id (no term, or one the reference decodes).
     fn push_empty(&mut self, msg_id: Option<&[u8]>) {
         self.msg_id.push(msg_id);
@@ -229,7 +261,8 @@ fn decode_messages<'py>(
     let views = buffers.iter().map(|b| View::new(&b)).collect::<PyResult<Vec<View>>>()?;
     let files: Vec<&[u8]> = views.iter().map(|v| v.slice()).collect();
     let dec = message::Decoder::default();
-    let mut c = Columns::default();
+    let mut c = COLUMNS.with(|cell| cell.take());
+    c.clear();
     let mut status = Vec::with_capacity(n);
     let mut bodies: Vec<&[u8]> = Vec::new();
     let mut body_offsets: Vec<i32> = Vec::with_capacity(n + 1);
@@ -285,7 +318,9 @@ fn decode_messages<'py>(
     drop(bodies);
     drop(files);
     drop(views);
-    c.emit(py, &out)?;
+    let emitted = c.emit(py, &out);
+    COLUMNS.with(|cell| cell.replace(c));
+    emitted?;
     Ok(out)
 }
 

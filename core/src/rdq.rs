@@ -1,7 +1,11 @@
 //! The shared-store `.rdq` walk: entries `<<Size:64, MsgId:16, Body, 255>>` and the holes
 //! between them. Same rules as the Python reference (`cqforensics.readers.rdq.walk`): follow
 //! sizes from offset 0; where the chain breaks, remember a torn entry (size fits, marker
-//! missing) and slide to the next offset holding a complete entry with its 255 marker.
+//! missing) and slide to the next offset holding a candidate (a complete entry with its 255
+//! marker). Every candidate met is judged (the reference's "which candidates become entries"):
+//! a trusted id (in `referenced`) is taken; an untrusted one only when its term looks like a
+//! message term and no trusted candidate starts inside it; the others are rejected and the walk
+//! moves on to the next candidate after their first byte.
 
 pub const MARK: u8 = 255;
 pub const HEADER: usize = 24; // Size:64 + MsgId:128
@@ -20,6 +24,106 @@ pub struct Walk {
     pub ids: Vec<u8>, // 16 bytes per entry
     pub holes: Vec<(u64, u64, HoleKind)>,
     pub torn: Vec<(u64, u64, [u8; 16])>, // (offset, total, id) of entries without their marker
+    /// (offset, total, id, reason, hidden): candidates not taken; reason 0 = not a message term,
+    /// 1 = hides the referenced candidate at `hidden` (else -1)
+    pub rejected: Vec<(u64, u64, [u8; 16], u8, i64)>,
+}
+
+pub const NOT_A_MESSAGE_TERM: u8 = 0;
+pub const HIDES_REFERENCED: u8 = 1;
+
+/// Ids to trust: 16-byte ids sorted bytewise, back to back.
+pub struct Referenced<'a>(pub &'a [u8]);
+
+impl Referenced<'_> {
+    fn is_empty(&self) -> bool {
+        self.0.len() < 16
+    }
+
+    fn contains(&self, id: &[u8]) -> bool {
+        let (mut lo, mut hi) = (0usize, self.0.len() / 16);
+        while lo < hi {
+            let m = (lo + hi) / 2;
+            match self.0[m * 16..m * 16 + 16].cmp(id) {
+                std::cmp::Ordering::Less => lo = m + 1,
+                std::cmp::Ordering::Greater => hi = m,
+                std::cmp::Ordering::Equal => return true,
+            }
+        }
+        false
+    }
+}
+
+/// The outer framing of a stored message term at `data[s..s + n]` (readers.rdq.plausible_term):
+/// 131, then a tuple of arity >= 2 whose first element is an atom inside the term, or a
+/// compressed term (80, a non-zero size, a zlib stream).
+pub fn plausible_term(data: &[u8], s: usize, n: usize) -> bool {
+    if n < 4 || data[s] != 131 {
+        return false;
+    }
+    let be32 = |p: usize| u32::from_be_bytes(data[p..p + 4].try_into().unwrap()) as usize;
+    let (arity, k) = match data[s + 1] {
+        80 => return n >= 7 && be32(s + 2) > 0 && data[s + 6] == 0x78,
+        104 => (data[s + 2] as usize, 3usize),
+        105 => {
+            if n < 7 {
+                return false;
+            }
+            (be32(s + 2), 6usize)
+        }
+        _ => return false,
+    };
+    if arity < 2 || k + 2 > n {
+        return false;
+    }
+    match data[s + k] {
+        115 | 119 => k + 2 + data[s + k + 1] as usize <= n,
+        100 | 118 => {
+            k + 3 <= n && k + 3 + u16::from_be_bytes([data[s + k + 1], data[s + k + 2]]) as usize <= n
+        }
+        _ => false,
+    }
+}
+
+/// The trusted candidates ahead of the walk, by one lazy forward scan (`lo` never decreases
+/// between calls, so each byte is looked at once at most).
+struct TrustedAhead {
+    frontier: usize,
+    found: Option<usize>, // the last trusted candidate found, not yet passed
+}
+
+impl TrustedAhead {
+    /// The smallest trusted candidate offset in `[lo, hi)`.
+    fn first(&mut self, data: &[u8], ext: Option<&[(usize, usize)]>, refs: &Referenced, lo: usize, hi: usize)
+             -> Option<usize> {
+        if refs.is_empty() {
+            return None;
+        }
+        loop {
+            if let Some(p) = self.found {
+                if p >= lo {
+                    return if p < hi { Some(p) } else { None };
+                }
+                self.found = None;
+            }
+            if self.frontier >= hi {
+                return None;
+            }
+            let from = self.frontier.max(lo);
+            match next_candidate_before(data, from, hi, ext) {
+                None => {
+                    self.frontier = hi;
+                    return None;
+                }
+                Some(p) => {
+                    self.frontier = p + 1;
+                    if refs.contains(&data[p + 8..p + 24]) {
+                        self.found = Some(p);
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[inline]
@@ -42,7 +146,13 @@ fn is_candidate(data: &[u8], p: usize) -> bool {
 /// (`extents`: sorted `[start, end)` data ranges; everything else reads as zeros, where no
 /// entry can start).
 fn next_candidate(data: &[u8], from: usize, extents: Option<&[(usize, usize)]>) -> Option<usize> {
-    let end = data.len();
+    next_candidate_before(data, from, data.len(), extents)
+}
+
+/// The first candidate offset in `[from, until)`.
+fn next_candidate_before(data: &[u8], from: usize, until: usize, extents: Option<&[(usize, usize)]>)
+                         -> Option<usize> {
+    let end = until.min(data.len());
     let mut p = from;
     let mut ext_i = 0usize;
     while p < end {
@@ -58,6 +168,9 @@ fn next_candidate(data: &[u8], from: usize, extents: Option<&[(usize, usize)]>) 
                 p = lo;
             }
             let stop = ext[ext_i].1.min(end);
+            if p >= end {
+                return None;
+            }
             while p < stop {
                 if is_candidate(data, p) {
                     return Some(p);
@@ -67,7 +180,7 @@ fn next_candidate(data: &[u8], from: usize, extents: Option<&[(usize, usize)]>) 
             continue;
         }
         // dense: skip 8 zero bytes at a time (a zero size field is never an entry)
-        if p + 16 <= end && data[p..p + 16].iter().all(|&b| b == 0) {
+        if p + 16 <= data.len() && data[p..p + 16].iter().all(|&b| b == 0) {
             p += 8;
             continue;
         }
@@ -104,31 +217,54 @@ fn is_truncated_tail(data: &[u8], o: usize) -> bool {
     size >= 16 && (o as u64).saturating_add(size).saturating_add(9) > end as u64 && size < (1u64 << 40)
 }
 
-pub fn walk(data: &[u8], extents: Option<&[(usize, usize)]>) -> Walk {
+pub fn walk(data: &[u8], extents: Option<&[(usize, usize)]>, referenced: &Referenced) -> Walk {
     let end = data.len();
     let mut w = Walk::default();
+    let mut ahead = TrustedAhead { frontier: 0, found: None };
+    let mut hole: Option<usize> = None;
     let mut o = 0usize;
     while o < end {
         if o + HEADER <= end {
             let size = size_at(data, o);
-            if size >= 16 && size <= (end - o - 9) as u64 && data[o + size as usize + 8] == MARK {
-                w.offsets.push(o as i64);
-                w.totals.push(size as i64 + 9);
-                w.ids.extend_from_slice(&data[o + 8..o + 24]);
-                o += size as usize + 9;
-                continue;
-            }
-            if size >= 16 && size <= (end - o - 9) as u64 {
+            let fits = size >= 16 && size <= (end - o - 9) as u64;
+            if fits && data[o + size as usize + 8] == MARK {
+                let nxt = o + size as usize + 9;
+                let id = &data[o + 8..o + 24];
+                let mut reason = None;
+                let mut hidden = -1i64;
+                if !referenced.contains(id) {
+                    if !plausible_term(data, o + HEADER, size as usize - 16) {
+                        reason = Some(NOT_A_MESSAGE_TERM);
+                    } else if let Some(h) = ahead.first(data, extents, referenced, o + 1, nxt) {
+                        reason = Some(HIDES_REFERENCED);
+                        hidden = h as i64;
+                    }
+                }
+                match reason {
+                    None => {
+                        if let Some(h) = hole.take() {
+                            w.holes.push((h as u64, (o - h) as u64, hole_kind(data, h, o - h, extents)));
+                        }
+                        w.offsets.push(o as i64);
+                        w.totals.push(size as i64 + 9);
+                        w.ids.extend_from_slice(id);
+                        o = nxt;
+                        continue;
+                    }
+                    Some(r) => w.rejected.push((o as u64, size + 9, id.try_into().unwrap(), r, hidden)),
+                }
+            } else if fits {
                 w.torn.push((o as u64, size + 9, data[o + 8..o + 24].try_into().unwrap()));
             }
         }
-        let stop = next_candidate(data, o + 1, extents).unwrap_or(end);
-        if stop == end && is_truncated_tail(data, o) {
-            w.holes.push((o as u64, (end - o) as u64, HoleKind::TruncatedTail));
-        } else {
-            w.holes.push((o as u64, (stop - o) as u64, hole_kind(data, o, stop - o, extents)));
+        if hole.is_none() {
+            hole = Some(o); // the chain breaks at o
         }
-        o = stop;
+        o = next_candidate(data, o + 1, extents).unwrap_or(end);
+    }
+    if let Some(h) = hole {
+        let kind = if is_truncated_tail(data, h) { HoleKind::TruncatedTail } else { hole_kind(data, h, end - h, extents) };
+        w.holes.push((h as u64, (end - h) as u64, kind));
     }
     w
 }
@@ -137,10 +273,20 @@ pub fn walk(data: &[u8], extents: Option<&[(usize, usize)]>) -> Walk {
 mod tests {
     use super::*;
 
+    const NONE: Referenced<'static> = Referenced(&[]);
+
+    /// An entry whose term looks like a message record: {x, <<body>>}
     fn entry(id: u8, body: &[u8]) -> Vec<u8> {
-        let mut v = ((16 + body.len()) as u64).to_be_bytes().to_vec();
-        v.extend_from_slice(&[id; 16]);
-        v.extend_from_slice(body);
+        let mut term = vec![131, 104, 2, 119, 1, b'x', 109];
+        term.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        term.extend_from_slice(body);
+        raw_entry(&[id; 16], &term)
+    }
+
+    fn raw_entry(id: &[u8; 16], term: &[u8]) -> Vec<u8> {
+        let mut v = ((16 + term.len()) as u64).to_be_bytes().to_vec();
+        v.extend_from_slice(id);
+        v.extend_from_slice(term);
         v.push(MARK);
         v
     }
@@ -148,48 +294,102 @@ mod tests {
     #[test]
     fn healthy_chain() {
         let mut d = entry(1, b"abc");
+        let n1 = d.len() as i64;
         d.extend(entry(2, b"defg"));
-        let w = walk(&d, None);
-        assert_eq!(w.offsets, vec![0, 28]);
-        assert_eq!(w.totals, vec![28, 29]);
-        assert!(w.holes.is_empty());
+        let w = walk(&d, None, &NONE);
+        assert_eq!(w.offsets, vec![0, n1]);
+        assert_eq!(w.totals, vec![n1, d.len() as i64 - n1]);
+        assert!(w.holes.is_empty() && w.rejected.is_empty());
     }
 
     #[test]
     fn zeroed_gap_then_entry() {
         let mut d = entry(1, b"abc");
+        let n1 = d.len();
         d.extend(vec![0u8; 100]);
         d.extend(entry(2, b"x"));
-        let w = walk(&d, None);
-        assert_eq!(w.offsets, vec![0, 128]);
-        assert_eq!(w.holes, vec![(28, 100, HoleKind::Zeroed)]);
+        let w = walk(&d, None, &NONE);
+        assert_eq!(w.offsets, vec![0, n1 as i64 + 100]);
+        assert_eq!(w.holes, vec![(n1 as u64, 100, HoleKind::Zeroed)]);
     }
 
     #[test]
     fn truncated_tail() {
         let mut d = entry(1, b"abc");
+        let n1 = d.len() as u64;
         let e = entry(2, b"0123456789");
         d.extend_from_slice(&e[..20]);
-        let w = walk(&d, None);
-        assert_eq!(w.holes, vec![(28, 20, HoleKind::TruncatedTail)]);
+        let w = walk(&d, None, &NONE);
+        assert_eq!(w.holes, vec![(n1, 20, HoleKind::TruncatedTail)]);
+    }
+
+    #[test]
+    fn plausible_terms() {
+        let t = [131u8, 104, 6, 100, 0, 13];
+        assert!(!plausible_term(&t, 0, t.len())); // atom runs past the term
+        let t = [131u8, 104, 6, 100, 0, 1, b'a'];
+        assert!(plausible_term(&t, 0, t.len()));
+        assert!(!plausible_term(&[104u8, 6, 119, 1, b'a'], 0, 5));
+        assert!(!plausible_term(&[131u8, 104, 1, 119, 1, b'a'], 0, 6)); // arity 1
+        assert!(plausible_term(&[131u8, 80, 0, 0, 0, 9, 0x78], 0, 7));
+    }
+
+    #[test]
+    fn untrusted_junk_candidate_is_rejected_and_the_walk_goes_on() {
+        let mut d = entry(1, b"abc");
+        let n1 = d.len();
+        d.extend(raw_entry(&[9; 16], b"not a term"));
+        let n2 = d.len();
+        d.extend(entry(3, b"z"));
+        let w = walk(&d, None, &NONE);
+        assert_eq!(w.offsets, vec![0, n2 as i64]);
+        assert_eq!(w.rejected.len(), 1);
+        assert_eq!((w.rejected[0].0, w.rejected[0].3), (n1 as u64, NOT_A_MESSAGE_TERM));
+        assert_eq!(w.holes, vec![(n1 as u64, (n2 - n1) as u64, HoleKind::Garbage)]);
+        // trusted: taken whatever its term
+        let ids = [9u8; 16];
+        let w = walk(&d, None, &Referenced(&ids));
+        assert_eq!(w.offsets, vec![0, n1 as i64, n2 as i64]);
+        assert!(w.rejected.is_empty());
+    }
+
+    #[test]
+    fn an_unreferenced_candidate_never_hides_a_referenced_one() {
+        // crafted: an orphan-looking entry whose size swallows a referenced entry inside it
+        let inner = entry(7, b"real");
+        let mut term = vec![131u8, 104, 2, 119, 1, b'x', 106, 0, 0, 0, 0, 0];
+        term.extend(&inner);
+        term.extend([0u8; 8]);
+        let d = raw_entry(&[5; 16], &term);
+        let big = (16 + term.len()) as u64;
+        let inner_at = HEADER + 12;
+        let w0 = walk(&d, None, &NONE);
+        assert_eq!(w0.offsets, vec![0]); // nothing referenced: the plausible outer one is taken
+        let ids = [7u8; 16];
+        let w = walk(&d, None, &Referenced(&ids));
+        assert_eq!(w.offsets, vec![inner_at as i64]);
+        assert_eq!(w.rejected, vec![(0, big + 9, [5; 16], HIDES_REFERENCED, inner_at as i64)]);
     }
 
     #[test]
     fn garbage_never_panics() {
         let mut x: u64 = 0x9E3779B97F4A7C15;
+        let ids: Vec<u8> = (0..64u8).flat_map(|i| [i % 7; 16]).collect();
         for n in 0..2000usize {
             let d: Vec<u8> = (0..n)
                 .map(|_| {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
-                    if x % 5 == 0 { 255 } else { (x % 7) as u8 }
+                    if x % 5 == 0 { 255 } else if x % 11 == 0 { 131 } else { (x % 7) as u8 }
                 })
                 .collect();
-            let w = walk(&d, None);
-            let covered: u64 = w.totals.iter().map(|&t| t as u64).sum::<u64>()
-                + w.holes.iter().map(|h| h.1).sum::<u64>();
-            assert_eq!(covered, n as u64);
+            for refs in [Referenced(&[]), Referenced(&ids[..16 * 7])] {
+                let w = walk(&d, None, &refs);
+                let covered: u64 = w.totals.iter().map(|&t| t as u64).sum::<u64>()
+                    + w.holes.iter().map(|h| h.1).sum::<u64>();
+                assert_eq!(covered, n as u64);
+            }
         }
     }
 }

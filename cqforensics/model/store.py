@@ -120,9 +120,25 @@ class StoreIndex:
         return np.where(found, self.claim[gg], -1), np.where(found, self.first[gg], -1)
 
 
-def scan_store(store: StoreDir, model: BrokerModel) -> StoreIndex:
+def scan_store(store: StoreDir, model: BrokerModel, refs: "References | None" = None) -> StoreIndex:
+    """Walk every file of the store. The walk trusts (readers.rdq, "which candidates become
+    entries") the ids ``refs`` holds (the queue indexes' references into this store) and those
+    msg_store_index.ets records after a clean stop; the rest must earn their place."""
     walk = registry.reader("rdq").read
-    files = [walk(p, num) for num, p in store.rdq]
+    recorded, clean = None, False
+    if store.msg_store_index.exists():
+        table = r_terms.read_ets(store.msg_store_index)
+        recorded = {}
+        for obj in table.objects:
+            if isinstance(obj, tuple) and len(obj) == 6 and obj[0] == "msg_location":
+                recorded[obj[1]] = (obj[2], obj[3], obj[4], obj[5])
+        clean = table.complete and store.clean_dot.exists() and store.file_summary.exists()
+    trusted = [refs.ids.ids] if refs is not None and len(refs.ids) else []
+    pinned = [k for k in (recorded or ()) if isinstance(k, bytes) and len(k) == 16]
+    if pinned:
+        trusted.append(np.frombuffer(b"".join(pinned), ID))
+    referenced = r_rdq.Referenced(np.concatenate(trusted)) if trusted else None
+    files = [walk(p, num, referenced=referenced) for num, p in store.rdq]
     n = sum(len(f) for f in files)
     e_file = np.zeros(n, np.int32)
     e_offset = np.zeros(n, np.int64)
@@ -144,14 +160,6 @@ def scan_store(store: StoreDir, model: BrokerModel) -> StoreIndex:
     distinct, group, first = IdSet.build(e_id)
     copies = np.bincount(group, minlength=len(distinct))
     claim = recovery.claims(e_file, e_offset, reach, group, len(distinct), model)
-    recorded, clean = None, False
-    if store.msg_store_index.exists():
-        table = r_terms.read_ets(store.msg_store_index)
-        recorded = {}
-        for obj in table.objects:
-            if isinstance(obj, tuple) and len(obj) == 6 and obj[0] == "msg_location":
-                recorded[obj[1]] = (obj[2], obj[3], obj[4], obj[5])
-        clean = table.complete and store.clean_dot.exists() and store.file_summary.exists()
     return StoreIndex(store, files, e_file, e_offset, e_total, e_id, reach, group, distinct, copies, first, claim,
                       bad, recorded, clean)
 
