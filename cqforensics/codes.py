@@ -88,6 +88,12 @@ class Fate(_Coded):
     BOOT_HANG = 17
     DELIVERY_CRASH = 18
     VHOST_CRASH = 19
+    #: clean start: an index entry outside the seq ids its queue's recovery terms name (stale
+    #: terms: published after them); the queue never reads it, and new publishes reuse its slot
+    NOT_IN_RECOVERY_TERMS = 20
+    #: clean start: a shared-store message the trusted msg_store_index.ets does not record; the
+    #: queue crashes reading it (541) and its restart drops it
+    NOT_IN_STORE_INDEX = 21
 
     @property
     def reason(self) -> str | None:

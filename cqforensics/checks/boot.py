@@ -4,6 +4,7 @@ and whether it recovers the vhost dirty (rebuilding the indexes from the files).
 from __future__ import annotations
 
 from cqforensics.findings import Finding
+from cqforensics.model import recovery
 from cqforensics.model.vhost import VhostScan
 
 
@@ -25,12 +26,56 @@ def boot_crash_findings(vs: VhostScan) -> tuple[list[Finding], dict[str | None, 
         crash[label] = "queue"
     crash_queues, crash_vhost = vs.clean_crashes
     for label in sorted(crash_queues, key=str):
-        out.append(Finding("boot-crash", f"clean shutdown state: RabbitMQ {vs.model} will trust it and crash "
-                           f"{'the vhost' if crash_vhost else 'queue ' + str(label)} when it reads a damaged "
-                           f"message of {label}; remove clean.dot and recovery.dets from a copy to get the "
-                           "dirty recovery fsck predicts with --assume-dirty", None, queue=label))
+        what = (f"crash the vhost when it reads a damaged message of {label}; the vhost restarts and, the "
+                "clean-shutdown files being consumed, recovers dirty (the prediction)" if crash_vhost else
+                f"crash queue {label} when it reads a damaged message of it (541 INTERNAL_ERROR to the consumer), "
+                + ("again after each restart: what follows that message is lost" if label in
+                   recovery.lost_on_read(vs) else
+                   "once: the restarted queue recovers its index from the files and drops it (the prediction)"))
+        out.append(Finding("boot-crash", f"clean shutdown state: RabbitMQ {vs.model} will trust it and {what}; "
+                           "remove clean.dot and recovery.dets from a copy to get the dirty recovery fsck predicts "
+                           "with --assume-dirty", None, queue=label))
         crash[label] = "vhost" if crash_vhost else "queue"
-    return out, crash
+    return out + clean_state_findings(vs), crash
+
+
+def clean_state_findings(vs: VhostScan) -> list[Finding]:
+    """A clean start's recorded state that disagrees with the files it stands for (stale or
+    damaged clean-shutdown files): ``recovery-terms-mismatch`` per queue whose recovery terms
+    do not describe its index, ``store-index-mismatch`` when msg_store_index.ets, as
+    ``ets:file2tab`` loads it, lacks messages the queues hold."""
+    if vs.recovery != "clean":
+        return []
+    out = []
+    restarts = recovery.clean_restarts(vs)
+    for q in vs.all_queue_dirs:
+        st = recovery.queue_starts(vs).get(q.dir_name)
+        if st is None:
+            continue
+        where = {"queue": q.name, "priority": q.priority}
+        details = {"persistent_count": st.count, "seq_ids": [st.low, st.end], "found": st.found,
+                   "outside": st.outside}
+        terms = f"its recovery terms record {st.count} messages at seq ids {st.low} to {st.end - 1}"
+        if st.kind == "restart":
+            out.append(Finding("recovery-terms-mismatch", f"{terms}, its index holds {st.found} there: RabbitMQ "
+                               f"{vs.model} crashes queue {q.label} at init, and its supervisor restarts it, which "
+                               "recovers its index from the files (stale or damaged recovery.dets)",
+                               str(vs.vhost.recovery_dets), severity="error", **where,
+                               details={**details, "restarts": True}))
+        elif st.outside:
+            out.append(Finding("recovery-terms-mismatch", f"{st.outside} messages of queue {q.label} lie outside the "
+                               f"seq ids its recovery terms cover ({st.low} to {st.end - 1}): RabbitMQ {vs.model} "
+                               "never reads them, and new publishes reuse their slots (recovery.dets older than "
+                               "the index)", str(vs.vhost.recovery_dets), severity="error", **where, details=details))
+    st = vs.stores.get("persistent")
+    lost = {label: why for label, why in restarts.items() if "read" in why or "expiry" in why}
+    if st is not None and lost:
+        out.append(Finding("store-index-mismatch", f"msg_store_index.ets lacks messages that queues hold "
+                           f"({', '.join(sorted(map(str, lost)))}): RabbitMQ {vs.model} trusts it, crashes each of "
+                           "them on reading such a message (541 INTERNAL_ERROR), and their restart drops those "
+                           "messages", str(st.store.msg_store_index), severity="error",
+                           details={"queues": sorted(map(str, lost))}))
+    return out
 
 
 def recovery_findings(vs: VhostScan) -> list[Finding]:

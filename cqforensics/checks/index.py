@@ -18,11 +18,15 @@ def chunk_findings(vs: VhostScan, qx: IndexChunk) -> list[Finding]:
     res = vs.resolve(qx)
     path = str(qx.qs_path or qx.qdir.path / f"{qx.segment}.qs")
     reported = False
+    unwritten = _unwritten_tail(vs, qx, res)
+    tail: list[int] = []  # seq ids of entries in the unwritten tail (one finding for them all)
     for j, i in enumerate(qx.live.tolist()):
         status, seq = QsStatus(res.qs_status[j]), int(r.seq[i])
         if status not in (QsStatus.NONE, QsStatus.OK):
             off, size = int(r.store_offset[i]), int(r.store_size[i])
-            if status in (QsStatus.MISSING_FILE, QsStatus.BAD_HEADER):
+            if status in (QsStatus.MISSING_FILE, QsStatus.OUT_OF_RANGE) and unwritten:
+                tail.append(seq)
+            elif status in (QsStatus.MISSING_FILE, QsStatus.BAD_HEADER):
                 if not reported:
                     reported = True
                     code, what = (("qs-entry-missing", "the index points into a .qs segment that is not there")
@@ -43,4 +47,39 @@ def chunk_findings(vs: VhostScan, qx: IndexChunk) -> list[Finding]:
             out.append(Finding("msg-missing", f"message {mid} (seq id {seq}) is in no shared-store file",
                                str(qx.files[int(r.file[i])]), int(r.offset[i]),
                                details={"msg_id": mid, "seq_id": seq}))
+    if tail:
+        qs = vs.qs_files.get(qx.qs_path) if qx.qs_path is not None else None
+        where = "the segment file was never created" if qs is None else f"the file ends at {qs.size}, where they begin"
+        out.append(Finding("qs-entry-missing", f"{len(tail)} index entries (seq ids {tail[0]} to {tail[-1]}) point past "
+                           f"what the .qs segment holds ({where}): the store's write buffer was not flushed yet when "
+                           "the broker was killed (the index's was); messages never written, and never confirmed, "
+                           "that the next boot drops as this prediction does", path,
+                           None if qs is None else qs.size, severity="warning",
+                           details={"entries": len(tail), "first_seq_id": tail[0], "last_seq_id": tail[-1],
+                                    "unwritten": True}))
     return [f.scoped(queue=qx.qdir.name, priority=qx.qdir.priority) for f in out]
+
+
+def _unwritten_tail(vs: VhostScan, qx: IndexChunk, res) -> bool:
+    """Whether the chunk's ``.qs`` entries that are not there are a write not yet flushed when a
+    dirty-stopped broker died, not damage. QS2 keeps each new entry in a write buffer (offsets
+    given out in seq id order, ``get_write_offset``) and writes it, in one pwrite per run of
+    entries and segments in ascending order (``flush_buffer``), when the buffer fills or the
+    queue syncs; the index (IDX2) flushes its own buffer on its own schedule, so a kill -9 can
+    leave index entries whose bytes were never written, at the end of the newest segment (or a
+    newest segment file never created). It is that, and not a truncated or deleted file, when
+    the recovery is dirty, every such entry starts at or after the end of the file (none is cut
+    by it), and no later segment of the queue has a ``.qs``."""
+    if vs.recovery != "dirty" or qx.segment is None:
+        return False
+    status = res.qs_status
+    gone = (status == QsStatus.MISSING_FILE) | (status == QsStatus.OUT_OF_RANGE)
+    if not gone.any() or ((status != QsStatus.OK) & (status != QsStatus.NONE) & ~gone).any():
+        return False
+    if any(seg > qx.segment for seg in qx.qdir.qs):
+        return False
+    qs = vs.qs_files.get(qx.qs_path) if qx.qs_path is not None else None
+    if qs is None:
+        return True
+    offsets = res.store_offset[gone]
+    return bool((offsets >= qs.size).all())

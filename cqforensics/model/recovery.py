@@ -62,7 +62,7 @@ def claims(e_file: np.ndarray, e_offset: np.ndarray, reach: np.ndarray, group: n
 # -- clean or dirty ---------------------------------------------------------------------------------
 
 
-def mode(vhost, assume_dirty: bool) -> str:
+def mode(vhost, assume_dirty: bool, model: BrokerModel | None = None) -> str:
     """'clean' when the next boot trusts the shutdown state (no index or store checks at all),
     else 'dirty' (rebuild from the files). Clean needs the persistent store's clean.dot,
     file_summary.ets and msg_store_index.ets intact and recovery terms whose persistent_refs are
@@ -74,30 +74,175 @@ def mode(vhost, assume_dirty: bool) -> str:
     terms = r_terms.recovery_terms(vhost.recovery_dets)
     if not dot or not terms:
         return "dirty"
-    for ets in (st.file_summary, st.msg_store_index):
-        if not ets.exists() or not r_terms.read_ets(ets).complete:
+    for ets in (st.file_summary, st.msg_store_index):  # ets:file2tab must load them (not verify them)
+        if not ets.exists() or file2tab_objects(ets) is None:
+            return "dirty"
+        if model is not None and not model.store_index_loaded_unverified and not r_terms.read_ets(ets).complete:
             return "dirty"
     refs = sorted(t.get("persistent_ref") for t in terms.values() if isinstance(t.get("persistent_ref"), bytes))
     client = dot.get("client_refs")
     return "clean" if isinstance(client, list) and sorted(client) == refs else "dirty"
 
 
+# -- what a clean start reads of its recorded state ------------------------------------------------------
+
+
+def file2tab_objects(path: Path) -> list | None:
+    """The objects ``ets:file2tab/1`` loads from an ``ets:tab2file`` dump, as the broker calls it
+    (rabbit_msg_store index_recover / recover_file_summary: no ``verify``): OTP opens the
+    disk_log read-only and reads it with ``disk_log_1:handle_chunk_ro``, which skips a byte at a
+    time past anything that is not an item header, drops an item whose md5 (items of 65528 bytes
+    and more) fails, and ends the table at a torn last item; the end marker's object count is
+    not checked. An item whose term does not decode is left out. None when file2tab fails: no
+    log header, or no table-info item. (Checked against OTP 25's file2tab on flipped and
+    truncated dumps, and against 3.10.8 and 4.3.6 boots, tests/test_recovery_state_brokers.py.)"""
+    import hashlib
+
+    from cqforensics import etf
+    from cqforensics.errors import CQError
+    from cqforensics.grammar import disklog as c_disklog
+    from cqforensics.readers.files import read_bytes
+
+    try:
+        data = bytes(read_bytes(path))
+    except (CQError, OSError):
+        return None
+    if data[:4] != c_disklog.FILE_MAGIC:
+        return None
+    items, o, end = [], c_disklog.HEADER_SIZE, len(data)
+    while o + 8 <= end:
+        size, magic = c_disklog.ITEM_HEAD.unpack_from(data, o)
+        if magic != c_disklog.ITEM_MAGIC:
+            o += 1
+            continue
+        start = o + 8
+        if size >= c_disklog.MIN_MD5_TERM:
+            if start + 16 > end:
+                break
+            if data[start:start + 16] != hashlib.md5(data[o:o + 4]).digest():
+                o = start + 17
+                continue
+            start += 16
+        if start + size > end:
+            break
+        try:
+            items.append(etf.decode(data[start:start + size])[0])
+        except etf.EtfError:  # binary_to_term fails on it: the item is lost
+            pass
+        o = start + size
+    if not items or not isinstance(items[0], (list, tuple)):  # the table info file2tab reads first
+        return None
+    out = []
+    for it in items[1:]:
+        if isinstance(it, list) and it and it[0] == "$end_of_table":
+            continue
+        out += it if isinstance(it, list) else [it]
+    return out
+
+
+def recorded_index(st) -> dict[bytes, tuple] | None:
+    """The shared store's message index a clean start trusts (``file2tab_objects`` of
+    ``msg_store_index.ets``): id -> (refcount, file, offset, total size); None without one."""
+    if st is None:
+        return None
+    cache = st.__dict__.setdefault("_broker_recorded", {})
+    if "index" not in cache:
+        objs = file2tab_objects(st.store.msg_store_index) if st.store.msg_store_index.exists() else None
+        cache["index"] = None if objs is None else {
+            o[1]: (o[2], o[3], o[4], o[5]) for o in objs
+            if isinstance(o, tuple) and len(o) == 6 and o[0] == "msg_location" and isinstance(o[1], bytes)}
+    return cache["index"]
+
+
+def recorded_has(st, ids: np.ndarray) -> np.ndarray:
+    """Clean recovery: whether the trusted index records each id at all (wherever it says)."""
+    recorded = recorded_index(st)
+    if recorded is None:
+        return np.zeros(len(ids), bool)
+    raw = ids.tobytes()
+    # rabbit_msg_store read/contains: index_lookup_positive_ref_count (a count of 0 is not found)
+    return np.array([(rec := recorded.get(raw[i:i + 16])) is not None and isinstance(rec[0], int) and rec[0] > 0
+                     for i in range(0, 16 * len(ids), 16)], bool)
+
+
 def recorded_ok(st, ids: np.ndarray) -> np.ndarray:
     """Clean recovery: whether msg_store_index.ets places each id on a valid entry holding it."""
     out = np.zeros(len(ids), bool)
-    if st is None or st.recorded is None:
+    recorded = recorded_index(st)
+    if recorded is None:
         return out
     numbers = np.array([f.number for f in st.files] or [0], np.int64)
     keys = numbers[st.e_file] * (1 << 40) + st.e_offset if len(st.e_file) else np.zeros(0, np.int64)
     order = np.argsort(keys)
     keys = keys[order]
     for k, raw in enumerate(ids.tobytes()[i:i + 16] for i in range(0, 16 * len(ids), 16)):
-        rec = st.recorded.get(raw)
-        if rec is None or not isinstance(rec[1], int) or not isinstance(rec[2], int):
+        rec = recorded.get(raw)
+        if rec is None or not isinstance(rec[0], int) or rec[0] <= 0 or not isinstance(rec[1], int) \
+                or not isinstance(rec[2], int):
             continue
         j = np.searchsorted(keys, rec[1] * (1 << 40) + rec[2])
         out[k] = j < len(keys) and keys[j] == rec[1] * (1 << 40) + rec[2] and \
             st.e_id[order[j]].tobytes() == raw and int(st.e_total[order[j]]) == rec[3]
+    return out
+
+
+@dataclass(frozen=True)
+class QueueStart:
+    """How a clean start recovers one v2 queue dir: from its recovery terms, without reading
+    its index (rabbit_variable_queue:init/9 and IDX2 bounds). The queue expects ``count``
+    (persistent_count) messages between ``low`` (the first segment of the terms'
+    v2_index_state, times the segment size) and ``end`` (next_seq_id) and reads only those.
+    ``found``: the live persistent entries the index holds there. ``kind``: ``terms`` (they
+    agree: the queue delivers what it finds there, nothing outside), ``restart`` (they disagree: the q_tail/delta invariant fails, the queue process crashes at
+    init and its supervisor restarts it without terms, recovering its index from the files as
+    a dirty start would, against the shared store's recorded index)."""
+
+    kind: str
+    low: int
+    end: int
+    count: int
+    found: int
+    outside: int  # live entries outside [low, end)
+
+
+def queue_starts(vs) -> dict[str, QueueStart]:
+    """Clean start: per v2 queue dir (by dir name) with recovery terms, how it starts."""
+    if vs.recovery != "clean" or not vs.model.queue_starts_from_terms:
+        return {}
+    cache = vs.__dict__.setdefault("_queue_starts", {})
+    if "all" in cache:
+        return cache["all"]
+    from cqforensics.model.versions import CONSTANTS
+
+    seg = CONSTANTS["classic_queue_index_v2_segment_entry_count"][0]
+    terms = r_terms.recovery_terms(vs.vhost.recovery_dets)
+    out = {}
+    for q in vs.all_queue_dirs:
+        t = terms.get(q.dir_name)
+        state = t.get("v2_index_state") if t else None
+        count, end = (t.get("persistent_count"), t.get("next_seq_id")) if t else (None, None)
+        if not (isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict)
+                and isinstance(count, int) and isinstance(end, int)):
+            continue
+        segs = [k for k in state[1] if isinstance(k, int)]
+        first = next(iter(vs.index_of(q, restricted=False)), None)  # chunks are read a segment at a time
+        if first is not None and first.version != 2:
+            continue
+        # the node's segment size (a setting): the SeqId range its segment headers cover
+        h = first.header if first is not None else None
+        size = h.to_seq_id - h.from_seq_id if h is not None and h.ok and h.to_seq_id > h.from_seq_id else seg
+        # IDX2 bounds: the first recorded segment; none recorded: next_seq_id (the hint) or 0
+        low = min(segs) * size if segs else (end if vs.model.empty_index_bounds_at_next_seq_id else 0)
+        found = outside = 0
+        for qx in vs.index_of(q, restricted=False):
+            r, live = qx.rec, qx.live
+            seq = r.seq[live]
+            inside = (seq >= low) & (seq < end)
+            found += int((inside & (r.persistent[live] == 1)).sum())
+            outside += int((~inside).sum())
+        kind = "terms" if found == count else "restart"
+        out[q.dir_name] = QueueStart(kind, low, end, count, found, outside)
+    cache["all"] = out
     return out
 
 
@@ -111,11 +256,52 @@ def clean_crashes(vs) -> tuple[set[str], bool]:
         for qx in vs.index_of(q, restricted=False):
             res = resolve(vs, qx, propagate=False)
             crashed = res.fate == Fate.DELIVERY_CRASH
-            if crashed.any():
+            once = res.crash_once if res.crash_once is not None else np.zeros(len(crashed), bool)
+            if crashed.any() or (once & np.isin(res.fate, _QS_FATE_CODES[_QS_FATE_CODES >= 0])).any():
                 queues.add(q.label)
                 shared = qx.rec.loc[qx.live] == Location.SHARED_STORE
                 vhost |= bool((crashed & shared).any()) and vs.model.shared_read_crash_takes_vhost
     return queues, vhost
+
+
+def lost_on_read(vs) -> set[str]:
+    """Clean start: queues whose read fails again after every restart (the recorded index
+    places a message on bytes that do not hold it, and still says it has it): what follows
+    that message is lost (``DELIVERY_CRASH``, the rest ``QUEUE_CRASH``)."""
+    if "_lost_on_read" not in vs.__dict__:
+        vs.__dict__["_lost_on_read"] = {
+            q.label for q in vs.all_queue_dirs if vs.recovery == "clean" and any(
+                (resolve(vs, qx, propagate=False).fate == Fate.DELIVERY_CRASH).any()
+                for qx in vs.index_of(q, restricted=False))}
+    return vs.__dict__["_lost_on_read"]
+
+
+def clean_restarts(vs) -> dict[str, list[str]]:
+    """Clean start: queues that crash once and are restarted by their supervisor, which then
+    recovers their index from the files (dirty, against the store's recorded index): label ->
+    why ("init": recovery terms that disagree with the index; "read": a message the recorded
+    index does not hold, read for delivery: the consumer gets 541 INTERNAL_ERROR)."""
+    if vs.recovery != "clean" or vs.clean_crashes[1]:  # a vhost crash restarts everything dirty
+        return {}
+    starts = queue_starts(vs)
+    out: dict[str, list[str]] = {}
+    for q in vs.all_queue_dirs:
+        st = starts.get(q.dir_name)
+        if st is not None and st.kind == "restart":
+            out.setdefault(q.label, []).append("init")
+            continue
+        for qx in vs.index_of(q, restricted=False):
+            fate = resolve(vs, qx, propagate=False).fate
+            if (fate == Fate.NOT_IN_STORE_INDEX).any():
+                out.setdefault(q.label, []).append("read")
+                break
+            # an expired message is read only to be dead-lettered: the read may crash the queue
+            expired = qx.live[fate == Fate.EXPIRED]
+            shared = expired[(qx.rec.loc[expired] == Location.SHARED_STORE) & (qx.rec.persistent[expired] == 1)]
+            if len(shared) and not recorded_has(vs.stores.get("persistent"), qx.rec.msg_id[shared]).all():
+                out.setdefault(q.label, []).append("expiry")
+                break
+    return out
 
 
 # -- the fate of every held message -------------------------------------------------------------------
@@ -133,6 +319,9 @@ class Resolved:
     store_offset: np.ndarray  # int64: entry offset (rdq entry, .qs entry, v1 embedded term); -1 none
     qs_status: np.ndarray  # int8 QsStatus
     fate: np.ndarray  # int8 Fate (DELIVERED: the next boot delivers it)
+    #: clean start: reading this entry crashes its queue once (541); the restarted queue recovers
+    #: its index dirty and drops the entry with ``fate`` (None: no such entry)
+    crash_once: np.ndarray | None = None
 
     def fates(self) -> list[Fate]:
         return [Fate(c) for c in self.fate.tolist()]
@@ -194,6 +383,14 @@ def resolve(vs, qx, propagate: bool = True) -> Resolved:
     loc, persistent, files = r.loc[live], r.persistent[live], r.file[live]
     st_off, st_size = r.store_offset[live], r.store_size[live]
     clean = vs.recovery == "clean"
+    if clean and propagate and vs.clean_crashes[1]:
+        # up to 3.12 the failed read stops the vhost; its supervisor restarts it, and as the first
+        # start consumed the clean-shutdown files, the restart recovers the whole vhost dirty
+        clean = False
+    # a clean start reads the queue as its recovery terms say, unless they disagree with its
+    # index: then the queue crashes at init and restarts recovering its index from the files
+    start = queue_starts(vs).get(qx.qdir.dir_name) if clean else None
+    trusted = clean and (start is None or start.kind != "restart")
     out = Resolved([], np.full(n, -1, np.int32), np.zeros(n, np.int64), np.zeros(n, np.int64),
                    np.full(n, -1, np.int64), np.zeros(n, np.int8), np.zeros(n, np.int8))
     file_ix: dict[Path, int] = {}
@@ -230,7 +427,13 @@ def resolve(vs, qx, propagate: bool = True) -> Resolved:
             out.store_offset[rows] = st.e_offset[e]
         if clean:
             if kind == "persistent":  # the trusted index must place the id on a valid entry holding it
-                problem[sel[~recorded_ok(st, r.msg_id[live[sel]])]] = Fate.DELIVERY_CRASH
+                ids = r.msg_id[live[sel]]
+                bad = ~recorded_ok(st, ids)
+                # an id it does not record at all: the read crashes the queue (541), and its restart
+                # (a dirty index recovery asking the store, rabbit_msg_store:contains) drops it;
+                # a restart after an init crash drops it without reading it
+                problem[sel[bad]] = np.where(recorded_has(st, ids)[bad], Fate.DELIVERY_CRASH,
+                                             Fate.NOT_IN_STORE_INDEX)
         else:
             problem[sel[cp < 0]] = np.where(ap[cp < 0] >= 0, Fate.BODY_UNREACHABLE, Fate.BODY_MISSING)
     # per-queue store
@@ -246,12 +449,16 @@ def resolve(vs, qx, propagate: bool = True) -> Resolved:
             ok = (status != QsStatus.BAD_HEADER) & (status != QsStatus.OUT_OF_RANGE)
             rows = sel[ok]
             body(rows, path_ix(qs_path), *r_qs.term_span(st_off[rows], st_size[rows]))
-        # a dirty start checks the entry and drops it; a clean start crashes reading it,
-        # except where the version reads a missing segment as no messages
+        # a dirty start checks the entry and drops it; a clean start crashes the queue reading it
+        # (except where the version reads a missing segment as no messages), and the restarted
+        # queue, its terms consumed, recovers its index dirty and drops it (3.10.8: a missing .qs,
+        # tests/test_recovery_state_brokers.py qs_missing)
         bad = status != QsStatus.OK
         tolerated = (status == QsStatus.MISSING_FILE) & vs.model.missing_qs_reads_empty
-        qs_fate = _QS_FATE_CODES[status]
-        problem[sel[bad]] = np.where(clean & ~tolerated, Fate.DELIVERY_CRASH, qs_fate)[bad]
+        problem[sel[bad]] = _QS_FATE_CODES[status][bad]
+        if trusted:
+            out.crash_once = np.zeros(n, bool)
+            out.crash_once[sel[bad & ~tolerated]] = True
     # terms embedded in a v1 index
     sel = np.flatnonzero(loc == _EMBEDDED)
     if len(sel):
@@ -265,9 +472,16 @@ def resolve(vs, qx, propagate: bool = True) -> Resolved:
     at_risk = None  # clean recovery: messages a crash on delivery takes down with it
     if qdrop is None and clean and propagate:
         crash_queues, crash_vhost = vs.clean_crashes
-        at_risk = Fate.VHOST_CRASH if crash_vhost else (Fate.QUEUE_CRASH if qx.qdir.label in crash_queues else None)
-    bad_segment = np.isin(files, list(qx.bad_segments)) if qx.version == 2 and not clean and qx.bad_segments \
+        # a queue whose read fails again after every restart (the recorded index still places
+        # the message on bytes that do not hold it) is lost from there on
+        lost = lost_on_read(vs) if crash_queues else set()
+        at_risk = Fate.VHOST_CRASH if crash_vhost else (Fate.QUEUE_CRASH if qx.qdir.label in lost else None)
+    bad_segment = np.isin(files, list(qx.bad_segments)) if qx.version == 2 and not trusted and qx.bad_segments \
         else np.zeros(n, bool)
+    outside = np.zeros(n, bool)  # seq ids the recovery terms do not cover: never read
+    if start is not None and start.kind != "restart":
+        seq = r.seq[live]
+        outside = (seq < start.low) | (seq >= start.end)
     intrinsic = np.where(persistent != 1, Fate.TRANSIENT,
                          np.where(loc == Location.MEMORY, Fate.NOT_ON_DISK, Fate.BAD_LOCATION))
     out.fate[:] = np.select(
@@ -275,10 +489,12 @@ def resolve(vs, qx, propagate: bool = True) -> Resolved:
          np.full(n, qdrop is not None),
          bad_segment,
          (persistent != 1) | ~np.isin(loc, _ON_DISK_CODES),
-         clean & expired,  # the queue drops an expired head without reading its body
+         outside,
+         trusted & expired,  # the queue drops an expired head without reading its body
          problem >= 0,
          expired],
-        [Fate.BAD_INDEX_ENTRY, qdrop or 0, Fate.SEGMENT_DELETED, intrinsic, Fate.EXPIRED, problem, Fate.EXPIRED],
+        [Fate.BAD_INDEX_ENTRY, qdrop or 0, Fate.SEGMENT_DELETED, intrinsic, Fate.NOT_IN_RECOVERY_TERMS,
+         Fate.EXPIRED, problem, Fate.EXPIRED],
         at_risk or Fate.DELIVERED)
     return out
 
@@ -288,7 +504,8 @@ def resolve(vs, qx, propagate: bool = True) -> Resolved:
 #: the next boot drops these although the message's bytes are intact: rebuild keeps them
 SALVAGEABLE = frozenset({Fate.DELIVERED, Fate.EXPIRED, Fate.BODY_UNREACHABLE, Fate.SEGMENT_DELETED,
                          Fate.BAD_INDEX_ENTRY, Fate.QUEUE_CRASH, Fate.BOOT_HANG, Fate.V1_UNSUPPORTED,
-                         Fate.DELIVERY_CRASH, Fate.VHOST_CRASH})
+                         Fate.DELIVERY_CRASH, Fate.VHOST_CRASH, Fate.NOT_IN_RECOVERY_TERMS,
+                         Fate.NOT_IN_STORE_INDEX})
 #: readable but not deliverable, or not trustworthy: rebuild puts them in lost+found with the bytes
 QUARANTINED = frozenset({Fate.TRANSIENT, Fate.QUEUE_DELETED, Fate.QS_BAD_CRC, Fate.QS_BAD_SIZE})
 #: dropped by design, not by damage (compact drops them; they make no rebuild exit 1)
@@ -304,5 +521,6 @@ FINDING_OF_FATE = {
     Fate.QS_MISSING_FILE: "qs-entry-missing", Fate.QS_BAD_HEADER: "qs-bad-header",
     Fate.QS_OUT_OF_RANGE: "qs-entry-missing", Fate.QS_BAD_SIZE: "qs-entry-crc", Fate.QS_BAD_CRC: "qs-entry-crc",
     Fate.QUEUE_CRASH: "boot-crash", Fate.BOOT_HANG: "boot-crash", Fate.DELIVERY_CRASH: "boot-crash",
-    Fate.VHOST_CRASH: "boot-crash",
+    Fate.VHOST_CRASH: "boot-crash", Fate.NOT_IN_RECOVERY_TERMS: "recovery-terms-mismatch",
+    Fate.NOT_IN_STORE_INDEX: "store-index-mismatch",
 }

@@ -128,6 +128,24 @@ class BrokerModel:
         queue on the read."""
         return self._answer("missing_qs_reads_empty")
 
+    @property
+    def queue_starts_from_terms(self) -> bool:
+        """A clean start sizes each v2 queue from its recovery terms (persistent_count between
+        its first recorded segment and next_seq_id) without reading its index, and crashes the
+        queue at init when the index holds another number there."""
+        return self._answer("queue_starts_from_terms")
+
+    @property
+    def store_index_loaded_unverified(self) -> bool:
+        """A clean start loads msg_store_index.ets with ``ets:file2tab`` without ``verify``: damaged
+        items are skipped, a torn end ends the table, and the start stays clean."""
+        return self._answer("store_index_loaded_unverified")
+
+    @property
+    def empty_index_bounds_at_next_seq_id(self) -> bool:
+        """A v2 index with no segment recorded starts its queue at next_seq_id (else at 0)."""
+        return self._answer("empty_index_bounds_at_next_seq_id")
+
     def __str__(self) -> str:
         return self.label
 
@@ -225,12 +243,37 @@ BEHAVIOURS: dict[str, tuple[dict[str, object], str]] = {
         {"3.10": True, "3.11": True, "3.12": True, "3.13.0": False, "3.13.1+": False,
          "4.0": False, "4.1": False, "4.2": False, "4.3": False},
         "seen on 3.10.8 (vhost) and 4.3.6 (queue) boots, tests/test_predict_brokers.py; 3.11 - 4.2 "
-        "are assumed like their neighbours (not yet checked against their source)"),
+        "are assumed like their neighbours (not yet checked against their source). The stopped vhost "
+        "is restarted by its supervisor and, the clean-shutdown files consumed by the first start "
+        "(rabbit_msg_store read_recovery_terms deletes clean.dot), recovers dirty: seen on 3.10.8, "
+        "tests/test_recovery_state_brokers.py rdq_missing"),
     "missing_qs_reads_empty": (
         {"3.10": False, "3.11": False, "3.12": False, "3.13.0": False, "3.13.1+": False,
          "4.0": True, "4.1": True, "4.2": True, "4.3": True},
         "seen on 3.10.8 (crash) and 4.3.6 (empty) clean boots, tests/test_predict_brokers.py "
         "qs_missing; 3.11 - 4.2 are assumed like their neighbours (not yet checked against their source)"),
+    "queue_starts_from_terms": (
+        {"3.10": True, "3.11": True, "3.12": True, "3.13.0": True, "3.13.1+": True,
+         "4.0": True, "4.1": True, "4.2": True, "4.3": True},
+        "rabbit_variable_queue:init/9 (v3.10.0 - v4.3.x): with recovery terms, #delta (v4.3.0: #q_tail) "
+        "{start_seq_id = LowSeqId, count = persistent_count, end_seq_id = next_seq_id}, LowSeqId from "
+        "rabbit_classic_queue_index_v2:bounds over the terms' v2_index_state segments; d/1 (qt/1) asserts "
+        "Start + Count =< End while reading it; rabbit_classic_queue_index_v2:recover skips the segment "
+        "scan when both the terms and the store are clean. Seen on 3.10.8, 4.0.5 and 4.3.6 "
+        "(function_clause in qt/1 at init, then a restart without terms), tests/test_recovery_state_brokers.py"),
+    "store_index_loaded_unverified": (
+        {"3.10": True, "3.11": True, "3.12": True, "3.13.0": True, "3.13.1+": True,
+         "4.0": True, "4.1": True, "4.2": True, "4.3": True},
+        "rabbit_msg_store_ets_index:recover (v3.10.0 - v3.13.x) and rabbit_msg_store:index_recover "
+        "(v4.0.0+) call ets:file2tab/1 (no verify), which reads the dump with OTP disk_log_1:handle_chunk_ro "
+        "(a byte-wise skip past a bad item header, stop at a torn item); rabbit_msg_store:read/2 and "
+        "contains_message use index_lookup_positive_ref_count (not_found: the reading queue crashes). "
+        "Seen on 3.10.8, 4.0.5 and 4.3.6 with flipped and truncated dumps"),
+    "empty_index_bounds_at_next_seq_id": (
+        {"3.10": False, "3.11": False, "3.12": False, "3.13.0": False, "3.13.1+": False,
+         "4.0": False, "4.1": False, "4.2": True, "4.3": True},
+        "rabbit_classic_queue_index_v2:bounds/2 (v4.2.0: NextSeqIdHint) returns {Hint, Hint} for an "
+        "index without segments; bounds/1 (v3.10.0 - v4.1.x) returns {0, 0}"),
 }
 
 #: Settings every version shares (the writers and the layout readers use them): the RabbitMQ
