@@ -24,6 +24,10 @@ peak RSS comes from ``os.wait4``. A run fails when:
 - ``writer-refused``: ``rebuild``/``compact`` built output that failed its own verification (a
   writer must write what it keeps in a form it verifies).
 
+Besides, for each input whose mutation changed a data file's bytes, the summary says whether
+``fsck --json`` named that file in a finding (``reported``), and lists the others as ``silent``
+for triage (not every mutation is damage: a flipped padding bit, zeros over zeros).
+
 The JSON summary lists the runs, seeds, figures (peak RSS, slowest run) and the failures by
 class, each with a reproducer. Failing inputs are kept in ``fuzz/regressions.json``
 (``tests/test_fuzz.py`` replays them)."""
@@ -61,9 +65,12 @@ from cqforensics.grammar import rdq as c_rdq  # noqa: E402
 from cqforensics.readers import rdq as r_rdq  # noqa: E402
 
 SAMPLES = ROOT / "sample_data"
-#: the small datasets (the 22 MB archived ones would make each seed ten times slower)
+#: every real-broker sample: the small ones written here, the imported versions (committed as
+#: their node-dir archives, 21 MB each, unpacked on first use) and the MQTT/STOMP ones
 DATASETS = ("3.10.8-clean", "3.10.8-kill", "3.10.8-segments", "4.0.5-clean", "4.0.5-kill", "4.3.6-clean",
-            "4.3.6-kill", "4.3.6-rolled")
+            "4.3.6-kill", "4.3.6-rolled", "3.12.14-clean", "3.13.7-clean", "4.1.8-clean", "4.2.2-clean",
+            "3.10.8-proto-clean", "3.10.8-proto-kill", "4.0.5-proto-clean", "4.0.5-proto-kill",
+            "4.3.6-proto-clean", "4.3.6-proto-kill")
 TABLES = ("messages", "index", "acks", "store", "refcounts", "holes", "files", "queues", "findings")
 EXIT_CODES = frozenset({0, 1, 4, 8, 16})
 WALL_LIMIT = 60.0  # seconds per run
@@ -373,6 +380,19 @@ MUTATIONS = {"bitflip": m_bitflip, "truncate": m_truncate, "zero": m_zero, "junk
              "odd_name": m_odd_name}
 
 
+def _unpacked(dataset: str) -> None:
+    """Unpack the archived datasets (``tests/oracle.extract_archives``) unless already done."""
+    ds = SAMPLES / dataset
+    if (ds / "mnesia").is_dir() or not any(ds.glob("*.tar.gz")):
+        return
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        from oracle import extract_archives
+    finally:
+        sys.path.remove(str(ROOT / "tests"))
+    extract_archives()
+
+
 def plan(seed: int, dataset: str | None = None, mutation: str | None = None) -> tuple[str, str]:
     rng = random.Random(seed)
     d = rng.choice(DATASETS)
@@ -384,6 +404,7 @@ def prepare(seed: int, work: Path, dataset: str | None = None, mutation: str | N
     """The mutated copy of ``seed``'s dataset under ``work``: {dataset, mutation, what, base, target}."""
     dataset, mutation = plan(seed, dataset, mutation)
     base = work / "mnesia"
+    _unpacked(dataset)
     shutil.copytree(SAMPLES / dataset / "mnesia", base, symlinks=True)
     node = os.fsencode(next(p for p in sorted(base.iterdir()) if (p / "msg_stores").is_dir()))
     rng = random.Random(f"{seed}:{dataset}:{mutation}")
@@ -520,9 +541,33 @@ def run_seed(seed: int, work: Path, commands=COMMANDS, dataset: str | None = Non
         out.mkdir()
         runs = [run_one(c, inp, out, wall, as_limit, rss_bound) for c in commands]
         return {"seed": seed, "dataset": inp["dataset"], "mutation": inp["mutation"], "what": inp["what"],
-                "target": inp["target"], "runs": runs}
+                "target": inp["target"], "runs": runs, "reported": _reported(inp, out, runs)}
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+#: mutations that change the bytes of one data file: fsck should name that file (a hostile term is
+#: only decoded by ``--deep``, whose findings the decode tests pin, so it is not counted here)
+DAMAGING = frozenset({"bitflip", "truncate", "zero", "junk", "swap", "dup_record"})
+
+
+def _reported(inp: dict, out: Path, runs: list[dict]) -> bool | None:
+    """Whether ``fsck --json`` named the mutated file (or one inside a mutated dir) in a finding;
+    None when not applicable (no such run, a mutation that changes no file's bytes, no target).
+    Not every mutation is damage (a flipped bit in a padding byte, zeros over zeros), so a False
+    is for triage (``silent`` in the summary), not a failure."""
+    if inp["mutation"] not in DAMAGING or not inp["target"]:
+        return None
+    run = next((x for x in runs if x["command"] == "fsck --json" and x["rc"] in (0, 4)), None)
+    if run is None:
+        return None
+    try:
+        report = json.loads((out / "fsck_--json.out").read_bytes().decode("utf-8", "replace"))
+    except (OSError, ValueError):
+        return None
+    target = os.path.realpath(inp["target"])
+    files = {os.path.realpath(f["file"]) for f in report.get("findings", []) if f.get("file")}
+    return any(f == target or target.startswith(f + os.sep) for f in files)
 
 
 def _reproducer(r: dict, run: dict) -> str:
@@ -567,6 +612,9 @@ def summarize(results: list[dict], elapsed: float) -> dict:
         "mutations": {m: sum(1 for r in results if r["mutation"] == m) for m in sorted(MUTATIONS)},
         "exit_codes": {str(c): sum(1 for x in runs if x["rc"] == c) for c in sorted({x["rc"] for x in runs})},
         "operational_errors": _operational(results),
+        "silent": [{"seed": r["seed"], "dataset": r["dataset"], "mutation": r["mutation"], "what": r["what"],
+                    "target": r["target"]} for r in results if r.get("reported") is False],
+        "reported": sum(1 for r in results if r.get("reported")),
         "elapsed_s": round(elapsed, 1), "failed": failures,
     }
 

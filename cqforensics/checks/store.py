@@ -8,6 +8,7 @@ import numpy as np
 from cqforensics.codes import StoreStatus
 from cqforensics.findings import Finding
 from cqforensics.model.vhost import VhostScan
+from cqforensics.readers import rdq as r_rdq
 
 
 def store_checks(vs: VhostScan) -> list[Finding]:
@@ -15,6 +16,7 @@ def store_checks(vs: VhostScan) -> list[Finding]:
     out = []
     for kind, st in vs.stores.items():
         for f in st.files:
+            out += r_rdq.rejected_findings(f, kind)
             for h in f.holes:
                 if h.kind == "truncated_tail":
                     out.append(Finding("rdq-truncated", f"file ends inside an entry ({h.length} bytes)", str(f.path),

@@ -8,12 +8,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cqforensics.codes import Fate
+from cqforensics.errors import display
 from cqforensics.findings import Finding
 from cqforensics.model.vhost import VhostScan
 
 from cqforensics.checks.boot import boot_crash_findings, recovery_findings
 from cqforensics.checks.deep import decode_checks
 from cqforensics.checks.index import chunk_findings
+from cqforensics.checks.integrity import QueueIntegrity, node_findings, vhost_file_findings
 from cqforensics.checks.layout import lost_queue_findings, queue_dir_findings, vhost_dir_findings
 from cqforensics.checks.store import store_checks
 
@@ -50,14 +52,16 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
     findings = vhost_dir_findings(vs)
     verdicts: dict[str | None, QueueVerdict] = {}
     for q in vs.all_queue_dirs:
-        v = verdicts.setdefault(q.label, QueueVerdict(node, vhost, q.label, recovery=vs.recovery))
+        v = verdicts.setdefault(q.label, QueueVerdict(display(node), display(vhost), q.label, recovery=vs.recovery))
         v.dirs += 1
         v.index_version = q.index_version or v.index_version
         known = vs.queue_known(q)
         per_dir: dict[str, int] = {}
         n_dir = 0
+        integrity = QueueIntegrity(vs)
         for qx in vs.scan_queue(q):
             findings += chunk_findings(vs, qx)
+            integrity.add(qx)
             res = vs.resolve(qx)
             n_dir += len(qx.live)
             for code, count in zip(*np.unique(res.fate, return_counts=True)):
@@ -71,6 +75,7 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
         for k, c in per_dir.items():
             v.drops[k] = v.drops.get(k, 0) + c
         findings += queue_dir_findings(q, known, n_dir, per_dir)
+        findings += [f.scoped(queue=q.name, priority=q.priority) for f in integrity.findings()]
     crash_findings, crashes = boot_crash_findings(vs)
     findings += crash_findings
     for label, what in crashes.items():
@@ -84,4 +89,8 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
     findings += store_checks(vs)
     findings += lost_queue_findings(vs)
     findings += recovery_findings(vs)
-    return list(verdicts.values()), [f.scoped(node=node, vhost=vhost) for f in findings]
+    findings += vhost_file_findings(vs)
+    scoped = [f.scoped(node=node, vhost=vhost) for f in findings]
+    if vs.node.vhosts and vs is vs.node.vhosts[0]:  # the node's own files: once per node, with its first vhost
+        scoped += [f.scoped(node=node) for f in node_findings(vs.node)]
+    return list(verdicts.values()), scoped

@@ -21,10 +21,11 @@ import numpy as np
 from construct import ConstructError
 
 from cqforensics.codes import SlotClass
+from cqforensics.errors import FormatError
 from cqforensics.findings import Finding
 from cqforensics.grammar import qi as c_qi
 from cqforensics.schema import TS, fit_array
-from cqforensics.readers.files import read_bytes
+from cqforensics.readers.files import map_file, read_bytes
 
 EMPTY, LIVE, GHOST, BAD = SlotClass.EMPTY, SlotClass.LIVE, SlotClass.GHOST, SlotClass.BAD
 
@@ -97,6 +98,15 @@ def read_qi(path: Path, number: int, segment_entry_count: int = c_qi.DEFAULT_SEG
         # writer used (classic_queue_index_v2_segment_entry_count), which we need.
         if 0 < count <= 1 << 20 and h_from == number * count:
             from_seq, to_seq = h_from, h_to
+        elif 0 < count <= 1 << 20 and h_from % count == 0:
+            # a valid header of segment h_from / count: the file was swapped with (or renamed from)
+            # that segment; the broker goes by the file name, so its slots get this number's seq ids
+            from_seq, to_seq = number * count, (number + 1) * count
+            findings.append(Finding("segment-misplaced", f"segment {number} holds the header of segment "
+                                    f"{h_from // count} (seq ids {h_from}..{h_to}): swapped or renamed; the broker "
+                                    f"reads its entries as seq ids {from_seq}..{to_seq}", str(path), 5,
+                                    details={"from_seq_id": h_from, "to_seq_id": h_to,
+                                             "holds_segment": h_from // count}))
         else:
             findings.append(Finding("qi-bad-header", f"header says seq ids {h_from}..{h_to}, inconsistent with "
                                     f"segment number {number}; assuming {segment_entry_count}-entry segments",
@@ -106,15 +116,17 @@ def read_qi(path: Path, number: int, segment_entry_count: int = c_qi.DEFAULT_SEG
         got = data[:5]
         findings.append(Finding("qi-bad-header", f"bad segment header ({len(data)} bytes, starts {got.hex()}): "
                                 "the broker deletes this segment and its .qs on a dirty start", str(path), 0))
-    body = data[c_qi.HEADER_SIZE:] if len(data) > c_qi.HEADER_SIZE else b""
-    n = len(body) // c_qi.ENTRY_SIZE
+    body_len = max(0, len(data) - c_qi.HEADER_SIZE)  # never sliced: ``data`` may be a map of a huge file
+    n = body_len // c_qi.ENTRY_SIZE
     max_slots = to_seq - from_seq
-    tail = len(body) - n * c_qi.ENTRY_SIZE
+    tail = body_len - n * c_qi.ENTRY_SIZE
     if n > max_slots:
-        findings.append(Finding("unknown-file", f"{(n - max_slots) * c_qi.ENTRY_SIZE} bytes beyond the segment's "
-                                f"{max_slots} slots", str(path), c_qi.HEADER_SIZE + max_slots * c_qi.ENTRY_SIZE))
+        findings.append(Finding("unknown-file", f"{body_len - max_slots * c_qi.ENTRY_SIZE} bytes beyond the "
+                                f"segment's {max_slots} slots", str(path),
+                                c_qi.HEADER_SIZE + max_slots * c_qi.ENTRY_SIZE))
         n, tail = max_slots, 0
-    slots = np.frombuffer(body, c_qi.ENTRY_DTYPE, count=n) if n else np.zeros(0, c_qi.ENTRY_DTYPE)
+    slots = (np.frombuffer(data, c_qi.ENTRY_DTYPE, count=n, offset=c_qi.HEADER_SIZE).copy() if n
+             else np.zeros(0, c_qi.ENTRY_DTYPE))
     klass, malformed = classify(slots)
     seg = QiSegment(path, number, len(data), header_ok, from_seq, to_seq, slots, klass, malformed,
                     tail_bytes=tail, findings=findings)
@@ -133,6 +145,7 @@ def read_qi(path: Path, number: int, segment_entry_count: int = c_qi.DEFAULT_SEG
                                 details={"seq_id": from_seq + int(i), "status": int(slots["status"][i]),
                                          "flags": int(slots["flags"][i]), "crashes_queue": bool(crash)},
                                 crashes_queue=bool(crash)))
+    findings += duplicate_slots(seg, path)
     if tail:
         off = c_qi.HEADER_SIZE + n * c_qi.ENTRY_SIZE
         status = data[off]
@@ -145,6 +158,33 @@ def read_qi(path: Path, number: int, segment_entry_count: int = c_qi.DEFAULT_SEG
                                          "crashes_queue": bool(crash)},
                                 crashes_queue=bool(crash)))
     return seg
+
+
+def duplicate_slots(seg: QiSegment, path: Path) -> list[Finding]:
+    """``index-duplicate-entry``: used slots of one segment that name the same shared-store
+    message id or the same ``.qs`` entry (a slot copied over another: each publish has its own
+    message id and its own ``.qs`` entry). Reported at every later copy, naming the first."""
+    out: list[Finding] = []
+    used = np.flatnonzero(seg.klass != EMPTY)
+    if len(used) < 2:
+        return out
+    s = seg.slots[used]
+    for loc, key, what in ((1, s["msg_id"], "message id"), (2, s["qs_offset"], ".qs entry")):
+        sel = np.flatnonzero(s["loc_kind"] == loc)
+        if len(sel) < 2:
+            continue
+        keys = key[sel]
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        for k in np.flatnonzero(first[inverse.ravel()] != np.arange(len(sel))).tolist():
+            i, j = int(used[sel[k]]), int(used[sel[first[inverse.ravel()[k]]]])
+            value = keys[k].tobytes().hex() if loc == 1 else int(keys[k])
+            out.append(Finding("index-duplicate-entry", f"slot {i} (seq id {seg.from_seq_id + i}) holds the same "
+                               f"{what} as slot {j} (seq id {seg.from_seq_id + j}): a copy of it", str(path),
+                               c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i,
+                               details={"seq_id": seg.from_seq_id + i, "copy_of_seq_id": seg.from_seq_id + j,
+                                        "copy_of_offset": c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * j,
+                                        "msg_id" if loc == 1 else "qs_offset": value}))
+    return out
 
 
 _LOCATIONS = {0: "memory", 1: "shared_store", 2: "queue_store"}
@@ -160,10 +200,11 @@ def dump_rows(path: Path, segment_entry_count: int | None = None):
         number = int(path.stem)
     except ValueError:
         number = 0
-    seg = read_qi(path, number)
+    seg = read_qi(path, number, data=map_file(path))  # mapped: never the whole file in memory
     yield {"offset": 0, "kind": "header", "status": "ok" if seg.header_ok else "bad header",
            "from_seq_id": seg.from_seq_id, "to_seq_id": seg.to_seq_id}, None
     qs = path.with_suffix(".qs")
+    qs_data = None  # the sibling .qs, mapped when a slot first points into it
     qs_exists = qs.exists()
     offsets = seg.offsets()
     for i in np.flatnonzero(seg.klass != EMPTY):
@@ -178,8 +219,13 @@ def dump_rows(path: Path, segment_entry_count: int | None = None):
             row["msg_id"] = s["msg_id"].tobytes().hex()
         elif loc == 2:
             row["qs_offset"], row["qs_size"] = int(s["qs_offset"]), int(s["qs_size"])
+            if qs_exists and qs_data is None:
+                try:
+                    qs_data = map_file(qs)
+                except FormatError:  # not a regular file: never read
+                    qs_exists = False
             if qs_exists:
-                term = (qs, *r_qs.term_span(row["qs_offset"], row["qs_size"]))
+                term = (qs_data, *r_qs.term_span(row["qs_offset"], row["qs_size"]))
         yield row, term
     for f in seg.findings:
         yield {"offset": f.offset, "kind": "problem", "status": f"{f.code}: {f.message}"}, None

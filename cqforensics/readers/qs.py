@@ -15,8 +15,8 @@ import numpy as np
 from cqforensics import core
 from cqforensics.codes import QsStatus
 from cqforensics.grammar import qs as c_qs
-from cqforensics.errors import FormatError
-from cqforensics.readers.files import open_regular, read_bytes
+from cqforensics.errors import CQError, FormatError
+from cqforensics.readers.files import data_extents, map_file, open_regular
 
 _ENTRY_HEADER = c_qs.ENTRY_HEADER.unpack_from
 
@@ -113,40 +113,95 @@ def open_qs(path: Path | None) -> QsFile | None:
 _NONZERO = re.compile(rb"[^\x00]")
 
 
-def dump_rows(path: Path, segment_entry_count: int | None = None):
-    """The per-entry listing of one segment (``dump``) as ``(row, term)`` pairs.
-
-    Without the .qi, entries are found heuristically: an entry header whose term starts
-    with 131 and whose CRC checks; zero runs are skipped (QS2 leaves zero-filled gaps for
-    messages acked while buffered; rabbitmq-formats.md 3.2)."""
-    data = read_bytes(path)
-    ok = data[:4] == c_qs.MAGIC and len(data) >= c_qs.HEADER_SIZE and data[4] == c_qs.VERSION
-    yield {"offset": 0, "kind": "header", "status": "ok" if ok else "bad header"}, None
-    o, gap = first_entry_offset(), None
-    while o < len(data):
-        if o + c_qs.ENTRY_HEADER_SIZE + 1 <= len(data):
+def scan_entries(data, start: int, extents=None):
+    """Entries of a segment found without the .qi (heuristically: an entry header whose term
+    starts with 131 and whose CRC, when flagged, checks), from ``start`` to the end, in file order:
+    ``("entry", offset, size, flags)`` and ``("gap", offset, end, zeroed)`` for the bytes between
+    (QS2 leaves zero-filled gaps for messages acked while buffered; rabbitmq-formats.md 3.2).
+    ``data`` may be a map of a huge file: nothing is copied but a term being checked, zero runs
+    are skipped by a regex, and ``extents`` (``files.data_extents``) skips a sparse file's holes
+    unread."""
+    end = len(data)
+    holes = _holes(extents, end)
+    o, gap, gap_zero = start, None, True
+    while o < end:
+        hole = holes.get(o)
+        if hole is not None:  # a hole reads as zeros: skipped unread
+            gap = o if gap is None else gap
+            o = hole
+            continue
+        if o + c_qs.ENTRY_HEADER_SIZE + 1 <= end:
             size, flags, crc, reserved = _ENTRY_HEADER(data, o)
-            start, length = term_span(o, size)
-            term = data[start:start + length]
-            if 0 < size <= len(data) - start and flags in (0, 1) and reserved == 0 and term[:1] == b"\x83" \
-                    and (not flags or zlib.crc32(term) & 0xFFFF == crc):
+            t_start, length = term_span(o, size)
+            if 0 < size <= end - t_start and flags in (0, 1) and reserved == 0 and data[t_start] == 0x83 \
+                    and (not flags or zlib.crc32(data[t_start:t_start + length]) & 0xFFFF == crc):
                 if gap is not None:
-                    yield _gap(data, gap, o), None
-                    gap = None
-                yield ({"offset": o, "kind": "entry", "size": size, "crc": "ok" if flags else "none", "status": "ok"},
-                       (data, start, length))
+                    yield "gap", gap, o, gap_zero
+                    gap, gap_zero = None, True
+                yield "entry", o, size, flags
                 o = sum(entry_span(o, size))
                 continue
         gap = o if gap is None else gap
         if data[o] == 0:
-            m = _NONZERO.search(data, o)
-            o = m.start() if m else len(data)
+            nxt = _next_hole(holes, o, end)
+            m = _NONZERO.search(data, o, nxt)
+            o = m.start() if m else nxt
         else:
+            gap_zero = False
             o += 1
     if gap is not None:
-        yield _gap(data, gap, len(data)), None
+        yield "gap", gap, end, gap_zero
 
 
-def _gap(data: bytes, start: int, end: int) -> dict:
-    return {"offset": start, "kind": "gap", "size": end - start,
-            "status": "zeroed" if not any(data[start:end]) else "unparsed bytes"}
+def _holes(extents, end: int) -> dict[int, int]:
+    """hole start -> hole end, from a file's data extents (none when unknown)."""
+    if extents is None:
+        return {}
+    out, pos = {}, 0
+    for a, b in extents:
+        if a > pos:
+            out[pos] = a
+        pos = max(pos, b)
+    if pos < end:
+        out[pos] = end
+    return out
+
+
+def _next_hole(holes: dict[int, int], o: int, end: int) -> int:
+    """Where the next hole after ``o`` starts (``end`` when none)."""
+    return min((h for h in holes if h > o), default=end)
+
+
+def trailing_garbage(path: Path, start: int) -> tuple[int, int] | None:
+    """(offset, length) of the first bytes at or after ``start`` that are neither an entry nor
+    zeros (junk appended after the last entry, or a torn write), or None; None too for a file
+    with a bad header (``qs-bad-header``'s) or one that is not a regular file. Mapped, and a
+    large file walked by its data extents."""
+    try:
+        data = map_file(path)
+    except CQError:  # not a regular file, or unreadable: the index checks say so
+        return None
+    size = len(data)
+    if size < c_qs.HEADER_SIZE or data[:4] != c_qs.MAGIC or data[4] != c_qs.VERSION:
+        return None
+    extents = data_extents(path, size) if size > (64 << 20) else None
+    for kind, off, end, zeroed in scan_entries(data, max(start, first_entry_offset()), extents):
+        if kind == "gap" and not zeroed:
+            return off, end - off
+    return None
+
+
+def dump_rows(path: Path, segment_entry_count: int | None = None):
+    """The per-entry listing of one segment (``dump``) as ``(row, term)`` pairs: the file is
+    mapped and walked by ``scan_entries`` (a sparse file by its data extents), never read whole."""
+    data = map_file(path)
+    ok = data[:4] == c_qs.MAGIC and len(data) >= c_qs.HEADER_SIZE and data[4] == c_qs.VERSION
+    yield {"offset": 0, "kind": "header", "status": "ok" if ok else "bad header"}, None
+    extents = data_extents(path, len(data)) if len(data) > (64 << 20) else None
+    for kind, o, a, b in scan_entries(data, first_entry_offset(), extents):
+        if kind == "entry":
+            start, length = term_span(o, a)
+            yield ({"offset": o, "kind": "entry", "size": a, "crc": "ok" if b else "none", "status": "ok"},
+                   (data, start, length))
+        else:
+            yield {"offset": o, "kind": "gap", "size": a - o, "status": "zeroed" if b else "unparsed bytes"}, None

@@ -16,7 +16,8 @@ from pathlib import Path
 from cqforensics import etf, textfiles
 from cqforensics.errors import FormatError
 from cqforensics.grammar import disklog as c_disklog
-from cqforensics.readers.files import read_bytes, read_optional
+from cqforensics.findings import Finding
+from cqforensics.readers.files import data_extents, map_file, read_bytes, read_optional
 
 _ITEM_HEAD = c_disklog.ITEM_HEAD.unpack_from
 DETS_ACTIVE = b"\x12\x34\x56\x78"
@@ -77,8 +78,8 @@ class EtsTable:
     error: FormatError | None = None
 
 
-def read_ets(path: Path) -> EtsTable:
-    log = read_disk_log(path)
+def read_ets(path: Path, log: TermLog | None = None) -> EtsTable:
+    log = read_disk_log(path) if log is None else log
     table = EtsTable(path, error=log.error)
     items = log.items[1:]  # item 0 is the table info
     if items and isinstance(items[-1], list) and items[-1] and items[-1][0] == "$end_of_table":
@@ -90,23 +91,217 @@ def read_ets(path: Path) -> EtsTable:
     return table
 
 
-def read_dets_objects(path: Path) -> list:
-    """Objects of a DETS file, found by the ACTIVE marker (heuristic, see module doc)."""
-    data = read_bytes(path)
-    out = []
-    o = data.find(DETS_ACTIVE)
+def read_dets_objects(path: Path, data=None, end: int | None = None) -> list:
+    """Objects of a DETS file, found by the ACTIVE marker (heuristic, see module doc); the file
+    is mapped, never read whole into memory. ``end``: look no further (the free lists)."""
+    return [term for _, term in _dets_objects(map_file(path) if data is None else data, end)]
+
+
+def _dets_objects(data, end: int | None = None, extents=None):
+    """(offset, term) of each object found by the ACTIVE marker before ``end``; ``extents``
+    (``files.data_extents``): search only those ranges (a sparse file's holes hold no object)."""
+    stop = len(data) if end is None else min(end, len(data))
+    if extents is not None:
+        for a, b in extents:
+            if a < stop:
+                yield from _dets_objects_in(data, max(0, a - 4), min(b, stop))
+        return
+    yield from _dets_objects_in(data, 0, stop)
+
+
+def _dets_objects_in(data, begin: int, stop: int):
+    o = data.find(DETS_ACTIVE, begin, stop)
     while o >= 4:
-        if o + 8 <= len(data):
-            (term_size,) = struct.unpack_from(">I", data, o + 4)
-            start = o + 8
-            if 0 < term_size <= len(data) - start and data[start] == etf.VERSION:
-                try:
-                    term, _ = etf.decode(data[start:start + term_size])
-                    out.append(term)
-                except etf.EtfError:
-                    pass
-        o = data.find(DETS_ACTIVE, o + 4)
+        # a slot's block holds every object whose key hashes to it: <<Size, ACTIVE, (TermSize, Term)*>>
+        (block,) = struct.unpack_from(">I", data, o - 4)
+        block_end = o - 4 + block if 8 < block <= len(data) - (o - 4) else o + 8
+        pos = o + 4
+        while pos + 4 <= len(data):
+            (obj_size,) = struct.unpack_from(">I", data, pos)  # <<ObjSize:32, Term>>, ObjSize counting itself
+            start = pos + 4
+            if not (4 < obj_size <= len(data) - pos and data[start] == etf.VERSION):
+                break
+            try:
+                term, _ = etf.decode(data[start:pos + obj_size])
+            except etf.EtfError:
+                break
+            yield pos, term
+            pos += obj_size
+            if pos >= block_end:
+                break
+        o = data.find(DETS_ACTIVE, max(o + 4, pos), stop)
+
+
+#: DETS v9 file layout (OTP dets_v9.erl): the header words, the free-list blocks written at
+#: close (``<<Size:32, ?FREELIST_MAGIC:32, ...>>`` from the free-list pointer on, the last one
+#: ``<<12:32, ?FREELIST_MAGIC:32, 12345:32>>`` and one more word), each checked on the samples
+DETS_COOKIE = 0x00ABCDEF
+DETS_VERSION = 9
+DETS_FREELIST_MAGIC = 0x03ABCDEF
+DETS_END_WORD = 12345
+DETS_HEADER = struct.Struct(">IIIII")  # free-list pointer, cookie, closed properly, type, version
+DETS_COUNTS = struct.Struct(">II")  # at 32: objects, keys
+DETS_MAX_FREE_BLOCKS = 1 << 20
+
+
+def _damaged(message: str, path: Path, offset: int | None, **details) -> Finding:
+    return Finding("term-file-damaged", message, str(path), offset, details=details)
+
+
+def dets_findings(path: Path, data=None) -> list[Finding]:
+    """``term-file-damaged`` for a DETS table (``recovery.dets``, ``schema.DAT``, Ra's
+    ``meta.dets``/``names.dets``, MQTT's retained-message tables): a header that is no DETS v9
+    header; and, for a table closed properly (open ones are repaired by OTP, as after kill -9),
+    free lists that do not end exactly at the end of the file (torn, or bytes appended) and an
+    object count other than the header's (an object lost, torn or duplicated)."""
+    data = map_file(path) if data is None else data
+    size = len(data)
+    if size < 40:
+        return [_damaged(f"a DETS table of {size} bytes: shorter than its header", path, 0, size=size)]
+    fl, cookie, closed, _, version = DETS_HEADER.unpack_from(data, 0)
+    if cookie != DETS_COOKIE or version != DETS_VERSION:
+        return [_damaged(f"no DETS v9 header (cookie {cookie:#x}, version {version})", path, 4)]
+    if fl > size:  # open or closed, the pointer never lies past the end (checked on every sample)
+        return [_damaged(f"the header's free-list pointer {fl} lies past the end of the file ({size} bytes): "
+                         "the table is torn", path, 0, free_list_pointer=fl, size=size)]
+    if closed != 1:
+        return []  # not closed properly: OTP repairs it when it opens it (the state after kill -9)
+    if fl < 40:
+        return [_damaged(f"the header's free-list pointer {fl} lies inside the header: the table is damaged",
+                         path, 0, free_list_pointer=fl, size=size)]
+    o = fl
+    for _ in range(DETS_MAX_FREE_BLOCKS):
+        if o + 12 > size:
+            return [_damaged(f"the file ends inside its free lists at {o} ({size} bytes): the table is torn",
+                             path, o, size=size)]
+        block, magic, word = struct.unpack_from(">III", data, o)
+        if magic != DETS_FREELIST_MAGIC or block < 8:
+            return [_damaged(f"bad free-list block at {o} (size {block}, magic {magic:#x}): the table is damaged",
+                             path, o)]
+        if block == 12 and word == DETS_END_WORD:
+            end = o + 16
+            break
+        o += block
+    else:
+        return []  # more free-list blocks than any table has: a hostile chain, not followed further
+    out = []
+    if end < size:
+        out.append(_damaged(f"{size - end} bytes after the end of the table's free lists: junk appended or "
+                            "a torn rewrite", path, end, extra_bytes=size - end))
+    elif end > size:
+        out.append(_damaged("the file ends inside its last free-list block: the table is torn", path, size - 4))
+    (objects, _) = DETS_COUNTS.unpack_from(data, 32)
+    extents = data_extents(path, size) if size > (64 << 20) else None
+    found, last = 0, 32
+    for off, _ in _dets_objects(data, fl, extents):  # counted, not kept
+        found, last = found + 1, off
+    if found != objects:
+        out.append(_damaged(f"the header records {objects} objects, {found} are found: an object is "
+                            f"{'missing or torn' if found < objects else 'extra (copied or injected)'}",
+                            path, last if found > objects else 32, recorded=objects, found=found))
     return out
+
+
+def disk_log_findings(path: Path, data=None, table_dump: bool | None = None) -> list[Finding]:
+    """``term-file-damaged`` for a disk_log (Mnesia ``.DCD``/``.DCL``/``.LOG``, ``*.ets``): where
+    its items stop being items (a torn tail, junk, an undecodable item), and in a table dump
+    (``.DCD``: every record once) an item repeated whole."""
+    log = read_disk_log(path, map_file(path) if data is None else data)
+    out = []
+    if log.error is not None:
+        out.append(_damaged(f"{log.error.message}: the items after it are lost", path, log.error.offset))
+    if table_dump if table_dump is not None else str(path).endswith(".DCD"):
+        seen: dict[str, int] = {}
+        for off, item in zip(log.offsets, log.items):
+            key = repr(item)
+            if len(key) > 1 << 16:
+                continue
+            if key in seen:
+                out.append(_damaged(f"item at {off} repeats the item at {seen[key]}: a table dump holds each "
+                                    "record once (a copied item)", path, off, copy_of_offset=seen[key]))
+            else:
+                seen[key] = off
+    return out
+
+
+def ets_findings(path: Path) -> list[Finding]:
+    """``term-file-damaged`` for an ``ets:tab2file`` dump (``file_summary.ets``,
+    ``msg_store_index.ets``): damaged items, and an end marker whose count differs from the
+    objects found (an item lost or added); no end marker at all is a torn dump."""
+    data = map_file(path)
+    out = disk_log_findings(path, data, table_dump=False)
+    log = read_disk_log(path, data)
+    if log.error is not None or log.closed is None:
+        return out
+    items = log.items[1:]
+
+    def is_end(item) -> bool:
+        return isinstance(item, list) and bool(item) and item[0] == "$end_of_table"
+
+    if not (items and is_end(items[-1])):
+        marker = next((k for k, it in enumerate(items) if is_end(it)), None)
+        if marker is not None:  # items after the end marker: appended (ets:file2tab rejects the file)
+            out.append(_damaged(f"{len(items) - marker - 1} items after the '$end_of_table' marker: extra items",
+                                path, log.offsets[marker + 2], extra_items=len(items) - marker - 1))
+        else:
+            out.append(_damaged("no '$end_of_table' marker: the dump is torn (the broker rebuilds from the files)",
+                                path, log.offsets[-1] if log.offsets else 0))
+        return out
+    table = read_ets(path, log)
+    if not table.complete:
+        counts = textfiles.proplist(items[-1][1]) if len(items[-1]) > 1 else {}
+        out.append(_damaged(f"the end marker records {counts.get('count')} objects, {len(table.objects)} are "
+                            "found: an item is missing or extra", path, log.offsets[-1],
+                            recorded=counts.get("count"), found=len(table.objects)))
+    return out
+
+
+#: Ra WAL (ra_log_wal.erl, checked on every sample): "RAWA", version 1, then records
+#: ``<<Trunc:1, Known:1, IdRef:22, [IdLen:16, UId]?, Adler32:32, Len:32, Idx:64, Term:64, Data:Len>>``
+#: (the UId only where ``Known`` is 0); the checksum is adler32 of ``<<Idx, Term, Data>>``
+RA_WAL_MAGIC = b"RAWA"
+
+
+def wal_findings(path: Path, data=None) -> list[Finding]:
+    """``term-file-damaged`` for a Ra write-ahead log (Khepri's metadata, quorum queues): the
+    first record that is torn (runs past the end), fails its checksum, or is no record (junk);
+    Ra's recovery stops there and loses what follows."""
+    import zlib
+
+    data = map_file(path) if data is None else data
+    size = len(data)
+    if size == 0:
+        return []
+    if data[:4] != RA_WAL_MAGIC:
+        return [_damaged(f"no Ra WAL header (starts {bytes(data[:5]).hex()})", path, 0)]
+    o, n = 5, 0
+    while o < size:
+        if size - o < 3 + 24:
+            if any(data[o:size]):
+                return [_damaged(f"the WAL ends inside a record header ({size - o} bytes): torn", path, o,
+                                 records=n)]
+            break
+        h = int.from_bytes(data[o:o + 3], "big")
+        p = o + 3
+        if not h >> 22 & 1:
+            if h == 0 and not any(data[o:o + 32]):
+                if any(data[o:min(size, o + (1 << 20))]):
+                    return [_damaged("bytes after the zero-filled end of the WAL: junk", path, o, records=n)]
+                break
+            uid_len = int.from_bytes(data[p:p + 2], "big")
+            p += 2 + uid_len
+        if p + 24 > size:
+            return [_damaged("the WAL ends inside a record header: torn", path, o, records=n)]
+        check, length = struct.unpack_from(">II", data, p)
+        if p + 24 + length > size:
+            return [_damaged(f"a record of {length} bytes runs past the end of the WAL: torn (or junk)", path, o,
+                             records=n)]
+        if zlib.adler32(data[p + 8:p + 24 + length]) != check:
+            return [_damaged("a record fails its checksum: damaged, or junk after the last record", path, o,
+                             records=n)]
+        n += 1
+        o = p + 24 + length
+    return []
 
 
 def recovery_terms(path: Path) -> dict[str, dict]:
@@ -144,14 +339,19 @@ def clean_dot(path: Path) -> dict | None:
 
 
 def dump_dets(path: Path, segment_entry_count: int | None = None):
-    """The per-object listing of a DETS file (``dump``) as ``(row, None)`` pairs."""
-    for obj in read_dets_objects(path):
-        yield {"kind": "object", "term": etf.format_term(obj)}, None
+    """The per-object listing of a DETS file (``dump``) as ``(row, None)`` pairs: objects are
+    found one at a time in the mapped file (never the whole file in memory)."""
+    data = map_file(path)
+    extents = data_extents(path, len(data)) if len(data) > (64 << 20) else None
+    for off, obj in _dets_objects(data, extents=extents):
+        yield {"offset": off, "kind": "object", "term": etf.format_term(obj)}, None
+    for f in dets_findings(path, data):
+        yield {"offset": f.offset, "kind": "problem", "status": f"{f.code}: {f.message}"}, None
 
 
 def dump_disk_log(path: Path, segment_entry_count: int | None = None):
-    """The per-item listing of a disk_log (``dump``) as ``(row, None)`` pairs."""
-    log = read_disk_log(path)
+    """The per-item listing of a disk_log (``dump``) as ``(row, None)`` pairs (mapped)."""
+    log = read_disk_log(path, map_file(path))
     yield {"kind": "header", "closed_properly": log.closed}, None
     for off, item in zip(log.offsets, log.items):
         yield {"offset": off, "kind": "item", "term": etf.format_term(item)}, None

@@ -10,6 +10,7 @@ after the ack, a truncated publish that leaves the segment misaligned) are findi
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +18,10 @@ from cqforensics.findings import Finding
 from cqforensics.schema import TS, fits
 from cqforensics.grammar import idx as c_idx
 from cqforensics.grammar import jif as c_jif
-from cqforensics.readers.files import read_bytes
+from cqforensics.readers.files import map_file, read_bytes
+
+_NONZERO = re.compile(rb"[^\x00]")
+_ALL_ZERO_CHECK = 256 << 20  # a CQv1 segment is at most ~70 MB (16384 publishes of 4 kB)
 
 _HEAD = c_idx.HEAD.unpack_from
 _PUB = c_idx.PUB.unpack_from
@@ -70,9 +74,11 @@ def parse_segment(path: Path, number: int, count: int, data: bytes, out: V1Index
     state: dict[int, list] = {}
     base = number * count
     end = len(data)
-    if end and not any(data):
-        out.findings.append(Finding("unknown-file", "segment holds only NUL bytes: the broker deletes it",
-                                    str(path), 0))
+    if end and not data[0] and (end > _ALL_ZERO_CHECK or _NONZERO.search(data) is None):
+        # (a huge file starting with NUL bytes is no segment either: not scanned for a non-zero byte)
+        what = ("starts with NUL bytes (not scanned further: too large)" if end > _ALL_ZERO_CHECK
+                else "holds only NUL bytes")
+        out.findings.append(Finding("unknown-file", f"segment {what}: the broker deletes it", str(path), 0))
         return state
     o = 0
     while o < end:
@@ -95,6 +101,14 @@ def parse_segment(path: Path, number: int, count: int, data: bytes, out: V1Index
             if not fits(expiry, TS):
                 out.findings.append(Finding.out_of_range("expiry", expiry, path, o))
             out.records.append(rec)
+            if rel in state:  # QI1 parse_segment_entries: array:set keeps the later one, and counts both
+                first = state[rel][0]
+                out.findings.append(Finding("index-duplicate-entry", f"second publish record for RelSeq {rel} "
+                                            f"(seq id {base + rel}) in this segment (the first at offset "
+                                            f"{first.offset}): a copied record; the broker keeps this one and "
+                                            "miscounts the segment's unacked entries", str(path), o,
+                                            details={"seq_id": base + rel, "copy_of_offset": first.offset,
+                                                     "same_message": first.msg_id == msg_id}))
             state[rel] = [rec, False, False]
             o += c_idx.PUB_HEAD_SIZE + emb
         elif head & 0x4000:  # deliver or ack
@@ -252,16 +266,17 @@ def _dump_rows(path: Path, data: bytes, out: V1Index):
 
 
 def dump_segment(path: Path, segment_entry_count: int):
-    """The per-record listing of one ``.idx`` segment (``dump``) as ``(row, term)`` pairs."""
-    data = read_bytes(path)
+    """The per-record listing of one ``.idx`` segment (``dump``) as ``(row, term)`` pairs; the
+    file is mapped, never read whole into memory."""
+    data = map_file(path)
     out = V1Index()
     parse_segment(path, int(path.stem) if path.stem.isdigit() else 0, segment_entry_count, data, out)
     yield from _dump_rows(path, data, out)
 
 
 def dump_journal(path: Path, segment_entry_count: int):
-    """The per-record listing of a ``journal.jif`` (``dump``) as ``(row, term)`` pairs."""
-    data = read_bytes(path)
+    """The per-record listing of a ``journal.jif`` (``dump``) as ``(row, term)`` pairs (mapped)."""
+    data = map_file(path)
     out = V1Index()
     parse_journal(path, segment_entry_count, data, out)
     yield from _dump_rows(path, data, out)

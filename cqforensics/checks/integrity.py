@@ -1,0 +1,264 @@
+"""Silent damage: copies and swaps the broker reads without a complaint, and torn or extra
+items in the files it keeps beside the queues (issue 12).
+
+* ``QueueIntegrity`` (fed the chunks of one queue dir as ``check_vhost`` scans them): the same
+  shared-store message id at two seq ids of one queue (a ``.qi`` slot or CQv1 record copied over
+  another, across segments; copies inside one segment are the readers' own findings), CQv1
+  ``.idx`` segments swapped (each holds the unacked count a clean stop recorded for the other;
+  a swapped ``.qi`` names its own segment in its header: the reader's finding), and junk after
+  the last entry of a ``.qs`` (past every entry the ``.qi`` refers to). After a dirty stop
+  nothing records which seq ids a CQv1 segment held: a swap is not detectable then.
+* ``vhost_file_findings``: ``recovery.dets`` and the stores' ``.ets`` dumps.
+* ``node_findings``: the node-level files (Mnesia ``.DCD``/``.DCL``/``.LOG``/``.DAT``, Khepri's
+  Ra WAL and DETS tables under ``coordination/``, other ``.dets`` tables), and every FIFO,
+  socket or device named like one (``not-regular-file``; never opened).
+
+The byte-level rules are the readers' (``readers.terms``, ``readers.qs.scan_entries``); this
+module only decides which files to ask about and places the findings.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from cqforensics.codes import Location, RecordKind
+from cqforensics.errors import CQError
+from cqforensics.findings import Finding
+from cqforensics.model.index import IndexChunk
+from cqforensics.model.vhost import NodeScan, VhostScan
+from cqforensics.readers import files as r_files
+from cqforensics.readers import qs as r_qs
+from cqforensics.readers import registry
+from cqforensics.readers import terms as r_terms
+
+#: node-level files the broker (or OTP) keeps in the node dir, by name or extension
+NODE_FILES = ("cluster_nodes.config", "nodes_running_at_shutdown", "node-type.txt", "rabbit_serial",
+              "schema_version", "schema.DAT", "LATEST.LOG", "PREVIOUS.LOG", "DECISION_TAB.LOG")
+NODE_SUFFIXES = (".DCD", ".DCL", ".LOG", ".DAT", ".dets", ".config", ".BUP", ".TMP")
+#: dirs of the node dir whose every file belongs to the broker (Khepri/Ra, quorum queues)
+NODE_DIRS = ("coordination", "quorum")
+MAX_WALK = 10_000  # files looked at per node-level dir (a hostile tree cannot make this unbounded)
+
+
+class QueueIntegrity:
+    """The integrity checks of one queue dir, fed its index chunks one at a time."""
+
+    def __init__(self, vs: VhostScan):
+        self.vs = vs
+        self.files: list[Path] = []  # every index file seen; ``parts`` name them by position here
+        self.parts: list[tuple[np.ndarray, ...]] = []  # (msg id, seq id, file, offset, version) per chunk
+        self.v1: list[IndexChunk] = []
+        self.out: list[Finding] = []
+
+    def add(self, qx: IndexChunk) -> None:
+        r = qx.rec
+        kind = r.kind
+        held = (r.loc == Location.SHARED_STORE) & ((kind == RecordKind.PUBLISH) | (kind == RecordKind.GHOST))
+        sel = np.flatnonzero(held)
+        if len(sel):
+            base = len(self.files)
+            self.files += qx.files
+            self.parts.append((r.msg_id[sel], r.seq[sel], r.file[sel].astype(np.int64) + base, r.offset[sel],
+                               np.full(len(sel), qx.version or 0, np.int8)))
+        if qx.version == 1:
+            self.v1.append(qx)
+        elif qx.segment is not None:
+            self.out += qs_trailing(qx)
+
+    def findings(self) -> list[Finding]:
+        out = self.out + self._duplicates()
+        for qx in self.v1:
+            out += v1_swapped(self.vs, qx) or []
+        return out
+
+    def _duplicates(self) -> list[Finding]:
+        """The same message id at two seq ids of the queue, in two files (v2) or anywhere (v1)."""
+        if not self.parts:
+            return []
+        ids, seq, fpos, offset, version = (np.concatenate(c) for c in zip(*self.parts))
+        order = np.argsort(seq, kind="stable")
+        ids, seq, fpos, offset, version = ids[order], seq[order], fpos[order], offset[order], version[order]
+        _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+        first_of = first[inverse.ravel()]
+        out = []
+        for k in np.flatnonzero(first_of != np.arange(len(ids))).tolist():
+            j = int(first_of[k])
+            if seq[k] == seq[j]:
+                continue  # a CQv1 journal publish of a seq id its segment also holds: the same publish
+            path, path_j = self.files[int(fpos[k])], self.files[int(fpos[j])]
+            if version[k] == 2 and path == path_j:
+                continue  # inside one .qi: the reader's own finding
+            out.append(Finding("index-duplicate-entry", f"seq id {int(seq[k])} refers to the same shared-store "
+                               f"message as seq id {int(seq[j])} ({os.fsdecode(path_j.name)} at {int(offset[j])}): "
+                               "a copied slot or record; the broker delivers the message twice", str(path),
+                               int(offset[k]), details={"seq_id": int(seq[k]), "copy_of_seq_id": int(seq[j]),
+                                                        "copy_of_file": str(path_j), "copy_of_offset": int(offset[j]),
+                                                        "msg_id": ids[k].tobytes().hex()}))
+        return out
+
+
+def qs_trailing(qx: IndexChunk) -> list[Finding]:
+    """``qs-trailing-garbage``: bytes after the last entry of the chunk's ``.qs`` (past every
+    entry its ``.qi`` refers to, live or dropped) that are neither entries nor zeros."""
+    path = qx.qs_path
+    if path is None:
+        return []
+    r = qx.rec
+    sel = r.loc == Location.QUEUE_STORE
+    try:
+        size = r_files.file_size(path)
+    except CQError:
+        return []
+    start = r_qs.first_entry_offset()
+    starts, lengths = r_qs.entry_span(r.store_offset[sel], r.store_size[sel])
+    ends = starts + lengths
+    ends = ends[ends <= size]  # a slot pointing past the end is qs-entry-missing's
+    if len(ends):
+        start = max(start, int(ends.max()))
+    hit = r_qs.trailing_garbage(path, start)
+    if hit is None:
+        return []
+    off, length = hit
+    return [Finding("qs-trailing-garbage", f"{length} bytes after the last entry the index refers to are no entry "
+                    "(junk appended, or a torn write)", str(path), off, details={"length": length})]
+
+
+def _recovery_terms(vs: VhostScan) -> dict:
+    """The vhost's recovery terms (read once per scan)."""
+    cached = vs.__dict__.get("_integrity_recovery_terms")
+    if cached is None:
+        try:
+            cached = r_terms.recovery_terms(vs.vhost.recovery_dets)
+        except CQError:
+            cached = {}
+        vs.__dict__["_integrity_recovery_terms"] = cached
+    return cached
+
+
+def v1_swapped(vs: VhostScan, qx: IndexChunk) -> list[Finding] | None:
+    """``segment-misplaced`` for CQv1 ``.idx`` segments from the broker's own record: a clean
+    stop stores each segment's unacked count in the recovery terms (``{segments, [{Seg, N}]}``,
+    QI1 terminate). Two segments each holding the count recorded for the other were swapped (or
+    renamed into each other's place). None when no counts are recorded (a dirty stop)."""
+    terms = _recovery_terms(vs).get(qx.qdir.dir_name)
+    recorded = terms.get("segments") if isinstance(terms, dict) else None
+    if not isinstance(recorded, list):
+        return None
+    rec_counts = {s: n for s, n in (x for x in recorded if isinstance(x, tuple) and len(x) == 2)
+                  if isinstance(s, int) and isinstance(n, int)}
+    r = qx.rec
+    held: dict[int, tuple[int, Path]] = {}
+    for fpos, (number, path) in enumerate(qx.qdir.idx):
+        sel = r.file == fpos
+        held[number] = (int(((r.kind == RecordKind.PUBLISH) & sel).sum() - ((r.kind == RecordKind.ACK) & sel).sum()),
+                        path)
+    out = []
+    for number, (count, path) in sorted(held.items()):
+        want = rec_counts.get(number)
+        if want is None or want == count:
+            continue
+        partners = [m for m, (c, _) in held.items() if m != number and rec_counts.get(m) == count
+                    and c == want]
+        if partners:
+            out.append(Finding("segment-misplaced", f"segment {number} holds {count} unacked entries, the count "
+                               f"the clean shutdown recorded for segment {partners[0]} (and {partners[0]} holds the "
+                               f"{want} recorded for {number}): the segment files were swapped; the broker reads "
+                               "their records under each other's seq ids", str(path), 0,
+                               details={"segment": number, "holds": count, "recorded": want,
+                                        "swapped_with": partners[0], "evidence": "recovery terms"}))
+    return out
+
+
+def vhost_file_findings(vs: VhostScan) -> list[Finding]:
+    """``term-file-damaged`` for the vhost's ``recovery.dets`` and its stores' ``.ets`` dumps."""
+    out = []
+    if r_files.is_regular(vs.vhost.recovery_dets):
+        out += _safe(r_terms.dets_findings, vs.vhost.recovery_dets)
+    for st in vs.vhost.stores.values():
+        for p in (st.file_summary, st.msg_store_index):
+            if r_files.is_regular(p):
+                out += _safe(r_terms.ets_findings, p)
+    return out
+
+
+def _safe(check, path: Path) -> list[Finding]:
+    try:
+        return check(path)
+    except CQError:  # unreadable, or swapped for a FIFO since listed: never read
+        return []
+
+
+def _node_file(name: str) -> bool:
+    return name in NODE_FILES or name.endswith(NODE_SUFFIXES) or registry.kind_of(name, "node") is not None
+
+
+def node_findings(ns: NodeScan) -> list[Finding]:
+    """The node-level files: ``not-regular-file`` for a FIFO, socket, device or dangling link
+    named like one (the node dir's own files, ``<node>-feature_flags`` beside it, and everything
+    under ``coordination/`` and ``quorum/``), and ``term-file-damaged`` for a damaged Mnesia log
+    or table, Khepri WAL or DETS table."""
+    node = ns.node.path
+    out: list[Finding] = []
+    candidates: list[Path] = [node.parent / f"{node.name}-feature_flags"]
+    try:
+        with os.scandir(node) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except OSError:
+        entries = []
+    for e in entries:
+        if e.name in NODE_DIRS:
+            candidates += _walk(Path(e.path))
+        elif e.name != "msg_stores" and _node_file(e.name):
+            candidates.append(Path(e.path))
+    for p in candidates:
+        out += [Finding(f.code, f.message, f.file, f.offset, f.severity, details={**f.details, "place": "node"})
+                for f in _node_file_findings(node, p)]
+    return out
+
+
+def _node_file_findings(node: Path, p: Path) -> list[Finding]:
+    """One node-level file: what it is if not a regular file, else its damage (by kind)."""
+    out: list[Finding] = []
+    try:
+        what = r_files.file_type(p)
+    except FileNotFoundError:
+        return out
+    except OSError as err:
+        what = f"unreadable ({err.strerror})"
+    if what == "a directory":
+        return out
+    if what is not None:
+        out.append(Finding("not-regular-file", f"{what}, not a regular file: never read", str(p)))
+        return out
+    name = p.name
+    in_coord = "coordination" in p.relative_to(node).parts if p.is_relative_to(node) else False
+    if name.endswith((".DCD", ".DCL", ".LOG")):
+        out += _safe(r_terms.disk_log_findings, p)
+    elif (name.endswith((".dets", ".DAT")) and p.parent == node) or (in_coord and name.endswith(".dets")):
+        out += _safe(r_terms.dets_findings, p)
+    elif in_coord and name.endswith(".wal"):
+        out += _safe(r_terms.wal_findings, p)
+    return out
+
+
+def _walk(root: Path) -> list[Path]:
+    """Every non-dir entry below ``root`` (symlinks not followed into), at most MAX_WALK."""
+    out: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for n in sorted(filenames):
+            out.append(Path(dirpath) / n)
+            if len(out) >= MAX_WALK:
+                return out
+        # a dir entry that is a symlink to nowhere is listed among dirnames by some systems: keep it
+        for d in list(dirnames):
+            p = Path(dirpath) / d
+            if p.is_symlink() and not p.exists():
+                out.append(p)
+    return out
+
+
+__all__ = ["QueueIntegrity", "node_findings", "qs_trailing", "v1_swapped", "vhost_file_findings"]

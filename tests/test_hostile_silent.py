@@ -1,0 +1,300 @@
+"""Silent damage becomes findings; dumps stream; node-level special files never block (issue 12).
+
+Every test damages a private copy of a real sample at test time (``conftest.copy_node``,
+``tests/damage.py``); the damage is the only hand-made part. Each asserts the code, the file and
+the offset of the finding, never message text."""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import cqforensics
+import damage
+from conftest import ROOT, SAMPLES, copy_node
+from cqforensics.grammar import qi as c_qi
+from cqforensics.readers import terms as r_terms
+from cqforensics.readers import v1 as r_v1
+
+VHOSTS = "msg_stores/vhosts/*"
+
+
+def findings(node: Path) -> set[tuple[str, str | None, int | None]]:
+    """(code, file name relative to the node dir's parent, offset) of every finding."""
+    rows = cqforensics.read_table(node, "findings").to_pylist()
+    return {(f["code"], os.path.relpath(f["file"], node.parent) if f["file"] else None, f["offset"]) for f in rows}
+
+
+def codes_at(node: Path, path: Path) -> set[tuple[str, int | None]]:
+    rel = os.path.relpath(path, node.parent)
+    return {(c, o) for c, f, o in findings(node) if f == rel}
+
+
+def _used_slots(data: bytes, loc: int | None = None) -> list[int]:
+    n = (len(data) - c_qi.HEADER_SIZE) // c_qi.ENTRY_SIZE
+    return [i for i in range(n) if data[c_qi.HEADER_SIZE + i * 32] == 1
+            and (loc is None or data[c_qi.HEADER_SIZE + i * 32 + 3] == loc)]
+
+
+def _slot(i: int) -> slice:
+    return slice(c_qi.HEADER_SIZE + i * c_qi.ENTRY_SIZE, c_qi.HEADER_SIZE + (i + 1) * c_qi.ENTRY_SIZE)
+
+
+# -- index copies and swaps ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("loc", [1, 2])
+def test_qi_slot_copied_over_another_is_a_duplicate_at_the_copy(tmp_path, loc):
+    node = copy_node("4.3.6-clean", tmp_path / "m")
+    for qi in sorted(node.glob(f"{VHOSTS}/queues/*/*.qi")):
+        data = bytearray(qi.read_bytes())
+        used = _used_slots(data, loc)
+        if len(used) >= 2:
+            break
+    else:
+        pytest.skip(f"no .qi with two live slots of location {loc}")
+    a, b = used[0], used[-1]
+    data[_slot(b)] = data[_slot(a)]
+    qi.write_bytes(bytes(data))
+    assert ("index-duplicate-entry", _slot(b).start) in codes_at(node, qi)
+
+
+def test_qi_slot_copied_into_another_segment_is_a_duplicate(tmp_path):
+    node = copy_node("3.10.8-segments", tmp_path / "m")
+    q = next(p.parent for p in node.glob(f"{VHOSTS}/queues/*/2.qi"))
+    one, two = bytearray((q / "1.qi").read_bytes()), bytearray((q / "2.qi").read_bytes())
+    src = _used_slots(one, 1)
+    dst = _used_slots(two)
+    if not src:  # the sample's messages are all in the .qs: make one a shared-store slot, a copy of another
+        pytest.skip("no shared-store slot in 1.qi")
+    two[_slot(dst[0])] = one[_slot(src[0])]
+    (q / "2.qi").write_bytes(bytes(two))
+    assert ("index-duplicate-entry", _slot(dst[0]).start) in codes_at(node, q / "2.qi")
+
+
+def test_qi_segments_swapped_are_misplaced(tmp_path):
+    node = copy_node("3.10.8-segments", tmp_path / "m")
+    q = next(p.parent for p in node.glob(f"{VHOSTS}/queues/*/2.qi"))
+    one, two = (q / "1.qi").read_bytes(), (q / "2.qi").read_bytes()
+    (q / "1.qi").write_bytes(two)
+    (q / "2.qi").write_bytes(one)
+    assert ("segment-misplaced", 5) in codes_at(node, q / "1.qi")
+    assert ("segment-misplaced", 5) in codes_at(node, q / "2.qi")
+
+
+def _publishes(path: Path, number: int, count: int) -> list:
+    out = r_v1.V1Index()
+    r_v1.parse_segment(path, number, count, path.read_bytes(), out)
+    return [r for r in out.records if r.kind == "publish"]
+
+
+def test_v1_publish_record_copied_over_another_is_a_duplicate_seq_id(tmp_path):
+    node = copy_node("3.10.8-segments", tmp_path / "m")
+    idx = next(node.glob(f"{VHOSTS}/queues/*/2.idx"))
+    pubs = _publishes(idx, 2, 32)
+    a = pubs[0]
+    b = next(r for r in pubs[1:] if r.embedded_size == a.embedded_size)
+    length = 34 + a.embedded_size  # a publish record: 34-byte head and its embedded message
+    data = bytearray(idx.read_bytes())
+    data[b.offset:b.offset + length] = data[a.offset:a.offset + length]
+    idx.write_bytes(bytes(data))
+    assert ("index-duplicate-entry", b.offset) in codes_at(node, idx)
+
+
+def test_v1_segments_swapped_are_misplaced_by_the_recorded_counts(tmp_path):
+    node = copy_node("3.10.8-segments", tmp_path / "m")
+    q = next(p.parent for p in node.glob(f"{VHOSTS}/queues/*/2.idx"))
+    one, two = (q / "1.idx").read_bytes(), (q / "2.idx").read_bytes()
+    (q / "1.idx").write_bytes(two)
+    (q / "2.idx").write_bytes(one)
+    assert ("segment-misplaced", 0) in codes_at(node, q / "1.idx")
+    assert ("segment-misplaced", 0) in codes_at(node, q / "2.idx")
+
+
+def test_qs_junk_after_the_last_entry(tmp_path):
+    node = copy_node("4.3.6-clean", tmp_path / "m")
+    qs = max(node.glob(f"{VHOSTS}/queues/*/*.qs"), key=lambda p: p.stat().st_size)
+    size = qs.stat().st_size
+    damage.junk(qs, size, 200, seed=3)  # 200 junk bytes appended
+    assert ("qs-trailing-garbage", size) in codes_at(node, qs)
+
+
+def test_no_silent_damage_codes_on_the_healthy_samples():
+    """The new checks never fire on what real brokers wrote (every sample, clean and kill -9)."""
+    from conftest import datasets
+
+    new = {"index-duplicate-entry", "segment-misplaced", "qs-trailing-garbage", "term-file-damaged",
+           "not-regular-file"}
+    for ds in datasets():
+        got = {c for c, _, _ in findings(SAMPLES / ds / "mnesia") if c in new}
+        assert not got, (ds, got)
+
+
+# -- Mnesia, Khepri, DETS, ets ---------------------------------------------------------------------
+
+def test_dcd_torn_junk_and_repeated_items(tmp_path):
+    """The samples' table dumps are header-only (their records are in the .DCL logs): an item of
+    the .DCL framed into the .DCD twice is a repeated item; the .DCL torn mid-item, and junk
+    after the .DCD's header, are where the items stop."""
+    node = copy_node("3.10.8-clean", tmp_path / "m")
+    dcd, dcl = node / "rabbit_durable_queue.DCD", node / "rabbit_durable_queue.DCL"
+    first = r_terms.read_disk_log(dcl).offsets[0]
+    item, size = dcl.read_bytes()[first:], dcd.stat().st_size
+    with open(dcd, "ab") as f:
+        f.write(item + item)
+    assert ("term-file-damaged", size + len(item)) in codes_at(node, dcd)
+    damage.truncate(dcd, size)
+    damage.junk(dcd, size, 12, seed=5)
+    assert ("term-file-damaged", size + 4) in codes_at(node, dcd)  # the bad item magic
+    damage.truncate(dcl, dcl.stat().st_size - 3)  # its last item torn
+    assert ("term-file-damaged", first) in codes_at(node, dcl)
+
+
+def test_transaction_log_junk(tmp_path):
+    node = copy_node("4.0.5-kill", tmp_path / "m")
+    log = node / "LATEST.LOG"
+    size = log.stat().st_size
+    with open(log, "ab") as f:
+        f.write(b"\x00\x00")
+    assert ("term-file-damaged", size) in codes_at(node, log)
+
+
+def test_khepri_wal_torn_and_junk(tmp_path):
+    node = copy_node("4.2.2-clean", tmp_path / "m")
+    wal = next(node.glob("coordination/*/*.wal"))
+    size = wal.stat().st_size
+    damage.truncate(wal, size - 1)
+    torn = {o for c, o in codes_at(node, wal) if c == "term-file-damaged"}
+    assert len(torn) == 1 and 5 <= next(iter(torn)) < size
+    wal.write_bytes((SAMPLES / "4.2.2-clean" / "mnesia" / wal.relative_to(node.parent)).read_bytes())
+    with open(wal, "ab") as f:
+        f.write(bytes(range(7, 90)))
+    assert ("term-file-damaged", size) in codes_at(node, wal)
+
+
+def test_recovery_dets_junk_torn_and_extra_object(tmp_path):
+    node = copy_node("3.10.8-clean", tmp_path / "m")
+    dets = max(node.glob(f"{VHOSTS}/recovery.dets"), key=lambda p: p.stat().st_size)
+    original, size = dets.read_bytes(), dets.stat().st_size
+    with open(dets, "ab") as f:
+        f.write(b"junk")
+    assert ("term-file-damaged", size) in codes_at(node, dets)
+    damage.truncate(dets, size - 6)
+    assert any(c == "term-file-damaged" for c, _ in codes_at(node, dets))
+    (objects,) = struct.unpack_from(">I", original, 32)
+    dets.write_bytes(original[:32] + struct.pack(">I", objects - 1) + original[36:])  # one more than recorded
+    assert any(c == "term-file-damaged" for c, _ in codes_at(node, dets))
+
+
+def test_khepri_meta_dets_and_store_ets(tmp_path):
+    node = copy_node("4.3.6-clean", tmp_path / "m")
+    meta = next(node.glob("coordination/*/meta.dets"))
+    size = meta.stat().st_size
+    with open(meta, "ab") as f:
+        f.write(b"\x01\x02")
+    assert ("term-file-damaged", size) in codes_at(node, meta)
+    ets = next(node.glob(f"{VHOSTS}/msg_store_persistent/msg_store_index.ets"))
+    log = r_terms.read_disk_log(ets)
+    original = ets.read_bytes()
+    ets.write_bytes(original + original[log.offsets[1]:log.offsets[2]])  # an object item after the end marker
+    assert ("term-file-damaged", len(original)) in codes_at(node, ets)
+    ets.write_bytes(original)
+    damage.truncate(ets, log.offsets[-1] + 3)
+    assert ("term-file-damaged", log.offsets[-1]) in codes_at(node, ets)
+
+
+def test_dets_left_open_by_kill_and_truncated_is_torn(tmp_path):
+    """A table open at kill -9 (not closed properly: OTP repairs it) cut below the size its header
+    recorded when it was opened (fuzz seed 4041)."""
+    node = copy_node("4.3.6-kill", tmp_path / "m")
+    meta = next(node.glob("coordination/*/meta.dets"))
+    assert struct.unpack_from(">I", meta.read_bytes(), 8)[0] != 1  # left open by the kill
+    damage.truncate(meta, 684)
+    assert ("term-file-damaged", 0) in codes_at(node, meta)
+
+
+# -- node-level special files ----------------------------------------------------------------------
+
+NODE_LEVEL = ["rabbit_durable_queue.DCD", "cluster_nodes.config", "schema.DAT", "LATEST.LOG", "FEATURE_FLAGS",
+              "nodes_running_at_shutdown", "node-type.txt", "rabbit_serial", "coordination/*/meta.dets",
+              "coordination/*/*.wal", "quorum/*/names.dets"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs")
+@pytest.mark.parametrize("name", NODE_LEVEL)
+def test_node_level_fifo_is_a_finding_and_never_blocks(tmp_path, name):
+    node = copy_node("4.0.5-clean", tmp_path / "m")
+    if name == "FEATURE_FLAGS":
+        target = node.parent / f"{node.name}-feature_flags"
+    else:
+        target = next(node.glob(name))
+    target.unlink()
+    os.mkfifo(target)
+    code = textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        import cqforensics
+        rows = cqforensics.read_table({str(node)!r}, "findings").to_pylist()
+        print(json.dumps([[r["code"], r["file"]] for r in rows]))
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-1500:]
+    import json
+
+    assert ["not-regular-file", str(target)] in json.loads(p.stdout)
+
+
+# -- dump streams: a sparse 50 GB file, bounded memory --------------------------------------------------
+
+def _dump_in_child(path: Path) -> tuple[int, float, int, str]:
+    """``cqforensics dump PATH`` in a child: (exit code, seconds, peak RSS in MB of the children, tail)."""
+    import time
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", "import sys; from cli.main import main; sys.exit(main(sys.argv[1:]))",
+                        "dump", str(path)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                       timeout=120)
+    wall = time.monotonic() - t0
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    assert peak >= before
+    return p.returncode, wall, peak // 1024, p.stderr[-800:]
+
+
+def _sparse(path: Path, head: bytes, size: int = 50 << 30, tail: bytes = b"") -> Path:
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(size)
+        if tail:
+            f.seek(size - len(tail))
+            f.write(tail)
+    if os.stat(path).st_blocks * 512 > 64 << 20:
+        pytest.skip("the file system does not keep sparse files")
+    return path
+
+
+def test_dump_of_sparse_50gb_qs_qi_idx_dets_is_fast_and_small(tmp_path):
+    src = copy_node("4.3.6-clean", tmp_path / "m")
+    qs_src = max(src.glob(f"{VHOSTS}/queues/*/*.qs"), key=lambda p: p.stat().st_size).read_bytes()
+    qi_src = max(src.glob(f"{VHOSTS}/queues/*/*.qi"), key=lambda p: p.stat().st_size).read_bytes()
+    v1 = copy_node("3.10.8-clean", tmp_path / "v1")
+    idx_src = max(v1.glob(f"{VHOSTS}/queues/*/*.idx"), key=lambda p: p.stat().st_size).read_bytes()
+    dets_src = max(v1.glob(f"{VHOSTS}/recovery.dets"), key=lambda p: p.stat().st_size).read_bytes()
+    d = tmp_path / "sparse"
+    d.mkdir()
+    cases = [_sparse(d / "0.qs", qs_src, tail=qs_src[-4096:]), _sparse(d / "0.qi", qi_src),
+             _sparse(d / "0.idx", idx_src), _sparse(d / "recovery.dets", dets_src, tail=dets_src[-64:])]
+    for path in cases:
+        rc, wall, rss_mb, tail = _dump_in_child(path)
+        assert rc in (0, 4), (path.name, rc, tail)
+        assert "Traceback" not in tail and "internal error" not in tail, tail
+        assert wall < 60, (path.name, wall)
+        assert rss_mb < 400, (path.name, rss_mb)
+    shutil.rmtree(d)
