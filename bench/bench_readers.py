@@ -1,18 +1,26 @@
 #!/usr/bin/env python3
-"""Reader benchmark on a real-broker store (bench/make_store.py builds and caches it).
+"""Reader benchmark on real-broker stores (bench/make_store.py builds and caches them).
 
     python bench/bench_readers.py            # builds the stores on first use (needs root + 4.3.6)
+    python bench/bench_readers.py --quick    # one run per case instead of best of 3
 
 Reports, measured in one run on a warm page cache:
 * raw read: reading every byte of the node dir (the physical limit);
-* index-only tables (index, store without bodies, refcounts): throughput as a ratio to raw read;
-* the full ``messages`` table (bodies decoded): messages/s on one core;
-* peak RSS of each read, in a fresh process, on the store and on one 10x smaller.
-Each read is timed as the best of 3 (this VM's timings vary by +-30%).
+* every table read, with the compiled core (default) and with ``CQF_CORE=0`` (the pure-Python
+  reference), each as time, rows/s, throughput as a ratio to raw read, and core/reference;
+* the full ``messages`` decode on the fresh bench store and on the store the broker compacted
+  (make_store --compacted: zero-filled holes in every .rdq file), in messages/s, and the
+  per-message ratio fresh/compacted (issue 15's goal: within 1.2x);
+* peak RSS of each read, in a fresh process (its imports and a warm-up read of a sample
+  included), on the store and on the 10x smaller one.
+Each read is timed as the best of 3 (this VM's timings vary by +-30%), except the reference's
+decode of the compacted store, timed once (it is the slow case the core is there to fix).
+Results: a markdown table on stdout and ``bench/results/readers.json``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -24,13 +32,18 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from make_store import build, node_dir  # noqa: E402
+from make_store import build, build_compacted, node_dir  # noqa: E402
 
 CASES = {
     "index": ("index", None),
     "store (no bodies)": ("store", ["file", "offset", "total_size", "msg_id", "status", "refs"]),
     "refcounts": ("refcounts", None),
     "store (bodies)": ("store", None),
+    "acks": ("acks", None),
+    "holes": ("holes", None),
+    "files": ("files", None),
+    "queues": ("queues", None),
+    "findings": ("findings", None),
     "messages (full decode)": ("messages", None),
 }
 
@@ -63,24 +76,38 @@ rows = 0
 for b in cqforensics.iter_batches(sys.argv[2], table, columns=columns):
     rows += b.num_rows
 dt = time.perf_counter() - t0
-print(json.dumps({"rows": rows, "seconds": dt, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+from cqforensics import core
+print(json.dumps({"rows": rows, "seconds": dt, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "core": core.status(), "core_counts": dict(getattr(core, "COUNTS", {}))}))
 """
 
 
-def run_case(node: Path, table: str, columns, runs: int = 3) -> dict:
+def run_case(node: Path, table: str, columns, runs: int = 3, core: bool = True) -> dict:
     """Best of ``runs`` reads, each in a fresh process (so peak RSS is that read's alone; import
-    time excluded). This VM's timings vary by +-30% from run to run."""
-    results = [_run_once(node, table, columns) for _ in range(runs)]
+    time excluded from the timing). This VM's timings vary by +-30% from run to run."""
+    results = [_run_once(node, table, columns, core) for _ in range(runs)]
     best = min(results, key=lambda r: r["seconds"])
     return {**best, "peak_rss_mb": max(r["peak_rss_mb"] for r in results), "all_seconds": [r["seconds"] for r in results]}
 
 
-def _run_once(node: Path, table: str, columns) -> dict:
+def _run_once(node: Path, table: str, columns, core: bool = True) -> dict:
     warm = HERE.parent / "sample_data" / "4.3.6-clean"
+    env = dict(os.environ)
+    if core:
+        env.pop("CQF_CORE", None)
+    else:
+        env["CQF_CORE"] = "0"
     out = subprocess.run([sys.executable, "-c", CHILD, str(HERE.parent), str(node), table, json.dumps(columns),
                           str(warm)],
-                         capture_output=True, text=True, check=True)
+                         capture_output=True, text=True, env=env)
+    if out.returncode:  # one table's failure must not lose the rest of the run
+        err = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
+        raise CaseFailed(f"{table} on {node}: {err}")
     return json.loads(out.stdout)
+
+
+class CaseFailed(RuntimeError):
+    pass
 
 
 def baseline_rss() -> float:
@@ -92,29 +119,79 @@ def baseline_rss() -> float:
     return float(out.stdout)
 
 
+def _fmt_rate(rows: int, seconds: float) -> str:
+    r = rows / seconds
+    return f"{r / 1e6:.2f} M/s" if r >= 1e6 else f"{r / 1e3:.1f} k/s"
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="one run per case instead of best of 3")
+    args = ap.parse_args()
+    runs = 1 if args.quick else 3
     big, small = node_dir(1.0), node_dir(0.1)
     build(1.0)
     build(0.1)
+    compacted = build_compacted()
     raw_read(big)  # warm the page cache
-    raw_s, raw_bytes = min(raw_read(big) for _ in range(3))
-    results = {"store_bytes": raw_bytes, "raw_read_s": raw_s, "raw_read_mb_s": raw_bytes / raw_s / 1e6,
-               "baseline_rss_mb": baseline_rss(), "cases": {}}
+    raw_s, raw_bytes = min(raw_read(big) for _ in range(runs))
+    raw_read(compacted)
+    craw_s, craw_bytes = min(raw_read(compacted) for _ in range(runs))
+    results = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": runs, "store_bytes": raw_bytes, "raw_read_s": raw_s,
+               "raw_read_mb_s": raw_bytes / raw_s / 1e6, "compacted_store_bytes": craw_bytes,
+               "compacted_raw_read_s": craw_s, "baseline_rss_mb": baseline_rss(), "cases": {}}
     print(f"store: {raw_bytes / 1e9:.2f} GB in {sum(1 for p in big.rglob('*') if p.is_file())} files; "
-          f"raw read {raw_s:.2f} s ({raw_bytes / raw_s / 1e6:.0f} MB/s); "
-          f"interpreter + libraries: {results['baseline_rss_mb']:.0f} MB RSS")
-    print(f"{'read':<24} {'rows':>9} {'seconds':>8} {'vs raw read':>11} {'rate':>16} {'peak RSS':>9} {'RSS 1/10':>9}")
-    for name, (table, columns) in CASES.items():
-        r = run_case(big, table, columns)
-        r_small = run_case(small, table, columns, runs=1)
-        ratio = raw_s / r["seconds"]
-        rate = f"{r['rows'] / r['seconds']:,.0f} rows/s"
-        print(f"{name:<24} {r['rows']:>9} {r['seconds']:>8.2f} {ratio:>10.2f}x {rate:>16} "
-              f"{r['peak_rss_mb']:>7.0f}MB {r_small['peak_rss_mb']:>7.0f}MB")
-        results["cases"][name] = {"big": r, "small": r_small, "ratio_to_raw_read": ratio}
+          f"raw read {raw_s:.3f} s ({raw_bytes / raw_s / 1e6:.0f} MB/s); compacted store {craw_bytes / 1e9:.2f} GB, "
+          f"raw read {craw_s:.3f} s; interpreter + libraries: {results['baseline_rss_mb']:.0f} MB RSS; "
+          f"best of {runs}", flush=True)
+    cases = [(name, big, table, columns) for name, (table, columns) in CASES.items()]
+    cases.append(("messages (full decode), compacted store", compacted, "messages", None))
+    head = ("| read | rows | core s | core rate | core vs raw read | pure-Python s | pure-Python rate "
+            "| pure-Python vs raw read | core / pure-Python | peak RSS core | peak RSS pure-Python | RSS core, 1/10 store |")
+    lines = [head, "|" + "---|" * 12]
+    print(head)
+    print(lines[1], flush=True)
+    for name, node, table, columns in cases:
+        is_compacted = node == compacted
+        raw = craw_s if is_compacted else raw_s
+        try:
+            c = run_case(node, table, columns, runs)
+            py = run_case(node, table, columns, 1 if is_compacted else runs, core=False)
+            sm = None if is_compacted else run_case(small, table, columns, runs=1)
+        except CaseFailed as e:
+            results["cases"][name] = {"error": str(e)}
+            lines.append(f"| {name} | error: {e} |")
+            print(lines[-1], flush=True)
+            continue
+        entry = {"node": str(node), "core": c, "reference": py, "small_core": sm,
+                 "core_vs_raw_read": raw / c["seconds"], "reference_vs_raw_read": raw / py["seconds"],
+                 "core_speedup": py["seconds"] / c["seconds"]}
+        results["cases"][name] = entry
+        line = (f"| {name} | {c['rows']:,} | {c['seconds']:.3f} | {_fmt_rate(c['rows'], c['seconds'])} "
+                f"| {entry['core_vs_raw_read']:.2f}x | {py['seconds']:.2f} | {_fmt_rate(py['rows'], py['seconds'])} "
+                f"| {entry['reference_vs_raw_read']:.3f}x | {entry['core_speedup']:.1f}x | {c['peak_rss_mb']:.0f} MB "
+                f"| {py['peak_rss_mb']:.0f} MB | {sm['peak_rss_mb']:.0f} MB |" if sm else
+                f"| {name} | {c['rows']:,} | {c['seconds']:.3f} | {_fmt_rate(c['rows'], c['seconds'])} "
+                f"| {entry['core_vs_raw_read']:.2f}x | {py['seconds']:.2f} | {_fmt_rate(py['rows'], py['seconds'])} "
+                f"| {entry['reference_vs_raw_read']:.3f}x | {entry['core_speedup']:.1f}x | {c['peak_rss_mb']:.0f} MB "
+                f"| {py['peak_rss_mb']:.0f} MB | - |")
+        lines.append(line)
+        print(line, flush=True)
+        if c.get("core_counts"):
+            print(f"    core counts: {c['core_counts']}", flush=True)
+    fresh, comp = results["cases"]["messages (full decode)"], results["cases"]["messages (full decode), compacted store"]
+    per = {}
+    for who in (() if "error" in fresh or "error" in comp else ("core", "reference")):
+        f_rate = fresh[who]["rows"] / fresh[who]["seconds"]
+        c_rate = comp[who]["rows"] / comp[who]["seconds"]
+        per[who] = {"fresh_msg_s": f_rate, "compacted_msg_s": c_rate, "fresh_over_compacted": f_rate / c_rate}
+        print(f"full decode per message, {who}: fresh {f_rate:,.0f} msg/s, compacted {c_rate:,.0f} msg/s: "
+              f"compacted is {f_rate / c_rate:.2f}x slower per message (goal <= 1.2x)", flush=True)
+    results["per_message_fresh_vs_compacted"] = per
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     (out / "readers.json").write_text(json.dumps(results, indent=1))
+    (out / "readers.md").write_text("\n".join(lines) + "\n")
     print(f"cores used: 1 (embedded reader); cpu count {os.cpu_count()}")
 
 

@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Memory curve: peak RSS of reading ``refcounts``, ``store`` and ``messages`` at 0.1x, 1x, 3x
+and 10x the bench store, each read in a fresh process.
+
+    python bench/bench_memory.py                    # sizes 0.1 1 3 10
+    python bench/bench_memory.py --sizes 1 3        # a subset
+    python bench/bench_memory.py --tables refcounts store
+
+0.1x and 1x are the broker-made bench stores (bench/make_store.py). 3x and 10x are made without
+a broker, from the 1x store, as ONE vhost holding N copies of its content (the vhost-wide state
+is what has to stay bounded; copies in separate vhosts would be read one vhost at a time and
+prove nothing about it):
+
+* ``msg_store_persistent``: copy k of file n becomes file ``n + k * (last + 1)``; every entry's
+  msg_id (in its header and in the stored term) gets its first byte XORed with k, so every
+  copy's messages are distinct store entries (copy 0 is hardlinked as is);
+* queues: copy k of queue Q is ``Q~k`` (its dir name and ``.queue_name`` as the broker would
+  write them); its ``.qi`` segments get the same msg_id rewrite on shared-store entries; its
+  ``.qs`` segments (bodies under 4 KB, embedded in the queue's own store, ids checksummed with
+  the term) are hardlinked unchanged;
+* everything else in the node dir (metadata, transient store, recovery.dets) is hardlinked.
+
+The copies' queues are not in the node's metadata, so the reader reports them as such; every
+message is still read, resolved and decoded. Built once under ``$CQF_BENCH_CACHE`` (3x: 3.4 GB,
+10x: 11.5 GB of disk). Results: a markdown table on stdout and ``bench/results/memory.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+from make_store import CACHE, build, node_dir  # noqa: E402
+
+TABLES = ("refcounts", "store", "messages")
+QI_HEADER, QI_ENTRY = 64, 32
+
+
+def _link_tree(src: Path, dst: Path, skip: Path) -> None:
+    for dirpath, dirnames, filenames in os.walk(src):
+        d = Path(dirpath)
+        if d == skip:
+            dirnames[:] = []
+            continue
+        (dst / d.relative_to(src)).mkdir(parents=True, exist_ok=True)
+        for f in filenames:
+            os.link(d / f, dst / d.relative_to(src) / f)
+
+
+def _rewrite_rdq(src: Path, dst: Path, k: int) -> int:
+    """Copy ``src`` to ``dst`` with every entry's msg_id (header and term) changed by copy ``k``;
+    stops rewriting at the first thing that is not a whole entry (the rest is copied as is)."""
+    data = src.read_bytes()
+    out, off, n = [], 0, 0
+    while off + 24 <= len(data):
+        size = struct.unpack_from(">Q", data, off)[0]
+        end = off + 8 + size + 1
+        if size < 16 or end > len(data) or data[end - 1] != 0xFF:
+            break
+        mid = data[off + 8:off + 24]
+        new = bytes([mid[0] ^ k]) + mid[1:]
+        out.append(data[off:end].replace(mid, new))
+        off, n = end, n + 1
+    out.append(data[off:])
+    dst.write_bytes(b"".join(out))
+    return n
+
+
+def _rewrite_qi(src: Path, dst: Path, k: int) -> None:
+    buf = bytearray(src.read_bytes())
+    whole = (len(buf) - QI_HEADER) // QI_ENTRY if len(buf) > QI_HEADER else 0
+    if whole:
+        e = np.frombuffer(buf, np.uint8, whole * QI_ENTRY, QI_HEADER).reshape(whole, QI_ENTRY)
+        shared = (e[:, 0] != 0) & (e[:, 3] == 1)  # a live entry located in the shared store
+        e[shared, 4] ^= k
+    dst.write_bytes(bytes(buf))
+
+
+def build_scaled(copies: int) -> Path:
+    """The 1x store's content ``copies`` times in its one vhost (see the module doc)."""
+    from cqforensics import textfiles
+
+    out = CACHE / f"store-1-x{copies}-onevhost"
+    node = out / "run" / "mnesia" / "rabbit@localhost"
+    if (out / "DONE").exists():
+        return node
+    src = node_dir(1.0)
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.monotonic()
+    vhosts = sorted((src / "msg_stores" / "vhosts").iterdir())
+    assert len(vhosts) == 1, vhosts
+    vsrc = vhosts[0]
+    vdst = node / "msg_stores" / "vhosts" / vsrc.name
+    _link_tree(src, node, skip=vsrc / "queues")  # copy 0 of everything, hardlinked
+    (vdst / "queues").mkdir(parents=True, exist_ok=True)
+    vhost = (vsrc / ".vhost").read_bytes()
+    rdqs = sorted((int(p.stem), p) for p in (vsrc / "msg_store_persistent").glob("*.rdq"))
+    stride = rdqs[-1][0] + 1
+    for qsrc in sorted((vsrc / "queues").iterdir()):
+        _link_tree(qsrc, vdst / "queues" / qsrc.name, skip=qsrc / "__none__")
+    for k in range(1, copies):
+        for n, p in rdqs:
+            _rewrite_rdq(p, vdst / "msg_store_persistent" / f"{n + k * stride}.rdq", k)
+        for qsrc in sorted((vsrc / "queues").iterdir()):
+            qn = textfiles.parse_queue_name((qsrc / ".queue_name").read_bytes(), vhost)
+            name = qn.name + f"~{k}".encode()
+            qdst = vdst / "queues" / textfiles.queue_dir_name(vhost, name)
+            qdst.mkdir()
+            stub = b"VHOST: " + vhost + b"\nQUEUE: " + name + b"\n" + (b"INDEX: v2\n" if qn.index == "v2" else b"")
+            (qdst / ".queue_name").write_bytes(stub)
+            for f in sorted(qsrc.iterdir()):
+                if f.name == ".queue_name":
+                    continue
+                if f.suffix == ".qi":
+                    _rewrite_qi(f, qdst / f.name, k)
+                else:
+                    os.link(f, qdst / f.name)
+        print(f"  x{copies}: copy {k} written ({time.monotonic() - t0:.0f}s)", flush=True)
+    total = sum(p.stat().st_size for p in node.rglob("*") if p.is_file())
+    (out / "DONE").write_text(f"{copies} copies of {src} in one vhost; {total} bytes; {time.monotonic() - t0:.0f}s\n")
+    return node
+
+
+CHILD = r"""
+import json, resource, sys, time
+sys.path.insert(0, sys.argv[1])
+import cqforensics
+t0 = time.perf_counter()
+rows = 0
+for b in cqforensics.iter_batches(sys.argv[2], sys.argv[3]):
+    rows += b.num_rows
+dt = time.perf_counter() - t0
+print(json.dumps({"rows": rows, "seconds": dt, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+BASELINE = r"""
+import resource, sys
+sys.path.insert(0, sys.argv[1])
+import cqforensics, pyarrow, numpy
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+"""
+
+
+def measure(node: Path, table: str) -> dict:
+    p = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), str(node), table], capture_output=True, text=True)
+    if p.returncode:
+        return {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}"}
+    return json.loads(p.stdout)
+
+
+def stored_messages(node: Path) -> int:
+    import cqforensics
+
+    return sum(b.num_rows for b in cqforensics.iter_batches(node, "index", columns=["seq_id"]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", nargs="+", type=float, default=[0.1, 1, 3, 10])
+    ap.add_argument("--tables", nargs="+", default=list(TABLES), choices=TABLES)
+    args = ap.parse_args()
+    nodes = {}
+    for s in args.sizes:
+        if s in (0.1, 1):
+            build(s)
+            nodes[s] = node_dir(s)
+        elif s == int(s) and s > 1:
+            nodes[s] = build_scaled(int(s))
+        else:
+            raise SystemExit(f"size {s}: only 0.1, 1 and whole multiples of 1 can be made")
+    base = float(subprocess.run([sys.executable, "-c", BASELINE, str(ROOT)], capture_output=True, text=True,
+                                check=True).stdout)
+    core = "off (CQF_CORE=0)" if os.environ.get("CQF_CORE") == "0" else "default"
+    results = {"baseline_rss_mb": base, "core": core, "sizes": {}}
+    print(f"peak RSS (MB) per read, each in a fresh process; interpreter + libraries {base:.0f} MB; core {core}")
+    head = "| size | stored messages | bytes | " + " | ".join(args.tables) + " |"
+    print(head)
+    print("|" + "---|" * (3 + len(args.tables)))
+    for s, node in nodes.items():
+        size = sum(p.stat().st_size for p in node.rglob("*") if p.is_file())
+        msgs = stored_messages(node)
+        row = {"node": str(node), "bytes": size, "index_rows": msgs, "tables": {}}
+        cells = []
+        for t in args.tables:
+            r = measure(node, t)
+            row["tables"][t] = r
+            cells.append(f"{r['peak_rss_mb']:.0f} ({r['seconds']:.1f} s)" if "error" not in r else f"error: {r['error']}")
+        results["sizes"][f"{s:g}x"] = row
+        print(f"| {s:g}x | {msgs:,} | {size / 1e9:.2f} GB | " + " | ".join(cells) + " |", flush=True)
+    (HERE / "results").mkdir(exist_ok=True)
+    (HERE / "results" / "memory.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
