@@ -34,6 +34,16 @@ def _int_at_least(low: int):
     return parse
 
 
+def _percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"a percentage from 0 to 100 expected, got {text!r}")
+    return value
+
+
 def _as_of(text: str) -> int:
     """--as-of through the one parser (``cqforensics.model.options.parse_as_of``: ISO 8601 or
     epoch ms, within 1970 .. 9999), so a bad time is a usage error at parse time."""
@@ -160,12 +170,31 @@ def _read_rows(args, columns, opts, out) -> int:
 
 
 def _progress(enabled: bool):
+    """The progress callback of a long command: ``(text, done_bytes, total_bytes)`` per vhost.
+    On a terminal, a tqdm bar with bytes, rate and ETA (one per node); elsewhere, one line per step."""
     if not enabled:
         return None
+    if not sys.stderr.isatty():
+        def line(text: str, done: int | None = None, total: int | None = None) -> None:
+            sys.stderr.write(f"{text}\n")
+            sys.stderr.flush()
 
-    def show(text: str) -> None:
-        sys.stderr.write(f"\r\x1b[K{text}" if sys.stderr.isatty() else f"{text}\n")
-        sys.stderr.flush()
+        return line
+    from tqdm import tqdm
+
+    bar = None
+
+    def show(text: str, done: int | None = None, total: int | None = None) -> None:
+        nonlocal bar
+        if bar is None or (total is not None and bar.total != total) or (done is not None and done < bar.n):
+            if bar is not None:
+                bar.close()
+            bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr, leave=False,
+                       dynamic_ncols=True)
+        bar.set_description_str(text, refresh=False)
+        if done is not None:
+            bar.update(done - bar.n)
+        bar.refresh()
 
     return show
 
@@ -319,6 +348,10 @@ def _rewrite(args, command: str) -> int:
     kw = {"broker_version": args.broker_version} if args.broker_version else {}
     if args.source_version:
         kw["source_version"] = args.source_version
+    if getattr(args, "threshold", None) is not None:
+        kw["threshold"] = args.threshold
+    if getattr(args, "template", None):
+        kw["template"] = args.template
     result = salvage.rewrite(command, args.src, args.dst, dry_run=args.dry_run, progress=progress,
                              file_size_limit=args.file_size_limit, force=args.force, **kw)
     return _report(result, args.json, render.rewrite_text, progress)
@@ -360,6 +393,22 @@ def cmd_rebuild(args) -> int:
     return _rewrite(args, "rebuild")
 
 
+def cmd_definitions(args) -> int:
+    """Print, as JSON for `rabbitmqctl import_definitions`, SRC's vhosts, durable exchanges,
+    classic queues (with the x-queue-version their written dirs need on 3.x) and bindings: import
+    them into a fresh, stopped-after node of the target version, then pass that node dir to
+    compact/rebuild --template (README: Moving to another release series).
+
+    Exit: 0 done, 8 operational error, 16 usage."""
+    import json
+
+    from cqforensics.model.versions import model
+    from cqforensics.write import retarget
+
+    print(json.dumps(retarget.definitions(args.src, model(args.broker_version)), indent=1, ensure_ascii=False))
+    return exitcodes.OK
+
+
 def cmd_verify(args) -> int:
     """Check strict invariants: every live index entry resolves to a valid body, counts and
     references agree, no orphans or duplicates, headers and CRCs valid.
@@ -369,8 +418,67 @@ def cmd_verify(args) -> int:
     from cqforensics.write.verify import verify
 
     progress = _progress(sys.stderr.isatty() and not args.json)
-    result = verify(args.paths, broker_version=args.broker_version, deep=args.deep, progress=progress)
+    result = verify(args.paths, broker_version=args.broker_version, deep=args.deep, progress=progress,
+                    allow_garbage=args.allow_garbage)
     return _report(result, args.json, render.verify_text, progress)
+
+
+def cmd_report(args) -> int:
+    """Write one self-contained HTML page (no network, no script) to look at: per node and vhost,
+    a map of the shared-store files (live / orphan / garbage / hole byte ranges), the queues with
+    what the next boot delivers and drops and why, the findings grouped by code with file and
+    offset, and a fleet summary for a folder of many nodes. --html FILE: not an existing file
+    unless --force, never inside an input.
+
+    Exit: 0 written, 8 operational error, 16 usage."""
+    from cqforensics.export import staged_file
+    from cqforensics.outputs import check_output
+    from cqforensics.report import render
+
+    target = check_output(args.html, args.paths, force=args.force)
+    page = render(args.paths, **read_options(args), **filters(args))
+    with staged_file(target, "w") as out:
+        out.write(page)
+    print(f"report -> {target}", file=sys.stderr)
+    return exitcodes.OK
+
+
+def cmd_republish(args) -> int:
+    """Send recovered messages (from a node dir, an export, or a rebuild's lost+found) to a
+    running broker with their exchange, routing keys, properties and typed headers (AMQP 1.0
+    messages over AMQP 1.0), one confirmed publish at a time, recorded in a journal so that a
+    rerun after an interruption neither loses nor duplicates a message. By default what the next
+    boot would deliver; --only-dropped: what it would drop but is still readable."""
+    from cqforensics.model.options import parse_as_of
+    from cqforensics.republish import read_ids, republish
+
+    since = parse_as_of(args.since, "--since")
+    until = parse_as_of(args.until, "--until")
+    report = republish(
+        args.paths, args.url, journal=args.journal, vhosts=args.vhosts, queues=args.queues,
+        since=None if since is None else since // 1000, until=None if until is None else until // 1000,
+        ids=read_ids(args.ids) if args.ids else None, queue_map=args.map, rate=args.rate, dry_run=args.dry_run,
+        only_dropped=args.only_dropped, in_doubt=args.in_doubt, topology=args.topology,
+        progress=(lambda line: print(line, file=sys.stderr)) if args.verbose or args.dry_run else None,
+        **read_options(args))
+    if args.json:
+        import json
+
+        print(json.dumps(report.as_dict(), ensure_ascii=False, sort_keys=True))
+    else:
+        verb = "would send" if report.dry_run else "sent"
+        n = report.planned - report.already if report.dry_run else report.sent
+        print(f"{verb} {n} publish(es) ({report.copies} queue copies planned in all); "
+              f"{report.already} confirmed by an earlier run; {len(report.failed)} failed; journal {report.journal}")
+        for q, k in sorted(report.by_queue.items()):
+            print(f"  {q}: {k}")
+        for f in report.failed:
+            print(f"  FAILED {f['vhost']}/{','.join(f['queues'])} msg_id={f['msg_id']}: {f['why']}")
+        for k, v in sorted(report.skipped.items()):
+            print(f"  not sent: {v} ({k})")
+        for k, v in sorted(report.in_doubt.items()):
+            print(f"  in doubt from the last run: {v} {k}")
+    return exitcodes.ERRORS_LEFT if report.failed or report.skipped else exitcodes.OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -465,13 +573,30 @@ def build_parser() -> argparse.ArgumentParser:
         w.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
         w.add_argument("--progress", action="store_true", help="progress on stderr even with --json")
         add_force(w, "DST (an existing dir is replaced whole, atomically)")
+        w.add_argument("--template", metavar="NODE",
+                       help="for a --broker-version of another release series: a node dir that version wrote, "
+                            "with SRC's queues declared (`cqforensics definitions`), whose metadata and feature "
+                            "flags DST takes instead of SRC's")
+        if name == "compact":
+            w.add_argument("--threshold", type=_percent, metavar="PCT",
+                           help="rewrite only the shared-store files whose garbage ratio is above PCT percent "
+                                "(0-100); copy the others whole, orphans and all (default: rewrite every file)")
         w.set_defaults(func=func)
+
+    df = sub.add_parser("definitions", help="the definitions a node of another series imports before a move",
+                        description=cmd_definitions.__doc__)
+    df.add_argument("src", help="node dir or mnesia base (one node)")
+    df.add_argument("--broker-version", metavar="V", required=True, help="the version of the node importing them")
+    df.set_defaults(func=cmd_definitions)
 
     v = sub.add_parser("verify", help="check a node dir's strict invariants", description=cmd_verify.__doc__)
     v.add_argument("paths", nargs="+", help="node dir, mnesia base, or a folder of node dirs")
     v.add_argument("--deep", action="store_true", help="also decode every stored message and check its id")
     v.add_argument("--broker-version", metavar="V", help="the version that will boot it (default: inferred)")
     v.add_argument("--json", action="store_true", help="print one JSON document")
+    v.add_argument("--allow-garbage", action="store_true",
+                   help="accept orphaned and duplicate shared-store entries (what compact --threshold leaves in "
+                        "the files it keeps)")
     v.set_defaults(func=cmd_verify)
 
     r = sub.add_parser("read", help="print or save one table of every node dir under the paths",
@@ -490,7 +615,77 @@ def build_parser() -> argparse.ArgumentParser:
     add_filters(r, "only this queue (repeatable; queue-level tables: messages, index, acks, queues, files "
                    "and holes of .qs files)")
     r.set_defaults(func=cmd_read)
+
+    rpub = sub.add_parser("republish", help="send recovered messages to a running broker (resumable)",
+                          description=cmd_republish.__doc__)
+    rpub.add_argument("paths", nargs="+", metavar="PATH",
+                      help="node dir / mnesia base / backups folder, an export (DIR or messages.jsonl/.parquet), "
+                           "or a rebuild's lost+found")
+    rpub.add_argument("url", metavar="amqp://USER:PASS@HOST:PORT/",
+                      help="the target broker (messages go to their own vhosts on it)")
+    rpub.add_argument("--journal", metavar="FILE",
+                      help="resumable journal (default: cqforensics-republish-<hash>.journal in the current dir; "
+                           "never inside an input)")
+    rpub.add_argument("--since", metavar="TIME",
+                      help="only messages whose timestamp property is at or after TIME (ISO 8601 or epoch ms)")
+    rpub.add_argument("--until", metavar="TIME", help="only messages whose timestamp property is before TIME")
+    rpub.add_argument("--ids", metavar="FILE", help="only these messages: one msg_id (hex) or AMQP message_id a line")
+    rpub.add_argument("--map", action="append", metavar="OLD=NEW",
+                      help="send queue OLD's messages to queue NEW through the default exchange (repeatable)")
+    rpub.add_argument("--rate", type=float, metavar="N", help="at most N publishes per second")
+    rpub.add_argument("--dry-run", action="store_true", help="print what would be sent; connect to nothing")
+    rpub.add_argument("--only-dropped", action="store_true",
+                      help="send what the next boot would drop (transient, expired, ...) instead of what it delivers")
+    rpub.add_argument("--in-doubt", choices=("send", "skip"),
+                      help="the one publish an interrupted run left unconfirmed, when the queue depths cannot "
+                           "tell whether it arrived: send it again (may duplicate) or skip it (may lose it)")
+    rpub.add_argument("--topology", action="append", metavar="NODE",
+                      help="node dir whose metadata tells where the exchanges route (for exports; repeatable)")
+    rpub.add_argument("--json", action="store_true", help="print the report as one JSON document")
+    add_read_options(rpub)
+    add_filters(rpub, "only this queue's messages (repeatable; the source's queue names)")
+    rpub.set_defaults(func=cmd_republish)
+
+    rp = sub.add_parser("report", help="write a self-contained HTML report to look at", description=cmd_report.__doc__)
+    rp.add_argument("paths", nargs="+", help="node dir, mnesia base, or a folder of node backups")
+    rp.add_argument("--html", required=True, metavar="FILE",
+                    help="the HTML file to write (not an existing file unless --force; never inside an input)")
+    add_force(rp, "FILE")
+    add_read_options(rp)
+    rp.add_argument("--vhost", action="append", metavar="NAME", dest="vhosts",
+                    help="only this vhost (repeatable; default: every vhost)")
+    rp.set_defaults(func=cmd_report)
+    add_docgen_parsers(sub)  # last: completion and man page cover every command above
     return p
+
+
+def add_docgen_parsers(sub) -> None:
+    """``completion`` and ``manpage``: generated from the parser itself (``cli/docgen.py``)."""
+    c = sub.add_parser("completion", help="print a shell completion script",
+                       description="Print a completion script for SHELL, generated from the argparse definitions: "
+                                   "source <(cqforensics completion bash), or save the zsh one as _cqforensics "
+                                   "on $fpath.")
+    c.add_argument("shell", choices=("bash", "zsh"), help="the shell to complete for")
+    c.set_defaults(func=cmd_completion)
+    m = sub.add_parser("manpage", help="print the man page (roff)",
+                       description="Print the man page, generated from the argparse definitions: "
+                                   "cqforensics manpage > cqforensics.1; man ./cqforensics.1")
+    m.set_defaults(func=cmd_manpage)
+
+
+def cmd_completion(args) -> int:
+    from cli import docgen
+
+    sys.stdout.write(getattr(docgen, args.shell)(build_parser()))
+    return exitcodes.OK
+
+
+def cmd_manpage(args) -> int:
+    from cli import docgen
+    from cqforensics import __version__
+
+    sys.stdout.write(docgen.manpage(build_parser(), __version__))
+    return exitcodes.OK
 
 
 class JsonLogFormatter(logging.Formatter):

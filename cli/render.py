@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import base64
-import datetime as dt
 import json
 import sys
 
 
 def jsonable(v):
-    if isinstance(v, (bytes, bytearray)):
-        return base64.b64encode(bytes(v)).decode()
-    if isinstance(v, dt.datetime):
-        return v.isoformat()
-    if isinstance(v, dict):
-        return {k: jsonable(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [jsonable(x) for x in v]
-    return v
+    """``v`` in the one JSON convention (``cqforensics.jsonout``): msg_id hex, other bytes as
+    ``<key>_base64``, typed JSON nested, times ISO 8601."""
+    from cqforensics import jsonout
+
+    return jsonout.convert(v) if isinstance(v, dict) else jsonout.value(v)
 
 
 def dump_value(v) -> str:
@@ -201,6 +195,16 @@ def rewrite_text(result, out=None) -> None:
     out.write(f"message store bytes: {result.bytes_before} before, {result.bytes_after} after "
               f"({result.bytes_before - result.bytes_after} reclaimed); {result.store_entries_written} shared-store "
               f"entries in {result.store_files_written} files\n")
+    files = getattr(result, "store_files", None)
+    if result.threshold is not None and files:
+        for action in ("rewritten", "kept"):
+            picked = [f for f in files if f["action"] == action]
+            out.write(f"store files {action} (garbage {'above' if action == 'rewritten' else 'at or below'} "
+                      f"{result.threshold:g}%" + (" or not keepable" if action == "rewritten" else "")
+                      + f"): {len(picked)}\n")
+            for f in picked:
+                out.write(f"  {f['file']}: {f['size']} bytes, {100 * f['garbage_ratio']:.1f}% garbage"
+                          + (f" ({f['why']})" if f.get("why") else "") + "\n")
     if result.lost_found:
         where = result.lost_found_path or "lost+found/"
         out.write(f"lost+found: {result.lost_found} items ({where})\n")

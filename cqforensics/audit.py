@@ -28,7 +28,7 @@ def audit(paths, **options) -> dict:
     for r in _rows(paths, "messages", ["node", "vhost", "queue", "priority", "seq_id", "msg_id", "properties", "body",
                                        "store_file", "store_offset", "survives_restart"], **options):
         where = {"node": r["node"], "vhost": r["vhost"], "queue": r["queue"], "seq_id": r["seq_id"],
-                 "stored_at": f"{r['store_file']}@{r['store_offset']}" if r["store_file"] else None}
+                 "store_file": r["store_file"], "store_offset": r["store_offset"] if r["store_file"] else None}
         mid = (r["properties"] or {}).get("message_id")
         if mid:
             by_message_id[(r["node"], r["vhost"], mid)].append(where)
@@ -40,7 +40,7 @@ def audit(paths, **options) -> dict:
         for (node, vhost, key), members in sorted(d.items(), key=lambda kv: (-len(kv[1]), str(kv[0]))):
             if len(members) < 2:
                 continue
-            stored = {m["stored_at"] for m in members}
+            stored = {(m["store_file"], m["store_offset"]) if m["store_file"] else None for m in members}
             out.append({"node": node, "vhost": vhost, label: key, "copies": len(members),
                         "queues": sorted({str(m["queue"]) for m in members}),
                         # one stored entry referenced from several queues is a fan-out, not a duplicate
@@ -57,6 +57,7 @@ def audit(paths, **options) -> dict:
     reclaim = sum(r["garbage_bytes"] or 0 for r in files)
     total = sum(r["size"] or 0 for r in files)
     return {
+        "format": "cqforensics-audit/1",
         "orphans": [{"node": k[0], "vhost": k[1], "file": k[2], "status": k[3], **v} for k, v in sorted(orphans.items())],
         "duplicates_by_message_id": groups(by_message_id, "message_id"),
         "duplicates_by_content": groups(by_content, "body_sha256"),

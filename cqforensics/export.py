@@ -25,7 +25,6 @@ DIR/messages.<format> is replaced), and may not lie inside an input
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import logging
@@ -36,12 +35,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from cqforensics import driver, fastpath
+from cqforensics import driver, fastpath, jsonout, layout, provenance
 from cqforensics.model.options import make_options
 from cqforensics.outputs import check_output
 from cqforensics.errors import OperationalError, UsageError, display
 from cqforensics.codes import AckEvidence, Location, StoreStatus
-from cqforensics.model.vhost import VhostScan
+from cqforensics.model.vhost import NodeScan, VhostScan
 from cqforensics.readers import qs as r_qs
 from cqforensics.schema import SCHEMAS
 from cqforensics.tables import messages_batches
@@ -330,23 +329,23 @@ def export_batches(paths, everything: bool = False, vhosts=None, queues=None, **
 
 
 def _jsonl_line(row: dict) -> str:
-    row = dict(row)
-    if row.get("body") is not None:
-        row["body_base64"] = base64.b64encode(row.pop("body")).decode()
-    else:
-        row.pop("body", None)
-    if row.get("msg_id") is not None:
-        row["msg_id"] = row["msg_id"].hex()
-    for k in ("headers", "annotations"):
-        if row.get(k):
-            row[k] = json.loads(row[k])
-    for k in ("expiry",):
-        if row.get(k) is not None:
-            row[k] = row[k].isoformat()
-    props = row.get("properties")
-    if props and props.get("timestamp") is not None:
-        props["timestamp"] = props["timestamp"].isoformat()
-    return json.dumps(row, ensure_ascii=False, sort_keys=True)
+    """One export line in the one JSON convention (``jsonout``): msg_id hex, ``body_base64``,
+    headers and annotations nested, times ISO 8601."""
+    return jsonout.dumps(row)
+
+
+def _provenance(paths, options: dict) -> dict:
+    """The export's provenance record and the one instant its TTLs are judged at."""
+    from cqforensics.model.options import parse_as_of
+
+    as_of_ms = parse_as_of(options.get("as_of"))
+    if as_of_ms is None:
+        as_of_ms = provenance.now_ms()
+    version = options.get("broker_version")
+    if not version:  # the version each node's next boot is predicted for (inferred)
+        opts = make_options(broker_version=None, bodies=False, decode=False)
+        version = ", ".join(sorted({NodeScan(n, opts).model.label for n in layout.discover(paths)})) or None
+    return {"as_of_ms": as_of_ms, "record": provenance.record("export", paths, version, as_of_ms)}
 
 
 def _stale_note(out: Path) -> str:
@@ -380,9 +379,13 @@ def export(paths, fmt: str, out: Path | str, everything: bool = False, force: bo
     except OSError as e:
         raise OperationalError(f"{out}: cannot create: {e.strerror}") from e
     counts: dict[str, int] = {}
+    prov = _provenance(paths, options)
+    options = {**options, "as_of": prov["as_of_ms"]}
+    prov = prov["record"]
     try:
         with staged_file(target, "w" if fmt == "jsonl" else "wb") as fh:
-            sink = ParquetSink(fh, SCHEMA) if fmt == "parquet" else None
+            sink = ParquetSink(fh, SCHEMA.with_metadata({provenance.METADATA_KEY: json.dumps(prov, sort_keys=True)})) \
+                if fmt == "parquet" else None
             with sink if sink is not None else contextlib.nullcontext():
                 for b in export_batches(paths, everything, vhosts=vhosts, queues=queues, **options):
                     for s in b.column("source").to_pylist():
@@ -391,6 +394,9 @@ def export(paths, fmt: str, out: Path | str, everything: bool = False, force: bo
                         sink.write(b)
                     else:
                         fh.write("".join(_jsonl_line(row) + "\n" for row in b.to_pylist()))
+        if fmt == "jsonl":  # the sidecar: written once the export is complete
+            with staged_file(out / f"messages.{fmt}.provenance.json", "w") as fh:
+                fh.write(provenance.to_json(prov))
     finally:
         if created and not target.exists():  # a failed export leaves nothing behind
             with signals_held(), contextlib.suppress(OSError):

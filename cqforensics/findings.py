@@ -26,6 +26,8 @@ CODES: dict[str, tuple[str, str]] = {
     "msg-corrupt": (ERROR, "a stored message term does not decode"),
     "rdq-truncated": (WARNING, "a shared-store file ends inside an entry"),
     "rdq-garbage": (WARNING, "bytes in a shared-store file that are no valid entry (zeroed or damaged)"),
+    "rdq-rejected-candidate": (INFO, "a byte range of a shared-store file that frames an entry but was not taken: no index "
+                                     "references its id and its term is no message, or it would hide a referenced entry"),
     "orphan-message": (INFO, "shared-store messages no queue index refers to (garbage until compaction)"),
     "duplicate-copy": (INFO, "the same message id stored more than once"),
     "refcount-mismatch": (WARNING, "recorded reference count differs from the references the indexes hold"),
@@ -46,6 +48,18 @@ CODES: dict[str, tuple[str, str]] = {
     "unclean-shutdown": (INFO, "the node was not stopped cleanly: the next boot rebuilds its indexes"),
     "fragmented-file": (INFO, "a shared-store file is mostly garbage; compaction would reclaim it"),
     "boot-crash": (ERROR, "damage that makes the named broker version crash or hang at boot"),
+    "recovery-terms-mismatch": (ERROR, "clean start: a queue's recovery terms do not describe its index (stale "
+                                "recovery.dets): the queue crashes at init and restarts, or never reads some messages"),
+    "store-index-mismatch": (ERROR, "clean start: the trusted msg_store_index.ets lacks messages queues hold: "
+                             "reading one crashes the queue (541), its restart drops them"),
+    "index-duplicate-entry": (WARNING, "two index entries of one queue (.qi slots or CQv1 records) hold the same "
+                                       "seq id, message id or .qs location: one is a copy of the other"),
+    "segment-misplaced": (WARNING, "an index segment holds the seq ids (or the messages) of another segment "
+                                   "number: swapped or renamed; the broker reads them under the wrong seq ids"),
+    "qs-trailing-garbage": (WARNING, "bytes after the last entry of a .qs segment that are no entry (junk "
+                                     "appended or a torn write); the broker never reads them"),
+    "term-file-damaged": (WARNING, "a Mnesia log, Khepri (Ra) WAL, DETS table or ets dump is torn, holds bytes "
+                                   "that are no item, or holds more or fewer items than it records"),
 }
 
 

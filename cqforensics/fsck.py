@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cqforensics import exitcodes, layout
+from cqforensics import exitcodes, layout, provenance
 from cqforensics.errors import display
-from cqforensics.model.options import make_options
+from cqforensics.model.options import make_options, parse_as_of
 from cqforensics.checks import QueueVerdict, check_vhost
 from cqforensics.findings import ERROR, SEVERITY_RANK, Finding
 from cqforensics.model.vhost import NodeScan
@@ -48,6 +48,7 @@ class Report:
     nodes: list[NodeVerdict] = field(default_factory=list)
     queues: list[QueueVerdict] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    provenance: dict | None = None  # cqforensics.provenance.record: tool, core, inputs' sha256, version, as_of
 
     @property
     def exit_code(self) -> int:
@@ -57,7 +58,7 @@ class Report:
     def to_dict(self) -> dict:
         return {"format": "cqforensics-fsck/1", "nodes": [n.to_dict() for n in self.nodes],
                 "queues": [q.to_dict() for q in self.queues], "findings": [f.to_dict() for f in self.findings],
-                "summary": self.summary(), "exit_code": self.exit_code}
+                "summary": self.summary(), "exit_code": self.exit_code, "provenance": self.provenance}
 
     def summary(self) -> dict:
         counts = {s: sum(1 for f in self.findings if f.severity == s) for s in SEVERITY_RANK}
@@ -102,7 +103,10 @@ def fsck(paths, broker_version: str | None = None, as_of=None, deep: bool = Fals
     from cqforensics.driver import names
 
     vhosts, queues = names(vhosts, "vhosts"), names(queues, "queues")
-    options = make_options(broker_version, as_of, bodies=False, decode=False, assume_dirty=assume_dirty)
+    as_of_ms = parse_as_of(as_of)
+    if as_of_ms is None:  # judged at one instant, the one the provenance records
+        as_of_ms = provenance.now_ms()
+    options = make_options(broker_version, as_of_ms, bodies=False, decode=False, assume_dirty=assume_dirty)
     report = Report()
     for node in layout.discover(paths):
         ns = NodeScan(node, options)
@@ -118,9 +122,11 @@ def fsck(paths, broker_version: str | None = None, as_of=None, deep: bool = Fals
             nv.warnings.append(f"a broker appears to be running on this node dir ({live}): its files change "
                                "under fsck, results may be inconsistent")
         report.nodes.append(nv)
+        sizes = [layout.tree_bytes(vs.vhost.path) for vs in scans] if progress else []
         for k, vs in enumerate(scans, 1):
             if progress:
-                progress(f"{node.node}: vhost {vs.vhost.label} ({k}/{len(scans)})")
+                progress(f"{display(node.node)}: vhost {display(vs.vhost.label)} ({k}/{len(scans)})",
+                         sum(sizes[:k - 1]), sum(sizes))
             nv.vhost_recovery[vs.vhost.label] = vs.recovery
             verdicts, findings = check_vhost(vs, deep)
             vs.close()
@@ -131,6 +137,8 @@ def fsck(paths, broker_version: str | None = None, as_of=None, deep: bool = Fals
             for f in sorted(findings, key=_order):
                 report.findings.append(f)
                 yield f
+    report.provenance = provenance.record("fsck", paths, ", ".join(sorted({n.broker_version for n in report.nodes}))
+                                          or broker_version, as_of_ms)
     yield report
 
 

@@ -305,6 +305,22 @@ def find_node_dirs(root: Path, max_depth: int = 8) -> list[Path]:
     return found
 
 
+def tree_bytes(path: Path) -> int:
+    """The bytes of the regular files under ``path`` (what a command reading it will go through;
+    for progress), never following links, skipping what cannot be listed."""
+    total, stack = 0, [path]
+    while stack:
+        for e in _listdir(stack.pop()):
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(Path(e.path))
+                elif e.is_file(follow_symlinks=False):
+                    total += e.stat(follow_symlinks=False).st_size
+            except OSError:
+                continue
+    return total
+
+
 def discover(paths) -> list[NodeDir]:
     """Every node dir under ``paths`` (a path or a list), labelled uniquely, in input order."""
     if isinstance(paths, (str, os.PathLike)):

@@ -369,7 +369,8 @@ def decode_core(vs: VhostScan, res, rows: slice, index_ids: list) -> dict:
     used = np.unique(res.body_file[rows][res.body_file[rows] >= 0])
     file_ix = np.full(len(res.body_files), -1, np.int32)
     file_ix[used] = np.arange(len(used))
-    file_ix = np.where(res.body_file[rows] >= 0, file_ix[res.body_file[rows]], -1)
+    bf = res.body_file[rows]  # -1: no stored body (and no file at all when every row has none)
+    file_ix = np.where(bf >= 0, file_ix[np.maximum(bf, 0)] if len(file_ix) else -1, -1).astype(np.int32)
     has_id = np.array([i is not None for i in index_ids], np.uint8)
     status, cols = core.decode_messages(vs.bodies.buffers([res.body_files[f] for f in used.tolist()]), file_ix,
                                         res.body_start[rows], res.body_len[rows],

@@ -5,6 +5,12 @@
 explicit registration of an already discovered name raises DATA_SOURCE_ALREADY_EXISTS.
 """
 
+try:
+    import pyspark  # noqa: F401  (the `spark` extra)
+except ImportError:
+    raise ModuleNotFoundError("the rabbitcq Spark data source needs pyspark, which is not installed: "
+                              "pip install 'cqforensics[spark]'", name="pyspark") from None
+
 from spark_datasource.source import RabbitCQDataSource as DefaultSource
 
 

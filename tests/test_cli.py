@@ -352,7 +352,7 @@ def test_every_output_follows_the_same_rules(capsys, tmp_path):
         assert code == 16 and "not empty" in err and "--force" in err, (argv, err)
         assert [p.name for p in full.iterdir()] == ["keep"]
     code, _, _ = run(capsys, "export", str(node), "--format", "jsonl", "--out", str(full), "--force")
-    assert code == 0 and sorted(p.name for p in full.iterdir()) == ["keep", "messages.jsonl"]
+    assert code == 0 and sorted(p.name for p in full.iterdir()) == ["keep", "messages.jsonl", "messages.jsonl.provenance.json"]
     code, _, _ = run(capsys, "compact", str(node), str(full), "--force")
     assert code == 0 and not (full / "keep").exists() and (full / "msg_stores").is_dir()  # replaced whole
     assert run(capsys, "verify", str(full))[0] == 0

@@ -306,7 +306,8 @@ def test_ctrl_c_during_export_leaves_nothing_and_a_rerun_works(capsys, tmp_path,
     assert p.returncode == 32 and stderr == "cqforensics: interrupted\n" and stdout == ""
     assert not out.exists()  # the dir export created is gone with the partial file
     code, _, _ = run(capsys, "export", KILL, "--format", fmt, "--out", out, "--all")
-    assert code == 0 and [x.name for x in out.iterdir()] == [f"messages.{fmt}"]
+    assert code == 0 and sorted(x.name for x in out.iterdir()) == \
+        [f"messages.{fmt}"] + (["messages.jsonl.provenance.json"] if fmt == "jsonl" else [])
 
 
 def test_a_kill_9_partial_is_removed_by_the_next_run(capsys, tmp_path):
@@ -445,3 +446,38 @@ def test_verbose_and_json_logs_go_to_stderr(capsys):
     assert docs[-1]["exit_code"] == 0 and docs[-1]["command"] == "read" and docs[-1]["level"] == "info"
     code, _, err = run(capsys, "--log-json", "read", KILL, "--limit", "1", "--format", "jsonl")
     assert code == 0 and err == ""  # without -v: warnings only
+
+
+def test_long_commands_report_progress_in_bytes():
+    """fsck, compact/rebuild and verify call progress(text, done_bytes, total_bytes) per vhost; on a
+    terminal the CLI shows it as a bar with bytes, rate and ETA."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    from cqforensics import fsck, layout
+
+    node = SAMPLES / "4.3.6-kill" / "mnesia"
+    calls = []
+    for _ in fsck.fsck([node], progress=lambda *a: calls.append(a)):
+        pass
+    vhosts = [v for n in layout.discover([node]) for v in n.vhosts]
+    assert len(calls) == len(vhosts) and calls[0][1] == 0
+    assert calls[-1][2] == sum(layout.tree_bytes(v.path) for v in vhosts) > 0
+    pid, fd = pty.fork()
+    if pid == 0:  # the CLI on a terminal of 120 columns
+        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+        os.execvp(sys.executable, [sys.executable, "-m", "cli.main", "fsck", str(node)])
+    out = b""
+    while True:
+        try:
+            d = os.read(fd, 4096)
+        except OSError:
+            break
+        if not d:
+            break
+        out += d
+    os.waitpid(pid, 0)
+    text = out.decode(errors="replace")
+    assert "B/s" in text and "vhost" in text and "%|" in text, text[:500]

@@ -103,7 +103,8 @@ class VhostScan:
 
     @cached_property
     def stores(self) -> dict[str, StoreIndex]:
-        return {kind: scan_store(st, self.model) for kind, st in sorted(self.vhost.stores.items())}
+        refs = self.references  # the walk trusts the ids the indexes reference (readers.rdq)
+        return {kind: scan_store(st, self.model, refs.get(kind)) for kind, st in sorted(self.vhost.stores.items())}
 
     @cached_property
     def qs_files(self) -> dict[Path, QsFile | None]:

@@ -24,6 +24,7 @@ import base64
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,6 +108,10 @@ class Result:
     lost_found_path: str | None = None
     notes: list[str] = field(default_factory=list)
     verified: bool | None = None
+    threshold: float | None = None  # compact --threshold PCT: only files above it are rewritten
+    # compact: each source shared-store file and what became of it: node, vhost, file, size,
+    # live_bytes, garbage_ratio, action (rewritten / kept), why (when not the ratio)
+    store_files: list[dict] = field(default_factory=list)
 
     @property
     def rescued(self) -> int:
@@ -144,6 +149,7 @@ class Result:
                 "bytes_reclaimed": self.bytes_before - self.bytes_after,
                 "store_entries_before": self.store_entries_before, "store_entries_written": self.store_entries_written,
                 "store_files_written": self.store_files_written, "garbage_not_written": self.garbage,
+                "threshold": self.threshold, "store_files": self.store_files,
                 "lost_found": {"items": self.lost_found, "path": self.lost_found_path}, "totals": self.totals(),
                 "queues": [q.to_dict() for q in self.queues], "notes": self.notes, "verified": self.verified,
                 "exit_code": self.exit_code}
@@ -225,6 +231,8 @@ class RewriteContext:
     v2_count: dict[Path, int] = field(default_factory=dict)  # vhost dir -> v2 segment size seen
     torn: dict[bytes, tuple] = field(default_factory=dict)  # this vhost: id -> marker-less entry
     repaired: dict[bytes, bytes] = field(default_factory=dict)  # this vhost: id -> whole term of a torn entry
+    threshold: float | None = None  # compact --threshold: garbage percentage above which a file is rewritten
+    kept_paths: list[Path] = field(default_factory=list)  # output files copied whole (verify tolerates their garbage)
 
     @classmethod
     def start(cls, command: str, source, output, sources: Sources, limit: int = c_rdq.FILE_SIZE_LIMIT,
@@ -357,19 +365,30 @@ def rewrite_vhost(vs: VhostScan, out: Path, ctx: RewriteContext, extra: dict | N
         writer.close()
         added.append(rows)
     # the shared store: each referenced entry once, in its original order
-    shared = SharedStoreWriter(out / "msg_store_persistent", ctx.sources, ctx.limit, dry=ctx.dry)
     keys = np.zeros(0, np.int64)
+    f = o = t = np.zeros(0, np.int64)
+    first = np.zeros(0, np.int64)
     if ref_file:
         f = np.concatenate(ref_file)
         o = np.concatenate(ref_off)
         t = np.concatenate(ref_total)
         keys, first = np.unique(f * _KEY + o, return_index=True)
-        for k in first.tolist():
-            new = ctx.reterm.get(int(f[k]) * _KEY + int(o[k]))
-            if new is not None:  # re-encoded for the target version
-                shared.add(*new)
-            else:
-                shared.copy(persistent.files[int(f[k])].path, int(o[k]), int(t[k]))
+    kept, kept_keys = _kept_files(vs, ctx, node, vhost_label, model, f[first], t[first])
+    shared = SharedStoreWriter(out / "msg_store_persistent", ctx.sources, ctx.limit, dry=ctx.dry,
+                               first=max((persistent.files[fi].number for fi in kept), default=-1) + 1)
+    for fi in sorted(kept):  # kept whole, under their own names
+        ctx.kept_paths.append(shared.keep(persistent.files[fi].path, persistent.files[fi].size))
+        ctx.result.bytes_after += persistent.files[fi].size
+    skip = _kept_copies(persistent, kept, keys) if kept else np.zeros(len(keys), bool)
+    for k, skipped in zip(first.tolist(), skip.tolist()):
+        fk = int(f[k])
+        if skipped:  # in a kept file, or a kept file holds a copy its recovery claims first
+            continue
+        new = ctx.reterm.get(fk * _KEY + int(o[k]))
+        if new is not None:  # re-encoded for the target version
+            shared.add(*new)
+        else:
+            shared.copy(persistent.files[fk].path, int(o[k]), int(t[k]))
     for msg_id, term in ctx.repaired.items():  # re-framed with a good marker
         shared.add(msg_id, term)
     for rows in added:
@@ -379,7 +398,55 @@ def rewrite_vhost(vs: VhostScan, out: Path, ctx: RewriteContext, extra: dict | N
     ctx.result.store_entries_written += shared.entries
     ctx.result.store_files_written += len(shared.files)
     ctx.result.bytes_after += shared.bytes
-    _store_garbage(vs, ctx, node, vhost_label, keys)
+    _store_garbage(vs, ctx, node, vhost_label, np.union1d(keys, kept_keys) if len(kept_keys) else keys)
+
+
+def _kept_files(vs: VhostScan, ctx: RewriteContext, node: str, vhost: str | None, model: BrokerModel,
+                live_file: np.ndarray, live_total: np.ndarray) -> tuple[set[int], np.ndarray]:
+    """compact --threshold (borg's): the positions of the persistent store files kept whole (garbage
+    ratio at or below the threshold, and nothing in them the output's boot or verify would
+    object to), and the keys of every entry in them; each file's fate goes to the report."""
+    st = vs.stores.get("persistent")
+    if ctx.threshold is None or st is None or not st.files:
+        return set(), np.zeros(0, np.int64)
+    live = np.bincount(live_file, weights=live_total, minlength=len(st.files)) if len(live_file) \
+        else np.zeros(len(st.files))
+    retermed = {k // _KEY for k in ctx.reterm}
+    kept = set()
+    for fi, rf in enumerate(st.files):
+        size = int(rf.size)
+        ratio = (size - int(live[fi])) / size if size else 0.0
+        why = None
+        if ctx.reterm:
+            why = "messages of this vhost are re-encoded for the target version"
+        elif rf.bad_markers or any(h.kind in ("garbage", "truncated_tail") or
+                                   (h.kind == "zeroed" and model.sequential_scan) for h in rf.holes):
+            why = "holds damaged bytes or a hole the target's store scan objects to"
+        elif fi in retermed:
+            why = "holds messages re-encoded for the target version"
+        action = "kept" if why is None and ratio * 100 <= ctx.threshold else "rewritten"
+        if action == "kept":
+            kept.add(fi)
+        ctx.result.store_files.append({"node": node, "vhost": vhost, "file": display(rf.path), "size": size,
+                                       "live_bytes": int(live[fi]), "garbage_ratio": round(ratio, 4),
+                                       "action": action, "why": why})
+    if not kept:
+        return kept, np.zeros(0, np.int64)
+    sel = np.isin(st.e_file, list(kept))
+    return kept, np.unique(st.e_file[sel].astype(np.int64) * _KEY + st.e_offset[sel])
+
+
+def _kept_copies(st, kept: set[int], keys: np.ndarray) -> np.ndarray:
+    """Per key of a live entry: whether it needs no new copy: it lies in a kept file, or a kept
+    file holds a copy of its id that the scan reaches (new files are numbered above the kept
+    ones, so the output's recovery claims that copy first)."""
+    in_kept = np.isin(st.e_file, list(kept))
+    has_copy = np.zeros(len(st.distinct), bool)
+    has_copy[st.e_group[in_kept & st.reach]] = True
+    all_keys = st.e_file.astype(np.int64) * _KEY + st.e_offset
+    order = np.argsort(all_keys, kind="stable")
+    at = order[np.searchsorted(all_keys[order], keys)]
+    return in_kept[at] | has_copy[st.e_group[at]]
 
 
 
@@ -662,13 +729,23 @@ def _tree_bytes(path: Path) -> int:
 
 def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: bool = False,
             file_size_limit: int = c_rdq.FILE_SIZE_LIMIT, progress: Callable[[str], None] | None = None,
-            verify_output: bool = True, source_version: str | None = None, force: bool = False) -> Result:
+            verify_output: bool = True, source_version: str | None = None, force: bool = False,
+            threshold: float | None = None, template=None) -> Result:
     """compact or rebuild ``src`` (a node dir, a mnesia base or a folder of them) into ``dst``.
     ``broker_version``: the version that will boot the output (its index versions, stored term
     shapes and atom encoding; default: the version SRC was written by); ``source_version``: the
     version SRC is read as, whose next boot decides what is kept (default: inferred); ``force``:
-    ``dst`` may be an existing non-empty dir, replaced whole (atomically) by the output."""
+    ``dst`` may be an existing non-empty dir, replaced whole (atomically) by the output;
+    ``threshold`` (compact only, borg's ``--threshold``): rewrite only the shared-store files
+    whose garbage ratio is above this percentage and copy the others whole (their orphans and
+    duplicates stay; new files are numbered above them); ``template``: a node dir of the target
+    broker whose metadata replaces SRC's (``retarget``: for a target of another release series)."""
+    from cqforensics.write import retarget
+    from cqforensics.errors import UsageError
     from cqforensics.fsck import running_broker
+
+    if threshold is not None and (command != "compact" or not 0 <= threshold <= 100):
+        raise UsageError("--threshold: a percentage from 0 to 100, for compact only")
 
     src = Path(src).absolute()
     check_destination(Path(dst), [src], replace=force)  # usage errors before the long read (Staging checks again)
@@ -679,6 +756,7 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
         if live:
             raise OperationalError(f"{node.path}: a broker appears to be running on it ({live}); stop it, or "
                                    "copy the dir, before rewriting it")
+    as_of_ms = int(time.time() * 1000)  # TTLs judged at one instant (lost+found's provenance)
     predicted = {}
     if command == "rebuild":  # what SRC's own next boot would deliver, per queue dir
         predicted = _broker_prediction(src, source_version)
@@ -686,13 +764,17 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
         sources = Sources()
         lost = LostFound(None if dry_run else staging.path / "lost+found")
         ctx = RewriteContext(command, result, sources, lost, dry_run, file_size_limit,
-                             target=version_model(broker_version) if broker_version else None)
+                             target=version_model(broker_version) if broker_version else None,
+                             threshold=threshold)
+        result.threshold = threshold
         try:
-            if not dry_run:
+            if template is not None:  # another series' metadata: the target's own (write/retarget.py)
+                result.notes += [] if dry_run else retarget.install_template(template, src, staging.path, nodes)
+            elif not dry_run:
                 copy_tree(src, staging.path, {n.path / "msg_stores" / "vhosts" for n in nodes})
             versions, targets = set(), set()
             for node in nodes:
-                options = make_options(broker_version=source_version, bodies=False, decode=False,
+                options = make_options(broker_version=source_version, as_of=as_of_ms, bodies=False, decode=False,
                                        assume_dirty=command == "rebuild")
                 ns = NodeScan(node, options)
                 versions.add(ns.model.label)
@@ -700,9 +782,11 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
                 out_node = staging.path / node.path.relative_to(src)
                 result.bytes_before += _tree_bytes(node.path / "msg_stores" / "vhosts")
                 vhosts = ns.vhosts
+                sizes = [layout.tree_bytes(vs.vhost.path) for vs in vhosts] if progress else []
                 for k, vs in enumerate(vhosts, 1):
                     if progress:
-                        progress(f"{node.node}: vhost {vs.vhost.label} ({k}/{len(vhosts)})")
+                        progress(f"{display(node.node)}: vhost {display(vs.vhost.label)} ({k}/{len(vhosts)})",
+                                 sum(sizes[:k - 1]), sum(sizes))
                     try:
                         rewrite_vhost(vs, out_node / "msg_stores" / "vhosts" / vs.vhost.dir_name, ctx)
                     finally:
@@ -713,6 +797,11 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
                                             "were not carried over")
                 result.notes += [f"{node.node}: {n}" for n in
                                  write_lost_queue_dirs(out_node, ns.metadata, ctx.target or ns.model, dry_run, node)]
+                if template is None and ctx.target is not None:
+                    gap = retarget.carried_metadata_note(ns.model, ctx.target)
+                    result.notes += [f"{node.node}: {gap}"] if gap else []
+            if template is not None:
+                retarget.check_written(template, result, ctx.target or ns.model)
             result.source_version = ", ".join(sorted(versions))
             result.broker_version = ", ".join(sorted(targets))
         finally:
@@ -729,12 +818,18 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
         result.lost_found = lost.items
         if lost.items and not dry_run:
             result.lost_found_path = display(Path(dst).absolute() / "lost+found")
+            from cqforensics import provenance
+
+            with open(staging.path / "lost+found" / "provenance.json", "x", encoding="utf-8") as fh:
+                fh.write(provenance.to_json(provenance.record(command, [src], result.broker_version, as_of_ms)))
+                fh.flush()
+                os.fsync(fh.fileno())
         if staging.removed_stale:
             result.notes.append(f"removed {len(staging.removed_stale)} partial output(s) of interrupted runs")
         if not dry_run and verify_output:
             from cqforensics.write.verify import verify
 
-            check = verify(staging.path, broker_version=broker_version)
+            check = verify(staging.path, broker_version=broker_version, garbage_allowed_in=ctx.kept_paths)
             result.verified = check.consistent
             if not check.consistent:
                 raise OperationalError(f"the output failed verification ({len(check.violations)} violations, first: "

@@ -145,11 +145,13 @@ def _write_all(fd: int, data, path: Path) -> None:
 class SharedStoreWriter:
     """``msg_store_persistent``: entries appended to ``0.rdq``, ``1.rdq`` ... A new file starts
     when the next entry would take the current one past ``limit`` (an entry larger than the
-    limit gets a file of its own), as the broker's writer rolls over."""
+    limit gets a file of its own), as the broker's writer rolls over. ``first``: the number of
+    the first file (``compact --threshold`` numbers new files above the files it keeps)."""
 
     def __init__(self, path: Path, sources: Sources, limit: int = c_rdq.FILE_SIZE_LIMIT, sync: bool = True,
-                 dry: bool = False):
+                 dry: bool = False, first: int = 0):
         self.path = path
+        self.first = first
         self.sources = sources
         self.limit = limit
         self.sync = sync
@@ -166,7 +168,8 @@ class SharedStoreWriter:
             self._close_current()
             out = None
         if out is None:
-            out = self._out = OutFile(self.path / file_name("rdq", len(self.files)), self.sources, self.dry)
+            out = self._out = OutFile(self.path / file_name("rdq", self.first + len(self.files)), self.sources,
+                                        self.dry)
         return out
 
     def _close_current(self) -> None:
@@ -192,6 +195,15 @@ class SharedStoreWriter:
         """A whole source entry (size field to marker) at ``offset``."""
         self._room(total).copy(path, offset, total)
         self.entries += 1
+
+    def keep(self, path: Path, size: int) -> Path:
+        """A source file copied whole, under its own name (``compact --threshold`` keeps files
+        whose garbage ratio is at or below the threshold); returns the output path."""
+        out = OutFile(self.path / path.name, self.sources, self.dry)
+        if size:
+            out.copy(path, 0, size)
+        out.close(self.sync)
+        return out.path
 
     def close(self) -> None:
         self._close_current()
