@@ -212,7 +212,7 @@ def cmd_fsck(args) -> int:
         raise UsageError("--json and --jsonl exclude each other")
     progress = _progress(args.progress or (sys.stderr.isatty() and not (args.quiet or args.json or args.jsonl)))
     report = None
-    for item in fsck_mod.fsck(args.paths, deep=args.deep, assume_dirty=args.assume_dirty, progress=progress,
+    for item in fsck_mod.fsck(args.paths, deep=args.deep, assume_dirty=args.assume_dirty, progress=progress, jobs=args.jobs,
                               **read_options(args), **filters(args)):
         if isinstance(item, fsck_mod.Report):
             report = item
@@ -510,6 +510,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--all-findings", action="store_true", help="list every finding (default: 5 per code)")
     f.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     f.add_argument("--progress", action="store_true", help="progress on stderr even with --json/--jsonl")
+    f.add_argument("-j", "--jobs", type=_int_at_least(1), default=1, metavar="N",
+                   help="check N node dirs at once, each in its own process (a folder of backups; default 1)")
     add_read_options(f)
     add_filters(f, "only this queue's verdicts and findings, and the store-wide findings (repeatable)")
     f.set_defaults(func=cmd_fsck)

@@ -95,11 +95,13 @@ def running_broker(node_dir: Path) -> str | None:
 
 
 def fsck(paths, broker_version: str | None = None, as_of=None, deep: bool = False, assume_dirty: bool = False,
-         progress: Callable[[str], None] | None = None, vhosts=None, queues=None) -> Iterator:
+         progress: Callable[[str], None] | None = None, vhosts=None, queues=None, jobs: int = 1) -> Iterator:
     """Check every node dir under ``paths``. Yields findings as they are found and, last, the
     Report (whose findings list holds them all). ``vhosts`` (names) checks only those vhosts;
     ``queues`` (names) keeps only those queues' verdicts and findings, and the findings that
-    name no queue (store-wide: a vhost's checks need all of it, so it is still read whole)."""
+    name no queue (store-wide: a vhost's checks need all of it, so it is still read whole).
+    ``jobs``: nodes checked at once, each in its own process (a folder of backups); the report
+    is the same, in the same order, whatever ``jobs`` is."""
     from cqforensics.driver import names
 
     vhosts, queues = names(vhosts, "vhosts"), names(queues, "queues")
@@ -108,38 +110,65 @@ def fsck(paths, broker_version: str | None = None, as_of=None, deep: bool = Fals
         as_of_ms = provenance.now_ms()
     options = make_options(broker_version, as_of_ms, bodies=False, decode=False, assume_dirty=assume_dirty)
     report = Report()
-    for node in layout.discover(paths):
-        ns = NodeScan(node, options)
-        if broker_version:
-            source = "--broker-version"
-        else:
-            source = f"inferred: {ns.inferred[1]}"
-        scans = [vs for vs in ns.vhosts if vhosts is None or vs.vhost.name in vhosts]
-        nv = NodeVerdict(display(node.node), display(node.path), ns.model.label, source, {}, "hangs" if ns.boot_hangs else "ok",
-                         written_by=ns.version_range.to_dict())
-        live = running_broker(node.path)
-        if live:
-            nv.warnings.append(f"a broker appears to be running on this node dir ({live}): its files change "
-                               "under fsck, results may be inconsistent")
+    nodes = layout.discover(paths)
+    work = (bool(broker_version), deep, vhosts, queues)
+    if jobs > 1 and len(nodes) > 1:
+        results = _parallel(nodes, options, work, jobs, progress)
+    else:
+        results = (_check_node(node, options, work, progress) for node in nodes)
+    for nv, verdicts, findings in results:
         report.nodes.append(nv)
-        sizes = [layout.tree_bytes(vs.vhost.path) for vs in scans] if progress else []
-        for k, vs in enumerate(scans, 1):
-            if progress:
-                progress(f"{display(node.node)}: vhost {display(vs.vhost.label)} ({k}/{len(scans)})",
-                         sum(sizes[:k - 1]), sum(sizes))
-            nv.vhost_recovery[vs.vhost.label] = vs.recovery
-            verdicts, findings = check_vhost(vs, deep)
-            vs.close()
-            if queues is not None:
-                verdicts = [v for v in verdicts if v.queue in queues]
-                findings = [f for f in findings if f.queue is None or f.queue in queues]
-            report.queues += verdicts
-            for f in sorted(findings, key=_order):
-                report.findings.append(f)
-                yield f
+        report.queues += verdicts
+        for f in findings:
+            report.findings.append(f)
+            yield f
     report.provenance = provenance.record("fsck", paths, ", ".join(sorted({n.broker_version for n in report.nodes}))
                                           or broker_version, as_of_ms)
     yield report
+
+
+def _check_node(node, options, work, progress=None) -> tuple[NodeVerdict, list[QueueVerdict], list[Finding]]:
+    """One node's verdict, queue verdicts and findings (in report order)."""
+    forced, deep, vhosts, queues = work
+    ns = NodeScan(node, options)
+    source = "--broker-version" if forced else f"inferred: {ns.inferred[1]}"
+    scans = [vs for vs in ns.vhosts if vhosts is None or vs.vhost.name in vhosts]
+    nv = NodeVerdict(display(node.node), display(node.path), ns.model.label, source, {}, "hangs" if ns.boot_hangs else "ok",
+                     written_by=ns.version_range.to_dict())
+    live = running_broker(node.path)
+    if live:
+        nv.warnings.append(f"a broker appears to be running on this node dir ({live}): its files change "
+                           "under fsck, results may be inconsistent")
+    all_verdicts, all_findings = [], []
+    sizes = [layout.tree_bytes(vs.vhost.path) for vs in scans] if progress else []
+    for k, vs in enumerate(scans, 1):
+        if progress:
+            progress(f"{display(node.node)}: vhost {display(vs.vhost.label)} ({k}/{len(scans)})",
+                     sum(sizes[:k - 1]), sum(sizes))
+        nv.vhost_recovery[vs.vhost.label] = vs.recovery
+        verdicts, findings = check_vhost(vs, deep)
+        vs.close()
+        if queues is not None:
+            verdicts = [v for v in verdicts if v.queue in queues]
+            findings = [f for f in findings if f.queue is None or f.queue in queues]
+        all_verdicts += verdicts
+        all_findings += sorted(findings, key=_order)
+    return nv, all_verdicts, all_findings
+
+
+def _parallel(nodes, options, work, jobs: int, progress):
+    """``_check_node`` of each node in a pool of ``jobs`` forked processes, results in node order;
+    progress counts nodes done (and their bytes)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    sizes = [layout.tree_bytes(n.path / "msg_stores") for n in nodes] if progress else [0] * len(nodes)
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = [pool.submit(_check_node, node, options, work) for node in nodes]
+        for k, fut in enumerate(futures):
+            if progress:
+                progress(f"{display(nodes[k].node)} ({k + 1}/{len(nodes)}, {jobs} at once)", sum(sizes[:k]), sum(sizes))
+            yield fut.result()
 
 
 def _order(f: Finding):

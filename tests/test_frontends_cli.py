@@ -481,3 +481,19 @@ def test_long_commands_report_progress_in_bytes():
     os.waitpid(pid, 0)
     text = out.decode(errors="replace")
     assert "B/s" in text and "vhost" in text and "%|" in text, text[:500]
+
+
+def test_fsck_jobs_checks_nodes_in_parallel_with_the_same_report(capsys, tmp_path):
+    """fsck -j N: a folder of node backups checked N at once gives the report -j 1 gives."""
+    import shutil
+
+    for ds in ("4.3.6-kill", "3.10.8-kill", "4.0.5-clean"):
+        shutil.copytree(SAMPLES / ds / "mnesia", tmp_path / ds / "mnesia", symlinks=True)
+    outs = []
+    for jobs in ("1", "3"):
+        code = main(["fsck", "--json", "-j", jobs, str(tmp_path)])
+        doc = json.loads(capsys.readouterr().out)
+        doc.pop("provenance")
+        outs.append((code, doc))
+    assert outs[0] == outs[1] and len(outs[0][1]["nodes"]) == 3
+    assert main(["fsck", "-j", "0", str(tmp_path)]) == 16
