@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
+from cqforensics.errors import display
+
 
 def jsonable(v):
     """``v`` in the one JSON convention (``cqforensics.jsonout``): msg_id hex, other bytes as
@@ -209,7 +211,7 @@ def rewrite_text(result, out=None) -> None:
         where = result.lost_found_path or "lost+found/"
         out.write(f"lost+found: {result.lost_found} items ({where})\n")
     for n in result.notes:
-        out.write(f"note: {n}\n")
+        out.write(f"note: {display(n)}\n")  # notes may quote non-UTF-8 names
     if not result.dry_run:
         out.write(f"verify: {'consistent' if result.verified else 'not run'}\n")
     code = result.exit_code

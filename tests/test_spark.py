@@ -82,7 +82,7 @@ def test_paths_list_and_globs(spark):
     p1, p2 = str(SAMPLES / "4.0.5-kill"), str(SAMPLES / "4.3.6-kill")
     both = spark.read.format("rabbitcq").option("table", "queues").load([p1, p2]).toArrow()
     assert both.equals(cqforensics.read_table([p1, p2], "queues"))
-    glob = read(spark, str(SAMPLES / "4.*-kill"), "queues").toArrow()
+    glob = read(spark, str(SAMPLES / "4.?.?-kill"), "queues").toArrow()  # not the -proto- ones
     assert glob.equals(both)
 
 

@@ -38,7 +38,8 @@ def test_bad_options_are_usage_errors(options, message):
 
 def test_globs_expand_sorted():
     s = opt.parse({"path": str(SAMPLES / "4.*-clean")})
-    assert s.paths == tuple(str(SAMPLES / d) for d in ("4.0.5-clean", "4.1.8-clean", "4.2.2-clean", "4.3.6-clean"))
+    assert s.paths == tuple(str(SAMPLES / d) for d in ("4.0.5-clean", "4.0.5-proto-clean", "4.1.8-clean", "4.2.2-clean",
+                                                       "4.3.6-clean", "4.3.6-proto-clean"))
 
 
 def test_units_per_segment_and_per_vhost():

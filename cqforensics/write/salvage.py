@@ -151,7 +151,7 @@ class Result:
                 "store_files_written": self.store_files_written, "garbage_not_written": self.garbage,
                 "threshold": self.threshold, "store_files": self.store_files,
                 "lost_found": {"items": self.lost_found, "path": self.lost_found_path}, "totals": self.totals(),
-                "queues": [q.to_dict() for q in self.queues], "notes": self.notes, "verified": self.verified,
+                "queues": [q.to_dict() for q in self.queues], "notes": display_all(self.notes), "verified": self.verified,
                 "exit_code": self.exit_code}
 
 
