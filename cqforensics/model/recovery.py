@@ -341,6 +341,13 @@ _QS_FATE = {QsStatus.MISSING_FILE: Fate.QS_MISSING_FILE, QsStatus.BAD_HEADER: Fa
 _QS_FATE_CODES = np.array([_QS_FATE.get(s, -1) for s in sorted(QsStatus, key=int)], np.int8)  # by QsStatus code
 
 
+def qs_fate(status) -> Fate | None:
+    """What the check of a message's ``.qs`` entry alone makes of it (None: the entry is fine, or
+    the message has none): writers quarantine a message whose entry contradicts its index, even
+    where a queue-level fate (a crash) comes first in the boot's order."""
+    return _QS_FATE.get(QsStatus(int(status))) if int(status) else None
+
+
 # plain ints for ``resolve``'s array expressions
 _SHARED, _QSTORE, _EMBEDDED = int(Location.SHARED_STORE), int(Location.QUEUE_STORE), int(Location.EMBEDDED)
 _ON_DISK_CODES = np.array([_SHARED, _QSTORE, _EMBEDDED])

@@ -43,6 +43,7 @@ from cqforensics.model.recovery import (
     QUARANTINED,
     SALVAGEABLE,
     intrinsic_fate,
+    qs_fate,
 )
 from cqforensics.model.versions import BrokerModel
 from cqforensics.model.versions import model as version_model
@@ -532,6 +533,8 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: RewriteContext,
         else:
             # what no boot delivers, whatever else is wrong with the queue
             fate = intrinsic_fate(persistent[j], loc) or fate
+            if qs_fate(res.qs_status[j]) in QUARANTINED:  # its .qs entry contradicts the index
+                fate = qs_fate(res.qs_status[j])
             whole_qs_entry = False
             if fate == Fate.QS_BAD_HEADER and qs is not None and \
                     vs.bodies.qs_entry(qs, st_off[j], st_size[j], trust_header=False) == r_qs.OK:
