@@ -7,7 +7,6 @@ the offset of the finding, never message text."""
 from __future__ import annotations
 
 import os
-import resource
 import shutil
 import struct
 import subprocess
