@@ -378,9 +378,8 @@ def decode_core(vs: VhostScan, res, rows: slice, index_ids: list) -> dict:
     fallback = np.flatnonzero(status == core.FALLBACK)
     if not len(fallback):
         return cols
-    terms = _terms(vs, res, slice(rows.start, rows.stop))
-    ref = _arrays(decode_reference([terms[k] for k in fallback], [index_ids[k] for k in fallback],
-                                   vs.options.bodies))
+    terms = _terms(vs, res, rows.start + fallback)  # only the rows the reference decodes
+    ref = _arrays(decode_reference(terms, [index_ids[k] for k in fallback], vs.options.bodies))
     order = np.arange(len(index_ids))
     order[fallback] = len(index_ids) + np.arange(len(fallback))
     return {k: pa.concat_arrays([v, ref[k]]).take(order) for k, v in cols.items()}
@@ -474,11 +473,13 @@ def _undecoded_chunk(vs: VhostScan, res, rows: slice, ids: list, has_id: list) -
     return out
 
 
-def _terms(vs: VhostScan, res, rows: slice) -> list:
-    """The stored terms of live entries ``rows`` (None where the body was not found)."""
-    m = rows.stop - rows.start
+def _terms(vs: VhostScan, res, rows) -> list:
+    """The stored terms of live entries ``rows`` (a slice or an array of positions; None where the
+    body was not found)."""
+    rows = np.arange(rows.start, rows.stop) if isinstance(rows, slice) else np.asarray(rows)
+    m = len(rows)
     found = np.flatnonzero(res.body_file[rows] >= 0)
-    at = found + rows.start
+    at = rows[found]
     terms = vs.bodies.read_many([res.body_files[f] for f in res.body_file[at].tolist()], res.body_start[at].tolist(),
                                 res.body_len[at].tolist())
     out = [None] * m
