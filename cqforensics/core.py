@@ -17,6 +17,7 @@ comparisons and benchmarks. A missing or stale build is not an error: the refere
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 from collections import Counter
 
@@ -25,7 +26,7 @@ import pyarrow as pa
 
 from cqforensics.schema import PROPERTIES, STRINGS
 
-ABI = 4  # must equal the core's ABI (core/src/lib.rs)
+ABI = 5  # must equal the core's ABI (core/src/lib.rs)
 log = logging.getLogger("cqforensics.core")
 
 try:
@@ -62,8 +63,10 @@ def walk_rdq(data, extents=None, referenced: bytes | None = None):
     """``(offsets, totals, msg_ids, holes, torn, rejected)`` of one ``.rdq`` file's bytes (see
     readers.rdq.walk): numpy int64, int64 and V16 arrays, ``[(offset, length, kind)]``,
     ``[(offset, total, id)]`` and ``[(offset, total, id, reason, hidden)]``; ``referenced``: the
-    ids to trust, 16 bytes each, sorted bytewise (``readers.rdq.Referenced.sorted``)."""
-    offsets, totals, ids, holes, torn, rejected = _native.walk_rdq(data, extents, referenced)
+    ids to trust, 16 bytes each, sorted bytewise (``readers.rdq.Referenced.sorted``). A map's
+    pages are dropped behind the walk (memory stays flat over a huge file)."""
+    offsets, totals, ids, holes, torn, rejected = _native.walk_rdq(data, extents, referenced,
+                                                                   isinstance(data, mmap.mmap))
     return (np.frombuffer(offsets, np.int64), np.frombuffer(totals, np.int64), np.frombuffer(ids, "V16"),
             holes, torn, rejected)
 

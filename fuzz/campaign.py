@@ -26,7 +26,7 @@ peak RSS comes from ``os.wait4``. A run fails when:
 
 Besides, for each input whose mutation changed a data file's bytes, the summary says whether
 ``fsck --json`` named that file in a finding (``reported``), and lists the others as ``silent``
-for triage (not every mutation is damage: a flipped padding bit, zeros over zeros).
+for triage (a mutation that left the file's bytes as they were is no damage and is not counted).
 
 The JSON summary lists the runs, seeds, figures (peak RSS, slowest run) and the failures by
 class, each with a reproducer. Failing inputs are kept in ``fuzz/regressions.json``
@@ -410,7 +410,22 @@ def prepare(seed: int, work: Path, dataset: str | None = None, mutation: str | N
     rng = random.Random(f"{seed}:{dataset}:{mutation}")
     what, target = MUTATIONS[mutation](rng, node)
     return {"dataset": dataset, "mutation": mutation, "what": what, "base": base,
-            "target": os.fsdecode(target) if target is not None else None}
+            "target": os.fsdecode(target) if target is not None else None,
+            "changed": _changed(target, base, SAMPLES / dataset / "mnesia")}
+
+
+def _changed(target, base: Path, original: Path) -> bool | None:
+    """Whether the mutation left the target file's bytes different from the sample's (a slot
+    copied over an equal one, zeros over zeros or a swap of equal files change nothing: no
+    damage, so no finding is owed); None when there is no single target file to compare."""
+    if target is None or not os.path.isfile(target):
+        return None
+    try:
+        was = (original / os.path.relpath(os.fsdecode(target), base)).read_bytes()
+    except OSError:
+        return None
+    with open(target, "rb") as f:
+        return f.read() != was
 
 
 # -- commands -------------------------------------------------------------------------------------------
@@ -556,7 +571,7 @@ def _reported(inp: dict, out: Path, runs: list[dict]) -> bool | None:
     None when not applicable (no such run, a mutation that changes no file's bytes, no target).
     Not every mutation is damage (a flipped bit in a padding byte, zeros over zeros), so a False
     is for triage (``silent`` in the summary), not a failure."""
-    if inp["mutation"] not in DAMAGING or not inp["target"]:
+    if inp["mutation"] not in DAMAGING or not inp["target"] or inp.get("changed") is False:
         return None
     run = next((x for x in runs if x["command"] == "fsck --json" and x["rc"] in (0, 4)), None)
     if run is None:

@@ -11,7 +11,7 @@ import pytest
 
 import cqforensics
 import damage
-from conftest import copy_node
+from conftest import SAMPLES, copy_node
 
 TARGETS = {  # file kind -> glob inside a node dir
     "qi": "msg_stores/vhosts/*/queues/*/*.qi",
@@ -162,6 +162,24 @@ def test_qs_crc_and_missing_file_drop_the_message(tmp_path):
     rows = [r for r in _rows(node, "messages") if r["file"] == str(qi) and r["location"] == "queue_store"]
     assert {r["drop_reason"] for r in rows} == {"qs_missing_file"}
     assert ("qs-entry-missing", qs.name, None) in _findings(node)
+
+
+@pytest.mark.parametrize("insert", [b"\0" * 100, b"\x01\x83junk\x83\0\0" * 7, b"\0" * 50 + b"xyz", b"\0" * 3])
+def test_qs_scan_finds_every_entry_after_zeros_or_garbage(insert):
+    """crafted: bytes inserted between two entries of a real 4.3.6 segment. The scan that works
+    without the .qi (dump, trailing-garbage check) must find the entry right after them, even
+    though its header starts with zero bytes that a zero run's skip would step over."""
+    from cqforensics.readers.qs import first_entry_offset, scan_entries
+
+    qs = max((SAMPLES / "4.3.6-clean" / "mnesia").rglob("*.qs"),
+             key=lambda p: p.stat().st_size).read_bytes()
+    entries = [e for e in scan_entries(qs, first_entry_offset()) if e[0] == "entry"]
+    assert len(entries) >= 4
+    at = entries[3][1]
+    data = qs[:at] + insert + qs[at:]
+    found = list(scan_entries(data, first_entry_offset()))
+    assert [e[1] for e in found if e[0] == "entry"] == [o if o < at else o + len(insert) for _, o, *_ in entries]
+    assert [e for e in found if e[0] == "gap"] == [("gap", at, at + len(insert), not insert.strip(b"\0"))]
 
 
 def test_v1_segment_and_journal_damage(tmp_path):

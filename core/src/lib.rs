@@ -16,7 +16,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 /// Bumped whenever a function's arguments or results change: the Python side refuses a core
 /// built from other sources (a stale build) and says how to rebuild.
-pub const ABI: u32 = 4;
+pub const ABI: u32 = 5;
 
 /// Row status of `decode_messages`.
 const DECODED: u8 = 0;
@@ -57,19 +57,20 @@ impl View {
 /// rejected `[(offset, total, id, reason, hidden)]`. `referenced`: the ids to trust, 16 bytes
 /// each, sorted bytewise.
 #[pyfunction]
-#[pyo3(signature = (data, extents=None, referenced=None))]
+#[pyo3(signature = (data, extents=None, referenced=None, mapped=false))]
 fn walk_rdq<'py>(
     py: Python<'py>,
     data: &Bound<'py, PyAny>,
     extents: Option<Vec<(usize, usize)>>,
     referenced: Option<&[u8]>, // bytes, borrowed: extracting a Vec<u8> would convert it byte by byte
+    mapped: bool,              // data is a read-only file map: pages behind the walk may be dropped
 ) -> PyResult<Bound<'py, PyTuple>> {
     let view = View::new(data)?;
     let (ptr, len) = (view.ptr, view.len);
     let refs: &[u8] = referenced.unwrap_or_default();
     let w = py.detach(move || {
         let bytes: &[u8] = if len == 0 { &[] } else { unsafe { std::slice::from_raw_parts(ptr as *const u8, len) } };
-        rdq::walk(bytes, extents.as_deref(), &rdq::Referenced(&refs))
+        rdq::walk_map(bytes, extents.as_deref(), &rdq::Referenced(&refs), mapped)
     });
     drop(view);
     let kinds = ["zeroed", "garbage", "truncated_tail"];

@@ -8,6 +8,55 @@
 //! moves on to the next candidate after their first byte.
 
 pub const MARK: u8 = 255;
+const CHECK_EVERY: usize = 1 << 20; // how often a long scan reports its progress to the pager
+
+/// Drops the pages a scan of a read-only file map has passed (`madvise(MADV_DONTNEED)`, like the
+/// reader's `files.drop_pages`): they stay in the page cache and fault back in if read again,
+/// but leave the process's RSS, so a walk of a huge file keeps its memory flat. Only ever
+/// enabled for a map (on heap memory MADV_DONTNEED would zero the pages).
+mod pager {
+    use std::cell::Cell;
+
+    const STEP: usize = 16 << 20;
+
+    thread_local! {
+        static STATE: Cell<(usize, usize, usize)> = const { Cell::new((0, 0, 0)) }; // base, len, dropped up to
+    }
+
+    pub fn start(data: &[u8]) {
+        STATE.with(|s| s.set((data.as_ptr() as usize, data.len(), 0)));
+    }
+
+    pub fn stop() {
+        STATE.with(|s| s.set((0, 0, 0)));
+    }
+
+    /// A scan starts again at `from` (pages it faults back in are dropped again as it passes).
+    pub fn rewind(from: usize) {
+        STATE.with(|s| {
+            let (base, len, dropped) = s.get();
+            s.set((base, len, dropped.min(from)));
+        });
+    }
+
+    /// The scan has read everything it needs before `upto`.
+    #[inline]
+    pub fn passed(upto: usize) {
+        STATE.with(|s| {
+            let (base, len, dropped) = s.get();
+            if base == 0 || upto < dropped + STEP {
+                return;
+            }
+            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+            let (a, b) = (dropped.div_ceil(page) * page, upto.min(len) / page * page);
+            if b > a {
+                // failure (an unaligned base) only means the pages stay
+                unsafe { libc::madvise((base + a) as *mut libc::c_void, b - a, libc::MADV_DONTNEED) };
+            }
+            s.set((base, len, upto));
+        });
+    }
+}
 pub const HEADER: usize = 24; // Size:64 + MsgId:128
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,7 +204,12 @@ fn next_candidate_before(data: &[u8], from: usize, until: usize, extents: Option
     let end = until.min(data.len());
     let mut p = from;
     let mut ext_i = 0usize;
+    let mut report = p + CHECK_EVERY;
     while p < end {
+        if p >= report {
+            pager::passed(p.saturating_sub(HEADER));
+            report = p + CHECK_EVERY;
+        }
         if let Some(ext) = extents {
             while ext_i < ext.len() && ext[ext_i].1 <= p {
                 ext_i += 1;
@@ -176,6 +230,10 @@ fn next_candidate_before(data: &[u8], from: usize, until: usize, extents: Option
                     return Some(p);
                 }
                 p += 1;
+                if p >= report {
+                    pager::passed(p.saturating_sub(HEADER));
+                    report = p + CHECK_EVERY;
+                }
             }
             continue;
         }
@@ -192,12 +250,27 @@ fn next_candidate_before(data: &[u8], from: usize, until: usize, extents: Option
     None
 }
 
+/// Whether `data[a..b]` holds a nonzero byte, a megabyte at a time (reported to the pager).
+fn any_nonzero(data: &[u8], a: usize, b: usize) -> bool {
+    let mut c = a;
+    pager::rewind(a);
+    while c < b {
+        let d = (c + CHECK_EVERY).min(b);
+        if data[c..d].iter().any(|&x| x != 0) {
+            return true;
+        }
+        pager::passed(d);
+        c = d;
+    }
+    false
+}
+
 fn hole_kind(data: &[u8], o: usize, n: usize, extents: Option<&[(usize, usize)]>) -> HoleKind {
     let garbage = match extents {
-        None => data[o..o + n].iter().any(|&b| b != 0),
+        None => any_nonzero(data, o, o + n),
         Some(ext) => ext.iter().any(|&(a, b)| {
             let (a, b) = (a.max(o), b.min(o + n));
-            a < b && data[a..b].iter().any(|&x| x != 0)
+            a < b && any_nonzero(data, a, b)
         }),
     };
     if garbage {
@@ -218,12 +291,27 @@ fn is_truncated_tail(data: &[u8], o: usize) -> bool {
 }
 
 pub fn walk(data: &[u8], extents: Option<&[(usize, usize)]>, referenced: &Referenced) -> Walk {
+    walk_map(data, extents, referenced, false)
+}
+
+/// `walk`; `mapped`: `data` is a read-only file map whose passed pages may be dropped (`pager`).
+pub fn walk_map(data: &[u8], extents: Option<&[(usize, usize)]>, referenced: &Referenced, mapped: bool) -> Walk {
+    if mapped {
+        pager::start(data);
+    }
+    let w = walk_pages(data, extents, referenced);
+    pager::stop();
+    w
+}
+
+fn walk_pages(data: &[u8], extents: Option<&[(usize, usize)]>, referenced: &Referenced) -> Walk {
     let end = data.len();
     let mut w = Walk::default();
     let mut ahead = TrustedAhead { frontier: 0, found: None };
     let mut hole: Option<usize> = None;
     let mut o = 0usize;
     while o < end {
+        pager::passed(hole.unwrap_or(o)); // a hole's bytes are read again to tell its kind
         if o + HEADER <= end {
             let size = size_at(data, o);
             let fits = size >= 16 && size <= (end - o - 9) as u64;

@@ -80,10 +80,8 @@ def clean_state_findings(vs: VhostScan) -> list[Finding]:
 
 def recovery_findings(vs: VhostScan) -> list[Finding]:
     """``unclean-shutdown`` when the next boot recovers the vhost dirty."""
-    if vs.recovery != "dirty":
+    mode, why, file = vs.recovery_state
+    if mode != "dirty":
         return []
-    st = vs.vhost.stores.get("persistent")
-    why = "no clean.dot" if st is None or not st.clean_dot.exists() else \
-        "clean-shutdown files do not match the queues' recovery terms"
     return [Finding("unclean-shutdown", f"{why}: the next boot rebuilds the indexes from the files "
-                    "(dirty recovery)", str(vs.vhost.path))]
+                    "(dirty recovery)", str(file))]

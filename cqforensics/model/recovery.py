@@ -64,24 +64,38 @@ def claims(e_file: np.ndarray, e_offset: np.ndarray, reach: np.ndarray, group: n
 
 def mode(vhost, assume_dirty: bool, model: BrokerModel | None = None) -> str:
     """'clean' when the next boot trusts the shutdown state (no index or store checks at all),
-    else 'dirty' (rebuild from the files). Clean needs the persistent store's clean.dot,
-    file_summary.ets and msg_store_index.ets intact and recovery terms whose persistent_refs are
-    exactly clean.dot's client_refs (MS build_index / recover_index_terms)."""
+    else 'dirty' (rebuild from the files); ``clean_state`` says why."""
+    return clean_state(vhost, assume_dirty, model)[0]
+
+
+def clean_state(vhost, assume_dirty: bool, model: BrokerModel | None = None) -> tuple[str, str, Path]:
+    """``(mode, why, file)``: 'clean' or 'dirty' (see ``mode``), the reason, and the file it
+    rests on. Clean needs the persistent store's clean.dot, file_summary.ets and
+    msg_store_index.ets intact and recovery terms whose persistent_refs are exactly clean.dot's
+    client_refs (MS build_index / recover_index_terms)."""
     st = vhost.stores.get("persistent")
-    if assume_dirty or st is None or not st.clean_dot.exists():
-        return "dirty"
+    if assume_dirty:
+        return "dirty", "--assume-dirty", vhost.path
+    if st is None or not st.clean_dot.exists():
+        return "dirty", "no clean.dot", vhost.path
     dot = r_terms.clean_dot(st.clean_dot)
+    if not dot:
+        return "dirty", "clean.dot is unreadable", st.clean_dot
     terms = r_terms.recovery_terms(vhost.recovery_dets)
-    if not dot or not terms:
-        return "dirty"
+    if not terms:
+        return "dirty", "recovery.dets holds no readable recovery terms", vhost.recovery_dets
     for ets in (st.file_summary, st.msg_store_index):  # ets:file2tab must load them (not verify them)
         if not ets.exists() or file2tab_objects(ets) is None:
-            return "dirty"
+            return "dirty", f"{ets.name} is missing or ets:file2tab cannot load it", ets
         if model is not None and not model.store_index_loaded_unverified and not r_terms.read_ets(ets).complete:
-            return "dirty"
+            return "dirty", f"{ets.name} fails ets:file2tab's verification", ets
     refs = sorted(t.get("persistent_ref") for t in terms.values() if isinstance(t.get("persistent_ref"), bytes))
     client = dot.get("client_refs")
-    return "clean" if isinstance(client, list) and sorted(client) == refs else "dirty"
+    if isinstance(client, list) and sorted(client) == refs:
+        return "clean", "clean shutdown", st.clean_dot
+    n = len(client) if isinstance(client, list) else "no"
+    return "dirty", (f"clean.dot's client_refs ({n}) are not the persistent_refs of the queues' recovery terms "
+                     f"({len(refs)})"), st.clean_dot
 
 
 # -- what a clean start reads of its recorded state ------------------------------------------------------

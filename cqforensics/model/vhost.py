@@ -149,9 +149,15 @@ class VhostScan:
         return self.index_pass[1]
 
     @cached_property
+    def recovery_state(self) -> tuple[str, str, Path]:
+        """``(mode, why, file)``: how the next boot recovers this vhost and why
+        (model.recovery.clean_state)."""
+        return recovery.clean_state(self.vhost, self.options.assume_dirty)
+
+    @property
     def recovery(self) -> str:
         """'clean' or 'dirty': how the next boot recovers this vhost (model.recovery.mode)."""
-        return recovery.mode(self.vhost, self.options.assume_dirty)
+        return self.recovery_state[0]
 
     @cached_property
     def store_status(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -13,6 +13,8 @@ import os
 import stat
 from pathlib import Path
 
+import numpy as np
+
 from cqforensics.errors import FormatError, OperationalError, display
 
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
@@ -119,6 +121,53 @@ def map_file(path: Path | str):
                 return b""
     except OSError as e:
         raise _oserror(path, e) from e
+
+
+_FIRST_WINDOW, _MAX_WINDOW = 4096, 16 << 20
+
+
+def next_nonzero(data, start: int, end: int) -> int:
+    """Offset of the first nonzero byte of ``data[start:end]`` (``end`` when none). The search
+    runs through numpy views of growing windows (no copy, vectorised) and drops a map's pages
+    once passed (``drop_pages``): a long zero run (a file of zeros, or a sparse file whose holes
+    the file system does not report) costs neither memory nor a byte-at-a-time scan."""
+    o, window = start, _FIRST_WINDOW
+    while o < end:
+        stop = min(o + window, end)
+        view = np.frombuffer(data, np.uint8, stop - o, o)
+        if view.any():
+            return o + int((view != 0).argmax())
+        drop_pages(data, o, stop)
+        o, window = stop, min(window * 2, _MAX_WINDOW)
+    return end
+
+
+def find(data, needle: bytes, start: int, stop: int) -> int:
+    """``data.find(needle, start, stop)`` that, on a map, searches a window at a time and drops
+    the pages it has passed: a search through a huge file keeps this process's memory flat."""
+    if not isinstance(data, mmap.mmap) or stop - start <= _MAX_WINDOW:
+        return data.find(needle, start, stop)
+    o = start
+    while o < stop:
+        w = min(o + _MAX_WINDOW, stop)
+        hit = data.find(needle, o, min(w + len(needle) - 1, stop))
+        if hit >= 0:
+            return hit
+        drop_pages(data, o, w)
+        o = w
+    return -1
+
+
+def drop_pages(data, start: int, end: int) -> None:
+    """Let the kernel drop the pages of a read-only map that lie wholly in ``[start, end)``: they
+    stay in the page cache and fault back in if read again, but leave this process's RSS (a
+    scan of a huge file keeps its memory flat)."""
+    if not isinstance(data, mmap.mmap):
+        return
+    a = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+    b = end // mmap.PAGESIZE * mmap.PAGESIZE
+    if b > a:
+        data.madvise(mmap.MADV_DONTNEED, a, b - a)
 
 
 def file_size(path: Path | str) -> int:

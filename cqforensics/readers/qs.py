@@ -16,7 +16,7 @@ from cqforensics import core
 from cqforensics.codes import QsStatus
 from cqforensics.grammar import qs as c_qs
 from cqforensics.errors import CQError, FormatError
-from cqforensics.readers.files import data_extents, map_file, open_regular
+from cqforensics.readers.files import data_extents, drop_pages, map_file, next_nonzero, open_regular
 
 _ENTRY_HEADER = c_qs.ENTRY_HEADER.unpack_from
 
@@ -110,7 +110,8 @@ def open_qs(path: Path | None) -> QsFile | None:
     return QsFile(path, size, ok)
 
 
-_NONZERO = re.compile(rb"[^\x00]")
+_TERM_TAG = b"\x83"  # every entry's term starts with the external-term-format version byte
+_DROP_EVERY = 16 << 20
 
 
 def scan_entries(data, start: int, extents=None):
@@ -119,12 +120,16 @@ def scan_entries(data, start: int, extents=None):
     ``("entry", offset, size, flags)`` and ``("gap", offset, end, zeroed)`` for the bytes between
     (QS2 leaves zero-filled gaps for messages acked while buffered; rabbitmq-formats.md 3.2).
     ``data`` may be a map of a huge file: nothing is copied but a term being checked, zero runs
-    are skipped by a regex, and ``extents`` (``files.data_extents``) skips a sparse file's holes
-    unread."""
+    are skipped vectorised (``files.next_nonzero``), garbage jumps to the next byte 131 that could
+    start a term, ``extents`` (``files.data_extents``) skips a sparse file's holes unread, and the
+    pages behind the scan are dropped, so memory stays flat whatever the file's size."""
     end = len(data)
     holes = _holes(extents, end)
-    o, gap, gap_zero = start, None, True
+    o, gap, gap_zero, dropped = start, None, True, 0
     while o < end:
+        if o - dropped >= _DROP_EVERY:
+            drop_pages(data, dropped, o)
+            dropped = o
         hole = holes.get(o)
         if hole is not None:  # a hole reads as zeros: skipped unread
             gap = o if gap is None else gap
@@ -142,13 +147,13 @@ def scan_entries(data, start: int, extents=None):
                 o = sum(entry_span(o, size))
                 continue
         gap = o if gap is None else gap
-        if data[o] == 0:
-            nxt = _next_hole(holes, o, end)
-            m = _NONZERO.search(data, o, nxt)
-            o = m.start() if m else nxt
-        else:
+        nxt = _next_hole(holes, o, end)
+        if data[o] == 0:  # an entry's header starts with zeros: resume up to a header before the run's end
+            o = max(o + 1, next_nonzero(data, o, nxt) - c_qs.ENTRY_HEADER_SIZE)
+        else:  # no entry can start before the next byte 131 (its term's first byte)
             gap_zero = False
-            o += 1
+            tag = data.find(_TERM_TAG, o + 1 + c_qs.ENTRY_HEADER_SIZE, nxt + c_qs.ENTRY_HEADER_SIZE)
+            o = nxt if tag < 0 else min(tag - c_qs.ENTRY_HEADER_SIZE, nxt)
     if gap is not None:
         yield "gap", gap, end, gap_zero
 

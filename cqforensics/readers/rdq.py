@@ -42,7 +42,7 @@ import numpy as np
 from cqforensics import core
 from cqforensics.findings import Finding
 from cqforensics.grammar import rdq as c_rdq
-from cqforensics.readers.files import data_extents, map_file
+from cqforensics.readers.files import data_extents, drop_pages, map_file
 
 _HEAD = c_rdq.ENTRY_HEAD.unpack_from
 _SIZE = c_rdq.ENTRY_SIZE_FIELD.unpack_from
@@ -188,6 +188,7 @@ def find_candidates(data, start: int, end: int, first_only: bool = False, extent
             found.append(cand)
             if first_only and len(cand):
                 break
+        drop_pages(data, pos, stop)  # memory stays flat over a huge file (read again if needed)
         pos = stop
         step = min(step * 2, _CHUNK)
     return np.concatenate(found) if found else np.zeros(0, np.int64)
@@ -200,6 +201,7 @@ def _hole_kind(data, o: int, n: int, extents=None) -> str:
         for c in range(a, b, _CHUNK):
             if np.frombuffer(data, np.uint8, count=min(_CHUNK, b - c), offset=c).any():
                 return "garbage"
+            drop_pages(data, c, c + _CHUNK)
     return "zeroed"
 
 

@@ -17,6 +17,7 @@ from cqforensics import etf, textfiles
 from cqforensics.errors import FormatError
 from cqforensics.grammar import disklog as c_disklog
 from cqforensics.findings import Finding
+from cqforensics.readers import files
 from cqforensics.readers.files import data_extents, map_file, read_bytes, read_optional
 
 _ITEM_HEAD = c_disklog.ITEM_HEAD.unpack_from
@@ -110,7 +111,7 @@ def _dets_objects(data, end: int | None = None, extents=None):
 
 
 def _dets_objects_in(data, begin: int, stop: int):
-    o = data.find(DETS_ACTIVE, begin, stop)
+    o = files.find(data, DETS_ACTIVE, begin, stop)
     while o >= 4:
         # a slot's block holds every object whose key hashes to it: <<Size, ACTIVE, (TermSize, Term)*>>
         (block,) = struct.unpack_from(">I", data, o - 4)
@@ -129,7 +130,7 @@ def _dets_objects_in(data, begin: int, stop: int):
             pos += obj_size
             if pos >= block_end:
                 break
-        o = data.find(DETS_ACTIVE, max(o + 4, pos), stop)
+        o = files.find(data, DETS_ACTIVE, max(o + 4, pos), stop)
 
 
 #: DETS v9 file layout (OTP dets_v9.erl): the header words, the free-list blocks written at
