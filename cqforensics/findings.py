@@ -59,7 +59,11 @@ CODES: dict[str, tuple[str, str]] = {
     "qs-trailing-garbage": (WARNING, "bytes after the last entry of a .qs segment that are no entry (junk "
                                      "appended or a torn write); the broker never reads them"),
     "term-file-damaged": (WARNING, "a Mnesia log, Khepri (Ra) WAL, DETS table or ets dump is torn, holds bytes "
-                                   "that are no item, or holds more or fewer items than it records"),
+                                   "that are no item, or holds more or fewer items than it records; or a text "
+                                   "file the broker writes (.config, clean.dot, cluster_nodes.config, ...) holds "
+                                   "NUL bytes, unreadable terms or terms of another shape than its writer's"),
+    "message-copies-differ": (WARNING, "two copies of one message embedded in CQv1 indexes (one message id routed "
+                                       "to two queues) hold different bytes: one is damaged"),
 }
 
 

@@ -240,12 +240,13 @@ def read_vhost_dir(path: Path) -> VhostDir:
         v.name_raw, v.name = raw, raw.decode("utf-8", "replace")
     cfg = _read_small(path / ".config", v.problems)
     if cfg is not None:
+        hit = textfiles.text_damage(cfg, ".config")
+        if hit is not None:
+            v.problems.append(FileProblem("term-file-damaged", path / ".config", f".config: {hit[0]}", hit[1]))
         try:
             count = textfiles.segment_entry_count(cfg)
-        except FormatError as e:
+        except FormatError:  # the damage is the finding above
             count = None
-            v.problems.append(FileProblem("unknown-file", path / ".config", f"unreadable .config: {e.message}",
-                                          e.offset))
         if count is not None:
             v.segment_entry_count = count
     for e in _special(_listdir(path), v.problems):

@@ -199,3 +199,87 @@ def segment_entry_count(raw: bytes | None) -> int | None:
         return None
     value = proplist(consult(raw)).get("segment_entry_count")
     return value if isinstance(value, int) and 0 < value <= 16384 else None
+
+
+# -- the shape each writer gives its text file --------------------------------------------------------
+
+
+def _atoms(v) -> bool:
+    return isinstance(v, list) and all(isinstance(x, Atom) for x in v)
+
+
+def _client_refs(v) -> bool:
+    return isinstance(v, list) and all(isinstance(x, bytes) and len(x) == 16 for x in v)
+
+
+def _vhost_config(terms: list, node: str | None) -> str | None:
+    n = proplist(terms).get("segment_entry_count")
+    if not (isinstance(n, int) and 0 < n <= 16384):
+        return ("no {segment_entry_count, N} term (VH write_config writes one): the broker falls back to its "
+                "configured default and reads the vhost's index segments with that count")
+    return None
+
+
+def _clean_dot(transient: bool):
+    def check(terms: list, node: str | None) -> str | None:
+        p = proplist(terms)
+        if not _client_refs(p.get("client_refs")) or not isinstance(p.get("index_module", Atom("")), Atom):
+            return ("not the {client_refs, [<<Ref:16/binary>>, ...]} term (and, before 4.0, {index_module, M}) "
+                    "MS terminate writes")
+        if transient and p["client_refs"]:
+            return ("client_refs recorded for the transient store, whose clean.dot always records none (a file of "
+                    "a persistent store put in its place); the broker deletes the transient store at boot")
+        return None
+    return check
+
+
+def _cluster_nodes(terms: list, node: str | None) -> str | None:
+    if len(terms) != 1:
+        return "not one term (rabbit_node_monitor writes {AllNodes, DiscNodes}): the broker refuses to boot"
+    t = terms[0]
+    if isinstance(t, tuple) and len(t) == 2 and _atoms(t[0]) and _atoms(t[1]):
+        nodes = t[0]
+    elif _atoms(t):  # the legacy form, still read
+        nodes = t
+    else:
+        return "not {AllNodes, DiscNodes} (lists of node names): the broker refuses to boot"
+    if node is not None and nodes and node not in nodes:
+        return (f"the cluster it records ({', '.join(map(str, nodes))}) does not include this node ({node}): "
+                "the broker waits at boot for those nodes' tables")
+    return None
+
+
+def _one(test, what: str):
+    def check(terms: list, node: str | None) -> str | None:
+        return None if len(terms) == 1 and test(terms[0]) else f"not {what}"
+    return check
+
+
+#: file name -> the check of its terms (None: fine), after the common ones (text, parses)
+TEXT_SHAPES = {
+    ".config": _vhost_config,
+    "clean.dot:persistent": _clean_dot(False),
+    "clean.dot:transient": _clean_dot(True),
+    "cluster_nodes.config": _cluster_nodes,
+    "nodes_running_at_shutdown": _one(_atoms, "one list of node names (rabbit_node_monitor): the broker refuses "
+                                      "to boot"),
+    "node-type.txt": _one(lambda t: t in (Atom("disc"), Atom("ram")), "the atom disc or ram"),
+    "rabbit_serial": _one(lambda t: isinstance(t, int) and t >= 0, "one non-negative integer"),
+    "schema_version": _one(_atoms, "one list of upgrade step names"),
+}
+
+
+def text_damage(raw: bytes, shape: str, node: str | None = None) -> tuple[str, int | None] | None:
+    """What is wrong with a broker-written text file, as ``(problem, offset)``, or None: a NUL
+    byte (every writer writes printable text: ``~w``/``~p``), terms ``file:consult`` cannot read,
+    or terms that are not the shape its writer gives it (``TEXT_SHAPES``; ``node``: this node's
+    name, which the cluster files must hold)."""
+    nul = raw.find(b"\0")
+    if nul >= 0:
+        return "a NUL byte (the broker writes text): zeroed or overwritten", nul
+    try:
+        terms = consult(raw)
+    except FormatError as e:
+        return f"unreadable terms: {e.message}", e.offset
+    problem = TEXT_SHAPES[shape](terms, node)
+    return (problem, None) if problem else None

@@ -194,7 +194,7 @@ def test_text_files_nested_or_huge_are_format_errors(name, crafted, tmp_path, ca
     target.write_bytes(crafted)
     every_command(node, tmp_path, capsys, tables=("messages", "queues", "findings"))
     if name == ".config":
-        assert (".config", 201 if crafted[:1] == b"[" else 22) in findings(node, "unknown-file")
+        assert (".config", 201 if crafted[:1] == b"[" else 22) in findings(node, "term-file-damaged")
 
 
 def test_huge_integers_and_deep_terms_in_term_files(tmp_path, capsys):

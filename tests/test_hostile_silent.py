@@ -130,10 +130,90 @@ def test_no_silent_damage_codes_on_the_healthy_samples():
     from conftest import datasets
 
     new = {"index-duplicate-entry", "segment-misplaced", "qs-trailing-garbage", "term-file-damaged",
-           "not-regular-file"}
+           "not-regular-file", "message-copies-differ"}
     for ds in datasets():
         got = {c for c, _, _ in findings(SAMPLES / ds / "mnesia") if c in new}
         assert not got, (ds, got)
+
+
+# -- the broker's text files: no checksum, so their writer's shape is the evidence ---------------------
+
+def _text_case(node: Path, rel: str, new: bytes) -> tuple[Path, set]:
+    path = next(node.glob(rel))
+    path.write_bytes(new)
+    return path, codes_at(node, path)
+
+
+@pytest.mark.parametrize("ds,rel,mutate,offset", [
+    ("4.0.5-clean", f"{VHOSTS}/.config", lambda b: b[:15], None),  # cut inside its comment: no term left
+    ("3.13.7-clean", f"{VHOSTS}/.config", lambda b: b[:49] + bytes(len(b) - 49), 49),  # zeroed
+    ("4.0.5-clean", f"{VHOSTS}/.config", lambda b: b.replace(b"segment_entry_count", b"segment_entry_counu"), None),
+    ("4.2.2-clean", f"{VHOSTS}/msg_store_transient/clean.dot", lambda b: b[:2] + bytes(9) + b[11:], 2),
+    ("3.10.8-clean", "cluster_nodes.config", lambda b: b.replace(b"rabbit@", b"rabbiu@", 1), None),  # flipped bit
+    ("3.10.8-clean", "cluster_nodes.config", lambda b: b + b"\x83junk", len(b"{[rabbit@localhost],[rabbit@localhost]}.\n")),
+    ("4.0.5-kill", "nodes_running_at_shutdown", lambda b: b[:-3], None),  # torn: no full stop
+    ("4.0.5-kill", "rabbit_serial", lambda b: b"-1.\n", None),
+])
+def test_text_file_damage_is_a_finding(tmp_path, ds, rel, mutate, offset):
+    node = copy_node(ds, tmp_path / "m")
+    path = next(node.glob(rel))
+    got, = [o for c, o in _text_case(node, rel, mutate(path.read_bytes()))[1] if c == "term-file-damaged"]
+    if offset is not None:
+        assert got == offset
+    elif rel == "nodes_running_at_shutdown":
+        assert got is not None  # where the terms stop
+    else:
+        assert got is None  # the terms parse: their shape is what is wrong
+
+
+def test_transient_clean_dot_replaced_by_a_persistent_one(tmp_path):
+    """A swap the fuzz campaign made: a persistent store's clean.dot (of another vhost) in the
+    transient store's place is a finding at the transient file; the persistent store that got
+    the transient file recovers dirty, and says so at its clean.dot."""
+    node = copy_node("4.0.5-clean", tmp_path / "m")
+    vhosts = sorted(node.glob(VHOSTS))
+    transient, persistent = vhosts[0] / "msg_store_transient/clean.dot", vhosts[1] / "msg_store_persistent/clean.dot"
+    a, b = transient.read_bytes(), persistent.read_bytes()
+    transient.write_bytes(b)
+    persistent.write_bytes(a)
+    assert ("term-file-damaged", None) in codes_at(node, transient)
+    assert ("unclean-shutdown", None) in codes_at(node, persistent)
+
+
+def test_disk_log_header_status_neither_closed_nor_open(tmp_path):
+    node = copy_node("4.0.5-kill", tmp_path / "m")
+    dcd = node / "rabbit_runtime_parameters.DCD"
+    data = dcd.read_bytes()
+    dcd.write_bytes(data[:5] + bytes(3) + data[8:])
+    assert ("term-file-damaged", 4) in codes_at(node, dcd)
+
+
+def test_quorum_dir_dets_tables_are_checked(tmp_path):
+    node = copy_node("3.10.8-proto-clean", tmp_path / "m")
+    names = next(node.glob("quorum/*/names.dets"))
+    damage.truncate(names, names.stat().st_size - 932)
+    assert any(c == "term-file-damaged" for c, _ in codes_at(node, names))
+
+
+def test_embedded_copies_of_one_message_that_differ(tmp_path):
+    """crafted placement, real bytes: a 3.10.8 queue dir copied under a second queue's name
+    stands for a message routed to two CQv1 queues (each embeds the same bytes under the same
+    id); a byte changed in one copy's body is a finding at that copy."""
+    node = copy_node("3.10.8-clean", tmp_path / "m")
+    src = next(d for d in sorted(node.glob(f"{VHOSTS}/queues/*"))
+               if any(r["location"] == "embedded" for r in cqforensics.read_table(node, "index").to_pylist()
+                      if r["file"].startswith(str(d))))
+    copy = src.parent / ("Z" * len(src.name))
+    shutil.copytree(src, copy)
+    rows = [r for r in cqforensics.read_table(node, "index").to_pylist()
+            if r["location"] == "embedded" and r["file"].startswith(str(copy))]
+    assert not {c for c, _, _ in findings(node)} & {"message-copies-differ"}
+    r = rows[0]
+    damage.flip(Path(r["file"]), r["store_offset"] + r["store_size"] - 3)
+    flipped = Path(r["file"])
+    twins = {os.path.relpath(p, node.parent) for p in (flipped, src / flipped.relative_to(copy))}
+    got = {(f, o) for c, f, o in findings(node) if c == "message-copies-differ"}
+    assert len(got) == 1 and next(iter(got))[0] in twins and next(iter(got))[1] == r["store_offset"]
 
 
 # -- Mnesia, Khepri, DETS, ets ---------------------------------------------------------------------

@@ -8,10 +8,11 @@ items in the files it keeps beside the queues (issue 12).
   a swapped ``.qi`` names its own segment in its header: the reader's finding), and junk after
   the last entry of a ``.qs`` (past every entry the ``.qi`` refers to). After a dirty stop
   nothing records which seq ids a CQv1 segment held: a swap is not detectable then.
-* ``vhost_file_findings``: ``recovery.dets`` and the stores' ``.ets`` dumps.
+* ``vhost_file_findings``: ``recovery.dets``, the stores' ``.ets`` dumps and ``clean.dot`` files.
 * ``node_findings``: the node-level files (Mnesia ``.DCD``/``.DCL``/``.LOG``/``.DAT``, Khepri's
   Ra WAL and DETS tables under ``coordination/``, other ``.dets`` tables), and every FIFO,
-  socket or device named like one (``not-regular-file``; never opened).
+  socket or device named like one (``not-regular-file``; never opened), and the node's text
+  files (``cluster_nodes.config``, ``nodes_running_at_shutdown``, ...: ``readers.terms.text_findings``).
 
 The byte-level rules are the readers' (``readers.terms``, ``readers.qs.scan_entries``); this
 module only decides which files to ask about and places the findings.
@@ -20,6 +21,7 @@ module only decides which files to ask about and places the findings.
 from __future__ import annotations
 
 import os
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +35,7 @@ from cqforensics.readers import files as r_files
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import registry
 from cqforensics.readers import terms as r_terms
+from cqforensics.textfiles import TEXT_SHAPES
 
 #: node-level files the broker (or OTP) keeps in the node dir, by name or extension
 NODE_FILES = ("cluster_nodes.config", "nodes_running_at_shutdown", "node-type.txt", "rabbit_serial",
@@ -97,6 +100,59 @@ class QueueIntegrity:
                                int(offset[k]), details={"seq_id": int(seq[k]), "copy_of_seq_id": int(seq[j]),
                                                         "copy_of_file": str(path_j), "copy_of_offset": int(offset[j]),
                                                         "msg_id": ids[k].tobytes().hex()}))
+        return out
+
+
+class CopyCheck:
+    """Copies of one message that differ. A message routed to several CQv1 queues and small
+    enough to be embedded is stored in each queue's index, every copy the same
+    ``term_to_binary`` of the same ``#basic_message`` under the same message id (QI1 publish):
+    copies whose bytes differ mean at least one was damaged, where nothing else could tell (a
+    CQv1 index has no checksum). Not for ``.qs`` entries: a 4.x message container is annotated
+    per queue (delivery count, dead-lettering), so its copies legitimately differ; they carry a
+    CRC instead. Fed every chunk of the vhost; keeps 24 bytes per embedded copy (an 8-byte id
+    prefix, a CRC-32 and where it is)."""
+
+    def __init__(self, vs: VhostScan):
+        self.vs = vs
+        self.files: list[Path] = []
+        self.parts: list[tuple[np.ndarray, ...]] = []
+
+    def add(self, qx: IndexChunk) -> None:
+        r = qx.rec
+        sel = np.flatnonzero((r.loc == Location.EMBEDDED) & (r.kind == RecordKind.PUBLISH) & (r.store_size > 0))
+        if not len(sel):
+            return
+        paths = [qx.files[int(f)] for f in r.file[sel].tolist()]
+        crc = np.array([zlib.crc32(b) for b in self.vs.bodies.read_many(paths, r.store_offset[sel].tolist(),
+                                                                         r.store_size[sel].tolist())], np.uint32)
+        index = {p: k for k, p in enumerate(dict.fromkeys(paths), start=len(self.files))}
+        self.files += list(index)
+        prefix = np.ascontiguousarray(r.msg_id[sel]).view(np.uint8).reshape(-1, 16)[:, :8].copy().view(np.uint64)
+        self.parts.append((prefix.ravel(), crc, np.array([index[p] for p in paths], np.int32),
+                           r.store_offset[sel].astype(np.int64), r.offset[sel].astype(np.int64)))
+
+    def findings(self) -> list[Finding]:
+        if not self.parts:
+            return []
+        ids, crc, fpos, store_offset, offset = (np.concatenate(c) for c in zip(*self.parts))
+        order = np.lexsort((crc, ids))
+        ids, crc = ids[order], crc[order]
+        same_id = ids[1:] == ids[:-1]
+        differs = np.flatnonzero(same_id & (crc[1:] != crc[:-1]))
+        out, seen = [], set()
+        for k in differs.tolist():
+            if int(ids[k]) in seen:
+                continue
+            seen.add(int(ids[k]))
+            a, b = order[k], order[k + 1]
+            pa_, pb = self.files[int(fpos[a])], self.files[int(fpos[b])]
+            out.append(Finding("message-copies-differ", f"two embedded copies of one message (the same id, routed "
+                               f"to two queues) differ: this one and the copy in {os.fsdecode(pb)} at "
+                               f"{int(store_offset[b])}; at least one is damaged (a CQv1 index has no checksum)",
+                               str(pa_), int(store_offset[a]),
+                               details={"other_file": str(pb), "other_offset": int(store_offset[b]),
+                                        "index_offset": int(offset[a])}))
         return out
 
 
@@ -177,10 +233,11 @@ def vhost_file_findings(vs: VhostScan) -> list[Finding]:
     out = []
     if r_files.is_regular(vs.vhost.recovery_dets):
         out += _safe(r_terms.dets_findings, vs.vhost.recovery_dets)
-    for st in vs.vhost.stores.values():
+    for kind, st in vs.vhost.stores.items():
         for p in (st.file_summary, st.msg_store_index):
             if r_files.is_regular(p):
                 out += _safe(r_terms.ets_findings, p)
+        out += _safe(lambda p: r_terms.text_findings(p, f"clean.dot:{kind}"), st.clean_dot)
     return out
 
 
@@ -234,8 +291,10 @@ def _node_file_findings(node: Path, p: Path) -> list[Finding]:
         out.append(Finding("not-regular-file", f"{what}, not a regular file: never read", str(p)))
         return out
     name = p.name
-    in_coord = "coordination" in p.relative_to(node).parts if p.is_relative_to(node) else False
-    if name.endswith((".DCD", ".DCL", ".LOG")):
+    in_coord = bool(set(NODE_DIRS) & set(p.relative_to(node).parts)) if p.is_relative_to(node) else False
+    if p.parent == node and name in TEXT_SHAPES:
+        out += _safe(lambda p: r_terms.text_findings(p, name, node.name), p)
+    elif name.endswith((".DCD", ".DCL", ".LOG")):
         out += _safe(r_terms.disk_log_findings, p)
     elif (name.endswith((".dets", ".DAT")) and p.parent == node) or (in_coord and name.endswith(".dets")):
         out += _safe(r_terms.dets_findings, p)
@@ -261,4 +320,4 @@ def _walk(root: Path) -> list[Path]:
     return out
 
 
-__all__ = ["QueueIntegrity", "node_findings", "qs_trailing", "v1_swapped", "vhost_file_findings"]
+__all__ = ["CopyCheck", "QueueIntegrity", "node_findings", "qs_trailing", "v1_swapped", "vhost_file_findings"]

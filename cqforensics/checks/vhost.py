@@ -15,7 +15,7 @@ from cqforensics.model.vhost import VhostScan
 from cqforensics.checks.boot import boot_crash_findings, recovery_findings
 from cqforensics.checks.deep import decode_checks
 from cqforensics.checks.index import chunk_findings
-from cqforensics.checks.integrity import QueueIntegrity, node_findings, vhost_file_findings
+from cqforensics.checks.integrity import CopyCheck, QueueIntegrity, node_findings, vhost_file_findings
 from cqforensics.checks.layout import lost_queue_findings, queue_dir_findings, vhost_dir_findings
 from cqforensics.checks.store import store_checks
 
@@ -51,6 +51,7 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
     vhost = vs.vhost.name if vs.vhost.name is not None else vs.vhost.label
     findings = vhost_dir_findings(vs)
     verdicts: dict[str | None, QueueVerdict] = {}
+    copies = CopyCheck(vs)
     for q in vs.all_queue_dirs:
         v = verdicts.setdefault(q.label, QueueVerdict(display(node), display(vhost), q.label, recovery=vs.recovery))
         v.dirs += 1
@@ -62,6 +63,7 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
         for qx in vs.scan_queue(q):
             findings += chunk_findings(vs, qx)
             integrity.add(qx)
+            copies.add(qx)
             res = vs.resolve(qx)
             n_dir += len(qx.live)
             for code, count in zip(*np.unique(res.fate, return_counts=True)):
@@ -76,6 +78,7 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
             v.drops[k] = v.drops.get(k, 0) + c
         findings += queue_dir_findings(q, known, n_dir, per_dir)
         findings += [f.scoped(queue=q.name, priority=q.priority) for f in integrity.findings()]
+    findings += copies.findings()
     crash_findings, crashes = boot_crash_findings(vs)
     findings += crash_findings
     for label, what in crashes.items():

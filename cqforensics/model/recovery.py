@@ -83,7 +83,7 @@ def clean_state(vhost, assume_dirty: bool, model: BrokerModel | None = None) -> 
         return "dirty", "clean.dot is unreadable", st.clean_dot
     terms = r_terms.recovery_terms(vhost.recovery_dets)
     if not terms:
-        return "dirty", "recovery.dets holds no readable recovery terms", vhost.recovery_dets
+        return "dirty", "recovery.dets records no queue's recovery terms", vhost.recovery_dets
     for ets in (st.file_summary, st.msg_store_index):  # ets:file2tab must load them (not verify them)
         if not ets.exists() or file2tab_objects(ets) is None:
             return "dirty", f"{ets.name} is missing or ets:file2tab cannot load it", ets

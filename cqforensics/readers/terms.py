@@ -207,8 +207,14 @@ def disk_log_findings(path: Path, data=None, table_dump: bool | None = None) -> 
     """``term-file-damaged`` for a disk_log (Mnesia ``.DCD``/``.DCL``/``.LOG``, ``*.ets``): where
     its items stop being items (a torn tail, junk, an undecodable item), and in a table dump
     (``.DCD``: every record once) an item repeated whole."""
-    log = read_disk_log(path, map_file(path) if data is None else data)
+    data = map_file(path) if data is None else data
+    log = read_disk_log(path, data)
     out = []
+    if data[:4] == c_disklog.FILE_MAGIC and data[4:8] not in (c_disklog.CLOSED, c_disklog.OPENED):
+        # disk_log_1 is_head: a status word that is neither ?CLOSED nor ?OPENED is no log header
+        out.append(_damaged(f"header status {bytes(data[4:8]).hex()} is neither closed ({c_disklog.CLOSED.hex()}) "
+                            f"nor open ({c_disklog.OPENED.hex()}): OTP's disk_log refuses the file as no log "
+                            "(its items are read here all the same)", path, 4))
     if log.error is not None:
         out.append(_damaged(f"{log.error.message}: the items after it are lost", path, log.error.offset))
     if table_dump if table_dump is not None else str(path).endswith(".DCD"):
@@ -337,6 +343,27 @@ def clean_dot(path: Path) -> dict | None:
         return textfiles.proplist(textfiles.consult(raw))
     except FormatError:
         return None
+
+
+TEXT_LIMIT = 1 << 20  # the broker's text files are a few KB: a larger one is read this far
+
+
+def text_findings(path: Path, shape: str, node: str | None = None) -> list[Finding]:
+    """``term-file-damaged`` for a broker-written text file (``textfiles.TEXT_SHAPES``: a vhost's
+    ``.config``, a store's ``clean.dot``, the node's cluster files): NUL bytes, terms that do not
+    parse, or terms of another shape than its writer's. None of it is checked by a checksum, so
+    the shape is the only evidence a copy, swap or overwrite leaves."""
+    try:
+        raw = read_optional(path, TEXT_LIMIT + 1)
+    except FormatError:  # not a regular file: the layout's finding, never read
+        return []
+    if raw is None:
+        return []
+    if len(raw) > TEXT_LIMIT:
+        return [_damaged(f"{path.name}: larger than {TEXT_LIMIT} bytes, which no writer of it writes",
+                         path, TEXT_LIMIT)]
+    hit = textfiles.text_damage(raw, shape, node)
+    return [] if hit is None else [_damaged(f"{path.name}: {hit[0]}", path, hit[1])]
 
 
 def dump_dets(path: Path, segment_entry_count: int | None = None):
