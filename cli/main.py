@@ -303,7 +303,8 @@ def cmd_find(args) -> int:
 
 
 def cmd_audit(args) -> int:
-    """Orphaned messages and their bytes, duplicates (by message id and by content) across queues,
+    """Orphaned messages and their bytes, the queues the orphans would have reached (the metadata's
+    bindings), duplicates (by message id and by content) across queues,
     reference counts against a clean shutdown's recorded index, live vs garbage bytes per file
     and what a compaction would reclaim."""
     import json
@@ -322,6 +323,11 @@ def cmd_audit(args) -> int:
     if a["orphans"]:
         out.write("orphaned / duplicate / corrupt shared-store entries:\n")
         render.text_table(a["orphans"], ["vhost", "file", "status", "entries", "bytes"], out, max_width=90)
+        out.write("\n")
+    if a["orphans_by_queue"]:
+        out.write("orphaned entries by the queue their exchange and routing keys reach (- none, ? unknown):\n")
+        rows = [{**g, "queue": g["queue"] or ("?" if g["queue"] is None else "-")} for g in a["orphans_by_queue"]]
+        render.text_table(rows, ["vhost", "queue", "entries", "bytes"], out, max_width=90)
         out.write("\n")
     for key, label in (("duplicates_by_message_id", "message_id"), ("duplicates_by_content", "body_sha256")):
         groups = a[key]

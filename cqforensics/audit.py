@@ -1,5 +1,5 @@
 """Audits as queries over the tables (the same ones Spark users run in SQL): orphaned messages
-and their bytes, duplicates by message id and by content across queues, reference counts
+and their bytes, the queues the orphans would have reached, duplicates by message id and by content across queues, reference counts
 against a clean shutdown's recorded index, live vs garbage bytes per file and what compaction
 would reclaim."""
 
@@ -18,11 +18,22 @@ def _rows(paths, table, columns, **kw):
 
 def audit(paths, **options) -> dict:
     orphans = defaultdict(lambda: {"entries": 0, "bytes": 0})
-    for r in _rows(paths, "store", ["node", "vhost", "store", "file", "total_size", "status"], **options):
+    # orphans by the queues their exchange and routing keys reach under the metadata's bindings
+    # (the store table's routes_to): where a lost queue's messages went, and what rebuild
+    # --restore-orphans would give back
+    routed = defaultdict(lambda: {"entries": 0, "bytes": 0})
+    for r in _rows(paths, "store", ["node", "vhost", "store", "file", "total_size", "status", "routes_to"],
+                   **options):
         if r["status"] in ("orphan", "duplicate", "corrupt"):
             o = orphans[(r["node"], r["vhost"], r["file"], r["status"])]
             o["entries"] += 1
             o["bytes"] += r["total_size"]
+        if r["status"] == "orphan":
+            dest = r["routes_to"]
+            for q in (dest if dest else [None if dest is None else ""]):
+                g = routed[(r["node"], r["vhost"], q)]
+                g["entries"] += 1
+                g["bytes"] += r["total_size"]
     by_message_id = defaultdict(list)
     by_content = defaultdict(list)
     for r in _rows(paths, "messages", ["node", "vhost", "queue", "priority", "seq_id", "msg_id", "properties", "body",
@@ -59,6 +70,9 @@ def audit(paths, **options) -> dict:
     return {
         "format": "cqforensics-audit/1",
         "orphans": [{"node": k[0], "vhost": k[1], "file": k[2], "status": k[3], **v} for k, v in sorted(orphans.items())],
+        # queue: a queue name; "" routed to no queue; None not known (undecodable, unknown exchange)
+        "orphans_by_queue": [{"node": k[0], "vhost": k[1], "queue": k[2], **v}
+                             for k, v in sorted(routed.items(), key=lambda kv: tuple(map(str, kv[0])))],
         "duplicates_by_message_id": groups(by_message_id, "message_id"),
         "duplicates_by_content": groups(by_content, "body_sha256"),
         "refcount_problems": [{**r, "msg_id": r["msg_id"].hex()} for r in refs],

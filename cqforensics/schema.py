@@ -52,7 +52,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     ]),
     "store": pa.schema(WHERE + [_f("store", pa.string())] + AT + [
         _f("total_size", pa.int64()), _f("msg_id", pa.binary()), _f("marker_ok", pa.bool_()),
-        _f("status", pa.string()), _f("refs", pa.int32()), _f("body", pa.binary()),
+        _f("status", pa.string()), _f("refs", pa.int32()), _f("routes_to", STRINGS), _f("body", pa.binary()),
     ]),
     "refcounts": pa.schema(WHERE + [_f("store", pa.string())] + AT + [
         _f("msg_id", pa.binary()), _f("copies", pa.int32()), _f("computed_refs", pa.int32()),

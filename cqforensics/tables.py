@@ -22,14 +22,14 @@ from cqforensics.grammar import qs as c_qs
 from cqforensics.codes import (FATE_LABELS, LOCATION_LABELS, AckEvidence, Fate, Location, RecordKind,
                                RefcountStatus, StoreStatus)
 from cqforensics.codes import labels as code_labels
-from cqforensics.model.index import IndexChunk
+from cqforensics.model.index import OFFSET_OUT_OF_RANGE, IndexChunk
 from cqforensics.model.options import DECODED_COLUMNS
 from cqforensics.model.store import IdSet
 from cqforensics.model.vhost import VhostScan
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers import registry
-from cqforensics.schema import SCHEMAS, TS_MAX_US, TS_MIN_US, fit_array, fit_struct
+from cqforensics.schema import SCHEMAS, STRINGS, TS_MAX_US, TS_MIN_US, fit_array, fit_struct
 
 TS = pa.timestamp("us", tz="UTC")
 
@@ -164,7 +164,7 @@ def index_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
                 "location": names_array(LOCATION_LABELS, loc, ~has_loc),
                 "msg_id": id_array(r.msg_id[sl], has_loc & ((loc == Location.SHARED_STORE) |
                                                             (qx.version == 1) & (kind == RecordKind.PUBLISH))),
-                "store_offset": pa.array(r.store_offset[sl], mask=~in_file),
+                "store_offset": pa.array(r.store_offset[sl], mask=~in_file | (r.store_offset[sl] == OFFSET_OUT_OF_RANGE)),
                 "store_size": pa.array(r.store_size[sl], mask=~in_file),
                 "size": pa.array(r.size[sl], mask=~has_loc), "expiry": ts_array(r.expiry[sl]),
                 "status": pa.array(r.status[sl], pa.int32(), mask=r.status[sl] < 0),
@@ -195,6 +195,8 @@ def store_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         n = len(st.e_id)
         paths = [display(f.path) for f in st.files]
         sizes = np.cumsum(st.e_total) if bodies else np.zeros(n, np.int64)
+        # an orphan's queues under the metadata's bindings (decoded, so only when decoding)
+        dests = vs.orphan_destinations(kind) if vs.options.decode and vs.node.metadata.kind is not None else {}
         for e in _capped(sizes, n, vs.options.batch_rows, vs.options.batch_bytes):
             m = e.stop - e.start
             body = pa.nulls(m, pa.binary())
@@ -208,6 +210,8 @@ def store_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
                 "total_size": pa.array(st.e_total[e]), "msg_id": id_array(st.e_id[e]),
                 "marker_ok": repeat(True, m, pa.bool_()), "status": names_array(code_labels(StoreStatus), status[e]),
                 "refs": pa.array(refs[e]), "body": body,
+                "routes_to": pa.array([_names(dests.get(k)) for k in range(e.start, e.stop)], STRINGS)
+                if dests else pa.nulls(m, STRINGS),
             })
         if st.bad:
             m = len(st.bad)
@@ -216,11 +220,15 @@ def store_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
                 "file": [paths[f] for f, _, _, _ in st.bad], "offset": [o for _, o, _, _ in st.bad],
                 "total_size": [t for _, _, t, _ in st.bad], "msg_id": [i for _, _, _, i in st.bad],
                 "marker_ok": repeat(False, m, pa.bool_()), "status": repeat(StoreStatus.CORRUPT.label, m),
-                "refs": repeat(0, m, pa.int32()),
+                "refs": repeat(0, m, pa.int32()), "routes_to": pa.nulls(m, STRINGS),
                 "body": [bytes(vs.bodies.read(st.files[f].path, *r_rdq.term_span(o, t))) for f, o, t, _ in st.bad]
                 if bodies
                 else pa.nulls(m, pa.binary()),
             })
+
+
+def _names(queues: tuple[bytes, ...] | None) -> list[str] | None:
+    return None if queues is None else [q.decode("utf-8", "replace") for q in queues]
 
 
 def refcounts_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
@@ -520,7 +528,8 @@ def messages_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
                 "delivered": pa.array(delivered == 1, mask=delivered < 0),
                 "location": names_array(LOCATION_LABELS, r.loc[idx], r.loc[idx] < 0),
                 "store_file": names_array(store_files, res.body_file[sl], res.body_file[sl] < 0),
-                "store_offset": pa.array(res.store_offset[sl], mask=res.store_offset[sl] < 0),
+                "store_offset": pa.array(res.store_offset[sl], mask=(res.store_offset[sl] < 0)
+                                         | (res.store_offset[sl] == OFFSET_OUT_OF_RANGE)),
                 "size": pa.array(r.size[idx]), "expiry": ts_array(r.expiry[idx]),
                 "survives_restart": pa.array(fate == Fate.DELIVERED),
                 "drop_reason": names_array(FATE_LABELS[1:], fate - 1, fate == Fate.DELIVERED),

@@ -111,6 +111,26 @@ def test_expiry_out_of_range_is_null_and_a_finding(kind, value, tmp_path, capsys
     assert rc in (0, 1, 4)
 
 
+@pytest.mark.parametrize("value", [1 << 63, BIG])
+def test_qs_offset_out_of_range_is_null_a_finding_and_a_missing_entry(value, tmp_path, capsys):
+    node = copy_node("4.3.6-kill", tmp_path / "mnesia")
+    for path in sorted(node.glob("msg_stores/vhosts/*/queues/*/*.qi")):
+        seg = r_qi.read_qi(path, int(path.stem))
+        qs = [i for i, (st, loc) in enumerate(zip(seg.slots["status"].tolist(), seg.slots["loc_kind"].tolist()))
+              if st == 1 and loc == 2]
+        if qs:
+            off = int(seg.offsets()[qs[0]])
+            break
+    _poke(path, off + c_qi.ENTRY_DTYPE.fields["qs_offset"][1], struct.pack(">Q", value))  # crafted
+    assert (path.name, off) in findings(node, "value-out-of-range")
+    index = [r for r in cqforensics.read_table(node, "index").to_pylist() if r["file"] == str(path) and r["offset"] == off]
+    assert index and index[0]["store_offset"] is None  # null, never wrapped negative
+    msgs = [r for r in cqforensics.read_table(node, "messages").to_pylist()
+            if r["file"] == str(path) and r["offset"] == off]
+    assert msgs and msgs[0]["store_offset"] is None and msgs[0]["drop_reason"] is not None
+    every_command(node, tmp_path, capsys)
+
+
 def test_timestamp_property_beyond_int64_is_null(tmp_path, capsys):
     node = copy_node("4.3.6-kill", tmp_path / "mnesia")
     rows = [r for r in cqforensics.read_table(node, "messages").to_pylist()

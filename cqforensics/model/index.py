@@ -21,6 +21,8 @@ from cqforensics.readers import qi as r_qi
 from cqforensics.readers.v1 import read_v1_queue
 from cqforensics.schema import TS, fits
 
+OFFSET_OUT_OF_RANGE = (1 << 63) - (1 << 34)  # a .qs offset >= 2^63, as the records keep it
+
 ID = np.dtype("V16")
 ZERO_ID = np.zeros(1, ID)[0]
 
@@ -143,7 +145,9 @@ def _v2_chunk(qdir: QueueDir, number: int, path: Path) -> IndexChunk:
                      Location.NONE).astype(np.int8)
     c.msg_id = np.where(s["loc_kind"] == Location.SHARED_STORE, s["msg_id"], ZERO_ID)
     is_qs = s["loc_kind"] == Location.QUEUE_STORE
-    c.store_offset = np.where(is_qs, s["qs_offset"], 0).astype(np.int64)
+    # an offset past int64 (the reader's finding) stands as OFFSET_OUT_OF_RANGE: past any file, and
+    # room left to add a size without wrapping; the tables show it as null
+    c.store_offset = np.where(is_qs, np.minimum(s["qs_offset"], np.uint64(OFFSET_OUT_OF_RANGE)), 0).astype(np.int64)
     c.store_size = np.where(is_qs, s["qs_size"], 0).astype(np.int64)
     c.size = s["size"].astype(np.int64)
     c.expiry = seg.expiry[used]  # out of range: no value (the reader's finding)

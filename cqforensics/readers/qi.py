@@ -134,6 +134,9 @@ def read_qi(path: Path, number: int, segment_entry_count: int = c_qi.DEFAULT_SEG
     for i in np.flatnonzero(bad_expiry & (klass != EMPTY)).tolist():
         findings.append(Finding.out_of_range("expiry", int(slots["expiry"][i]), path,
                                              c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i))
+    for i in np.flatnonzero((slots["qs_offset"] >= 1 << 63) & (slots["loc_kind"] == 2) & (klass != EMPTY)).tolist():
+        findings.append(Finding.out_of_range("qs_offset", int(slots["qs_offset"][i]), path,
+                                             c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i))
     for i in np.flatnonzero((klass == BAD) | malformed):
         off = c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * int(i)
         why = strict_parse_error(data[off:off + c_qi.ENTRY_SIZE]) or f"status byte {int(slots['status'][i])}"
