@@ -358,6 +358,8 @@ def _rewrite(args, command: str) -> int:
         kw["threshold"] = args.threshold
     if getattr(args, "template", None):
         kw["template"] = args.template
+    if getattr(args, "restore_orphans", None):
+        kw["restore_orphans"] = args.restore_orphans
     result = salvage.rewrite(command, args.src, args.dst, dry_run=args.dry_run, progress=progress,
                              file_size_limit=args.file_size_limit, force=args.force, **kw)
     return _report(result, args.json, render.rewrite_text, progress)
@@ -589,6 +591,12 @@ def build_parser() -> argparse.ArgumentParser:
             w.add_argument("--threshold", type=_percent, metavar="PCT",
                            help="rewrite only the shared-store files whose garbage ratio is above PCT percent "
                                 "(0-100); copy the others whole, orphans and all (default: rewrite every file)")
+        else:
+            w.add_argument("--restore-orphans", nargs="+", metavar="QUEUE",
+                           help="write the orphaned shared-store messages whose exchange and routing keys reach "
+                                "QUEUE (the metadata's bindings; `audit` lists them) back into QUEUE, after its own "
+                                "messages; a queue whose index dir is gone gets one. Opt-in: each restored message "
+                                "is listed in the report and in lost+found's index")
         w.set_defaults(func=func)
 
     df = sub.add_parser("definitions", help="the definitions a node of another series imports before a move",

@@ -190,6 +190,13 @@ def rewrite_text(result, out=None) -> None:
                        ("LOST (no bytes left)", "lost")):
         if t[key]:
             out.write(f"  {label}: {_counts(t[key])}\n")
+    restored = getattr(result, "restored", None)
+    if restored:
+        per: dict = {}
+        for r in restored:
+            per[(r["vhost"], r["queue"])] = per.get((r["vhost"], r["queue"]), 0) + 1
+        out.write(f"  orphans restored (--restore-orphans; listed in lost+found with reason 'restored'): "
+                  + ", ".join(f"{q!r} ({v}) {n}" for (v, q), n in sorted(per.items(), key=str)) + "\n")
     g = result.garbage
     if g:
         out.write("shared-store entries no index holds (not written): "

@@ -25,7 +25,8 @@ peak RSS comes from ``os.wait4``. A run fails when:
   writer must write what it keeps in a form it verifies).
 
 Besides, for each input whose mutation changed a data file's bytes, the summary says whether
-``fsck --json`` named that file in a finding (``reported``), and lists the others as ``silent``
+``fsck --json`` named that file in a finding, or (a file of a queue dir) that queue (``reported``),
+and lists the others as ``silent``
 for triage (a mutation that left the file's bytes as they were is no damage and is not counted).
 
 The JSON summary lists the runs, seeds, figures (peak RSS, slowest run) and the failures by
@@ -57,6 +58,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import cqforensics  # noqa: E402  (imported before forking: children start warm)
+from cqforensics import textfiles  # noqa: E402
+from cqforensics.errors import CQError  # noqa: E402
 from cli.main import main as cli_main  # noqa: E402
 from cqforensics import etf  # noqa: E402
 from cqforensics.errors import CQError  # noqa: E402
@@ -556,7 +559,8 @@ def run_seed(seed: int, work: Path, commands=COMMANDS, dataset: str | None = Non
         out.mkdir()
         runs = [run_one(c, inp, out, wall, as_limit, rss_bound) for c in commands]
         return {"seed": seed, "dataset": inp["dataset"], "mutation": inp["mutation"], "what": inp["what"],
-                "target": inp["target"], "runs": runs, "reported": _reported(inp, out, runs)}
+                "target": inp["target"], "runs": runs, "reported": _reported(inp, out, runs),
+                "payload_only": _payload_only(inp)}
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -581,8 +585,39 @@ def _reported(inp: dict, out: Path, runs: list[dict]) -> bool | None:
     except (OSError, ValueError):
         return None
     target = os.path.realpath(inp["target"])
-    files = {os.path.realpath(f["file"]) for f in report.get("findings", []) if f.get("file")}
-    return any(f == target or target.startswith(f + os.sep) for f in files)
+    findings = report.get("findings", [])
+    files = {os.path.realpath(f["file"]) for f in findings if f.get("file")}
+    if any(f == target or target.startswith(f + os.sep) for f in files):
+        return True
+    # a file of a queue dir: a finding about that queue counts (a damaged .qi shows in its .qs, or
+    # in recovery.dets' terms for the queue)
+    qdir = os.path.dirname(target)
+    if os.path.basename(os.path.dirname(qdir)) != "queues":
+        return False
+    if any(os.path.dirname(f) == qdir for f in files):
+        return True
+    try:
+        name = textfiles.parse_queue_name((Path(qdir) / ".queue_name").read_bytes()).base.decode("utf-8", "replace")
+    except (OSError, CQError):
+        return False
+    return any(f.get("queue") is not None and f["queue"].split("[p")[0] == name for f in findings)
+
+
+def _payload_only(inp: dict) -> bool:
+    """Whether the mutation changed only the stored message bodies of a CQv1 index file (its
+    ``dump`` rows, bodies not decoded, are those of the sample's file): a CQv1 index has no
+    checksum, so a body changed in place is undetectable unless another copy exists
+    (``message-copies-differ``)."""
+    target = inp.get("target")
+    if not target or not (target.endswith(".idx") or target.endswith("journal.jif")) or not os.path.isfile(target):
+        return False
+    from cqforensics.dump import dump
+
+    original = SAMPLES / inp["dataset"] / "mnesia" / os.path.relpath(target, inp["base"])
+    try:
+        return list(dump(original)) == list(dump(target)) and original.read_bytes() != Path(target).read_bytes()
+    except CQError:
+        return False
 
 
 def _reproducer(r: dict, run: dict) -> str:
@@ -628,7 +663,11 @@ def summarize(results: list[dict], elapsed: float) -> dict:
         "exit_codes": {str(c): sum(1 for x in runs if x["rc"] == c) for c in sorted({x["rc"] for x in runs})},
         "operational_errors": _operational(results),
         "silent": [{"seed": r["seed"], "dataset": r["dataset"], "mutation": r["mutation"], "what": r["what"],
-                    "target": r["target"]} for r in results if r.get("reported") is False],
+                    "target": r["target"]} for r in results
+                   if r.get("reported") is False and not r.get("payload_only")],
+        # silent, but only a CQv1-embedded message body changed: no tool can tell without another copy
+        "undetectable_payload": [{"seed": r["seed"], "dataset": r["dataset"], "what": r["what"], "target": r["target"]}
+                                 for r in results if r.get("reported") is False and r.get("payload_only")],
         "reported": sum(1 for r in results if r.get("reported")),
         "elapsed_s": round(elapsed, 1), "failed": failures,
     }

@@ -127,3 +127,76 @@ def test_orphans_of_a_lost_queue_are_attributed_to_it(tmp_path):
     st = vs.stores["persistent"]
     mine = {st.e_id[e].tobytes() for e, qs in dests.items() if qs and b"dead" in qs}
     assert mine == own - others
+
+
+# -- with a real broker: its routing is the ground truth, its boot the proof ---------------------------
+
+SENDS = [  # (exchange, routing key, headers): each message a distinct body
+    ("x.direct", "k", None), ("x.direct", "other", None), ("x.direct", "nowhere", None),
+    ("x.fanout", "anything", None),
+    ("x.topic", "a.b.c", None), ("x.topic", "a.b.z", None), ("x.topic", "q.z", None), ("x.topic", "a.b.c.d", None),
+    ("x.headers", "", {"color": "red", "size": "big"}), ("x.headers", "", {"color": "red"}),
+    ("x.headers", "", {"color": "blue"}),
+    ("", "lost", None), ("", "keep", None),
+]
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("version", ["3.10.8", "4.3.6"])
+def test_lost_queue_orphans_are_routed_as_the_broker_routed_and_restored(version, broker_dir):
+    """The real broker routes 13 persistent messages (5,000-byte bodies: shared store) through a
+    direct, fanout, topic and headers exchange and the default exchange into two durable queues,
+    and stops. Queue ``lost``'s index dir is then deleted: every message the broker had put in it
+    is an orphan whose ``routes_to`` names ``lost`` (and no other orphan does), and
+    ``rebuild --restore-orphans lost`` writes exactly those back; the broker booted on the
+    output delivers them from ``lost``."""
+    import hashlib
+
+    from test_recovery_state_brokers import drain_queue
+
+    from conftest import need_broker
+    from cqforensics.broker import Broker
+    from cqforensics.broker.clients import pika_module
+    from cqforensics.write import rebuild
+
+    need_broker(version)
+    pika = pika_module()
+    with Broker(version, broker_dir / "run") as b:
+        b.start()
+        conn = pika.BlockingConnection(pika.URLParameters(b.url))
+        ch = conn.channel()
+        for q in ("lost", "keep"):
+            ch.queue_declare(q, durable=True)
+        for x, kind in (("x.direct", "direct"), ("x.fanout", "fanout"), ("x.topic", "topic"), ("x.headers", "headers")):
+            ch.exchange_declare(x, kind, durable=True)
+        ch.queue_bind("lost", "x.direct", "k")
+        ch.queue_bind("keep", "x.direct", "other")
+        ch.queue_bind("lost", "x.fanout")
+        ch.queue_bind("lost", "x.topic", "a.*.c")
+        ch.queue_bind("keep", "x.topic", "#.z")
+        ch.queue_bind("lost", "x.headers", arguments={"x-match": "all", "color": "red", "size": "big"})
+        ch.queue_bind("keep", "x.headers", arguments={"x-match": "any", "color": "blue", "size": "small"})
+        for i, (x, key, headers) in enumerate(SENDS):
+            ch.basic_publish(x, key, f"{i}:{x}:{key}:".encode() + b"x" * 5000,
+                             pika.BasicProperties(delivery_mode=2, headers=headers))
+        conn.close()
+        b.stop()
+        node = b.node_dir
+        held = cqforensics.read_table(node, "messages", columns=["queue", "msg_id", "body"]).to_pylist()
+        broker_put = {r["msg_id"]: r["body"] for r in held if r["queue"] == "lost"}
+        assert len(broker_put) == 5 and len([r for r in held if r["queue"] == "keep"]) == 5
+        shutil.rmtree(node / "msg_stores" / "vhosts" / textfiles.vhost_dir_name(b"/") / "queues" /
+                      textfiles.queue_dir_name(b"/", b"lost"))
+        store = cqforensics.read_table(node, "store", columns=["status", "routes_to", "msg_id"]).to_pylist()
+        attributed = {r["msg_id"] for r in store if r["status"] == "orphan" and r["routes_to"] and "lost" in r["routes_to"]}
+        assert attributed == set(broker_put)
+        result = rebuild(b.mnesia_base, broker_dir / "out", restore_orphans=["lost"])
+        assert result.verified and result.totals()["restored_orphans"] == 5
+        assert {r["queue"] for r in result.restored} == {"lost"}
+        b.install_node(broker_dir / "out")
+        b.start()
+        got = drain_queue(b, "/", "lost")
+        kept = drain_queue(b, "/", "keep")
+        b.stop()
+    assert not got["errors"] and sorted(got["bodies"]) == sorted(hashlib.sha256(x).hexdigest() for x in broker_put.values())
+    assert kept["delivered"] == 5

@@ -134,6 +134,15 @@ def read_qi(path: Path, number: int, segment_entry_count: int = c_qi.DEFAULT_SEG
     for i in np.flatnonzero(bad_expiry & (klass != EMPTY)).tolist():
         findings.append(Finding.out_of_range("expiry", int(slots["expiry"][i]), path,
                                              c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i))
+    # an acked slot is zeroed whole; one a dirty recovery dropped keeps its location (1 or 2): a
+    # status-0 slot with bytes but no location is neither (never seen in a broker's files)
+    stray = (klass == GHOST) & ~np.isin(slots["loc_kind"], (1, 2))
+    for i in np.flatnonzero(stray).tolist():
+        findings.append(Finding("qi-bad-entry", f"slot {i} is empty (status 0) but holds stray bytes and no "
+                                "location: neither an acked slot (all zeros) nor one a recovery dropped; a flipped "
+                                "or overwritten byte (the broker reads it as acked)", str(path),
+                                c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i, severity="warning",
+                                details={"seq_id": from_seq + i}))
     for i in np.flatnonzero((slots["qs_offset"] >= 1 << 63) & (slots["loc_kind"] == 2) & (klass != EMPTY)).tolist():
         findings.append(Finding.out_of_range("qs_offset", int(slots["qs_offset"][i]), path,
                                              c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i))

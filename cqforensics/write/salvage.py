@@ -81,11 +81,13 @@ class QueueResult:
     broker_would_deliver: int | None = None  # what SRC's next boot delivers (rebuild)
     broker_would_expire: int | None = None  # ... and keeps until their TTL drops them
     skipped: str | None = None  # why the whole dir was not written
+    restored: int = 0  # rebuild --restore-orphans: orphaned store messages written into this queue (in ``written``)
 
     def to_dict(self) -> dict:
         return {"node": self.node, "vhost": self.vhost, "queue": self.queue, "priority": self.priority,
                 "queue_dir": self.dir, "index_version": self.index_version, "written_version": self.written_version,
-                "messages": self.messages, "written": self.written, "broker_would_deliver": self.broker_would_deliver,
+                "messages": self.messages, "written": self.written, "restored_orphans": self.restored,
+                "broker_would_deliver": self.broker_would_deliver,
                 "broker_would_expire": self.broker_would_expire,
                 "dropped": self.dropped, "quarantined": self.quarantined, "lost": self.lost, "skipped": self.skipped}
 
@@ -113,6 +115,8 @@ class Result:
     # compact: each source shared-store file and what became of it: node, vhost, file, size,
     # live_bytes, garbage_ratio, action (rewritten / kept), why (when not the ratio)
     store_files: list[dict] = field(default_factory=list)
+    # rebuild --restore-orphans: each orphaned message written back (node, vhost, queue, msg_id, file, offset)
+    restored: list[dict] = field(default_factory=list)
 
     @property
     def rescued(self) -> int:
@@ -139,7 +143,7 @@ class Result:
             return out
 
         return {"messages": sum(q.messages for q in self.queues), "written": sum(q.written for q in self.queues),
-                "rescued": self.rescued, "dropped": total("dropped"), "quarantined": total("quarantined"),
+                "rescued": self.rescued, "restored_orphans": sum(q.restored for q in self.queues), "dropped": total("dropped"), "quarantined": total("quarantined"),
                 "lost": total("lost")}
 
     def to_dict(self) -> dict:
@@ -152,6 +156,7 @@ class Result:
                 "store_files_written": self.store_files_written, "garbage_not_written": self.garbage,
                 "threshold": self.threshold, "store_files": self.store_files,
                 "lost_found": {"items": self.lost_found, "path": self.lost_found_path}, "totals": self.totals(),
+                "restored_orphans": display_all(self.restored),
                 "queues": [q.to_dict() for q in self.queues], "notes": display_all(self.notes), "verified": self.verified,
                 "exit_code": self.exit_code}
 
@@ -234,6 +239,7 @@ class RewriteContext:
     repaired: dict[bytes, bytes] = field(default_factory=dict)  # this vhost: id -> whole term of a torn entry
     threshold: float | None = None  # compact --threshold: garbage percentage above which a file is rewritten
     kept_paths: list[Path] = field(default_factory=list)  # output files copied whole (verify tolerates their garbage)
+    restore_orphans: frozenset = frozenset()  # rebuild: queue names (bytes) orphans are written back into
 
     @classmethod
     def start(cls, command: str, source, output, sources: Sources, limit: int = c_rdq.FILE_SIZE_LIMIT,
@@ -350,6 +356,8 @@ def rewrite_vhost(vs: VhostScan, out: Path, ctx: RewriteContext, extra: dict | N
             entries = _chunk_entries(vs, qx, res, qr, ctx, (ref_file, ref_off, ref_total), store_pos, writer, shift)
             if writer is not None and entries:
                 writer.add(entries)
+        if writer is not None and q.priority is None and q.name_raw in ctx.restore_orphans:
+            writer.add(_restored(vs, q.name_raw, writer.next_seq, qr, ctx, (ref_file, ref_off, ref_total)))
         rows = extra.pop(q.dir_name, None) if extra else None
         if writer is not None and rows is not None:
             writer.add(rows.entries(writer.next_seq))
@@ -365,6 +373,26 @@ def rewrite_vhost(vs: VhostScan, out: Path, ctx: RewriteContext, extra: dict | N
         writer.add(rows.entries(0))
         writer.close()
         added.append(rows)
+    for lq in vs.lost_queues if ctx.restore_orphans else ():  # queues whose index dir is gone
+        if lq.vhost_dir != vh.dir_name or lq.name not in ctx.restore_orphans:
+            continue
+        if lq.levels > 1:
+            ctx.result.notes.append(f"{node}: vhost {vhost_label!r}: queue {lq.label!r} is a priority queue: "
+                                    "--restore-orphans does not write its levels")
+            continue
+        (dir_name, _, _), = lq.dirs
+        stored = lq.name  # not a priority queue: the dir is named from the queue's own name
+        declared = vs.node.metadata.arguments(lq.vhost, lq.name).get("x-queue-version")
+        vout = formats.index_version(model, declared if isinstance(declared, int) else None)
+        qr = QueueResult(node, vhost_label, lq.name.decode("utf-8", "replace"), None, dir_name, None, vout)
+        ctx.result.queues.append(qr)
+        writer = QueueWriter(out / "queues" / dir_name, ctx.sources, vout,
+                             vh.segment_entry_count if vout == 1 else c_qi.DEFAULT_SEGMENT_ENTRY_COUNT,
+                             formats.queue_name_stub(lq.vhost, stored, vout), dry=ctx.dry)
+        writer.add(_restored(vs, lq.name, 0, qr, ctx, (ref_file, ref_off, ref_total)))
+        writer.close()
+        qr.written = writer.stats.messages
+        ctx.result.bytes_after += writer.stats.bytes
     # the shared store: each referenced entry once, in its original order
     keys = np.zeros(0, np.int64)
     f = o = t = np.zeros(0, np.int64)
@@ -604,6 +632,54 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: RewriteContext,
     return entries
 
 
+def _restored(vs: VhostScan, queue: bytes, first_seq: int, qr: QueueResult, ctx: RewriteContext, refs) -> list[Entry]:
+    """rebuild --restore-orphans: the orphaned shared-store messages whose exchange and routing
+    keys reach ``queue`` under the metadata's bindings (``VhostScan.orphan_destinations``), as
+    index entries from ``first_seq`` on, in store order. Each keeps its id and stored bytes
+    (re-encoded for another target version like any kept message), gets no expiry, and is
+    labelled in the result and in lost+found's index (reason ``restored``, no bytes copied)."""
+    from cqforensics import fastpath
+
+    st = vs.stores.get("persistent")
+    if st is None:
+        return []
+    target = ctx.target or vs.model
+    vhost_raw = vs.vhost.name_raw or b""
+    entries, rf, ro, rt = [], [], [], []
+    for e, dest in sorted(vs.orphan_destinations("persistent").items()):
+        if not dest or queue not in dest:
+            continue
+        path, start, length = st.term_span(e)
+        term = vs.bodies.read(path, start, length)
+        msg_id = st.e_id[e].tobytes()
+        try:
+            size = len(fastpath.decode(term)["body"])
+        except Exception:  # decoded once already to route it; a failure here means no restore
+            continue
+        action, why = formats.term_plan(target, formats.term_shape(term))
+        if action == formats.UNREPRESENTABLE:
+            ctx.result.notes.append(f"orphan {msg_id.hex()} not restored into {queue!r}: {why}")
+            continue
+        key = (int(st.e_file[e]), int(st.e_offset[e]), int(st.e_total[e]))
+        if action != formats.KEEP:
+            ctx.reterm[key[0] * _KEY + key[1]] = (msg_id, formats.retarget_term(target, term, vhost_raw, msg_id))
+        entries.append(Entry(first_seq + len(entries), msg_id, size, 0, shared=True))
+        rf.append(key[0])
+        ro.append(key[1])
+        rt.append(key[2])
+        where = {"node": qr.node, "vhost": qr.vhost, "queue": qr.queue, "queue_dir": qr.dir,
+                 "seq_id": entries[-1].seq_id, "msg_id": msg_id.hex(), "file": str(path), "offset": key[1]}
+        ctx.result.restored.append(where)
+        ctx.lost.add("restored", {**where, "location": "shared_store", "fate_at_next_boot": None}, None,
+                     f"orphaned store message written back into queue {qr.queue!r} (--restore-orphans)")
+    if rf:
+        refs[0].append(np.array(rf, np.int64))
+        refs[1].append(np.array(ro, np.int64))
+        refs[2].append(np.array(rt, np.int64))
+    qr.restored += len(entries)
+    return entries
+
+
 def _whole_term(vs: VhostScan, path: Path, offset: int, total: int, msg_id: bytes) -> bytes | None:
     """The term of a shared-store entry that lacks its write marker, when it is complete
     (decodes to exactly the entry's length) and is the message the index expects."""
@@ -733,7 +809,7 @@ def _tree_bytes(path: Path) -> int:
 def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: bool = False,
             file_size_limit: int = c_rdq.FILE_SIZE_LIMIT, progress: Callable[[str], None] | None = None,
             verify_output: bool = True, source_version: str | None = None, force: bool = False,
-            threshold: float | None = None, template=None) -> Result:
+            threshold: float | None = None, template=None, restore_orphans=()) -> Result:
     """compact or rebuild ``src`` (a node dir, a mnesia base or a folder of them) into ``dst``.
     ``broker_version``: the version that will boot the output (its index versions, stored term
     shapes and atom encoding; default: the version SRC was written by); ``source_version``: the
@@ -742,13 +818,17 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
     ``threshold`` (compact only, borg's ``--threshold``): rewrite only the shared-store files
     whose garbage ratio is above this percentage and copy the others whole (their orphans and
     duplicates stay; new files are numbered above them); ``template``: a node dir of the target
-    broker whose metadata replaces SRC's (``retarget``: for a target of another release series)."""
+    broker whose metadata replaces SRC's (``retarget``: for a target of another release series);
+    ``restore_orphans`` (rebuild only, opt-in): queue names into which the orphaned shared-store
+    messages their bindings route to them are written back (``_restored``)."""
     from cqforensics.write import retarget
     from cqforensics.errors import UsageError
     from cqforensics.fsck import running_broker
 
     if threshold is not None and (command != "compact" or not 0 <= threshold <= 100):
         raise UsageError("--threshold: a percentage from 0 to 100, for compact only")
+    if restore_orphans and command != "rebuild":
+        raise UsageError("--restore-orphans: for rebuild only")
 
     src = Path(src).absolute()
     check_destination(Path(dst), [src], replace=force)  # usage errors before the long read (Staging checks again)
@@ -768,7 +848,8 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
         lost = LostFound(None if dry_run else staging.path / "lost+found")
         ctx = RewriteContext(command, result, sources, lost, dry_run, file_size_limit,
                              target=version_model(broker_version) if broker_version else None,
-                             threshold=threshold)
+                             threshold=threshold,
+                             restore_orphans=frozenset(q.encode() if isinstance(q, str) else q for q in restore_orphans))
         result.threshold = threshold
         try:
             if template is not None:  # another series' metadata: the target's own (write/retarget.py)
@@ -818,6 +899,10 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
         for q in result.queues:
             if command == "rebuild":
                 q.broker_would_deliver, q.broker_would_expire = predicted.get((q.node, q.vhost, q.dir), (0, 0))
+        found = {r["queue"].encode() for r in result.restored}
+        for name in sorted(ctx.restore_orphans - found):
+            result.notes.append(f"--restore-orphans {name.decode('utf-8', 'replace')!r}: no orphaned store message "
+                                "routes to it (or no such durable queue)")
         result.lost_found = lost.items
         if lost.items and not dry_run:
             result.lost_found_path = display(Path(dst).absolute() / "lost+found")
