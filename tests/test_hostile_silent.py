@@ -195,6 +195,24 @@ def test_quorum_dir_dets_tables_are_checked(tmp_path):
     assert any(c == "term-file-damaged" for c, _ in codes_at(node, names))
 
 
+def test_ra_names_dets_that_does_not_register_the_server_dir(tmp_path):
+    """A swap the fuzz campaign made: Khepri's names.dets replaced by the (valid, empty) DETS
+    table recovery.dets; the Ra server's data dir is then registered nowhere. And a dir renamed:
+    the registered UId has no data dir."""
+    node = copy_node("4.3.6-kill", tmp_path / "m")
+    names = next(node.glob("coordination/*/names.dets"))
+    original = names.read_bytes()
+    names.write_bytes(next(node.glob(f"{VHOSTS}/recovery.dets")).read_bytes())
+    assert ("term-file-damaged", None) in codes_at(node, names)
+    names.write_bytes(original)
+    assert not codes_at(node, names)
+    uid = next(p for p in names.parent.iterdir() if (p / "config").exists())
+    uid.rename(uid.with_name("RABBITXXXXXXXXXXXX"))
+    assert {c for c, _ in codes_at(node, names)} == {"term-file-damaged"}
+    assert len(codes_at(node, names)) == 1 and len([f for f in cqforensics.read_table(node, "findings").to_pylist()
+                                                     if f["file"] == str(names)]) == 2
+
+
 def test_embedded_copies_of_one_message_that_differ(tmp_path):
     """crafted placement, real bytes: a 3.10.8 queue dir copied under a second queue's name
     stands for a message routed to two CQv1 queues (each embeds the same bytes under the same

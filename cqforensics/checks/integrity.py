@@ -273,6 +273,40 @@ def node_findings(ns: NodeScan) -> list[Finding]:
     for p in candidates:
         out += [Finding(f.code, f.message, f.file, f.offset, f.severity, details={**f.details, "place": "node"})
                 for f in _node_file_findings(node, p)]
+    for d in NODE_DIRS:
+        for system in sorted((node / d).glob("*/names.dets")) if (node / d).is_dir() else ():
+            out += ra_directory_findings(system.parent)
+    return out
+
+
+def ra_directory_findings(system: Path) -> list[Finding]:
+    """``term-file-damaged`` for a Ra system dir (``coordination/<node>``: Khepri;
+    ``quorum/<node>``: quorum queues) whose directory table ``names.dets`` (``{ServerName, UId}``
+    per server, ra_directory) and server data dirs (``<UId>/`` holding ``config``) disagree:
+    Ra finds a server's data by the UId its name is registered under, so an unregistered data
+    dir is not the one it restarts (for Khepri: the metadata), and a registered UId without a
+    dir has no data. A ``names.dets`` Ra left open (kill -9) is still read: OTP repairs it."""
+    names = system / "names.dets"
+    try:
+        objects = r_terms.read_dets_objects(names)
+    except CQError:
+        return []
+    registered = {o[1] for o in objects if isinstance(o, tuple) and len(o) == 2 and isinstance(o[1], bytes)}
+    try:
+        dirs = {e.name.encode() for e in os.scandir(system) if e.is_dir(follow_symlinks=False)
+                and os.path.exists(os.path.join(e.path, "config"))}
+    except OSError:
+        return []
+    out = []
+    for uid in sorted(dirs - registered):
+        out.append(Finding("term-file-damaged", f"Ra server data dir {uid.decode('utf-8', 'replace')} is not "
+                           "registered in names.dets: Ra finds a server's data by the UId its name is registered "
+                           "under, so this data is not what it restarts (a damaged or replaced names.dets)",
+                           str(names), details={"unregistered_dir": uid.decode("utf-8", "replace")}))
+    for uid in sorted(registered - dirs):
+        out.append(Finding("term-file-damaged", f"names.dets registers UId {uid.decode('utf-8', 'replace')}, which "
+                           "has no data dir here: that server starts with no data (its dir lost, or the UId "
+                           "damaged)", str(names), details={"registered_uid": uid.decode("utf-8", "replace")}))
     return out
 
 
@@ -320,4 +354,4 @@ def _walk(root: Path) -> list[Path]:
     return out
 
 
-__all__ = ["CopyCheck", "QueueIntegrity", "node_findings", "qs_trailing", "v1_swapped", "vhost_file_findings"]
+__all__ = ["CopyCheck", "QueueIntegrity", "node_findings", "ra_directory_findings", "qs_trailing", "v1_swapped", "vhost_file_findings"]
