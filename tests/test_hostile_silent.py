@@ -195,6 +195,26 @@ def test_quorum_dir_dets_tables_are_checked(tmp_path):
     assert any(c == "term-file-damaged" for c, _ in codes_at(node, names))
 
 
+def test_deep_index_size_field_that_is_not_the_body_size(tmp_path):
+    """A fuzz case: one byte of a .qi slot's size field zeroed (the body's size at publish).
+    Only --deep can tell, by decoding the body it refers to."""
+    from cqforensics import fsck
+
+    node = copy_node("3.13.7-clean", tmp_path / "m")
+    for qi in sorted(node.glob(f"{VHOSTS}/queues/*/*.qi")):
+        data = bytearray(qi.read_bytes())
+        used = _used_slots(data, 2)
+        if used:
+            break
+    at = c_qi.HEADER_SIZE + used[0] * c_qi.ENTRY_SIZE
+    size_at = at + c_qi.ENTRY_DTYPE.fields["size"][1]
+    data[size_at:size_at + 4] = (int.from_bytes(data[size_at:size_at + 4], "big") + 1).to_bytes(4, "big")
+    qi.write_bytes(bytes(data))
+    assert not [f for f in fsck.run(node).findings if f.code == "index-size-mismatch"]
+    got = [(f.file, f.offset) for f in fsck.run(node, deep=True).findings if f.code == "index-size-mismatch"]
+    assert got == [(str(qi), at)]
+
+
 def test_ra_names_dets_that_does_not_register_the_server_dir(tmp_path):
     """A swap the fuzz campaign made: Khepri's names.dets replaced by the (valid, empty) DETS
     table recovery.dets; the Ra server's data dir is then registered nowhere. And a dir renamed:
