@@ -10,7 +10,7 @@ A *seed* picks a dataset and a mutation (``plan``); the mutation is applied to a
 of the dataset's mnesia base, with its own ``random.Random`` derived from (seed, dataset,
 mutation), so ``--replay SEED --mutation M`` rebuilds exactly the same input. Every command of
 ``COMMANDS`` then runs on it (one *run* each): the nine tables through ``cqforensics.read_table``
-and the CLI's ``fsck``, ``fsck --deep``, ``fsck --json``, ``dump`` and ``dump --deep`` (of the
+and the CLI's ``fsck``, ``fsck --deep --json``, ``fsck --json``, ``dump`` and ``dump --deep`` (of the
 mutated file), ``export``, ``audit``, ``rebuild``, ``compact`` and ``verify`` through
 ``cli.main.main``. Each run is a forked child with ``RLIMIT_AS`` set and a wall-time limit; its
 peak RSS comes from ``os.wait4``. A run fails when:
@@ -434,7 +434,7 @@ def _changed(target, base: Path, original: Path) -> bool | None:
 # -- commands -------------------------------------------------------------------------------------------
 
 COMMANDS = tuple([f"table:{t}" for t in TABLES] +
-                 ["fsck", "fsck --deep", "fsck --json", "dump", "dump --deep", "export", "audit", "rebuild",
+                 ["fsck", "fsck --deep --json", "fsck --json", "dump", "dump --deep", "export", "audit", "rebuild",
                   "compact", "verify"])
 
 
@@ -571,21 +571,26 @@ DAMAGING = frozenset({"bitflip", "truncate", "zero", "junk", "swap", "dup_record
 
 
 def _reported(inp: dict, out: Path, runs: list[dict]) -> bool | None:
-    """Whether ``fsck --json`` named the mutated file (or one inside a mutated dir) in a finding;
+    """Whether ``fsck --json`` or ``fsck --deep --json`` named the mutated file (or one inside a
+    mutated dir) in a finding;
     None when not applicable (no such run, a mutation that changes no file's bytes, no target).
     Not every mutation is damage (a flipped bit in a padding byte, zeros over zeros), so a False
     is for triage (``silent`` in the summary), not a failure."""
     if inp["mutation"] not in DAMAGING or not inp["target"] or inp.get("changed") is False:
         return None
-    run = next((x for x in runs if x["command"] == "fsck --json" and x["rc"] in (0, 4)), None)
-    if run is None:
-        return None
-    try:
-        report = json.loads((out / "fsck_--json.out").read_bytes().decode("utf-8", "replace"))
-    except (OSError, ValueError):
+    findings = []
+    for command in ("fsck --json", "fsck --deep --json"):  # --deep decodes what the index refers to
+        run = next((x for x in runs if x["command"] == command and x["rc"] in (0, 4)), None)
+        if run is None:
+            continue
+        try:
+            report = json.loads((out / f"{command.replace(' ', '_')}.out").read_bytes().decode("utf-8", "replace"))
+        except (OSError, ValueError):
+            continue
+        findings += report.get("findings", [])
+    if not findings and not any(x["command"].startswith("fsck") and x["rc"] in (0, 4) for x in runs):
         return None
     target = os.path.realpath(inp["target"])
-    findings = report.get("findings", [])
     files = {os.path.realpath(f["file"]) for f in findings if f.get("file")}
     if any(f == target or target.startswith(f + os.sep) for f in files):
         return True
