@@ -20,6 +20,7 @@ def chunk_findings(vs: VhostScan, qx: IndexChunk) -> list[Finding]:
     reported = False
     unwritten = _unwritten_tail(vs, qx, res)
     tail: list[int] = []  # seq ids of entries in the unwritten tail (one finding for them all)
+    transient: list[int] = []  # seq ids of transient shared-store entries whose body is in no file
     for j, i in enumerate(qx.live.tolist()):
         status, seq = QsStatus(res.qs_status[j]), int(r.seq[i])
         if status not in (QsStatus.NONE, QsStatus.OK):
@@ -47,6 +48,18 @@ def chunk_findings(vs: VhostScan, qx: IndexChunk) -> list[Finding]:
             out.append(Finding("msg-missing", f"message {mid} (seq id {seq}) is in no shared-store file",
                                str(qx.files[int(r.file[i])]), int(r.offset[i]),
                                details={"msg_id": mid, "seq_id": seq}))
+        elif r.loc[i] == Location.SHARED_STORE and r.persistent[i] == 0 and res.body_file[j] < 0:
+            transient.append(seq)
+    st = vs.vhost.stores.get("transient")
+    if transient and st is not None and st.clean_dot.exists():
+        # after a clean stop (the store's clean.dot) its files hold every body its clients wrote;
+        # after a kill the unflushed ones were never written. The broker drops transient messages
+        # at boot whatever: their bodies are evidence only
+        out.append(Finding("msg-missing", f"{len(transient)} transient messages the index refers to (seq ids "
+                           f"{transient[0]} to {transient[-1]}) are in no transient-store file: a file of that "
+                           "store lost, truncated or swapped (the broker drops them at boot anyway)",
+                           str(st.path), severity="info",
+                           details={"entries": len(transient), "first_seq_id": transient[0], "store": "transient"}))
     if tail:
         qs = vs.qs_files.get(qx.qs_path) if qx.qs_path is not None else None
         where = "the segment file was never created" if qs is None else f"the file ends at {qs.size}, where they begin"
