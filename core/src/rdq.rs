@@ -237,9 +237,10 @@ fn next_candidate_before(data: &[u8], from: usize, until: usize, extents: Option
             }
             continue;
         }
-        // dense: skip 8 zero bytes at a time (a zero size field is never an entry)
-        if p + 16 <= data.len() && data[p..p + 16].iter().all(|&b| b == 0) {
-            p += 8;
+        // dense: a zero size field is never an entry; through a zero run, no offset is a
+        // candidate until 7 bytes before its end (a size field needs a nonzero byte)
+        if p + 8 <= data.len() && data[p..p + 8].iter().all(|&b| b == 0) {
+            p = (p + 1).max(first_nonzero(data, p + 8).saturating_sub(7));
             continue;
         }
         if is_candidate(data, p) {
@@ -250,13 +251,39 @@ fn next_candidate_before(data: &[u8], from: usize, until: usize, extents: Option
     None
 }
 
+/// Whether a block holds a nonzero byte: an OR over it, which the compiler vectorises (an
+/// early-exit `any` is a byte at a time).
+#[inline]
+fn block_nonzero(block: &[u8]) -> bool {
+    block.iter().fold(0u8, |acc, &b| acc | b) != 0
+}
+
+/// The offset of the first nonzero byte at or after `from` (`data.len()` when none), 64 bytes at
+/// a time; reported to the pager as it goes.
+fn first_nonzero(data: &[u8], from: usize) -> usize {
+    let n = data.len();
+    let mut i = from;
+    let mut report = i + CHECK_EVERY;
+    while i + 64 <= n && !block_nonzero(&data[i..i + 64]) {
+        i += 64;
+        if i >= report {
+            pager::passed(i);
+            report = i + CHECK_EVERY;
+        }
+    }
+    while i < n && data[i] == 0 {
+        i += 1;
+    }
+    i
+}
+
 /// Whether `data[a..b]` holds a nonzero byte, a megabyte at a time (reported to the pager).
 fn any_nonzero(data: &[u8], a: usize, b: usize) -> bool {
     let mut c = a;
     pager::rewind(a);
     while c < b {
         let d = (c + CHECK_EVERY).min(b);
-        if data[c..d].iter().any(|&x| x != 0) {
+        if data[c..d].chunks(4096).any(block_nonzero) {
             return true;
         }
         pager::passed(d);

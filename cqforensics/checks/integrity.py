@@ -293,7 +293,7 @@ def ra_directory_findings(system: Path) -> list[Finding]:
         return []
     registered = {o[1] for o in objects if isinstance(o, tuple) and len(o) == 2 and isinstance(o[1], bytes)}
     try:
-        dirs = {e.name.encode() for e in os.scandir(system) if e.is_dir(follow_symlinks=False)
+        dirs = {os.fsencode(e.name) for e in os.scandir(system) if e.is_dir(follow_symlinks=False)
                 and os.path.exists(os.path.join(e.path, "config"))}
     except OSError:
         return []
