@@ -151,11 +151,24 @@ def _damaged(message: str, path: Path, offset: int | None, **details) -> Finding
 
 def dets_findings(path: Path, data=None) -> list[Finding]:
     """``term-file-damaged`` for a DETS table (``recovery.dets``, ``schema.DAT``, Ra's
-    ``meta.dets``/``names.dets``, MQTT's retained-message tables): a header that is no DETS v9
-    header; and, for a table closed properly (open ones are repaired by OTP, as after kill -9),
-    free lists that do not end exactly at the end of the file (torn, or bytes appended) and an
-    object count other than the header's (an object lost, torn or duplicated)."""
+    ``meta.dets``/``names.dets``, MQTT's retained-message tables): the file's ends and object
+    count (``_dets_ends``), then its structure as OTP reads it (``readers.dets``: header and
+    MD5, part, segment and slot pointers, object blocks, free lists)."""
+    from cqforensics.readers import dets
+
     data = map_file(path) if data is None else data
+    out = _dets_ends(path, data)
+    if len(data) >= 40 and not any(f.offset == 4 or "shorter than its header" in f.message for f in out):
+        seen = {f.offset for f in out}
+        out += [f for f in dets.structure_findings(path, data) if f.offset not in seen]
+    return out
+
+
+def _dets_ends(path: Path, data) -> list[Finding]:
+    """A header that is no DETS v9 header; and, for a table closed properly (open ones are
+    repaired by OTP, as after kill -9), free lists that do not end exactly at the end of the
+    file (torn, or bytes appended) and an object count other than the header's (an object lost,
+    torn or duplicated)."""
     size = len(data)
     if size < 40:
         return [_damaged(f"a DETS table of {size} bytes: shorter than its header", path, 0, size=size)]
