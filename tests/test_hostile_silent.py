@@ -215,6 +215,20 @@ def test_deep_index_size_field_that_is_not_the_body_size(tmp_path):
     assert got == [(str(qi), at)]
 
 
+def test_file_summary_that_does_not_describe_the_store_files(tmp_path):
+    """A swap the fuzz campaign made: the persistent store's file_summary.ets and the transient
+    store's (both valid dumps) exchanged after a clean stop: each is a finding at its file."""
+    node = copy_node("4.3.6-clean", tmp_path / "m")
+    vhost = max(node.glob(VHOSTS), key=lambda p: sum(f.stat().st_size for f in p.rglob("*.rdq")))
+    a, b = vhost / "msg_store_persistent/file_summary.ets", vhost / "msg_store_transient/file_summary.ets"
+    assert not codes_at(node, a) and not codes_at(node, b)
+    da, db = a.read_bytes(), b.read_bytes()
+    a.write_bytes(db)
+    b.write_bytes(da)
+    assert ("term-file-damaged", None) in codes_at(node, a)
+    assert ("term-file-damaged", None) in codes_at(node, b)
+
+
 def test_transient_store_files_swapped_between_vhosts(tmp_path):
     """After a clean stop a transient store holds the bodies its queues' indexes refer to; swapped
     with another vhost's, they are missing: a finding at the store, though the broker drops

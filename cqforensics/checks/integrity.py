@@ -237,8 +237,38 @@ def vhost_file_findings(vs: VhostScan) -> list[Finding]:
         for p in (st.file_summary, st.msg_store_index):
             if r_files.is_regular(p):
                 out += _safe(r_terms.ets_findings, p)
+        if r_files.is_regular(st.file_summary) and st.clean_dot.exists():
+            out += _safe(lambda p: file_summary_findings(p, st.rdq), st.file_summary)
         out += _safe(lambda p: r_terms.text_findings(p, f"clean.dot:{kind}"), st.clean_dot)
     return out
+
+
+def file_summary_findings(path: Path, rdq: list[tuple[int, Path]]) -> list[Finding]:
+    """``term-file-damaged`` for a clean stop's ``file_summary.ets`` that does not describe its
+    store's files: a clean stop dumps one ``#file_summary{file, valid_total_size, ..., file_size}``
+    per ``.rdq`` file, whose file_size is that file's size (so on every sample); another set of
+    files or sizes is a stale, swapped or damaged dump, which the next clean start trusts."""
+    table = r_terms.read_ets(path)
+    recorded = {}
+    for o in table.objects:
+        if isinstance(o, tuple) and len(o) >= 6 and isinstance(o[1], int) and isinstance(o[5], int):
+            recorded[o[1]] = (o[2], o[5])
+    actual = {}
+    for number, p in rdq:
+        try:
+            actual[number] = r_files.file_size(p)
+        except CQError:
+            continue
+    wrong = sorted(n for n in set(recorded) | set(actual)
+                   if n not in recorded or n not in actual or recorded[n][1] != actual[n]
+                   or not isinstance(recorded[n][0], int) or recorded[n][0] > recorded[n][1])
+    if not wrong:
+        return []
+    shown = ", ".join(f"{n}.rdq: {recorded[n][1] if n in recorded else 'not recorded'} vs "
+                      f"{actual[n] if n in actual else 'no file'}" for n in wrong[:5])
+    return [Finding("term-file-damaged", f"file_summary.ets does not describe this store's files after a clean stop "
+                    f"(recorded size vs file: {shown}{', ...' if len(wrong) > 5 else ''}): a stale, swapped or damaged "
+                    "dump, which the next clean start trusts", str(path), details={"files": wrong[:64]})]
 
 
 def _safe(check, path: Path) -> list[Finding]:
@@ -354,4 +384,4 @@ def _walk(root: Path) -> list[Path]:
     return out
 
 
-__all__ = ["CopyCheck", "QueueIntegrity", "node_findings", "ra_directory_findings", "qs_trailing", "v1_swapped", "vhost_file_findings"]
+__all__ = ["CopyCheck", "QueueIntegrity", "file_summary_findings", "node_findings", "ra_directory_findings", "qs_trailing", "v1_swapped", "vhost_file_findings"]
