@@ -229,6 +229,16 @@ def test_file_summary_that_does_not_describe_the_store_files(tmp_path):
     assert ("term-file-damaged", None) in codes_at(node, b)
 
 
+def test_ets_dump_of_another_table_in_its_place(tmp_path):
+    """A swap the fuzz campaign made: a store's msg_store_index.ets replaced by a file_summary.ets
+    (both whole, valid dumps): its objects are not #msg_location{} records."""
+    node = copy_node("3.10.8-clean", tmp_path / "m")
+    index = next(p for p in sorted(node.glob(f"{VHOSTS}/msg_store_persistent/msg_store_index.ets"))
+                 if r_terms.read_ets(p).objects)
+    index.write_bytes((index.parent / "file_summary.ets").read_bytes())
+    assert any(c == "term-file-damaged" and o is not None for c, o in codes_at(node, index))
+
+
 def test_transient_store_files_swapped_between_vhosts(tmp_path):
     """After a clean stop a transient store holds the bodies its queues' indexes refer to; swapped
     with another vhost's, they are missing: a finding at the store, though the broker drops

@@ -244,6 +244,11 @@ def disk_log_findings(path: Path, data=None, table_dump: bool | None = None) -> 
     return out
 
 
+#: the record every object of a store's ets dump is (MS: #file_summary{}, #msg_location{}; so on
+#: every sample)
+ETS_RECORDS = {"file_summary.ets": "file_summary", "msg_store_index.ets": "msg_location"}
+
+
 def ets_findings(path: Path) -> list[Finding]:
     """``term-file-damaged`` for an ``ets:tab2file`` dump (``file_summary.ets``,
     ``msg_store_index.ets``): damaged items, and an end marker whose count differs from the
@@ -268,6 +273,13 @@ def ets_findings(path: Path) -> list[Finding]:
                                 path, log.offsets[-1] if log.offsets else 0))
         return out
     table = read_ets(path, log)
+    tag = ETS_RECORDS.get(path.name)
+    other = next((o for o in table.objects if not (isinstance(o, tuple) and o and o[0] == tag)), None)
+    if tag is not None and other is not None:
+        found = other[0] if isinstance(other, tuple) and other else type(other).__name__
+        out.append(_damaged(f"holds {found} objects, not the #{tag}{{}} records this dump holds: another table's "
+                            "dump in its place (swapped or copied)", path, log.offsets[1] if len(log.offsets) > 1 else 0,
+                            expected=str(tag), found=str(found)))
     if not table.complete:
         counts = textfiles.proplist(items[-1][1]) if len(items[-1]) > 1 else {}
         out.append(_damaged(f"the end marker records {counts.get('count')} objects, {len(table.objects)} are "
