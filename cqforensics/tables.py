@@ -197,6 +197,7 @@ def store_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         sizes = np.cumsum(st.e_total) if bodies else np.zeros(n, np.int64)
         # an orphan's queues under the metadata's bindings (decoded, so only when decoding)
         dests = vs.orphan_destinations(kind) if vs.options.decode and vs.node.metadata.kind is not None else {}
+        routed = np.array(sorted(dests), np.int64)
         for e in _capped(sizes, n, vs.options.batch_rows, vs.options.batch_bytes):
             m = e.stop - e.start
             body = pa.nulls(m, pa.binary())
@@ -210,8 +211,7 @@ def store_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
                 "total_size": pa.array(st.e_total[e]), "msg_id": id_array(st.e_id[e]),
                 "marker_ok": repeat(True, m, pa.bool_()), "status": names_array(code_labels(StoreStatus), status[e]),
                 "refs": pa.array(refs[e]), "body": body,
-                "routes_to": pa.array([_names(dests.get(k)) for k in range(e.start, e.stop)], STRINGS)
-                if dests else pa.nulls(m, STRINGS),
+                "routes_to": _routes(dests, routed, e.start, e.stop),
             })
         if st.bad:
             m = len(st.bad)
@@ -227,8 +227,15 @@ def store_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
             })
 
 
-def _names(queues: tuple[bytes, ...] | None) -> list[str] | None:
-    return None if queues is None else [q.decode("utf-8", "replace") for q in queues]
+def _routes(dests: dict, routed: np.ndarray, start: int, stop: int) -> pa.Array:
+    """The ``routes_to`` of store entries ``start:stop``: the orphans' queues (``routed``: the
+    sorted positions ``dests`` knows), null elsewhere; only the orphans are visited."""
+    out: list = [None] * (stop - start)
+    lo, hi = np.searchsorted(routed, [start, stop])
+    for k in routed[lo:hi].tolist():
+        queues = dests[k]
+        out[k - start] = None if queues is None else [q.decode("utf-8", "replace") for q in queues]
+    return pa.array(out, STRINGS)
 
 
 def refcounts_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:

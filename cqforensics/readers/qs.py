@@ -16,7 +16,7 @@ from cqforensics import core
 from cqforensics.codes import QsStatus
 from cqforensics.grammar import qs as c_qs
 from cqforensics.errors import CQError, FormatError
-from cqforensics.readers.files import data_extents, drop_pages, map_file, next_nonzero, open_regular
+from cqforensics.readers.files import data_extents, drop_pages, find, map_file, next_nonzero, open_regular
 
 _ENTRY_HEADER = c_qs.ENTRY_HEADER.unpack_from
 
@@ -152,7 +152,7 @@ def scan_entries(data, start: int, extents=None):
             o = max(o + 1, next_nonzero(data, o, nxt) - c_qs.ENTRY_HEADER_SIZE)
         else:  # no entry can start before the next byte 131 (its term's first byte)
             gap_zero = False
-            tag = data.find(_TERM_TAG, o + 1 + c_qs.ENTRY_HEADER_SIZE, nxt + c_qs.ENTRY_HEADER_SIZE)
+            tag = find(data, _TERM_TAG, o + 1 + c_qs.ENTRY_HEADER_SIZE, min(nxt + c_qs.ENTRY_HEADER_SIZE, end))
             o = nxt if tag < 0 else min(tag - c_qs.ENTRY_HEADER_SIZE, nxt)
     if gap is not None:
         yield "gap", gap, end, gap_zero
