@@ -27,7 +27,9 @@ peak RSS comes from ``os.wait4``. A run fails when:
 Besides, for each input whose mutation changed a data file's bytes, the summary says whether
 ``fsck --json`` named that file in a finding, or (a file of a queue dir) that queue (``reported``),
 and lists the others as ``silent``
-for triage (a mutation that left the file's bytes as they were is no damage and is not counted).
+for triage (a mutation that left the file's bytes as they were is no damage and is not counted;
+one that changed only message bodies in place, framing and decoded structure intact, is listed
+as ``undetectable_payload``: no checksum covers them, see ``_payload_only``).
 
 The JSON summary lists the runs, seeds, figures (peak RSS, slowest run) and the failures by
 class, each with a reproducer. Failing inputs are kept in ``fuzz/regressions.json``
@@ -558,9 +560,10 @@ def run_seed(seed: int, work: Path, commands=COMMANDS, dataset: str | None = Non
         out = d / "out"
         out.mkdir()
         runs = [run_one(c, inp, out, wall, as_limit, rss_bound) for c in commands]
+        reported = _reported(inp, out, runs)
         return {"seed": seed, "dataset": inp["dataset"], "mutation": inp["mutation"], "what": inp["what"],
-                "target": inp["target"], "runs": runs, "reported": _reported(inp, out, runs),
-                "payload_only": _payload_only(inp)}
+                "target": inp["target"], "runs": runs, "reported": reported,
+                "payload_only": reported is False and _payload_only(inp)}
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -609,18 +612,30 @@ def _reported(inp: dict, out: Path, runs: list[dict]) -> bool | None:
 
 
 def _payload_only(inp: dict) -> bool:
-    """Whether the mutation changed only the stored message bodies of a CQv1 index file (its
-    ``dump`` rows, bodies not decoded, are those of the sample's file): a CQv1 index has no
-    checksum, so a body changed in place is undetectable unless another copy exists
-    (``message-copies-differ``)."""
+    """Whether the mutation changed only stored message bodies in place, where no tool can tell
+    without another copy: a CQv1 index file whose ``dump`` rows (bodies not decoded) are those of
+    the sample's file (a CQv1 index has no checksum; a second copy shows as
+    ``message-copies-differ``), or a shared-store ``.rdq`` whose ``dump --deep`` rows are the
+    sample's but for the bodies' bytes (the same entries, ids and sizes, each decoding to the
+    same message, properties and body size: ``rabbit_msg_file`` frames an entry with no checksum,
+    and the broker delivers the changed body as stored)."""
     target = inp.get("target")
-    if not target or not (target.endswith(".idx") or target.endswith("journal.jif")) or not os.path.isfile(target):
+    if not target or not os.path.isfile(target):
+        return False
+    v1 = target.endswith(".idx") or target.endswith("journal.jif")
+    if not (v1 or target.endswith(".rdq")):
         return False
     from cqforensics.dump import dump
 
     original = SAMPLES / inp["dataset"] / "mnesia" / os.path.relpath(target, inp["base"])
+
+    def rows(path):
+        if v1:
+            return list(dump(path))
+        return [{k: v for k, v in row.items() if k not in ("body_sha256", "body_preview")}
+                for row in dump(path, deep=True)]
     try:
-        return list(dump(original)) == list(dump(target)) and original.read_bytes() != Path(target).read_bytes()
+        return original.read_bytes() != Path(target).read_bytes() and rows(original) == rows(target)
     except CQError:
         return False
 
@@ -670,7 +685,8 @@ def summarize(results: list[dict], elapsed: float) -> dict:
         "silent": [{"seed": r["seed"], "dataset": r["dataset"], "mutation": r["mutation"], "what": r["what"],
                     "target": r["target"]} for r in results
                    if r.get("reported") is False and not r.get("payload_only")],
-        # silent, but only a CQv1-embedded message body changed: no tool can tell without another copy
+        # silent, but only stored message bodies changed in place (CQv1-embedded, or in an .rdq entry):
+        # no tool can tell without another copy (``_payload_only``)
         "undetectable_payload": [{"seed": r["seed"], "dataset": r["dataset"], "what": r["what"], "target": r["target"]}
                                  for r in results if r.get("reported") is False and r.get("payload_only")],
         "reported": sum(1 for r in results if r.get("reported")),

@@ -460,6 +460,22 @@ def test_no_finding_on_tables_otp_writes(otp_tables, name):
     assert check.complete and (check.found_objects, check.found_keys) == (h.no_objects, h.no_keys)
 
 
+@pytest.mark.parametrize("name", ["bag.dets", "dupbag.dets", "grown_set.dets"])
+def test_marker_scan_counts_bag_objects(otp_tables, name):
+    """Crafted by the local OTP: a bag's and a duplicate_bag's blocks group their objects by key
+    (<<KeySize, Objects>>): the marker scan finds every object the header counts, so the count
+    check says nothing; one object's size word broken, it counts one less."""
+    path = otp_tables / name
+    data = path.read_bytes()
+    (recorded,) = struct.unpack_from(">I", data, 32)
+    found = list(terms._dets_objects(data))
+    assert len(found) == recorded and terms.dets_findings(path) == []
+    at = found[len(found) // 2][0]
+    broken = bytearray(data)
+    broken[at:at + 4] = bytes(4)
+    assert len(list(terms._dets_objects(bytes(broken)))) < recorded
+
+
 @pytest.mark.parametrize("name, words", [
     ("grown_set.dets", None),  # five segments, two grown after creation, a reopened table (base word 0)
     ("bag.dets", None),

@@ -117,6 +117,18 @@ def test_v1_segments_swapped_are_misplaced_by_the_recorded_counts(tmp_path):
     assert ("segment-misplaced", 0) in codes_at(node, q / "2.idx")
 
 
+def test_v1_segments_swapped_between_queues(tmp_path):
+    """Fuzz seed 16018: segment 0 of two CQv1 queues exchanged after a clean stop: each holds
+    another unacked count than its queue's recovery terms record for it."""
+    node = copy_node("3.12.14-clean", tmp_path / "m")
+    a, b = sorted((p for p in node.glob(f"{VHOSTS}/queues/*/0.idx")), key=lambda p: p.stat().st_size)[-2:]
+    da, db = a.read_bytes(), b.read_bytes()
+    assert da != db and not codes_at(node, a) and not codes_at(node, b)
+    a.write_bytes(db)
+    b.write_bytes(da)
+    assert ("recovery-terms-mismatch", 0) in codes_at(node, a) and ("recovery-terms-mismatch", 0) in codes_at(node, b)
+
+
 def test_qs_junk_after_the_last_entry(tmp_path):
     node = copy_node("4.3.6-clean", tmp_path / "m")
     qs = max(node.glob(f"{VHOSTS}/queues/*/*.qs"), key=lambda p: p.stat().st_size)
@@ -373,6 +385,151 @@ def test_dets_left_open_by_kill_and_truncated_is_torn(tmp_path):
     assert struct.unpack_from(">I", meta.read_bytes(), 8)[0] != 1  # left open by the kill
     damage.truncate(meta, 684)
     assert ("term-file-damaged", 0) in codes_at(node, meta)
+
+
+def test_dets_table_of_another_shape_in_its_place(tmp_path):
+    """A swap the fuzz campaign made (seed 13001): an MQTT retained-message table and an empty
+    recovery.dets exchanged. Each header names the other's keypos (the broker's open fails,
+    keypos_mismatch, empty or not); the recovery.dets also holds a #retained_message{}."""
+    node = copy_node("4.3.6-proto-kill", tmp_path / "m")
+    retained = max(node.glob("mqtt_retained_*.dets"), key=lambda p: len(r_terms.read_dets_objects(p)))
+    recovery = next(node.glob(f"{VHOSTS}/recovery.dets"))
+    assert not codes_at(node, retained) and not codes_at(node, recovery)
+    a, b = retained.read_bytes(), recovery.read_bytes()
+    retained.write_bytes(b)
+    recovery.write_bytes(a)
+    assert ("term-file-damaged", 28) in codes_at(node, retained)  # the header's keypos
+    (at, _), = r_terms._dets_objects(a)
+    assert {("term-file-damaged", 28), ("term-file-damaged", at)} <= codes_at(node, recovery)
+
+
+def test_dets_table_holding_another_tables_records(tmp_path):
+    """Crafted placement, real bytes: a non-empty recovery.dets replaced by Khepri's meta.dets (both
+    sets of keypos 1): its objects are no {QueueDirName, Terms}."""
+    node = copy_node("4.3.6-clean", tmp_path / "m")
+    meta = next(node.glob("coordination/*/meta.dets"))
+    recovery = next(p for p in node.glob(f"{VHOSTS}/recovery.dets") if r_terms.read_dets_objects(p))
+    recovery.write_bytes(meta.read_bytes())
+    (at, _), = r_terms._dets_objects(meta.read_bytes())
+    assert ("term-file-damaged", at) in codes_at(node, recovery)
+
+
+def test_ra_meta_dets_swapped_between_systems(tmp_path):
+    """Crafted swap, real bytes: Khepri's meta.dets (the record of its one Ra server) and the quorum
+    system's empty one exchanged (both sets of keypos 1, left open by kill -9): Khepri's server has
+    no record; the quorum system's table holds the record of a server it does not know."""
+    node = copy_node("4.3.6-kill", tmp_path / "m")
+    khepri, quorum = next(node.glob("coordination/*/meta.dets")), next(node.glob("quorum/*/meta.dets"))
+    a, b = khepri.read_bytes(), quorum.read_bytes()
+    assert not codes_at(node, khepri) and not codes_at(node, quorum)
+    khepri.write_bytes(b)
+    quorum.write_bytes(a)
+    (at, _), = r_terms._dets_objects(a)
+    assert codes_at(node, khepri) == {("term-file-damaged", None)}
+    assert codes_at(node, quorum) == {("term-file-damaged", at)}
+
+
+@pytest.mark.parametrize("word", [596, 1376, 4200])  # part pointer 71, segment pointer 10, slot 102
+def test_open_dets_table_word_otp_never_writes(tmp_path, word):
+    """Fuzz seeds 13091 and 7120: a bit flipped in a zero word of a DETS table left open by kill -9
+    (OTP repairs it from its object blocks and never reads the word): info at the word."""
+    node = copy_node("4.3.6-kill", tmp_path / "m")
+    meta = next(node.glob("quorum/*/meta.dets"))
+    data = meta.read_bytes()
+    assert struct.unpack_from(">I", data, 8)[0] == 0 and data[word:word + 4] == bytes(4)
+    damage.flip(meta, word + 1, 0x10)
+    rows = [r for r in cqforensics.read_table(node, "findings").to_pylist() if r["file"] == str(meta)]
+    assert [(r["code"], r["offset"], r["severity"]) for r in rows] == [("term-file-damaged", word, "info")]
+
+
+def test_open_dets_table_block_header_zeroed(tmp_path):
+    """A DETS table left open by kill -9 (Khepri's meta.dets): OTP's repair at open finds objects
+    by their <<Size, ACTIVE>> block headers; one zeroed, its objects are lost: a warning there."""
+    node = copy_node("4.3.6-kill", tmp_path / "m")
+    meta = next(node.glob("coordination/*/meta.dets"))
+    (at, _), = r_terms._dets_objects(meta.read_bytes())
+    damage.zero(meta, at - 8, 8)  # the block header before its first object
+    rows = [r for r in cqforensics.read_table(node, "findings").to_pylist() if r["file"] == str(meta)]
+    assert ("term-file-damaged", at - 8, "warning") in {(r["code"], r["offset"], r["severity"]) for r in rows}
+
+
+def test_open_dets_table_truncated_inside_its_first_segment(tmp_path):
+    """Fuzz seed 15027: an empty DETS table left open by kill -9 cut to 877 bytes, inside the
+    part and segment OTP writes when it creates any table: torn, at the end."""
+    node = copy_node("4.0.5-proto-kill", tmp_path / "m")
+    meta = next(node.glob("quorum/*/meta.dets"))
+    damage.truncate(meta, 877)
+    assert ("term-file-damaged", 877) in codes_at(node, meta)
+
+
+def test_transient_rdq_replaced_after_a_clean_stop(tmp_path):
+    """Fuzz seed 15020: a vhost's transient 0.rdq and persistent 0.rdq exchanged after a clean
+    stop: each store's file_summary.ets records other sizes; the transient file is named too (info)."""
+    node = copy_node("4.3.6-clean", tmp_path / "m")
+    vhost = min(node.glob(VHOSTS), key=lambda p: sum(f.stat().st_size for f in p.rglob("*.rdq")))
+    a, b = vhost / "msg_store_transient/0.rdq", vhost / "msg_store_persistent/0.rdq"
+    da, db = a.read_bytes(), b.read_bytes()
+    a.write_bytes(db)
+    b.write_bytes(da)
+    rows = [r for r in cqforensics.read_table(node, "findings").to_pylist() if r["file"] == str(a)]
+    assert ("rdq-garbage", min(len(da), len(db)), "info") in {(r["code"], r["offset"], r["severity"]) for r in rows}
+
+
+def test_recovery_dets_replaced_by_an_empty_one_after_a_clean_stop(tmp_path):
+    """Crafted placement, real bytes: a clean stop's recovery.dets replaced by another vhost's (empty,
+    of the same shape): every queue stores its terms at a clean stop, so the table is stale."""
+    node = copy_node("3.10.8-clean", tmp_path / "m")
+    tables = sorted(node.glob(f"{VHOSTS}/recovery.dets"), key=lambda p: len(r_terms.read_dets_objects(p)))
+    assert len(r_terms.read_dets_objects(tables[0])) < len(r_terms.read_dets_objects(tables[-1]))
+    assert not codes_at(node, tables[-1])
+    tables[-1].write_bytes(tables[0].read_bytes())
+    assert ("term-file-damaged", None) in codes_at(node, tables[-1])
+
+
+def test_mnesia_log_header_byte_zeroed(tmp_path):
+    """Fuzz seed 13125: one byte of DECISION_TAB.LOG's header item zeroed (a NUL in the node name)."""
+    node = copy_node("3.10.8-proto-clean", tmp_path / "m")
+    log = node / "DECISION_TAB.LOG"
+    first = r_terms.read_disk_log(log).offsets[0]
+    damage.zero(log, 76, 1)
+    assert ("term-file-damaged", first) in codes_at(node, log)
+
+
+def test_transient_store_entry_zeroed_after_a_clean_stop(tmp_path):
+    """A whole transient-store entry zeroed (a zero hole, normal in a compacted file): the clean
+    stop's msg_store_index.ets records a message there. Info: the broker deletes the store at boot."""
+    from cqforensics.readers import rdq as r_rdq
+
+    node = copy_node("3.13.7-clean", tmp_path / "m")
+    rdq = max(node.glob(f"{VHOSTS}/msg_store_transient/0.rdq"), key=lambda p: p.stat().st_size)
+    f = r_rdq.walk(rdq, 0)
+    at, total = int(f.offsets[5]), int(f.totals[5])
+    damage.zero(rdq, at, total)
+    rows = [r for r in cqforensics.read_table(node, "findings").to_pylist() if r["file"] == str(rdq)]
+    assert [(r["code"], r["offset"], r["severity"]) for r in rows] == [("rdq-garbage", at, "info")]
+
+
+def test_rdq_body_changed_in_place_is_undetectable_payload(tmp_path):
+    """Fuzz seed 13073: 64 bytes zeroed inside a transient-store message's body. rabbit_msg_file
+    frames an entry with no checksum: the campaign counts it as undetectable, not silent; a change
+    to the entry's structure is not counted so."""
+    sys.path.insert(0, str(ROOT / "fuzz"))
+    try:
+        import campaign
+    finally:
+        sys.path.remove(str(ROOT / "fuzz"))
+    from cqforensics.readers import rdq as r_rdq
+
+    base = tmp_path / "m"
+    node = copy_node("3.13.7-clean", base)
+    rdq = max(node.glob(f"{VHOSTS}/msg_store_transient/0.rdq"), key=lambda p: p.stat().st_size)
+    f = r_rdq.walk(rdq, 0)
+    at, total = next((int(o), int(t)) for o, t in zip(f.offsets, f.totals) if t > 60000)
+    inp = {"target": str(rdq), "base": base, "dataset": "3.13.7-clean"}
+    damage.zero(rdq, at + total // 2, 64)
+    assert campaign._payload_only(inp)
+    damage.zero(rdq, at + 24, 4)  # the term's head: no longer the same message
+    assert not campaign._payload_only(inp)
 
 
 # -- node-level special files ----------------------------------------------------------------------

@@ -225,6 +225,13 @@ def v1_swapped(vs: VhostScan, qx: IndexChunk) -> list[Finding] | None:
                                "their records under each other's seq ids", str(path), 0,
                                details={"segment": number, "holds": count, "recorded": want,
                                         "swapped_with": partners[0], "evidence": "recovery terms"}))
+        else:  # another queue's segment, or records lost or added: the terms no longer describe it
+            out.append(Finding("recovery-terms-mismatch", f"segment {number} holds {count} unacked entries, the clean "
+                               f"shutdown recorded {want}: the segment was replaced (another queue's?) or records "
+                               "were lost or added since; a clean start trusts the recorded count (CQv1 keeps a "
+                               "segment file until its count reaches 0)", str(path), 0, severity="warning",
+                               details={"segment": number, "holds": count, "recorded": want,
+                                        "evidence": "recovery terms"}))
     return out
 
 
@@ -233,21 +240,42 @@ def vhost_file_findings(vs: VhostScan) -> list[Finding]:
     out = []
     if r_files.is_regular(vs.vhost.recovery_dets):
         out += _safe(r_terms.dets_findings, vs.vhost.recovery_dets)
+        out += recovery_terms_findings(vs)
     for kind, st in vs.vhost.stores.items():
         for p in (st.file_summary, st.msg_store_index):
             if r_files.is_regular(p):
                 out += _safe(r_terms.ets_findings, p)
         if r_files.is_regular(st.file_summary) and st.clean_dot.exists():
-            out += _safe(lambda p: file_summary_findings(p, st.rdq), st.file_summary)
+            out += _safe(lambda p: file_summary_findings(p, st.rdq, kind), st.file_summary)
         out += _safe(lambda p: r_terms.text_findings(p, f"clean.dot:{kind}"), st.clean_dot)
     return out
 
 
-def file_summary_findings(path: Path, rdq: list[tuple[int, Path]]) -> list[Finding]:
+def recovery_terms_findings(vs: VhostScan) -> list[Finding]:
+    """``term-file-damaged`` for a clean stop's ``recovery.dets`` without the terms of some queue
+    dirs of the vhost: at a clean stop every queue's index stores its terms there (rabbit_queue_index
+    / rabbit_classic_queue_index_v2 terminate; one per queue dir on every clean sample), so a
+    missing one means a stale, replaced or damaged table (those queues recover dirty)."""
+    st = vs.vhost.stores.get("persistent")
+    if st is None or not st.clean_dot.exists():
+        return []  # a dirty stop: terms are written at a clean one only
+    terms = _recovery_terms(vs)
+    missing = sorted(q.dir_name for q in vs.vhost.queues if q.dir_name not in terms)
+    if not missing:
+        return []
+    return [Finding("term-file-damaged", f"after a clean stop it holds no recovery terms for {len(missing)} of the "
+                    f"vhost's {len(vs.vhost.queues)} queue dirs ({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''})"
+                    ": every queue stores them at a clean stop, so the table is stale, replaced or damaged (those "
+                    "queues recover dirty)", str(vs.vhost.recovery_dets), details={"queue_dirs": missing[:64]})]
+
+
+def file_summary_findings(path: Path, rdq: list[tuple[int, Path]], kind: str = "persistent") -> list[Finding]:
     """``term-file-damaged`` for a clean stop's ``file_summary.ets`` that does not describe its
     store's files: a clean stop dumps one ``#file_summary{file, valid_total_size, ..., file_size}``
     per ``.rdq`` file, whose file_size is that file's size (so on every sample); another set of
-    files or sizes is a stale, swapped or damaged dump, which the next clean start trusts."""
+    files or sizes is a stale, swapped or damaged dump, which the next clean start trusts. Either
+    side may be the damaged one, so each ``.rdq`` of another size than recorded is named too
+    (``rdq-garbage`` where the two part: info in the transient store, which every boot deletes)."""
     table = r_terms.read_ets(path)
     recorded = {}
     for o in table.objects:
@@ -266,9 +294,19 @@ def file_summary_findings(path: Path, rdq: list[tuple[int, Path]]) -> list[Findi
         return []
     shown = ", ".join(f"{n}.rdq: {recorded[n][1] if n in recorded else 'not recorded'} vs "
                       f"{actual[n] if n in actual else 'no file'}" for n in wrong[:5])
-    return [Finding("term-file-damaged", f"file_summary.ets does not describe this store's files after a clean stop "
-                    f"(recorded size vs file: {shown}{', ...' if len(wrong) > 5 else ''}): a stale, swapped or damaged "
-                    "dump, which the next clean start trusts", str(path), details={"files": wrong[:64]})]
+    out = [Finding("term-file-damaged", f"file_summary.ets does not describe this store's files after a clean stop "
+                   f"(recorded size vs file: {shown}{', ...' if len(wrong) > 5 else ''}): a stale, swapped or damaged "
+                   "dump, which the next clean start trusts", str(path), details={"files": wrong[:64]})]
+    paths = dict(rdq)
+    for n in wrong[:64]:
+        size = recorded[n][1] if n in recorded else None
+        if n not in actual or not isinstance(size, int) or size == actual[n]:
+            continue
+        out.append(Finding("rdq-garbage", f"{actual[n]} bytes, where the clean stop's file_summary.ets records {size}: "
+                           "this file was truncated, extended, swapped or replaced since (or the dump is damaged)",
+                           str(paths[n]), min(size, actual[n]), severity="info" if kind == "transient" else None,
+                           details={"store": kind, "recorded_size": size, "size": actual[n]}))
+    return out
 
 
 def _safe(check, path: Path) -> list[Finding]:
@@ -337,6 +375,37 @@ def ra_directory_findings(system: Path) -> list[Finding]:
         out.append(Finding("term-file-damaged", f"names.dets registers UId {uid.decode('utf-8', 'replace')}, which "
                            "has no data dir here: that server starts with no data (its dir lost, or the UId "
                            "damaged)", str(names), details={"registered_uid": uid.decode("utf-8", "replace")}))
+    return out + ra_meta_findings(system / "meta.dets", registered & dirs, registered | dirs)
+
+
+def ra_meta_findings(meta: Path, servers: set[bytes], known: set[bytes]) -> list[Finding]:
+    """``term-file-damaged`` for a Ra system's ``meta.dets`` (ra_log_meta: ``{UId, CurrentTerm,
+    VotedFor, LastApplied}`` per server, stored with a sync at every term change, so every server
+    that has run holds one) that lacks the record of a registered server with a data dir (Ra
+    restarts it at term 0, with no vote and nothing applied), or holds one for a server this
+    system does not know (another system's table in its place; info: a deleted server's record
+    may be left behind)."""
+    try:
+        objects = r_terms.read_dets_objects_at(meta)
+    except CQError:  # absent, unreadable or not a regular file: never read
+        return []
+    records = {}
+    for off, o in objects:
+        if isinstance(o, tuple) and len(o) == 4 and isinstance(o[0], bytes):
+            records.setdefault(o[0], off)
+    out = []
+    for uid in sorted(servers - records.keys()):
+        text = uid.decode("utf-8", "replace")
+        out.append(Finding("term-file-damaged", f"meta.dets holds no record of Ra server {text} (registered in "
+                           "names.dets, with its data dir): Ra restarts it at term 0, with no vote and nothing "
+                           "applied (the table replaced, or its record lost)", str(meta),
+                           details={"missing_uid": text}))
+    for uid in sorted(records.keys() - known):
+        text = uid.decode("utf-8", "replace")
+        out.append(Finding("term-file-damaged", f"meta.dets holds the record of Ra server {text}, which this system "
+                           "neither registers nor has a data dir of: another system's table in its place, or a "
+                           "deleted server's record left behind", str(meta), records[uid], severity="info",
+                           details={"unknown_uid": text}))
     return out
 
 
@@ -384,4 +453,4 @@ def _walk(root: Path) -> list[Path]:
     return out
 
 
-__all__ = ["CopyCheck", "QueueIntegrity", "file_summary_findings", "node_findings", "ra_directory_findings", "qs_trailing", "v1_swapped", "vhost_file_findings"]
+__all__ = ["CopyCheck", "QueueIntegrity", "file_summary_findings", "node_findings", "ra_directory_findings", "ra_meta_findings", "qs_trailing", "v1_swapped", "vhost_file_findings"]

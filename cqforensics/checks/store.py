@@ -15,9 +15,12 @@ def store_checks(vs: VhostScan) -> list[Finding]:
     """Every shared-store finding of the vhost."""
     out = []
     for kind, st in vs.stores.items():
+        reported: list[tuple[int, int, int]] = []  # (file number, start, end) of the holes reported below
         for f in st.files:
             out += r_rdq.rejected_findings(f, kind)
             for h in f.holes:
+                if h.kind != "zeroed" or (vs.model.sequential_scan and kind == "persistent"):
+                    reported.append((f.number, h.offset, h.offset + h.length))
                 if h.kind == "truncated_tail":
                     out.append(Finding("rdq-truncated", f"file ends inside an entry ({h.length} bytes)", str(f.path),
                                        h.offset, details={"store": kind, "length": h.length}))
@@ -29,6 +32,7 @@ def store_checks(vs: VhostScan) -> list[Finding]:
                     out.append(Finding("rdq-garbage", f"{h.length} zero bytes: RabbitMQ {vs.model}'s store scan stops "
                                        "here and loses every message after it in this file", str(f.path), h.offset,
                                        severity="warning", details={"store": kind, "length": h.length}))
+        out += recorded_location_findings(st, kind, reported)
         if kind != "persistent":
             continue
         status, _ = vs.store_status[kind]
@@ -68,4 +72,38 @@ def store_checks(vs: VhostScan) -> list[Finding]:
                 out.append(Finding("refcount-mismatch", f"{bad} reference counts in msg_store_index.ets differ from "
                                    "what the queue indexes hold", str(st.store.msg_store_index),
                                    details={"ids": bad, "examples": examples}))
+    return out
+
+
+def recorded_location_findings(st, kind: str, reported: list[tuple[int, int, int]]) -> list[Finding]:
+    """``rdq-garbage`` where a clean stop's ``msg_store_index.ets`` records a message (its
+    ``#msg_location{msg_id, ref_count, file, offset, total_size}``, which the next clean start
+    reads there without a scan; so on every clean sample, both stores) but the file holds no entry
+    of that id and size: zeroed, or its head changed, which the file's own framing need not show
+    (zeros are a normal hole). Not where a hole is reported already (``reported``). Info in the
+    transient store (every boot deletes it), else warning."""
+    if not st.clean or not st.recorded:
+        return []
+    by_number = {f.number: f for f in st.files}
+    held = {(int(st.files[int(fi)].number), int(o)): (i.tobytes(), int(t))
+            for fi, o, t, i in zip(st.e_file.tolist(), st.e_offset.tolist(), st.e_total.tolist(), st.e_id)}
+    out = []
+    for msg_id, rec in st.recorded.items():
+        _, number, offset, total = rec
+        if not (isinstance(number, int) and isinstance(offset, int) and isinstance(total, int)):
+            continue  # not a #msg_location{}: the dump's own finding (terms.ets_findings)
+        f = by_number.get(number)
+        if f is None or held.get((number, offset)) == (msg_id, total) or offset + total > f.size:
+            continue  # no such file, or the file is shorter: the layout's and file_summary.ets' findings
+        if any(n == number and a <= offset < b for n, a, b in reported):
+            continue
+        got = held.get((number, offset))
+        there = "no entry" if got is None else f"an entry of {'another id' if got[0] != msg_id else 'another size'}"
+        out.append(Finding("rdq-garbage", f"the clean stop's msg_store_index.ets records message {msg_id.hex()} here "
+                           f"({total} bytes), the file holds {there}: the entry was damaged or overwritten"
+                           f"{' (the broker deletes the transient store at boot)' if kind == 'transient' else ''}",
+                           str(f.path), offset, severity="info" if kind == "transient" else None,
+                           details={"store": kind, "msg_id": msg_id.hex(), "total_size": total}))
+        if len(out) >= 64:
+            break
     return out

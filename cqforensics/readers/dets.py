@@ -43,7 +43,9 @@ slot's size and pointer, then Size bytes at the pointer, which must begin ``<<Si
 OTP cannot read this way makes it mark the table corrupt (every later call fails).
 
 What ``structure_findings`` checks, for a table closed properly (one not closed properly gets the
-header checks OTP makes before it repairs: MD5, type, hash method, closed flag):
+header checks OTP makes before it repairs: MD5, type, hash method, closed flag; and ``open_words``:
+the reserved bytes, part, segment and slot words OTP writes in a known form whenever it writes them,
+and the blocks its slots name, which the repair rebuilds the table from):
 
 * the header: its MD5 (a single flipped bit is located, named, and undone for the rest of the walk),
   the type and hash-method codes, every field in its range and the hash parameters consistent
@@ -817,6 +819,73 @@ class _Check:
             out.append((segno, s, sat))
         return out
 
+    # -- a table not closed properly --------------------------------------------------------
+    def open_words(self, h: Header) -> None:
+        """A table not closed properly (kill -9): OTP's repair rebuilds it from the object blocks
+        alone (dets_v9 fsck_input: <<Size, ACTIVE>> blocks from BASE on), so its part, segment and
+        slot words are never read; the header's counts are those of its last open. What still
+        holds is what every word OTP writes there is, whenever it wrote it (info: a changed byte
+        OTP ignores): a part or segment pointer is 0 or a 2048-byte buddy boundary (part 0 at
+        BASE), allocated in order (no pointer after a 0: grow/allocate_segment), and a slot two
+        zero words or a size and a pointer on its buddy boundary (updated/re_hash_write write
+        <<0:32, 0:32>> for an empty slot). A single flipped bit in a zero word breaks one of these.
+        And a used slot names the ``<<Size, ACTIVE>>`` block the repair finds its objects in (it
+        writes the block and the slot in one pwrite): a block header or object damaged there is
+        skipped by the repair (``fsck_objs``), its objects lost (a warning)."""
+        def bad(kind: str, at: int, value: int, why: str) -> None:
+            self.problem("open-table", f"{kind} (at byte {at}) is {value:#x}: {why}; the table was not closed "
+                         "properly, so OTP repairs it at open from its object blocks and never reads this word, "
+                         "but it writes no such value there (a flipped bit)", at, pointer=value, severity=INFO)
+
+        def pointers(first: int, count: int, what, need: int) -> list[tuple[int, int]]:
+            """The valid pointers of ``count`` words from ``first`` (in order, up to the first 0)."""
+            words = np.frombuffer(self.data, dtype=">u4", count=count, offset=first).tolist()
+            valid, ended = [], False
+            for k, v in enumerate(words):
+                at = first + 4 * k
+                if v == 0:
+                    ended = True
+                elif ended:
+                    bad(what(k), at, v, "a pointer after a 0 one (OTP allocates them in order)")
+                elif v < BASE or (v - BASE) % ALIGN or v + need > self.size:
+                    bad(what(k), at, v, f"no {ALIGN}-byte buddy boundary inside the file")
+                    ended = True
+                else:
+                    valid.append((k, v))
+            return valid
+
+        if self.size < BASE + PART_BYTES + SEG_BYTES:
+            least = BASE + PART_BYTES + SEG_BYTES
+            self.problem("truncated", f"the file ends at {self.size}, before the end of segment 0 ({least}): OTP writes "
+                         "the header, part 0 and segment 0 when it creates a table, so the file is torn (OTP's repair "
+                         "at open finds no object past its end)", self.size)
+            return
+        parts = pointers(HEADEND, SEGARRSZ, lambda k: f"part pointer {k}", PART_BYTES)
+        first = self.word(HEADEND)
+        if first == 0 or (parts and parts[0] == (0, first) and first != BASE):  # (else pointers() said why)
+            bad("part pointer 0", HEADEND, first, f"part 0 always lies at {BASE} (OTP writes it first)")
+        parts = [(0, BASE)] + [x for x in parts if x[0] > 0]  # part 0 read where it always is
+        segments = []
+        for i, p in parts[:MAX_SLOTS // (SEGPARTSZ * SEGSZP) + 1]:
+            segments += pointers(p, SEGPARTSZ, lambda k, i=i: f"segment pointer {i * SEGPARTSZ + k}", SEG_BYTES)
+        for _, sp in segments[:MAX_SLOTS // SEGSZP]:
+            arr = np.frombuffer(self.data, dtype=">u4", count=2 * SEGSZP, offset=sp).reshape(SEGSZP, 2).astype(np.int64)
+            size, ptr = arr[:, 0], arr[:, 1]
+            buddy = np.maximum(1, 1 << np.ceil(np.log2(np.maximum(size, 1))).astype(np.int64))
+            wrong = ((size == 0) != (ptr == 0)) | ((size != 0) & ((size < 14) | (ptr < BASE)
+                                                                  | ((ptr - BASE) % np.minimum(buddy, ALIGN) != 0)))
+            for k in np.flatnonzero(wrong)[:MAX_REPORTED].tolist():
+                bad(f"slot {k} of the segment at {sp}", sp + 8 * k, int(size[k]) << 32 | int(ptr[k]),
+                    "an empty slot is two zero words, a used one a size and a pointer on its buddy boundary")
+            for k in np.flatnonzero(~wrong & (size != 0) & (ptr + size <= self.size)).tolist():
+                at, n = int(ptr[k]), int(size[k])
+                why = self.parse(h, at, n, self.size, decode=True) if _U32x2(self.data, at) == (n, ACTIVE) else \
+                    (at, f"no <<{n}, ACTIVE>> block header there")
+                if isinstance(why, tuple):
+                    self.problem("open-table", f"slot {k} of the segment at {sp} names the {n}-byte object block at {at}: "
+                                 f"{why[1]}; the table was not closed properly, and OTP's repair at open skips such a "
+                                 "block (fsck_objs): its objects are lost", why[0], slot_offset=sp + 8 * k, block=at)
+
     # -- slots and blocks -------------------------------------------------------------------
     def structure_at(self, ptr: int) -> _Item | None:
         """The part or segment ``ptr`` lies in, if any."""
@@ -1175,7 +1244,9 @@ class _Check:
     def run(self) -> None:
         h = self.header()
         if h.closed != 1 and not (h.closed not in (0, 1) and h.closed & 1):
-            return  # not closed properly: OTP repairs it at open (a full scan); nothing more to say
+            self.reserved()  # written as zeros whenever the header is written, open or closed
+            self.open_words(h)  # not closed properly: OTP repairs it at open (a full scan)
+            return
         geometry_ok = self.fields(h)
         self.reserved()
         if self.size < BASE + PART_BYTES:
@@ -1232,8 +1303,8 @@ class _Parsed:
 def structure_findings(path: Path, data) -> list[Finding]:
     """``term-file-damaged`` findings for the structure of a DETS v9 table (``data``: the whole
     file, bytes or a map). Leaves to ``terms.dets_findings`` what it checks (no DETS header, the
-    free-list chain's end, the marker-scan count). For a table not closed properly only the
-    header checks OTP makes before it repairs (MD5, type, hash method, closed flag) are made."""
+    free-list chain's end, the marker-scan count). For a table not closed properly the header
+    checks OTP makes before it repairs (MD5, type, hash method, closed flag) and ``open_words``."""
     size = len(data)
     if size < 20 or _U32(data, 4)[0] != COOKIE or _U32(data, 16)[0] != VERSION:
         return []  # no DETS v9 table: dets_findings says so

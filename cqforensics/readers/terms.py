@@ -17,7 +17,7 @@ from cqforensics import etf, textfiles
 from cqforensics.errors import FormatError
 from cqforensics.grammar import disklog as c_disklog
 from cqforensics.findings import Finding
-from cqforensics.readers import files
+from cqforensics.readers import dets, files
 from cqforensics.readers.files import data_extents, map_file, read_bytes, read_optional
 
 _ITEM_HEAD = c_disklog.ITEM_HEAD.unpack_from
@@ -98,38 +98,72 @@ def read_dets_objects(path: Path, data=None, end: int | None = None) -> list:
     return [term for _, term in _dets_objects(map_file(path) if data is None else data, end)]
 
 
+def read_dets_objects_at(path: Path) -> list[tuple[int, object]]:
+    """(offset, object) of each object of a DETS file (as ``read_dets_objects``)."""
+    return list(_dets_objects(map_file(path)))
+
+
 def _dets_objects(data, end: int | None = None, extents=None):
     """(offset, term) of each object found by the ACTIVE marker before ``end``; ``extents``
-    (``files.data_extents``): search only those ranges (a sparse file's holes hold no object)."""
+    (``files.data_extents``): search only those ranges (a sparse file's holes hold no object).
+    The header's type says how a block holds its objects (a bag's are grouped by key)."""
     stop = len(data) if end is None else min(end, len(data))
+    bag = _dets_is_bag(data)
     if extents is not None:
         for a, b in extents:
             if a < stop:
-                yield from _dets_objects_in(data, max(0, a - 4), min(b, stop))
+                yield from _dets_objects_in(data, max(0, a - 4), min(b, stop), bag)
         return
-    yield from _dets_objects_in(data, 0, stop)
+    yield from _dets_objects_in(data, 0, stop, bag)
 
 
-def _dets_objects_in(data, begin: int, stop: int):
+def _dets_is_bag(data) -> bool:
+    """Whether the header (when it is a DETS v9 one) names a bag or duplicate_bag: their blocks
+    hold ``<<KeySize:32, (ObjSize:32, Term)*>>`` per key, a set's ``(ObjSize:32, Term)*``
+    (dets_v9 bin2objs / per_key)."""
+    if len(data) < 20:
+        return False
+    _, cookie, _, kind, version = DETS_HEADER.unpack_from(data, 0)
+    return cookie == DETS_COOKIE and version == DETS_VERSION and kind in (DETS_BAG, DETS_DUPLICATE_BAG)
+
+
+def _dets_terms(data, pos: int, stop: int, block_end: int):
+    """(offset, term, next offset) of the ``<<ObjSize:32, Term>>`` objects from ``pos`` (each
+    ObjSize counting itself) that fit before ``stop`` and decode, up to the first one ending at
+    or past ``block_end``."""
+    while pos + 4 <= stop:
+        (obj_size,) = struct.unpack_from(">I", data, pos)
+        start = pos + 4
+        if not (4 < obj_size <= stop - pos and data[start] == etf.VERSION):
+            return
+        try:
+            term, _ = etf.decode(data[start:pos + obj_size])
+        except etf.EtfError:
+            return
+        yield pos, term, pos + obj_size
+        pos += obj_size
+        if pos >= block_end:
+            return
+
+
+def _dets_objects_in(data, begin: int, stop: int, bag: bool = False):
     o = files.find(data, DETS_ACTIVE, begin, stop)
     while o >= 4:
-        # a slot's block holds every object whose key hashes to it: <<Size, ACTIVE, (TermSize, Term)*>>
+        # a slot's block holds every object whose key hashes to it: <<Size, ACTIVE, Objects>>
         (block,) = struct.unpack_from(">I", data, o - 4)
         block_end = o - 4 + block if 8 < block <= len(data) - (o - 4) else o + 8
         pos = o + 4
-        while pos + 4 <= len(data):
-            (obj_size,) = struct.unpack_from(">I", data, pos)  # <<ObjSize:32, Term>>, ObjSize counting itself
-            start = pos + 4
-            if not (4 < obj_size <= len(data) - pos and data[start] == etf.VERSION):
-                break
-            try:
-                term, _ = etf.decode(data[start:pos + obj_size])
-            except etf.EtfError:
-                break
-            yield pos, term
-            pos += obj_size
-            if pos >= block_end:
-                break
+        if bag:  # per key: <<KeySize:32 (counting itself), Objects>>
+            while pos + 4 <= block_end:
+                (group,) = struct.unpack_from(">I", data, pos)
+                if not 9 <= group <= block_end - pos:
+                    break
+                for at, term, _ in _dets_terms(data, pos + 4, pos + group, pos + group):
+                    yield at, term
+                pos += group
+        else:
+            for at, term, pos in _dets_terms(data, pos, len(data), block_end):
+                yield at, term
         o = files.find(data, DETS_ACTIVE, max(o + 4, pos), stop)
 
 
@@ -138,6 +172,7 @@ def _dets_objects_in(data, begin: int, stop: int):
 #: ``<<12:32, ?FREELIST_MAGIC:32, 12345:32>>`` and one more word), each checked on the samples
 DETS_COOKIE = 0x00ABCDEF
 DETS_VERSION = 9
+DETS_SET, DETS_BAG, DETS_DUPLICATE_BAG = dets.SET, dets.BAG, dets.DUPLICATE_BAG  # the header's type codes
 DETS_FREELIST_MAGIC = 0x03ABCDEF
 DETS_END_WORD = 12345
 DETS_HEADER = struct.Struct(">IIIII")  # free-list pointer, cookie, closed properly, type, version
@@ -154,13 +189,74 @@ def dets_findings(path: Path, data=None) -> list[Finding]:
     ``meta.dets``/``names.dets``, MQTT's retained-message tables): the file's ends and object
     count (``_dets_ends``), then its structure as OTP reads it (``readers.dets``: header and
     MD5, part, segment and slot pointers, object blocks, free lists)."""
-    from cqforensics.readers import dets
-
     data = map_file(path) if data is None else data
     out = _dets_ends(path, data)
     if len(data) >= 40 and not any(f.offset == 4 or "shorter than its header" in f.message for f in out):
         seen = {f.offset for f in out}
         out += [f for f in dets.structure_findings(path, data) if f.offset not in seen]
+        words = {f.offset & ~3 for f in out if f.offset is not None}  # a header word already named
+        out += [f for f in dets_shape_findings(path, data) if f.offset & ~3 not in words]
+    return out
+
+
+def _is_text(v) -> bool:
+    return isinstance(v, (bytes, list))  # a file name: a binary or a charlist
+
+
+#: the broker's DETS tables, by file name: the type and keypos its writer opens it with (a file of
+#: another type or keypos makes that dets:open_file fail, {type_mismatch, F} / {keypos_mismatch, F},
+#: empty or not: OTP dets.erl fopen_existing_file) and the record every object is (each checked on
+#: every sample): rabbit_recovery_terms {DirBaseName, Terms}; Mnesia's schema {schema, Tab, Cs}
+#: (keypos 2); Ra's ra_log_meta {UId, CurrentTerm, VotedFor, LastApplied} and ra_directory
+#: {ServerName, UId}; the MQTT plugin's rabbit_mqtt_retained_msg_store_dets
+#: #retained_message{topic, mqtt_msg} (keypos #retained_message.topic = 2). All are sets.
+DETS_SHAPES = {
+    "recovery.dets": (DETS_SET, 1, "{QueueDirName, Terms}",
+                      lambda o: len(o) == 2 and _is_text(o[0]) and isinstance(o[1], list)),
+    "schema.DAT": (DETS_SET, 2, "{schema, Table, Cs}",
+                   lambda o: len(o) == 3 and o[0] == "schema" and isinstance(o[1], etf.Atom)),
+    "meta.dets": (DETS_SET, 1, "{UId, CurrentTerm, VotedFor, LastApplied}",
+                  lambda o: len(o) == 4 and isinstance(o[0], bytes) and isinstance(o[1], int) and isinstance(o[3], int)),
+    "names.dets": (DETS_SET, 1, "{ServerName, UId}", lambda o: len(o) == 2 and isinstance(o[0], etf.Atom)
+                   and isinstance(o[1], bytes)),
+    "mqtt_retained_*.dets": (DETS_SET, 2, "#retained_message{topic, mqtt_msg}",
+                             lambda o: len(o) == 3 and o[0] == "retained_message" and isinstance(o[1], bytes)),
+}
+
+
+def dets_shape(name: str):
+    """``DETS_SHAPES``' entry for a DETS file name (None: not a table of known shape)."""
+    if name.startswith("mqtt_retained_") and name.endswith(".dets"):
+        return DETS_SHAPES["mqtt_retained_*.dets"]
+    return DETS_SHAPES.get(name)
+
+
+def dets_shape_findings(path: Path, data) -> list[Finding]:
+    """``term-file-damaged`` for a broker DETS table (``DETS_SHAPES``) whose header names another
+    type or keypos than its writer opens it with (another table in its place, even an empty one:
+    the open fails), or holding an object that is not its record (another table's objects)."""
+    shape = dets_shape(path.name)
+    if shape is None or len(data) < 40:
+        return []
+    kind, keypos, record, fits = shape
+    _, cookie, _, got_kind, version = DETS_HEADER.unpack_from(data, 0)
+    if cookie != DETS_COOKIE or version != DETS_VERSION:
+        return []  # no DETS v9 header: _dets_ends says so
+    (got_keypos,) = struct.unpack_from(">I", data, 28)
+    out = []
+    for off, what, want, got in ((12, "type", kind, got_kind), (28, "keypos", keypos, got_keypos)):
+        if got != want:
+            out.append(_damaged(f"the header's {what} is {got}, but {path.name} is opened with {what} {want}: the "
+                                f"broker's dets:open_file fails on it ({what}_mismatch); another table in its place, "
+                                "or a damaged header", path, off, field=what, expected=want, found=got))
+    extents = data_extents(path, len(data)) if len(data) > (64 << 20) else None
+    for off, obj in _dets_objects(data, None, extents):
+        if not (isinstance(obj, tuple) and fits(obj)):
+            text = etf.format_term(obj)
+            out.append(_damaged(f"holds {text[:120]}{'...' if len(text) > 120 else ''}, not the {record} records "
+                                f"{path.name} holds: another table's objects in its place (swapped or copied), or "
+                                "a damaged object", path, off, expected=record))
+            break
     return out
 
 
@@ -230,6 +326,19 @@ def disk_log_findings(path: Path, data=None, table_dump: bool | None = None) -> 
                             "(its items are read here all the same)", path, 4))
     if log.error is not None:
         out.append(_damaged(f"{log.error.message}: the items after it are lost", path, log.error.offset))
+    kind = mnesia_log_kind(path.name)
+    if kind is not None and log.items:
+        why = _log_header_problem(log.items[0], kind)
+        if why is not None:
+            out.append(_damaged(f"its first item is no Mnesia {kind} log header ({why}): a damaged header, or another "
+                                "file in its place", path,
+                                log.offsets[0], expected=kind))
+        elif "@" in path.parent.name and log.items[0][4] != path.parent.name:
+            # Mnesia's dir is the node dir, named after the node (RabbitMQ's layout; on every sample)
+            out.append(Finding("term-file-damaged", f"its header names node {log.items[0][4]}, not this node dir's "
+                               f"({path.parent.name}): a changed byte, or another node's log (or the dir renamed)",
+                               str(path), log.offsets[0], severity="info",
+                               details={"node": str(log.items[0][4]), "node_dir": path.parent.name}))
     if table_dump if table_dump is not None else str(path).endswith(".DCD"):
         seen: dict[str, int] = {}
         for off, item in zip(log.offsets, log.items):
@@ -242,6 +351,38 @@ def disk_log_findings(path: Path, data=None, table_dump: bool | None = None) -> 
             else:
                 seen[key] = off
     return out
+
+
+#: the kind a Mnesia log's header names, by file (mnesia_log: the transaction log LATEST.LOG and the
+#: PREVIOUS.LOG it is renamed to, the decision table dump, a table's .DCL log and .DCD dump)
+MNESIA_LOG_KINDS = {"LATEST.LOG": "trans_log", "PREVIOUS.LOG": "trans_log", "DECISION_TAB.LOG": "decision_tab",
+                    "DECISION.LOG": "decision_log", ".DCL": "dcl_log", ".DCD": "dcd_log"}
+
+
+def mnesia_log_kind(name: str) -> str | None:
+    return MNESIA_LOG_KINDS.get(name) or MNESIA_LOG_KINDS.get(name[name.rfind("."):]) if "." in name else None
+
+
+def _version_text(v) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(c, int) and c in b"0123456789." for c in v)
+
+
+def _log_header_problem(item, kind: str) -> str | None:
+    """Why ``item`` is not the ``#log_header{log_kind, log_version, mnesia_version, node, now}``
+    Mnesia writes first in a log of ``kind`` (mnesia_log log_header/2: versions are "N.N" strings,
+    the node a name@host atom, now an erlang:timestamp()); None when it is (so on every sample)."""
+    if not (isinstance(item, tuple) and len(item) == 6 and item[0] == "log_header"):
+        return "not a 6-element log_header tuple"
+    _, got, log_version, mnesia_version, node, now = item
+    if got != kind:
+        return f"its kind is {etf.format_term(got)[:60]}, not {kind}"
+    if not (_version_text(log_version) and _version_text(mnesia_version)):
+        return "a version that is not a dotted number"
+    if not (isinstance(node, etf.Atom) and node.count("@") == 1 and node.isprintable() and " " not in node):
+        return f"node {etf.format_term(node)[:80]} is no node name"
+    if not (isinstance(now, tuple) and len(now) == 3 and all(isinstance(x, int) and x >= 0 for x in now)):
+        return "its time stamp is not {MegaSecs, Secs, MicroSecs}"
+    return None
 
 
 #: the record every object of a store's ets dump is (MS: #file_summary{}, #msg_location{}; so on
