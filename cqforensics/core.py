@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from cqforensics.schema import PROPERTIES, STRINGS
 
-ABI = 5  # must equal the core's ABI (core/src/lib.rs)
+ABI = 6  # must equal the core's ABI (core/src/lib.rs)
 log = logging.getLogger("cqforensics.core")
 
 try:
@@ -61,14 +61,17 @@ def status() -> str:
 
 def walk_rdq(data, extents=None, referenced: bytes | None = None):
     """``(offsets, totals, msg_ids, holes, torn, rejected)`` of one ``.rdq`` file's bytes (see
-    readers.rdq.walk): numpy int64, int64 and V16 arrays, ``[(offset, length, kind)]``,
+    readers.rdq.walk): numpy int64, int64 and V16 arrays, the holes' ``(offsets, lengths,
+    kinds)`` arrays (int64, int64, uint8: a position in ``readers.rdq.HOLE_KINDS``),
     ``[(offset, total, id)]`` and ``[(offset, total, id, reason, hidden)]``; ``referenced``: the
     ids to trust, 16 bytes each, sorted bytewise (``readers.rdq.Referenced.sorted``). A map's
     pages are dropped behind the walk (memory stays flat over a huge file)."""
     offsets, totals, ids, holes, torn, rejected = _native.walk_rdq(data, extents, referenced,
                                                                    isinstance(data, mmap.mmap))
+    hole_offsets, hole_lengths, hole_kinds = holes
     return (np.frombuffer(offsets, np.int64), np.frombuffer(totals, np.int64), np.frombuffer(ids, "V16"),
-            holes, torn, rejected)
+            (np.frombuffer(hole_offsets, np.int64), np.frombuffer(hole_lengths, np.int64),
+             np.frombuffer(hole_kinds, np.uint8)), torn, rejected)
 
 
 def check_qs(data, offsets: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -99,12 +102,21 @@ def _num(typ, n: int, col) -> pa.Array:
     return pa.Array.from_buffers(typ, n, [_buf(bits) if nulls else None, _buf(values)], null_count=nulls)
 
 
-def decode_messages(buffers: list, file_ix: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+def _used(col):
+    """A binary column whose data buffer is longer than its values (the core's body buffer has
+    room for whole terms), cut to its last offset (no copy)."""
+    bits, nulls, offsets, data = col
+    return bits, nulls, offsets, pa.py_buffer(data).slice(0, int(np.frombuffer(offsets, np.int32)[-1]))
+
+
+def decode_messages(sources: list, file_ix: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
                     index_ids: bytes, has_id: np.ndarray, bodies: bool) -> tuple[np.ndarray, dict]:
     """The decoded ``messages`` columns of stored terms as Arrow arrays, and each row's status
     (0 decoded, ``FALLBACK``: for the reference, ``NO_TERM``). Row k's term is the byte range
-    ``[starts[k], starts[k] + lengths[k])`` of ``buffers[file_ix[k]]`` (-1: no term)."""
-    out = _native.decode_messages(buffers, np.ascontiguousarray(file_ix, np.int32).tobytes(),
+    ``[starts[k], starts[k] + lengths[k])`` of ``sources[file_ix[k]]`` (-1: no term): a buffer,
+    or the descriptor of a file open for reading (``Bodies.descriptors``), which the core reads
+    with ``pread`` straight into the body column, never mapping it."""
+    out = _native.decode_messages(sources, np.ascontiguousarray(file_ix, np.int32).tobytes(),
                                   np.ascontiguousarray(starts, np.int64).tobytes(),
                                   np.ascontiguousarray(lengths, np.int64).tobytes(), index_ids,
                                   np.ascontiguousarray(has_id, np.uint8).tobytes(), bodies)
@@ -126,7 +138,7 @@ def decode_messages(buffers: list, file_ix: np.ndarray, starts: np.ndarray, leng
                                             children=props),
         "headers": _var(pa.string(), n, out["headers"]),
         "annotations": _var(pa.string(), n, out["annotations"]),
-        "body": _var(pa.binary(), n, out["body"]),
+        "body": _var(pa.binary(), n, _used(out["body"])),
         "body_size": _num(pa.int64(), n, out["body_size"]),
         "term_format": _var(pa.string(), n, out["term_format"]),
         "decode_error": _var(pa.string(), n, out["decode_error"]),

@@ -387,7 +387,7 @@ def decode_core(vs: VhostScan, res, rows: slice, index_ids: list) -> dict:
     bf = res.body_file[rows]  # -1: no stored body (and no file at all when every row has none)
     file_ix = np.where(bf >= 0, file_ix[np.maximum(bf, 0)] if len(file_ix) else -1, -1).astype(np.int32)
     has_id = np.array([i is not None for i in index_ids], np.uint8)
-    status, cols = core.decode_messages(vs.bodies.buffers([res.body_files[f] for f in used.tolist()]), file_ix,
+    status, cols = core.decode_messages(vs.bodies.descriptors([res.body_files[f] for f in used.tolist()]), file_ix,
                                         res.body_start[rows], res.body_len[rows],
                                         b"".join(i or bytes(16) for i in index_ids), has_id, vs.options.bodies)
     fallback = np.flatnonzero(status == core.FALLBACK)

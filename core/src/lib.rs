@@ -16,7 +16,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 /// Bumped whenever a function's arguments or results change: the Python side refuses a core
 /// built from other sources (a stale build) and says how to rebuild.
-pub const ABI: u32 = 5;
+pub const ABI: u32 = 6;
 
 /// Row status of `decode_messages`.
 const DECODED: u8 = 0;
@@ -53,7 +53,8 @@ impl View {
 
 /// Every entry of one `.rdq` file and its holes (readers.rdq.walk):
 /// `(offsets, totals, ids, holes, torn, rejected)` with offsets and totals as native int64
-/// bytes, ids as 16 bytes each, holes `[(offset, length, kind)]`, torn `[(offset, total, id)]`,
+/// bytes, ids as 16 bytes each, holes `(offsets, lengths, kinds)` (int64, int64 and one byte
+/// each, a `HoleKind`: a compacted store has thousands per file), torn `[(offset, total, id)]`,
 /// rejected `[(offset, total, id, reason, hidden)]`. `referenced`: the ids to trust, 16 bytes
 /// each, sorted bytewise.
 #[pyfunction]
@@ -73,11 +74,11 @@ fn walk_rdq<'py>(
         rdq::walk_map(bytes, extents.as_deref(), &rdq::Referenced(&refs), mapped)
     });
     drop(view);
-    let kinds = ["zeroed", "garbage", "truncated_tail"];
-    let holes = PyList::empty(py);
-    for (o, n, k) in &w.holes {
-        holes.append((o, n, kinds[*k as usize]))?;
-    }
+    let hole_offsets: Vec<i64> = w.holes.iter().map(|h| h.0 as i64).collect();
+    let hole_lengths: Vec<i64> = w.holes.iter().map(|h| h.1 as i64).collect();
+    let hole_kinds: Vec<u8> = w.holes.iter().map(|h| h.2 as u8).collect();
+    let holes = (PyBytes::new(py, as_bytes(&hole_offsets)), PyBytes::new(py, as_bytes(&hole_lengths)),
+                 PyBytes::new(py, &hole_kinds));
     let torn = PyList::empty(py);
     for (o, t, id) in &w.torn {
         torn.append((o, t, PyBytes::new(py, id)))?;
@@ -93,7 +94,7 @@ fn walk_rdq<'py>(
             PyBytes::new(py, as_bytes(&w.offsets)).into_any(),
             PyBytes::new(py, as_bytes(&w.totals)).into_any(),
             PyBytes::new(py, &w.ids).into_any(),
-            holes.into_any(),
+            holes.into_pyobject(py)?.into_any(),
             torn.into_any(),
             rejected.into_any(),
         ],
@@ -234,17 +235,88 @@ impl Columns {
     }
 }
 
+/// Where a batch's stored terms are: a buffer (bytes, a map), or a file open for reading (its
+/// descriptor), read with `pread`: the file's pages are then never mapped into this process,
+/// so no page-table work (mapping, unmapping) is done each time a file is visited again.
+enum Source {
+    Mem(View),
+    File(i32, u64), // descriptor, size
+}
+
+impl Source {
+    fn new(obj: &Bound<'_, PyAny>) -> PyResult<Source> {
+        if obj.is_instance_of::<pyo3::types::PyInt>() {
+            let fd: i32 = obj.extract()?;
+            // SAFETY: fstat fills the struct it is given
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            if unsafe { libc::fstat(fd, &mut st) } != 0 {
+                return Err(std::io::Error::last_os_error().into());
+            }
+            return Ok(Source::File(fd, st.st_size.max(0) as u64));
+        }
+        View::new(obj).map(Source::Mem)
+    }
+
+    /// The length of row's term `[start, start + len)` once cut where the source ends (an
+    /// index may claim any length: never more room than the file holds).
+    fn cut(&self, start: i64, len: i64) -> usize {
+        let size = match self {
+            Source::Mem(v) => v.len as u64,
+            Source::File(_, size) => *size,
+        };
+        (len.max(0) as u64).min(size.saturating_sub(start.max(0) as u64)) as usize
+    }
+}
+
+/// `buf.len()` bytes of `fd` from `offset`, fewer where the file ends first or a read fails
+/// (a term cut short, as a slice past a buffer's end is).
+fn read_at(fd: i32, buf: &mut [u8], offset: u64) -> usize {
+    let mut got = 0;
+    while got < buf.len() {
+        let Ok(at) = libc::off_t::try_from(offset + got as u64) else { break };
+        // SAFETY: writes at most the rest of `buf`
+        let r = unsafe { libc::pread(fd, buf[got..].as_mut_ptr().cast(), buf.len() - got, at) };
+        if r > 0 {
+            got += r as usize;
+        } else if r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        } else {
+            break;
+        }
+    }
+    got
+}
+
+thread_local! {
+    /// The terms read from files that cannot be read in place (no bodies wanted, or no room
+    /// left in the body buffer); kept between calls so it keeps its capacity.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A bytes object of `len` uninitialised bytes and its buffer, for the caller to fill before
+/// any Python code sees it (`new_with` would first zero it, a pass over every body).
+fn uninit_bytes(py: Python<'_>, len: usize) -> PyResult<(Bound<'_, PyBytes>, *mut u8)> {
+    // SAFETY: a NULL source makes an uninitialised object of `len` bytes, owned here
+    let obj = unsafe {
+        Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyBytes_FromStringAndSize(std::ptr::null(), len as isize))?
+    };
+    let ptr = unsafe { pyo3::ffi::PyBytes_AsString(obj.as_ptr()) } as *mut u8;
+    Ok((obj.downcast_into::<PyBytes>()?, ptr))
+}
+
 /// The decoded `messages` columns of a batch of stored terms (tables._decode_chunk). Row k's
-/// term is `buffers[file_ix[k]][starts[k]..starts[k] + lens[k]]` (cut at the buffer's end, as
-/// a slice is; `file_ix[k] < 0`: no term); `index_ids` 16 bytes per row, `has_id` one byte per
-/// row (the index holds the id). Returns a dict of Arrow buffers and `status` (one byte per
-/// row: 0 decoded here, 1 for the reference to decode, 2 no term). Bodies are copied once,
-/// from the mapped files straight into the column's buffer.
+/// term is the bytes `[starts[k], starts[k] + lens[k])` of `sources[file_ix[k]]`, a buffer or
+/// an open file's descriptor (cut where it ends; `file_ix[k] < 0`: no term); `index_ids` 16
+/// bytes per row, `has_id` one byte per row (the index holds the id). Returns a dict of Arrow
+/// buffers and `status` (one byte per row: 0 decoded here, 1 for the reference to decode, 2 no
+/// term). Bodies are copied once, into the column's buffer: a term read from a file is read
+/// where its body goes, and the body is moved down over the term's head once decoded. The
+/// body buffer holds every term, so it may be longer than its last offset.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 fn decode_messages<'py>(
     py: Python<'py>,
-    buffers: &Bound<'py, PyList>,
+    sources: &Bound<'py, PyList>,
     file_ix: &[u8],
     starts: &[u8],
     lens: &[u8],
@@ -259,70 +331,108 @@ fn decode_messages<'py>(
     if index_ids.len() != 16 * n || file_ix.len() != n || starts.len() != n || lens.len() != n {
         return Err(pyo3::exceptions::PyValueError::new_err("decode_messages: arguments differ in length"));
     }
-    let views = buffers.iter().map(|b| View::new(&b)).collect::<PyResult<Vec<View>>>()?;
-    let files: Vec<&[u8]> = views.iter().map(|v| v.slice()).collect();
+    let sources = sources.iter().map(|b| Source::new(&b)).collect::<PyResult<Vec<Source>>>()?;
+    let source = |k: usize| usize::try_from(file_ix[k]).ok().and_then(|f| sources.get(f));
+    // room for every term (a body is never longer than its term), within the int32 offsets
+    let room: usize = if want_body {
+        (0..n).filter_map(|k| source(k).map(|f| f.cut(starts[k], lens[k]))).fold(0usize, usize::saturating_add)
+    } else {
+        0
+    };
+    let (body_data, body_ptr) = uninit_bytes(py, room.min(i32::MAX as usize))?;
+    // SAFETY: the new object's buffer, not yet shared with any Python code
+    let out: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(body_ptr, room.min(i32::MAX as usize)) };
     let dec = message::Decoder::default();
     let mut c = COLUMNS.with(|cell| cell.take());
+    let mut scratch = SCRATCH.with(|cell| cell.take());
     c.clear();
     let mut status = Vec::with_capacity(n);
-    let mut bodies: Vec<&[u8]> = Vec::new();
     let mut body_offsets: Vec<i32> = Vec::with_capacity(n + 1);
     body_offsets.push(0);
     let mut body_valid = Validity::default();
     let mut body_total = 0usize;
     for k in 0..n {
         let index_id = if has_id[k] != 0 { Some(&index_ids[16 * k..16 * k + 16]) } else { None };
-        let term = usize::try_from(file_ix[k]).ok().and_then(|f| files.get(f)).map(|data| {
-            let s = (starts[k].max(0) as usize).min(data.len());
-            let e = s.saturating_add(lens[k].max(0) as usize).min(data.len());
-            &data[s..e]
-        });
-        let decoded = term.map(|raw| dec.decode(raw));
-        let m = match decoded {
-            None => {
-                status.push(NO_TERM);
-                c.push_empty(index_id);
-                body_valid.push(false);
-                body_offsets.push(body_total as i32);
-                continue;
+        let free = out.len() - body_total;
+        // the term, and where its body is to be copied from: (offset in the term, length)
+        let kept = match source(k) {
+            None => record(&mut c, &mut status, &dec, None, index_id, want_body, free),
+            Some(Source::Mem(v)) => {
+                let data = v.slice();
+                let s = (starts[k].max(0) as usize).min(data.len());
+                let e = s.saturating_add(lens[k].max(0) as usize).min(data.len());
+                let kept = record(&mut c, &mut status, &dec, Some(&data[s..e]), index_id, want_body, free);
+                if let Some((off, len)) = kept {
+                    out[body_total..body_total + len].copy_from_slice(&data[s + off..s + off + len]);
+                }
+                kept
             }
-            Some(Ok(m)) if !want_body || body_total + m.body.len() <= i32::MAX as usize => m,
-            Some(_) => {
-                status.push(FALLBACK);
-                c.push_empty(index_id);
-                body_valid.push(false);
-                body_offsets.push(body_total as i32);
-                continue;
+            Some(f @ Source::File(fd, _)) => {
+                let len = f.cut(starts[k], lens[k]);
+                let at = starts[k].max(0) as u64;
+                if len <= free {
+                    let got = read_at(*fd, &mut out[body_total..body_total + len], at);
+                    let kept = record(&mut c, &mut status, &dec, Some(&out[body_total..body_total + got]), index_id,
+                                      want_body, free);
+                    if let Some((off, len)) = kept {
+                        out.copy_within(body_total + off..body_total + off + len, body_total);
+                    }
+                    kept
+                } else {
+                    scratch.resize(len, 0);
+                    let got = read_at(*fd, &mut scratch[..len], at);
+                    let kept = record(&mut c, &mut status, &dec, Some(&scratch[..got]), index_id, want_body, free);
+                    if let Some((off, len)) = kept {
+                        out[body_total..body_total + len].copy_from_slice(&scratch[off..off + len]);
+                    }
+                    kept
+                }
             }
         };
-        status.push(DECODED);
-        if want_body {
-            bodies.push(m.body);
-            body_total += m.body.len();
-        }
-        body_valid.push(want_body);
+        body_valid.push(kept.is_some());
+        body_total += kept.map_or(0, |(_, len)| len);
         body_offsets.push(body_total as i32);
-        c.push_decoded(&m, index_id);
     }
-    let out = PyDict::new(py);
-    out.set_item("status", PyBytes::new(py, &status))?;
-    let body_data = PyBytes::new_with(py, body_total, |buf| {
-        let mut at = 0;
-        for b in &bodies {
-            buf[at..at + b.len()].copy_from_slice(b);
-            at += b.len();
-        }
-        Ok(())
-    })?;
+    let out_dict = PyDict::new(py);
+    out_dict.set_item("status", PyBytes::new(py, &status))?;
     let (bits, nulls) = validity(py, &body_valid);
-    out.set_item("body", (bits, nulls, PyBytes::new(py, as_bytes(&body_offsets)), body_data))?;
-    drop(bodies);
-    drop(files);
-    drop(views);
-    let emitted = c.emit(py, &out);
+    out_dict.set_item("body", (bits, nulls, PyBytes::new(py, as_bytes(&body_offsets)), body_data))?;
+    drop(sources);
+    scratch.clear();
+    SCRATCH.with(|cell| cell.replace(scratch));
+    let emitted = c.emit(py, &out_dict);
     COLUMNS.with(|cell| cell.replace(c));
     emitted?;
-    Ok(out)
+    Ok(out_dict)
+}
+
+/// Decodes one row's term (None: no term) and records it: its status and its columns. Returns
+/// the body's place in the term, `(offset, length)`, when the body is kept (bodies wanted, and
+/// it fits in the `free` bytes left of the body buffer; else the reference decodes the row).
+fn record(c: &mut Columns, status: &mut Vec<u8>, dec: &message::Decoder, term: Option<&[u8]>,
+          index_id: Option<&[u8]>, want_body: bool, free: usize) -> Option<(usize, usize)> {
+    let Some(raw) = term else {
+        status.push(NO_TERM);
+        c.push_empty(index_id);
+        return None;
+    };
+    // the body is a slice of the term: its offset there
+    let place = |body: &[u8]| {
+        let off = (body.as_ptr() as usize).wrapping_sub(raw.as_ptr() as usize);
+        (off.checked_add(body.len())? <= raw.len()).then_some((off, body.len()))
+    };
+    match dec.decode(raw) {
+        Ok(m) if !want_body || (m.body.len() <= free && place(m.body).is_some()) => {
+            status.push(DECODED);
+            c.push_decoded(&m, index_id);
+            if want_body { place(m.body) } else { None }
+        }
+        _ => {
+            status.push(FALLBACK);
+            c.push_empty(index_id);
+            None
+        }
+    }
 }
 
 /// The QsStatus code of each `.qs` entry the index places at `offsets[k]` with term

@@ -4,6 +4,9 @@ range of an input file) from a ``Bodies``, never from an mmap of its own.
 Spans come from the readers (``readers.rdq.term_span``, ``readers.qs.term_span``, the v1
 reader's embedded offsets), so no module here does framing arithmetic. Only the most recently
 used files stay mapped, so pages read stop counting as resident memory once a file is done with.
+The compiled decode reads whole batches from open files instead (``descriptors``): a store's
+files are visited once per queue, and reading costs no mapping and unmapping of their pages
+at each visit (with many small files, as a compacted store has, that work was most of the read).
 """
 
 from __future__ import annotations
@@ -14,14 +17,18 @@ import numpy as np
 
 from cqforensics.codes import QsStatus
 from cqforensics.readers import qs as r_qs
-from cqforensics.readers.files import map_file
+from cqforensics.readers.files import map_file, open_file
 
 
 class Bodies:
     MAX_MAPS = 2
+    #: files kept open for ``descriptors``: no memory cost, a descriptor each; every file of a
+    #: store of a few GiB, so each is opened once per read, not once per queue that uses it
+    MAX_OPEN = 128
 
     def __init__(self):
         self._maps: dict[Path, object] = {}
+        self._open: dict[Path, object] = {}  # path -> file object, most recent last
 
     def _data(self, path: Path):
         m = self._maps.pop(path, None)
@@ -47,18 +54,16 @@ class Bodies:
             out.append(data[start:start + length])
         return out
 
-    def buffers(self, paths: list[Path]) -> list:
-        """The mapped bytes of each of ``paths``, all valid together (the compiled core reads
-        many spans of them in one call); afterwards only the most recent stay mapped."""
+    def descriptors(self, paths: list[Path]) -> list[int]:
+        """A descriptor of each of ``paths`` open for reading, all valid together (the compiled
+        core reads many spans of them in one call); afterwards only the most recent stay open."""
         out = []
         for path in paths:
-            m = self._maps.pop(path, None)
-            out.append(map_file(path) if m is None else m)
-            self._maps[path] = out[-1]
-        while len(self._maps) > max(self.MAX_MAPS, len(paths)):
-            old = self._maps.pop(next(iter(self._maps)))
-            if hasattr(old, "close"):
-                old.close()
+            f = self._open.pop(path, None)
+            self._open[path] = f = open_file(path) if f is None else f
+            out.append(f.fileno())
+        while len(self._open) > max(self.MAX_OPEN, len(paths)):
+            self._open.pop(next(iter(self._open))).close()
         return out
 
     def size(self, path: Path) -> int:
@@ -79,3 +84,6 @@ class Bodies:
             if hasattr(m, "close"):
                 m.close()
         self._maps.clear()
+        for f in self._open.values():
+            f.close()
+        self._open.clear()

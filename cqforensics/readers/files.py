@@ -111,6 +111,14 @@ def read_head(path: Path | str, n: int) -> bytes:
         raise _oserror(path, e) from e
 
 
+def open_file(path: Path | str):
+    """``path`` open for reading (a binary file object), with ``map_file``'s errors."""
+    try:
+        return open_regular(path)
+    except OSError as e:
+        raise _oserror(path, e) from e
+
+
 def map_file(path: Path | str):
     """A read-only memory map of ``path`` (``b""`` for an empty file)."""
     try:
@@ -121,6 +129,19 @@ def map_file(path: Path | str):
                 return b""
     except OSError as e:
         raise _oserror(path, e) from e
+
+
+def reading_whole(data) -> None:
+    """``data``, a map, is about to be read all through, in order (a walk): let the pages a
+    read brings in from disk be cached in large folios (MADV_HUGEPAGE). Page faults on a plain
+    map cache a file 4 KiB page by 4 KiB page, and every later map or read of it (the walk, the
+    bodies) then pays per page: with many small files, most of the cost of a read. Pages
+    already cached stay as they are; where the kernel cannot, nothing changes but the speed."""
+    if isinstance(data, mmap.mmap) and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            data.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # no transparent huge pages for files here
+            pass
 
 
 _FIRST_WINDOW, _MAX_WINDOW = 4096, 16 << 20

@@ -34,15 +34,17 @@ so everything behind a zeroed range is lost to those versions.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from cqforensics import core
 from cqforensics.findings import Finding
 from cqforensics.grammar import rdq as c_rdq
-from cqforensics.readers.files import data_extents, drop_pages, map_file
+from cqforensics.readers.files import data_extents, drop_pages, map_file, reading_whole
 
 _HEAD = c_rdq.ENTRY_HEAD.unpack_from
 _SIZE = c_rdq.ENTRY_SIZE_FIELD.unpack_from
@@ -51,11 +53,40 @@ _CHUNK = 1 << 20
 _SPARSE_MIN = 1 << 26  # files this big are walked by their data extents (holes skipped unread)
 
 
-@dataclass
-class Hole:
+class Hole(NamedTuple):
+    """A byte range of a file between entries."""
     offset: int
     length: int
-    kind: str  # zeroed | garbage | truncated_tail
+    kind: str  # one of HOLE_KINDS
+
+
+#: the kinds of hole (codes shared with the compiled core: position in this tuple)
+HOLE_KINDS = ("zeroed", "garbage", "truncated_tail")
+
+
+class Holes(Sequence):
+    """The holes of a walk by the compiled core, kept as three arrays and read as ``Hole``
+    tuples: a broker-compacted file has hundreds of holes, and a Python object each would cost
+    more (to make, and for the garbage collector) than the walk that found them."""
+
+    __slots__ = ("kinds", "lengths", "offsets")
+
+    def __init__(self, offsets: np.ndarray, lengths: np.ndarray, kinds: np.ndarray):
+        self.offsets, self.lengths, self.kinds = offsets, lengths, kinds
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return list(self)[i]
+        return Hole(int(self.offsets[i]), int(self.lengths[i]), HOLE_KINDS[self.kinds[i]])
+
+    def __iter__(self):
+        return map(Hole, self.offsets.tolist(), self.lengths.tolist(), [HOLE_KINDS[k] for k in self.kinds.tolist()])
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
 
 
 @dataclass
@@ -66,7 +97,7 @@ class RdqFile:
     offsets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # entries with a valid marker
     totals: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # TotalSize = Size + 9
     msg_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, "V16"))
-    holes: list[Hole] = field(default_factory=list)
+    holes: Sequence[Hole] = field(default_factory=list)  # a list, or Holes from the compiled core
     bad_markers: list[tuple[int, int, bytes]] = field(default_factory=list)  # (offset, total, id): torn entries
     #: candidates the walk did not take: (offset, total, id, reason, hidden), ``reason`` one of
     #: REJECT_REASONS, ``hidden`` the offset of the referenced candidate it would hide (else -1)
@@ -218,11 +249,13 @@ def walk(path: Path, number: int, data=None, reference: bool = False,
     extents = data_extents(path, end) if end >= _SPARSE_MIN else None
     if extents == [(0, end)]:
         extents = None
+    if extents is None:  # a sparse file's holes are never read: no pages brought in around them
+        reading_whole(data)
     f = RdqFile(path, number, end)
     if not reference and core.native() is not None:
         f.offsets, f.totals, f.msg_ids, holes, torn, rejected = core.walk_rdq(
             data, extents, referenced.sorted if referenced is not None and len(referenced) else None)
-        f.holes = [Hole(o, n, kind) for o, n, kind in holes]
+        f.holes = Holes(*holes)
         f.bad_markers = torn
         f.rejected = rejected
         return f
