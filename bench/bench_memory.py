@@ -20,6 +20,10 @@ prove nothing about it):
   the term) are hardlinked unchanged;
 * everything else in the node dir (metadata, transient store, recovery.dets) is hardlinked.
 
+A vhost with more stored messages than ``ENTRIES_PER_SHARE`` is read in message-id shares
+(``cqforensics.model.vhost``), so 3x and 10x take several passes; ``--entries-per-share`` sets
+it (a huge number reads every vhost whole, as before shares).
+
 The copies' queues are not in the node's metadata, so the reader reports them as such; every
 message is still read, resolved and decoded. Built once under ``$CQF_BENCH_CACHE`` (3x: 3.4 GB,
 10x: 11.5 GB of disk). Results: a markdown table on stdout and ``bench/results/memory.json``.
@@ -139,12 +143,15 @@ CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 import cqforensics
+from cqforensics.model import store
+store.ENTRIES_PER_SHARE = int(sys.argv[4]) or store.ENTRIES_PER_SHARE
 t0 = time.perf_counter()
 rows = 0
 for b in cqforensics.iter_batches(sys.argv[2], sys.argv[3]):
     rows += b.num_rows
 dt = time.perf_counter() - t0
-print(json.dumps({"rows": rows, "seconds": dt, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+ru = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"rows": rows, "seconds": dt, "cpu_seconds": ru.ru_utime + ru.ru_stime, "peak_rss_mb": ru.ru_maxrss / 1024}))
 """
 
 BASELINE = r"""
@@ -155,8 +162,9 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 """
 
 
-def measure(node: Path, table: str) -> dict:
-    p = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), str(node), table], capture_output=True, text=True)
+def measure(node: Path, table: str, per_share: int = 0) -> dict:
+    p = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), str(node), table, str(per_share)], capture_output=True,
+                       text=True)
     if p.returncode:
         return {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}"}
     return json.loads(p.stdout)
@@ -172,6 +180,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", nargs="+", type=float, default=[0.1, 1, 3, 10])
     ap.add_argument("--tables", nargs="+", default=list(TABLES), choices=TABLES)
+    ap.add_argument("--entries-per-share", type=int, default=0,
+                    help="stored messages a pass may hold (default: cqforensics.model.store.ENTRIES_PER_SHARE; "
+                         "a huge number reads every vhost whole, as before shares)")
     args = ap.parse_args()
     nodes = {}
     for s in args.sizes:
@@ -185,8 +196,9 @@ def main() -> None:
     base = float(subprocess.run([sys.executable, "-c", BASELINE, str(ROOT)], capture_output=True, text=True,
                                 check=True).stdout)
     core = "off (CQF_CORE=0)" if os.environ.get("CQF_CORE") == "0" else "default"
-    results = {"baseline_rss_mb": base, "core": core, "sizes": {}}
-    print(f"peak RSS (MB) per read, each in a fresh process; interpreter + libraries {base:.0f} MB; core {core}")
+    results = {"baseline_rss_mb": base, "core": core, "entries_per_share": args.entries_per_share or None, "sizes": {}}
+    print(f"peak RSS (MB) per read, each in a fresh process (wall and CPU seconds); interpreter + libraries "
+          f"{base:.0f} MB; core {core}")
     head = "| size | stored messages | bytes | " + " | ".join(args.tables) + " |"
     print(head)
     print("|" + "---|" * (3 + len(args.tables)))
@@ -196,9 +208,10 @@ def main() -> None:
         row = {"node": str(node), "bytes": size, "index_rows": msgs, "tables": {}}
         cells = []
         for t in args.tables:
-            r = measure(node, t)
+            r = measure(node, t, args.entries_per_share)
             row["tables"][t] = r
-            cells.append(f"{r['peak_rss_mb']:.0f} ({r['seconds']:.1f} s)" if "error" not in r else f"error: {r['error']}")
+            cells.append(f"{r['peak_rss_mb']:.0f} ({r['seconds']:.1f} s, {r['cpu_seconds']:.1f} s CPU)"
+                         if "error" not in r else f"error: {r['error']}")
         results["sizes"][f"{s:g}x"] = row
         print(f"| {s:g}x | {msgs:,} | {size / 1e9:.2f} GB | " + " | ".join(cells) + " |", flush=True)
     (HERE / "results").mkdir(exist_ok=True)

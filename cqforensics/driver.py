@@ -117,7 +117,7 @@ def _grouped(units, table: str):
         while j < len(units) and (units[j].node_path, units[j].vhost_dir) == (u.node_path, u.vhost_dir):
             j += 1
         only = None
-        if table in QUEUE_LEVEL:
+        if table in QUEUE_LEVEL and all(g.queue_dir is not None for g in units[i:j]):  # else: whole vhosts
             only = {}
             for g in units[i:j]:
                 segs = only.setdefault(g.queue_dir, set() if g.segment is not None else None)

@@ -6,8 +6,9 @@ bodies) loops per message, to slice and decode bodies. Batches are capped by row
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -149,13 +150,16 @@ def index_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     for qx in vs.chunks():
         r = qx.rec
         files = [display(p) for p in qx.files]
-        for start in range(0, len(r.seq), step):
-            sl = slice(start, start + step)
+        mine = vs.chunk_rows(qx)  # the records of the scan's share (None: all)
+        rows = None if mine is None else np.flatnonzero(mine)
+        for start in range(0, len(r.seq) if rows is None else len(rows), step):
+            sl = slice(start, start + step) if rows is None else rows[start:start + step]
             n = len(r.seq[sl])
             loc, kind = r.loc[sl], r.kind[sl]
             has_loc = (loc != Location.NONE) & np.isin(kind, (RecordKind.PUBLISH, RecordKind.GHOST, RecordKind.BAD))
             in_file = np.isin(loc, (Location.QUEUE_STORE, Location.EMBEDDED))
-            errors = [qx.errors.get(i) for i in range(start, start + n)] if qx.errors else None
+            at = range(start, start + n) if rows is None else sl.tolist()
+            errors = [qx.errors.get(i) for i in at] if qx.errors else None
             yield batch("index", {
                 **_queue(qx, n, node, vhost), "file": names_array(files, r.file[sl]),
                 "offset": pa.array(r.offset[sl]), "index_version": repeat(qx.version, n, pa.int32()),
@@ -176,6 +180,9 @@ def acks_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     node, vhost = _where(vs)
     for qx in vs.chunks():
         a = qx.acks
+        mine = vs.share_mask(a.msg_id, a.has_id, a.seq)
+        if mine is not None:
+            a = type(a)(*(getattr(a, f.name)[mine] for f in dataclasses.fields(a)))
         n = len(a.seq)
         if n:
             yield batch("acks", {
@@ -299,9 +306,10 @@ def refcounts_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
 def holes_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     node, vhost = _where(vs)
     rows = Rows("holes", vs.options.batch_rows)
+    first = vs.share is None or vs.share.k == 0  # rows about no message id: in the first share only
     for kind, st in vs.stores.items():
         status, _ = vs.store_status[kind]
-        for f in st.files:
+        for f in st.files if first else ():
             for h in f.holes:
                 b = rows.add({"node": node, "vhost": vhost, "store": kind, "file": display(f.path), "offset": h.offset,
                               "length": h.length, "kind": h.kind})
@@ -313,7 +321,7 @@ def holes_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
                           "kind": "orphan" if status[i] == StoreStatus.ORPHAN else "stale"})
             if b is not None:
                 yield b
-    for qx in vs.chunks():
+    for qx in vs.chunks(whole=True) if first else ():
         for path, start, length, kind in qs_holes(vs, qx):
             b = rows.add({"node": node, "vhost": vhost, "queue": qx.qdir.label, "store": "queue", "file": display(path),
                           "offset": start, "length": length, "kind": kind})
@@ -548,23 +556,40 @@ def messages_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
 # -- queues / files / findings ---------------------------------------------------------------------
 
 
+def each_share(vs: VhostScan) -> Iterator[VhostScan]:
+    """The scans a vhost-level fact about every id is summed over: ``vs`` itself (read whole, or
+    already one share), else one scan per share (``VhostScan.shares``), each closed after use."""
+    if vs.share is not None or vs.shares == 1:
+        yield vs
+        return
+    for k in range(vs.shares):
+        sub = vs.share_scan(k)
+        try:
+            yield sub
+        finally:
+            sub.close()
+
+
 def queue_summaries(vs: VhostScan) -> Iterator[dict]:
-    """Per queue dir: message counts and what the next boot does with them."""
-    for q in vs.queue_dirs:
-        s = {"qdir": q, "version": q.index_version, "messages": 0, "bytes": 0, "persistent": 0, "kept": 0,
-             "drops": {}, "segments": len(q.qi) + len(q.idx)}
-        for qx in vs.scan_queue(q):
-            r, live = qx.rec, qx.live
-            fates = vs.resolve(qx).reasons()
-            s["messages"] += len(live)
-            s["bytes"] += int(r.size[live].sum())
-            s["persistent"] += int((r.persistent[live] == 1).sum())
-            s["kept"] += fates.count(None)
-            for f in fates:
-                if f is not None:
-                    s["drops"][f] = s["drops"].get(f, 0) + 1
-            s["version"] = qx.version
-        yield s
+    """Per queue dir: message counts and what the next boot does with them (summed share by
+    share for a vhost read in shares)."""
+    out = {q.dir_name: {"qdir": q, "version": q.index_version, "messages": 0, "bytes": 0, "persistent": 0,
+                        "kept": 0, "drops": {}, "segments": len(q.qi) + len(q.idx)} for q in vs.queue_dirs}
+    for sub in each_share(vs):
+        for q in sub.queue_dirs:
+            s = out[q.dir_name]
+            for qx in sub.scan_queue(q):
+                r, live = qx.rec, qx.live
+                fates = sub.resolve(qx).reasons()
+                s["messages"] += len(live)
+                s["bytes"] += int(r.size[live].sum())
+                s["persistent"] += int((r.persistent[live] == 1).sum())
+                s["kept"] += fates.count(None)
+                for f in fates:
+                    if f is not None:
+                        s["drops"][f] = s["drops"].get(f, 0) + 1
+                s["version"] = qx.version
+    yield from out.values()
 
 
 def queues_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
@@ -601,20 +626,24 @@ def file_rows(vs: VhostScan) -> Iterator[dict]:
             yield row(v.path / name, kind)
     for p in v.others:
         yield row(p, registry.other_kind(p, "vhost"))
-    for kind, st in vs.stores.items():
-        status, _ = vs.store_status[kind]
-        per_file = np.bincount(st.e_file, minlength=len(st.files))
-        live = status == 0
-        live_n = np.bincount(st.e_file[live], minlength=len(st.files))
-        live_b = np.bincount(st.e_file[live], weights=st.e_total[live], minlength=len(st.files))
-        for fi, f in enumerate(st.files):
+    counts = {}  # store -> (entries, live entries, live bytes) per file, summed share by share
+    for sub in each_share(vs):
+        for kind, st in sub.stores.items():
+            status, _ = sub.store_status[kind]
+            live = status == StoreStatus.LIVE
+            got = (np.bincount(st.e_file, minlength=len(st.files)),
+                   np.bincount(st.e_file[live], minlength=len(st.files)),
+                   np.bincount(st.e_file[live], weights=st.e_total[live], minlength=len(st.files)))
+            counts[kind] = (st.store, st.files, [a + b for a, b in zip(counts[kind][2], got)] if kind in counts else got)
+    for kind, (st, files, (per_file, live_n, live_b)) in counts.items():
+        for fi, f in enumerate(files):
             yield row(f.path, "rdq", entries=int(per_file[fi]), live_entries=int(live_n[fi]),
                       live_bytes=int(live_b[fi]))
-        for k, numbered in st.store.numbered.items():  # rdt, and numbered kinds no column covers
+        for k, numbered in st.numbered.items():  # rdt, and numbered kinds no column covers
             if k != "rdq":
                 for _, p in numbered:
                     yield row(p, k)
-        for p in st.store.others:
+        for p in st.others:
             yield row(p, registry.other_kind(p, "store"))
     for q in vs.queue_dirs:
         qb = {"queue": q.label, "priority": q.priority}
@@ -677,8 +706,31 @@ def findings_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         yield findings_batch(fs)
 
 
+def in_shares(build: Callable[[VhostScan], Iterator[pa.RecordBatch]]) -> Callable[[VhostScan], Iterator[pa.RecordBatch]]:
+    """``build`` over a vhost too big to index at once (``VhostScan.shares`` > 1) as one pass per
+    id share, each holding only its share's store entries and references: the rows are those of
+    the whole vhost, each once, in another order. A scan already restricted to a share (a Spark
+    unit) is built as it is."""
+    def run(vs: VhostScan) -> Iterator[pa.RecordBatch]:
+        if vs.share is not None or vs.shares == 1:
+            yield from build(vs)
+            return
+        for k in range(vs.shares):
+            sub = vs.share_scan(k)
+            try:
+                yield from build(sub)
+            finally:
+                sub.close()
+    run.__name__ = run.__qualname__ = build.__name__
+    return run
+
+
+#: the tables whose rows each belong to one message-id share (``in_shares``)
+SHARED_TABLES = frozenset({"messages", "index", "acks", "store", "refcounts", "holes"})
+
 BUILDERS = {
     "messages": messages_batches, "index": index_batches, "acks": acks_batches, "store": store_batches,
     "refcounts": refcounts_batches, "holes": holes_batches, "files": files_batches, "queues": queues_batches,
     "findings": findings_batches,
 }
+BUILDERS = {name: in_shares(build) if name in SHARED_TABLES else build for name, build in BUILDERS.items()}

@@ -6,6 +6,9 @@ A unit is what one task can read on its own and get exactly the rows the embedde
   task that reads several units of one vhost builds that vhost's shared-store index once.
 * vhost-level tables (store, refcounts, holes, files, queues, findings): a whole vhost, since
   their statuses and checks need every queue of the vhost and its whole shared store.
+* a vhost too big to index at once (``model.store.shares_for`` > 1): for the tables whose rows
+  each belong to one message-id share (``tables.SHARED_TABLES``), one unit per share, every queue
+  of the vhost; a task indexes only its share's store entries and references.
 
 Units are weighed in bytes (segment and store bytes a unit is likely to touch), kept in a
 deterministic order (node, vhost, queue, segment), and packed greedily into partitions of about
@@ -23,6 +26,8 @@ from pathlib import Path
 from cqforensics import layout
 from cqforensics.driver import QUEUE_LEVEL
 from cqforensics.errors import UsageError
+from cqforensics.model.store import shares_for
+from cqforensics.tables import SHARED_TABLES
 from cqforensics.schema import SCHEMAS
 
 
@@ -37,6 +42,8 @@ class Unit:
     segment: int | None = None  # v2 segment number (None: the whole queue)
     files: tuple[str, ...] = ()  # files whose rows this unit yields (queue-level units)
     weight: int = 0
+    share: int | None = None  # the message-id share of the vhost it reads (None: all ids)
+    shares: int = 1  # of how many
 
 
 def _size(p: Path) -> int:
@@ -62,6 +69,11 @@ def plan_units(paths, table: str, vhosts=None, queues=None) -> list[Unit]:
             if vhosts is not None and v.name not in vhosts:
                 continue
             base = {"node_path": str(node.path), "node_label": node.node, "vhost_dir": v.dir_name, "vhost": v.name}
+            parts = shares_for(v.stores.values()) if table in SHARED_TABLES else 1
+            if parts > 1:
+                weight = _tree_size(v.path) // parts
+                out += [Unit(**base, weight=weight, share=k, shares=parts) for k in range(parts)]
+                continue
             if table not in QUEUE_LEVEL:
                 out.append(Unit(**base, weight=_tree_size(v.path)))
                 continue

@@ -85,12 +85,47 @@ class RabbitCQReader(DataSourceReader):
 
 def read_units(units: list[Unit], s: opt.Settings, columns: list[str]):
     """Batches of the given units through the one read driver (``cqforensics.driver.read``):
-    consecutive units of one vhost are read by one scan, so its store is indexed once."""
+    consecutive units of one vhost are read by one scan, so its store is indexed once; a unit of
+    one id share of a big vhost is read by a scan of that share only."""
     from cqforensics import driver
     from cqforensics.model.options import narrowed
 
-    yield from driver.read(s.table, narrowed(s.options, s.table, columns), units=units, columns=columns,
-                           queues=s.queues, cache=_VHOST_FACTS, cache_scope=_task_scope())
+    options, scope = narrowed(s.options, s.table, columns), _task_scope()
+    if all(u.share is None for u in units):
+        yield from driver.read(s.table, options, units=units, columns=columns, queues=s.queues, cache=_VHOST_FACTS,
+                               cache_scope=scope)
+        return
+    for share, run in _share_runs(units):
+        build = None if share is None else _share_builder(s.table, *share)
+        yield from driver.read(s.table, options, units=run, columns=columns, queues=s.queues, cache=_VHOST_FACTS,
+                               cache_scope=scope, build=build)
+
+
+def _share_runs(units: list[Unit]):
+    """Consecutive units of one share ((k, parts), or None for units of every id)."""
+    run, key = [], None
+    for u in units:
+        k = (u.share, u.shares) if u.share is not None else None
+        if run and (k != key or k is not None):  # a share unit is a whole vhost: one per run
+            yield key, run
+            run = []
+        run.append(u)
+        key = k
+    if run:
+        yield key, run
+
+
+def _share_builder(table: str, k: int, parts: int):
+    """A vhost's batches of ``table`` read as share ``k`` of ``parts`` only."""
+    from cqforensics.tables import BUILDERS
+
+    def build(vs):
+        sub = vs.share_scan(k, parts)
+        try:
+            yield from BUILDERS[table](sub)
+        finally:
+            sub.close()
+    return build
 
 
 # A Python worker runs many tasks of a stage one after another. The vhost-wide facts (the shared

@@ -162,9 +162,11 @@ def recorded_index(st) -> dict[bytes, tuple] | None:
     cache = st.__dict__.setdefault("_broker_recorded", {})
     if "index" not in cache:
         objs = file2tab_objects(st.store.msg_store_index) if st.store.msg_store_index.exists() else None
+        share = getattr(st, "share", None)  # a scan of one id share needs that share's records only
         cache["index"] = None if objs is None else {
             o[1]: (o[2], o[3], o[4], o[5]) for o in objs
-            if isinstance(o, tuple) and len(o) == 6 and o[0] == "msg_location" and isinstance(o[1], bytes)}
+            if isinstance(o, tuple) and len(o) == 6 and o[0] == "msg_location" and isinstance(o[1], bytes)
+            and (share is None or share.holds_key(o[1]))}
     return cache["index"]
 
 
@@ -267,7 +269,7 @@ def clean_crashes(vs) -> tuple[set[str], bool]:
         return set(), False
     queues, vhost = set(), False
     for q in vs.all_queue_dirs:
-        for qx in vs.index_of(q, restricted=False):
+        for qx in vs.id_chunks(q):
             res = resolve(vs, qx, propagate=False)
             crashed = res.fate == Fate.DELIVERY_CRASH
             once = res.crash_once if res.crash_once is not None else np.zeros(len(crashed), bool)
@@ -281,12 +283,13 @@ def clean_crashes(vs) -> tuple[set[str], bool]:
 def lost_on_read(vs) -> set[str]:
     """Clean start: queues whose read fails again after every restart (the recorded index
     places a message on bytes that do not hold it, and still says it has it): what follows
-    that message is lost (``DELIVERY_CRASH``, the rest ``QUEUE_CRASH``)."""
+    that message is lost (``DELIVERY_CRASH``, the rest ``QUEUE_CRASH``). Gathered share by
+    share in a scan of one id share."""
     if "_lost_on_read" not in vs.__dict__:
         vs.__dict__["_lost_on_read"] = {
-            q.label for q in vs.all_queue_dirs if vs.recovery == "clean" and any(
-                (resolve(vs, qx, propagate=False).fate == Fate.DELIVERY_CRASH).any()
-                for qx in vs.index_of(q, restricted=False))}
+            q.label for sub in vs.each_share() for q in sub.all_queue_dirs if vs.recovery == "clean" and any(
+                (resolve(sub, qx, propagate=False).fate == Fate.DELIVERY_CRASH).any()
+                for qx in sub.id_chunks(q))}
     return vs.__dict__["_lost_on_read"]
 
 
@@ -294,27 +297,37 @@ def clean_restarts(vs) -> dict[str, list[str]]:
     """Clean start: queues that crash once and are restarted by their supervisor, which then
     recovers their index from the files (dirty, against the store's recorded index): label ->
     why ("init": recovery terms that disagree with the index; "read": a message the recorded
-    index does not hold, read for delivery: the consumer gets 541 INTERNAL_ERROR)."""
+    index does not hold, read for delivery: the consumer gets 541 INTERNAL_ERROR). Gathered
+    share by share in a scan of one id share (a queue's first reason in share order)."""
     if vs.recovery != "clean" or vs.clean_crashes[1]:  # a vhost crash restarts everything dirty
         return {}
+    if "_clean_restarts" in vs.__dict__:
+        return vs.__dict__["_clean_restarts"]
     starts = queue_starts(vs)
+    inits = {q.dir_name for q in vs.all_queue_dirs
+             if starts.get(q.dir_name) is not None and starts[q.dir_name].kind == "restart"}
+    why: dict[str, str] = {}  # dir name -> its first reason found
+    for sub in vs.each_share():
+        for q in sub.all_queue_dirs:
+            if q.dir_name in inits or q.dir_name in why:
+                continue
+            for qx in sub.id_chunks(q):
+                fate = resolve(sub, qx, propagate=False).fate
+                if (fate == Fate.NOT_IN_STORE_INDEX).any():
+                    why[q.dir_name] = "read"
+                    break
+                # an expired message is read only to be dead-lettered: the read may crash the queue
+                expired = qx.live[fate == Fate.EXPIRED]
+                shared = expired[(qx.rec.loc[expired] == Location.SHARED_STORE) & (qx.rec.persistent[expired] == 1)]
+                if len(shared) and not recorded_has(sub.stores.get("persistent"), qx.rec.msg_id[shared]).all():
+                    why[q.dir_name] = "expiry"
+                    break
     out: dict[str, list[str]] = {}
     for q in vs.all_queue_dirs:
-        st = starts.get(q.dir_name)
-        if st is not None and st.kind == "restart":
-            out.setdefault(q.label, []).append("init")
-            continue
-        for qx in vs.index_of(q, restricted=False):
-            fate = resolve(vs, qx, propagate=False).fate
-            if (fate == Fate.NOT_IN_STORE_INDEX).any():
-                out.setdefault(q.label, []).append("read")
-                break
-            # an expired message is read only to be dead-lettered: the read may crash the queue
-            expired = qx.live[fate == Fate.EXPIRED]
-            shared = expired[(qx.rec.loc[expired] == Location.SHARED_STORE) & (qx.rec.persistent[expired] == 1)]
-            if len(shared) and not recorded_has(vs.stores.get("persistent"), qx.rec.msg_id[shared]).all():
-                out.setdefault(q.label, []).append("expiry")
-                break
+        reason = "init" if q.dir_name in inits else why.get(q.dir_name)
+        if reason is not None:
+            out.setdefault(q.label, []).append(reason)
+    vs.__dict__["_clean_restarts"] = out
     return out
 
 

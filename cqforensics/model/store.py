@@ -1,6 +1,7 @@
-"""The shared stores of a vhost: every entry of every ``.rdq`` file as numpy arrays (about 70
+"""The shared stores of a vhost: every entry of every ``.rdq`` file as numpy arrays (about 100
 bytes per stored message, no Python object per message), the distinct message ids with their
-copies, and the references the queue indexes hold into each store.
+copies, and the references the queue indexes hold into each store; for a big vhost, only those
+of one message-id ``Share`` at a time.
 
 Which copy of an id the next boot uses, and which entries its store scan reaches at all, is
 decided by ``model.recovery`` (``reachable`` and ``claims``), not here.
@@ -21,6 +22,69 @@ from cqforensics.model.versions import BrokerModel
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers import registry
 from cqforensics.readers import terms as r_terms
+
+#: stored entries a vhost's state may hold per pass: a vhost with more is read in id shares
+ENTRIES_PER_SHARE = 250_000
+
+
+def id_share(ids: np.ndarray, parts: int) -> np.ndarray:
+    """The share (0 .. parts-1) of each 16-byte id: the range of its first 8 bytes, read as a
+    big-endian number, cut in ``parts`` equal ranges. Message ids are random guids, so shares are
+    even; and as a share is a range of the bytewise order, sorted per-share id lists laid end to
+    end are sorted (the walk's trusted ids are built that way, a share at a time)."""
+    if parts == 1:
+        return np.zeros(len(ids), np.int64)
+    top = np.ascontiguousarray(ids).view(">u4").reshape(-1, 4)[:, 0].astype(np.uint64)  # the first 4 bytes decide it
+    return (top * np.uint64(parts) >> np.uint64(32)).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Share:
+    """Share ``k`` of ``parts``: the message ids (and the rows about them) a pass of a vhost read
+    covers; the shares of a vhost are disjoint and together cover every id (``id_share``)."""
+
+    k: int
+    parts: int
+
+    def holds(self, ids: np.ndarray) -> np.ndarray:
+        return id_share(ids, self.parts) == self.k
+
+    def holds_key(self, key) -> bool:
+        """Whether a record keyed ``key`` is the share's: a 16-byte id by its share, anything
+        else (a damaged key) in share 0."""
+        if isinstance(key, bytes) and len(key) == 16:
+            return (int.from_bytes(key[:4], "big") * self.parts) >> 32 == self.k
+        return self.k == 0
+
+
+def estimate_entries(store: StoreDir) -> int:
+    """About how many entries the store's ``.rdq`` files hold: their bytes over the mean entry
+    size of up to three of them (first, middle, last), walked without trust."""
+    rdq = store.rdq
+    if not rdq:
+        return 0
+    total = sum(_size(p) for _, p in rdq)
+    walk = registry.reader("rdq").read
+    n = size = 0
+    for num, p in {rdq[0], rdq[len(rdq) // 2], rdq[-1]}:
+        f = walk(p, num)
+        n, size = n + len(f), size + int(f.totals.sum())
+    return total * n // size if size else 0
+
+
+def shares_for(stores) -> int:
+    """How many id shares a read of a vhost with these shared stores takes, so that a pass
+    holds the entries of about ``ENTRIES_PER_SHARE`` stored messages at most (1: read whole)."""
+    biggest = max((estimate_entries(st) for st in stores), default=0)
+    return max(1, -(-biggest // ENTRIES_PER_SHARE))
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
+
 
 def _split(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """16-byte ids as two native uint64 keys (numeric sorts and searches are fast)."""
@@ -101,6 +165,7 @@ class StoreIndex:
     bad: list[tuple[int, int, int, bytes]]  # (file pos, offset, total, id): entries without a 255 marker
     recorded: dict[bytes, tuple] | None  # msg_store_index.ets: id -> (refcount, file, offset, total)
     clean: bool  # clean.dot + index files present (the broker skips the scan on a clean start)
+    share: Share | None = None  # the ids it holds the entries of (None: all)
 
     def path(self, e: int) -> Path:
         """The file holding entry ``e``."""
@@ -120,48 +185,130 @@ class StoreIndex:
         return np.where(found, self.claim[gg], -1), np.where(found, self.first[gg], -1)
 
 
-def scan_store(store: StoreDir, model: BrokerModel, refs: "References | None" = None) -> StoreIndex:
-    """Walk every file of the store. The walk trusts (readers.rdq, "which candidates become
-    entries") the ids ``refs`` holds (the queue indexes' references into this store) and those
-    msg_store_index.ets records after a clean stop; the rest must earn their place."""
+class Spill:
+    """Records sorted out by share into one unlinked temporary file per share, so that a read in
+    shares walks the indexes and the store once, and a pass loads only its share's records (in
+    the order they were added)."""
+
+    def __init__(self, dtype: np.dtype, parts: int):
+        import tempfile
+
+        self.dtype, self.parts = np.dtype(dtype), parts
+        self.files = [tempfile.TemporaryFile(prefix="cqf-share-") for _ in range(parts)]
+
+    def add(self, records: np.ndarray, shares: np.ndarray) -> None:
+        if not len(records):
+            return
+        order = np.argsort(shares, kind="stable")
+        bounds = np.searchsorted(shares[order], np.arange(self.parts + 1))
+        for k in range(self.parts):
+            if bounds[k + 1] > bounds[k]:
+                self.files[k].write(records[order[bounds[k]:bounds[k + 1]]].tobytes())
+
+    def load(self, k: int) -> np.ndarray:
+        f = self.files[k]
+        f.seek(0)
+        return np.frombuffer(f.read(), self.dtype)
+
+
+ENTRY = np.dtype([("file", np.int32), ("offset", np.int64), ("total", np.int64), ("id", ID), ("reach", bool)])
+REFERENCE = np.dtype([("id", ID), ("queue", np.int64)])
+
+
+@dataclass
+class WalkedStore:
+    """A store walked once for a read in shares: its files (holes, torn entries; entry lists
+    dropped) and its entries spilled by share."""
+
+    files: list[r_rdq.RdqFile]
+    entries: Spill
+    bad: list[list[tuple[int, int, int, bytes]]]  # per share: (file pos, offset, total, id) of torn entries
+
+
+def walk_store(store: StoreDir, model: BrokerModel, referenced: r_rdq.Referenced | None, parts: int) -> WalkedStore:
+    """Walk every file of the store once (trusting ``referenced``, see ``scan_store``) and sort
+    its entries out by share."""
+    referenced = _pinned(referenced, _recorded(store, Share(0, 1))[2])
     walk = registry.reader("rdq").read
-    recorded, clean = None, False
-    if store.msg_store_index.exists():
-        table = r_terms.read_ets(store.msg_store_index)
-        recorded = {}
-        for obj in table.objects:
-            if isinstance(obj, tuple) and len(obj) == 6 and obj[0] == "msg_location":
+    out = WalkedStore([], Spill(ENTRY, parts), [[] for _ in range(parts)])
+    for fi, (num, p) in enumerate(store.rdq):
+        f = walk(p, num, referenced=referenced)
+        rec = np.empty(len(f), ENTRY)
+        rec["file"], rec["offset"], rec["total"], rec["id"] = fi, f.offsets, f.totals, f.msg_ids
+        rec["reach"] = recovery.reachable(f, model)
+        out.entries.add(rec, id_share(f.msg_ids, parts))
+        for o, t, i in f.bad_markers:
+            out.bad[next(k for k in range(parts) if Share(k, parts).holds_key(i))].append((fi, o, t, i))
+        f.offsets, f.totals, f.msg_ids = np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, ID)
+        out.files.append(f)
+    return out
+
+
+def _recorded(store: StoreDir, share: Share | None) -> tuple[dict | None, bool, list[bytes]]:
+    """msg_store_index.ets: (its records of the share's ids, whether the stop was clean, every
+    16-byte id it records)."""
+    if not store.msg_store_index.exists():
+        return None, False, []
+    table = r_terms.read_ets(store.msg_store_index)
+    recorded, pinned = {}, []
+    for obj in table.objects:
+        if isinstance(obj, tuple) and len(obj) == 6 and obj[0] == "msg_location":
+            if isinstance(obj[1], bytes) and len(obj[1]) == 16:
+                pinned.append(obj[1])
+            if share is None or share.holds_key(obj[1]):
                 recorded[obj[1]] = (obj[2], obj[3], obj[4], obj[5])
-        clean = table.complete and store.clean_dot.exists() and store.file_summary.exists()
-    trusted = [refs.ids.ids] if refs is not None and len(refs.ids) else []
-    pinned = [k for k in (recorded or ()) if isinstance(k, bytes) and len(k) == 16]
+    clean = table.complete and store.clean_dot.exists() and store.file_summary.exists()
+    return recorded, clean, pinned
+
+
+def _pinned(referenced: r_rdq.Referenced | None, pinned: list[bytes]) -> r_rdq.Referenced | None:
+    """The ids a walk trusts: ``referenced`` and ``pinned``, the ids msg_store_index.ets records
+    (None: none)."""
     if pinned:
-        trusted.append(np.frombuffer(b"".join(pinned), ID))
-    referenced = r_rdq.Referenced(np.concatenate(trusted)) if trusted else None
-    files = [walk(p, num, referenced=referenced) for num, p in store.rdq]
-    n = sum(len(f) for f in files)
-    e_file = np.zeros(n, np.int32)
-    e_offset = np.zeros(n, np.int64)
-    e_total = np.zeros(n, np.int64)
-    e_id = np.zeros(n, ID)
-    reach = np.ones(n, bool)
-    bad = []
-    pos = 0
-    for fi, f in enumerate(files):
-        k = len(f)
-        e_file[pos:pos + k] = fi
-        e_offset[pos:pos + k] = f.offsets
-        e_total[pos:pos + k] = f.totals
-        e_id[pos:pos + k] = f.msg_ids
-        reach[pos:pos + k] = recovery.reachable(f, model)
-        bad += [(fi, o, t, i) for o, t, i in f.bad_markers]
-        f.offsets, f.totals, f.msg_ids = f.offsets[:0], f.totals[:0], f.msg_ids[:0]  # now in the arrays
-        pos += k
+        extra = np.frombuffer(b"".join(pinned), ID)
+        referenced = r_rdq.Referenced(extra if referenced is None else
+                                      np.concatenate([np.frombuffer(referenced.sorted, ID), extra]))
+    return referenced if referenced is not None and len(referenced) else None
+
+
+def scan_store(store: StoreDir, model: BrokerModel, refs: "References | None" = None, share: Share | None = None,
+               referenced: r_rdq.Referenced | None = None, walked: WalkedStore | None = None) -> StoreIndex:
+    """Walk every file of the store. The walk trusts (readers.rdq, "which candidates become
+    entries") the ids the queue indexes reference into this store (``referenced``, else those
+    of ``refs``) and those msg_store_index.ets records after a clean stop; the rest must earn
+    their place. ``share``: keep only the entries (and records) of the share's ids, from the
+    store ``walked`` once for every share (``walk_store``), else from a walk of its own; either
+    walk trusts every referenced id, so a share's entries are exactly those of the whole walk."""
+    recorded, clean, pinned = _recorded(store, share)
+    if walked is not None and share is not None:
+        files, bad = walked.files, walked.bad[share.k]
+        rec = walked.entries.load(share.k)
+        e_file, e_offset, e_total, e_id, reach = (np.ascontiguousarray(rec[c]) for c in ENTRY.names)
+        del rec
+    else:
+        if referenced is None and refs is not None and len(refs.ids):
+            referenced = r_rdq.Referenced(refs.ids.ids)
+        referenced = _pinned(referenced, pinned)
+        walk = registry.reader("rdq").read
+        files, parts, bad = [], [], []
+        for fi, (num, p) in enumerate(store.rdq):
+            f = walk(p, num, referenced=referenced)
+            keep = share.holds(f.msg_ids) if share is not None else slice(None)
+            parts.append((np.full(len(f.offsets[keep]), fi, np.int32), f.offsets[keep], f.totals[keep],
+                          f.msg_ids[keep], recovery.reachable(f, model)[keep]))
+            bad += [(fi, o, t, i) for o, t, i in f.bad_markers if share is None or share.holds_key(i)]
+            # now in the arrays (fresh empties: a view would keep the walk's whole buffers alive)
+            f.offsets, f.totals, f.msg_ids = np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, ID)
+            files.append(f)
+        e_file, e_offset, e_total, e_id, reach = (
+            np.concatenate(c) if c else np.zeros(0, t)
+            for c, t in zip(zip(*parts) if parts else ((),) * 5, (np.int32, np.int64, np.int64, ID, bool)))
+        del parts
     distinct, group, first = IdSet.build(e_id)
     copies = np.bincount(group, minlength=len(distinct))
     claim = recovery.claims(e_file, e_offset, reach, group, len(distinct), model)
     return StoreIndex(store, files, e_file, e_offset, e_total, e_id, reach, group, distinct, copies, first, claim,
-                      bad, recorded, clean)
+                      bad, recorded, clean, share)
 
 
 @dataclass

@@ -1,10 +1,13 @@
 """Node and vhost scans: queue indexes joined to the shared stores the way the broker's recovery
 joins them.
 
-Memory is flat by construction, like the broker's own design: the only vhost-wide state is a
-compact index of each shared store (numpy arrays, about 70 bytes per stored message, no Python
-objects per message); queue indexes are streamed one segment at a time (a CQv1 queue at a time);
-bytes are read through ``Bodies``, only a couple of files mapped at once.
+Memory is bounded by construction: the vhost-wide state is a compact index of each shared store
+(numpy arrays, about 100 bytes per stored message, no Python objects per message) and the
+references the queue indexes hold into it; a vhost with more stored messages than
+``model.store.ENTRIES_PER_SHARE`` is read in message-id shares (``VhostScan.share``), each pass
+holding only its share's entries and references (walked once, sorted out by share into temporary
+files: ``VhostScan.spill``). Queue indexes are streamed one segment at a time (a CQv1 queue at a
+time); bytes are read through ``Bodies``, only a couple of files mapped at once.
 
 ``NodeScan`` -> ``VhostScan`` (lazy) -> ``StoreIndex`` per shared store, ``IndexChunk`` per
 ``.qi`` segment (or per CQv1 queue), ``Resolved`` per chunk (``model.recovery``).
@@ -29,7 +32,8 @@ from cqforensics.model.bodies import Bodies
 from cqforensics.model.index import ID, IndexChunk, iter_chunks
 from cqforensics.model.options import Options, make_options
 from cqforensics.model.recovery import Resolved
-from cqforensics.model.store import IdSet, References, StoreIndex, scan_store
+from cqforensics.model.store import (REFERENCE, IdSet, References, Share, Spill, StoreIndex, id_share, scan_store,
+                                     shares_for, walk_store)
 from cqforensics.readers import terms as r_terms
 from cqforensics.readers.metadata import Metadata, QueueRecord, read_metadata
 from cqforensics.readers import qs as r_qs
@@ -41,27 +45,80 @@ from cqforensics.readers.qs import QsFile, open_qs
 class VhostScan:
     """One vhost of one node, analysed lazily."""
 
-    #: facts about the whole vhost, whatever ``only`` lists (store indexes, the index pass, ...)
-    VHOST_WIDE = ("all_queue_dirs", "stores", "qs_files", "index_pass", "recovery", "store_status",
-                  "clean_crashes")
+    #: facts about the whole vhost, whatever ``only`` and ``share`` say
+    VHOST_WIDE = ("all_queue_dirs", "qs_files", "recovery", "crashing_queues", "clean_crashes", "shares",
+                  "spills", "_lost_on_read", "_queue_starts", "_clean_restarts")
+    #: facts about the vhost's ids of one share (all of them, unshared): store indexes, references
+    PER_SHARE = ("stores", "index_pass", "store_status")
 
     def __init__(self, node: "NodeScan", vhost: VhostDir, only: dict[str, set[int] | None] | None = None,
-                 facts: dict | None = None):
+                 facts: dict | None = None, share: Share | None = None):
         """``only`` restricts the queue-level tables to some queue dirs (by dir name), and
         optionally to some of their segments; store-wide facts still cover the whole vhost.
+        ``share``: restricts the scan to the message ids of one share (``model.store.Share``):
+        its store indexes and references hold only those, and ``chunks`` only their entries.
         ``facts``: what ``vhost_facts()`` of an earlier scan of the same vhost, node scan and
         unchanged files returned, so they are not computed again."""
         self.node = node
         self.vhost = vhost
         self.only = only
+        self.share = share
         self.bodies = Bodies()  # the one accessor of stored bytes
         #: rebuild: a renamed queue dir counts as its queue's own dir (it is written back there)
         self.keep_renamed = False
-        self.__dict__.update({k: v for k, v in (facts or {}).items() if k in self.VHOST_WIDE})
+        facts = facts or {}
+        keep = self.VHOST_WIDE + (self.PER_SHARE if facts.get("share") == share else ())
+        self.__dict__.update({k: v for k, v in facts.items() if k in keep})
 
     def vhost_facts(self) -> dict:
-        """The vhost-wide facts computed so far (they do not depend on ``only``)."""
-        return {k: self.__dict__[k] for k in self.VHOST_WIDE if k in self.__dict__}
+        """The facts computed so far that do not depend on ``only`` (those of one share tagged
+        with it)."""
+        out = {k: self.__dict__[k] for k in self.VHOST_WIDE + self.PER_SHARE if k in self.__dict__}
+        out["share"] = self.share
+        return out
+
+    @cached_property
+    def shares(self) -> int:
+        """How many id shares a read of this vhost takes (``model.store.shares_for``)."""
+        return shares_for(self.vhost.stores.values())
+
+    def share_scan(self, k: int, parts: int | None = None) -> "VhostScan":
+        """A scan of this vhost restricted to share ``k`` of ``parts`` (default ``shares``), with
+        this scan's ``only`` and every vhost-wide fact computed so far; the caller closes it."""
+        parts = parts or self.shares
+        self.spills  # one dict, shared with every share's scan: the indexes and stores are walked once
+        sub = VhostScan(self.node, self.vhost, self.only, self.vhost_facts(), Share(k, parts))
+        sub.keep_renamed = self.keep_renamed
+        return sub
+
+    def each_share(self) -> Iterator["VhostScan"]:
+        """This scan (unshared, or its own share) and a scan of every other share of its
+        vhost: a fact about every id is gathered share by share. The others are closed."""
+        if self.share is None:
+            yield self
+            return
+        for k in range(self.share.parts):
+            if k == self.share.k:
+                yield self
+                continue
+            sub = self.share_scan(k, self.share.parts)
+            try:
+                yield sub
+            finally:
+                sub.close()
+
+    def share_mask(self, ids: np.ndarray, by_id: np.ndarray, seq: np.ndarray) -> np.ndarray | None:
+        """Which rows are this scan's share (None: all, unshared): a row whose ``by_id`` is set
+        goes by its id (every row the shared store resolves does), any other by its seq id."""
+        if self.share is None:
+            return None
+        k, parts = self.share.k, self.share.parts
+        return np.where(by_id, id_share(ids, parts), seq % parts) == k
+
+    def chunk_rows(self, qx: IndexChunk) -> np.ndarray | None:
+        """``share_mask`` of every record of a chunk (shared-store records go by their id)."""
+        r = qx.rec
+        return self.share_mask(r.msg_id, r.loc == Location.SHARED_STORE, r.seq)
 
     @property
     def model(self) -> versions.BrokerModel:
@@ -88,23 +145,85 @@ class VhostScan:
             return self.all_queue_dirs
         return [q for q in self.all_queue_dirs if q.dir_name in self.only]
 
-    def chunks(self) -> Iterator[IndexChunk]:
-        """The listed queues' indexes, chunk by chunk, in listing order (read afresh on each call)."""
+    def chunks(self, whole: bool = False) -> Iterator[IndexChunk]:
+        """The listed queues' indexes, chunk by chunk, in listing order (read afresh on each call);
+        ``whole``: every live entry, whatever the scan's share."""
         for q in self.queue_dirs:
-            yield from self.index_of(q)
+            yield from self.index_of(q, in_share=not whole)
 
-    def index_of(self, q: QueueDir, restricted: bool = True) -> Iterator[IndexChunk]:
-        """One queue dir's index, chunk by chunk; ``restricted``: only the segments ``only`` lists."""
+    def index_of(self, q: QueueDir, restricted: bool = True, in_share: bool | None = None) -> Iterator[IndexChunk]:
+        """One queue dir's index, chunk by chunk; ``restricted``: only the segments ``only`` lists,
+        and (unless ``in_share`` says otherwise) only the live entries of the scan's share."""
         segments = self.only.get(q.dir_name) if restricted and self.only else None
-        return iter_chunks(q, self.vhost, segments)
+        chunks = iter_chunks(q, self.vhost, segments)
+        in_share = restricted if in_share is None else in_share
+        return self._in_share(chunks) if in_share and self.share is not None else chunks
+
+    def id_chunks(self, q: QueueDir) -> Iterator[IndexChunk]:
+        """Every chunk of a queue dir (whatever ``only`` says), live entries of the share only."""
+        chunks = iter_chunks(q, self.vhost)
+        return self._in_share(chunks) if self.share is not None else chunks
+
+    def _in_share(self, chunks: Iterator[IndexChunk]) -> Iterator[IndexChunk]:
+        for qx in chunks:
+            rows = self.chunk_rows(qx)
+            qx.live = qx.live[rows[qx.live]]
+            yield qx
 
     def scan_queue(self, q: QueueDir) -> Iterator[IndexChunk]:
         return self.index_of(q)
 
     @cached_property
     def stores(self) -> dict[str, StoreIndex]:
+        if self.share is not None:  # from the one walk of each store, sorted out by share
+            walks = self.spill("walks")
+            return {kind: scan_store(st, self.model, share=self.share, walked=walks[kind])
+                    for kind, st in sorted(self.vhost.stores.items())}
         refs = self.references  # the walk trusts the ids the indexes reference (readers.rdq)
         return {kind: scan_store(st, self.model, refs.get(kind)) for kind, st in sorted(self.vhost.stores.items())}
+
+    @cached_property
+    def spills(self) -> dict:
+        """(what, parts) -> a vhost-wide spill (``spill``), kept for every share's scan."""
+        return {}
+
+    def spill(self, what: str) -> dict:
+        """For a read in shares, made once per vhost: ``refs``, per store the references the
+        indexes hold (``REFERENCE`` records, from one pass over every index), sorted out by share;
+        ``walks``, per store its one walk (``model.store.walk_store``), trusting every id the
+        indexes reference (built a share at a time: a share is a range of the walk's order)."""
+        parts = self.share.parts if self.share is not None else self.shares
+        key = (what, parts)
+        if key in self.spills:
+            return self.spills[key]
+        if what == "refs":
+            out = {kind: Spill(REFERENCE, parts) for kind in ("persistent", "transient")}
+            crashes: dict[str, list[Finding]] = {}
+            for qi, q in enumerate(self.all_queue_dirs):
+                for qx in iter_chunks(q, self.vhost):
+                    causes = [f for f in qx.findings if f.crashes_queue]
+                    if causes:
+                        crashes.setdefault(q.label, []).extend(causes)
+                    r, live = qx.rec, qx.live
+                    for kind, flag in (("persistent", 1), ("transient", 0)):
+                        sel = live[(r.loc[live] == Location.SHARED_STORE) & (r.persistent[live] == flag)]
+                        rec = np.empty(len(sel), REFERENCE)
+                        rec["id"], rec["queue"] = r.msg_id[sel], qi
+                        out[kind].add(rec, id_share(rec["id"], parts))
+            self.spills["crashes"] = crashes  # the same pass finds them, for every share's scan
+        else:
+            out = {kind: walk_store(st, self.model, self.trusted(kind), parts)
+                   for kind, st in sorted(self.vhost.stores.items())}
+        self.spills[key] = out
+        return out
+
+    def trusted(self, kind: str) -> r_rdq.Referenced:
+        """Every id the indexes reference into a store, from the spill, sorted a share at a time
+        (16 bytes per id, for the time of the walk)."""
+        refs = self.spill("refs")[kind]
+        out = r_rdq.Referenced(np.zeros(0, ID))
+        out.sorted = b"".join(r_rdq.Referenced(refs.load(k)["id"]).sorted for k in range(refs.parts))
+        return out
 
     @cached_property
     def qs_files(self) -> dict[Path, QsFile | None]:
@@ -114,7 +233,18 @@ class VhostScan:
     def index_pass(self) -> tuple[dict[str, References], dict[str, list[Finding]]]:
         """One pass over every index of the vhost: the references each store gets (persistent
         loc-1 entries reference msg_store_persistent, transient ones msg_store_transient), and
-        per queue name the entries that crash its recovery."""
+        per queue name the entries that crash its recovery. A scan of one share: its references
+        only, from the vhost's spill."""
+        if self.share is not None:
+            spilled = self.spill("refs")
+            out = {}
+            nq = max(1, len(self.all_queue_dirs))
+            for kind, spill in spilled.items():
+                rec = spill.load(self.share.k)
+                idset, group, _ = IdSet.build(np.ascontiguousarray(rec["id"]))
+                out[kind] = References(idset, np.bincount(group, minlength=len(idset)), group,
+                                       np.ascontiguousarray(rec["queue"]), nq)
+            return out, self.crashing_queues
         ids = {"persistent": [], "transient": []}
         queue = {"persistent": [], "transient": []}
         crashes: dict[str, list[Finding]] = {}
@@ -136,17 +266,27 @@ class VhostScan:
             qpos = np.concatenate(queue[kind]) if queue[kind] else np.zeros(0, np.int64)
             idset, group, _ = IdSet.build(all_ids)
             out[kind] = References(idset, np.bincount(group, minlength=len(idset)), group, qpos, nq)
+        self.__dict__.setdefault("crashing_queues", crashes)
         return out, crashes
 
     @property
     def references(self) -> dict[str, References]:
         return self.index_pass[0]
 
-    @property
+    @cached_property
     def crashing_queues(self) -> dict[str, list[Finding]]:
         """Queue name -> index damage that crashes the queue at recovery (v2: a live slot the
-        strict parser rejects; v1: records the merge has no clause for)."""
-        return self.index_pass[1]
+        strict parser rejects; v1: records the merge has no clause for). ``index_pass`` finds
+        them too; a scan that needs no references (a boot-hang check) collects only these."""
+        if "crashes" in self.__dict__.get("spills", {}):
+            return self.spills["crashes"]
+        crashes: dict[str, list[Finding]] = {}
+        for q in self.all_queue_dirs:
+            for qx in self.index_of(q, restricted=False):
+                causes = [f for f in qx.findings if f.crashes_queue]
+                if causes:
+                    crashes.setdefault(q.label, []).extend(causes)
+        return crashes
 
     @cached_property
     def recovery_state(self) -> tuple[str, str, Path]:
@@ -215,8 +355,13 @@ class VhostScan:
 
     @cached_property
     def clean_crashes(self) -> tuple[set[str], bool]:
-        """Clean start: (queues a damaged message crashes on delivery, whether the vhost crashes)."""
-        return recovery.clean_crashes(self)
+        """Clean start: (queues a damaged message crashes on delivery, whether the vhost crashes);
+        gathered share by share in a shared scan."""
+        queues, vhost = set(), False
+        for sub in self.each_share():
+            q, v = recovery.clean_crashes(sub)
+            queues, vhost = queues | q, vhost or v
+        return queues, vhost
 
     def resolve(self, qx: IndexChunk) -> Resolved:
         """Locate every live entry's body (as the target version would) and decide its fate."""

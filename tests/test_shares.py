@@ -1,0 +1,132 @@
+"""A vhost read in message-id shares (``model.store.Share``, ``tables.in_shares``): the union of
+the shares' rows is exactly the unshared table (as a multiset), every table of every sample."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cqforensics
+from cqforensics.model import store as m_store
+from cqforensics.model.vhost import VhostScan
+from cqforensics.readers import rdq as r_rdq
+from cqforensics.schema import SCHEMAS, TABLES
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = sorted(p for p in (ROOT / "sample_data").iterdir() if p.is_dir())
+
+
+def rows(path: Path, table: str) -> Counter:
+    t = cqforensics.read_table(path, table, as_of=1_900_000_000_000)
+    return Counter(repr(sorted(r.items())) for r in t.to_pylist())
+
+
+@pytest.fixture
+def three_shares(monkeypatch):
+    """Every vhost read in 3 shares, whatever its size."""
+    monkeypatch.setattr(VhostScan, "shares", property(lambda self: 3))
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
+def test_three_shares_give_the_unshared_rows(sample, monkeypatch):
+    whole = {t: rows(sample, t) for t in TABLES}
+    monkeypatch.setattr(VhostScan, "shares", property(lambda self: 3))
+    for t in TABLES:
+        assert rows(sample, t) == whole[t], (sample.name, t)
+
+
+def test_shares_split_the_rows(three_shares):
+    """Each share is a real restriction: no share alone gives all the store's rows."""
+    sample = ROOT / "sample_data" / "4.3.6-kill"
+    ns = cqforensics.model.vhost.NodeScan(next(iter(cqforensics.layout.discover([sample]))))
+    vs = ns.vhosts[0]
+    counts = []
+    for k in range(3):
+        sub = vs.share_scan(k)
+        counts.append(sum(len(st.e_id) for st in sub.stores.values()))
+        sub.close()
+    assert sum(counts) == sum(len(st.e_id) for st in vs.stores.values())
+    assert all(0 < c < sum(counts) for c in counts), counts
+
+
+def test_id_share_is_a_range_of_the_first_bytes():
+    """Crafted ids: shares cut the first-4-bytes range evenly, in bytewise order."""
+    raw = bytes.fromhex("00000000" + "11" * 12) + bytes.fromhex("55555554" + "00" * 12) + \
+        bytes.fromhex("55555556" + "00" * 12) + bytes.fromhex("aaaaaaab" + "00" * 12) + bytes.fromhex("ff" * 16)
+    ids = np.frombuffer(raw, "V16")
+    assert m_store.id_share(ids, 3).tolist() == [0, 0, 1, 2, 2]
+    assert m_store.id_share(ids, 1).tolist() == [0] * 5
+    for k in range(3):
+        share = m_store.Share(k, 3)
+        assert [share.holds_key(raw[i:i + 16]) for i in range(0, len(raw), 16)] == share.holds(ids).tolist()
+    assert m_store.Share(0, 3).holds_key(b"short") and not m_store.Share(1, 3).holds_key(b"short")
+
+
+def test_trusted_ids_built_by_shares_are_sorted(three_shares):
+    """The walk's trusted ids, built a share at a time, are the sorted ids of a one-go build."""
+    sample = ROOT / "sample_data" / "4.3.6-kill"
+    ns = cqforensics.model.vhost.NodeScan(next(iter(cqforensics.layout.discover([sample]))))
+    vs = ns.vhosts[0]
+    for kind, refs in vs.references.items():
+        assert vs.trusted(kind).sorted == r_rdq.Referenced(refs.ids.ids).sorted
+
+
+def test_a_small_vhost_is_read_whole():
+    sample = ROOT / "sample_data" / "4.3.6-kill"
+    ns = cqforensics.model.vhost.NodeScan(next(iter(cqforensics.layout.discover([sample]))))
+    assert ns.vhosts[0].shares == 1
+
+
+@pytest.mark.parametrize("table", ["messages", "index", "refcounts", "store", "holes", "acks", "files"])
+def test_spark_units_of_a_big_vhost_are_its_shares(table, monkeypatch):
+    """With shares of 10 entries, the planner gives a vhost one unit per share (shared tables),
+    and reading every unit gives the embedded reader's rows."""
+    pytest.importorskip("pyspark")
+    from spark_datasource import options as opt
+    from spark_datasource.plan import plan_units
+    from spark_datasource.source import read_units
+
+    sample = str(ROOT / "sample_data" / "4.3.6-kill")
+    whole = rows(Path(sample), table)
+    monkeypatch.setattr(m_store, "ENTRIES_PER_SHARE", 10)
+    s = opt.parse({"path": sample, "table": table, "asOf": "1900000000000"})
+    units = plan_units(s.paths, table)
+    shared = [u for u in units if u.share is not None]
+    if table == "files":
+        assert not shared
+    else:
+        assert len(shared) >= 2 and {u.share for u in shared} == set(range(shared[0].shares))
+    got = Counter()
+    for b in read_units(units, s, list(SCHEMAS[table].names)):
+        got.update(repr(sorted(r.items())) for r in b.to_pylist())
+    assert got == whole
+
+
+@pytest.mark.parametrize("damage", ["zeroed", "garbage", "truncated"])
+def test_three_shares_on_a_damaged_store(damage, tmp_path, monkeypatch):
+    """Crafted damage in the shared store (a zeroed range, garbage bytes, a cut file): the walk
+    trusts every referenced id in every share, so the shares still give the whole read's rows."""
+    import shutil
+
+    node = tmp_path / "node"
+    shutil.copytree(ROOT / "sample_data" / "4.3.6-kill", node, symlinks=True)
+    rdq = max(node.rglob("msg_store_persistent/*.rdq"), key=lambda p: p.stat().st_size)
+    data = bytearray(rdq.read_bytes())
+    lo, hi = len(data) // 3, 2 * len(data) // 3
+    if damage == "zeroed":
+        data[lo:hi] = bytes(hi - lo)
+    elif damage == "garbage":
+        data[lo:hi] = bytes((i * 37 + 11) % 256 for i in range(hi - lo))
+    else:
+        del data[lo:]
+    rdq.write_bytes(bytes(data))
+    tables = ["messages", "store", "refcounts", "holes", "files", "queues"]
+    whole = {t: rows(node, t) for t in tables}
+    assert any("body_missing" in r or "truncated" in r or "garbage" in r or "zeroed" in r
+               for t in ("messages", "holes") for r in whole[t]), "the damage must show"
+    monkeypatch.setattr(VhostScan, "shares", property(lambda self: 3))
+    for t in tables:
+        assert rows(node, t) == whole[t], (damage, t)
