@@ -47,6 +47,8 @@ CODES: dict[str, tuple[str, str]] = {
     "v1-orphan-ack": (WARNING, "a CQv1 deliver/ack record for a message that was never published"),
     "unclean-shutdown": (INFO, "the node was not stopped cleanly: the next boot rebuilds its indexes"),
     "fragmented-file": (INFO, "a shared-store file is mostly garbage; compaction would reclaim it"),
+    "combine-interrupted": (INFO, "a .rdt file: a <= 3.12 file combine was cut short; the next boot of those versions "
+                                  "appends it to its .rdq and recovers the store dirty, later versions ignore it"),
     "boot-crash": (ERROR, "damage that makes the named broker version crash or hang at boot"),
     "recovery-terms-mismatch": (ERROR, "clean start: a queue's recovery terms do not describe its index (stale "
                                 "recovery.dets): the queue crashes at init and restarts, or never reads some messages"),

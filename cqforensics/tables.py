@@ -636,13 +636,16 @@ def file_rows(vs: VhostScan) -> Iterator[dict]:
                    np.bincount(st.e_file[live], weights=st.e_total[live], minlength=len(st.files)))
             counts[kind] = (st.store, st.files, [a + b for a, b in zip(counts[kind][2], got)] if kind in counts else got)
     for kind, (st, files, (per_file, live_n, live_b)) in counts.items():
-        for fi, f in enumerate(files):
-            yield row(f.path, "rdq", entries=int(per_file[fi]), live_entries=int(live_n[fi]),
+        walked = set()
+        for fi, f in enumerate(files):  # .rdq files, and the .rdt files recovery appends to them
+            walked.add(f.path)
+            yield row(f.path, f.path.suffix[1:], entries=int(per_file[fi]), live_entries=int(live_n[fi]),
                       live_bytes=int(live_b[fi]))
-        for k, numbered in st.numbered.items():  # rdt, and numbered kinds no column covers
+        for k, numbered in st.numbered.items():  # numbered kinds no column covers (an ignored .rdt)
             if k != "rdq":
                 for _, p in numbered:
-                    yield row(p, k)
+                    if p not in walked:
+                        yield row(p, k)
         for p in st.others:
             yield row(p, registry.other_kind(p, "store"))
     for q in vs.queue_dirs:

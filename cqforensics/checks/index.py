@@ -3,6 +3,8 @@ where the index says (per-queue store checks as QS2 check_msg_on_disk; shared-st
 
 from __future__ import annotations
 
+import numpy as np
+
 from cqforensics.codes import Location, QsStatus
 from cqforensics.findings import Finding
 from cqforensics.model.index import IndexChunk
@@ -21,6 +23,7 @@ def chunk_findings(vs: VhostScan, qx: IndexChunk) -> list[Finding]:
     unwritten = _unwritten_tail(vs, qx, res)
     tail: list[int] = []  # seq ids of entries in the unwritten tail (one finding for them all)
     transient: list[int] = []  # seq ids of transient shared-store entries whose body is in no file
+    missing: list[tuple[int, int]] = []  # (live position, record) of persistent messages in no store file
     for j, i in enumerate(qx.live.tolist()):
         status, seq = QsStatus(res.qs_status[j]), int(r.seq[i])
         if status not in (QsStatus.NONE, QsStatus.OK):
@@ -44,12 +47,25 @@ def chunk_findings(vs: VhostScan, qx: IndexChunk) -> list[Finding]:
                                    f"{'CRC' if status == QsStatus.BAD_CRC else 'size'} check", path, off,
                                    details={"seq_id": seq, "size": size, "check": status.label}))
         elif r.loc[i] == Location.SHARED_STORE and r.persistent[i] == 1 and res.body_file[j] < 0:
-            mid = r.msg_id[i].tobytes().hex()
+            missing.append((j, i))
+        elif r.loc[i] == Location.SHARED_STORE and r.persistent[i] == 0 and res.body_file[j] < 0:
+            transient.append(seq)
+    if missing and _acked_head(vs, qx, [j for j, _ in missing]):
+        seqs = [int(r.seq[i]) for _, i in missing]
+        i0 = missing[0][1]
+        out.append(Finding("msg-missing", f"the {len(missing)} oldest messages of the queue (seq ids {seqs[0]} to "
+                           f"{seqs[-1]}) are in no shared-store file, and the store shows no damage: consumed, their "
+                           "acks reached the store (which removed them) but not the index before the broker was "
+                           "killed; the next boot drops them as this prediction does (or a store file holding only "
+                           "these was lost)", str(qx.files[int(r.file[i0])]), int(r.offset[i0]), severity="warning",
+                           details={"entries": len(missing), "first_seq_id": seqs[0], "last_seq_id": seqs[-1],
+                                    "acked_head": True}))
+    else:
+        for _, i in missing:
+            mid, seq = r.msg_id[i].tobytes().hex(), int(r.seq[i])
             out.append(Finding("msg-missing", f"message {mid} (seq id {seq}) is in no shared-store file",
                                str(qx.files[int(r.file[i])]), int(r.offset[i]),
                                details={"msg_id": mid, "seq_id": seq}))
-        elif r.loc[i] == Location.SHARED_STORE and r.persistent[i] == 0 and res.body_file[j] < 0:
-            transient.append(seq)
     st = vs.vhost.stores.get("transient")
     if transient and st is not None and st.clean_dot.exists():
         # after a clean stop (the store's clean.dot) its files hold every body its clients wrote;
@@ -71,6 +87,27 @@ def chunk_findings(vs: VhostScan, qx: IndexChunk) -> list[Finding]:
                            details={"entries": len(tail), "first_seq_id": tail[0], "last_seq_id": tail[-1],
                                     "unwritten": True}))
     return [f.scoped(queue=qx.qdir.name, priority=qx.qdir.priority) for f in out]
+
+
+def _acked_head(vs: VhostScan, qx: IndexChunk, missing: list[int]) -> bool:
+    """Whether persistent messages in no shared-store file (positions in ``qx.live``) are the
+    queue's oldest, consumed and acked just before a kill, not lost to damage. A queue hands its
+    acks to the store (which removes a message no queue holds any more, and whose GC may then
+    drop its bytes at once: seen on 3.10.8, combining files) and writes them to its index on its
+    own schedule, so a kill -9 can leave index entries for messages the store no longer has. It
+    is that when the recovery is dirty, the missing messages are the first live entries of the
+    queue's first index chunk (a consumer acks in order), and no store file shows damage (no
+    garbage, no torn entry) that could have taken them."""
+    r = qx.rec
+    live = qx.live
+    stored = np.flatnonzero((r.loc[live] == Location.SHARED_STORE) & (r.persistent[live] == 1))
+    if vs.recovery != "dirty" or missing != stored[:len(missing)].tolist():
+        return False
+    if qx.segment is not None and any(seg < qx.segment for seg, _ in qx.qdir.qi):
+        return False
+    st = vs.stores.get("persistent")
+    return st is not None and not st.bad and not any(
+        h.kind in ("garbage", "truncated_tail") for f in st.files for h in f.holes)
 
 
 def _unwritten_tail(vs: VhostScan, qx: IndexChunk, res) -> bool:

@@ -15,6 +15,7 @@ def store_checks(vs: VhostScan) -> list[Finding]:
     """Every shared-store finding of the vhost."""
     out = []
     for kind, st in vs.stores.items():
+        out += _interrupted_combines(vs, st)
         reported: list[tuple[int, int, int]] = []  # (file number, start, end) of the holes reported below
         for f in st.files:
             out += r_rdq.rejected_findings(f, kind)
@@ -84,9 +85,11 @@ def recorded_location_findings(st, kind: str, reported: list[tuple[int, int, int
     transient store (every boot deletes it), else warning."""
     if not st.clean or not st.recorded:
         return []
-    by_number = {f.number: f for f in st.files}
+    by_number = {f.number: f for f in st.files if f.path.suffix == ".rdq"}  # not an appended .rdt
+    rdq = [f.path.suffix == ".rdq" for f in st.files]
     held = {(int(st.files[int(fi)].number), int(o)): (i.tobytes(), int(t))
-            for fi, o, t, i in zip(st.e_file.tolist(), st.e_offset.tolist(), st.e_total.tolist(), st.e_id)}
+            for fi, o, t, i in zip(st.e_file.tolist(), st.e_offset.tolist(), st.e_total.tolist(), st.e_id)
+            if rdq[fi]}
     out = []
     for msg_id, rec in st.recorded.items():
         _, number, offset, total = rec
@@ -106,4 +109,33 @@ def recorded_location_findings(st, kind: str, reported: list[tuple[int, int, int
                            details={"store": kind, "msg_id": msg_id.hex(), "total_size": total}))
         if len(out) >= 64:
             break
+    return out
+
+
+def _interrupted_combines(vs: VhostScan, st) -> list[Finding]:
+    """``N.rdt`` files: the tail of a <= 3.12 combine's destination file, left by a kill during
+    the store's GC (rabbit_msg_store:recover_crashed_compactions)."""
+    out = []
+    store = st.store
+    rdq = {num for num, _ in store.rdq}
+    for num, p in store.rdt:
+        pos = next((fi for fi, f in enumerate(st.files) if f.path == p), None)
+        lost = int((~st.reach[st.e_file == pos]).sum()) if pos is not None else 0
+        if not vs.model.appends_rdt:
+            what = f"RabbitMQ {vs.model} ignores it: messages only it holds are not recovered"
+            severity = "info"
+        elif lost:
+            # killed after the combine extended N.rdq to its final size: the scan stops at the zeros
+            what = (f"the next boot appends it to {num}.rdq, but its scan stops inside {num}.rdq (zeros the "
+                    f"combine left) and never reaches the {lost} entries appended: messages only they hold are "
+                    "lost (rebuild recovers them)")
+            severity = "error"
+        elif num in rdq:
+            what = f"the next boot appends it to {num}.rdq and recovers the store dirty"
+            severity = "info"
+        else:
+            what = f"there is no {num}.rdq to append it to: RabbitMQ {vs.model}'s message store fails at boot"
+            severity = "error"
+        out.append(Finding("combine-interrupted", f"{p.name}: a file combine was cut short; {what}", str(p),
+                           severity=severity, details={"store": store.kind, "file": num}))
     return out

@@ -40,6 +40,20 @@ def reachable(f: r_rdq.RdqFile, model: BrokerModel) -> np.ndarray:
     return out
 
 
+def appended_reach(rdq: r_rdq.RdqFile, rdt: r_rdq.RdqFile, model: BrokerModel) -> np.ndarray:
+    """Per entry of ``rdt``, the ``N.rdt`` of an interrupted combine that the next boot appends
+    to ``N.rdq`` (``model.appends_rdt``; those versions scan sequentially): whether the scan of
+    the joined file reaches it. It does when the scan of ``N.rdq`` ends exactly at its end (the
+    combine was cut before it truncated the file, or just after); not when it stops earlier
+    (the file already extended with zeros to its final size, or damaged). A last entry cut short
+    would continue into the appended bytes: counted as not reached."""
+    if rdq.holes or rdq.bad_markers:
+        end = r_rdq.broker_scan(rdq)[1]
+    else:  # entries tile the file: the scan reaches its end
+        end = rdq.size
+    return reachable(rdt, model) if end == rdq.size else np.zeros(len(rdt), bool)
+
+
 def claims(e_file: np.ndarray, e_offset: np.ndarray, reach: np.ndarray, group: np.ndarray, n_ids: int,
            model: BrokerModel) -> np.ndarray:
     """Per distinct id: the entry the next boot uses, -1 when its scan reaches none: the first
@@ -78,6 +92,9 @@ def clean_state(vhost, assume_dirty: bool, model: BrokerModel | None = None) -> 
         return "dirty", "--assume-dirty", vhost.path
     if st is None or not st.clean_dot.exists():
         return "dirty", "no clean.dot", vhost.path
+    if st.rdt and (model is None or model.appends_rdt):  # only <= 3.12 writes them
+        return "dirty", (f"{st.rdt[0][1].name} (an interrupted file combine): the store trusts neither "
+                         "file_summary nor its index"), st.rdt[0][1]
     dot = r_terms.clean_dot(st.clean_dot)
     if not dot:
         return "dirty", "clean.dot is unreadable", st.clean_dot

@@ -225,17 +225,43 @@ class WalkedStore:
     bad: list[list[tuple[int, int, int, bytes]]]  # per share: (file pos, offset, total, id) of torn entries
 
 
+def walk_files(store: StoreDir, model: BrokerModel, referenced: r_rdq.Referenced | None):
+    """``(position, RdqFile, reached by the version's scan)`` of every file the next boot scans,
+    in its order: each ``N.rdq``, followed (``model.appends_rdt``) by the ``N.rdt`` of an
+    interrupted combine, which that boot appends to it (rabbit_msg_store:recover_crashed_compactions)."""
+    walk = registry.reader("rdq").read
+    rdt = dict(store.rdt) if model.appends_rdt else {}
+    fi = 0
+    for num, p in store.rdq:
+        f = walk(p, num, referenced=referenced)
+        yield fi, f, recovery.reachable(f, model)
+        fi += 1
+        if num in rdt:
+            g = walk(rdt[num], num, referenced=referenced)
+            yield fi, g, recovery.appended_reach(f, g, model)
+            fi += 1
+
+
+def walk_positions(files: list[r_rdq.RdqFile]) -> tuple[np.ndarray, np.ndarray]:
+    """Per file position: the position of the file recovery sees its entries in (an appended
+    ``.rdt``: its ``.rdq``), and the offset its bytes start at there."""
+    joined = np.arange(len(files), dtype=np.int32)
+    base = np.zeros(len(files), np.int64)
+    for fi, f in enumerate(files):
+        if f.path.suffix == ".rdt" and fi:
+            joined[fi], base[fi] = fi - 1, files[fi - 1].size
+    return joined, base
+
+
 def walk_store(store: StoreDir, model: BrokerModel, referenced: r_rdq.Referenced | None, parts: int) -> WalkedStore:
     """Walk every file of the store once (trusting ``referenced``, see ``scan_store``) and sort
     its entries out by share."""
     referenced = _pinned(referenced, _recorded(store, Share(0, 1))[2])
-    walk = registry.reader("rdq").read
     out = WalkedStore([], Spill(ENTRY, parts), [[] for _ in range(parts)])
-    for fi, (num, p) in enumerate(store.rdq):
-        f = walk(p, num, referenced=referenced)
+    for fi, f, reach in walk_files(store, model, referenced):
         rec = np.empty(len(f), ENTRY)
         rec["file"], rec["offset"], rec["total"], rec["id"] = fi, f.offsets, f.totals, f.msg_ids
-        rec["reach"] = recovery.reachable(f, model)
+        rec["reach"] = reach
         out.entries.add(rec, id_share(f.msg_ids, parts))
         for o, t, i in f.bad_markers:
             out.bad[next(k for k in range(parts) if Share(k, parts).holds_key(i))].append((fi, o, t, i))
@@ -289,13 +315,11 @@ def scan_store(store: StoreDir, model: BrokerModel, refs: "References | None" = 
         if referenced is None and refs is not None and len(refs.ids):
             referenced = r_rdq.Referenced(refs.ids.ids)
         referenced = _pinned(referenced, pinned)
-        walk = registry.reader("rdq").read
         files, parts, bad = [], [], []
-        for fi, (num, p) in enumerate(store.rdq):
-            f = walk(p, num, referenced=referenced)
+        for fi, f, reach in walk_files(store, model, referenced):
             keep = share.holds(f.msg_ids) if share is not None else slice(None)
             parts.append((np.full(len(f.offsets[keep]), fi, np.int32), f.offsets[keep], f.totals[keep],
-                          f.msg_ids[keep], recovery.reachable(f, model)[keep]))
+                          f.msg_ids[keep], reach[keep]))
             bad += [(fi, o, t, i) for o, t, i in f.bad_markers if share is None or share.holds_key(i)]
             # now in the arrays (fresh empties: a view would keep the walk's whole buffers alive)
             f.offsets, f.totals, f.msg_ids = np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, ID)
@@ -306,7 +330,8 @@ def scan_store(store: StoreDir, model: BrokerModel, refs: "References | None" = 
         del parts
     distinct, group, first = IdSet.build(e_id)
     copies = np.bincount(group, minlength=len(distinct))
-    claim = recovery.claims(e_file, e_offset, reach, group, len(distinct), model)
+    joined, base = walk_positions(files)  # an appended .rdt's entries follow its .rdq's, in that file
+    claim = recovery.claims(joined[e_file], e_offset + base[e_file], reach, group, len(distinct), model)
     return StoreIndex(store, files, e_file, e_offset, e_total, e_id, reach, group, distinct, copies, first, claim,
                       bad, recorded, clean, share)
 

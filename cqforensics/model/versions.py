@@ -61,6 +61,11 @@ class BrokerModel:
         return self._answer("last_copy_wins")
 
     @property
+    def appends_rdt(self) -> bool:
+        """A ``N.rdt`` left by an interrupted file combine is appended to ``N.rdq`` at boot."""
+        return self._answer("appends_rdt")
+
+    @property
     def reads_v1(self) -> bool:
         """The CQv1 index (``.idx`` + ``journal.jif``) is read at boot."""
         return self._answer("reads_v1")
@@ -184,6 +189,12 @@ BEHAVIOURS: dict[str, tuple[dict[str, object], str]] = {
          "4.0": False, "4.1": False, "4.2": False, "4.3": False},
         "rabbit_msg_store:build_index_worker: up to v3.12.14 it folds the scan's end-of-file-first "
         "list as is (the last copy in a file is claimed); v3.13.0 reverses it first (first copy)"),
+    "appends_rdt": (
+        {"3.10": True, "3.11": True, "3.12": True, "3.13.0": False, "3.13.1+": False,
+         "4.0": False, "4.1": False, "4.2": False, "4.3": False},
+        "rabbit_msg_store:recover_crashed_compactions (v3.10.0 - v3.12.14): each N.rdt (the tail of "
+        "a combine's destination file) is appended to N.rdq and the store recovers dirty; v3.13.0 "
+        "compacts in place and no longer looks at .rdt files"),
     "stores_mc": (
         {"3.10": False, "3.11": False, "3.12": False, "3.13.0": True, "3.13.1+": True,
          "4.0": True, "4.1": True, "4.2": True, "4.3": True},

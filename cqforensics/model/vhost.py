@@ -292,7 +292,7 @@ class VhostScan:
     def recovery_state(self) -> tuple[str, str, Path]:
         """``(mode, why, file)``: how the next boot recovers this vhost and why
         (model.recovery.clean_state)."""
-        return recovery.clean_state(self.vhost, self.options.assume_dirty)
+        return recovery.clean_state(self.vhost, self.options.assume_dirty, self.model)
 
     @property
     def recovery(self) -> str:

@@ -361,10 +361,14 @@ def rejected_findings(f: RdqFile, store: str) -> list[Finding]:
 
 
 def broker_chain(f: RdqFile, data=None) -> list[int]:
-    """Indexes (into f.offsets) of the entries the <= 3.13.0 sequential scanner reaches.
+    """Indexes (into f.offsets) of the entries the <= 3.13.0 sequential scanner reaches."""
+    return broker_scan(f, data)[0]
 
-    rabbit_msg_file:scan stops at a zero size field or at an entry that does not fit the
-    file, and skips (by its size) an entry whose marker is not 255."""
+
+def broker_scan(f: RdqFile, data=None) -> tuple[list[int], int]:
+    """The <= 3.13.0 sequential scan of ``f``: (indexes into f.offsets of the entries it reaches,
+    the offset where it stops). rabbit_msg_file:scan stops at a zero size field or at an entry
+    that does not fit the file, and skips (by its size) an entry whose marker is not 255."""
     data = map_file(f.path) if data is None else data
     end = len(data)
     index = {off: i for i, off in enumerate(f.offsets.tolist())}
@@ -378,7 +382,7 @@ def broker_chain(f: RdqFile, data=None) -> list[int]:
         if i is not None:
             reached.append(i)
         o += size + 9
-    return reached
+    return reached, o
 
 
 def dump_rows(path: Path, segment_entry_count: int | None = None):
