@@ -58,6 +58,8 @@ CODES: dict[str, tuple[str, str]] = {
                                        "seq id, message id or .qs location: one is a copy of the other"),
     "segment-misplaced": (WARNING, "an index segment holds the seq ids (or the messages) of another segment "
                                    "number: swapped or renamed; the broker reads them under the wrong seq ids"),
+    "qs-garbage": (INFO, "bytes between .qs entries that are neither an entry nor zeros: an entry no live index entry "
+                         "refers to was damaged (the broker never reads it)"),
     "qs-trailing-garbage": (WARNING, "bytes after the last entry of a .qs segment that are no entry (junk "
                                      "appended or a torn write); the broker never reads them"),
     "term-file-damaged": (WARNING, "a Mnesia log, Khepri (Ra) WAL, DETS table or ets dump is torn, holds bytes "

@@ -56,3 +56,28 @@ def test_regression_replays_clean(entry, tmp_path):
     r = campaign.replay(entry, tmp_path)
     bad = [f"{x['failure']}: {x['command']}\n{x['excerpt']}" for x in r["runs"] if x.get("failure")]
     assert not bad, "\n".join(bad)
+
+
+def test_same_content_is_what_the_readers_read_the_same(tmp_path):
+    """Crafted from the 4.0.5 sample: a term file with its trailing newline cut says what it said
+    (fuzz seed 21145); one with its final dot cut does not; two empty Mnesia logs of one node
+    swapped differ only in their headers' time stamps (fuzz seed 21068), a log with items does not."""
+    node = campaign.SAMPLES / "4.0.5-clean" / "mnesia" / "rabbit@localhost"
+    cfg = node / "cluster_nodes.config"
+    raw = cfg.read_bytes()
+    assert raw.endswith(b".\n")
+    (tmp_path / "a.config").write_bytes(raw[:-1])
+    (tmp_path / "b.config").write_bytes(raw[:-2])
+    assert campaign._same_content(cfg, tmp_path / "a.config")
+    assert not campaign._same_content(cfg, tmp_path / "b.config")
+    logs = sorted((campaign.SAMPLES / "3.10.8-kill" / "mnesia" / "rabbit@localhost").glob("*.DCL"))
+    from cqforensics.readers import terms as r_terms
+
+    empty = [p for p in logs if len(r_terms.read_disk_log(p).items) == 1]  # a log header only
+    full = logs[0].parent / "LATEST.LOG"  # a Mnesia log with items
+    assert len(empty) >= 2 and len(r_terms.read_disk_log(full).items) > 1
+    (tmp_path / "x.DCL").write_bytes(empty[1].read_bytes())
+    (tmp_path / "y.DCL").write_bytes(full.read_bytes())
+    assert empty[0].read_bytes() != empty[1].read_bytes()
+    assert campaign._same_content(empty[0], tmp_path / "x.DCL")
+    assert not campaign._same_content(empty[0], tmp_path / "y.DCL")

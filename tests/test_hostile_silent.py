@@ -654,3 +654,15 @@ def test_dump_of_half_gigabyte_of_real_zeros_keeps_memory_flat(tmp_path):
         assert wall < 60, (name, wall)
         assert rss_mb < 300, (name, rss_mb)
 
+
+
+def test_qs_bytes_damaged_between_entries_no_live_entry_uses(tmp_path):
+    """Fuzz seed 21118: 32 zeroed bytes across the end of an acked .qs entry and the head of
+    the next (3.10.8 clean stop): QS2 leaves only zero-filled gaps, so a run that is neither an
+    entry nor zeros is damage, reported where it starts though no live entry lies there."""
+    node = copy_node("3.10.8-clean", tmp_path / "a")
+    qs = next(node.glob("msg_stores/vhosts/*/queues/6YDEAK08VTDS4A3FHUQKO4Z1Y/0.qs"))
+    data = bytearray(qs.read_bytes())
+    data[1195:1227] = bytes(32)
+    qs.write_bytes(bytes(data))
+    assert ("qs-garbage", 64) in codes_at(node, qs)

@@ -157,8 +157,10 @@ class CopyCheck:
 
 
 def qs_trailing(qx: IndexChunk) -> list[Finding]:
-    """``qs-trailing-garbage``: bytes after the last entry of the chunk's ``.qs`` (past every
-    entry its ``.qi`` refers to, live or dropped) that are neither entries nor zeros."""
+    """Bytes of the chunk's ``.qs`` that are neither entries nor zeros (QS2 leaves zero-filled
+    gaps only): ``qs-trailing-garbage`` after the last entry its ``.qi`` refers to (live or
+    dropped), ``qs-garbage`` between entries, where no live entry lies (a damaged live entry is
+    ``qs-entry-crc``'s)."""
     path = qx.qs_path
     if path is None:
         return []
@@ -168,18 +170,28 @@ def qs_trailing(qx: IndexChunk) -> list[Finding]:
         size = r_files.file_size(path)
     except CQError:
         return []
-    start = r_qs.first_entry_offset()
     starts, lengths = r_qs.entry_span(r.store_offset[sel], r.store_size[sel])
     ends = starts + lengths
-    ends = ends[ends <= size]  # a slot pointing past the end is qs-entry-missing's
-    if len(ends):
-        start = max(start, int(ends.max()))
-    hit = r_qs.trailing_garbage(path, start)
-    if hit is None:
-        return []
-    off, length = hit
-    return [Finding("qs-trailing-garbage", f"{length} bytes after the last entry the index refers to are no entry "
-                    "(junk appended, or a torn write)", str(path), off, details={"length": length})]
+    inside = ends <= size  # a slot pointing past the end is qs-entry-missing's
+    last = max(r_qs.first_entry_offset(), int(ends[inside].max()) if inside.any() else 0)
+    live = np.zeros(len(r.loc), bool)
+    live[qx.live] = True
+    lsel = live[sel]
+    l_starts, l_ends = starts[lsel], ends[lsel]
+    out = []
+    for off, length in r_qs.garbage_runs(path, 0):
+        if off >= last:
+            out.append(Finding("qs-trailing-garbage", f"{length} bytes after the last entry the index refers to are "
+                               "no entry (junk appended, or a torn write)", str(path), off, details={"length": length}))
+            break
+        if ((l_starts < off + length) & (l_ends > off)).any():
+            continue
+        out.append(Finding("qs-garbage", f"{length} bytes between entries are neither an entry nor zeros: an entry "
+                           "no live index entry refers to was damaged (the broker never reads it)", str(path), off,
+                           details={"length": length}))
+        if len(out) >= 16:
+            break
+    return out
 
 
 def _recovery_terms(vs: VhostScan) -> dict:

@@ -177,23 +177,27 @@ def _next_hole(holes: dict[int, int], o: int, end: int) -> int:
     return min((h for h in holes if h > o), default=end)
 
 
-def trailing_garbage(path: Path, start: int) -> tuple[int, int] | None:
-    """(offset, length) of the first bytes at or after ``start`` that are neither an entry nor
-    zeros (junk appended after the last entry, or a torn write), or None; None too for a file
-    with a bad header (``qs-bad-header``'s) or one that is not a regular file. Mapped, and a
-    large file walked by its data extents."""
+def garbage_runs(path: Path, start: int):
+    """(offset, length) of every run of bytes at or after ``start`` that is neither an entry nor
+    zeros (QS2 leaves only zero-filled gaps: junk, a torn write, or a damaged entry); none for a
+    file with a bad header (``qs-bad-header``'s) or one that is not a regular file. Mapped, and
+    a large file walked by its data extents."""
     try:
         data = map_file(path)
     except CQError:  # not a regular file, or unreadable: the index checks say so
-        return None
+        return
     size = len(data)
     if size < c_qs.HEADER_SIZE or data[:4] != c_qs.MAGIC or data[4] != c_qs.VERSION:
-        return None
+        return
     extents = data_extents(path, size) if size > (64 << 20) else None
     for kind, off, end, zeroed in scan_entries(data, max(start, first_entry_offset()), extents):
         if kind == "gap" and not zeroed:
-            return off, end - off
-    return None
+            yield off, end - off
+
+
+def trailing_garbage(path: Path, start: int) -> tuple[int, int] | None:
+    """The first of ``garbage_runs`` at or after ``start``, or None."""
+    return next(garbage_runs(path, start), None)
 
 
 def dump_rows(path: Path, segment_entry_count: int | None = None):
