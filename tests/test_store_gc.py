@@ -171,3 +171,43 @@ def test_rdt_after_a_zero_extended_rdq_is_never_reached(tmp_path):
     assert lost and all(after[k] == v for k, v in before.items() if k not in lost), lost
     _, codes = _codes(node, "3.10.8")
     assert ("combine-interrupted", "error", str(rdt)) in codes
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("extended", [False, True])
+def test_interrupted_combine_prediction_matches_the_real_310(tmp_path, broker_dir, extended):
+    """Crafted from the 3.10.8 kill -9 sample as a combine leaves it (``extended``: also after it
+    grew N.rdq with zeros to its final size), then booted by the real 3.10.8: every queue holds
+    what fsck predicts (with ``extended``, the .rdt's messages are lost by the broker itself, as
+    a real 3.10.8 killed at that moment of a combine lost 894 of 5,000)."""
+    import time
+
+    from conftest import need_broker
+    from test_recovery_state_brokers import list_counts
+
+    from cqforensics import fsck
+    from cqforensics.broker import Broker
+
+    need_broker("3.10.8")
+    base = tmp_path / "a"
+    node = copy_node("3.10.8-kill", base)
+    rdq, rdt = _combine_cut(node, 5)
+    if extended:
+        with rdq.open("r+b") as f:
+            f.truncate(rdq.stat().st_size + rdt.stat().st_size + 100)
+    report = fsck.run(node, broker_version="3.10.8")
+    # (queues with expired messages are left out: the broker lists them until they reach the head)
+    predicted = {(v.vhost, v.queue): v.predicted_after_restart for v in report.queues if not v.drops.get("expired")}
+    assert any(f.code == "combine-interrupted" and f.severity == ("error" if extended else "info")
+               for f in report.findings)
+    got = {}
+    with Broker("3.10.8", broker_dir / "run") as b:
+        b.install_node(base)
+        b.start(timeout=300)
+        time.sleep(2)
+        for vhost in sorted({v for v, _ in predicted}):
+            counts = list_counts(b, vhost)
+            assert isinstance(counts, dict), counts
+            got.update({(vhost, q): n for q, n in counts.items()})
+        b.stop()
+    assert {k: got.get(k) for k in predicted} == predicted
