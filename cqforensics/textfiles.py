@@ -239,6 +239,9 @@ def _cluster_nodes(terms: list, node: str | None) -> str | None:
     t = terms[0]
     if isinstance(t, tuple) and len(t) == 2 and _atoms(t[0]) and _atoms(t[1]):
         nodes = t[0]
+        if not set(t[1]) <= set(nodes):
+            return (f"its disc nodes ({', '.join(map(str, t[1]))}) are not all among its nodes "
+                    f"({', '.join(map(str, nodes))}): rabbit_node_monitor writes a subset")
     elif _atoms(t):  # the legacy form, still read
         nodes = t
     else:

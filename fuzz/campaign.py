@@ -31,7 +31,8 @@ for triage (a mutation that left the file's bytes as they were is no damage and 
 one that changed only message bodies in place, framing and decoded structure intact, is listed
 as ``undetectable_payload``: no checksum covers them, see ``_payload_only``; so is one that left
 what the file says unchanged: a text term file with the same terms, a Mnesia log with the same
-items but for its header's time stamp, see ``_same_content``).
+items but for its header's time stamp, see ``_same_content``; and two vhosts' MQTT retained
+stores swapped, whose records do not name their vhost).
 
 The JSON summary lists the runs, seeds, figures (peak RSS, slowest run) and the failures by
 class, each with a reproducer. Failing inputs are kept in ``fuzz/regressions.json``
@@ -626,6 +627,8 @@ def _payload_only(inp: dict) -> bool:
         return False
     if _same_content(SAMPLES / inp["dataset"] / "mnesia" / os.path.relpath(target, inp["base"]), Path(target)):
         return True
+    if inp["mutation"] == "swap" and Path(target).name.startswith("mqtt_retained_") and "'mqtt_retained_" in inp["what"]:
+        return True  # two vhosts' MQTT retained stores swapped: no record names its vhost (only the file name)
     v1 = target.endswith(".idx") or target.endswith("journal.jif")
     if not (v1 or target.endswith(".rdq")):
         return False

@@ -666,3 +666,26 @@ def test_qs_bytes_damaged_between_entries_no_live_entry_uses(tmp_path):
     data[1195:1227] = bytes(32)
     qs.write_bytes(bytes(data))
     assert ("qs-garbage", 64) in codes_at(node, qs)
+
+
+def test_cluster_file_whose_disc_nodes_are_not_its_nodes(tmp_path):
+    """Fuzz seed 23104: a flipped bit in the disc-node list of cluster_nodes.config
+    ({AllNodes, DiscNodes}: rabbit_node_monitor writes DiscNodes as a subset)."""
+    node = copy_node("3.10.8-kill", tmp_path / "a")
+    cfg = node / "cluster_nodes.config"
+    raw = cfg.read_bytes()
+    i = raw.rindex(b"localhost")
+    cfg.write_bytes(raw[:i] + b"locaLhost" + raw[i + 9:])
+    assert "term-file-damaged" in {c for c, _ in codes_at(node, cfg)}
+
+
+def test_store_index_dump_of_another_store_in_its_place(tmp_path):
+    """Fuzz seed 23149: the persistent store's msg_store_index.ets copied over the transient
+    store's (4.0.5 clean stop): its records lie past the end of the transient files, whose sizes
+    file_summary.ets confirms."""
+    node = copy_node("4.0.5-clean", tmp_path / "a")
+    vhost = next(v for v in node.glob("msg_stores/vhosts/*") if (v / "msg_store_transient" / "0.rdq").exists()
+                 and (v / "msg_store_persistent" / "msg_store_index.ets").exists())
+    t = vhost / "msg_store_transient" / "msg_store_index.ets"
+    t.write_bytes((vhost / "msg_store_persistent" / "msg_store_index.ets").read_bytes())
+    assert "term-file-damaged" in {c for c, _ in codes_at(node, t)}

@@ -6,9 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 from cqforensics.codes import StoreStatus
+from cqforensics.errors import CQError
 from cqforensics.findings import Finding
 from cqforensics.model.vhost import VhostScan
 from cqforensics.readers import rdq as r_rdq
+from cqforensics.readers import terms as r_terms
 
 
 def store_checks(vs: VhostScan) -> list[Finding]:
@@ -91,12 +93,20 @@ def recorded_location_findings(st, kind: str, reported: list[tuple[int, int, int
             for fi, o, t, i in zip(st.e_file.tolist(), st.e_offset.tolist(), st.e_total.tolist(), st.e_id)
             if rdq[fi]}
     out = []
+    elsewhere: dict[int, int] = {}  # file number -> records placed in a file the store has no trace of
+    past: dict[int, int] = {}  # file number -> records placed past the end of the file
     for msg_id, rec in st.recorded.items():
         _, number, offset, total = rec
         if not (isinstance(number, int) and isinstance(offset, int) and isinstance(total, int)):
             continue  # not a #msg_location{}: the dump's own finding (terms.ets_findings)
         f = by_number.get(number)
-        if f is None or held.get((number, offset)) == (msg_id, total) or offset + total > f.size:
+        if f is None:
+            elsewhere[number] = elsewhere.get(number, 0) + 1
+            continue
+        if offset + total > f.size:
+            past[number] = past.get(number, 0) + 1
+            continue
+        if held.get((number, offset)) == (msg_id, total):
             continue  # no such file, or the file is shorter: the layout's and file_summary.ets' findings
         if any(n == number and a <= offset < b for n, a, b in reported):
             continue
@@ -109,7 +119,31 @@ def recorded_location_findings(st, kind: str, reported: list[tuple[int, int, int
                            details={"store": kind, "msg_id": msg_id.hex(), "total_size": total}))
         if len(out) >= 64:
             break
+    sizes = _summary_sizes(st.store.file_summary)
+    # files neither on disk nor in file_summary.ets, or past the end of a file of the size it records
+    gone = sorted([n for n in elsewhere if sizes is not None and n not in sizes] +
+                  [n for n in past if sizes is not None and sizes.get(n) == by_number[n].size])
+    if gone:  # another store's dump, or a stale one
+        n = sum(elsewhere.get(g, 0) + past.get(g, 0) for g in gone)
+        out.append(Finding("term-file-damaged", f"the clean stop's msg_store_index.ets places {n} messages where this "
+                           f"store has no entries (files neither on disk nor in file_summary.ets, or past the end of "
+                           f"a file of the size file_summary.ets records: "
+                           f"{', '.join(f'{g}.rdq' for g in gone[:5])}{', ...' if len(gone) > 5 else ''}): another "
+                           "store's dump, or a stale one, which the next clean start trusts"
+                           f"{' (the broker deletes the transient store at boot)' if kind == 'transient' else ''}",
+                           str(st.store.msg_store_index), severity="info" if kind == "transient" else "warning",
+                           details={"store": kind, "files": gone[:64], "messages": n}))
     return out
+
+
+def _summary_sizes(path) -> dict[int, int] | None:
+    """File number -> file size, as a clean stop's file_summary.ets records them (None: none to
+    go by)."""
+    try:
+        table = r_terms.read_ets(path)
+    except (CQError, OSError):  # missing or unreadable: its own findings
+        return None
+    return {o[1]: o[5] for o in table.objects if isinstance(o, tuple) and len(o) >= 6 and isinstance(o[1], int)}
 
 
 def _interrupted_combines(vs: VhostScan, st) -> list[Finding]:
