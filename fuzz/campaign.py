@@ -627,7 +627,8 @@ def _payload_only(inp: dict) -> bool:
         return False
     if _same_content(SAMPLES / inp["dataset"] / "mnesia" / os.path.relpath(target, inp["base"]), Path(target)):
         return True
-    if inp["mutation"] == "swap" and Path(target).name.startswith("mqtt_retained_") and "'mqtt_retained_" in inp["what"]:
+    if inp.get("mutation") == "swap" and Path(target).name.startswith("mqtt_retained_") \
+            and "'mqtt_retained_" in inp.get("what", ""):
         return True  # two vhosts' MQTT retained stores swapped: no record names its vhost (only the file name)
     v1 = target.endswith(".idx") or target.endswith("journal.jif")
     if not (v1 or target.endswith(".rdq")):
