@@ -77,10 +77,12 @@ def open_regular(path: Path | str):
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):  # swapped between the stat and the open
             raise not_regular(path, _what(st.st_mode))
-        return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
         raise
+    # the file object owns fd from here, also when a Ctrl-C interrupts fdopen: closing fd here
+    # as well would close it twice, the second time under a file opened since with its number
+    return os.fdopen(fd, "rb")
 
 
 def read_bytes(path: Path | str) -> bytes:
