@@ -689,3 +689,27 @@ def test_store_index_dump_of_another_store_in_its_place(tmp_path):
     t = vhost / "msg_store_transient" / "msg_store_index.ets"
     t.write_bytes((vhost / "msg_store_persistent" / "msg_store_index.ets").read_bytes())
     assert "term-file-damaged" in {c for c, _ in codes_at(node, t)}
+
+
+@pytest.mark.parametrize("case", ["ets_table_name", "log_item_inside", "recovery_term_key"])
+def test_damage_inside_terms_that_still_decode(tmp_path, case):
+    """Fuzz seeds 25016, 25103, 25121: bytes changed inside a term that still decodes: the table
+    name in an ets dump's info (ets:file2tab reads it; another table's dump names another), a
+    Mnesia log item whose term no longer fills the item (disk_log wrote term_to_binary of it),
+    a recovery term whose key is no atom the broker writes."""
+    if case == "ets_table_name":
+        node = copy_node("3.10.8-segments", tmp_path / "a")
+        path = next(node.glob("msg_stores/vhosts/*/msg_store_persistent/msg_store_index.ets"))
+        old, new = b"rabbit_msg_store_ets_index", b"rabbit_msg_store_ets_yndex"
+    elif case == "log_item_inside":
+        node = copy_node("3.10.8-segments", tmp_path / "a")
+        path = node / "DECISION_TAB.LOG"
+        old, new = b"h\x02d\x00\rdecision_list", b"h\x00" + bytes(16)
+    else:
+        node = copy_node("4.1.8-clean", tmp_path / "a")
+        path = next(node.glob("msg_stores/vhosts/*/recovery.dets"))
+        old, new = b"persistent_ref", b"pers" + bytes(8) + b"ef"
+    raw = path.read_bytes()
+    assert old in raw and len(old) == len(new)
+    path.write_bytes(raw.replace(old, new, 1))
+    assert "term-file-damaged" in {c for c, _ in codes_at(node, path)}

@@ -59,9 +59,13 @@ def read_disk_log(path: Path, data: bytes | None = None) -> TermLog:
             log.error = FormatError(f"item of {length} bytes runs past the end of the log", str(path), o)
             break
         try:
-            term, _ = etf.decode(data, offset=start)
+            term, used = etf.decode(data, offset=start)
         except etf.EtfError as e:
             log.error = FormatError(f"undecodable item: {e.message}", str(path), e.offset)
+            break
+        if used != start + length:  # disk_log wrote term_to_binary of the item: it fills the item
+            log.error = FormatError(f"item of {length} bytes holds a term of {used - start}: damaged inside",
+                                    str(path), used)
             break
         log.items.append(term)
         log.offsets.append(o)
@@ -203,6 +207,14 @@ def _is_text(v) -> bool:
     return isinstance(v, (bytes, list))  # a file name: a binary or a charlist
 
 
+def _proplist(terms: list) -> bool:
+    """Recovery terms: {Key, Value} pairs whose keys are the broker's plain lower-case atoms."""
+    import re
+
+    return all(isinstance(t, tuple) and len(t) == 2 and isinstance(t[0], etf.Atom)
+               and re.fullmatch(r"[a-z][a-z0-9_]*", str(t[0])) for t in terms)
+
+
 #: the broker's DETS tables, by file name: the type and keypos its writer opens it with (a file of
 #: another type or keypos makes that dets:open_file fail, {type_mismatch, F} / {keypos_mismatch, F},
 #: empty or not: OTP dets.erl fopen_existing_file) and the record every object is (each checked on
@@ -212,7 +224,7 @@ def _is_text(v) -> bool:
 #: #retained_message{topic, mqtt_msg} (keypos #retained_message.topic = 2). All are sets.
 DETS_SHAPES = {
     "recovery.dets": (DETS_SET, 1, "{QueueDirName, Terms}",
-                      lambda o: len(o) == 2 and _is_text(o[0]) and isinstance(o[1], list)),
+                      lambda o: len(o) == 2 and _is_text(o[0]) and isinstance(o[1], list) and _proplist(o[1])),
     "schema.DAT": (DETS_SET, 2, "{schema, Table, Cs}",
                    lambda o: len(o) == 3 and o[0] == "schema" and isinstance(o[1], etf.Atom)),
     "meta.dets": (DETS_SET, 1, "{UId, CurrentTerm, VotedFor, LastApplied}",
@@ -388,6 +400,8 @@ def _log_header_problem(item, kind: str) -> str | None:
 #: the record every object of a store's ets dump is (MS: #file_summary{}, #msg_location{}; so on
 #: every sample)
 ETS_RECORDS = {"file_summary.ets": "file_summary", "msg_store_index.ets": "msg_location"}
+#: the table each dump is of (its table-info item's ``name``; rabbit_msg_store, every version)
+ETS_NAMES = {"file_summary.ets": "rabbit_msg_store_file_summary", "msg_store_index.ets": "rabbit_msg_store_ets_index"}
 
 
 def ets_findings(path: Path) -> list[Finding]:
@@ -413,6 +427,12 @@ def ets_findings(path: Path) -> list[Finding]:
             out.append(_damaged("no '$end_of_table' marker: the dump is torn (the broker rebuilds from the files)",
                                 path, log.offsets[-1] if log.offsets else 0))
         return out
+    info = log.items[0] if log.items and isinstance(log.items[0], tuple) else ()
+    name = next((kv[1] for kv in info if isinstance(kv, tuple) and len(kv) == 2 and kv[0] == "name"), None)
+    if path.name in ETS_NAMES and name != ETS_NAMES[path.name]:
+        out.append(_damaged(f"its table info names table {name}, not {ETS_NAMES[path.name]}: another table's dump, "
+                            "or a damaged one", path, log.offsets[0] if log.offsets else 0,
+                            expected=ETS_NAMES[path.name], found=str(name)))
     table = read_ets(path, log)
     tag = ETS_RECORDS.get(path.name)
     other = next((o for o in table.objects if not (isinstance(o, tuple) and o and o[0] == tag)), None)
