@@ -557,6 +557,11 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: RewriteContext,
                 _bump(qr.lost, why)
                 ctx.damage.append(f"{qr.vhost}/{qr.queue}: seq id {seqs[j]}: {why}")
                 continue
+            bad_entry = qs_fate(res.qs_status[j])
+            if bad_entry in QUARANTINED:  # expired, so the broker drops it unread, but its .qs entry
+                ctx.lost.add(bad_entry.label, place(), raw())  # fails its check: never copied as good
+                _bump(qr.quarantined, bad_entry.label)
+                continue
             keep = True
         else:
             # what no boot delivers, whatever else is wrong with the queue
@@ -795,6 +800,31 @@ def write_lost_queue_dirs(out_node: Path, meta, model: BrokerModel, dry: bool = 
 
 
 
+def _vhosts_under_own_dirs(node, notes: list[str]) -> None:
+    """Name the vhost dirs of ``node`` (a layout.NodeDir, before it is scanned) renamed away from
+    their own dir: the broker finds a vhost's store only under the dir its name gives (md5, base
+    36), so a dir whose ``.vhost`` names another dir is read and written as that dir, named as
+    ``.vhost`` holds it. One whose own dir is present too is left out, with a note: the broker
+    reads only that one."""
+    from cqforensics import textfiles
+
+    taken = {v.dir_name for v in node.vhosts}
+    for v in list(node.vhosts):
+        raw = _read_small(v.path / ".vhost") if v.name_raw is None else None
+        own = textfiles.vhost_dir_name(raw) if raw else v.dir_name
+        if own == v.dir_name:
+            continue
+        if own in taken:
+            node.vhosts.remove(v)
+            notes.append(f"{display(node.node)}: vhost dir {display(v.dir_name)} holds .vhost {raw!r}, whose own "
+                         f"dir {own} is present too (the broker reads only that one): not written")
+            continue
+        notes.append(f"{display(node.node)}: vhost dir {display(v.dir_name)} holds .vhost {raw!r}, whose own "
+                     f"dir {own} is missing: written back as {own}")
+        taken.add(own)
+        v.dir_name, v.name_raw, v.name = own, raw, raw.decode("utf-8", "replace")
+
+
 def _tree_bytes(path: Path) -> int:
     total = 0
     for dirpath, _, filenames in os.walk(path):
@@ -860,6 +890,7 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
             for node in nodes:
                 options = make_options(broker_version=source_version, as_of=as_of_ms, bodies=False, decode=False,
                                        assume_dirty=command == "rebuild")
+                _vhosts_under_own_dirs(node, result.notes)
                 ns = NodeScan(node, options)
                 versions.add(ns.model.label)
                 targets.add((ctx.target or ns.model).label)
