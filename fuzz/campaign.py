@@ -67,7 +67,6 @@ from cqforensics import textfiles  # noqa: E402
 from cqforensics.errors import CQError  # noqa: E402
 from cli.main import main as cli_main  # noqa: E402
 from cqforensics import etf  # noqa: E402
-from cqforensics.errors import CQError  # noqa: E402
 from cqforensics.grammar import qi as c_qi  # noqa: E402
 from cqforensics.grammar import rdq as c_rdq  # noqa: E402
 from cqforensics.readers import rdq as r_rdq  # noqa: E402
@@ -653,7 +652,6 @@ def _same_content(original: Path, target: Path) -> bool:
     read it: a text term file (``file:consult``) with the same terms (a trailing newline cut, a
     space added), or a Mnesia log (disk_log) with the same items but for its header's time stamp
     (two empty logs of one node swapped)."""
-    from cqforensics import textfiles
     from cqforensics.readers import terms as r_terms
 
     try:

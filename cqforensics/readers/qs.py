@@ -5,7 +5,6 @@ as QS2 check_msg_on_disk does: the entry header's size must equal the index's, a
 
 from __future__ import annotations
 
-import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path

@@ -9,6 +9,7 @@ DETS v9 is not specified publicly; objects are found heuristically by their
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -207,12 +208,13 @@ def _is_text(v) -> bool:
     return isinstance(v, (bytes, list))  # a file name: a binary or a charlist
 
 
+_PLAIN_ATOM = re.compile(r"[a-z][a-z0-9_]*")
+
+
 def _proplist(terms: list) -> bool:
     """Recovery terms: {Key, Value} pairs whose keys are the broker's plain lower-case atoms."""
-    import re
-
     return all(isinstance(t, tuple) and len(t) == 2 and isinstance(t[0], etf.Atom)
-               and re.fullmatch(r"[a-z][a-z0-9_]*", str(t[0])) for t in terms)
+               and _PLAIN_ATOM.fullmatch(str(t[0])) for t in terms)
 
 
 #: the broker's DETS tables, by file name: the type and keypos its writer opens it with (a file of

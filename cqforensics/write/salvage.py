@@ -768,7 +768,6 @@ def write_lost_queue_dirs(out_node: Path, meta, model: BrokerModel, dry: bool = 
     for. The next boot would declare it empty anyway; the output then reads and verifies as a
     broker's own. ``dry``: nothing is written, ``source`` (SRC's layout) tells what would be.
     Returns one note per queue."""
-    from cqforensics import textfiles
     from cqforensics.model.vhost import lost_queues, queue_dirs_of
 
     if meta is None or meta.kind is None:
