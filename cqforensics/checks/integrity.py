@@ -288,11 +288,7 @@ def file_summary_findings(path: Path, rdq: list[tuple[int, Path]], kind: str = "
     files or sizes is a stale, swapped or damaged dump, which the next clean start trusts. Either
     side may be the damaged one, so each ``.rdq`` of another size than recorded is named too
     (``rdq-garbage`` where the two part: info in the transient store, which every boot deletes)."""
-    table = r_terms.read_ets(path)
-    recorded = {}
-    for o in table.objects:
-        if isinstance(o, tuple) and len(o) >= 6 and isinstance(o[1], int) and isinstance(o[5], int):
-            recorded[o[1]] = (o[2], o[5])
+    recorded = r_terms.file_summary_records(path)
     actual = {}
     for number, p in rdq:
         try:

@@ -140,10 +140,9 @@ def _summary_sizes(path) -> dict[int, int] | None:
     """File number -> file size, as a clean stop's file_summary.ets records them (None: none to
     go by)."""
     try:
-        table = r_terms.read_ets(path)
+        return {n: size for n, (_, size) in r_terms.file_summary_records(path).items()}
     except (CQError, OSError):  # missing or unreadable: its own findings
         return None
-    return {o[1]: o[5] for o in table.objects if isinstance(o, tuple) and len(o) >= 6 and isinstance(o[1], int)}
 
 
 def _interrupted_combines(vs: VhostScan, st) -> list[Finding]:

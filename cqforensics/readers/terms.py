@@ -406,6 +406,13 @@ ETS_RECORDS = {"file_summary.ets": "file_summary", "msg_store_index.ets": "msg_l
 ETS_NAMES = {"file_summary.ets": "rabbit_msg_store_file_summary", "msg_store_index.ets": "rabbit_msg_store_ets_index"}
 
 
+def file_summary_records(path: Path) -> dict[int, tuple]:
+    """A ``file_summary.ets`` dump's ``#file_summary{file, valid_total_size, ..., file_size}``
+    records: file number -> (valid_total_size, file_size) (objects of another shape left out)."""
+    return {o[1]: (o[2], o[5]) for o in read_ets(path).objects
+            if isinstance(o, tuple) and len(o) >= 6 and isinstance(o[1], int) and isinstance(o[5], int)}
+
+
 def ets_findings(path: Path) -> list[Finding]:
     """``term-file-damaged`` for an ``ets:tab2file`` dump (``file_summary.ets``,
     ``msg_store_index.ets``): damaged items, and an end marker whose count differs from the
