@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from cqforensics.schema import PROPERTIES, STRINGS
 
-ABI = 6  # must equal the core's ABI (core/src/lib.rs)
+ABI = 7  # must equal the core's ABI (core/src/lib.rs)
 log = logging.getLogger("cqforensics.core")
 
 try:
@@ -103,10 +103,10 @@ def _num(typ, n: int, col) -> pa.Array:
 
 
 def _used(col):
-    """A binary column whose data buffer is longer than its values (the core's body buffer has
-    room for whole terms), cut to its last offset (no copy)."""
+    """A binary column whose data buffer (a ``pa.Buffer`` from Arrow's pool) is longer than its
+    values (the core's body buffer has room for whole terms), cut to its last offset (no copy)."""
     bits, nulls, offsets, data = col
-    return bits, nulls, offsets, pa.py_buffer(data).slice(0, int(np.frombuffer(offsets, np.int32)[-1]))
+    return bits, nulls, offsets, data.slice(0, int(np.frombuffer(offsets, np.int32)[-1]))
 
 
 def decode_messages(sources: list, file_ix: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
@@ -119,7 +119,7 @@ def decode_messages(sources: list, file_ix: np.ndarray, starts: np.ndarray, leng
     out = _native.decode_messages(sources, np.ascontiguousarray(file_ix, np.int32).tobytes(),
                                   np.ascontiguousarray(starts, np.int64).tobytes(),
                                   np.ascontiguousarray(lengths, np.int64).tobytes(), index_ids,
-                                  np.ascontiguousarray(has_id, np.uint8).tobytes(), bodies)
+                                  np.ascontiguousarray(has_id, np.uint8).tobytes(), bodies, pa.allocate_buffer)
     n = len(has_id)
     status = np.frombuffer(out["status"], np.uint8)
     props = []

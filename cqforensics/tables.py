@@ -360,24 +360,21 @@ _PROP_TYPE = SCHEMAS["messages"].field("properties").type
 _DECODED = tuple(c for c in DECODED_COLUMNS if c != "properties")  # properties: one struct column
 
 
-def _ids(arr: np.ndarray) -> list[bytes]:
-    raw = arr.tobytes()
-    return [raw[k:k + 16] for k in range(0, len(raw), 16)]
-
-
-def _index_ids(ids: list, has_id: list, rows: slice) -> list:
+def _index_ids(ids: np.ndarray, has_id: np.ndarray) -> list:
     """The message id the index holds for each row (``IndexChunk.index_ids``), else None."""
-    return [ids[j] if has_id[j] else None for j in range(rows.start, rows.stop)]
+    raw = ids.tobytes()
+    return [raw[16 * j:16 * j + 16] if h else None for j, h in enumerate(has_id.tolist())]
 
 
-def _decode_chunk(vs: VhostScan, res, rows: slice, ids: list, has_id: list) -> dict:
-    """The decoded columns of live entries ``rows`` (a slice of the chunk's live list)."""
+def _decode_chunk(vs: VhostScan, res, rows: slice, ids: np.ndarray, has_id: np.ndarray) -> dict:
+    """The decoded columns of live entries ``rows`` (a slice of the chunk's live list), given the
+    id the index holds for each live entry (V16, and whether it holds one)."""
+    ids, has_id = ids[rows], has_id[rows]
     if not vs.options.decode:
         return _undecoded_chunk(vs, res, rows, ids, has_id)
-    index_ids = _index_ids(ids, has_id, rows)
     if core.native() is not None:
-        return decode_core(vs, res, rows, index_ids)
-    return decode_reference(_terms(vs, res, rows), index_ids, vs.options.bodies)
+        return decode_core(vs, res, rows, ids, has_id)
+    return decode_reference(_terms(vs, res, rows), _index_ids(ids, has_id), vs.options.bodies)
 
 
 def _arrays(cols: dict) -> dict:
@@ -386,7 +383,7 @@ def _arrays(cols: dict) -> dict:
             else pa.array(v, sch.field(k).type) for k, v in cols.items()}
 
 
-def decode_core(vs: VhostScan, res, rows: slice, index_ids: list) -> dict:
+def decode_core(vs: VhostScan, res, rows: slice, ids: np.ndarray, has_id: np.ndarray) -> dict:
     """``decode_reference`` by the compiled core, reading the terms where they are stored; the
     rows it hands back (shapes it does not know) are decoded by the reference and put in place."""
     used = np.unique(res.body_file[rows][res.body_file[rows] >= 0])
@@ -394,17 +391,16 @@ def decode_core(vs: VhostScan, res, rows: slice, index_ids: list) -> dict:
     file_ix[used] = np.arange(len(used))
     bf = res.body_file[rows]  # -1: no stored body (and no file at all when every row has none)
     file_ix = np.where(bf >= 0, file_ix[np.maximum(bf, 0)] if len(file_ix) else -1, -1).astype(np.int32)
-    has_id = np.array([i is not None for i in index_ids], np.uint8)
     status, cols = core.decode_messages(vs.bodies.descriptors([res.body_files[f] for f in used.tolist()]), file_ix,
                                         res.body_start[rows], res.body_len[rows],
-                                        b"".join(i or bytes(16) for i in index_ids), has_id, vs.options.bodies)
+                                        np.ascontiguousarray(ids).tobytes(), has_id, vs.options.bodies)
     fallback = np.flatnonzero(status == core.FALLBACK)
     if not len(fallback):
         return cols
     terms = _terms(vs, res, rows.start + fallback)  # only the rows the reference decodes
-    ref = _arrays(decode_reference(terms, [index_ids[k] for k in fallback], vs.options.bodies))
-    order = np.arange(len(index_ids))
-    order[fallback] = len(index_ids) + np.arange(len(fallback))
+    ref = _arrays(decode_reference(terms, _index_ids(ids[fallback], has_id[fallback]), vs.options.bodies))
+    order = np.arange(len(ids))
+    order[fallback] = len(ids) + np.arange(len(fallback))
     return {k: pa.concat_arrays([v, ref[k]]).take(order) for k, v in cols.items()}
 
 
@@ -483,14 +479,14 @@ def _in_ts_range(col: pa.Array) -> bool:
     return lo is None or (TS_MIN_US <= lo and hi <= TS_MAX_US)
 
 
-def _undecoded_chunk(vs: VhostScan, res, rows: slice, ids: list, has_id: list) -> dict:
+def _undecoded_chunk(vs: VhostScan, res, rows: slice, ids: np.ndarray, has_id: np.ndarray) -> dict:
     """``_decode_chunk`` without decoding: message ids from the index, raw bodies if wanted, and
     null decoded columns, without a Python step per row where none is needed."""
     m = rows.stop - rows.start
     sch = SCHEMAS["messages"]
     out = {k: pa.nulls(m, sch.field(k).type) for k in _DECODED}
     out["properties"] = pa.nulls(m, _PROP_TYPE)
-    out["msg_id"] = _index_ids(ids, has_id, rows)
+    out["msg_id"] = id_array(ids, has_id)
     if vs.options.bodies:
         out["body"] = _terms(vs, res, rows)
     return out
@@ -526,8 +522,8 @@ def messages_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
             continue
         res = vs.resolve(qx)
         r, live = qx.rec, qx.live
-        has_id = qx.index_ids(live).tolist()
-        ids = _ids(r.msg_id[live])
+        has_id = qx.index_ids(live)
+        ids = r.msg_id[live]
         files = [display(f) for f in qx.files]
         store_files = [display(p) for p in res.body_files]
         for sl in _slices(vs, res, len(live)):

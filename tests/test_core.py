@@ -217,6 +217,45 @@ def test_decode_equals_reference_on_damaged_terms():
     _compare_decode(damaged, [None] * len(damaged))
 
 
+def test_decode_from_a_file_equals_decode_from_its_bytes(tmp_path):
+    """A file's terms are read a window of nearby terms at a time (core/src/lib.rs ``Window``):
+    rows in and out of file order, far apart, repeated, overlapping, cut by the file's end or
+    past it, and a term longer than a window decode as from the file's bytes in memory.
+    Crafted layout of real stored terms."""
+    terms = list(_stored_terms()[:3000]) + [random.Random(3).randbytes(3 << 20)]
+    rng = random.Random(11)
+    data, spans = bytearray(), []
+    for t in terms:
+        data += bytes(rng.choice([0, 0, 0, 7, 5000, 70_000]))  # gaps: none, small, past WINDOW_GAP
+        spans.append((len(data), len(t)))
+        data += t
+    order = list(range(len(spans)))
+    for a in range(0, len(order), 50):  # runs in file order, some shuffled, some reversed
+        run = order[a:a + 50]
+        if rng.random() < 0.3:
+            rng.shuffle(run)
+        elif rng.random() < 0.2:
+            run.reverse()
+        order[a:a + 50] = run
+    starts = [spans[k][0] for k in order] + [spans[5][0], spans[5][0] + 3, len(data) - 10, len(data) + 100]
+    lens = [spans[k][1] for k in order] + [spans[5][1], spans[5][1], 500, 50]
+    n = len(starts)
+    path = tmp_path / "terms"
+    path.write_bytes(bytes(data))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for bodies in (True, False):
+            got, want = (core.decode_messages([src], np.zeros(n, np.int32), np.array(starts, np.int64),
+                                              np.array(lens, np.int64), bytes(16 * n), np.zeros(n, np.uint8), bodies)
+                         for src in (fd, bytes(data)))
+            assert np.array_equal(got[0], want[0])
+            assert (got[0] == 0).sum() > 2500
+            for k in want[1]:
+                assert got[1][k].equals(want[1][k]), k
+    finally:
+        os.close(fd)
+
+
 def test_float_headers_render_as_python_repr():
     # crafted: a 0-9-1 property list whose headers hold doubles and floats of every magnitude
     import struct

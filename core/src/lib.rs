@@ -16,7 +16,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 /// Bumped whenever a function's arguments or results change: the Python side refuses a core
 /// built from other sources (a stale build) and says how to rebuild.
-pub const ABI: u32 = 6;
+pub const ABI: u32 = 7;
 
 /// Row status of `decode_messages`.
 const DECODED: u8 = 0;
@@ -288,20 +288,69 @@ fn read_at(fd: i32, buf: &mut [u8], offset: u64) -> usize {
 }
 
 thread_local! {
-    /// The terms read from files that cannot be read in place (no bodies wanted, or no room
-    /// left in the body buffer); kept between calls so it keeps its capacity.
+    /// The read window's buffer, kept between calls so it keeps its capacity.
     static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// A bytes object of `len` uninitialised bytes and its buffer, for the caller to fill before
-/// any Python code sees it (`new_with` would first zero it, a pass over every body).
-fn uninit_bytes(py: Python<'_>, len: usize) -> PyResult<(Bound<'_, PyBytes>, *mut u8)> {
-    // SAFETY: a NULL source makes an uninitialised object of `len` bytes, owned here
-    let obj = unsafe {
-        Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyBytes_FromStringAndSize(std::ptr::null(), len as isize))?
-    };
-    let ptr = unsafe { pyo3::ffi::PyBytes_AsString(obj.as_ptr()) } as *mut u8;
-    Ok((obj.downcast_into::<PyBytes>()?, ptr))
+/// At most this many bytes are read from a file at once for the terms of consecutive rows...
+const WINDOW: usize = 1 << 20;
+/// ...spanning at most this many bytes no row uses between two of them (another queue's
+/// messages, dead entries): one read per run of nearby terms, not one per term (a read of a
+/// cached page costs a system call, about as much as copying a few kilobytes).
+const WINDOW_GAP: u64 = 64 << 10;
+
+/// The bytes of one file that the last read brought in: `[start, start + bytes.len())` of
+/// source `file`.
+struct Window {
+    bytes: Vec<u8>,
+    file: i32,
+    start: u64,
+}
+
+impl Window {
+    fn holds(&self, file: i32, at: u64, len: usize) -> bool {
+        file == self.file && at >= self.start && at + len as u64 <= self.start + self.bytes.len() as u64
+    }
+
+    fn fill(&mut self, fd: i32, file: i32, at: u64, len: usize) {
+        self.bytes.resize(len, 0);
+        let got = read_at(fd, &mut self.bytes, at);
+        self.bytes.truncate(got);
+        (self.file, self.start) = (file, at);
+    }
+
+    /// A row's term: its bytes in the window, cut where the file ended
+    fn term(&self, at: u64, len: usize) -> &[u8] {
+        let s = ((at - self.start) as usize).min(self.bytes.len());
+        &self.bytes[s..(s + len).min(self.bytes.len())]
+    }
+}
+
+/// Where one read for row `k`'s term (from `at`, ending at `end`) stops: it takes in the terms
+/// of the rows after it while they are in the same file, after `at`, within `WINDOW_GAP` of
+/// what it holds so far and within `WINDOW` of `at`.
+fn window_end(file_ix: &[i32], starts: &[i64], lens: &[i64], f: &Source, k: usize, mut end: u64) -> u64 {
+    let at = starts[k].max(0) as u64;
+    for j in k + 1..file_ix.len() {
+        let (s, l) = (starts[j].max(0) as u64, f.cut(starts[j], lens[j]) as u64);
+        if file_ix[j] != file_ix[k] || s < at || s > end + WINDOW_GAP || s + l - at > WINDOW as u64 {
+            break;
+        }
+        end = end.max(s + l);
+    }
+    end
+}
+
+/// A writable buffer of `len` bytes made by `alloc` (pyarrow.allocate_buffer: from Arrow's
+/// memory pool, which keeps the memory a dropped batch frees for the next one, where a new
+/// bytes object of megabytes is fresh pages, each faulted in anew), and a view to fill it.
+fn pool_buffer<'py>(alloc: &Bound<'py, PyAny>, len: usize) -> PyResult<(Bound<'py, PyAny>, PyBuffer<i8>)> {
+    let obj = alloc.call1((len,))?;
+    let buf = PyBuffer::<i8>::get(&obj)?; // Arrow exports its bytes as signed (format "b")
+    if buf.readonly() || !buf.is_c_contiguous() || buf.len_bytes() < len {
+        return Err(pyo3::exceptions::PyValueError::new_err("decode_messages: body buffer not writable"));
+    }
+    Ok((obj, buf))
 }
 
 /// The decoded `messages` columns of a batch of stored terms (tables._decode_chunk). Row k's
@@ -309,9 +358,9 @@ fn uninit_bytes(py: Python<'_>, len: usize) -> PyResult<(Bound<'_, PyBytes>, *mu
 /// an open file's descriptor (cut where it ends; `file_ix[k] < 0`: no term); `index_ids` 16
 /// bytes per row, `has_id` one byte per row (the index holds the id). Returns a dict of Arrow
 /// buffers and `status` (one byte per row: 0 decoded here, 1 for the reference to decode, 2 no
-/// term). Bodies are copied once, into the column's buffer: a term read from a file is read
-/// where its body goes, and the body is moved down over the term's head once decoded. The
-/// body buffer holds every term, so it may be longer than its last offset.
+/// term). A file's terms are read a run of nearby terms at a time (`Window`), and each body is
+/// copied from there into the column's buffer. The body buffer has room for every term, so it
+/// may be longer than its last offset.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 fn decode_messages<'py>(
@@ -323,6 +372,7 @@ fn decode_messages<'py>(
     index_ids: &[u8],
     has_id: &[u8],
     want_body: bool,
+    body_alloc: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let n = has_id.len();
     let ints = |b: &[u8]| b.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().unwrap())).collect::<Vec<_>>();
@@ -339,12 +389,13 @@ fn decode_messages<'py>(
     } else {
         0
     };
-    let (body_data, body_ptr) = uninit_bytes(py, room.min(i32::MAX as usize))?;
-    // SAFETY: the new object's buffer, not yet shared with any Python code
-    let out: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(body_ptr, room.min(i32::MAX as usize)) };
+    let room = room.min(i32::MAX as usize);
+    let (body_data, body_view) = pool_buffer(body_alloc, room)?;
+    // SAFETY: the new buffer, writable, not yet shared with any Python code
+    let out: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(body_view.buf_ptr() as *mut u8, room) };
     let dec = message::Decoder::default();
     let mut c = COLUMNS.with(|cell| cell.take());
-    let mut scratch = SCRATCH.with(|cell| cell.take());
+    let mut window = Window { bytes: SCRATCH.with(|cell| cell.take()), file: -1, start: 0 };
     c.clear();
     let mut status = Vec::with_capacity(n);
     let mut body_offsets: Vec<i32> = Vec::with_capacity(n + 1);
@@ -370,23 +421,16 @@ fn decode_messages<'py>(
             Some(f @ Source::File(fd, _)) => {
                 let len = f.cut(starts[k], lens[k]);
                 let at = starts[k].max(0) as u64;
-                if len <= free {
-                    let got = read_at(*fd, &mut out[body_total..body_total + len], at);
-                    let kept = record(&mut c, &mut status, &dec, Some(&out[body_total..body_total + got]), index_id,
-                                      want_body, free);
-                    if let Some((off, len)) = kept {
-                        out.copy_within(body_total + off..body_total + off + len, body_total);
-                    }
-                    kept
-                } else {
-                    scratch.resize(len, 0);
-                    let got = read_at(*fd, &mut scratch[..len], at);
-                    let kept = record(&mut c, &mut status, &dec, Some(&scratch[..got]), index_id, want_body, free);
-                    if let Some((off, len)) = kept {
-                        out[body_total..body_total + len].copy_from_slice(&scratch[off..off + len]);
-                    }
-                    kept
+                if !window.holds(file_ix[k], at, len) {
+                    let end = window_end(&file_ix, &starts, &lens, f, k, at + len as u64);
+                    window.fill(*fd, file_ix[k], at, (end - at) as usize);
                 }
+                let term = window.term(at, len);
+                let kept = record(&mut c, &mut status, &dec, Some(term), index_id, want_body, free);
+                if let Some((off, len)) = kept {
+                    out[body_total..body_total + len].copy_from_slice(&term[off..off + len]);
+                }
+                kept
             }
         };
         body_valid.push(kept.is_some());
@@ -398,6 +442,10 @@ fn decode_messages<'py>(
     let (bits, nulls) = validity(py, &body_valid);
     out_dict.set_item("body", (bits, nulls, PyBytes::new(py, as_bytes(&body_offsets)), body_data))?;
     drop(sources);
+    let mut scratch = window.bytes;
+    if scratch.capacity() > 4 * WINDOW {
+        scratch = Vec::new(); // a huge term's room is not kept
+    }
     scratch.clear();
     SCRATCH.with(|cell| cell.replace(scratch));
     let emitted = c.emit(py, &out_dict);

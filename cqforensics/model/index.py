@@ -135,7 +135,7 @@ def _v2_chunk(qdir: QueueDir, number: int, path: Path) -> IndexChunk:
     sl, kl = seg.slots, seg.klass
     used = np.flatnonzero(kl != SlotClass.EMPTY)
     c = Records.empty(len(used))
-    s = sl[used]
+    s = r_qi.take(sl, used)
     c.offset = seg.offsets()[used]
     c.kind = np.where(kl[used] == SlotClass.GHOST, RecordKind.GHOST,
                       np.where(kl[used] == SlotClass.BAD, RecordKind.BAD, RecordKind.PUBLISH)).astype(np.uint8)
