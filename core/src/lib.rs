@@ -294,10 +294,11 @@ thread_local! {
 
 /// At most this many bytes are read from a file at once for the terms of consecutive rows...
 const WINDOW: usize = 1 << 20;
-/// ...spanning at most this many bytes no row uses between two of them (another queue's
-/// messages, dead entries): one read per run of nearby terms, not one per term (a read of a
-/// cached page costs a system call, about as much as copying a few kilobytes).
-const WINDOW_GAP: u64 = 64 << 10;
+/// ...spanning at most this many bytes no row uses between two of them (dead entries, another
+/// queue's or another share's messages): one read per run of nearby terms, not one per term. A
+/// read costs a system call, about as much as copying a few kilobytes: a wider gap would read
+/// more bytes than it saves in calls (a read in P shares would read every byte P times).
+const WINDOW_GAP: u64 = 4 << 10;
 
 /// The bytes of one file that the last read brought in: `[start, start + bytes.len())` of
 /// source `file`.
