@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Memory curve: peak RSS of reading ``refcounts``, ``store`` and ``messages`` at 0.1x, 1x, 3x
-and 10x the bench store, each read in a fresh process.
+"""Memory curve: peak RSS of reading ``refcounts``, ``store`` and ``messages`` (by default; any
+table with ``--tables``) at 0.1x, 1x, 3x and 10x the bench store, each read in a fresh process.
 
     python bench/bench_memory.py                    # sizes 0.1 1 3 10
     python bench/bench_memory.py --sizes 1 3        # a subset
-    python bench/bench_memory.py --tables refcounts store
+    python bench/bench_memory.py --tables findings files queues index acks holes
 
 0.1x and 1x are the broker-made bench stores (bench/make_store.py). 3x and 10x are made without
 a broker, from the 1x store, as ONE vhost holding N copies of its content (the vhost-wide state
@@ -50,7 +50,8 @@ sys.path.insert(0, str(HERE))
 
 from make_store import CACHE, build, node_dir  # noqa: E402
 
-TABLES = ("refcounts", "store", "messages")
+TABLES = ("refcounts", "store", "messages")  # the default
+ALL_TABLES = ("refcounts", "store", "messages", "index", "acks", "holes", "files", "queues", "findings")
 QI_HEADER, QI_ENTRY = 64, 32
 
 
@@ -179,7 +180,7 @@ def stored_messages(node: Path) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", nargs="+", type=float, default=[0.1, 1, 3, 10])
-    ap.add_argument("--tables", nargs="+", default=list(TABLES), choices=TABLES)
+    ap.add_argument("--tables", nargs="+", default=list(TABLES), choices=ALL_TABLES)
     ap.add_argument("--entries-per-share", type=int, default=0,
                     help="stored messages a pass may hold (default: cqforensics.model.store.ENTRIES_PER_SHARE; "
                          "a huge number reads every vhost whole, as before shares)")

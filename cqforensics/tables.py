@@ -26,7 +26,7 @@ from cqforensics.codes import labels as code_labels
 from cqforensics.model.index import OFFSET_OUT_OF_RANGE, IndexChunk
 from cqforensics.model.options import DECODED_COLUMNS
 from cqforensics.model.store import IdSet
-from cqforensics.model.vhost import VhostScan
+from cqforensics.model.vhost import VhostScan, passes
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers import registry
@@ -554,16 +554,12 @@ def messages_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
 
 def each_share(vs: VhostScan) -> Iterator[VhostScan]:
     """The scans a vhost-level fact about every id is summed over: ``vs`` itself (read whole, or
-    already one share), else one scan per share (``VhostScan.shares``), each closed after use."""
-    if vs.share is not None or vs.shares == 1:
+    already one share: a Spark unit), else one scan per share, each made from the one before
+    (``model.vhost.passes``: vhost-wide facts are computed once) and closed after use."""
+    if vs.share is not None:
         yield vs
         return
-    for k in range(vs.shares):
-        sub = vs.share_scan(k)
-        try:
-            yield sub
-        finally:
-            sub.close()
+    yield from passes(vs)
 
 
 def queue_summaries(vs: VhostScan) -> Iterator[dict]:
@@ -699,7 +695,8 @@ def findings_batch(findings: list[Finding]) -> pa.RecordBatch:
 
 
 def findings_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
-    """fsck's checks of this vhost (cqforensics.checks), one row per finding."""
+    """fsck's checks of this vhost (cqforensics.checks), one row per finding; a vhost too big to
+    index at once is checked share by share inside ``check_vhost``, so its unit is the vhost."""
     _, fs = check_vhost(vs)
     if fs:
         yield findings_batch(fs)
@@ -711,15 +708,8 @@ def in_shares(build: Callable[[VhostScan], Iterator[pa.RecordBatch]]) -> Callabl
     the whole vhost, each once, in another order. A scan already restricted to a share (a Spark
     unit) is built as it is."""
     def run(vs: VhostScan) -> Iterator[pa.RecordBatch]:
-        if vs.share is not None or vs.shares == 1:
-            yield from build(vs)
-            return
-        for k in range(vs.shares):
-            sub = vs.share_scan(k)
-            try:
-                yield from build(sub)
-            finally:
-                sub.close()
+        for sub in each_share(vs):
+            yield from build(sub)
     run.__name__ = run.__qualname__ = build.__name__
     return run
 

@@ -130,3 +130,24 @@ def test_three_shares_on_a_damaged_store(damage, tmp_path, monkeypatch):
     monkeypatch.setattr(VhostScan, "shares", property(lambda self: 3))
     for t in tables:
         assert rows(node, t) == whole[t], (damage, t)
+
+
+@pytest.mark.parametrize("sample", ["4.3.6-kill", "3.10.8-kill", "4.0.5-clean"])
+def test_verify_in_shares_counts_as_whole(sample, monkeypatch):
+    from cqforensics.write.verify import verify
+
+    whole = verify([ROOT / "sample_data" / sample / "mnesia"])
+    monkeypatch.setattr(VhostScan, "shares", property(lambda self: 3))
+    built = []
+    real = VhostScan.share_scan
+    monkeypatch.setattr(VhostScan, "share_scan", lambda self, *a: built.append(a) or real(self, *a))
+    from cqforensics.model import vhost as m_vhost
+
+    scanned = []  # the share each store index is built for: never None (the whole store)
+    real_scan = m_vhost.scan_store
+    monkeypatch.setattr(m_vhost, "scan_store", lambda *a, **kw: scanned.append(kw.get("share")) or real_scan(*a, **kw))
+    shared = verify([ROOT / "sample_data" / sample / "mnesia"])
+    assert built, "no share scan was made"
+    assert scanned and None not in scanned
+    assert (shared.store_entries, shared.messages, shared.queues, len(shared.violations), len(shared.notes)) == \
+        (whole.store_entries, whole.messages, whole.queues, len(whole.violations), len(whole.notes))

@@ -67,13 +67,13 @@ def clean_state_findings(vs: VhostScan) -> list[Finding]:
                                f"seq ids its recovery terms cover ({st.low} to {st.end - 1}): RabbitMQ {vs.model} "
                                "never reads them, and new publishes reuse their slots (recovery.dets older than "
                                "the index)", str(vs.vhost.recovery_dets), severity="error", **where, details=details))
-    st = vs.stores.get("persistent")
+    st = vs.vhost.stores.get("persistent")  # its files only: no store index built for a path
     lost = {label: why for label, why in restarts.items() if "read" in why or "expiry" in why}
     if st is not None and lost:
         out.append(Finding("store-index-mismatch", f"msg_store_index.ets lacks messages that queues hold "
                            f"({', '.join(sorted(map(str, lost)))}): RabbitMQ {vs.model} trusts it, crashes each of "
                            "them on reading such a message (541 INTERNAL_ERROR), and their restart drops those "
-                           "messages", str(st.store.msg_store_index), severity="error",
+                           "messages", str(st.msg_store_index), severity="error",
                            details={"queues": sorted(map(str, lost))}))
     return out
 

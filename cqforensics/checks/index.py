@@ -1,83 +1,165 @@
-"""Checks of one index chunk: the readers' findings on it, and its entries whose body is not
-where the index says (per-queue store checks as QS2 check_msg_on_disk; shared-store lookups)."""
+"""Checks of the index chunks: their entries whose body is not where the index says (per-queue
+store checks as QS2 check_msg_on_disk; shared-store lookups). A vhost read in id shares sees
+each chunk once per share, with that share's live entries; some rules judge a chunk as a whole
+(an unwritten ``.qs`` tail, an acked head), so ``ChunkCheck`` gathers what every pass saw and
+decides when all are in."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from cqforensics.codes import Location, QsStatus
 from cqforensics.findings import Finding
+from cqforensics.layout import QueueDir
 from cqforensics.model.index import IndexChunk
+from cqforensics.model.recovery import Resolved
 from cqforensics.model.vhost import VhostScan
 from cqforensics.readers import qs as r_qs
 
+_GONE = (QsStatus.MISSING_FILE, QsStatus.OUT_OF_RANGE)
 
-def chunk_findings(vs: VhostScan, qx: IndexChunk) -> list[Finding]:
-    """A chunk's reader findings, plus its entries whose body is not where the index says,
-    each placed in the chunk's queue and priority level."""
-    out = list(qx.findings)
-    r = qx.rec
-    res = vs.resolve(qx)
-    path = str(qx.qs_path or qx.qdir.path / f"{qx.segment}.qs")
+
+@dataclass
+class _Chunk:
+    """What the passes over one chunk saw; ``j``: an entry's position in the chunk's whole live
+    list (SeqId order), so a share's entries fall in place among the others'."""
+
+    qdir: QueueDir
+    segment: int | None
+    qs_path: Path | None
+    bad_qs: list[tuple[int, int, int, int, int]] = field(default_factory=list)  # (j, QsStatus, seq, offset, size)
+    missing: list[tuple[int, int, bytes, Path, int]] = field(default_factory=list)  # (j, seq, id, index file, offset)
+    transient: int = 0  # transient shared-store entries whose body is in no file
+    transient_ends: tuple[tuple[int, int], tuple[int, int]] | None = None  # (j, seq) of their first and last
+    first_found: int | None = None  # j of the first persistent shared-store entry whose body was found
+
+
+class ChunkCheck:
+    """Where the bodies of a vhost's live index entries are not, chunk by chunk, fed pass by pass
+    (``add``) and judged once every pass is in (``findings``)."""
+
+    def __init__(self) -> None:
+        self.chunks: dict[tuple[int, int], _Chunk] = {}
+        self.first_segment: dict[Path, int | None] = {}  # queue dir -> its first .qi segment
+
+    def add(self, vs: VhostScan, key: tuple[int, int], qx: IndexChunk, res: Resolved, at: np.ndarray) -> None:
+        """The live entries of ``qx`` (one share's, or all) resolved as ``res``; ``key`` names the
+        chunk the same in every pass, ``at`` is each entry's position in its whole live list."""
+        r, live = qx.rec, qx.live
+        status = res.qs_status
+        shared = r.loc[live] == Location.SHARED_STORE
+        persistent = r.persistent[live]
+        fine = (status == QsStatus.NONE) | (status == QsStatus.OK)
+        bad = np.flatnonzero(~fine)
+        nowhere = shared & fine & (res.body_file < 0)
+        missing = np.flatnonzero(nowhere & (persistent == 1))
+        transient = np.flatnonzero(nowhere & (persistent == 0))
+        found = np.flatnonzero(shared & (persistent == 1) & (res.body_file >= 0))
+        head = len(found) and self.maybe_acked_head(vs, qx.qdir, qx.segment)
+        if not (len(bad) or len(missing) or len(transient) or head):
+            return
+        c = self.chunks.get(key)
+        if c is None:
+            c = self.chunks[key] = _Chunk(qx.qdir, qx.segment, qx.qs_path)
+        i = live[bad]
+        c.bad_qs += zip(at[bad].tolist(), status[bad].tolist(), r.seq[i].tolist(), r.store_offset[i].tolist(),
+                        r.store_size[i].tolist())
+        i = live[missing]
+        c.missing += zip(at[missing].tolist(), r.seq[i].tolist(), (m.tobytes() for m in r.msg_id[i]),
+                         (qx.files[f] for f in r.file[i].tolist()), r.offset[i].tolist())
+        if len(transient):
+            c.transient += len(transient)
+            ends = [(int(at[k]), int(r.seq[live[k]])) for k in (transient[0], transient[-1])]
+            if c.transient_ends is not None:
+                ends += c.transient_ends
+            c.transient_ends = (min(ends), max(ends))
+        if head:
+            c.first_found = min(int(at[found[0]]), c.first_found if c.first_found is not None else 1 << 62)
+
+    def findings(self, vs: VhostScan, store_intact: bool) -> list[Finding]:
+        """Every chunk's findings, placed in its queue and priority level. ``store_intact``: the
+        vhost's persistent store exists and shows no damage (no garbage, no torn entry)."""
+        out = []
+        for _, c in sorted(self.chunks.items(), key=lambda kv: kv[0]):
+            acked = store_intact and self.maybe_acked_head(vs, c.qdir, c.segment)
+            out += [f.scoped(queue=c.qdir.name, priority=c.qdir.priority) for f in _chunk_findings(vs, c, acked)]
+        return out
+
+    def maybe_acked_head(self, vs: VhostScan, qdir: QueueDir, segment: int | None) -> bool:
+        """Whether persistent messages in no shared-store file may be the acked head of the queue
+        (``_chunk_findings``) as far as the chunk's place tells: the recovery is dirty and the
+        chunk is the queue's first."""
+        if qdir.path not in self.first_segment:
+            self.first_segment[qdir.path] = min((seg for seg, _ in qdir.qi), default=None)
+        first = self.first_segment[qdir.path]
+        return vs.recovery == "dirty" and (segment is None or first is None or first >= segment)
+
+
+def _chunk_findings(vs: VhostScan, c: _Chunk, maybe_acked: bool) -> list[Finding]:
+    """One chunk's findings from what every pass saw of it. Persistent messages in no
+    shared-store file are an acked head, not damage, when they are the first persistent
+    shared-store entries of the queue's first chunk, the recovery is dirty and the store shows no
+    damage (``maybe_acked``: all but the first): a queue hands its acks to the store (which
+    removes a message no queue holds any more, and whose GC may then drop its bytes at once:
+    seen on 3.10.8, combining files) and writes them to its index on its own schedule, so a
+    kill -9 can leave index entries for messages the store no longer has; a consumer acks in
+    order."""
+    out = []
+    path = str(c.qs_path or c.qdir.path / f"{c.segment}.qs")
     reported = False
-    unwritten = _unwritten_tail(vs, qx, res)
+    unwritten = _unwritten_tail(vs, c)
     tail: list[int] = []  # seq ids of entries in the unwritten tail (one finding for them all)
-    transient: list[int] = []  # seq ids of transient shared-store entries whose body is in no file
-    missing: list[tuple[int, int]] = []  # (live position, record) of persistent messages in no store file
-    for j, i in enumerate(qx.live.tolist()):
-        status, seq = QsStatus(res.qs_status[j]), int(r.seq[i])
-        if status not in (QsStatus.NONE, QsStatus.OK):
-            off, size = int(r.store_offset[i]), int(r.store_size[i])
-            if status in (QsStatus.MISSING_FILE, QsStatus.OUT_OF_RANGE) and unwritten:
-                tail.append(seq)
-            elif status in (QsStatus.MISSING_FILE, QsStatus.BAD_HEADER):
-                if not reported:
-                    reported = True
-                    code, what = (("qs-entry-missing", "the index points into a .qs segment that is not there")
-                                  if status == QsStatus.MISSING_FILE else
-                                  ("qs-bad-header", "bad .qs header: none of its messages can be read"))
-                    out.append(Finding(code, what, path, None if status == QsStatus.MISSING_FILE else 0,
-                                       details={"seq_id": seq}))
-            elif status == QsStatus.OUT_OF_RANGE:
-                entry = r_qs.entry_span(off, size)[1]
-                out.append(Finding("qs-entry-missing", f"entry for seq id {seq} ({entry} bytes) lies beyond the "
-                                   "end of the file", path, off, details={"seq_id": seq, "size": size}))
-            else:
-                out.append(Finding("qs-entry-crc", f"entry for seq id {seq} fails its "
-                                   f"{'CRC' if status == QsStatus.BAD_CRC else 'size'} check", path, off,
-                                   details={"seq_id": seq, "size": size, "check": status.label}))
-        elif r.loc[i] == Location.SHARED_STORE and r.persistent[i] == 1 and res.body_file[j] < 0:
-            missing.append((j, i))
-        elif r.loc[i] == Location.SHARED_STORE and r.persistent[i] == 0 and res.body_file[j] < 0:
-            transient.append(seq)
-    if missing and _acked_head(vs, qx, [j for j, _ in missing]):
-        seqs = [int(r.seq[i]) for _, i in missing]
-        i0 = missing[0][1]
+    for _, code, seq, off, size in sorted(c.bad_qs):
+        status = QsStatus(code)
+        if status in _GONE and unwritten:
+            tail.append(seq)
+        elif status in (QsStatus.MISSING_FILE, QsStatus.BAD_HEADER):
+            if not reported:
+                reported = True
+                code, what = (("qs-entry-missing", "the index points into a .qs segment that is not there")
+                              if status == QsStatus.MISSING_FILE else
+                              ("qs-bad-header", "bad .qs header: none of its messages can be read"))
+                out.append(Finding(code, what, path, None if status == QsStatus.MISSING_FILE else 0,
+                                   details={"seq_id": seq}))
+        elif status == QsStatus.OUT_OF_RANGE:
+            entry = r_qs.entry_span(off, size)[1]
+            out.append(Finding("qs-entry-missing", f"entry for seq id {seq} ({entry} bytes) lies beyond the "
+                               "end of the file", path, off, details={"seq_id": seq, "size": size}))
+        else:
+            out.append(Finding("qs-entry-crc", f"entry for seq id {seq} fails its "
+                               f"{'CRC' if status == QsStatus.BAD_CRC else 'size'} check", path, off,
+                               details={"seq_id": seq, "size": size, "check": status.label}))
+    missing = sorted(c.missing)
+    if missing and maybe_acked and (c.first_found is None or missing[-1][0] < c.first_found):
+        seqs = [seq for _, seq, _, _, _ in missing]
+        _, _, _, file0, offset0 = missing[0]
         out.append(Finding("msg-missing", f"the {len(missing)} oldest messages of the queue (seq ids {seqs[0]} to "
                            f"{seqs[-1]}) are in no shared-store file, and the store shows no damage: consumed, their "
                            "acks reached the store (which removed them) but not the index before the broker was "
                            "killed; the next boot drops them as this prediction does (or a store file holding only "
-                           "these was lost)", str(qx.files[int(r.file[i0])]), int(r.offset[i0]), severity="warning",
+                           "these was lost)", str(file0), offset0, severity="warning",
                            details={"entries": len(missing), "first_seq_id": seqs[0], "last_seq_id": seqs[-1],
                                     "acked_head": True}))
     else:
-        for _, i in missing:
-            mid, seq = r.msg_id[i].tobytes().hex(), int(r.seq[i])
-            out.append(Finding("msg-missing", f"message {mid} (seq id {seq}) is in no shared-store file",
-                               str(qx.files[int(r.file[i])]), int(r.offset[i]),
-                               details={"msg_id": mid, "seq_id": seq}))
+        for _, seq, mid, file, offset in missing:
+            out.append(Finding("msg-missing", f"message {mid.hex()} (seq id {seq}) is in no shared-store file",
+                               str(file), offset, details={"msg_id": mid.hex(), "seq_id": seq}))
     st = vs.vhost.stores.get("transient")
-    if transient and st is not None and st.clean_dot.exists():
+    if c.transient and st is not None and st.clean_dot.exists():
         # after a clean stop (the store's clean.dot) its files hold every body its clients wrote;
         # after a kill the unflushed ones were never written. The broker drops transient messages
         # at boot whatever: their bodies are evidence only
-        out.append(Finding("msg-missing", f"{len(transient)} transient messages the index refers to (seq ids "
-                           f"{transient[0]} to {transient[-1]}) are in no transient-store file: a file of that "
+        (_, first), (_, last) = c.transient_ends
+        out.append(Finding("msg-missing", f"{c.transient} transient messages the index refers to (seq ids "
+                           f"{first} to {last}) are in no transient-store file: a file of that "
                            "store lost, truncated or swapped (the broker drops them at boot anyway)",
                            str(st.path), severity="info",
-                           details={"entries": len(transient), "first_seq_id": transient[0], "store": "transient"}))
+                           details={"entries": c.transient, "first_seq_id": first, "store": "transient"}))
     if tail:
-        qs = vs.qs_files.get(qx.qs_path) if qx.qs_path is not None else None
+        qs = vs.qs_files.get(c.qs_path) if c.qs_path is not None else None
         where = "the segment file was never created" if qs is None else f"the file ends at {qs.size}, where they begin"
         out.append(Finding("qs-entry-missing", f"{len(tail)} index entries (seq ids {tail[0]} to {tail[-1]}) point past "
                            f"what the .qs segment holds ({where}): the store's write buffer was not flushed yet when "
@@ -86,31 +168,10 @@ def chunk_findings(vs: VhostScan, qx: IndexChunk) -> list[Finding]:
                            None if qs is None else qs.size, severity="warning",
                            details={"entries": len(tail), "first_seq_id": tail[0], "last_seq_id": tail[-1],
                                     "unwritten": True}))
-    return [f.scoped(queue=qx.qdir.name, priority=qx.qdir.priority) for f in out]
+    return out
 
 
-def _acked_head(vs: VhostScan, qx: IndexChunk, missing: list[int]) -> bool:
-    """Whether persistent messages in no shared-store file (positions in ``qx.live``) are the
-    queue's oldest, consumed and acked just before a kill, not lost to damage. A queue hands its
-    acks to the store (which removes a message no queue holds any more, and whose GC may then
-    drop its bytes at once: seen on 3.10.8, combining files) and writes them to its index on its
-    own schedule, so a kill -9 can leave index entries for messages the store no longer has. It
-    is that when the recovery is dirty, the missing messages are the first live entries of the
-    queue's first index chunk (a consumer acks in order), and no store file shows damage (no
-    garbage, no torn entry) that could have taken them."""
-    r = qx.rec
-    live = qx.live
-    stored = np.flatnonzero((r.loc[live] == Location.SHARED_STORE) & (r.persistent[live] == 1))
-    if vs.recovery != "dirty" or missing != stored[:len(missing)].tolist():
-        return False
-    if qx.segment is not None and any(seg < qx.segment for seg, _ in qx.qdir.qi):
-        return False
-    st = vs.stores.get("persistent")
-    return st is not None and not st.bad and not any(
-        h.kind in ("garbage", "truncated_tail") for f in st.files for h in f.holes)
-
-
-def _unwritten_tail(vs: VhostScan, qx: IndexChunk, res) -> bool:
+def _unwritten_tail(vs: VhostScan, c: _Chunk) -> bool:
     """Whether the chunk's ``.qs`` entries that are not there are a write not yet flushed when a
     dirty-stopped broker died, not damage. QS2 keeps each new entry in a write buffer (offsets
     given out in seq id order, ``get_write_offset``) and writes it, in one pwrite per run of
@@ -119,17 +180,14 @@ def _unwritten_tail(vs: VhostScan, qx: IndexChunk, res) -> bool:
     leave index entries whose bytes were never written, at the end of the newest segment (or a
     newest segment file never created). It is that, and not a truncated or deleted file, when
     the recovery is dirty, every such entry starts at or after the end of the file (none is cut
-    by it), and no later segment of the queue has a ``.qs``."""
-    if vs.recovery != "dirty" or qx.segment is None:
+    by it), no other entry of the chunk fails its check, and no later segment of the queue has
+    a ``.qs``."""
+    if vs.recovery != "dirty" or c.segment is None:
         return False
-    status = res.qs_status
-    gone = (status == QsStatus.MISSING_FILE) | (status == QsStatus.OUT_OF_RANGE)
-    if not gone.any() or ((status != QsStatus.OK) & (status != QsStatus.NONE) & ~gone).any():
+    gone = [off for _, status, _, off, _ in c.bad_qs if status in _GONE]
+    if not gone or len(gone) < len(c.bad_qs):
         return False
-    if any(seg > qx.segment for seg in qx.qdir.qs):
+    if any(seg > c.segment for seg in c.qdir.qs):
         return False
-    qs = vs.qs_files.get(qx.qs_path) if qx.qs_path is not None else None
-    if qs is None:
-        return True
-    offsets = res.store_offset[gone]
-    return bool((offsets >= qs.size).all())
+    qs = vs.qs_files.get(c.qs_path) if c.qs_path is not None else None
+    return qs is None or all(off >= qs.size for off in gone)

@@ -47,35 +47,38 @@ MAX_WALK = 10_000  # files looked at per node-level dir (a hostile tree cannot m
 
 
 class QueueIntegrity:
-    """The integrity checks of one queue dir, fed its index chunks one at a time."""
+    """The integrity checks of one queue dir, fed its index chunks one at a time (each with its
+    whole live list). In a pass of a read in id shares it looks for copies of the share's ids
+    only; the checks of a chunk's files run in the ``first`` pass."""
 
-    def __init__(self, vs: VhostScan):
+    def __init__(self, vs: VhostScan, first: bool = True):
         self.vs = vs
+        self.first = first
         self.files: list[Path] = []  # every index file seen; ``parts`` name them by position here
         self.parts: list[tuple[np.ndarray, ...]] = []  # (msg id, seq id, file, offset, version) per chunk
-        self.v1: list[IndexChunk] = []
         self.out: list[Finding] = []
 
     def add(self, qx: IndexChunk) -> None:
         r = qx.rec
         kind = r.kind
         held = (r.loc == Location.SHARED_STORE) & ((kind == RecordKind.PUBLISH) | (kind == RecordKind.GHOST))
+        if self.vs.share is not None:
+            held &= self.vs.share.holds(r.msg_id)  # copies share their id, so their share
         sel = np.flatnonzero(held)
         if len(sel):
             base = len(self.files)
             self.files += qx.files
             self.parts.append((r.msg_id[sel], r.seq[sel], r.file[sel].astype(np.int64) + base, r.offset[sel],
                                np.full(len(sel), qx.version or 0, np.int8)))
+        if not self.first:
+            return
         if qx.version == 1:
-            self.v1.append(qx)
+            self.out += v1_swapped(self.vs, qx) or []
         elif qx.segment is not None:
             self.out += qs_trailing(qx)
 
     def findings(self) -> list[Finding]:
-        out = self.out + self._duplicates()
-        for qx in self.v1:
-            out += v1_swapped(self.vs, qx) or []
-        return out
+        return self.out + self._duplicates()
 
     def _duplicates(self) -> list[Finding]:
         """The same message id at two seq ids of the queue, in two files (v2) or anywhere (v1)."""
@@ -111,7 +114,7 @@ class CopyCheck:
     CQv1 index has no checksum). Not for ``.qs`` entries: a 4.x message container is annotated
     per queue (delivery count, dead-lettering), so its copies legitimately differ; they carry a
     CRC instead. Fed every chunk of the vhost; keeps 24 bytes per embedded copy (an 8-byte id
-    prefix, a CRC-32 and where it is)."""
+    prefix, a CRC-32 and where it is); in a pass of a read in id shares, of the share's ids only."""
 
     def __init__(self, vs: VhostScan):
         self.vs = vs
@@ -120,7 +123,10 @@ class CopyCheck:
 
     def add(self, qx: IndexChunk) -> None:
         r = qx.rec
-        sel = np.flatnonzero((r.loc == Location.EMBEDDED) & (r.kind == RecordKind.PUBLISH) & (r.store_size > 0))
+        embedded = (r.loc == Location.EMBEDDED) & (r.kind == RecordKind.PUBLISH) & (r.store_size > 0)
+        if self.vs.share is not None:
+            embedded &= self.vs.share.holds(r.msg_id)  # copies share their id, so their share
+        sel = np.flatnonzero(embedded)
         if not len(sel):
             return
         paths = [qx.files[int(f)] for f in r.file[sel].tolist()]

@@ -3,6 +3,8 @@ it deletes at boot, files it does not use, and what a queue dir's messages come 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from cqforensics.codes import StoreStatus
@@ -40,31 +42,50 @@ def queue_dir_findings(q: QueueDir, known: bool | None, messages: int, drops: di
     return out
 
 
-def lost_queue_findings(vs: VhostScan) -> list[Finding]:
+@dataclass
+class OrphanTally:
+    """What ``queue-index-missing`` counts in the vhost's persistent store, summed over the
+    passes of a read in id shares (``add``: one share's scan, or the whole vhost's)."""
+
+    orphans: int = 0
+    orphan_bytes: int = 0
+    unheld: int | None = None  # ids a clean shutdown recorded more references for than the indexes hold
+    routed: dict[bytes, int] | None = None  # lost queue name -> orphans its bindings would have routed to it
+
+    def add(self, vs: VhostScan) -> None:
+        lost = vs.lost_queues
+        if not lost:
+            return
+        st = vs.stores.get("persistent") if vs.vhost.stores else None
+        if st is not None and len(st.e_id):
+            status, _ = vs.store_status["persistent"]
+            hit = status == StoreStatus.ORPHAN
+            self.orphans += int(hit.sum())
+            self.orphan_bytes += int(st.e_total[hit].sum())
+        if st is not None and st.recorded is not None:
+            refs = vs.references["persistent"]
+            unheld = 0
+            for raw, rec in st.recorded.items():
+                g = refs.ids.lookup(np.frombuffer(raw, "V16"))[0] if isinstance(raw, bytes) and len(raw) == 16 else -1
+                if isinstance(rec[0], int) and rec[0] > (int(refs.count[g]) if g >= 0 else 0):
+                    unheld += 1
+            self.unheld = (self.unheld or 0) + unheld
+        routed = _routed_orphans(vs, lost)
+        if routed is not None:
+            self.routed = {q: n + (self.routed or {}).get(q, 0) for q, n in routed.items()}
+
+
+def lost_queue_findings(vs: VhostScan, tally: OrphanTally) -> list[Finding]:
     """``queue-index-missing``: a durable classic queue of the metadata whose index dir is
     missing or unreadable. The next boot declares it afresh, empty: everything its index held
     is lost, and only its shared-store messages may be left, as orphans; how many orphans the
     vhost's store holds (those the queue's bindings could have routed to it, when known) is
-    in ``details``."""
+    in ``details`` (``tally``: counted over every pass)."""
     lost = vs.lost_queues
     if not lost:
         return []
     out = []
-    orphans, orphan_bytes = 0, 0
-    st = vs.stores.get("persistent") if vs.vhost.stores else None
-    if st is not None and len(st.e_id):
-        status, _ = vs.store_status["persistent"]
-        hit = status == StoreStatus.ORPHAN
-        orphans, orphan_bytes = int(hit.sum()), int(st.e_total[hit].sum())
-    unheld = None  # ids a clean shutdown recorded more references for than the indexes hold
-    if st is not None and st.recorded is not None:
-        refs = vs.references["persistent"]
-        unheld = 0
-        for raw, rec in st.recorded.items():
-            g = refs.ids.lookup(np.frombuffer(raw, "V16"))[0] if len(raw) == 16 else -1
-            if isinstance(rec[0], int) and rec[0] > (int(refs.count[g]) if g >= 0 else 0):
-                unheld += 1
-    routed = _routed_orphans(vs, lost)
+    orphans, orphan_bytes, unheld, routed = tally.orphans, tally.orphan_bytes, tally.unheld, tally.routed
     vs.node.vhosts  # names the dirs, and finds renamed ones
     found_as = {own: d for (vd, d), (own, _, _) in getattr(vs.node, "renamed", {}).items()
                 if vd == vs.vhost.dir_name}

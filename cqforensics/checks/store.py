@@ -1,7 +1,10 @@
 """Checks of the vhost's shared stores: holes, torn writes, orphans and duplicates, fragmented
-files, and recorded reference counts against what the queue indexes hold."""
+files, and recorded reference counts and places against what the queue indexes and the files
+hold; for a vhost read in id shares, gathered share by share (``StoreCheck``)."""
 
 from __future__ import annotations
+
+import heapq
 
 import numpy as np
 
@@ -13,127 +16,254 @@ from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers import terms as r_terms
 
 
-def store_checks(vs: VhostScan) -> list[Finding]:
-    """Every shared-store finding of the vhost."""
+class StoreCheck:
+    """The shared-store findings of a vhost, fed pass by pass (``add``: a scan of one id share,
+    or of the whole vhost) and completed once every pass is in (``findings``): findings about a
+    file come from the first pass, those about one entry or one recorded message from the pass
+    of its id's share, and the counts per file and per store are summed over the passes."""
+
+    def __init__(self) -> None:
+        self.out: list[Finding] = []  # findings whole when made
+        self.tallies: dict[str, _StoreTally] = {}
+
+    def add(self, vs: VhostScan, first: bool) -> None:
+        for kind, st in vs.stores.items():
+            t = self.tallies.get(kind)
+            if t is None:
+                t = self.tallies[kind] = _StoreTally(kind, st.store, st.files)
+            if vs.share is not None:
+                t.walked = vs.spill("walks")[kind]
+            if first:
+                self.out += _file_findings(vs, kind, st, t.reported)
+            t.unreached += np.bincount(st.e_file[~st.reach], minlength=len(st.files))
+            t.torn |= bool(st.bad)
+            t.add_recorded(st)
+            if kind != "persistent":
+                continue
+            t.add_status(st, vs.store_status[kind][0])
+            for fi, o, tot, i in st.bad:
+                self.out.append(Finding("msg-corrupt", f"entry for {i.hex()} ({tot} bytes) lacks its 255 write marker: "
+                                        "a torn write, skipped by every version", str(st.files[fi].path), o,
+                                        details={"msg_id": i.hex(), "total_size": tot}))
+            if st.recorded is not None:
+                t.add_refcounts(st, vs.references[kind])
+
+    def intact(self) -> bool:
+        """The persistent store exists and shows no damage: no garbage, no torn entry."""
+        t = self.tallies.get("persistent")
+        return t is not None and not t.torn and not any(
+            h.kind in ("garbage", "truncated_tail") for f in t.files for h in f.holes)
+
+    def findings(self, vs: VhostScan) -> list[Finding]:
+        out = list(self.out)
+        for kind, t in self.tallies.items():
+            out += _interrupted_combines(vs, t)
+            out += t.recorded_findings()
+            if kind == "persistent":
+                out += t.status_findings()
+                if t.refcount_bad:
+                    out.append(Finding("refcount-mismatch", f"{t.refcount_bad} reference counts in msg_store_index.ets "
+                                       "differ from what the queue indexes hold", str(t.store.msg_store_index),
+                                       details={"ids": t.refcount_bad,
+                                                "examples": [e for _, e in t.refcount_examples]}))
+        return out
+
+
+def _file_findings(vs: VhostScan, kind: str, st, reported: list[tuple[int, int, int]]) -> list[Finding]:
+    """A store's files: candidates the walk did not take, holes, torn tails; fills ``reported``
+    with the (file number, start, end) of the holes reported."""
     out = []
-    for kind, st in vs.stores.items():
-        out += _interrupted_combines(vs, st)
-        reported: list[tuple[int, int, int]] = []  # (file number, start, end) of the holes reported below
-        for f in st.files:
-            out += r_rdq.rejected_findings(f, kind)
-            for h in f.holes:
-                if h.kind != "zeroed" or (vs.model.sequential_scan and kind == "persistent"):
-                    reported.append((f.number, h.offset, h.offset + h.length))
-                if h.kind == "truncated_tail":
-                    out.append(Finding("rdq-truncated", f"file ends inside an entry ({h.length} bytes)", str(f.path),
-                                       h.offset, details={"store": kind, "length": h.length}))
-                elif h.kind == "garbage":
-                    out.append(Finding("rdq-garbage", f"{h.length} bytes hold no valid entry", str(f.path), h.offset,
-                                       details={"store": kind, "length": h.length}))
-                elif h.kind == "zeroed" and vs.model.sequential_scan and kind == "persistent":
-                    # <= 3.13.0 stops at a zero size field: everything after it in the file is lost
-                    out.append(Finding("rdq-garbage", f"{h.length} zero bytes: RabbitMQ {vs.model}'s store scan stops "
-                                       "here and loses every message after it in this file", str(f.path), h.offset,
-                                       severity="warning", details={"store": kind, "length": h.length}))
-        out += recorded_location_findings(st, kind, reported)
-        if kind != "persistent":
-            continue
-        status, _ = vs.store_status[kind]
-        for fi, f in enumerate(st.files):
-            sel = st.e_file == fi
+    for f in st.files:
+        out += r_rdq.rejected_findings(f, kind)
+        for h in f.holes:
+            if h.kind != "zeroed" or (vs.model.sequential_scan and kind == "persistent"):
+                reported.append((f.number, h.offset, h.offset + h.length))
+            if h.kind == "truncated_tail":
+                out.append(Finding("rdq-truncated", f"file ends inside an entry ({h.length} bytes)", str(f.path),
+                                   h.offset, details={"store": kind, "length": h.length}))
+            elif h.kind == "garbage":
+                out.append(Finding("rdq-garbage", f"{h.length} bytes hold no valid entry", str(f.path), h.offset,
+                                   details={"store": kind, "length": h.length}))
+            elif h.kind == "zeroed" and vs.model.sequential_scan and kind == "persistent":
+                # <= 3.13.0 stops at a zero size field: everything after it in the file is lost
+                out.append(Finding("rdq-garbage", f"{h.length} zero bytes: RabbitMQ {vs.model}'s store scan stops "
+                                   "here and loses every message after it in this file", str(f.path), h.offset,
+                                   severity="warning", details={"store": kind, "length": h.length}))
+    return out
+
+
+MAX_RECORDED = 64  # rdq-garbage findings per store from msg_store_index.ets records
+MAX_EXAMPLES = 5  # refcount-mismatch examples
+
+
+class _StoreTally:
+    """What the passes saw of one store: sums per file, and the few records findings name."""
+
+    def __init__(self, kind: str, store, files: list) -> None:
+        self.kind, self.store, self.files = kind, store, files
+        self.walked = None  # a read in shares: the store's one walk (``model.store.WalkedStore``)
+        self.reported: list[tuple[int, int, int]] = []  # (file number, start, end) of holes reported
+        n = len(files)
+        self.unreached = np.zeros(n, np.int64)  # entries the version's scan does not reach, per file
+        self.torn = False
+        # per file, for each of ORPHAN and DUPLICATE: entries, bytes, offset of the first
+        self.counts = {code: (np.zeros(n, np.int64), np.zeros(n, np.int64), np.full(n, np.iinfo(np.int64).max))
+                       for code in (StoreStatus.ORPHAN, StoreStatus.DUPLICATE)}
+        self.live_bytes = np.zeros(n, np.int64)
+        self.candidates: list[tuple] = []  # the first recorded messages the files do not hold (recorded_mismatches)
+        self.elsewhere: dict[int, int] = {}  # file number -> records placed in a file the store has no trace of
+        self.past: dict[int, int] = {}  # file number -> records placed past the end of the file
+        self.refcount_bad = 0
+        self.refcount_examples: list[tuple] = []  # (sort key, example): the first ids by key
+
+    def add_status(self, st, status: np.ndarray) -> None:
+        n = len(self.files)
+        for code, (count, nbytes, first) in self.counts.items():
+            hit = status == code
+            count += np.bincount(st.e_file[hit], minlength=n)
+            nbytes += np.bincount(st.e_file[hit], weights=st.e_total[hit], minlength=n).astype(np.int64)
+            np.minimum.at(first, st.e_file[hit], st.e_offset[hit])
+        live = status == StoreStatus.LIVE
+        self.live_bytes += np.bincount(st.e_file[live], weights=st.e_total[live], minlength=n).astype(np.int64)
+
+    def status_findings(self) -> list[Finding]:
+        """Orphans and duplicates per file, and files mostly garbage."""
+        out = []
+        for fi, f in enumerate(self.files):
             for code, label in ((StoreStatus.ORPHAN, "orphan-message"), (StoreStatus.DUPLICATE, "duplicate-copy")):
-                hit = np.flatnonzero(sel & (status == code))
-                if len(hit):
-                    nbytes = int(st.e_total[hit].sum())
+                count, nbytes, first = (int(a[fi]) for a in self.counts[code])
+                if count:
                     what = "no index refers to" if code == StoreStatus.ORPHAN else "are extra copies of"
-                    out.append(Finding(label, f"{len(hit)} entries ({nbytes} bytes) {what} messages "
+                    out.append(Finding(label, f"{count} entries ({nbytes} bytes) {what} messages "
                                        f"{'(garbage until compaction)' if code == StoreStatus.ORPHAN else 'already stored'}",
-                                       str(f.path), int(st.e_offset[hit[0]]),
-                                       details={"entries": len(hit), "bytes": nbytes}))
-            size = f.size
-            live = int(st.e_total[sel & (status == StoreStatus.LIVE)].sum())
+                                       str(f.path), first, details={"entries": count, "bytes": nbytes}))
+            size, live = f.size, int(self.live_bytes[fi])
             if size > (1 << 20) and live * 2 < size:
                 out.append(Finding("fragmented-file", f"{size - live} of {size} bytes are garbage "
                                    f"({100 * (size - live) // size}%): compaction would reclaim them", str(f.path),
                                    details={"size": size, "live_bytes": live}))
-        for fi, o, t, i in st.bad:
-            out.append(Finding("msg-corrupt", f"entry for {i.hex()} ({t} bytes) lacks its 255 write marker: a torn "
-                               "write, skipped by every version", str(st.files[fi].path), o,
-                               details={"msg_id": i.hex(), "total_size": t}))
-        if st.recorded is not None:
-            refs = vs.references[kind]
-            bad = 0
-            examples = []
-            for raw, rec in st.recorded.items():
-                g = refs.ids.lookup(np.frombuffer(raw, "V16"))[0] if len(raw) == 16 else -1
-                computed = int(refs.count[g]) if g >= 0 else 0
-                if rec[0] != computed:
-                    bad += 1
-                    if len(examples) < 5:
-                        examples.append({"msg_id": raw.hex(), "recorded": rec[0], "computed": computed})
-            if bad:
-                out.append(Finding("refcount-mismatch", f"{bad} reference counts in msg_store_index.ets differ from "
-                                   "what the queue indexes hold", str(st.store.msg_store_index),
-                                   details={"ids": bad, "examples": examples}))
-    return out
+        return out
+
+    def add_refcounts(self, st, refs) -> None:
+        """Recorded reference counts (msg_store_index.ets) against what the indexes hold."""
+        for raw, rec in st.recorded.items():
+            g = refs.ids.lookup(np.frombuffer(raw, "V16"))[0] if _is_id(raw) else -1
+            computed = int(refs.count[g]) if g >= 0 else 0
+            if rec[0] != computed:
+                self.refcount_bad += 1
+                key = _key(raw)
+                if len(self.refcount_examples) < MAX_EXAMPLES or key < self.refcount_examples[-1][0]:
+                    ex = {"msg_id": raw.hex() if isinstance(raw, bytes) else repr(raw), "recorded": rec[0],
+                          "computed": computed}
+                    self.refcount_examples = sorted(self.refcount_examples + [(key, ex)],
+                                                    key=lambda kv: kv[0])[:MAX_EXAMPLES]
+
+    def add_recorded(self, st) -> None:
+        cands, elsewhere, past = recorded_mismatches(st, self.reported)
+        self.candidates = heapq.nsmallest(MAX_RECORDED, self.candidates + cands)
+        for mine, got in ((self.elsewhere, elsewhere), (self.past, past)):
+            for n, c in got.items():
+                mine[n] = mine.get(n, 0) + c
+
+    def recorded_findings(self) -> list[Finding]:
+        """``rdq-garbage`` where a clean stop's ``msg_store_index.ets`` records a message the file
+        does not hold (``recorded_mismatches``), and ``term-file-damaged`` when it places messages
+        where the store has no files or bytes. A read in shares saw the entries of the record's
+        share only: what lies where another share's entry lies is looked up in the walk."""
+        cands = self.candidates
+        found = _entries_at(self.walked, [(fi, off) for fi, off, _, _, got in cands if got is None]) \
+            if self.walked is not None else set()
+        out = []
+        for fi, offset, raw, total, got in cands:
+            if got is None and (fi, offset) in found:
+                got = "another id"  # another share's entry: another id
+            f = self.files[fi]
+            there = "no entry" if got is None else f"an entry of {got}"
+            out.append(Finding("rdq-garbage", f"the clean stop's msg_store_index.ets records message {raw.hex()} here "
+                               f"({total} bytes), the file holds {there}: the entry was damaged or overwritten"
+                               f"{' (the broker deletes the transient store at boot)' if self.kind == 'transient' else ''}",
+                               str(f.path), offset, severity="info" if self.kind == "transient" else None,
+                               details={"store": self.kind, "msg_id": raw.hex(), "total_size": total}))
+        if not (self.elsewhere or self.past):
+            return out
+        by_number = {f.number: f for f in self.files if f.path.suffix == ".rdq"}
+        sizes = _summary_sizes(self.store.file_summary)
+        # files neither on disk nor in file_summary.ets, or past the end of a file of the size it records
+        gone = sorted([n for n in self.elsewhere if sizes is not None and n not in sizes] +
+                      [n for n in self.past if sizes is not None and sizes.get(n) == by_number[n].size])
+        if gone:  # another store's dump, or a stale one
+            n = sum(self.elsewhere.get(g, 0) + self.past.get(g, 0) for g in gone)
+            out.append(Finding("term-file-damaged", f"the clean stop's msg_store_index.ets places {n} messages where "
+                               f"this store has no entries (files neither on disk nor in file_summary.ets, or past "
+                               f"the end of a file of the size file_summary.ets records: "
+                               f"{', '.join(f'{g}.rdq' for g in gone[:5])}{', ...' if len(gone) > 5 else ''}): "
+                               "another store's dump, or a stale one, which the next clean start trusts"
+                               f"{' (the broker deletes the transient store at boot)' if self.kind == 'transient' else ''}",
+                               str(self.store.msg_store_index), severity="info" if self.kind == "transient" else "warning",
+                               details={"store": self.kind, "files": gone[:64], "messages": n}))
+        return out
 
 
-def recorded_location_findings(st, kind: str, reported: list[tuple[int, int, int]]) -> list[Finding]:
-    """``rdq-garbage`` where a clean stop's ``msg_store_index.ets`` records a message (its
+def recorded_mismatches(st, reported: list[tuple[int, int, int]]) -> tuple[list[tuple], dict, dict]:
+    """Where a clean stop's ``msg_store_index.ets`` records a message (its
     ``#msg_location{msg_id, ref_count, file, offset, total_size}``, which the next clean start
-    reads there without a scan; so on every clean sample, both stores) but the file holds no entry
-    of that id and size: zeroed, or its head changed, which the file's own framing need not show
-    (zeros are a normal hole). Not where a hole is reported already (``reported``). Info in the
-    transient store (every boot deletes it), else warning."""
+    reads there without a scan; so on every clean sample, both stores) but the file holds no
+    entry of that id and size: zeroed, or its head changed, which the file's own framing need not
+    show (zeros are a normal hole); not where a hole is reported already (``reported``). Returns
+    the first ``MAX_RECORDED`` of them by place, ``(file position, offset, id, total, what the
+    file holds there: None (no entry of the scan's), "another id" or "another size")``, and per
+    file number the records placed in no file of the store, or past its end."""
     if not st.clean or not st.recorded:
-        return []
-    by_number = {f.number: f for f in st.files if f.path.suffix == ".rdq"}  # not an appended .rdt
+        return [], {}, {}
+    by_number = {f.number: fi for fi, f in enumerate(st.files) if f.path.suffix == ".rdq"}  # not an appended .rdt
     rdq = [f.path.suffix == ".rdq" for f in st.files]
     held = {(int(st.files[int(fi)].number), int(o)): (i.tobytes(), int(t))
             for fi, o, t, i in zip(st.e_file.tolist(), st.e_offset.tolist(), st.e_total.tolist(), st.e_id)
             if rdq[fi]}
     out = []
-    elsewhere: dict[int, int] = {}  # file number -> records placed in a file the store has no trace of
-    past: dict[int, int] = {}  # file number -> records placed past the end of the file
+    elsewhere: dict[int, int] = {}
+    past: dict[int, int] = {}
     for msg_id, rec in st.recorded.items():
         _, number, offset, total = rec
         if not (isinstance(number, int) and isinstance(offset, int) and isinstance(total, int)):
             continue  # not a #msg_location{}: the dump's own finding (terms.ets_findings)
-        f = by_number.get(number)
-        if f is None:
+        fi = by_number.get(number)
+        if fi is None:
             elsewhere[number] = elsewhere.get(number, 0) + 1
             continue
-        if offset + total > f.size:
+        if offset + total > st.files[fi].size:
             past[number] = past.get(number, 0) + 1
             continue
-        if held.get((number, offset)) == (msg_id, total):
-            continue  # no such file, or the file is shorter: the layout's and file_summary.ets' findings
-        if any(n == number and a <= offset < b for n, a, b in reported):
-            continue
         got = held.get((number, offset))
-        there = "no entry" if got is None else f"an entry of {'another id' if got[0] != msg_id else 'another size'}"
-        out.append(Finding("rdq-garbage", f"the clean stop's msg_store_index.ets records message {msg_id.hex()} here "
-                           f"({total} bytes), the file holds {there}: the entry was damaged or overwritten"
-                           f"{' (the broker deletes the transient store at boot)' if kind == 'transient' else ''}",
-                           str(f.path), offset, severity="info" if kind == "transient" else None,
-                           details={"store": kind, "msg_id": msg_id.hex(), "total_size": total}))
-        if len(out) >= 64:
-            break
-    sizes = _summary_sizes(st.store.file_summary)
-    # files neither on disk nor in file_summary.ets, or past the end of a file of the size it records
-    gone = sorted([n for n in elsewhere if sizes is not None and n not in sizes] +
-                  [n for n in past if sizes is not None and sizes.get(n) == by_number[n].size])
-    if gone:  # another store's dump, or a stale one
-        n = sum(elsewhere.get(g, 0) + past.get(g, 0) for g in gone)
-        out.append(Finding("term-file-damaged", f"the clean stop's msg_store_index.ets places {n} messages where this "
-                           f"store has no entries (files neither on disk nor in file_summary.ets, or past the end of "
-                           f"a file of the size file_summary.ets records: "
-                           f"{', '.join(f'{g}.rdq' for g in gone[:5])}{', ...' if len(gone) > 5 else ''}): another "
-                           "store's dump, or a stale one, which the next clean start trusts"
-                           f"{' (the broker deletes the transient store at boot)' if kind == 'transient' else ''}",
-                           str(st.store.msg_store_index), severity="info" if kind == "transient" else "warning",
-                           details={"store": kind, "files": gone[:64], "messages": n}))
+        if got == (msg_id, total) or not isinstance(msg_id, bytes) or \
+                any(n == number and a <= offset < b for n, a, b in reported):
+            continue
+        out.append((fi, offset, msg_id, total, None if got is None else
+                    "another id" if got[0] != msg_id else "another size"))
+    return heapq.nsmallest(MAX_RECORDED, out), elsewhere, past
+
+
+def _entries_at(walked, places: list[tuple[int, int]]) -> set[tuple[int, int]]:
+    """Which of ``places`` (file position, offset) hold an entry of the store's walk (any share)."""
+    if not places:
+        return set()
+    want = np.array([fi * (1 << 40) + off for fi, off in places], np.int64)
+    out = set()
+    for k in range(walked.entries.parts):
+        rec = walked.entries.load(k)
+        keys = rec["file"].astype(np.int64) * (1 << 40) + rec["offset"]
+        out.update((int(x) >> 40, int(x) & ((1 << 40) - 1)) for x in keys[np.isin(keys, want)].tolist())
     return out
+
+
+def _is_id(key) -> bool:
+    return isinstance(key, bytes) and len(key) == 16
+
+
+def _key(key) -> tuple:
+    """Records in id order (a read in shares meets them a share, an id range, at a time), any
+    other key after them."""
+    return (0, key, "") if isinstance(key, bytes) else (1, b"", repr(key))
 
 
 def _summary_sizes(path) -> dict[int, int] | None:
@@ -145,15 +275,15 @@ def _summary_sizes(path) -> dict[int, int] | None:
         return None
 
 
-def _interrupted_combines(vs: VhostScan, st) -> list[Finding]:
+def _interrupted_combines(vs: VhostScan, t: _StoreTally) -> list[Finding]:
     """``N.rdt`` files: the tail of a <= 3.12 combine's destination file, left by a kill during
     the store's GC (rabbit_msg_store:recover_crashed_compactions)."""
     out = []
-    store = st.store
+    store = t.store
     rdq = {num for num, _ in store.rdq}
     for num, p in store.rdt:
-        pos = next((fi for fi, f in enumerate(st.files) if f.path == p), None)
-        lost = int((~st.reach[st.e_file == pos]).sum()) if pos is not None else 0
+        pos = next((fi for fi, f in enumerate(t.files) if f.path == p), None)
+        lost = int(t.unreached[pos]) if pos is not None else 0
         if not vs.model.appends_rdt:
             what = f"RabbitMQ {vs.model} ignores it: messages only it holds are not recovered"
             severity = "info"

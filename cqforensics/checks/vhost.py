@@ -1,5 +1,5 @@
-"""``check_vhost``: every check of one vhost in one pass over its queue indexes, and the
-per-queue verdict: what the next boot delivers, drops, or crashes on."""
+"""``check_vhost``: every check of one vhost in one pass over its queue indexes (one per id share
+for a big vhost), and the per-queue verdict: what the next boot delivers, drops, or crashes on."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import numpy as np
 from cqforensics.codes import Fate
 from cqforensics.errors import display
 from cqforensics.findings import Finding
-from cqforensics.model.vhost import VhostScan
+from cqforensics.model.vhost import VhostScan, passes
 
 from cqforensics.checks.boot import boot_crash_findings, recovery_findings
 from cqforensics.checks.deep import decode_checks
-from cqforensics.checks.index import chunk_findings
+from cqforensics.checks.index import ChunkCheck
 from cqforensics.checks.integrity import CopyCheck, QueueIntegrity, node_findings, vhost_file_findings
-from cqforensics.checks.layout import lost_queue_findings, queue_dir_findings, vhost_dir_findings
-from cqforensics.checks.store import store_checks
+from cqforensics.checks.layout import OrphanTally, lost_queue_findings, queue_dir_findings, vhost_dir_findings
+from cqforensics.checks.store import StoreCheck
 
 
 @dataclass
@@ -45,42 +45,68 @@ class QueueVerdict:
 
 
 def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], list[Finding]]:
-    """Every check of one vhost, in one pass over its queue indexes; every finding is placed in
-    the vhost's node and vhost."""
+    """Every check of one vhost, and the verdict of each of its queues; every finding is placed
+    in the vhost's node and vhost. A vhost too big to index at once (``VhostScan.shares``) is
+    checked in one pass per message-id share (``passes``), each holding only that share's store
+    entries and references: a finding about one id (or one index entry) comes from the pass of
+    its share, one about a file, a queue dir or the vhost from the first pass, and the counts
+    the others carry (messages per queue, orphans, bytes per file, ...) are summed over the
+    passes; the verdicts and findings are those of a whole read, in another order."""
     node = vs.node.node.node
     vhost = vs.vhost.name if vs.vhost.name is not None else vs.vhost.label
-    findings = vhost_dir_findings(vs)
+    findings: list[Finding] = []
+    chunks, stores, orphans = ChunkCheck(), StoreCheck(), OrphanTally()
+    held: dict[str, tuple[int, dict[str, int]]] = {}  # queue dir -> (messages its index holds, drops by reason)
+    crashes: dict[str | None, str] = {}
+    for sub in passes(vs):
+        first = sub.share is None or sub.share.k == 0
+        if first:
+            findings += vhost_dir_findings(sub)
+        copies = CopyCheck(sub)
+        for qi, q in enumerate(sub.all_queue_dirs):
+            n_dir, per_dir = held.get(q.dir_name, (0, {}))
+            integrity = QueueIntegrity(sub, first)
+            for ci, qx in enumerate(sub.index_of(q, in_share=False)):
+                if first:
+                    findings += [f.scoped(queue=q.name, priority=q.priority) for f in qx.findings]
+                integrity.add(qx)
+                copies.add(qx)
+                rows = sub.chunk_rows(qx)  # the pass's share of the live entries (None: all)
+                at = np.arange(len(qx.live)) if rows is None else np.flatnonzero(rows[qx.live])
+                qx.live = qx.live[at]
+                res = sub.resolve(qx)
+                chunks.add(sub, (qi, ci), qx, res, at)
+                n_dir += len(qx.live)
+                for code, count in zip(*np.unique(res.fate, return_counts=True)):
+                    name = Fate(code).reason
+                    if name is not None:
+                        per_dir[name] = per_dir.get(name, 0) + int(count)
+                if deep:
+                    findings += decode_checks(sub, qx, res)
+            held[q.dir_name] = (n_dir, per_dir)
+            findings += [f.scoped(queue=q.name, priority=q.priority) for f in integrity.findings()]
+        findings += copies.findings()
+        stores.add(sub, first)
+        orphans.add(sub)
+        if first:
+            crash_findings, crashes = boot_crash_findings(sub)
+            findings += crash_findings
+            findings += recovery_findings(sub)
+            findings += vhost_file_findings(sub)
+    findings += chunks.findings(vs, stores.intact())
+    findings += stores.findings(vs)
+    findings += lost_queue_findings(vs, orphans)
     verdicts: dict[str | None, QueueVerdict] = {}
-    copies = CopyCheck(vs)
     for q in vs.all_queue_dirs:
         v = verdicts.setdefault(q.label, QueueVerdict(display(node), display(vhost), q.label, recovery=vs.recovery))
         v.dirs += 1
         v.index_version = q.index_version or v.index_version
-        known = vs.queue_known(q)
-        per_dir: dict[str, int] = {}
-        n_dir = 0
-        integrity = QueueIntegrity(vs)
-        for qx in vs.scan_queue(q):
-            findings += chunk_findings(vs, qx)
-            integrity.add(qx)
-            copies.add(qx)
-            res = vs.resolve(qx)
-            n_dir += len(qx.live)
-            for code, count in zip(*np.unique(res.fate, return_counts=True)):
-                name = Fate(code).reason
-                if name is not None:
-                    per_dir[name] = per_dir.get(name, 0) + int(count)
-            if deep:
-                findings += decode_checks(vs, qx, res)
+        n_dir, per_dir = held.get(q.dir_name, (0, {}))
         v.messages += n_dir
         v.predicted_after_restart += n_dir - sum(per_dir.values())
         for k, c in per_dir.items():
             v.drops[k] = v.drops.get(k, 0) + c
-        findings += queue_dir_findings(q, known, n_dir, per_dir)
-        findings += [f.scoped(queue=q.name, priority=q.priority) for f in integrity.findings()]
-    findings += copies.findings()
-    crash_findings, crashes = boot_crash_findings(vs)
-    findings += crash_findings
+        findings += queue_dir_findings(q, vs.queue_known(q), n_dir, per_dir)
     for label, what in crashes.items():
         verdicts[label].crash = what
     if vs.clean_crashes[1]:
@@ -89,10 +115,6 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
     if vs.node.boot_hangs:
         for v in verdicts.values():
             v.crash = "node"
-    findings += store_checks(vs)
-    findings += lost_queue_findings(vs)
-    findings += recovery_findings(vs)
-    findings += vhost_file_findings(vs)
     scoped = [f.scoped(node=node, vhost=vhost) for f in findings]
     if vs.node.vhosts and vs is vs.node.vhosts[0]:  # the node's own files: once per node, with its first vhost
         scoped += [f.scoped(node=node) for f in node_findings(vs.node)]

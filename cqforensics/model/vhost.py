@@ -674,3 +674,27 @@ def collect_evidence(ns: NodeScan) -> versions.Evidence:
                 if len(head) == start + _TERM_HEAD:
                     versions.term_evidence(head[-_TERM_HEAD:], ev)
     return ev
+
+
+def passes(vs: VhostScan) -> Iterator[VhostScan]:
+    """The scans a read or check of a whole vhost is made of: ``vs`` itself when it is read
+    whole, else one per id share in share order (``vs`` for its own share, when it is a scan of
+    one). Each is made from the one before, so the vhost-wide facts one computes (crashes,
+    recovery starts, the spilled walks) serve the next, and closed once the next is made; they
+    end up in ``vs``."""
+    parts = vs.share.parts if vs.share is not None else vs.shares
+    if vs.share is None and parts == 1:
+        yield vs
+        return
+    prev = vs
+    try:
+        for k in range(parts):
+            sub = vs if vs.share is not None and vs.share.k == k else prev.share_scan(k, parts)
+            if prev is not vs:
+                prev.close()
+            prev = sub
+            yield sub
+        vs.__dict__.update({key: val for key, val in prev.__dict__.items() if key in VhostScan.VHOST_WIDE})
+    finally:
+        if prev is not vs:
+            prev.close()
