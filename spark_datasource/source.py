@@ -21,9 +21,21 @@ inherited ``pushFilters``, which pushes nothing). Pruning at planning is what th
 
 from __future__ import annotations
 
+import gc
+import json
+import os
+import time
+
+import pyarrow as pa
+from pyspark import TaskContext
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+# imported with the module (once per Python worker, when the first task unpickles the reader),
+# not per task or per batch
+from cqforensics import core, driver
+from cqforensics.model.options import narrowed
+from cqforensics.tables import BUILDERS
 from spark_datasource import options as opt
 from spark_datasource.plan import Unit, check_columns, pack, plan_units
 from spark_datasource.schema import arrow_schema, struct_type
@@ -75,21 +87,18 @@ class RabbitCQReader(DataSourceReader):
         return [UnitsPartition(p) for p in pack(units, s.max_partition_bytes, s.min_partitions)]
 
     def read(self, partition):
-        import pyarrow as pa
-
         units = getattr(partition, "units", None) or []  # read(None) on 4.0 for an empty plan
         expected = arrow_schema(self.schema)
-        for b in read_units(units, self.settings, self.columns):
-            yield pa.RecordBatch.from_arrays(b.columns, schema=expected)
+        batches = (pa.RecordBatch.from_arrays(b.columns, schema=expected)
+                   for b in read_units(units, self.settings, self.columns))
+        stats_dir = os.environ.get(TASK_STATS)
+        yield from batches if not stats_dir else _timed(batches, stats_dir, len(units))
 
 
 def read_units(units: list[Unit], s: opt.Settings, columns: list[str]):
     """Batches of the given units through the one read driver (``cqforensics.driver.read``):
     consecutive units of one vhost are read by one scan, so its store is indexed once; a unit of
     one id share of a big vhost is read by a scan of that share only."""
-    from cqforensics import driver
-    from cqforensics.model.options import narrowed
-
     options, scope = narrowed(s.options, s.table, columns), _task_scope()
     if all(u.share is None for u in units):
         yield from driver.read(s.table, options, units=units, columns=columns, queues=s.queues, cache=_VHOST_FACTS,
@@ -117,8 +126,6 @@ def _share_runs(units: list[Unit]):
 
 def _share_builder(table: str, k: int, parts: int):
     """A vhost's batches of ``table`` read as share ``k`` of ``parts`` only."""
-    from cqforensics.tables import BUILDERS
-
     def build(vs):
         sub = vs.share_scan(k, parts)
         try:
@@ -138,10 +145,59 @@ _VHOST_FACTS: dict = {}
 
 def _task_scope():
     """The stage of the running task (None outside a task: nothing is cached)."""
-    from pyspark import TaskContext
-
     tc = TaskContext.get()
     return None if tc is None else tc.stageId()
+
+
+#: a directory in the executors' environment: every task writes there a JSON record of its read
+#: (the core's status and row counts, where the time went); for benchmarks and for checking a
+#: cluster's workers run the compiled core
+TASK_STATS = "CQF_SPARK_TASK_STATS"
+
+
+def _timed(batches, stats_dir: str, units: int):
+    """``batches``, timing the reader (making each batch) apart from Spark (what the worker does
+    with a batch before asking for the next: Arrow IPC to the JVM, which blocks while the JVM is
+    busy)."""
+    counts, gc_runs = dict(core.COUNTS), {"n": 0, "full": 0, "s": 0.0}
+    gc_start = [0.0]
+
+    def on_gc(phase, info):
+        if phase == "start":
+            gc_start[0] = time.perf_counter()
+        else:
+            gc_runs["n"], gc_runs["full"] = gc_runs["n"] + 1, gc_runs["full"] + (info["generation"] == 2)
+            gc_runs["s"] += time.perf_counter() - gc_start[0]
+
+    gc.callbacks.append(on_gc)
+    reader = spark = 0.0
+    rows = nbytes = n = 0
+    start = time.perf_counter()
+    try:
+        while True:
+            t0 = time.perf_counter()
+            b = next(batches, None)
+            t1 = time.perf_counter()
+            reader += t1 - t0
+            if b is None:
+                break
+            rows, nbytes, n = rows + b.num_rows, nbytes + b.nbytes, n + 1
+            yield b
+            spark += time.perf_counter() - t1
+    finally:
+        gc.callbacks.remove(on_gc)
+        tc = TaskContext.get()
+        record = {"pid": os.getpid(), "stage": tc.stageId() if tc else None,
+                  "partition": tc.partitionId() if tc else None, "units": units, "batches": n, "rows": rows,
+                  "arrow_bytes": nbytes, "task_s": time.perf_counter() - start, "reader_s": reader,
+                  "spark_s": spark, "core": core.status(),
+                  "core_rows": core.COUNTS["core"] - counts.get("core", 0),
+                  "reference_rows": core.COUNTS["reference"] - counts.get("reference", 0),
+                  "gc_collections": gc_runs["n"], "gc_full": gc_runs["full"], "gc_s": gc_runs["s"]}
+        name = f"{record['pid']}-{record['stage']}-{record['partition']}-{time.time_ns()}.json"
+        os.makedirs(stats_dir, exist_ok=True)
+        with open(os.path.join(stats_dir, name), "w") as f:
+            json.dump(record, f)
 
 
 __all__ = ["RabbitCQDataSource", "RabbitCQReader", "UnitsPartition"]
