@@ -122,7 +122,11 @@ class Referenced:
     def __init__(self, ids: np.ndarray):
         ids = np.ascontiguousarray(ids).view("V16")
         halves = ids.view(">u8").reshape(-1, 2).astype(np.uint64)  # big-endian halves: bytewise order
-        order = np.lexsort((halves[:, 1], halves[:, 0]))
+        hi, lo = halves[:, 0], halves[:, 1]
+        if ((hi[1:] > hi[:-1]) | ((hi[1:] == hi[:-1]) & (lo[1:] > lo[:-1]))).all():
+            self.sorted = ids.tobytes()  # already sorted and distinct (a model.store.IdSet's ids)
+            return
+        order = np.lexsort((lo, hi))
         keep = np.ones(len(order), bool)
         keep[1:] = (halves[order][1:] != halves[order][:-1]).any(axis=1)
         self.sorted = ids[order[keep]].tobytes()
