@@ -70,3 +70,19 @@ def apply(kind: str, path: Path, rnd: random.Random) -> str:
 
 
 KINDS = ("truncate", "zero", "flip", "junk", "remove", "empty")
+
+
+def middle_third_of_biggest_rdq(node: Path, kind: str) -> Path:
+    """The biggest persistent ``.rdq`` of ``node`` with its middle third ``zeroed``, made
+    ``garbage`` (a fixed byte pattern) or ``truncated`` away (with all after it); returns it."""
+    rdq = max(node.rglob("msg_store_persistent/*.rdq"), key=lambda p: p.stat().st_size)
+    data = bytearray(rdq.read_bytes())
+    lo, hi = len(data) // 3, 2 * len(data) // 3
+    if kind == "zeroed":
+        data[lo:hi] = bytes(hi - lo)
+    elif kind == "garbage":
+        data[lo:hi] = bytes((i * 37 + 11) % 256 for i in range(hi - lo))
+    else:
+        del data[lo:]
+    rdq.write_bytes(bytes(data))
+    return rdq

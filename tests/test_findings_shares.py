@@ -124,16 +124,7 @@ def copy(sample: str, tmp_path: Path) -> Path:
 def test_damaged_store(damage_kind, tmp_path):
     """Crafted damage in the shared store, as tests/test_shares.py makes it."""
     node = copy("4.3.6-kill", tmp_path)
-    rdq = max(node.rglob("msg_store_persistent/*.rdq"), key=lambda p: p.stat().st_size)
-    data = bytearray(rdq.read_bytes())
-    lo, hi = len(data) // 3, 2 * len(data) // 3
-    if damage_kind == "zeroed":
-        data[lo:hi] = bytes(hi - lo)
-    elif damage_kind == "garbage":
-        data[lo:hi] = bytes((i * 37 + 11) % 256 for i in range(hi - lo))
-    else:
-        del data[lo:]
-    rdq.write_bytes(bytes(data))
+    damage.middle_third_of_biggest_rdq(node, damage_kind)
     found = assert_shares_equal_whole(node)
     assert codes(found)["msg-missing"] or codes(found)["rdq-garbage"] or codes(found)["rdq-truncated"]
 

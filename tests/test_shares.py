@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from damage import middle_third_of_biggest_rdq
 
 import cqforensics
 from cqforensics.model import store as m_store
@@ -113,16 +114,7 @@ def test_three_shares_on_a_damaged_store(damage, tmp_path, monkeypatch):
 
     node = tmp_path / "node"
     shutil.copytree(ROOT / "sample_data" / "4.3.6-kill", node, symlinks=True)
-    rdq = max(node.rglob("msg_store_persistent/*.rdq"), key=lambda p: p.stat().st_size)
-    data = bytearray(rdq.read_bytes())
-    lo, hi = len(data) // 3, 2 * len(data) // 3
-    if damage == "zeroed":
-        data[lo:hi] = bytes(hi - lo)
-    elif damage == "garbage":
-        data[lo:hi] = bytes((i * 37 + 11) % 256 for i in range(hi - lo))
-    else:
-        del data[lo:]
-    rdq.write_bytes(bytes(data))
+    middle_third_of_biggest_rdq(node, damage)
     tables = ["messages", "store", "refcounts", "holes", "files", "queues"]
     whole = {t: rows(node, t) for t in tables}
     assert any("body_missing" in r or "truncated" in r or "garbage" in r or "zeroed" in r
