@@ -205,6 +205,10 @@ class Spill:
             if bounds[k + 1] > bounds[k]:
                 self.files[k].write(records[order[bounds[k]:bounds[k + 1]]].tobytes())
 
+    def __len__(self) -> int:
+        """Records in every share (seeking to the end flushes what is buffered)."""
+        return sum(f.seek(0, 2) for f in self.files) // self.dtype.itemsize
+
     def load(self, k: int) -> np.ndarray:
         f = self.files[k]
         f.seek(0)

@@ -269,6 +269,13 @@ class VhostScan:
         self.__dict__.setdefault("crashing_queues", crashes)
         return out, crashes
 
+    def store_entries(self) -> int:
+        """Entries the vhost's stores hold (every share's): counted from the one walk's spill for
+        a vhost read in shares, never by indexing its whole store."""
+        if self.share is None and self.shares > 1:
+            return sum(len(w.entries) for w in self.spill("walks").values())
+        return sum(len(st.e_id) for st in self.stores.values())
+
     @property
     def references(self) -> dict[str, References]:
         return self.index_pass[0]

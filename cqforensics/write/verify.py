@@ -22,7 +22,6 @@ from pathlib import Path
 from cqforensics import exitcodes, layout
 from cqforensics.errors import display
 from cqforensics.checks import check_vhost, qs_overlaps, undelivered
-from cqforensics.model.vhost import passes
 from cqforensics.findings import INFO, Finding
 from cqforensics.model.options import make_options
 from cqforensics.model.vhost import NodeScan
@@ -87,8 +86,7 @@ def verify(paths, broker_version: str | None = None, deep: bool = False,
             try:
                 verdicts, findings = check_vhost(vs, deep)
                 findings += qs_overlaps(vs)
-                # a share at a time: a vhost read in shares never indexes its whole store
-                result.store_entries += sum(len(st.e_id) for sub in passes(vs) for st in sub.stores.values())
+                result.store_entries += vs.store_entries()
             finally:
                 vs.close()
             for v in verdicts:
