@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from cqforensics.schema import PROPERTIES, STRINGS
 
-ABI = 7  # must equal the core's ABI (core/src/lib.rs)
+ABI = 8  # must equal the core's ABI (core/src/lib.rs)
 log = logging.getLogger("cqforensics.core")
 
 try:
@@ -80,6 +80,14 @@ def check_qs(data, offsets: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     out = _native.check_qs(data, np.ascontiguousarray(offsets, np.int64).tobytes(),
                            np.ascontiguousarray(sizes, np.int64).tobytes())
     return np.frombuffer(out, np.int8)
+
+
+def qs_garbage(data, start: int, holes: list[tuple[int, int]], limit: int = 4096):
+    """``(offsets, lengths, resume)`` of at most ``limit`` garbage runs of a ``.qs`` segment's
+    bytes from ``start`` (readers.qs.garbage_runs); ``resume``: where to call again, None when
+    the scan reached the end. A map's pages are dropped behind the scan."""
+    offsets, lengths, resume = _native.qs_garbage(data, start, holes, limit, isinstance(data, mmap.mmap))
+    return np.frombuffer(offsets, np.int64), np.frombuffer(lengths, np.int64), resume
 
 
 # -- message decode --------------------------------------------------------------------------------
@@ -152,4 +160,4 @@ def decode_messages(sources: list, file_ix: np.ndarray, starts: np.ndarray, leng
     return status, cols
 
 
-__all__ = ["ABI", "COUNTS", "FALLBACK", "NO_TERM", "check_qs", "decode_messages", "native", "status", "walk_rdq"]
+__all__ = ["ABI", "COUNTS", "FALLBACK", "NO_TERM", "check_qs", "decode_messages", "qs_garbage", "native", "status", "walk_rdq"]

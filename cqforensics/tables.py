@@ -25,7 +25,7 @@ from cqforensics.codes import (FATE_LABELS, LOCATION_LABELS, AckEvidence, Fate, 
 from cqforensics.codes import labels as code_labels
 from cqforensics.model.index import OFFSET_OUT_OF_RANGE, IndexChunk
 from cqforensics.model.options import DECODED_COLUMNS
-from cqforensics.model.store import IdSet
+from cqforensics.model.store import IdSet, distinct
 from cqforensics.model.vhost import VhostScan, passes
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
@@ -269,7 +269,7 @@ def refcounts_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         computed = np.where(rg >= 0, refs.count[np.maximum(rg, 0)] if len(refs.count) else 0, 0).astype(np.int32)
         # queue lists: distinct names per id, from the (ref id, queue) pairs
         nn = max(1, len(names))
-        pairs = np.unique(refs.pairs // refs.n_queues * nn + name_of[refs.pairs % refs.n_queues]) \
+        pairs = distinct(refs.pairs // refs.n_queues * nn + name_of[refs.pairs % refs.n_queues]) \
             if len(refs.pairs) else np.zeros(0, np.int64)
         ref_to_row = np.full(len(refs.ids), 0, np.int64)
         ref_to_row[rg[rg >= 0]] = np.flatnonzero(rg >= 0)
@@ -386,7 +386,7 @@ def _arrays(cols: dict) -> dict:
 def decode_core(vs: VhostScan, res, rows: slice, ids: np.ndarray, has_id: np.ndarray) -> dict:
     """``decode_reference`` by the compiled core, reading the terms where they are stored; the
     rows it hands back (shapes it does not know) are decoded by the reference and put in place."""
-    used = np.unique(res.body_file[rows][res.body_file[rows] >= 0])
+    used = distinct(res.body_file[rows][res.body_file[rows] >= 0])
     file_ix = np.full(len(res.body_files), -1, np.int32)
     file_ix[used] = np.arange(len(used))
     bf = res.body_file[rows]  # -1: no stored body (and no file at all when every row has none)
@@ -572,14 +572,15 @@ def queue_summaries(vs: VhostScan) -> Iterator[dict]:
             s = out[q.dir_name]
             for qx in sub.scan_queue(q):
                 r, live = qx.rec, qx.live
-                fates = sub.resolve(qx).reasons()
+                counts = np.bincount(sub.resolve(qx).fate, minlength=len(Fate))
                 s["messages"] += len(live)
                 s["bytes"] += int(r.size[live].sum())
                 s["persistent"] += int((r.persistent[live] == 1).sum())
-                s["kept"] += fates.count(None)
-                for f in fates:
-                    if f is not None:
-                        s["drops"][f] = s["drops"].get(f, 0) + 1
+                s["kept"] += int(counts[Fate.DELIVERED])
+                for code in np.flatnonzero(counts).tolist():
+                    if code != Fate.DELIVERED:
+                        reason = Fate(code).reason
+                        s["drops"][reason] = s["drops"].get(reason, 0) + int(counts[code])
                 s["version"] = qx.version
     yield from out.values()
 

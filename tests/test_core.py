@@ -152,6 +152,48 @@ def test_check_qs_equals_reference():
                                   r_qs.check_entries(data, offs, sizes))
 
 
+def _qs_mutations(data: bytes, rng: random.Random, n: int):
+    """``_mutations`` plus damage aimed at entry headers: wrong sizes, flags, CRCs, reserved
+    bytes and a term tag moved (the bytes the scan's resynchronisation keys on)."""
+    yield from _mutations(data, rng, n)
+    entries = [o for kind, o, _, _ in r_qs.scan_entries(data, r_qs.first_entry_offset()) if kind == "entry"] or [64]
+    for _ in range(n):
+        b = bytearray(data)
+        for _ in range(rng.randrange(1, 4)):
+            o = rng.choice(entries) + rng.randrange(9)
+            if o < len(b):
+                b[o] = rng.choice((0, 1, 2, 131, 255, rng.randrange(256)))
+        yield bytes(b)
+
+
+def test_qs_garbage_runs_equal_reference():
+    """Crafted and damaged bytes: the core's garbage runs of a .qs segment (findings
+    qs-garbage / qs-trailing-garbage) equal the reference scan's, with and without a sparse
+    file's holes, whatever the number of runs per call."""
+    files = _files(".qs")
+    assert files
+    rng = random.Random(29)
+    cases = runs = 0
+    header = read_bytes(files[0])[:64]
+    for p in files:
+        for data in [read_bytes(p), *_qs_mutations(read_bytes(p), rng, 15)]:
+            holes = None
+            if rng.random() < 0.3 and len(data) > 200:  # crafted: pretend ranges are a sparse file's holes
+                a = rng.randrange(64, len(data) - 100)
+                holes = [(0, a), (a + rng.randrange(1, 90), len(data) + rng.randrange(0, 50))]
+            ref = list(r_qs.garbage_in(data, 0, holes, reference=True))
+            assert list(r_qs.garbage_in(data, 0, holes)) == ref
+            assert list(r_qs.garbage_in(data, 0, holes, per_call=1)) == ref
+            cases, runs = cases + 1, runs + len(ref)
+    for _ in range(300):  # crafted: a valid header, then random bytes rich in the scan's key bytes
+        data = header + bytes(rng.choice((0, 0, 0, 0, 1, 131, 131, 104, 255, rng.randrange(256)))
+                              for _ in range(rng.randrange(3000)))
+        ref = list(r_qs.garbage_in(data, 0, None, reference=True))
+        assert list(r_qs.garbage_in(data, 0, None, per_call=rng.choice((1, 2, 4096)))) == ref
+        cases, runs = cases + 1, runs + len(ref)
+    assert cases > 300 and runs > 100
+
+
 # -- message decode --------------------------------------------------------------------------------
 
 

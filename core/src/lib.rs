@@ -16,7 +16,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 /// Bumped whenever a function's arguments or results change: the Python side refuses a core
 /// built from other sources (a stale build) and says how to rebuild.
-pub const ABI: u32 = 7;
+pub const ABI: u32 = 8;
 
 /// Row status of `decode_messages`.
 const DECODED: u8 = 0;
@@ -508,11 +508,43 @@ fn check_qs<'py>(
     Ok(PyBytes::new(py, &out))
 }
 
+/// Garbage runs of a `.qs` segment's bytes from `start` (readers.qs.garbage_runs):
+/// `(offsets, lengths, resume)`, native int64 bytes, at most `limit` runs, `resume` the offset to
+/// call again from when the limit cut the scan short (else None). `holes`: a sparse file's holes,
+/// sorted `[start, end)`. A map's pages are dropped behind the scan (`mapped`).
+#[pyfunction]
+#[pyo3(signature = (data, start, holes, limit, mapped=false))]
+fn qs_garbage<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyAny>,
+    start: usize,
+    holes: Vec<(usize, usize)>,
+    limit: usize,
+    mapped: bool,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let view = View::new(data)?;
+    let (ptr, len) = (view.ptr, view.len);
+    let (runs, resume) = py.detach(move || {
+        let bytes: &[u8] = if len == 0 { &[] } else { unsafe { std::slice::from_raw_parts(ptr as *const u8, len) } };
+        if mapped {
+            rdq::pager::start(bytes);
+        }
+        let r = qs::garbage_runs(bytes, start, &holes, limit.max(1));
+        rdq::pager::stop();
+        r
+    });
+    drop(view);
+    let offsets: Vec<i64> = runs.iter().map(|r| r.0 as i64).collect();
+    let lengths: Vec<i64> = runs.iter().map(|r| r.1 as i64).collect();
+    (PyBytes::new(py, as_bytes(&offsets)), PyBytes::new(py, as_bytes(&lengths)), resume).into_pyobject(py)
+}
+
 #[pymodule]
 fn cqforensics_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ABI", ABI)?;
     m.add_function(wrap_pyfunction!(walk_rdq, m)?)?;
     m.add_function(wrap_pyfunction!(decode_messages, m)?)?;
     m.add_function(wrap_pyfunction!(check_qs, m)?)?;
+    m.add_function(wrap_pyfunction!(qs_garbage, m)?)?;
     Ok(())
 }

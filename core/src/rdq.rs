@@ -14,7 +14,7 @@ const CHECK_EVERY: usize = 1 << 20; // how often a long scan reports its progres
 /// reader's `files.drop_pages`): they stay in the page cache and fault back in if read again,
 /// but leave the process's RSS, so a walk of a huge file keeps its memory flat. Only ever
 /// enabled for a map (on heap memory MADV_DONTNEED would zero the pages).
-mod pager {
+pub(crate) mod pager {
     use std::cell::Cell;
 
     const STEP: usize = 16 << 20;

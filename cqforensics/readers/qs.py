@@ -173,25 +173,37 @@ def _holes(extents, end: int) -> dict[int, int]:
 
 def _next_hole(holes: dict[int, int], o: int, end: int) -> int:
     """Where the next hole after ``o`` starts (``end`` when none)."""
-    return min((h for h in holes if h > o), default=end)
+    return min(min((h for h in holes if h > o), default=end), end)
 
 
-def garbage_runs(path: Path, start: int):
+def garbage_runs(path: Path, start: int, reference: bool = False):
     """(offset, length) of every run of bytes at or after ``start`` that is neither an entry nor
     zeros (QS2 leaves only zero-filled gaps: junk, a torn write, or a damaged entry); none for a
     file with a bad header (``qs-bad-header``'s) or one that is not a regular file. Mapped, and
-    a large file walked by its data extents."""
+    a large file walked by its data extents; by the compiled core when it is built, else (or
+    with ``reference=True``) by ``scan_entries``."""
     try:
         data = map_file(path)
     except CQError:  # not a regular file, or unreadable: the index checks say so
         return
-    size = len(data)
-    if size < c_qs.HEADER_SIZE or data[:4] != c_qs.MAGIC or data[4] != c_qs.VERSION:
+    yield from garbage_in(data, start, data_extents(path, len(data)) if len(data) > (64 << 20) else None, reference)
+
+
+def garbage_in(data, start: int, extents=None, reference: bool = False, per_call: int = 4096):
+    """``garbage_runs`` of a segment's bytes (``extents``: ``files.data_extents``, or None); the
+    core finds at most ``per_call`` runs per call (a hostile file may hold millions)."""
+    if len(data) < c_qs.HEADER_SIZE or data[:4] != c_qs.MAGIC or data[4] != c_qs.VERSION:
         return
-    extents = data_extents(path, size) if size > (64 << 20) else None
-    for kind, off, end, zeroed in scan_entries(data, max(start, first_entry_offset()), extents):
-        if kind == "gap" and not zeroed:
-            yield off, end - off
+    o = max(start, first_entry_offset())
+    if reference or core.native() is None:
+        for kind, off, end, zeroed in scan_entries(data, o, extents):
+            if kind == "gap" and not zeroed:
+                yield off, end - off
+        return
+    holes = sorted(_holes(extents, len(data)).items())
+    while o is not None:
+        offsets, lengths, o = core.qs_garbage(data, o, holes, per_call)
+        yield from zip(offsets.tolist(), lengths.tolist())
 
 
 def trailing_garbage(path: Path, start: int) -> tuple[int, int] | None:

@@ -45,6 +45,7 @@ from cqforensics.model.recovery import (
     intrinsic_fate,
     qs_fate,
 )
+from cqforensics.model.store import distinct
 from cqforensics.model.versions import BrokerModel
 from cqforensics.model.versions import model as version_model
 from cqforensics.model.vhost import NodeScan, VhostScan
@@ -462,7 +463,7 @@ def _kept_files(vs: VhostScan, ctx: RewriteContext, node: str, vhost: str | None
     if not kept:
         return kept, np.zeros(0, np.int64)
     sel = np.isin(st.e_file, list(kept))
-    return kept, np.unique(st.e_file[sel].astype(np.int64) * _KEY + st.e_offset[sel])
+    return kept, distinct(st.e_file[sel].astype(np.int64) * _KEY + st.e_offset[sel])
 
 
 def _kept_copies(st, kept: set[int], keys: np.ndarray) -> np.ndarray:
