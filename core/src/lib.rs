@@ -5,6 +5,7 @@
 pub mod amqp091;
 pub mod columns;
 pub mod message;
+pub mod qi;
 pub mod qs;
 pub mod rdq;
 
@@ -539,6 +540,34 @@ fn qs_garbage<'py>(
     (PyBytes::new(py, as_bytes(&offsets)), PyBytes::new(py, as_bytes(&lengths)), resume).into_pyobject(py)
 }
 
+/// The slots of a `.qi` segment (whole slots only), classified, with the records of the used
+/// ones and the slots the reader has findings about (`qi::Slots`): a dict of native-endian
+/// arrays as bytes, `duplicates` as `(slot, first slot, location kind)` tuples.
+#[pyfunction]
+fn qi_slots<'py>(py: Python<'py>, slots: &Bound<'py, PyAny>, expiry_max: u64, offset_cap: u64)
+                 -> PyResult<Bound<'py, PyDict>> {
+    let view = View::new(slots)?;
+    let d = qi::decode(view.slice(), expiry_max, offset_cap);
+    drop(view);
+    let out = PyDict::new(py);
+    out.set_item("klass", PyBytes::new(py, &d.klass))?;
+    out.set_item("malformed", PyBytes::new(py, &d.malformed))?;
+    out.set_item("kind", PyBytes::new(py, &d.kind))?;
+    out.set_item("msg_id", PyBytes::new(py, &d.msg_id))?;
+    for (name, v) in [("persistent", &d.persistent), ("loc", &d.loc)] {
+        out.set_item(name, PyBytes::new(py, as_bytes(v)))?;
+    }
+    for (name, v) in [("expiry", &d.expiry), ("bad_expiry", &d.bad_expiry), ("stray", &d.stray),
+                      ("qs_range", &d.qs_range), ("rejected", &d.rejected), ("used", &d.used),
+                      ("store_offset", &d.store_offset), ("store_size", &d.store_size), ("size", &d.size),
+                      ("live", &d.live)] {
+        out.set_item(name, PyBytes::new(py, as_bytes(v)))?;
+    }
+    out.set_item("status", PyBytes::new(py, as_bytes(&d.status)))?;
+    out.set_item("duplicates", d.duplicates)?;
+    Ok(out)
+}
+
 #[pymodule]
 fn cqforensics_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ABI", ABI)?;
@@ -546,5 +575,6 @@ fn cqforensics_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(decode_messages, m)?)?;
     m.add_function(wrap_pyfunction!(check_qs, m)?)?;
     m.add_function(wrap_pyfunction!(qs_garbage, m)?)?;
+    m.add_function(wrap_pyfunction!(qi_slots, m)?)?;
     Ok(())
 }

@@ -126,20 +126,48 @@ class IndexChunk:
         return loc == Location.SHARED_STORE
 
 
-def _v2_chunk(qdir: QueueDir, number: int, path: Path) -> IndexChunk:
+def _v2_chunk(qdir: QueueDir, number: int, path: Path, reference: bool = False) -> IndexChunk:
     qx = IndexChunk(qdir, 2, [path], segment=number)
-    seg = r_qi.read_qi(path, number)
+    seg = r_qi.read_qi(path, number, reference=reference)
     qx.findings += seg.findings
     if not seg.header_ok:
         qx.bad_segments.add(0)
-    sl, kl = seg.slots, seg.klass
+    kl = seg.klass
+    if seg.records is not None:  # the core made them
+        used, c, live = _core_records(seg)
+    else:
+        used, c, live = _slot_records(seg)
+    c.offset = seg.offsets()[used] if len(used) else c.offset
+    c.seq = seg.from_seq_id + used
+    c.expiry = seg.expiry[used]  # out of range: no value (the reader's finding)
+    qx.rec = c
+    for slot, why in seg.bad_reason.items():
+        qx.errors[int(np.searchsorted(used, slot))] = why
+    qx.live = live  # slot order is SeqId order
+    empty = np.flatnonzero(kl == SlotClass.EMPTY)
+    ghosts = np.flatnonzero(c.kind == RecordKind.GHOST)
+    a = qx.acks = AckRecords.empty(len(empty) + len(ghosts))
+    a.offset[:len(empty)] = seg.offsets()[empty]
+    a.seq[:len(empty)] = seg.from_seq_id + empty
+    a.evidence[:len(empty)] = AckEvidence.V2_ZEROED_SLOT
+    if len(ghosts):
+        g = slice(len(empty), None)
+        a.offset[g], a.seq[g], a.evidence[g] = c.offset[ghosts], c.seq[ghosts], AckEvidence.V2_DROPPED_BY_RECOVERY
+        gs = r_qi.take(seg.slots, used[ghosts])
+        a.msg_id[g] = gs["msg_id"]
+        a.has_id[g] = gs["loc_kind"] == Location.SHARED_STORE
+    qx.header = SegmentHeader(seg.header_ok, seg.from_seq_id, seg.to_seq_id, len(used), len(qx.live))
+    return qx
+
+
+def _slot_records(seg) -> tuple[np.ndarray, Records, np.ndarray]:
+    """(used slots, their records without offset/seq/expiry, live positions), the reference."""
+    kl = seg.klass
     used = np.flatnonzero(kl != SlotClass.EMPTY)
     c = Records.empty(len(used))
-    s = r_qi.take(sl, used)
-    c.offset = seg.offsets()[used]
+    s = r_qi.take(seg.slots, used)
     c.kind = np.where(kl[used] == SlotClass.GHOST, RecordKind.GHOST,
                       np.where(kl[used] == SlotClass.BAD, RecordKind.BAD, RecordKind.PUBLISH)).astype(np.uint8)
-    c.seq = seg.from_seq_id + used
     c.persistent = (s["flags"] & 1).astype(np.int8)
     c.loc = np.where((s["loc_kind"] <= Location.QUEUE_STORE) & ~seg.malformed[used], s["loc_kind"],
                      Location.NONE).astype(np.int8)
@@ -150,24 +178,25 @@ def _v2_chunk(qdir: QueueDir, number: int, path: Path) -> IndexChunk:
     c.store_offset = np.where(is_qs, np.minimum(s["qs_offset"], np.uint64(OFFSET_OUT_OF_RANGE)), 0).astype(np.int64)
     c.store_size = np.where(is_qs, s["qs_size"], 0).astype(np.int64)
     c.size = s["size"].astype(np.int64)
-    c.expiry = seg.expiry[used]  # out of range: no value (the reader's finding)
     c.status = s["status"].astype(np.int32)
-    qx.rec = c
-    for slot, why in seg.bad_reason.items():
-        qx.errors[int(np.searchsorted(used, slot))] = why
-    qx.live = np.flatnonzero(s["status"] == 1)  # slot order is SeqId order
-    empty = np.flatnonzero(kl == SlotClass.EMPTY)
-    ghosts = np.flatnonzero(kl[used] == SlotClass.GHOST)
-    a = qx.acks = AckRecords.empty(len(empty) + len(ghosts))
-    a.offset[:len(empty)] = seg.offsets()[empty]
-    a.seq[:len(empty)] = seg.from_seq_id + empty
-    a.evidence[:len(empty)] = AckEvidence.V2_ZEROED_SLOT
-    g = slice(len(empty), None)
-    a.offset[g], a.seq[g], a.evidence[g] = c.offset[ghosts], c.seq[ghosts], AckEvidence.V2_DROPPED_BY_RECOVERY
-    a.msg_id[g] = s["msg_id"][ghosts]
-    a.has_id[g] = s["loc_kind"][ghosts] == Location.SHARED_STORE
-    qx.header = SegmentHeader(seg.header_ok, seg.from_seq_id, seg.to_seq_id, len(used), len(qx.live))
-    return qx
+    return used, c, np.flatnonzero(s["status"] == 1)
+
+
+def _core_records(seg) -> tuple[np.ndarray, Records, np.ndarray]:
+    """``_slot_records`` from the core's decode of the slots (readers.qi.slot_facts)."""
+    d = seg.records
+    used = np.frombuffer(d["used"], np.int64)
+    c = Records.empty(len(used))
+    c.kind = np.frombuffer(d["kind"], np.uint8)
+    c.persistent = np.frombuffer(d["persistent"], np.int8)
+    c.loc = np.frombuffer(d["loc"], np.int8)
+    c.msg_id = np.frombuffer(d["msg_id"], ID)
+    c.store_offset = np.frombuffer(d["store_offset"], np.int64)
+    c.store_size = np.frombuffer(d["store_size"], np.int64)
+    c.size = np.frombuffer(d["size"], np.int64)
+    c.status = np.frombuffer(d["status"], np.int32)
+    seg.records = None  # handed over: the segment keeps only what its own readers use
+    return used, c, np.frombuffer(d["live"], np.int64)
 
 
 _V1_KIND = {"publish": RecordKind.PUBLISH, "deliver": RecordKind.DELIVER, "ack": RecordKind.ACK}

@@ -93,6 +93,18 @@ def distinct(values: np.ndarray) -> np.ndarray:
     return v[np.concatenate(([True], v[1:] != v[:-1]))] if len(v) else v
 
 
+def _search(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(keys, queries)``, the queries searched in sorted order: consecutive
+    searches then walk the same parts of ``keys`` (random ids searched in random order miss the
+    cache at every step: 2x slower, 4096 ids into 200 k measured)."""
+    if len(queries) < 256:
+        return np.searchsorted(keys, queries)
+    order = np.argsort(queries)
+    out = np.empty(len(queries), np.int64)
+    out[order] = np.searchsorted(keys, queries[order])
+    return out
+
+
 def _split(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """16-byte ids as two native uint64 keys (numeric sorts and searches are fast)."""
     halves = ids.view(">u8").reshape(-1, 2)
@@ -138,7 +150,7 @@ class IdSet:
         if not len(ids) or not len(self.ids):
             return out
         qhi, qlo = _split(ids)
-        i = np.minimum(np.searchsorted(self.hi, qhi), len(self.hi) - 1)
+        i = np.minimum(_search(self.hi, qhi), len(self.hi) - 1)
         exact = (self.hi[i] == qhi) & (self.lo[i] == qlo)
         out[exact] = i[exact]
         for k in np.flatnonzero(~exact & (self.hi[i] == qhi)):  # high halves collide: rare

@@ -24,7 +24,8 @@ from cqforensics.codes import SlotClass
 from cqforensics.errors import FormatError
 from cqforensics.findings import Finding
 from cqforensics.grammar import qi as c_qi
-from cqforensics.schema import TS, fit_array
+from cqforensics import core
+from cqforensics.schema import TS, TS_MAX_US, fit_array
 from cqforensics.readers.files import map_file, read_bytes
 
 EMPTY, LIVE, GHOST, BAD = SlotClass.EMPTY, SlotClass.LIVE, SlotClass.GHOST, SlotClass.BAD
@@ -45,6 +46,7 @@ class QiSegment:
     tail_bytes: int = 0  # bytes of a partial last slot
     findings: list[Finding] = field(default_factory=list)
     expiry: np.ndarray | None = None  # int64 per slot, epoch µs; 0 where none or out of range (a finding)
+    records: dict | None = None  # SlotFacts.records
 
     @property
     def seq_ids(self) -> np.ndarray:
@@ -92,9 +94,51 @@ def classify(slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return out, malformed
 
 
+@dataclass
+class SlotFacts:
+    """What the reader makes of a segment's slots (slot positions, in slot order)."""
+
+    klass: np.ndarray  # uint8 SlotClass per slot
+    malformed: np.ndarray  # bool per slot
+    expiry: np.ndarray  # int64 per slot, epoch µs; 0 where none or out of range
+    bad_expiry: np.ndarray  # used slots whose expiry does not fit a timestamp (a finding each)
+    stray: np.ndarray  # status-0 slots with bytes but no location
+    qs_range: np.ndarray  # used .qs slots whose offset is >= 2^63
+    rejected: np.ndarray  # bad or malformed slots
+    duplicates: list  # duplicate_slots
+    records: dict | None = None  # the core's records of the used slots (model.index._v2_chunk)
+
+
+#: the largest expiry a timestamp column holds (schema.fit_array's bound for a uint64 field)
+_EXPIRY_MAX = min(TS_MAX_US, (1 << 63) - 1)
+
+
+def slot_facts(slots: np.ndarray, reference: bool = False) -> SlotFacts:
+    """The slots' classes, expiries and the slots with findings: by the compiled core (with
+    the used slots' records) unless ``reference``, else vectorised here."""
+    native = None if reference else core.native()
+    if native is not None:
+        from cqforensics.model.index import OFFSET_OUT_OF_RANGE
+
+        d = native.qi_slots(np.ascontiguousarray(slots).view(np.uint8), _EXPIRY_MAX, OFFSET_OUT_OF_RANGE)
+        ints = {k: np.frombuffer(d[k], np.int64) for k in ("expiry", "bad_expiry", "stray", "qs_range", "rejected")}
+        return SlotFacts(np.frombuffer(d["klass"], np.uint8), np.frombuffer(d["malformed"], np.bool_), ints["expiry"],
+                         ints["bad_expiry"], ints["stray"], ints["qs_range"], ints["rejected"], d["duplicates"], d)
+    klass, malformed = classify(slots)
+    expiry, bad_expiry = fit_array(slots["expiry"], TS, none=0)
+    used = klass != EMPTY
+    stray = (klass == GHOST) & (slots["loc_kind"] != 1) & (slots["loc_kind"] != 2)
+    qs_range = (slots["qs_offset"] >= 1 << 63) & (slots["loc_kind"] == 2) & used
+    return SlotFacts(klass, malformed, expiry, np.flatnonzero(bad_expiry & used), np.flatnonzero(stray),
+                     np.flatnonzero(qs_range), np.flatnonzero((klass == BAD) | malformed),
+                     duplicate_slots(slots, klass))
+
+
 def read_qi(path: Path, number: int, segment_entry_count: int = c_qi.DEFAULT_SEGMENT_ENTRY_COUNT,
-            data: bytes | None = None) -> QiSegment:
-    """Decode one segment file. Never raises on damaged content."""
+            data: bytes | None = None, reference: bool = False) -> QiSegment:
+    """Decode one segment file. Never raises on damaged content. The slots are judged by the
+    compiled core when it is built, else (or with ``reference=True``) by ``slot_facts``'s numpy
+    reference."""
     data = read_bytes(path) if data is None else data
     findings: list[Finding] = []
     header_ok = len(data) >= c_qi.HEADER_SIZE and data[:4] == c_qi.MAGIC and data[4] == c_qi.VERSION
@@ -137,26 +181,25 @@ def read_qi(path: Path, number: int, segment_entry_count: int = c_qi.DEFAULT_SEG
         n, tail = max_slots, 0
     slots = (np.frombuffer(data, _RAW, count=n, offset=c_qi.HEADER_SIZE).copy().view(c_qi.ENTRY_DTYPE) if n
              else np.zeros(0, c_qi.ENTRY_DTYPE))
-    klass, malformed = classify(slots)
-    seg = QiSegment(path, number, len(data), header_ok, from_seq, to_seq, slots, klass, malformed,
-                    tail_bytes=tail, findings=findings)
-    seg.expiry, bad_expiry = fit_array(slots["expiry"], TS, none=0)
-    for i in np.flatnonzero(bad_expiry & (klass != EMPTY)).tolist():
+    facts = slot_facts(slots, reference)
+    seg = QiSegment(path, number, len(data), header_ok, from_seq, to_seq, slots, facts.klass, facts.malformed,
+                    tail_bytes=tail, findings=findings, expiry=facts.expiry, records=facts.records)
+    for i in facts.bad_expiry.tolist():
         findings.append(Finding.out_of_range("expiry", int(slots["expiry"][i]), path,
                                              c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i))
     # an acked slot is zeroed whole; one a dirty recovery dropped keeps its location (1 or 2): a
     # status-0 slot with bytes but no location is neither (never seen in a broker's files)
-    stray = (klass == GHOST) & (slots["loc_kind"] != 1) & (slots["loc_kind"] != 2)
-    for i in np.flatnonzero(stray).tolist():
+    for i in facts.stray.tolist():
         findings.append(Finding("qi-bad-entry", f"slot {i} is empty (status 0) but holds stray bytes and no "
                                 "location: neither an acked slot (all zeros) nor one a recovery dropped; a flipped "
                                 "or overwritten byte (the broker reads it as acked)", str(path),
                                 c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i, severity="warning",
                                 details={"seq_id": from_seq + i}))
-    for i in np.flatnonzero((slots["qs_offset"] >= 1 << 63) & (slots["loc_kind"] == 2) & (klass != EMPTY)).tolist():
+    for i in facts.qs_range.tolist():
         findings.append(Finding.out_of_range("qs_offset", int(slots["qs_offset"][i]), path,
                                              c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i))
-    for i in np.flatnonzero((klass == BAD) | malformed):
+    klass = facts.klass
+    for i in facts.rejected.tolist():
         off = c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * int(i)
         why = strict_parse_error(data[off:off + c_qi.ENTRY_SIZE]) or f"status byte {int(slots['status'][i])}"
         seg.bad_reason[int(i)] = why
@@ -167,7 +210,7 @@ def read_qi(path: Path, number: int, segment_entry_count: int = c_qi.DEFAULT_SEG
                                 details={"seq_id": from_seq + int(i), "status": int(slots["status"][i]),
                                          "flags": int(slots["flags"][i]), "crashes_queue": bool(crash)},
                                 crashes_queue=bool(crash)))
-    findings += duplicate_slots(seg, path)
+    findings += duplicate_findings(seg, path, facts.duplicates)
     if tail:
         off = c_qi.HEADER_SIZE + n * c_qi.ENTRY_SIZE
         status = data[off]
@@ -182,16 +225,16 @@ def read_qi(path: Path, number: int, segment_entry_count: int = c_qi.DEFAULT_SEG
     return seg
 
 
-def duplicate_slots(seg: QiSegment, path: Path) -> list[Finding]:
-    """``index-duplicate-entry``: used slots of one segment that name the same shared-store
-    message id or the same ``.qs`` entry (a slot copied over another: each publish has its own
-    message id and its own ``.qs`` entry). Reported at every later copy, naming the first."""
-    out: list[Finding] = []
-    used = np.flatnonzero(seg.klass != EMPTY)
+def duplicate_slots(slots: np.ndarray, klass: np.ndarray) -> list[tuple[int, int, int]]:
+    """``(slot, first slot, location kind)`` of every used slot of a segment that names the same
+    shared-store message id (kind 1) or the same ``.qs`` entry (kind 2) as an earlier one: the
+    message id copies first, then the ``.qs`` ones, each in slot order."""
+    out: list[tuple[int, int, int]] = []
+    used = np.flatnonzero(klass != EMPTY)
     if len(used) < 2:
         return out
-    s = take(seg.slots, used)
-    for loc, key, what in ((1, s["msg_id"], "message id"), (2, s["qs_offset"], ".qs entry")):
+    s = take(slots, used)
+    for loc, key in ((1, s["msg_id"]), (2, s["qs_offset"])):
         sel = np.flatnonzero(s["loc_kind"] == loc)
         if len(sel) < 2:
             continue
@@ -202,14 +245,24 @@ def duplicate_slots(seg: QiSegment, path: Path) -> list[Finding]:
             continue
         _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
         for k in np.flatnonzero(first[inverse.ravel()] != np.arange(len(sel))).tolist():
-            i, j = int(used[sel[k]]), int(used[sel[first[inverse.ravel()[k]]]])
-            value = keys[k].tobytes().hex() if loc == 1 else int(keys[k])
-            out.append(Finding("index-duplicate-entry", f"slot {i} (seq id {seg.from_seq_id + i}) holds the same "
-                               f"{what} as slot {j} (seq id {seg.from_seq_id + j}): a copy of it", str(path),
-                               c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i,
-                               details={"seq_id": seg.from_seq_id + i, "copy_of_seq_id": seg.from_seq_id + j,
-                                        "copy_of_offset": c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * j,
-                                        "msg_id" if loc == 1 else "qs_offset": value}))
+            out.append((int(used[sel[k]]), int(used[sel[first[inverse.ravel()[k]]]]), loc))
+    return out
+
+
+def duplicate_findings(seg: QiSegment, path: Path, duplicates) -> list[Finding]:
+    """``index-duplicate-entry``: used slots of one segment that name the same shared-store
+    message id or the same ``.qs`` entry (a slot copied over another: each publish has its own
+    message id and its own ``.qs`` entry). Reported at every later copy, naming the first."""
+    out = []
+    for i, j, loc in duplicates:
+        slot = seg.slots[i]
+        what, value = ("message id", slot["msg_id"].tobytes().hex()) if loc == 1 else (".qs entry", int(slot["qs_offset"]))
+        out.append(Finding("index-duplicate-entry", f"slot {i} (seq id {seg.from_seq_id + i}) holds the same "
+                           f"{what} as slot {j} (seq id {seg.from_seq_id + j}): a copy of it", str(path),
+                           c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i,
+                           details={"seq_id": seg.from_seq_id + i, "copy_of_seq_id": seg.from_seq_id + j,
+                                    "copy_of_offset": c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * j,
+                                    "msg_id" if loc == 1 else "qs_offset": value}))
     return out
 
 
