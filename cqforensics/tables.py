@@ -332,12 +332,13 @@ def holes_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         yield b
 
 
-def qs_used(vs: VhostScan, qx: IndexChunk) -> list[tuple[int, int]]:
-    """(offset, length) of the .qs entries the chunk's live records use."""
+def qs_used(vs: VhostScan, qx: IndexChunk) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, lengths) of the .qs entries the chunk's live records use, sorted."""
     r, live = qx.rec, qx.live
     sel = live[r.loc[live] == Location.QUEUE_STORE]
     starts, lengths = r_qs.entry_span(r.store_offset[sel], r.store_size[sel])
-    return sorted(zip(starts.tolist(), lengths.tolist()))
+    order = np.lexsort((lengths, starts))
+    return starts[order], lengths[order]
 
 
 def qs_holes(vs: VhostScan, qx: IndexChunk):
@@ -346,12 +347,14 @@ def qs_holes(vs: VhostScan, qx: IndexChunk):
     qs = vs.qs_files.get(path) if path is not None else None
     if qs is None:
         return
-    o = r_qs.first_entry_offset()
-    for start, length in qs_used(vs, qx) + [(qs.size, 0)]:
-        if start > o:
-            gap = vs.bodies.read(path, o, min(start, qs.size) - o)
-            yield path, o, start - o, "zeroed" if not any(gap) else "stale"
-        o = max(o, start + length)
+    starts, lengths = qs_used(vs, qx)
+    starts, ends = np.append(starts, qs.size), np.append(starts + lengths, qs.size)
+    # where each used range starts against the end of every range before it
+    reached = np.maximum.accumulate(np.concatenate(([r_qs.first_entry_offset()], ends[:-1])))
+    for k in np.flatnonzero(starts > reached).tolist():
+        o, start = int(reached[k]), int(starts[k])
+        gap = vs.bodies.read(path, o, min(start, qs.size) - o)
+        yield path, o, start - o, "zeroed" if not any(gap) else "stale"
 
 
 # -- messages ------------------------------------------------------------------------------------
@@ -657,7 +660,7 @@ def file_rows(vs: VhostScan) -> Iterator[dict]:
                     qs = vs.qs_files.get(path)
                     used = qs_used(vs, qx)
                     yield {**row(path, "qs", c_qs.HEADER_SIZE, header_ok=qs.header_ok if qs else None,
-                                 live_entries=len(used), live_bytes=sum(n for _, n in used)), **qb}
+                                 live_entries=len(used[0]), live_bytes=int(used[1].sum())), **qb}
             else:
                 live = set(qx.live.tolist())
                 for fi, p in enumerate(qx.files):
