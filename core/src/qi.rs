@@ -3,7 +3,27 @@
 //! slots, in one pass; plus the slots the reader has a finding about (the findings' texts stay
 //! in Python).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// A hasher for one u64 key (an id's first 8 bytes, a .qs offset): a multiply that spreads
+/// every input bit into the high bits the table looks at; SipHash is several times slower.
+#[derive(Default)]
+struct Mix(u64);
+
+impl Hasher for Mix {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0 ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(26);
+    }
+}
 
 pub const SLOT: usize = 32;
 pub const HEADER: i64 = 64;
@@ -55,8 +75,13 @@ fn be32(s: &[u8], o: usize) -> u32 {
 /// `offset_cap`: what a .qs offset past int64 is kept as (model.index.OFFSET_OUT_OF_RANGE).
 pub fn decode(slots: &[u8], expiry_max: u64, offset_cap: u64) -> Slots {
     let n = slots.len() / SLOT;
-    let mut o = Slots { klass: vec![EMPTY; n], malformed: vec![0; n], expiry: vec![0; n], ..Default::default() };
-    let (mut id_keys, mut qs_keys) = (Vec::new(), Vec::new()); // (key's first 8 bytes, slot)
+    let mut o = Slots {
+        klass: vec![EMPTY; n], malformed: vec![0; n], expiry: vec![0; n], used: Vec::with_capacity(n),
+        kind: Vec::with_capacity(n), persistent: Vec::with_capacity(n), loc: Vec::with_capacity(n),
+        msg_id: Vec::with_capacity(16 * n), store_offset: Vec::with_capacity(n), store_size: Vec::with_capacity(n),
+        size: Vec::with_capacity(n), status: Vec::with_capacity(n), live: Vec::with_capacity(n), ..Default::default()
+    };
+    let (mut id_keys, mut qs_keys) = (Vec::with_capacity(n), Vec::new()); // (key's first 8 bytes, slot)
     for i in 0..n {
         let s = &slots[i * SLOT..(i + 1) * SLOT];
         let (status, flags, kind) = (s[0], s[1], s[3]);
@@ -124,9 +149,9 @@ pub fn decode(slots: &[u8], expiry_max: u64, offset_cap: u64) -> Slots {
 /// `(slot, first slot, kind)` of the slots whose key (the 16-byte id at offset 4 for kind 1,
 /// the .qs offset for kind 2) an earlier slot holds, in slot order. `keys`: (first 8 bytes of
 /// the key, slot) in slot order; distinct first 8 bytes, the usual case, prove distinct keys.
-fn copies(slots: &[u8], mut keys: Vec<(u64, i64)>, kind: u8) -> Vec<(i64, i64, u8)> {
-    keys.sort_unstable();
-    if !keys.windows(2).any(|w| w[0].0 == w[1].0) {
+fn copies(slots: &[u8], keys: Vec<(u64, i64)>, kind: u8) -> Vec<(i64, i64, u8)> {
+    let mut seen: HashSet<u64, BuildHasherDefault<Mix>> = HashSet::with_capacity_and_hasher(keys.len(), Default::default());
+    if keys.iter().all(|k| seen.insert(k.0)) {
         return Vec::new();
     }
     let key = |slot: i64| {
@@ -135,7 +160,6 @@ fn copies(slots: &[u8], mut keys: Vec<(u64, i64)>, kind: u8) -> Vec<(i64, i64, u
     };
     let mut first: HashMap<&[u8], i64> = HashMap::new();
     let mut out = Vec::new();
-    keys.sort_unstable_by_key(|k| k.1);
     for (_, slot) in keys {
         let f = *first.entry(key(slot)).or_insert(slot);
         if f != slot {
