@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from cqforensics.schema import PROPERTIES, STRINGS
 
-ABI = 8  # must equal the core's ABI (core/src/lib.rs)
+ABI = 9  # must equal the core's ABI (core/src/lib.rs)
 log = logging.getLogger("cqforensics.core")
 
 try:
@@ -88,6 +88,18 @@ def qs_garbage(data, start: int, holes: list[tuple[int, int]], limit: int = 4096
     the scan reached the end. A map's pages are dropped behind the scan."""
     offsets, lengths, resume = _native.qs_garbage(data, start, holes, limit, isinstance(data, mmap.mmap))
     return np.frombuffer(offsets, np.int64), np.frombuffer(lengths, np.int64), resume
+
+
+def read_spans(sources: list, file_ix: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    """Arrow binary: row k the bytes ``[starts[k], starts[k] + lengths[k])`` of
+    ``sources[file_ix[k]]`` (a buffer or an open file's descriptor; cut where it ends; null where
+    ``file_ix[k] < 0``), read a run of nearby spans at a time."""
+    bits, nulls, offsets, data = _native.read_spans(
+        sources, np.ascontiguousarray(file_ix, np.int32).tobytes(), np.ascontiguousarray(starts, np.int64).tobytes(),
+        np.ascontiguousarray(lengths, np.int64).tobytes(), pa.allocate_buffer)
+    n = len(file_ix)
+    return pa.Array.from_buffers(pa.binary(), n, [pa.py_buffer(bits) if nulls else None, pa.py_buffer(offsets), data],
+                                 null_count=nulls)
 
 
 # -- message decode --------------------------------------------------------------------------------
@@ -160,4 +172,4 @@ def decode_messages(sources: list, file_ix: np.ndarray, starts: np.ndarray, leng
     return status, cols
 
 
-__all__ = ["ABI", "COUNTS", "FALLBACK", "NO_TERM", "check_qs", "decode_messages", "qs_garbage", "native", "status", "walk_rdq"]
+__all__ = ["ABI", "COUNTS", "FALLBACK", "NO_TERM", "check_qs", "decode_messages", "qs_garbage", "read_spans", "native", "status", "walk_rdq"]

@@ -166,3 +166,21 @@ def fit_struct(values: dict, typ: pa.StructType) -> list[str]:
             bad.append(f"{name}={str(v)[:40]!r}")
             values[name] = None
     return bad
+
+
+def binary_array(values: list) -> pa.Array:
+    """Bytes (or None) -> Arrow binary with one join, much faster than pa.array on big values."""
+    import numpy as np
+
+    n = len(values)
+    lengths = np.fromiter((0 if v is None else len(v) for v in values), np.int64, n)
+    if lengths.sum() >= 1 << 31:
+        return pa.array(values, pa.binary())  # int32 offsets cannot address it in one buffer
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    valid = np.fromiter((v is not None for v in values), bool, n)
+    nulls = int(n - valid.sum())
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little").tobytes()) if nulls else None
+    data = b"".join(v for v in values if v is not None)
+    return pa.Array.from_buffers(pa.binary(), n, [bitmap, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data)],
+                                 null_count=nulls)

@@ -240,6 +240,39 @@ def test_qi_decode_equals_reference(tmp_path):
     assert cases > 300
 
 
+def test_read_spans_equals_slicing(tmp_path):
+    """Spans of files read into one binary column (the ``store`` table's terms) hold what
+    slicing each file gives: in and out of order, far apart, repeated, overlapping, past the
+    end of the file, from buffers and from open files, with null rows."""
+    rng = random.Random(37)
+    files = _files(".rdq")[:3]
+    datas = [read_bytes(p) for p in files] + [rng.randbytes(5000)]
+    paths = []
+    for k, d in enumerate(datas):
+        paths.append(tmp_path / f"{k}.bin")
+        paths[-1].write_bytes(d)
+    fds = [os.open(p, os.O_RDONLY) for p in paths]
+    try:
+        for case in range(60):
+            n = rng.randrange(0, 300)
+            fi = np.array([rng.randrange(-1, len(datas)) for _ in range(n)], np.int32)
+            starts = np.array([rng.randrange(0, len(datas[f]) + 50) if rng.random() < 0.5 else
+                               (rng.randrange(0, 200) * 1000) % (len(datas[f]) + 1) for f in fi.tolist()], np.int64)
+            lengths = np.array([rng.choice((0, 1, rng.randrange(1, 100), rng.randrange(1, 3 << 20))) for _ in range(n)],
+                               np.int64)
+            if rng.random() < 0.5:  # runs of nearby spans, as a store's entries are
+                order = np.lexsort((starts, fi))
+                fi, starts, lengths = fi[order], starts[order], lengths[order]
+            want = [None if f < 0 else datas[f][s:s + ln] for f, s, ln in zip(fi.tolist(), starts.tolist(),
+                                                                                lengths.tolist())]
+            for sources in (datas, fds):
+                got = core.read_spans(list(sources), fi, starts, lengths)
+                assert got.to_pylist() == want
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 # -- message decode --------------------------------------------------------------------------------
 
 

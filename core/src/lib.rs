@@ -17,7 +17,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 /// Bumped whenever a function's arguments or results change: the Python side refuses a core
 /// built from other sources (a stale build) and says how to rebuild.
-pub const ABI: u32 = 8;
+pub const ABI: u32 = 9;
 
 /// Row status of `decode_messages`.
 const DECODED: u8 = 0;
@@ -456,6 +456,76 @@ fn decode_messages<'py>(
     Ok(out_dict)
 }
 
+/// The bytes of many spans of files as one Arrow binary column (the `store` table's raw terms):
+/// row k is `[starts[k], starts[k] + lens[k])` of `sources[file_ix[k]]` (cut where it ends; null
+/// when `file_ix[k] < 0`), read a run of nearby spans at a time like `decode_messages`' terms.
+/// Returns `(validity bits, null count, int32 offsets, data buffer from `alloc`)`.
+#[pyfunction]
+fn read_spans<'py>(
+    py: Python<'py>,
+    sources: &Bound<'py, PyList>,
+    file_ix: &[u8],
+    starts: &[u8],
+    lens: &[u8],
+    alloc: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let ints = |b: &[u8]| b.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().unwrap())).collect::<Vec<_>>();
+    let file_ix: Vec<i32> = file_ix.chunks_exact(4).map(|c| i32::from_ne_bytes(c.try_into().unwrap())).collect();
+    let (starts, lens) = (ints(starts), ints(lens));
+    let n = file_ix.len();
+    if starts.len() != n || lens.len() != n {
+        return Err(pyo3::exceptions::PyValueError::new_err("read_spans: arguments differ in length"));
+    }
+    let sources = sources.iter().map(|b| Source::new(&b)).collect::<PyResult<Vec<Source>>>()?;
+    let source = |k: usize| usize::try_from(file_ix[k]).ok().and_then(|f| sources.get(f));
+    let total = (0..n).filter_map(|k| source(k).map(|f| f.cut(starts[k], lens[k]))).fold(0usize, usize::saturating_add);
+    if total > i32::MAX as usize {
+        return Err(pyo3::exceptions::PyValueError::new_err("read_spans: more bytes than int32 offsets address"));
+    }
+    let (data, view) = pool_buffer(alloc, total)?;
+    // SAFETY: the new buffer, writable, not yet shared with any Python code
+    let out: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(view.buf_ptr() as *mut u8, total) };
+    let mut window = Window { bytes: SCRATCH.with(|cell| cell.take()), file: -1, start: 0 };
+    let mut offsets: Vec<i32> = Vec::with_capacity(n + 1);
+    offsets.push(0);
+    let mut valid = Validity::default();
+    let mut at_out = 0usize;
+    for k in 0..n {
+        let got = match source(k) {
+            None => None,
+            Some(Source::Mem(v)) => {
+                let data = v.slice();
+                let s = (starts[k].max(0) as usize).min(data.len());
+                let e = s.saturating_add(lens[k].max(0) as usize).min(data.len());
+                Some(&data[s..e])
+            }
+            Some(f @ Source::File(fd, _)) => {
+                let len = f.cut(starts[k], lens[k]);
+                let at = starts[k].max(0) as u64;
+                if !window.holds(file_ix[k], at, len) {
+                    let end = window_end(&file_ix, &starts, &lens, f, k, at + len as u64);
+                    window.fill(*fd, file_ix[k], at, (end - at) as usize);
+                }
+                Some(window.term(at, len))
+            }
+        };
+        if let Some(b) = got {
+            out[at_out..at_out + b.len()].copy_from_slice(b);
+            at_out += b.len();
+        }
+        valid.push(got.is_some());
+        offsets.push(at_out as i32);
+    }
+    let mut scratch = window.bytes;
+    if scratch.capacity() > 4 * WINDOW {
+        scratch = Vec::new();
+    }
+    scratch.clear();
+    SCRATCH.with(|cell| cell.replace(scratch));
+    let (bits, nulls) = validity(py, &valid);
+    (bits, nulls, PyBytes::new(py, as_bytes(&offsets)), data).into_pyobject(py)
+}
+
 /// Decodes one row's term (None: no term) and records it: its status and its columns. Returns
 /// the body's place in the term, `(offset, length)`, when the body is kept (bodies wanted, and
 /// it fits in the `free` bytes left of the body buffer; else the reference decodes the row).
@@ -576,5 +646,6 @@ fn cqforensics_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_qs, m)?)?;
     m.add_function(wrap_pyfunction!(qs_garbage, m)?)?;
     m.add_function(wrap_pyfunction!(qi_slots, m)?)?;
+    m.add_function(wrap_pyfunction!(read_spans, m)?)?;
     Ok(())
 }

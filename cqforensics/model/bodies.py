@@ -14,10 +14,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
+from cqforensics import core
 from cqforensics.codes import QsStatus
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers.files import map_file, open_file
+from cqforensics.schema import binary_array
 
 
 class Bodies:
@@ -53,6 +56,16 @@ class Bodies:
                 data, last = self._data(path), path
             out.append(data[start:start + length])
         return out
+
+    def column(self, paths: list[Path], file_ix: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
+        """Arrow binary: row k the bytes ``[starts[k], starts[k] + lengths[k])`` of
+        ``paths[file_ix[k]]`` (fewer where the file ends first), by the compiled core (read a run
+        of nearby spans at a time straight into the column) when it is built, else span by span."""
+        if core.native() is None:
+            return binary_array(self.read_many([paths[f] for f in file_ix.tolist()], starts.tolist(), lengths.tolist()))
+        used, local = np.unique(file_ix, return_inverse=True)
+        return core.read_spans(self.descriptors([paths[f] for f in used.tolist()]), local.astype(np.int32),
+                               starts, lengths)
 
     def descriptors(self, paths: list[Path]) -> list[int]:
         """A descriptor of each of ``paths`` open for reading, all valid together (the compiled
