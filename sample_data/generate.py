@@ -559,7 +559,14 @@ def generate(name: str, out: Path, work: Path) -> dict:
         b.start()
         sc = Scenario(b, profile)
         sc.run()
-        time.sleep(1)  # let the metadata store settle: a kill -9 should hit messages, not declarations
+        # a kill -9 should hit messages, not declarations: wait until the metadata files hold every
+        # durable declaration the way the next boot recovers it (Broker.wait_durable)
+        durable: dict[str, list[str]] = {}
+        for (vhost, name), q in sc.queues.items():
+            if not q.get("exclusive"):
+                durable.setdefault(vhost, []).append(name)
+        for vhost, names in durable.items():
+            b.wait_durable(*names, vhost=vhost)
         stopped_at = now_ms()
         if stop == "clean":
             b.stop()

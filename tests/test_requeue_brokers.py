@@ -83,6 +83,7 @@ def test_kill_during_mass_requeue_gives_no_error_and_an_exact_prediction(version
         conn = pika.BlockingConnection(pika.URLParameters(b.url))
         ch = conn.channel()
         ch.queue_declare("rq", durable=True)
+        b.wait_durable("rq")  # the kill below must not take the declaration with it
         consumer = conn.channel()
         consumer.basic_qos(prefetch_count=n + 10)
         got = [0]
@@ -151,6 +152,7 @@ def test_kill_during_publish_and_acking_consumer_gives_no_error(version, broker_
             conn = pika.BlockingConnection(pika.URLParameters(b.url))
             ch = conn.channel()
             ch.queue_declare("rq", durable=True, arguments={"x-queue-version": 2})  # 3.10: v1 by default
+            b.wait_durable("rq")  # the kill below must not take the declaration with it
             stop = [False]
 
             def publish(stop=stop):
@@ -230,6 +232,7 @@ def test_kill_during_compaction_gives_no_error_and_an_exact_prediction(version, 
         ch = conn.channel()
         for q in queues:
             ch.queue_declare(q, durable=True)
+        b.wait_durable(*queues)  # the kill below must not take the declarations with it
         ch.confirm_delivery()
         rng, text = random.Random(7), b"abcdefghij" * 801
         for i in range(n):

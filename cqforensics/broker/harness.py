@@ -16,6 +16,9 @@ at the same absolute path through a bind mount. When we are root the broker runs
 
     with Broker("4.3.6", tmp_path / "run") as b:
         b.start(); ...; b.kill(); b.start(); ...; b.stop()
+
+A test that declares queues and then kills the broker calls ``wait_durable`` between the two:
+declare-ok does not mean the next boot recovers the queue.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ import time
 from pathlib import Path
 
 from cqforensics.broker.runtimes import Runtime, prepare_chroot, runtime
+from cqforensics.errors import OperationalError
+from cqforensics.readers.metadata import read_metadata
 
 NODENAME = "rabbit@localhost"
 
@@ -262,6 +267,32 @@ class Broker:
             raise BrokerError(f"clean stop of RabbitMQ {self.version} failed; killed it instead: {e}") from e
         finally:
             self._proc = None
+
+    def wait_durable(self, *queues: str, vhost: str = "/", timeout: float = 30.0) -> None:
+        """Wait until the node's metadata files hold the declarations of ``queues`` (of ``vhost``)
+        the way its next boot recovers them, so that a kill -9 from now on keeps them.
+
+        Declare-ok comes before that on Mnesia (3.x, 4.0): a declaration is a presume-abort
+        transaction whose commit and then outcome are appended to LATEST.LOG through disk_log's
+        write cache (flushed up to 2 s later); a kill before the outcome is on file and the next
+        boot aborts the declaration. (Khepri, 4.2+, answers once its Ra log holds the command.) Raises
+        BrokerError naming the queues still missing when ``timeout`` runs out.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                meta = read_metadata(self.node_dir)
+            except OperationalError:  # a log file renamed by Mnesia's log dump while we read: look again
+                meta = None
+            missing = [q for q in queues if meta is None or meta.knows(vhost.encode(), q.encode()) is not True]
+            if not missing:
+                return
+            if time.monotonic() >= deadline:
+                raise BrokerError(f"RabbitMQ {self.version}: after {timeout:.0f}s the metadata files of {self.node_dir} "
+                                  f"still lack the durable declaration of {', '.join(map(repr, missing))} in vhost "
+                                  f"{vhost!r} (a kill -9 now would lose it)"
+                                  + (f"; reader notes: {'; '.join(meta.notes)}" if meta and meta.notes else ""))
+            time.sleep(0.1)
 
     def kill(self) -> None:
         """kill -9 the whole broker process group (no clean-shutdown files are written)."""

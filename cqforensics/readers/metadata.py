@@ -5,7 +5,8 @@ message was routed by (``model.routing``).
 * Mnesia (3.x, 4.0-4.1 by default): tables ``rabbit_durable_queue``, ``rabbit_vhost``,
   ``rabbit_durable_exchange`` and ``rabbit_durable_route`` are replayed from their dumps
   (``.DCD``), their logs (``.DCL``) and the transaction logs (``PREVIOUS.LOG``, ``LATEST.LOG``),
-  in that order; ops are ``{{Tab, Key}, Value, write|delete|delete_object}``.
+  in that order; ops are ``{{Tab, Key}, Value, write|delete|delete_object}``. A transaction log's
+  commit of the presume-abort protocol counts only when its ``committed`` outcome is logged too.
 * Khepri (4.2+ by default): the Ra log under ``coordination/<node>/`` is carved for
   ``#amqqueue{}``, ``#vhost{}``, ``#exchange{}`` and ``#binding{}`` records (heuristic: a record
   deleted since its last put may still be listed).
@@ -29,6 +30,9 @@ ROUTE_TABLE = "rabbit_durable_route"
 #: bindings also found in the transaction logs: semi-durable (transient exchange, durable queue) and all
 LOG_ROUTE_TABLES = ("rabbit_semi_durable_route", "rabbit_route")
 TABLES = (TABLE, VHOST_TABLE, EXCHANGE_TABLE, ROUTE_TABLE) + LOG_ROUTE_TABLES
+TRANSACTION_LOGS = ("PREVIOUS.LOG", "LATEST.LOG")
+#: transaction outcomes Mnesia keeps beyond the transaction logs (``{decision_list, [...]}``)
+DECISION_TABLE_LOG = "DECISION_TAB.LOG"
 
 
 @dataclass
@@ -226,7 +230,8 @@ def _mnesia(node: Path) -> Metadata:
                     tables[name][key] = (rec, dcd.name)
         if log.error:
             meta.notes.append(str(log.error))
-    for name in [f"{t}.DCL" for t in TABLES] + ["PREVIOUS.LOG", "LATEST.LOG"]:
+    logs = []
+    for name in [f"{t}.DCL" for t in TABLES] + list(TRANSACTION_LOGS):
         path = node / name
         if not path.exists():
             continue
@@ -234,9 +239,15 @@ def _mnesia(node: Path) -> Metadata:
         log = read_disk_log(path)
         if log.error:
             meta.notes.append(str(log.error))
-        for item in log.items:
-            if isinstance(item, tuple) and item and item[0] == "commit":
+        logs.append((path, log.items))
+    committed = _committed_tids(node, meta, [items for path, items in logs if path.name in TRANSACTION_LOGS])
+    for path, items in logs:
+        for item in items:
+            if isinstance(item, tuple) and len(item) > 2 and item[0] == "commit":
                 # #commit{node, decision, ram_copies, disc_copies, disc_only_copies, ext, schema_ops}
+                if not _commits_at_boot(item[2], committed):
+                    meta.notes.append(f"{path.name}: a transaction without its logged outcome: Mnesia aborts it at boot")
+                    continue
                 for ops in item[3:6]:
                     for op in ops if isinstance(ops, list) else []:
                         apply(op, path.name)
@@ -244,6 +255,48 @@ def _mnesia(node: Path) -> Metadata:
                 apply(item, path.name)
     _fill(meta, tables)
     return meta
+
+
+def _committed_tids(node: Path, meta: Metadata, transaction_logs: list[list]) -> set:
+    """The transactions a ``#decision{tid, outcome = committed, ...}`` of the logs settles, as
+    Mnesia's boot finds them (mnesia_recover: the decision table file, then a scan of the
+    transaction logs before their replay)."""
+    items = []
+    path = node / DECISION_TABLE_LOG
+    if path.exists():
+        meta.files.append(path)
+        log = read_disk_log(path)
+        if log.error:
+            meta.notes.append(str(log.error))
+        for item in log.items:
+            if isinstance(item, tuple) and len(item) == 2 and item[0] == "decision_list" and isinstance(item[1], list):
+                items += item[1]
+    for log_items in transaction_logs:
+        items += log_items
+    out = set()
+    for item in items:
+        if isinstance(item, tuple) and len(item) == 5 and item[0] == "decision" and item[2] == "committed":
+            try:
+                out.add(_frozen(item[1]))
+            except TypeError:  # an unhashable tid: no transaction of ours
+                continue
+    return out
+
+
+def _commits_at_boot(decision, committed: set) -> bool:
+    """Whether Mnesia's boot applies a logged commit (mnesia_recover:wait_for_decision): one of
+    the presume-commit protocol always; one of the presume-abort protocol (a #decision{} record,
+    as queue declarations carry on 3.10.8 and 4.0.5) only when its outcome was logged as
+    committed. The two are appended to the log one after the other, each asynchronously, so a
+    kill -9 can come between them; a node alone then aborts the transaction."""
+    if decision == "presume_commit":
+        return True
+    if not (isinstance(decision, tuple) and len(decision) == 5 and decision[0] == "decision"):
+        return False
+    try:
+        return _frozen(decision[1]) in committed
+    except TypeError:  # an unhashable tid: never logged as committed
+        return False
 
 
 def _carver(atom: bytes) -> re.Pattern:
