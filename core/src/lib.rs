@@ -17,7 +17,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 /// Bumped whenever a function's arguments or results change: the Python side refuses a core
 /// built from other sources (a stale build) and says how to rebuild.
-pub const ABI: u32 = 9;
+pub const ABI: u32 = 10;
 
 /// Row status of `decode_messages`.
 const DECODED: u8 = 0;
@@ -614,10 +614,9 @@ fn qs_garbage<'py>(
 /// ones and the slots the reader has findings about (`qi::Slots`): a dict of native-endian
 /// arrays as bytes, `duplicates` as `(slot, first slot, location kind)` tuples.
 #[pyfunction]
-fn qi_slots<'py>(py: Python<'py>, slots: &Bound<'py, PyAny>, expiry_max: u64, offset_cap: u64)
-                 -> PyResult<Bound<'py, PyDict>> {
+fn qi_slots<'py>(py: Python<'py>, slots: &Bound<'py, PyAny>, expiry_max: u64) -> PyResult<Bound<'py, PyDict>> {
     let view = View::new(slots)?;
-    let d = qi::decode(view.slice(), expiry_max, offset_cap);
+    let d = qi::decode(view.slice(), expiry_max);
     drop(view);
     let out = PyDict::new(py);
     out.set_item("klass", PyBytes::new(py, &d.klass))?;
@@ -629,10 +628,11 @@ fn qi_slots<'py>(py: Python<'py>, slots: &Bound<'py, PyAny>, expiry_max: u64, of
     }
     for (name, v) in [("expiry", &d.expiry), ("bad_expiry", &d.bad_expiry), ("stray", &d.stray),
                       ("qs_range", &d.qs_range), ("rejected", &d.rejected), ("used", &d.used),
-                      ("store_offset", &d.store_offset), ("store_size", &d.store_size), ("size", &d.size),
+                      ("store_size", &d.store_size), ("size", &d.size),
                       ("live", &d.live)] {
         out.set_item(name, PyBytes::new(py, as_bytes(v)))?;
     }
+    out.set_item("store_offset", PyBytes::new(py, as_bytes(&d.store_offset)))?;
     out.set_item("status", PyBytes::new(py, as_bytes(&d.status)))?;
     out.set_item("duplicates", d.duplicates)?;
     Ok(out)

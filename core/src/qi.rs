@@ -54,7 +54,7 @@ pub struct Slots {
     pub persistent: Vec<i8>,
     pub loc: Vec<i8>,
     pub msg_id: Vec<u8>,
-    pub store_offset: Vec<i64>,
+    pub store_offset: Vec<u64>, // as the slot holds it (the model caps one past int64)
     pub store_size: Vec<i64>,
     pub size: Vec<i64>,
     pub status: Vec<i32>,
@@ -71,9 +71,8 @@ fn be32(s: &[u8], o: usize) -> u32 {
     u32::from_be_bytes(s[o..o + 4].try_into().unwrap())
 }
 
-/// `slots`: whole slots only. `expiry_max`: the largest expiry a timestamp column holds;
-/// `offset_cap`: what a .qs offset past int64 is kept as (model.index.OFFSET_OUT_OF_RANGE).
-pub fn decode(slots: &[u8], expiry_max: u64, offset_cap: u64) -> Slots {
+/// `slots`: whole slots only. `expiry_max`: the largest expiry a timestamp column holds.
+pub fn decode(slots: &[u8], expiry_max: u64) -> Slots {
     let n = slots.len() / SLOT;
     let mut o = Slots {
         klass: vec![EMPTY; n], malformed: vec![0; n], expiry: vec![0; n], used: Vec::with_capacity(n),
@@ -135,7 +134,7 @@ pub fn decode(slots: &[u8], expiry_max: u64, offset_cap: u64) -> Slots {
         o.loc.push(if kind <= 2 && !malformed { kind as i8 } else { LOC_NONE });
         o.msg_id.extend_from_slice(if kind == 1 { &s[4..20] } else { &[0u8; 16] });
         let qs = kind == 2;
-        o.store_offset.push(if qs { qs_offset.min(offset_cap) as i64 } else { 0 });
+        o.store_offset.push(if qs { qs_offset } else { 0 });
         o.store_size.push(if qs { be32(s, 12) as i64 } else { 0 });
         o.size.push(be32(s, 20) as i64);
         o.status.push(status as i32);
@@ -187,7 +186,7 @@ mod tests {
         b.extend(slot(0, 1, 2, &[0, 0, 0, 0, 0, 0, 0, 64])); // ghost of a .qs entry
         b.extend(slot(2, 0, 0, &[])); // bad status
         b.extend(slot(1, 1, 1, &[7; 16])); // a copy of slot 0
-        let d = decode(&b, i64::MAX as u64, 1 << 62);
+        let d = decode(&b, i64::MAX as u64);
         assert_eq!(d.klass, vec![LIVE, EMPTY, GHOST, BAD, LIVE]);
         assert_eq!(d.used, vec![0, 2, 3, 4]);
         assert_eq!(d.live, vec![0, 3]);
@@ -202,7 +201,7 @@ mod tests {
         let mut x: u64 = 99;
         for len in 0..300 {
             let b: Vec<u8> = (0..len).map(|_| { x = x.wrapping_mul(6364136223846793005).wrapping_add(1); (x >> 56) as u8 }).collect();
-            let d = decode(&b, i64::MAX as u64, 1 << 62);
+            let d = decode(&b, i64::MAX as u64);
             assert_eq!(d.klass.len(), len / SLOT);
         }
     }

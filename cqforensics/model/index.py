@@ -191,7 +191,7 @@ def _core_records(seg) -> tuple[np.ndarray, Records, np.ndarray]:
     c.persistent = np.frombuffer(d["persistent"], np.int8)
     c.loc = np.frombuffer(d["loc"], np.int8)
     c.msg_id = np.frombuffer(d["msg_id"], ID)
-    c.store_offset = np.frombuffer(d["store_offset"], np.int64)
+    c.store_offset = np.minimum(np.frombuffer(d["store_offset"], np.uint64), np.uint64(OFFSET_OUT_OF_RANGE)).astype(np.int64)
     c.store_size = np.frombuffer(d["store_size"], np.int64)
     c.size = np.frombuffer(d["size"], np.int64)
     c.status = np.frombuffer(d["status"], np.int32)

@@ -118,9 +118,7 @@ def slot_facts(slots: np.ndarray, reference: bool = False) -> SlotFacts:
     the used slots' records) unless ``reference``, else vectorised here."""
     native = None if reference else core.native()
     if native is not None:
-        from cqforensics.model.index import OFFSET_OUT_OF_RANGE
-
-        d = native.qi_slots(np.ascontiguousarray(slots).view(np.uint8), _EXPIRY_MAX, OFFSET_OUT_OF_RANGE)
+        d = native.qi_slots(np.ascontiguousarray(slots).view(np.uint8), _EXPIRY_MAX)
         ints = {k: np.frombuffer(d[k], np.int64) for k in ("expiry", "bad_expiry", "stray", "qs_range", "rejected")}
         return SlotFacts(np.frombuffer(d["klass"], np.uint8), np.frombuffer(d["malformed"], np.bool_), ints["expiry"],
                          ints["bad_expiry"], ints["stray"], ints["qs_range"], ints["rejected"], d["duplicates"], d)
