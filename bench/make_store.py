@@ -82,6 +82,7 @@ def build(scale: float, version: str = "4.3.6") -> Path:
         for q in ("bench.big", "bench.small"):
             ch.queue_declare(q, durable=True)
         conn.close()
+        b.wait_durable("bench.big", "bench.small")  # a kill -9 must not lose the declarations
         jobs = [mp.Process(target=_publish, args=(b.url, q, size, n // 2, k * n // 2))
                 for q, size in (("bench.big", BIG), ("bench.small", SMALL)) for k in range(2)]
         for j in jobs:
