@@ -61,7 +61,7 @@ class Bodies:
         """Arrow binary: row k the bytes ``[starts[k], starts[k] + lengths[k])`` of
         ``paths[file_ix[k]]`` (fewer where the file ends first), by the compiled core (read a run
         of nearby spans at a time straight into the column) when it is built, else span by span."""
-        if core.native() is None:
+        if core.native() is None or int(np.maximum(lengths, 0).sum()) >= 1 << 31:  # past int32 offsets
             return binary_array(self.read_many([paths[f] for f in file_ix.tolist()], starts.tolist(), lengths.tolist()))
         used, local = np.unique(file_ix, return_inverse=True)
         return core.read_spans(self.descriptors([paths[f] for f in used.tolist()]), local.astype(np.int32),
