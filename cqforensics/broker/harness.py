@@ -24,6 +24,7 @@ declare-ok does not mean the next boot recovers the queue.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -48,8 +49,31 @@ class BrokerError(RuntimeError):
     """The broker could not be started or stopped; the message carries the log tail."""
 
 
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections (and for a bind to port 0)."""
+    try:
+        lo, hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port free now and outside the ephemeral range: a port bound at 0 comes from that
+    range, where any outgoing connection (a client's, the broker's own) may take it before a
+    later boot of the broker listens on it again (seen: eaddrinuse at a restart)."""
+    lo, hi = _ephemeral_ports()
+    pool = range(10000, lo) if lo > 12000 else range(hi + 1, 65536)
+    rng = random.SystemRandom()
+    for _ in range(100):
+        port = rng.choice(pool)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # every try taken: any free port
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
