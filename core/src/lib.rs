@@ -343,6 +343,79 @@ fn window_end(file_ix: &[i32], starts: &[i64], lens: &[i64], f: &Source, k: usiz
     end
 }
 
+/// Byte spans of files, row by row: row k is `[starts[k], starts[k] + lens[k])` of
+/// `sources[file_ix[k]]` (cut where it ends; none when `file_ix[k] < 0`); a file's spans are read
+/// a run of nearby spans at a time (`Window`). Arguments as native-endian bytes.
+struct Spans {
+    sources: Vec<Source>,
+    file_ix: Vec<i32>,
+    starts: Vec<i64>,
+    lens: Vec<i64>,
+    window: Window,
+}
+
+impl Spans {
+    fn new(sources: &Bound<'_, PyList>, file_ix: &[u8], starts: &[u8], lens: &[u8], what: &str) -> PyResult<Spans> {
+        let ints = |b: &[u8]| b.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().unwrap())).collect::<Vec<_>>();
+        let file_ix: Vec<i32> = file_ix.chunks_exact(4).map(|c| i32::from_ne_bytes(c.try_into().unwrap())).collect();
+        let (starts, lens) = (ints(starts), ints(lens));
+        if starts.len() != file_ix.len() || lens.len() != file_ix.len() {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!("{what}: arguments differ in length")));
+        }
+        let sources = sources.iter().map(|b| Source::new(&b)).collect::<PyResult<Vec<Source>>>()?;
+        let window = Window { bytes: SCRATCH.with(|cell| cell.take()), file: -1, start: 0 };
+        Ok(Spans { sources, file_ix, starts, lens, window })
+    }
+
+    fn len(&self) -> usize {
+        self.file_ix.len()
+    }
+
+    fn source(&self, k: usize) -> Option<&Source> {
+        usize::try_from(self.file_ix[k]).ok().and_then(|f| self.sources.get(f))
+    }
+
+    /// The bytes of every span together (each cut where its file ends).
+    fn total(&self) -> usize {
+        (0..self.len()).filter_map(|k| self.source(k).map(|f| f.cut(self.starts[k], self.lens[k])))
+            .fold(0usize, usize::saturating_add)
+    }
+
+    /// Row k's bytes, None when it has no file.
+    fn span(&mut self, k: usize) -> Option<&[u8]> {
+        let f = usize::try_from(self.file_ix[k]).ok().and_then(|f| self.sources.get(f))?;
+        match f {
+            Source::Mem(v) => {
+                let data = v.slice();
+                let s = (self.starts[k].max(0) as usize).min(data.len());
+                let e = s.saturating_add(self.lens[k].max(0) as usize).min(data.len());
+                Some(&data[s..e])
+            }
+            Source::File(fd, _) => {
+                let len = f.cut(self.starts[k], self.lens[k]);
+                let at = self.starts[k].max(0) as u64;
+                if !self.window.holds(self.file_ix[k], at, len) {
+                    let end = window_end(&self.file_ix, &self.starts, &self.lens, f, k, at + len as u64);
+                    self.window.fill(*fd, self.file_ix[k], at, (end - at) as usize);
+                }
+                Some(self.window.term(at, len))
+            }
+        }
+    }
+}
+
+impl Drop for Spans {
+    /// The window's buffer is kept for the next call (a huge term's room is not).
+    fn drop(&mut self) {
+        let mut scratch = std::mem::take(&mut self.window.bytes);
+        if scratch.capacity() > 4 * WINDOW {
+            scratch = Vec::new();
+        }
+        scratch.clear();
+        SCRATCH.with(|cell| cell.replace(scratch));
+    }
+}
+
 /// A writable buffer of `len` bytes made by `alloc` (pyarrow.allocate_buffer: from Arrow's
 /// memory pool, which keeps the memory a dropped batch frees for the next one, where a new
 /// bytes object of megabytes is fresh pages, each faulted in anew), and a view to fill it.
@@ -377,27 +450,17 @@ fn decode_messages<'py>(
     body_alloc: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let n = has_id.len();
-    let ints = |b: &[u8]| b.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().unwrap())).collect::<Vec<_>>();
-    let file_ix: Vec<i32> = file_ix.chunks_exact(4).map(|c| i32::from_ne_bytes(c.try_into().unwrap())).collect();
-    let (starts, lens) = (ints(starts), ints(lens));
-    if index_ids.len() != 16 * n || file_ix.len() != n || starts.len() != n || lens.len() != n {
+    let mut spans = Spans::new(sources, file_ix, starts, lens, "decode_messages")?;
+    if index_ids.len() != 16 * n || spans.len() != n {
         return Err(pyo3::exceptions::PyValueError::new_err("decode_messages: arguments differ in length"));
     }
-    let sources = sources.iter().map(|b| Source::new(&b)).collect::<PyResult<Vec<Source>>>()?;
-    let source = |k: usize| usize::try_from(file_ix[k]).ok().and_then(|f| sources.get(f));
     // room for every term (a body is never longer than its term), within the int32 offsets
-    let room: usize = if want_body {
-        (0..n).filter_map(|k| source(k).map(|f| f.cut(starts[k], lens[k]))).fold(0usize, usize::saturating_add)
-    } else {
-        0
-    };
-    let room = room.min(i32::MAX as usize);
+    let room = if want_body { spans.total().min(i32::MAX as usize) } else { 0 };
     let (body_data, body_view) = pool_buffer(body_alloc, room)?;
     // SAFETY: the new buffer, writable, not yet shared with any Python code
     let out: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(body_view.buf_ptr() as *mut u8, room) };
     let dec = message::Decoder::default();
     let mut c = COLUMNS.with(|cell| cell.take());
-    let mut window = Window { bytes: SCRATCH.with(|cell| cell.take()), file: -1, start: 0 };
     c.clear();
     let mut status = Vec::with_capacity(n);
     let mut body_offsets: Vec<i32> = Vec::with_capacity(n + 1);
@@ -407,49 +470,21 @@ fn decode_messages<'py>(
     for k in 0..n {
         let index_id = if has_id[k] != 0 { Some(&index_ids[16 * k..16 * k + 16]) } else { None };
         let free = out.len() - body_total;
-        // the term, and where its body is to be copied from: (offset in the term, length)
-        let kept = match source(k) {
-            None => record(&mut c, &mut status, &dec, None, index_id, want_body, free),
-            Some(Source::Mem(v)) => {
-                let data = v.slice();
-                let s = (starts[k].max(0) as usize).min(data.len());
-                let e = s.saturating_add(lens[k].max(0) as usize).min(data.len());
-                let kept = record(&mut c, &mut status, &dec, Some(&data[s..e]), index_id, want_body, free);
-                if let Some((off, len)) = kept {
-                    out[body_total..body_total + len].copy_from_slice(&data[s + off..s + off + len]);
-                }
-                kept
-            }
-            Some(f @ Source::File(fd, _)) => {
-                let len = f.cut(starts[k], lens[k]);
-                let at = starts[k].max(0) as u64;
-                if !window.holds(file_ix[k], at, len) {
-                    let end = window_end(&file_ix, &starts, &lens, f, k, at + len as u64);
-                    window.fill(*fd, file_ix[k], at, (end - at) as usize);
-                }
-                let term = window.term(at, len);
-                let kept = record(&mut c, &mut status, &dec, Some(term), index_id, want_body, free);
-                if let Some((off, len)) = kept {
-                    out[body_total..body_total + len].copy_from_slice(&term[off..off + len]);
-                }
-                kept
-            }
-        };
+        let term = spans.span(k);
+        // where the term's body is to be copied from: (offset in the term, length)
+        let kept = record(&mut c, &mut status, &dec, term, index_id, want_body, free);
+        if let (Some((off, len)), Some(term)) = (kept, term) {
+            out[body_total..body_total + len].copy_from_slice(&term[off..off + len]);
+        }
         body_valid.push(kept.is_some());
         body_total += kept.map_or(0, |(_, len)| len);
         body_offsets.push(body_total as i32);
     }
+    drop(spans);
     let out_dict = PyDict::new(py);
     out_dict.set_item("status", PyBytes::new(py, &status))?;
     let (bits, nulls) = validity(py, &body_valid);
     out_dict.set_item("body", (bits, nulls, PyBytes::new(py, as_bytes(&body_offsets)), body_data))?;
-    drop(sources);
-    let mut scratch = window.bytes;
-    if scratch.capacity() > 4 * WINDOW {
-        scratch = Vec::new(); // a huge term's room is not kept
-    }
-    scratch.clear();
-    SCRATCH.with(|cell| cell.replace(scratch));
     let emitted = c.emit(py, &out_dict);
     COLUMNS.with(|cell| cell.replace(c));
     emitted?;
@@ -469,46 +504,20 @@ fn read_spans<'py>(
     lens: &[u8],
     alloc: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyTuple>> {
-    let ints = |b: &[u8]| b.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().unwrap())).collect::<Vec<_>>();
-    let file_ix: Vec<i32> = file_ix.chunks_exact(4).map(|c| i32::from_ne_bytes(c.try_into().unwrap())).collect();
-    let (starts, lens) = (ints(starts), ints(lens));
-    let n = file_ix.len();
-    if starts.len() != n || lens.len() != n {
-        return Err(pyo3::exceptions::PyValueError::new_err("read_spans: arguments differ in length"));
-    }
-    let sources = sources.iter().map(|b| Source::new(&b)).collect::<PyResult<Vec<Source>>>()?;
-    let source = |k: usize| usize::try_from(file_ix[k]).ok().and_then(|f| sources.get(f));
-    let total = (0..n).filter_map(|k| source(k).map(|f| f.cut(starts[k], lens[k]))).fold(0usize, usize::saturating_add);
+    let mut spans = Spans::new(sources, file_ix, starts, lens, "read_spans")?;
+    let total = spans.total();
     if total > i32::MAX as usize {
         return Err(pyo3::exceptions::PyValueError::new_err("read_spans: more bytes than int32 offsets address"));
     }
     let (data, view) = pool_buffer(alloc, total)?;
     // SAFETY: the new buffer, writable, not yet shared with any Python code
     let out: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(view.buf_ptr() as *mut u8, total) };
-    let mut window = Window { bytes: SCRATCH.with(|cell| cell.take()), file: -1, start: 0 };
-    let mut offsets: Vec<i32> = Vec::with_capacity(n + 1);
+    let mut offsets: Vec<i32> = Vec::with_capacity(spans.len() + 1);
     offsets.push(0);
     let mut valid = Validity::default();
     let mut at_out = 0usize;
-    for k in 0..n {
-        let got = match source(k) {
-            None => None,
-            Some(Source::Mem(v)) => {
-                let data = v.slice();
-                let s = (starts[k].max(0) as usize).min(data.len());
-                let e = s.saturating_add(lens[k].max(0) as usize).min(data.len());
-                Some(&data[s..e])
-            }
-            Some(f @ Source::File(fd, _)) => {
-                let len = f.cut(starts[k], lens[k]);
-                let at = starts[k].max(0) as u64;
-                if !window.holds(file_ix[k], at, len) {
-                    let end = window_end(&file_ix, &starts, &lens, f, k, at + len as u64);
-                    window.fill(*fd, file_ix[k], at, (end - at) as usize);
-                }
-                Some(window.term(at, len))
-            }
-        };
+    for k in 0..spans.len() {
+        let got = spans.span(k);
         if let Some(b) = got {
             out[at_out..at_out + b.len()].copy_from_slice(b);
             at_out += b.len();
@@ -516,12 +525,7 @@ fn read_spans<'py>(
         valid.push(got.is_some());
         offsets.push(at_out as i32);
     }
-    let mut scratch = window.bytes;
-    if scratch.capacity() > 4 * WINDOW {
-        scratch = Vec::new();
-    }
-    scratch.clear();
-    SCRATCH.with(|cell| cell.replace(scratch));
+    drop(spans);
     let (bits, nulls) = validity(py, &valid);
     (bits, nulls, PyBytes::new(py, as_bytes(&offsets)), data).into_pyobject(py)
 }
