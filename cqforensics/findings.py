@@ -23,7 +23,8 @@ CODES: dict[str, tuple[str, str]] = {
     "qs-entry-crc": (ERROR, "a .qs entry fails its size or CRC check; the broker drops it"),
     "qs-entry-undecodable": (ERROR, "a .qs entry passes its checks but its term does not decode"),
     "msg-missing": (ERROR, "an index entry refers to a shared-store message that is not there"),
-    "msg-corrupt": (ERROR, "a stored message term does not decode"),
+    "msg-corrupt": (ERROR, "a stored message term does not decode, or a store entry is torn (a warning when the "
+                           "next boot reaches an intact copy, or nothing refers to it)"),
     "rdq-truncated": (WARNING, "a shared-store file ends inside an entry"),
     "rdq-garbage": (WARNING, "bytes in a shared-store file that are no valid entry (zeroed or damaged)"),
     "rdq-rejected-candidate": (INFO, "a byte range of a shared-store file that frames an entry but was not taken: no index "

@@ -3,6 +3,7 @@ file and offset (a finding, a hole, or the drop reason of the messages it costs)
 
 from __future__ import annotations
 
+import json
 import random
 import struct
 from pathlib import Path
@@ -99,6 +100,40 @@ def test_rdq_truncated_tail_and_junk_are_findings_at_their_offsets(tmp_path):
     by_id = {r["msg_id"]: r for r in _rows(node, "messages")}
     assert by_id[last["msg_id"]]["drop_reason"] == "body_missing"
     assert by_id[entries[3]["msg_id"]]["survives_restart"] is True  # the scan resumed after the junk
+
+
+def test_a_torn_store_entry_is_a_loss_only_when_no_intact_copy_survives(tmp_path):
+    """Crafted: three entries without their 255 write marker (every version's scan skips them). A
+    torn copy of a live message, as a kill during a combine or compaction leaves in its
+    destination, is a warning naming the copy the next boot uses; so is a torn entry of an id no
+    index refers to; a live message's only copy torn is an error."""
+    node = copy_node("4.3.6-kill", tmp_path / "mnesia")
+    rdq = _largest_rdq(node)
+    live = [e for e in _entries(node, rdq) if e["status"] == "live"]
+    copied, only = live[0], live[1]
+    data = rdq.read_bytes()
+    torn_copy = data[copied["offset"]:copied["offset"] + copied["total_size"] - 1] + b"\0"
+    at = rdq.stat().st_size  # after the file's last entry, where the walk's chain reaches it
+    other = copy_node("4.3.6-kill", tmp_path / "other") / rdq.relative_to(node)
+    with rdq.open("ab") as f:
+        f.write(torn_copy)
+    with other.open("ab") as f:
+        f.write(torn_copy[:8] + bytes(range(16)) + torn_copy[24:])  # an id nothing refers to
+    damage.flip(rdq, only["offset"] + only["total_size"] - 1)
+
+    def torn(node):
+        return {f["offset"]: f for f in _rows(node, "findings") if f["code"] == "msg-corrupt"}
+
+    got = torn(node)
+    assert set(got) == {at, only["offset"]}
+    assert got[at]["severity"] == "warning" and "the next boot uses its intact copy" in got[at]["message"]
+    assert json.loads(got[at]["details"])["copy_offset"] == copied["offset"]
+    assert got[only["offset"]]["severity"] == "error"
+    unreferenced = torn(other.parents[4])
+    assert list(unreferenced) == [at] and unreferenced[at]["severity"] == "warning"
+    by_id = {r["msg_id"]: r for r in _rows(node, "messages")}
+    assert by_id[copied["msg_id"]]["survives_restart"] is True
+    assert by_id[only["msg_id"]]["survives_restart"] is False
 
 
 def test_rdq_flipped_body_byte_gives_a_decode_error_row(tmp_path):

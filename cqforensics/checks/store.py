@@ -41,10 +41,7 @@ class StoreCheck:
             if kind != "persistent":
                 continue
             t.add_status(st, vs.store_status[kind][0])
-            for fi, o, tot, i in st.bad:
-                self.out.append(Finding("msg-corrupt", f"entry for {i.hex()} ({tot} bytes) lacks its 255 write marker: "
-                                        "a torn write, skipped by every version", str(st.files[fi].path), o,
-                                        details={"msg_id": i.hex(), "total_size": tot}))
+            self.out += _torn_findings(st, vs.references[kind])
             if st.recorded is not None:
                 t.add_refcounts(st, vs.references[kind])
 
@@ -67,6 +64,36 @@ class StoreCheck:
                                        details={"ids": t.refcount_bad,
                                                 "examples": [e for _, e in t.refcount_examples]}))
         return out
+
+
+def _torn_findings(st, refs) -> list[Finding]:
+    """``msg-corrupt`` for each entry without its 255 write marker (every version's scan skips
+    it). A loss only when an index refers to the id and the scan reaches no intact copy: a kill
+    during a <= 3.12 combine or a 4.x in-place compaction leaves a torn copy in the destination
+    while the source entry survives, and a torn write nothing refers to loses nothing."""
+    if not st.bad:
+        return []
+    ids = np.frombuffer(b"".join(i for *_, i in st.bad), st.e_id.dtype)
+    claim, first = st.locate(ids)
+    referenced = refs.ids.lookup(ids) >= 0
+    out = []
+    for k, (fi, o, tot, i) in enumerate(st.bad):
+        head = f"entry for {i.hex()} ({tot} bytes) lacks its 255 write marker: a torn write, skipped by every version"
+        details = {"msg_id": i.hex(), "total_size": tot}
+        copy = int(claim[k]) if claim[k] >= 0 else int(first[k])
+        if copy >= 0:
+            details |= {"copy_file": str(st.path(copy)), "copy_offset": int(st.e_offset[copy])}
+            where = f"its intact copy in {st.path(copy).name} at offset {int(st.e_offset[copy])}"
+        if claim[k] >= 0:
+            text, severity = f"{head}; the next boot uses {where} (a move or combine cut short)", "warning"
+        elif not referenced[k]:
+            text, severity = f"{head}; no queue index refers to it: nothing is lost", "warning"
+        elif copy >= 0:
+            text, severity = f"{head}; the next boot's scan does not reach {where}: lost (rebuild recovers it)", "error"
+        else:
+            text, severity = f"{head}; no intact copy: lost", "error"
+        out.append(Finding("msg-corrupt", text, str(st.files[fi].path), o, severity=severity, details=details))
+    return out
 
 
 def _file_findings(vs: VhostScan, kind: str, st, reported: list[tuple[int, int, int]]) -> list[Finding]:
