@@ -24,9 +24,11 @@ import base64
 import hashlib
 import json
 import os
+import pickle
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -234,7 +236,7 @@ class RewriteContext:
     limit: int
     damage: list[str] = field(default_factory=list)  # compact: what makes SRC unfit
     target: BrokerModel | None = None  # the version the output is written for (None: SRC's)
-    reterm: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)  # this vhost: store key -> (id, new term)
+    reterm: "Reterms | None" = None  # this vhost: the shared-store terms re-encoded for the target
     v2_count: dict[Path, int] = field(default_factory=dict)  # vhost dir -> v2 segment size seen
     torn: dict[bytes, tuple] = field(default_factory=dict)  # this vhost: id -> marker-less entry
     repaired: dict[bytes, bytes] = field(default_factory=dict)  # this vhost: id -> whole term of a torn entry
@@ -275,38 +277,33 @@ def _put_file(ctx: RewriteContext, path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
 
 
-def rewrite_vhost(vs: VhostScan, out: Path, ctx: RewriteContext, extra: dict | None = None) -> None:
-    """Rewrite one vhost's store into ``out``. ``extra`` (the Spark writer's append) maps queue
-    dir names to more messages to write after the ones the dir holds: objects with the interface
-    of ``rows.QueueRows`` (``dir_name``, ``index_version``, ``stub``, ``count``, ``entries(first_seq)``,
-    ``shared_terms()``); the dirs written are popped from it."""
+@dataclass
+class _QueuePlan:
+    """One queue dir the rewrite writes (or skips): a source queue dir (``q``), or the dir of a
+    durable queue whose index dir is gone that --restore-orphans writes (``q`` None)."""
+
+    q: "layout.QueueDir | None"
+    qr: QueueResult
+    out_dir: str
+    vout: int | None  # the index version written (None: not written)
+    stub: bytes | None  # its .queue_name
+    restore: bytes | None = None  # --restore-orphans: the queue name orphans routed to it are found by
+    #: per source chunk, in order: (segment size the writer takes from it on, or None; seq id shift)
+    chunks: list[tuple[int | None, int]] = field(default_factory=list)
+    orphans: list[tuple] = field(default_factory=list)  # restore candidates (``_orphans_to_restore``)
+
+    @property
+    def written(self) -> bool:
+        return not self.qr.skipped
+
+
+def _plan_dirs(vs: VhostScan, ctx: RewriteContext, model: BrokerModel) -> list[_QueuePlan]:
+    """Every queue dir of the vhost, then (--restore-orphans) the lost queues to write, with the
+    results they fill in (in ``ctx.result``, in that order)."""
     vh = vs.vhost
     node = vs.node.node.node
     vhost_label = vh.name if vh.name is not None else vh.label
-    model = ctx.target or vs.model  # what the output is written for
-    if not ctx.dry:
-        (out / "queues").mkdir(parents=True)
-        (out / "msg_store_transient").mkdir()
-    for name in (".vhost", ".config"):
-        # .vhost holds the name exactly: a damaged one is written afresh from the name the
-        # metadata gives the dir (copied as found only when no name is known)
-        raw = vh.name_raw if name == ".vhost" and vh.name_raw is not None else _read_small(vh.path / name)
-        if raw is not None:
-            _put_file(ctx, out / name, raw)
-    stores = vs.stores
-    persistent = stores.get("persistent")
-    ctx.result.store_entries_before += sum(len(st.e_id) for st in stores.values())
-    store_pos = {f.path: k for k, f in enumerate(persistent.files)} if persistent is not None else {}
-    ref_file, ref_off, ref_total = [], [], []
-    added = []  # extra rows written
-    # rebuild: entries whose 255 marker is bad but whose term is whole can still be delivered
-    ctx.torn = {i: (persistent.files[fi].path, o, t) for fi, o, t, i in persistent.bad} \
-        if ctx.rebuild and persistent is not None else {}
-    ctx.repaired = {}
-    ctx.reterm = {}
-    # rebuild: a queue dir renamed away from its queue's own dir (which is missing) is written
-    # back as that dir; the broker would delete it and boot the queue empty
-    vs.keep_renamed = ctx.rebuild
+    plans = []
     for q in vs.all_queue_dirs:
         qr = QueueResult(node, vhost_label, q.name, q.priority, q.dir_name, q.index_version)
         ctx.result.queues.append(qr)
@@ -324,56 +321,15 @@ def rewrite_vhost(vs: VhostScan, out: Path, ctx: RewriteContext, extra: dict | N
                 and q.journal is None:  # a dir with no name and no index: nothing a boot could read
             qr.skipped = "an empty queue dir without a readable .queue_name: nothing to write"
         qr.written_version = None if qr.skipped else vout
-        writer = None
+        stub = None
         if not qr.skipped:
             # the source's own .queue_name only when it parsed and matched its dir; a damaged one
             # is written afresh from the name the metadata gives the dir (never copied damaged)
             stub = _read_small(q.path / ".queue_name") if q.name_source == ".queue_name" else None
             if stub is None and q.name_raw is not None and vh.name_raw is not None:
                 stub = formats.queue_name_stub(vh.name_raw, q.name_raw, vout or 2)
-            writer = QueueWriter(out / "queues" / out_dir, ctx.sources, vout or 2,
-                                 vh.segment_entry_count if vout == 1 else c_qi.DEFAULT_SEGMENT_ENTRY_COUNT, stub,
-                                 dry=ctx.dry)
-            if stub is not None:
-                ctx.result.bytes_after += len(stub)
-        for qx in vs.scan_queue(q):
-            # a v2 segment is written with the size its header records (the broker's
-            # classic_queue_index_v2_segment_entry_count); one with a bad header with the
-            # size the vhost's other segments have
-            shift = 0
-            if qx.version == 2 and qx.header is not None:
-                ok, first, to = qx.header.ok, qx.header.from_seq_id, qx.header.to_seq_id
-                if ok:
-                    ctx.v2_count.setdefault(vh.path, to - first)
-                count = to - first if ok else ctx.v2_count.get(vh.path, c_qi.DEFAULT_SEGMENT_ENTRY_COUNT)
-                shift = qx.segment * count - first
-                if writer is not None:
-                    writer.set_entry_count(count)
-            elif writer is not None and vout == 2:
-                writer.set_entry_count(ctx.v2_count.get(vh.path, c_qi.DEFAULT_SEGMENT_ENTRY_COUNT))
-            if not len(qx.live):
-                continue
-            res = vs.resolve(qx)
-            entries = _chunk_entries(vs, qx, res, qr, ctx, (ref_file, ref_off, ref_total), store_pos, writer, shift)
-            if writer is not None and entries:
-                writer.add(entries)
-        if writer is not None and q.priority is None and q.name_raw in ctx.restore_orphans:
-            writer.add(_restored(vs, q.name_raw, writer.next_seq, qr, ctx, (ref_file, ref_off, ref_total)))
-        rows = extra.pop(q.dir_name, None) if extra else None
-        if writer is not None and rows is not None:
-            writer.add(rows.entries(writer.next_seq))
-            added.append(rows)
-        if writer is not None:
-            writer.close()
-            qr.written = writer.stats.messages - (rows.count if rows is not None else 0)
-            ctx.result.bytes_after += writer.stats.bytes
-    for rows in (extra or {}).values():  # queues with no dir yet
-        writer = QueueWriter(out / "queues" / rows.dir_name, ctx.sources, rows.index_version,
-                             vh.segment_entry_count if rows.index_version == 1 else c_qi.DEFAULT_SEGMENT_ENTRY_COUNT,
-                             rows.stub, dry=ctx.dry)
-        writer.add(rows.entries(0))
-        writer.close()
-        added.append(rows)
+        restore = q.name_raw if not qr.skipped and q.priority is None and q.name_raw in ctx.restore_orphans else None
+        plans.append(_QueuePlan(q, qr, out_dir, vout, stub, restore))
     for lq in vs.lost_queues if ctx.restore_orphans else ():  # queues whose index dir is gone
         if lq.vhost_dir != vh.dir_name or lq.name not in ctx.restore_orphans:
             continue
@@ -387,63 +343,370 @@ def rewrite_vhost(vs: VhostScan, out: Path, ctx: RewriteContext, extra: dict | N
         vout = formats.index_version(model, declared if isinstance(declared, int) else None)
         qr = QueueResult(node, vhost_label, lq.name.decode("utf-8", "replace"), None, dir_name, None, vout)
         ctx.result.queues.append(qr)
-        writer = QueueWriter(out / "queues" / dir_name, ctx.sources, vout,
-                             vh.segment_entry_count if vout == 1 else c_qi.DEFAULT_SEGMENT_ENTRY_COUNT,
-                             formats.queue_name_stub(lq.vhost, stored, vout), dry=ctx.dry)
-        writer.add(_restored(vs, lq.name, 0, qr, ctx, (ref_file, ref_off, ref_total)))
-        writer.close()
-        qr.written = writer.stats.messages
-        ctx.result.bytes_after += writer.stats.bytes
-    # the shared store: each referenced entry once, in its original order
-    keys = np.zeros(0, np.int64)
-    f = o = t = np.zeros(0, np.int64)
-    first = np.zeros(0, np.int64)
-    if ref_file:
-        f = np.concatenate(ref_file)
-        o = np.concatenate(ref_off)
-        t = np.concatenate(ref_total)
-        keys, first = np.unique(f * _KEY + o, return_index=True)
-    kept, kept_keys = _kept_files(vs, ctx, node, vhost_label, model, f[first], t[first])
-    shared = SharedStoreWriter(out / "msg_store_persistent", ctx.sources, ctx.limit, dry=ctx.dry,
-                               first=max((persistent.files[fi].number for fi in kept), default=-1) + 1)
-    for fi in sorted(kept):  # kept whole, under their own names
-        ctx.kept_paths.append(shared.keep(persistent.files[fi].path, persistent.files[fi].size))
-        ctx.result.bytes_after += persistent.files[fi].size
-    skip = _kept_copies(persistent, kept, keys) if kept else np.zeros(len(keys), bool)
-    for k, skipped in zip(first.tolist(), skip.tolist()):
-        fk = int(f[k])
-        if skipped:  # in a kept file, or a kept file holds a copy its recovery claims first
+        plans.append(_QueuePlan(None, qr, dir_name, vout, formats.queue_name_stub(lq.vhost, stored, vout), lq.name))
+    return plans
+
+
+def _plan_chunks(vs: VhostScan, plan: _QueuePlan, ctx: RewriteContext, refs, store_pos, first: bool):
+    """The source dir's chunks as ``(segment size to set or None, positions, entries)``: the
+    entries to write of the chunk's live entries in the scan's share (all when unshared), with
+    their positions among all its live entries. ``first``: the first pass over the dir, which
+    records what each chunk's header says (the later shares' passes go by that record)."""
+    if plan.q is None:
+        return
+    vh = vs.vhost
+    for c, qx in enumerate(vs.index_of(plan.q, in_share=False)):
+        if first:
+            # a v2 segment is written with the size its header records (the broker's
+            # classic_queue_index_v2_segment_entry_count); one with a bad header with the
+            # size the vhost's other segments have
+            shift, count = 0, None
+            if qx.version == 2 and qx.header is not None:
+                ok, low, to = qx.header.ok, qx.header.from_seq_id, qx.header.to_seq_id
+                if ok:
+                    ctx.v2_count.setdefault(vh.path, to - low)
+                count = to - low if ok else ctx.v2_count.get(vh.path, c_qi.DEFAULT_SEGMENT_ENTRY_COUNT)
+                shift = qx.segment * count - low
+            elif plan.vout == 2:
+                count = ctx.v2_count.get(vh.path, c_qi.DEFAULT_SEGMENT_ENTRY_COUNT)
+            plan.chunks.append((count, shift))
+        count, shift = plan.chunks[c]
+        rows = vs.chunk_rows(qx)
+        pos = np.arange(len(qx.live)) if rows is None else np.flatnonzero(rows[qx.live])
+        qx.live = qx.live[pos]
+        if not len(qx.live):
+            yield count, pos, []
             continue
-        new = ctx.reterm.get(fk * _KEY + int(o[k]))
-        if new is not None:  # re-encoded for the target version
-            shared.add(*new)
-        else:
-            shared.copy(persistent.files[fk].path, int(o[k]), int(t[k]))
-    for msg_id, term in ctx.repaired.items():  # re-framed with a good marker
-        shared.add(msg_id, term)
-    for rows in added:
-        for t in rows.shared_terms():
-            shared.add_from(*t)
-    shared.close()
+        entries, at = _chunk_entries(vs, qx, vs.resolve(qx), plan.qr, ctx, refs, store_pos, plan.written, shift)
+        yield count, pos[at], entries
+
+
+def _write_queue(vs: VhostScan, out: Path, ctx: RewriteContext, plan: _QueuePlan, chunks, orphans: Callable,
+                 extra: dict | None) -> list:
+    """Write one planned queue dir from its chunks (``(segment size or None, positions, entries)``,
+    in seq order), then the orphans restored into it and the Spark writer's rows for it; returns
+    the rows written (in a list: none or one)."""
+    vh = vs.vhost
+    writer = None
+    if plan.written:
+        vout = plan.vout or 2
+        writer = QueueWriter(out / "queues" / plan.out_dir, ctx.sources, vout,
+                             vh.segment_entry_count if vout == 1 else c_qi.DEFAULT_SEGMENT_ENTRY_COUNT, plan.stub,
+                             dry=ctx.dry)
+        if plan.stub is not None:
+            ctx.result.bytes_after += len(plan.stub)
+    for count, _, entries in chunks:
+        if writer is not None and count is not None:
+            writer.set_entry_count(count)
+        if writer is not None and entries:
+            writer.add(entries)
+    if writer is None:
+        return []
+    if plan.restore is not None:
+        writer.add(_restore(orphans(), writer.next_seq, plan.qr, ctx))
+    rows = extra.pop(plan.q.dir_name, None) if extra and plan.q is not None else None
+    if rows is not None:
+        writer.add(rows.entries(writer.next_seq))
+    writer.close()
+    plan.qr.written = writer.stats.messages - (rows.count if rows is not None else 0)
+    ctx.result.bytes_after += writer.stats.bytes
+    return [rows] if rows is not None else []
+
+
+class _EntrySpill:
+    """A rewrite in id shares: each share's pass over every queue dir writes the entries of its
+    chunks, in queue and chunk order, to a temporary file of its own; the queue writers then read
+    every share's file in step, a chunk at a time, merging its entries back into index order."""
+
+    def __init__(self, parts: int):
+        import tempfile
+
+        self.files = [tempfile.TemporaryFile(prefix="cqf-entries-") for _ in range(parts)]
+
+    def add(self, k: int, pos: np.ndarray, entries: list[Entry]) -> None:
+        pickle.dump((pos, entries), self.files[k], protocol=pickle.HIGHEST_PROTOCOL)
+
+    def rewind(self) -> None:
+        for f in self.files:
+            f.seek(0)
+
+    def chunks(self, plan: _QueuePlan):
+        """The plan's chunks, every share's part read and merged (a chunk's entries at a time)."""
+        for count, _ in plan.chunks:
+            parts = [pickle.load(f) for f in self.files]
+            pos = np.concatenate([p for p, _ in parts])
+            entries = [e for _, es in parts for e in es]
+            yield count, pos, [entries[i] for i in np.argsort(pos, kind="stable").tolist()]
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+
+#: a store entry written from: its key, size, whether it needs no new copy, and where its term
+#: re-encoded for the target version is (``Reterms``; length -1: copied as stored) with its id
+KEY_RECORD = np.dtype([("key", np.int64), ("total", np.int64), ("skip", bool), ("term_at", np.int64),
+                       ("term_len", np.int64), ("msg_id", "V16")])
+
+
+class Reterms:
+    """The shared-store terms re-encoded for the target version, by store key: each written to a
+    temporary file as it is made; a share's keys and places are held until its records take them
+    (``take``), so memory holds one share's."""
+
+    def __init__(self):
+        import tempfile
+
+        self.file = tempfile.TemporaryFile(prefix="cqf-terms-")
+        self.at: dict[int, tuple[int, int, bytes]] = {}  # key -> (place, length, id), this share
+        self.files: set[int] = set()  # file positions with a term re-encoded
+        self.count = 0
+
+    def __setitem__(self, key: int, value: tuple[bytes, bytes]) -> None:
+        msg_id, term = value
+        at = self.file.seek(0, 2)
+        self.file.write(term)
+        self.at[key] = (at, len(term), msg_id)
+        self.files.add(key // _KEY)
+        self.count += 1
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+    def take(self, rec: np.ndarray) -> np.ndarray:
+        """``rec`` (``KEY_RECORD``) with the places of its re-encoded terms; forgets them."""
+        rec["term_len"] = -1
+        for i, key in enumerate(rec["key"].tolist()) if self.at else ():
+            hit = self.at.get(key)
+            if hit is not None:
+                rec["term_at"][i], rec["term_len"][i] = hit[0], hit[1]
+                rec["msg_id"][i] = np.frombuffer(hit[2], "V16")[0]
+        self.at = {}
+        return rec
+
+    def read(self, at: int, length: int) -> bytes:
+        self.file.seek(at)
+        return self.file.read(length)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class _StoreKeys:
+    """Per share, the shared-store entries its messages are written from (``KEY_RECORD``: key,
+    entry size, whether it needs no new copy), sorted, in a temporary file; read back merged in
+    key order a source file at a time (``by_file``), so the copy holds one file's records."""
+
+    BLOCK = 1 << 16  # records read at once from a share's file
+
+    def __init__(self, parts: int):
+        import tempfile
+
+        self.files = [tempfile.TemporaryFile(prefix="cqf-keys-") for _ in range(parts)]
+
+    def put(self, k: int, rec: np.ndarray) -> None:
+        f = self.files[k]
+        f.seek(0)
+        f.truncate()
+        f.write(rec.tobytes())
+
+    def load(self, k: int) -> np.ndarray:
+        f = self.files[k]
+        f.seek(0)
+        return np.frombuffer(f.read(), KEY_RECORD).copy()
+
+    def by_file(self):
+        """Every share's records of one source file after another, in key order."""
+        for f in self.files:
+            f.seek(0)
+        held = [np.zeros(0, KEY_RECORD) for _ in self.files]
+        done = [False] * len(self.files)
+
+        def fill(k: int) -> None:
+            while not done[k] and not len(held[k]):
+                raw = self.files[k].read(self.BLOCK * KEY_RECORD.itemsize)
+                done[k] = len(raw) < self.BLOCK * KEY_RECORD.itemsize
+                held[k] = np.frombuffer(raw, KEY_RECORD)
+
+        while True:
+            for k in range(len(held)):
+                fill(k)
+            heads = [int(h["key"][0]) for h in held if len(h)]
+            if not heads:
+                return
+            end = (min(heads) // _KEY + 1) * _KEY
+            out = []
+            for k in range(len(held)):
+                while len(held[k]):
+                    cut = int(np.searchsorted(held[k]["key"], end))
+                    out.append(held[k][:cut])
+                    held[k] = held[k][cut:]
+                    if len(held[k]):
+                        break
+                    fill(k)
+            rec = np.concatenate(out)
+            yield rec[np.argsort(rec["key"], kind="stable")]
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+
+def _share_scans(vs: VhostScan, parts: int):
+    """The scan of each id share of the vhost in turn (``vs`` itself when it is read whole)."""
+    if parts == 1:
+        yield vs
+        return
+    for k in range(parts):
+        sub = vs.share_scan(k, parts)
+        try:
+            yield sub
+        finally:
+            sub.close()
+
+
+def rewrite_vhost(vs: VhostScan, out: Path, ctx: RewriteContext, extra: dict | None = None) -> None:
+    """Rewrite one vhost's store into ``out``. ``extra`` (the Spark writer's append) maps queue
+    dir names to more messages to write after the ones the dir holds: objects with the interface
+    of ``rows.QueueRows`` (``dir_name``, ``index_version``, ``stub``, ``count``, ``entries(first_seq)``,
+    ``shared_terms()``); the dirs written are popped from it.
+
+    A vhost the readers read in message-id shares (``VhostScan.shares``) is rewritten the same
+    way, so memory stays bounded whatever the store's size: each share's pass resolves its
+    messages and spills the entries to write (``_EntrySpill``) and the store entries they come
+    from (``_StoreKeys``); the queue dirs are then written from the spills merged back into index
+    order, and the store copied in its original order. The output is the same as a read whole."""
+    vh = vs.vhost
+    node = vs.node.node.node
+    vhost_label = vh.name if vh.name is not None else vh.label
+    model = ctx.target or vs.model  # what the output is written for
+    if not ctx.dry:
+        (out / "queues").mkdir(parents=True)
+        (out / "msg_store_transient").mkdir()
+    for name in (".vhost", ".config"):
+        # .vhost holds the name exactly: a damaged one is written afresh from the name the
+        # metadata gives the dir (copied as found only when no name is known)
+        raw = vh.name_raw if name == ".vhost" and vh.name_raw is not None else _read_small(vh.path / name)
+        if raw is not None:
+            _put_file(ctx, out / name, raw)
+    ctx.repaired = {}
+    ctx.reterm = Reterms()
+    # rebuild: a queue dir renamed away from its queue's own dir (which is missing) is written
+    # back as that dir; the broker would delete it and boot the queue empty
+    vs.keep_renamed = ctx.rebuild
+    plans = _plan_dirs(vs, ctx, model)
+    parts = vs.shares
+    spill = _EntrySpill(parts) if parts > 1 else None
+    keys = _StoreKeys(parts)
+    files: list = []  # the persistent store's files (the same in every share's scan)
+    live = None  # per file: bytes of the entries written from it
+    added = []  # extra rows written
+    try:
+        for k, sub in enumerate(_share_scans(vs, parts)):
+            stores = sub.stores
+            persistent = stores.get("persistent")
+            if persistent is not None:
+                files = persistent.files
+            ctx.result.store_entries_before += sum(len(st.e_id) for st in stores.values())
+            store_pos = {f.path: fi for fi, f in enumerate(files)}
+            refs = ([], [], [])  # (file position, offset, total) of the store entries written
+            # rebuild: entries whose 255 marker is bad but whose term is whole can still be delivered
+            ctx.torn = {i: (persistent.files[fi].path, o, t) for fi, o, t, i in persistent.bad} \
+                if ctx.rebuild and persistent is not None else {}
+            for plan in plans:
+                chunks = _plan_chunks(sub, plan, ctx, refs, store_pos, first=k == 0)
+                if spill is None:
+                    added += _write_queue(sub, out, ctx, plan, chunks,
+                                          partial(_orphans_to_restore, sub, plan.restore, ctx, refs), extra)
+                    continue
+                for _, pos, entries in chunks:
+                    spill.add(k, pos, entries)
+                if plan.restore is not None:
+                    plan.orphans += _orphans_to_restore(sub, plan.restore, ctx, refs)
+            rec = ctx.reterm.take(_store_records(refs))
+            keys.put(k, rec)
+            f_of = rec["key"] // _KEY
+            used = np.bincount(f_of, weights=rec["total"], minlength=len(files)) if len(rec) else np.zeros(len(files))
+            live = used if live is None else live + used
+            if ctx.threshold is None:
+                _store_garbage(sub, ctx, node, vhost_label, rec["key"])
+        if spill is not None:
+            spill.rewind()
+            for plan in plans:
+                added += _write_queue(vs, out, ctx, plan, spill.chunks(plan),
+                                      partial(sorted, plan.orphans, key=lambda o: o[0]), extra)
+        for rows in (extra or {}).values():  # queues with no dir yet
+            writer = QueueWriter(out / "queues" / rows.dir_name, ctx.sources, rows.index_version,
+                                 vh.segment_entry_count if rows.index_version == 1 else c_qi.DEFAULT_SEGMENT_ENTRY_COUNT,
+                                 rows.stub, dry=ctx.dry)
+            writer.add(rows.entries(0))
+            writer.close()
+            added.append(rows)
+        kept = _kept_files(files, ctx, node, vhost_label, model, live if live is not None else np.zeros(len(files)))
+        if ctx.threshold is not None:  # garbage, and what needs no copy, knowing the files kept
+            for k, sub in enumerate(_share_scans(vs, parts)):
+                rec = keys.load(k)
+                st = sub.stores.get("persistent")
+                if kept and st is not None:
+                    rec["skip"] = _kept_copies(st, kept, rec["key"])
+                    keys.put(k, rec)
+                kept_keys = _kept_keys(st, kept) if kept and st is not None else np.zeros(0, np.int64)
+                _store_garbage(sub, ctx, node, vhost_label,
+                               np.union1d(rec["key"], kept_keys) if len(kept_keys) else rec["key"])
+        # the shared store: each entry written from once, in its original order
+        shared = SharedStoreWriter(out / "msg_store_persistent", ctx.sources, ctx.limit, dry=ctx.dry,
+                                   first=max((files[fi].number for fi in kept), default=-1) + 1)
+        for fi in sorted(kept):  # kept whole, under their own names
+            ctx.kept_paths.append(shared.keep(files[fi].path, files[fi].size))
+            ctx.result.bytes_after += files[fi].size
+        for rec in keys.by_file():
+            for key, total, skipped, term_at, term_len, msg_id in zip(
+                    rec["key"].tolist(), rec["total"].tolist(), rec["skip"].tolist(), rec["term_at"].tolist(),
+                    rec["term_len"].tolist(), rec["msg_id"]):
+                if skipped:  # in a kept file, or a kept file holds a copy its recovery claims first
+                    continue
+                if term_len >= 0:  # re-encoded for the target version
+                    shared.add(msg_id.tobytes(), ctx.reterm.read(term_at, term_len))
+                else:
+                    shared.copy(files[key // _KEY].path, key % _KEY, total)
+        for msg_id, term in ctx.repaired.items():  # re-framed with a good marker
+            shared.add(msg_id, term)
+        for rows in added:
+            for t in rows.shared_terms():
+                shared.add_from(*t)
+        shared.close()
+    finally:
+        keys.close()
+        ctx.reterm.close()
+        if spill is not None:
+            spill.close()
     ctx.result.store_entries_written += shared.entries
     ctx.result.store_files_written += len(shared.files)
     ctx.result.bytes_after += shared.bytes
-    _store_garbage(vs, ctx, node, vhost_label, np.union1d(keys, kept_keys) if len(kept_keys) else keys)
 
 
-def _kept_files(vs: VhostScan, ctx: RewriteContext, node: str, vhost: str | None, model: BrokerModel,
-                live_file: np.ndarray, live_total: np.ndarray) -> tuple[set[int], np.ndarray]:
-    """compact --threshold (borg's): the positions of the persistent store files kept whole (garbage
-    ratio at or below the threshold, and nothing in them the output's boot or verify would
-    object to), and the keys of every entry in them; each file's fate goes to the report."""
-    st = vs.stores.get("persistent")
-    if ctx.threshold is None or st is None or not st.files:
-        return set(), np.zeros(0, np.int64)
-    live = np.bincount(live_file, weights=live_total, minlength=len(st.files)) if len(live_file) \
-        else np.zeros(len(st.files))
-    retermed = {k // _KEY for k in ctx.reterm}
+def _store_records(refs) -> np.ndarray:
+    """The store entries a share's messages are written from (``refs``: lists of file positions,
+    offsets and entry sizes), once each, sorted by key (``KEY_RECORD``)."""
+    if not refs[0]:
+        return np.zeros(0, KEY_RECORD)
+    f, o, t = (np.concatenate(c) for c in refs)
+    key, first = np.unique(f * _KEY + o, return_index=True)
+    rec = np.zeros(len(key), KEY_RECORD)
+    rec["key"], rec["total"] = key, t[first]
+    return rec
+
+
+def _kept_files(files: list, ctx: RewriteContext, node: str, vhost: str | None, model: BrokerModel,
+                live: np.ndarray) -> set[int]:
+    """compact --threshold (borg's): the positions of the persistent store files kept whole
+    (garbage ratio at or below the threshold, ``live`` bytes per file written from, and nothing
+    in them the output's boot or verify would object to); each file's fate goes to the report."""
+    if ctx.threshold is None or not files:
+        return set()
+    retermed = ctx.reterm.files if ctx.reterm is not None else set()
     kept = set()
-    for fi, rf in enumerate(st.files):
+    for fi, rf in enumerate(files):
         size = int(rf.size)
         ratio = (size - int(live[fi])) / size if size else 0.0
         why = None
@@ -460,10 +723,13 @@ def _kept_files(vs: VhostScan, ctx: RewriteContext, node: str, vhost: str | None
         ctx.result.store_files.append({"node": node, "vhost": vhost, "file": display(rf.path), "size": size,
                                        "live_bytes": int(live[fi]), "garbage_ratio": round(ratio, 4),
                                        "action": action, "why": why})
-    if not kept:
-        return kept, np.zeros(0, np.int64)
+    return kept
+
+
+def _kept_keys(st, kept: set[int]) -> np.ndarray:
+    """The keys of every entry of the store index (of a share) in the files kept whole."""
     sel = np.isin(st.e_file, list(kept))
-    return kept, distinct(st.e_file[sel].astype(np.int64) * _KEY + st.e_offset[sel])
+    return distinct(st.e_file[sel].astype(np.int64) * _KEY + st.e_offset[sel])
 
 
 def _kept_copies(st, kept: set[int], keys: np.ndarray) -> np.ndarray:
@@ -479,11 +745,11 @@ def _kept_copies(st, kept: set[int], keys: np.ndarray) -> np.ndarray:
     return in_kept[at] | has_copy[st.e_group[at]]
 
 
-
-def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: RewriteContext, refs, store_pos, writer,
-                   shift: int) -> list[Entry]:
-    """The chunk's live entries to write (SeqIds moved by ``shift``); the rest counted, and
-    put in lost+found when rebuild has their bytes."""
+def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: RewriteContext, refs, store_pos, written: bool,
+                   shift: int) -> tuple[list[Entry], list[int]]:
+    """The chunk's live entries to write (SeqIds moved by ``shift``), and their positions among
+    the live entries; the rest counted, and put in lost+found when rebuild has their bytes.
+    ``written``: the queue dir is written (else its messages are dropped or quarantined)."""
     r, live = qx.rec, qx.live
     qr.messages += len(live)
     fates = res.fates()
@@ -504,6 +770,7 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: RewriteContext,
     target = ctx.target or vs.model
     vhost_raw = vs.vhost.name_raw if vs.vhost.name_raw is not None else (qr.vhost or "").encode()
     entries: list[Entry] = []
+    at: list[int] = []
     rf, ro, rt = [], [], []
     for j in range(len(live)):
         fate = fates[j]
@@ -538,7 +805,7 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: RewriteContext,
 
         b = None
         keep = False
-        if writer is None:  # the queue dir is not written (unknown to the metadata)
+        if not written:  # the queue dir is not written (unknown to the metadata)
             if ctx.rebuild:
                 b = raw()
                 if b is None:
@@ -584,6 +851,7 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: RewriteContext,
                     ctx.repaired[msg_id] = b
                     entries.append(Entry(seqs[j] + shift, msg_id, sizes[j], expiries[j], shared=True,
                                          delivered=delivered[j] == 1))
+                    at.append(j)
                     continue
             if fate in SALVAGEABLE:
                 b = vs.bodies.read(qs_path, *r_qs.term_span(st_off[j], st_size[j])) if whole_qs_entry else raw()
@@ -616,6 +884,7 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: RewriteContext,
         if not ok:
             continue
         seq = seqs[j] + shift
+        at.append(j)
         if loc == Location.SHARED_STORE:
             entries.append(Entry(seq, msg_id, sizes[j], expiries[j], shared=True, delivered=delivered[j] == 1))
             rf.append(store_pos[res.body_files[fb]])
@@ -635,15 +904,15 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: RewriteContext,
         refs[0].append(np.array(rf, np.int64))
         refs[1].append(np.array(ro, np.int64))
         refs[2].append(np.array(rt, np.int64))
-    return entries
+    return entries, at
 
 
-def _restored(vs: VhostScan, queue: bytes, first_seq: int, qr: QueueResult, ctx: RewriteContext, refs) -> list[Entry]:
-    """rebuild --restore-orphans: the orphaned shared-store messages whose exchange and routing
-    keys reach ``queue`` under the metadata's bindings (``VhostScan.orphan_destinations``), as
-    index entries from ``first_seq`` on, in store order. Each keeps its id and stored bytes
-    (re-encoded for another target version like any kept message), gets no expiry, and is
-    labelled in the result and in lost+found's index (reason ``restored``, no bytes copied)."""
+def _orphans_to_restore(vs: VhostScan, queue: bytes, ctx: RewriteContext, refs) -> list[tuple]:
+    """rebuild --restore-orphans: the orphaned shared-store messages of the scan (of its share)
+    whose exchange and routing keys reach ``queue`` under the metadata's bindings
+    (``VhostScan.orphan_destinations``), in store order, as ``((file position, offset, entry
+    size), id, body size, file)``; each is written from its stored bytes (re-encoded for another
+    target version like any kept message: ``ctx.reterm``), and its entry added to ``refs``."""
     from cqforensics import fastpath
 
     st = vs.stores.get("persistent")
@@ -651,7 +920,7 @@ def _restored(vs: VhostScan, queue: bytes, first_seq: int, qr: QueueResult, ctx:
         return []
     target = ctx.target or vs.model
     vhost_raw = vs.vhost.name_raw or b""
-    entries, rf, ro, rt = [], [], [], []
+    out, rf, ro, rt = [], [], [], []
     for e, dest in sorted(vs.orphan_destinations("persistent").items()):
         if not dest or queue not in dest:
             continue
@@ -669,19 +938,29 @@ def _restored(vs: VhostScan, queue: bytes, first_seq: int, qr: QueueResult, ctx:
         key = (int(st.e_file[e]), int(st.e_offset[e]), int(st.e_total[e]))
         if action != formats.KEEP:
             ctx.reterm[key[0] * _KEY + key[1]] = (msg_id, formats.retarget_term(target, term, vhost_raw, msg_id))
-        entries.append(Entry(first_seq + len(entries), msg_id, size, 0, shared=True))
+        out.append((key, msg_id, size, path))
         rf.append(key[0])
         ro.append(key[1])
         rt.append(key[2])
-        where = {"node": qr.node, "vhost": qr.vhost, "queue": qr.queue, "queue_dir": qr.dir,
-                 "seq_id": entries[-1].seq_id, "msg_id": msg_id.hex(), "file": str(path), "offset": key[1]}
-        ctx.result.restored.append(where)
-        ctx.lost.add("restored", {**where, "location": "shared_store", "fate_at_next_boot": None}, None,
-                     f"orphaned store message written back into queue {qr.queue!r} (--restore-orphans)")
     if rf:
         refs[0].append(np.array(rf, np.int64))
         refs[1].append(np.array(ro, np.int64))
         refs[2].append(np.array(rt, np.int64))
+    return out
+
+
+def _restore(orphans: list[tuple], first_seq: int, qr: QueueResult, ctx: RewriteContext) -> list[Entry]:
+    """The index entries of the orphans restored into a queue (``_orphans_to_restore``), from
+    ``first_seq`` on, in store order. Each keeps its id, gets no expiry, and is labelled in the
+    result and in lost+found's index (reason ``restored``, no bytes copied)."""
+    entries = []
+    for (_, offset, _), msg_id, size, path in orphans:
+        entries.append(Entry(first_seq + len(entries), msg_id, size, 0, shared=True))
+        where = {"node": qr.node, "vhost": qr.vhost, "queue": qr.queue, "queue_dir": qr.dir,
+                 "seq_id": entries[-1].seq_id, "msg_id": msg_id.hex(), "file": str(path), "offset": offset}
+        ctx.result.restored.append(where)
+        ctx.lost.add("restored", {**where, "location": "shared_store", "fate_at_next_boot": None}, None,
+                     f"orphaned store message written back into queue {qr.queue!r} (--restore-orphans)")
     qr.restored += len(entries)
     return entries
 
@@ -850,7 +1129,7 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
     duplicates stay; new files are numbered above them); ``template``: a node dir of the target
     broker whose metadata replaces SRC's (``retarget``: for a target of another release series);
     ``restore_orphans`` (rebuild only, opt-in): queue names into which the orphaned shared-store
-    messages their bindings route to them are written back (``_restored``)."""
+    messages their bindings route to them are written back (``_orphans_to_restore``)."""
     from cqforensics.write import retarget
     from cqforensics.errors import UsageError
     from cqforensics.fsck import running_broker
