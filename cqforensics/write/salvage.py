@@ -234,7 +234,8 @@ class RewriteContext:
     lost: LostFound
     dry: bool
     limit: int
-    damage: list[str] = field(default_factory=list)  # compact: what makes SRC unfit
+    damage: list[str] = field(default_factory=list)  # compact: what makes SRC unfit (the first few)
+    damaged: int = 0  # compact: messages that make SRC unfit
     target: BrokerModel | None = None  # the version the output is written for (None: SRC's)
     reterm: "Reterms | None" = None  # this vhost: the shared-store terms re-encoded for the target
     v2_count: dict[Path, int] = field(default_factory=dict)  # vhost dir -> v2 segment size seen
@@ -823,7 +824,9 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: RewriteContext,
             if fate not in KEPT_AS_IS or fb < 0:
                 why = fate.reason or Fate.BODY_MISSING.label
                 _bump(qr.lost, why)
-                ctx.damage.append(f"{qr.vhost}/{qr.queue}: seq id {seqs[j]}: {why}")
+                ctx.damaged += 1
+                if len(ctx.damage) < 5:  # named in the error; the rest counted
+                    ctx.damage.append(f"{qr.vhost}/{qr.queue}: seq id {seqs[j]}: {why}")
                 continue
             bad_entry = qs_fate(res.qs_status[j])
             if bad_entry in QUARANTINED:  # expired, so the broker drops it unread, but its .qs entry
@@ -1202,8 +1205,9 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
             lost.close()
             sources.close()
         if ctx.damage:
-            shown = "; ".join(ctx.damage[:5]) + (f" (and {len(ctx.damage) - 5} more)" if len(ctx.damage) > 5 else "")
-            raise DamagedSource(f"{src}: {len(ctx.damage)} messages the next boot would not deliver as they are "
+            more = ctx.damaged - len(ctx.damage)
+            shown = "; ".join(ctx.damage) + (f" (and {more} more)" if more else "")
+            raise DamagedSource(f"{src}: {ctx.damaged} messages the next boot would not deliver as they are "
                                 f"({shown}); compact only rewrites consistent stores: run `cqforensics fsck` to see "
                                 "the damage and `cqforensics rebuild` to salvage")
         for q in result.queues:
