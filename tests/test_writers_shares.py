@@ -131,3 +131,31 @@ def test_many_shares_and_a_share_with_nothing(tmp_path, monkeypatch):
     """More shares than the store has messages: most shares hold none."""
     whole, shared = _whole_and_shared(rebuild, SAMPLES / "4.3.6-clean" / "mnesia", tmp_path, monkeypatch, parts=64)
     assert shared == whole
+
+
+@pytest.mark.parametrize("block", [1, 3, 1 << 16])
+def test_store_keys_merge_a_file_at_a_time(block, monkeypatch):
+    """The store entries of every share come back in key order, one source file per batch,
+    whatever the read block (crafted keys: 7 shares, 40 files, some shares without a file)."""
+    import numpy as np
+
+    from cqforensics.write import salvage
+
+    monkeypatch.setattr(salvage._StoreKeys, "BLOCK", block)
+    rng = np.random.default_rng(5)
+    keys = salvage._StoreKeys(7)
+    everything = []
+    for k in range(7):
+        n = 0 if k == 3 else int(rng.integers(1, 200))
+        files = rng.integers(0, 40 if k != 5 else 2, n)
+        unique = np.unique(files * salvage._KEY + rng.integers(0, 1 << 24, n))  # sorted, as a share's are
+        rec = np.zeros(len(unique), salvage.KEY_RECORD)
+        rec["key"], rec["total"] = unique, unique % 997
+        keys.put(k, rec)
+        everything.append(rec)
+    got = list(keys.by_file())
+    keys.close()
+    want = np.sort(np.concatenate(everything)["key"])
+    assert np.array_equal(np.concatenate([g["key"] for g in got]), want)
+    assert all(len(np.unique(g["key"] // salvage._KEY)) == 1 for g in got)
+    assert len(got) == len(np.unique(want // salvage._KEY))
