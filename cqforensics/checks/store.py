@@ -8,9 +8,10 @@ import heapq
 
 import numpy as np
 
-from cqforensics.codes import StoreStatus
+from cqforensics.codes import Fate, StoreStatus
 from cqforensics.errors import CQError
 from cqforensics.findings import Finding
+from cqforensics.model import recovery
 from cqforensics.model.vhost import VhostScan
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers import terms as r_terms
@@ -41,7 +42,7 @@ class StoreCheck:
             if kind != "persistent":
                 continue
             t.add_status(st, vs.store_status[kind][0])
-            self.out += _torn_findings(st, vs.references[kind])
+            self.out += _torn_findings(vs, st, vs.references[kind])
             if st.recorded is not None:
                 t.add_refcounts(st, vs.references[kind])
 
@@ -66,32 +67,35 @@ class StoreCheck:
         return out
 
 
-def _torn_findings(st, refs) -> list[Finding]:
+def _torn_findings(vs: VhostScan, st, refs) -> list[Finding]:
     """``msg-corrupt`` for each entry without its 255 write marker (every version's scan skips
-    it). A loss only when an index refers to the id and the scan reaches no intact copy: a kill
-    during a <= 3.12 combine or a 4.x in-place compaction leaves a torn copy in the destination
-    while the source entry survives, and a torn write nothing refers to loses nothing."""
+    it). A loss only when an index refers to the id and the recovery model finds no copy the
+    next boot reads (``model.recovery.shared_copies``): a kill during a <= 3.12 combine or a 4.x
+    in-place compaction leaves a torn copy in the destination while the source entry survives,
+    and a torn write nothing refers to loses nothing."""
     if not st.bad:
         return []
     ids = np.frombuffer(b"".join(i for *_, i in st.bad), st.e_id.dtype)
-    claim, first = st.locate(ids)
+    claim, first, problem = recovery.shared_copies(st, "persistent", ids, recovery.reads_clean(vs))
     referenced = refs.ids.lookup(ids) >= 0
     out = []
     for k, (fi, o, tot, i) in enumerate(st.bad):
-        head = f"entry for {i.hex()} ({tot} bytes) lacks its 255 write marker: a torn write, skipped by every version"
+        text = f"entry for {i.hex()} ({tot} bytes) lacks its 255 write marker: a torn write, skipped by every version"
         details = {"msg_id": i.hex(), "total_size": tot}
         copy = int(claim[k]) if claim[k] >= 0 else int(first[k])
+        where = ""
         if copy >= 0:
             details |= {"copy_file": str(st.path(copy)), "copy_offset": int(st.e_offset[copy])}
             where = f"its intact copy in {st.path(copy).name} at offset {int(st.e_offset[copy])}"
-        if claim[k] >= 0:
-            text, severity = f"{head}; the next boot uses {where} (a move or combine cut short)", "warning"
+        severity = "warning"
+        if problem[k] < 0 and copy >= 0:
+            text += f"; the next boot uses {where} (a move or combine cut short)"
         elif not referenced[k]:
-            text, severity = f"{head}; no queue index refers to it: nothing is lost", "warning"
-        elif copy >= 0:
-            text, severity = f"{head}; the next boot's scan does not reach {where}: lost (rebuild recovers it)", "error"
+            text += "; no queue index refers to it: nothing is lost"
         else:
-            text, severity = f"{head}; no intact copy: lost", "error"
+            severity = "error"
+            text += f"; the next boot loses the message ({Fate(int(problem[k])).label})" + \
+                (f"; {where} survives (rebuild recovers it)" if copy >= 0 else ": no intact copy is left")
         out.append(Finding("msg-corrupt", text, str(st.files[fi].path), o, severity=severity, details=details))
     return out
 

@@ -424,6 +424,38 @@ def queue_fate(vs, qx) -> Fate | None:
     return None
 
 
+def reads_clean(vs, propagate: bool = True) -> bool:
+    """Whether the next boot reads the vhost's shared stores as a clean start does (trusting
+    msg_store_index.ets) rather than by a scan. ``propagate``: a clean start whose damaged
+    message crashes the whole vhost counts as the dirty recovery its restart does."""
+    clean = vs.recovery == "clean"
+    if clean and propagate and vs.clean_crashes[1]:
+        # up to 3.12 the failed read stops the vhost; its supervisor restarts it, and as the first
+        # start consumed the clean-shutdown files, the restart recovers the whole vhost dirty
+        clean = False
+    return clean
+
+
+def shared_copies(st, kind: str, ids: np.ndarray, clean: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For message ids whose bodies are in shared store ``st`` (of ``kind``): the entry the next
+    boot's scan claims and the first entry holding each (-1: none), and the fate a problem with
+    the body causes (-1: none). A dirty start scans the store: no copy its scan reaches loses the
+    message (unreachable when the bytes are there). A clean start (``reads_clean``) trusts
+    msg_store_index.ets, which must place each persistent id on a valid entry holding it."""
+    cp, ap = st.locate(ids)
+    problem = np.full(len(ids), -1, np.int8)
+    if not clean:
+        miss = cp < 0
+        problem[miss] = np.where(ap[miss] >= 0, Fate.BODY_UNREACHABLE, Fate.BODY_MISSING)
+    elif kind == "persistent":
+        bad = ~recorded_ok(st, ids)
+        # an id it does not record at all: the read crashes the queue (541), and its restart
+        # (a dirty index recovery asking the store, rabbit_msg_store:contains) drops it;
+        # a restart after an init crash drops it without reading it
+        problem[bad] = np.where(recorded_has(st, ids)[bad], Fate.DELIVERY_CRASH, Fate.NOT_IN_STORE_INDEX)
+    return cp, ap, problem
+
+
 def resolve(vs, qx, propagate: bool = True) -> Resolved:
     """Locate every live entry's body (as the target version would) and decide its fate.
     ``propagate``: include the crash a damaged message causes on a clean start (off while
@@ -433,11 +465,7 @@ def resolve(vs, qx, propagate: bool = True) -> Resolved:
     n = len(live)
     loc, persistent, files = r.loc[live], r.persistent[live], r.file[live]
     st_off, st_size = r.store_offset[live], r.store_size[live]
-    clean = vs.recovery == "clean"
-    if clean and propagate and vs.clean_crashes[1]:
-        # up to 3.12 the failed read stops the vhost; its supervisor restarts it, and as the first
-        # start consumed the clean-shutdown files, the restart recovers the whole vhost dirty
-        clean = False
+    clean = reads_clean(vs, propagate)
     # a clean start reads the queue as its recovery terms say, unless they disagree with its
     # index: then the queue crashes at init and restarts recovering its index from the files
     start = queue_starts(vs).get(qx.qdir.dir_name) if clean else None
@@ -466,7 +494,7 @@ def resolve(vs, qx, propagate: bool = True) -> Resolved:
             if not clean:
                 problem[sel] = Fate.BODY_MISSING
             continue
-        cp, ap = st.locate(r.msg_id[live[sel]])
+        cp, ap, problem[sel] = shared_copies(st, kind, r.msg_id[live[sel]], clean)
         e = np.where(cp >= 0, cp, ap)
         have = e >= 0
         if have.any():
@@ -476,17 +504,6 @@ def resolve(vs, qx, propagate: bool = True) -> Resolved:
             file_map[used] = [path_ix(st.files[k].path) for k in used.tolist()]
             body(rows, file_map[st.e_file[e]], *r_rdq.term_span(st.e_offset[e], st.e_total[e]))
             out.store_offset[rows] = st.e_offset[e]
-        if clean:
-            if kind == "persistent":  # the trusted index must place the id on a valid entry holding it
-                ids = r.msg_id[live[sel]]
-                bad = ~recorded_ok(st, ids)
-                # an id it does not record at all: the read crashes the queue (541), and its restart
-                # (a dirty index recovery asking the store, rabbit_msg_store:contains) drops it;
-                # a restart after an init crash drops it without reading it
-                problem[sel[bad]] = np.where(recorded_has(st, ids)[bad], Fate.DELIVERY_CRASH,
-                                             Fate.NOT_IN_STORE_INDEX)
-        else:
-            problem[sel[cp < 0]] = np.where(ap[cp < 0] >= 0, Fate.BODY_UNREACHABLE, Fate.BODY_MISSING)
     # per-queue store
     sel = np.flatnonzero(loc == _QSTORE)
     if len(sel):
