@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import pickle
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,7 +48,7 @@ from cqforensics.model.recovery import (
     intrinsic_fate,
     qs_fate,
 )
-from cqforensics.model.store import distinct
+from cqforensics.model.store import Spill, distinct
 from cqforensics.model.versions import BrokerModel
 from cqforensics.model.versions import model as version_model
 from cqforensics.model.vhost import NodeScan, VhostScan
@@ -420,8 +421,6 @@ class _EntrySpill:
     every share's file in step, a chunk at a time, merging its entries back into index order."""
 
     def __init__(self, parts: int):
-        import tempfile
-
         self.files = [tempfile.TemporaryFile(prefix="cqf-entries-") for _ in range(parts)]
 
     def add(self, k: int, pos: np.ndarray, entries: list[Entry]) -> None:
@@ -456,8 +455,6 @@ class Reterms:
     (``take``), so memory holds one share's."""
 
     def __init__(self):
-        import tempfile
-
         self.file = tempfile.TemporaryFile(prefix="cqf-terms-")
         self.at: dict[int, tuple[int, int, bytes]] = {}  # key -> (place, length, id), this share
         self.files: set[int] = set()  # file positions with a term re-encoded
@@ -493,28 +490,25 @@ class Reterms:
         self.file.close()
 
 
-class _StoreKeys:
-    """Per share, the shared-store entries its messages are written from (``KEY_RECORD``: key,
-    entry size, whether it needs no new copy), sorted, in a temporary file; read back merged in
-    key order a source file at a time (``by_file``), so the copy holds one file's records."""
+class _StoreKeys(Spill):
+    """Per share, the shared-store entries its messages are written from (``KEY_RECORD``),
+    sorted, in the share's file of a ``Spill``; read back merged in key order a source file at
+    a time (``by_file``), so the copy holds one file's records."""
 
     BLOCK = 1 << 16  # records read at once from a share's file
 
     def __init__(self, parts: int):
-        import tempfile
-
-        self.files = [tempfile.TemporaryFile(prefix="cqf-keys-") for _ in range(parts)]
+        super().__init__(KEY_RECORD, parts)
 
     def put(self, k: int, rec: np.ndarray) -> None:
+        """The share's records, replacing any it had."""
         f = self.files[k]
         f.seek(0)
         f.truncate()
         f.write(rec.tobytes())
 
     def load(self, k: int) -> np.ndarray:
-        f = self.files[k]
-        f.seek(0)
-        return np.frombuffer(f.read(), KEY_RECORD).copy()
+        return super().load(k).copy()  # writable
 
     def by_file(self):
         """Every share's records of one source file after another, in key order."""
