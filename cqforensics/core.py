@@ -134,8 +134,8 @@ def decode_messages(sources: list, file_ix: np.ndarray, starts: np.ndarray, leng
     """The decoded ``messages`` columns of stored terms as Arrow arrays, and each row's status
     (0 decoded, ``FALLBACK``: for the reference, ``NO_TERM``). Row k's term is the byte range
     ``[starts[k], starts[k] + lengths[k])`` of ``sources[file_ix[k]]`` (-1: no term): a buffer,
-    or the descriptor of a file open for reading (``Bodies.descriptors``), which the core reads
-    with ``pread``, a run of nearby terms at a time, never mapping it. The body column's buffer
+    or the descriptor of a file open for reading (``Bodies.descriptors``), which the core maps
+    for the call (each body is copied once, from the page cache into its column). The body column's buffer
     comes from Arrow's memory pool."""
     out = _native.decode_messages(sources, np.ascontiguousarray(file_ix, np.int32).tobytes(),
                                   np.ascontiguousarray(starts, np.int64).tobytes(),

@@ -271,6 +271,27 @@ def test_read_spans_equals_slicing(tmp_path):
     finally:
         for fd in fds:
             os.close(fd)
+    # a store's terms in file order (a read per run of up to 1024 pieces, the gaps between
+    # them skipped), of the sample file with the most entries: every entry, every third, and
+    # every other one with the last cut where the file ends
+    path = max(_files(".rdq"), key=lambda p: p.stat().st_size)
+    data = read_bytes(path)
+    offsets, totals, *_ = core.walk_rdq(data)
+    assert len(offsets) > 500
+    # and 6000 short spans 25 bytes apart (made up): more pieces than one read takes
+    small = tmp_path / "small.bin"
+    small.write_bytes(rng.randbytes(6000 * 125))
+    fds = [os.open(path, os.O_RDONLY), os.open(small, os.O_RDONLY)]
+    cases = [(0, data, offsets[::step] + 24, totals[::step] - 25) for step in (1, 3, 2)]
+    cases.append((1, small.read_bytes(), np.arange(6000, dtype=np.int64) * 125, np.full(6000, 100, np.int64)))
+    try:
+        for f, content, starts, lengths in cases:
+            lengths[-1] += 10
+            got = core.read_spans(fds, np.full(len(starts), f, np.int32), starts, lengths)
+            assert got.to_pylist() == [content[s:s + n] for s, n in zip(starts.tolist(), lengths.tolist())]
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 # -- message decode --------------------------------------------------------------------------------

@@ -37,6 +37,28 @@ pub fn push_json_str(out: &mut String, s: &str) {
     out.push('"');
 }
 
+/// The decimal digits of `v`, as Python's `str(int)` writes them, without a heap string.
+pub fn push_int(out: &mut String, v: i128) {
+    let Ok(mut m) = u64::try_from(v.unsigned_abs()) else {
+        out.push_str(&v.to_string()); // beyond 64 bits: no value of a store comes here
+        return;
+    };
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (m % 10) as u8;
+        m /= 10;
+        if m == 0 {
+            break;
+        }
+    }
+    if v < 0 {
+        out.push('-');
+    }
+    out.push_str(std::str::from_utf8(&digits[at..]).unwrap());
+}
+
 /// `"value":"text"` for UTF-8 bytes, else `"base64":"..."` (amqp091._text_json).
 fn push_text(out: &mut String, raw: &[u8]) {
     match std::str::from_utf8(raw) {
@@ -97,7 +119,7 @@ fn value(buf: &[u8], o: usize, depth: u32, out: &mut String) -> R<usize> {
         out.push_str("{\"type\":\"");
         out.push_str(name);
         out.push_str("\",\"value\":");
-        out.push_str(&n.to_string());
+        push_int(out, n);
         out.push('}');
         o + size
     };
@@ -177,45 +199,51 @@ fn value(buf: &[u8], o: usize, depth: u32, out: &mut String) -> R<usize> {
     })
 }
 
-/// The entries of the table in `buf[o..end]` (amqp091._table): each name and its typed-JSON
-/// value text, in table order.
-pub fn table_entries(buf: &[u8], mut o: usize, end: usize, depth: u32) -> R<Vec<(&str, String)>> {
-    let mut entries: Vec<(&str, String)> = Vec::new();
+/// A table entry: its name, and its value's typed-JSON text as a range of a texts buffer.
+pub type Entry<'a> = (&'a str, std::ops::Range<usize>);
+
+/// The entries of the table in `buf[o..end]` (amqp091._table), appended to `entries` in table
+/// order, each value's typed-JSON text appended to `vals`.
+pub fn table_entries<'a>(buf: &'a [u8], mut o: usize, end: usize, depth: u32, vals: &mut String,
+                         entries: &mut Vec<Entry<'a>>) -> R<()> {
+    let first = entries.len();
     while o < end {
         let n = *buf.get(o).ok_or(Fallback)? as usize;
         let key = std::str::from_utf8(buf.get(o + 1..o + 1 + n).ok_or(Fallback)?).map_err(|_| Fallback)?;
-        if entries.len() >= 256 || entries.iter().any(|(k, _)| *k == key) {
+        if entries.len() - first >= 256 || entries[first..].iter().any(|(k, _)| *k == key) {
             return Err(Fallback); // a repeated name (first place, last value) or a huge table
         }
         o += 1 + n;
-        let mut v = String::new();
-        o = value(buf, o, depth, &mut v)?;
-        entries.push((key, v));
+        let at = vals.len();
+        o = value(buf, o, depth, vals)?;
+        entries.push((key, at..vals.len()));
     }
     if o != end {
         return Err(Fallback);
     }
-    Ok(entries)
+    Ok(())
 }
 
-/// `{"name":value,...}` of table entries.
-pub fn push_entries<K: AsRef<str>>(out: &mut String, entries: &[(K, String)]) {
+/// `{"name":value,...}` of table entries whose value texts are in `vals`.
+pub fn push_entries(out: &mut String, entries: &[Entry], vals: &str) {
     out.push('{');
     for (i, (k, v)) in entries.iter().enumerate() {
         if i > 0 {
             out.push(',');
         }
-        push_json_str(out, k.as_ref());
+        push_json_str(out, k);
         out.push(':');
-        out.push_str(v);
+        out.push_str(&vals[v.clone()]);
     }
     out.push('}');
 }
 
 /// The typed-JSON text of the table entries in `buf[o..end]`.
 pub fn table(buf: &[u8], o: usize, end: usize, depth: u32, out: &mut String) -> R<()> {
-    let entries = table_entries(buf, o, end, depth)?;
-    push_entries(out, &entries);
+    let mut vals = String::new();
+    let mut entries = Vec::new();
+    table_entries(buf, o, end, depth, &mut vals, &mut entries)?;
+    push_entries(out, &entries, &vals);
     Ok(())
 }
 
@@ -242,11 +270,11 @@ pub fn push_json_float(out: &mut String, v: f64) {
     if (-4..16).contains(&exp) {
         if decpt <= 0 {
             out.push_str("0.");
-            out.extend(std::iter::repeat('0').take((-decpt) as usize));
+            out.extend(std::iter::repeat_n('0', (-decpt) as usize));
             out.push_str(&digits);
         } else if decpt >= n {
             out.push_str(&digits);
-            out.extend(std::iter::repeat('0').take((decpt - n) as usize));
+            out.extend(std::iter::repeat_n('0', (decpt - n) as usize));
             out.push_str(".0");
         } else {
             out.push_str(&digits[..decpt as usize]);
@@ -263,14 +291,15 @@ pub fn push_json_float(out: &mut String, v: f64) {
     }
 }
 
-/// The 13 scalar basic properties (strings as byte slices, checked UTF-8) and headers JSON.
+/// The 13 scalar basic properties (strings as byte slices, checked UTF-8); whether there are
+/// headers (their entries are the caller's).
 #[derive(Default)]
 pub struct Props<'a> {
     pub strings: [Option<&'a str>; 10],
     pub delivery_mode: Option<i32>,
     pub priority: Option<i32>,
     pub timestamp: Option<u64>,
-    pub headers: Option<Vec<(&'a str, String)>>,
+    pub headers: bool,
 }
 
 /// Index of each string property in `Props::strings`, in the column order of the schema.
@@ -279,7 +308,9 @@ pub const STRING_PROPS: [&str; 10] = [
     "user_id", "app_id", "cluster_id",
 ];
 
-pub fn properties(raw: &[u8]) -> R<Props<'_>> {
+/// The basic properties encoded in `raw`; the headers' entries are appended to `entries`, their
+/// value texts to `vals`.
+pub fn properties<'a>(raw: &'a [u8], vals: &mut String, entries: &mut Vec<Entry<'a>>) -> R<Props<'a>> {
     let flags = u16::from_be_bytes(get::<2>(raw, 0)?);
     if flags & 1 != 0 {
         return Err(Fallback);
@@ -298,7 +329,8 @@ pub fn properties(raw: &[u8]) -> R<Props<'_>> {
                 if o + 4 + n > raw.len() {
                     return Err(Fallback);
                 }
-                p.headers = Some(table_entries(raw, o + 4, o + 4 + n, 0)?);
+                table_entries(raw, o + 4, o + 4 + n, 0, vals, entries)?;
+                p.headers = true;
                 o += 4 + n;
             }
             -2 => {
@@ -342,6 +374,15 @@ mod tests {
         let mut out = String::new();
         table(&raw, 0, raw.len(), 0, &mut out).unwrap();
         assert_eq!(out, r#"{"k":{"type":"longstr","value":"hi"},"n":{"type":"signedint","value":7}}"#);
+    }
+
+    #[test]
+    fn ints_like_python_str() {
+        for v in [0i128, 7, -7, 10, -128, i64::MAX as i128, i64::MIN as i128, u64::MAX as i128] {
+            let mut s = String::new();
+            push_int(&mut s, v);
+            assert_eq!(s, v.to_string());
+        }
     }
 
     #[test]

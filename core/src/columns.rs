@@ -18,7 +18,7 @@ impl Validity {
 
     #[inline]
     pub fn push(&mut self, valid: bool) {
-        if self.len % 8 == 0 {
+        if self.len.is_multiple_of(8) {
             self.bits.push(0);
         }
         if valid {
@@ -105,6 +105,18 @@ impl ListCol {
         self.offsets.clear();
         self.offsets.push(0);
         self.items.clear();
+    }
+
+    /// Appends a list of these items (bytes of UTF-8 text); false as `push`.
+    pub fn push_items<'b>(&mut self, items: impl Iterator<Item = &'b [u8]>) -> bool {
+        for b in items {
+            if !self.items.push(Some(b)) {
+                return false;
+            }
+        }
+        self.valid.push(true);
+        self.offsets.push(self.items.valid.len as i32);
+        true
     }
 
     pub fn push(&mut self, v: Option<&[&str]>) -> bool {

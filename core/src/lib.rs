@@ -72,7 +72,7 @@ fn walk_rdq<'py>(
     let refs: &[u8] = referenced.unwrap_or_default();
     let w = py.detach(move || {
         let bytes: &[u8] = if len == 0 { &[] } else { unsafe { std::slice::from_raw_parts(ptr as *const u8, len) } };
-        rdq::walk_map(bytes, extents.as_deref(), &rdq::Referenced(&refs), mapped)
+        rdq::walk_map(bytes, extents.as_deref(), &rdq::Referenced(refs), mapped)
     });
     drop(view);
     let hole_offsets: Vec<i64> = w.holes.iter().map(|h| h.0 as i64).collect();
@@ -183,7 +183,7 @@ impl Columns {
     }
 
     /// A row decoded here; the message id is the index's when it holds one.
-    fn push_decoded(&mut self, m: &message::Msg, index_id: Option<&[u8]>) {
+    fn push_decoded(&mut self, m: &message::Msg, texts: &message::Scratch, index_id: Option<&[u8]>) {
         let (msg_id, error) = match (index_id, m.msg_id) {
             (Some(i), Some(t)) if i != t => (Some(i), Some("the stored term's message id differs from the index's")),
             (Some(i), _) => (Some(i), None),
@@ -191,10 +191,11 @@ impl Columns {
         };
         self.msg_id.push(msg_id);
         self.exchange.push(m.exchange.map(str::as_bytes));
-        self.routing_keys.push(Some(&m.routing_keys));
+        self.routing_keys.push_items(m.routing_keys.iter());
         for (k, (col, v)) in self.strings.iter_mut().zip(m.props.strings.iter()).enumerate() {
-            match (k, &m.expiration) {
-                (EXPIRATION, Some(replaced)) => col.push(replaced.as_deref().map(str::as_bytes)),
+            match (k, m.expiration) {
+                (EXPIRATION, message::Expiration::Removed) => col.push(None),
+                (EXPIRATION, message::Expiration::Replaced) => col.push(Some(texts.expiration.as_bytes())),
                 _ => col.push(v.map(str::as_bytes)),
             };
         }
@@ -202,8 +203,8 @@ impl Columns {
         self.priority.push(m.props.priority);
         self.timestamp.push(m.timestamp_us);
         self.props_valid.push(true);
-        self.headers.push(m.headers.as_deref().map(str::as_bytes));
-        self.annotations.push(m.annotations.as_deref().map(str::as_bytes));
+        self.headers.push(m.headers.then_some(texts.headers.as_bytes()));
+        self.annotations.push(m.annotations.then_some(texts.annotations.as_bytes()));
         self.body_size.push(Some(m.body.len() as i64));
         self.term_format.push(Some(match m.format {
             message::Format::McAmqpl => b"mc_amqpl".as_slice(),
@@ -237,8 +238,9 @@ impl Columns {
 }
 
 /// Where a batch's stored terms are: a buffer (bytes, a map), or a file open for reading (its
-/// descriptor), read with `pread`: the file's pages are then never mapped into this process,
-/// so no page-table work (mapping, unmapping) is done each time a file is visited again.
+/// descriptor). `decode_messages` maps such a file for the call (`FileMap`: each body is then
+/// copied once, from the page cache into its column); `read_spans` reads it with `preadv`
+/// straight into the column; the window of `pread`s is the way left when neither can.
 enum Source {
     Mem(View),
     File(i32, u64), // descriptor, size
@@ -352,10 +354,44 @@ struct Spans {
     starts: Vec<i64>,
     lens: Vec<i64>,
     window: Window,
+    /// read files through a map of each (made at its first row, unmapped when done) rather
+    /// than into the window: the bytes are then copied once, from the page cache to where
+    /// they go, instead of twice
+    map_files: bool,
+    maps: Vec<Option<Option<FileMap>>>, // per source: not tried yet, or the map if one could be made
+}
+
+/// A read-only map of a whole file, unmapped when dropped.
+struct FileMap {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl FileMap {
+    fn new(fd: i32, len: u64) -> Option<FileMap> {
+        let len = usize::try_from(len).ok().filter(|&n| n > 0)?;
+        // SAFETY: a fresh read-only shared map of a descriptor the caller holds open
+        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd, 0) };
+        (ptr != libc::MAP_FAILED).then_some(FileMap { ptr, len })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: mapped for `len` bytes, read-only, until dropped (a file cut meanwhile makes
+        // reads past its new end fault, as the walk's maps of the same files would)
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+}
+
+impl Drop for FileMap {
+    fn drop(&mut self) {
+        // SAFETY: the map made in `new`, no longer borrowed
+        unsafe { libc::munmap(self.ptr, self.len) };
+    }
 }
 
 impl Spans {
-    fn new(sources: &Bound<'_, PyList>, file_ix: &[u8], starts: &[u8], lens: &[u8], what: &str) -> PyResult<Spans> {
+    fn new(sources: &Bound<'_, PyList>, file_ix: &[u8], starts: &[u8], lens: &[u8], what: &str, map_files: bool)
+           -> PyResult<Spans> {
         let ints = |b: &[u8]| b.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().unwrap())).collect::<Vec<_>>();
         let file_ix: Vec<i32> = file_ix.chunks_exact(4).map(|c| i32::from_ne_bytes(c.try_into().unwrap())).collect();
         let (starts, lens) = (ints(starts), ints(lens));
@@ -364,7 +400,8 @@ impl Spans {
         }
         let sources = sources.iter().map(|b| Source::new(&b)).collect::<PyResult<Vec<Source>>>()?;
         let window = Window { bytes: SCRATCH.with(|cell| cell.take()), file: -1, start: 0 };
-        Ok(Spans { sources, file_ix, starts, lens, window })
+        let maps = sources.iter().map(|_| None).collect();
+        Ok(Spans { sources, file_ix, starts, lens, window, map_files, maps })
     }
 
     fn len(&self) -> usize {
@@ -383,13 +420,22 @@ impl Spans {
 
     /// Row k's bytes, None when it has no file.
     fn span(&mut self, k: usize) -> Option<&[u8]> {
-        let f = usize::try_from(self.file_ix[k]).ok().and_then(|f| self.sources.get(f))?;
+        let ix = usize::try_from(self.file_ix[k]).ok()?;
+        let f = self.sources.get(ix)?;
+        let slice = |data: &'_ [u8]| {
+            let s = (self.starts[k].max(0) as usize).min(data.len());
+            (s, s.saturating_add(self.lens[k].max(0) as usize).min(data.len()))
+        };
+        if let (Source::File(fd, size), true) = (f, self.map_files) {
+            if let Some(m) = self.maps[ix].get_or_insert_with(|| FileMap::new(*fd, *size)) {
+                let (s, e) = slice(m.bytes());
+                return Some(&m.bytes()[s..e]);
+            }
+        }
         match f {
             Source::Mem(v) => {
-                let data = v.slice();
-                let s = (self.starts[k].max(0) as usize).min(data.len());
-                let e = s.saturating_add(self.lens[k].max(0) as usize).min(data.len());
-                Some(&data[s..e])
+                let (s, e) = slice(v.slice());
+                Some(&v.slice()[s..e])
             }
             Source::File(fd, _) => {
                 let len = f.cut(self.starts[k], self.lens[k]);
@@ -401,6 +447,42 @@ impl Spans {
                 Some(self.window.term(at, len))
             }
         }
+    }
+}
+
+/// Most pieces one `preadv` takes (Linux's UIO_MAXIOV).
+const MAX_IOV: usize = 1024;
+
+impl Spans {
+    /// Rows k..j of one file, in order, each within `WINDOW_GAP` of the one before and all within
+    /// `WINDOW` of row k's start (row k however long): read by one `preadv` straight into `out`,
+    /// row after row, the gaps between rows into `gap` (at least `WINDOW_GAP` bytes). Returns j,
+    /// or None when row k is not in a file or the read came short (a file cut meanwhile).
+    fn read_run(&self, k: usize, out: &mut [u8], gap: &mut [u8]) -> Option<usize> {
+        let f = self.source(k)?;
+        let Source::File(fd, _) = f else { return None };
+        let at = self.starts[k].max(0) as u64;
+        let (mut end, mut put, mut j) = (at, 0usize, k);
+        let mut iov: Vec<libc::iovec> = Vec::with_capacity(64);
+        while j < self.len() && iov.len() + 2 <= MAX_IOV && self.file_ix[j] == self.file_ix[k] {
+            let (s, l) = (self.starts[j].max(0) as u64, f.cut(self.starts[j], self.lens[j]));
+            if s < end || s - end > WINDOW_GAP || (j > k && s + l as u64 - at > WINDOW as u64) || put + l > out.len() {
+                break;
+            }
+            if s > end {
+                iov.push(libc::iovec { iov_base: gap.as_mut_ptr().cast(), iov_len: (s - end) as usize });
+            }
+            if l > 0 {
+                iov.push(libc::iovec { iov_base: out[put..].as_mut_ptr().cast(), iov_len: l });
+            }
+            (put, end, j) = (put + l, s + l as u64, j + 1);
+        }
+        let want = (end - at) as usize;
+        let from = libc::off_t::try_from(at).ok()?;
+        // SAFETY: every piece lies inside `out` (rows placed one after another within its length)
+        // or inside `gap` (no gap is longer than WINDOW_GAP)
+        let got = unsafe { libc::preadv(*fd, iov.as_ptr(), iov.len() as i32, from) };
+        (got >= 0 && got as usize == want && j > k).then_some(j)
     }
 }
 
@@ -433,9 +515,9 @@ fn pool_buffer<'py>(alloc: &Bound<'py, PyAny>, len: usize) -> PyResult<(Bound<'p
 /// an open file's descriptor (cut where it ends; `file_ix[k] < 0`: no term); `index_ids` 16
 /// bytes per row, `has_id` one byte per row (the index holds the id). Returns a dict of Arrow
 /// buffers and `status` (one byte per row: 0 decoded here, 1 for the reference to decode, 2 no
-/// term). A file's terms are read a run of nearby terms at a time (`Window`), and each body is
-/// copied from there into the column's buffer. The body buffer has room for every term, so it
-/// may be longer than its last offset.
+/// term). A file's terms are read through a map of it made for the call (`FileMap`; else a run
+/// of nearby terms at a time, `Window`), and each body is copied from there into the column's
+/// buffer. The body buffer has room for every term, so it may be longer than its last offset.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 fn decode_messages<'py>(
@@ -450,7 +532,7 @@ fn decode_messages<'py>(
     body_alloc: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let n = has_id.len();
-    let mut spans = Spans::new(sources, file_ix, starts, lens, "decode_messages")?;
+    let mut spans = Spans::new(sources, file_ix, starts, lens, "decode_messages", true)?;
     if index_ids.len() != 16 * n || spans.len() != n {
         return Err(pyo3::exceptions::PyValueError::new_err("decode_messages: arguments differ in length"));
     }
@@ -460,6 +542,7 @@ fn decode_messages<'py>(
     // SAFETY: the new buffer, writable, not yet shared with any Python code
     let out: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(body_view.buf_ptr() as *mut u8, room) };
     let dec = message::Decoder::default();
+    let mut texts = message::Scratch::default();
     let mut c = COLUMNS.with(|cell| cell.take());
     c.clear();
     let mut status = Vec::with_capacity(n);
@@ -472,7 +555,7 @@ fn decode_messages<'py>(
         let free = out.len() - body_total;
         let term = spans.span(k);
         // where the term's body is to be copied from: (offset in the term, length)
-        let kept = record(&mut c, &mut status, &dec, term, index_id, want_body, free);
+        let kept = record(&mut c, &mut status, &dec, &mut texts, term, index_id, want_body, free);
         if let (Some((off, len)), Some(term)) = (kept, term) {
             out[body_total..body_total + len].copy_from_slice(&term[off..off + len]);
         }
@@ -493,7 +576,8 @@ fn decode_messages<'py>(
 
 /// The bytes of many spans of files as one Arrow binary column (the `store` table's raw terms):
 /// row k is `[starts[k], starts[k] + lens[k])` of `sources[file_ix[k]]` (cut where it ends; null
-/// when `file_ix[k] < 0`), read a run of nearby spans at a time like `decode_messages`' terms.
+/// when `file_ix[k] < 0`), a file's runs of nearby spans each read by one `preadv` straight into
+/// the column (`Spans::read_run`).
 /// Returns `(validity bits, null count, int32 offsets, data buffer from `alloc`)`.
 #[pyfunction]
 fn read_spans<'py>(
@@ -504,7 +588,7 @@ fn read_spans<'py>(
     lens: &[u8],
     alloc: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyTuple>> {
-    let mut spans = Spans::new(sources, file_ix, starts, lens, "read_spans")?;
+    let mut spans = Spans::new(sources, file_ix, starts, lens, "read_spans", false)?;
     let total = spans.total();
     if total > i32::MAX as usize {
         return Err(pyo3::exceptions::PyValueError::new_err("read_spans: more bytes than int32 offsets address"));
@@ -516,7 +600,19 @@ fn read_spans<'py>(
     offsets.push(0);
     let mut valid = Validity::default();
     let mut at_out = 0usize;
-    for k in 0..spans.len() {
+    let mut gap = vec![0u8; WINDOW_GAP as usize];
+    let mut k = 0;
+    while k < spans.len() {
+        // runs of a file's rows go straight from the file into the column (one copy, not two)
+        if let Some(j) = spans.read_run(k, &mut out[at_out..], &mut gap) {
+            for r in k..j {
+                at_out += spans.source(r).map_or(0, |f| f.cut(spans.starts[r], spans.lens[r]));
+                valid.push(true);
+                offsets.push(at_out as i32);
+            }
+            k = j;
+            continue;
+        }
         let got = spans.span(k);
         if let Some(b) = got {
             out[at_out..at_out + b.len()].copy_from_slice(b);
@@ -524,6 +620,7 @@ fn read_spans<'py>(
         }
         valid.push(got.is_some());
         offsets.push(at_out as i32);
+        k += 1;
     }
     drop(spans);
     let (bits, nulls) = validity(py, &valid);
@@ -533,8 +630,9 @@ fn read_spans<'py>(
 /// Decodes one row's term (None: no term) and records it: its status and its columns. Returns
 /// the body's place in the term, `(offset, length)`, when the body is kept (bodies wanted, and
 /// it fits in the `free` bytes left of the body buffer; else the reference decodes the row).
-fn record(c: &mut Columns, status: &mut Vec<u8>, dec: &message::Decoder, term: Option<&[u8]>,
-          index_id: Option<&[u8]>, want_body: bool, free: usize) -> Option<(usize, usize)> {
+#[allow(clippy::too_many_arguments)]
+fn record(c: &mut Columns, status: &mut Vec<u8>, dec: &message::Decoder, texts: &mut message::Scratch,
+          term: Option<&[u8]>, index_id: Option<&[u8]>, want_body: bool, free: usize) -> Option<(usize, usize)> {
     let Some(raw) = term else {
         status.push(NO_TERM);
         c.push_empty(index_id);
@@ -545,10 +643,10 @@ fn record(c: &mut Columns, status: &mut Vec<u8>, dec: &message::Decoder, term: O
         let off = (body.as_ptr() as usize).wrapping_sub(raw.as_ptr() as usize);
         (off.checked_add(body.len())? <= raw.len()).then_some((off, body.len()))
     };
-    match dec.decode(raw) {
+    match dec.decode(raw, texts) {
         Ok(m) if !want_body || (m.body.len() <= free && place(m.body).is_some()) => {
             status.push(DECODED);
-            c.push_decoded(&m, index_id);
+            c.push_decoded(&m, texts, index_id);
             if want_body { place(m.body) } else { None }
         }
         _ => {

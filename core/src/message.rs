@@ -24,18 +24,96 @@ pub enum Format {
     BasicMessage,
 }
 
+/// What the annotations do to the expiration property.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Expiration {
+    Kept,
+    Removed,
+    /// replaced by `Scratch::expiration`
+    Replaced,
+}
+
+/// A decoded message. Its texts (headers, annotations, a replaced expiration) are in the
+/// `Scratch` it was decoded with, until the next decode.
 pub struct Msg<'a> {
     pub msg_id: Option<&'a [u8]>,
     pub exchange: Option<&'a str>,
-    pub routing_keys: Vec<&'a str>,
-    /// the expiration property when annotations replace it (`Some(None)`: removed)
-    pub expiration: Option<Option<String>>,
-    pub headers: Option<String>,
+    pub routing_keys: Bins<'a>,
+    pub expiration: Expiration,
+    pub headers: bool,
     pub props: Props<'a>,
     pub timestamp_us: Option<i64>,
-    pub annotations: Option<String>,
+    pub annotations: bool,
     pub body: &'a [u8],
     pub format: Format,
+}
+
+/// The buffers a decode builds its texts in, reused from message to message: a message costs
+/// no allocation of its own.
+#[derive(Default)]
+pub struct Scratch {
+    pub headers: String,
+    pub annotations: String,
+    pub expiration: String,
+    vals: String,
+    entries: Vec<amqp091::Entry<'static>>, // empty between decodes (their names borrow a term)
+    anns: Vec<Ann<'static>>,               // likewise
+}
+
+/// An empty vector of another lifetime in the same allocation (an in-place collect of nothing).
+fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter().map(|_| unreachable!()).collect()
+}
+
+/// A proper, non-empty list of binaries (checked UTF-8 where it is routing keys): its items'
+/// bytes (`m` tags and lengths included) and their number.
+#[derive(Clone, Copy, Default)]
+pub struct Bins<'a> {
+    items: &'a [u8],
+    pub n: usize,
+}
+
+impl<'a> Bins<'a> {
+    pub fn iter(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
+        let items = self.items;
+        let mut p = 0;
+        (0..self.n).map(move |_| {
+            let (b, q) = binary(items, p + 1).expect("items checked when the list was read");
+            p = q;
+            b
+        })
+    }
+
+    /// Every item is UTF-8 text.
+    fn texts(self) -> R<Self> {
+        for b in self.iter() {
+            text(b)?;
+        }
+        Ok(self)
+    }
+
+    /// Item strings (checked by `texts`).
+    pub fn strs(&self) -> impl Iterator<Item = &'a str> + 'a {
+        self.iter().map(|b| std::str::from_utf8(b).unwrap_or_default())
+    }
+}
+
+/// The items of the list whose `l` tag is at `p`: `l N (m Len Bytes){N} j` with N > 0 (an
+/// empty `l` list or an improper tail is the reference's to decide), and the offset after it.
+fn bin_list(raw: &[u8], p: usize) -> R<(Bins<'_>, usize)> {
+    let n = u32_at(raw, p + 1)?;
+    let mut q = p + 5;
+    for _ in 0..n {
+        if raw.get(q) != Some(&b'm') {
+            return Err(Fallback);
+        }
+        q = binary(raw, q + 1)?.1;
+    }
+    if raw.get(q) != Some(&b'j') || n == 0 {
+        return Err(Fallback);
+    }
+    Ok((Bins { items: &raw[p + 5..q], n }, q + 1))
 }
 
 struct Layout {
@@ -107,27 +185,15 @@ fn text(b: &[u8]) -> R<&str> {
 }
 
 /// A proper list of binaries (`l ... j`) or nil at `p`, as UTF-8 strings.
-fn binaries(raw: &[u8], mut p: usize) -> R<(Vec<&str>, usize)> {
+fn binaries(raw: &[u8], p: usize) -> R<(Bins<'_>, usize)> {
     match raw.get(p) {
-        Some(b'j') => return Ok((Vec::new(), p + 1)),
-        Some(b'l') => {}
-        _ => return Err(Fallback),
-    }
-    let n = u32_at(raw, p + 1)?;
-    p += 5;
-    let mut items = Vec::with_capacity(n.min(64));
-    for _ in 0..n {
-        if raw.get(p) != Some(&b'm') {
-            return Err(Fallback);
+        Some(b'j') => Ok((Bins::default(), p + 1)),
+        Some(b'l') => {
+            let (b, q) = bin_list(raw, p)?;
+            Ok((b.texts()?, q))
         }
-        let (b, q) = binary(raw, p + 1)?;
-        items.push(text(b)?);
-        p = q;
+        _ => Err(Fallback),
     }
-    if raw.get(p) != Some(&b'j') || n == 0 {
-        return Err(Fallback); // an empty 'l' list or an improper tail: the reference decides
-    }
-    Ok((items, p + 1))
 }
 
 /// An integer term at `p` (small integer, integer, small big up to 64 bits).
@@ -157,9 +223,12 @@ enum Val<'a> {
     Bin(&'a [u8]),
     Int(i128),
     Atom(Cow<'a, str>),
-    Bins(Vec<&'a [u8]>),
+    Bins(Bins<'a>),
     Nil,
 }
+
+/// An annotation: its name, whether the name is an atom, its value.
+type Ann<'a> = (Cow<'a, str>, bool, Val<'a>);
 
 fn latin1(b: &[u8]) -> Cow<'_, str> {
     match std::str::from_utf8(b) {
@@ -197,21 +266,8 @@ fn value(raw: &[u8], p: usize) -> R<(Val<'_>, usize)> {
         }
         Some(b'j') => (Val::Nil, p + 1),
         Some(b'l') => {
-            let n = u32_at(raw, p + 1)?;
-            let mut q = p + 5;
-            let mut items = Vec::with_capacity(n.min(64));
-            for _ in 0..n {
-                if raw.get(q) != Some(&b'm') {
-                    return Err(Fallback);
-                }
-                let (b, r) = binary(raw, q + 1)?;
-                items.push(b);
-                q = r;
-            }
-            if raw.get(q) != Some(&b'j') || n == 0 {
-                return Err(Fallback);
-            }
-            (Val::Bins(items), q + 1)
+            let (b, q) = bin_list(raw, p)?;
+            (Val::Bins(b), q)
         }
         _ => return Err(Fallback),
     })
@@ -232,7 +288,7 @@ fn push_json_bin(out: &mut String, b: &[u8]) {
 fn push_json_val(out: &mut String, v: &Val) {
     match v {
         Val::Bin(b) => push_json_bin(out, b),
-        Val::Int(i) => out.push_str(&i.to_string()),
+        Val::Int(i) => amqp091::push_int(out, *i),
         Val::Atom(a) => amqp091::push_json_str(out, a),
         Val::Nil => out.push_str("[]"),
         Val::Bins(items) => {
@@ -252,13 +308,21 @@ fn push_json_val(out: &mut String, v: &Val) {
 const SPECIAL: [&str; 10] = ["id", "x", "rk", "rts", "p", "ts", "ttl", "d", "deaths", "timestamp_in_ms"];
 
 impl Decoder {
-    pub fn decode<'a>(&self, raw: &'a [u8]) -> R<Msg<'a>> {
+    /// The message stored in `raw`; its texts go to `s`.
+    pub fn decode<'a>(&self, raw: &'a [u8], s: &mut Scratch) -> R<Msg<'a>> {
         for lay in &self.layouts {
             if starts(raw, 0, &lay.mc) {
-                return self.mc_amqpl(raw, lay);
+                let mut anns = recycle(std::mem::take(&mut s.anns));
+                let mut entries = recycle(std::mem::take(&mut s.entries));
+                let m = self.mc_amqpl(raw, lay, s, &mut anns, &mut entries);
+                (s.anns, s.entries) = (recycle(anns), recycle(entries));
+                return m;
             }
             if starts(raw, 0, &lay.bm) {
-                return self.basic_message(raw, lay);
+                let mut entries = recycle(std::mem::take(&mut s.entries));
+                let m = self.basic_message(raw, lay, s, &mut entries);
+                s.entries = recycle(entries);
+                return m;
             }
         }
         Err(Fallback)
@@ -280,9 +344,21 @@ impl Decoder {
         Ok((props, body, p + 1))
     }
 
+    /// The basic properties in `props_bin`, their headers' JSON text in `s.headers`.
+    fn properties<'a>(props_bin: &'a [u8], s: &mut Scratch, entries: &mut Vec<amqp091::Entry<'a>>) -> R<Props<'a>> {
+        s.vals.clear();
+        s.headers.clear();
+        let props = amqp091::properties(props_bin, &mut s.vals, entries)?;
+        if props.headers {
+            amqp091::push_entries(&mut s.headers, entries, &s.vals);
+        }
+        Ok(props)
+    }
+
     /// mc_amqpl with the annotations applied as mc_amqpl:protocol_state does for a 0-9-1
     /// consumer (message._amqpl_view), and the annotations JSON (message._annotations_json).
-    fn mc_amqpl<'a>(&self, raw: &'a [u8], lay: &Layout) -> R<Msg<'a>> {
+    fn mc_amqpl<'a>(&self, raw: &'a [u8], lay: &Layout, s: &mut Scratch, anns: &mut Vec<Ann<'a>>,
+                    entries: &mut Vec<amqp091::Entry<'a>>) -> R<Msg<'a>> {
         let (props_bin, body, mut p) = self.content(raw, lay.mc.len(), lay)?;
         if raw.get(p) != Some(&b't') {
             return Err(Fallback);
@@ -290,7 +366,6 @@ impl Decoder {
         let n = u32_at(raw, p + 1)?;
         p += 5;
         // (name, is an atom, value), in map order
-        let mut anns: Vec<(Cow<str>, bool, Val)> = Vec::with_capacity(n.min(32));
         for _ in 0..n {
             let (key, is_atom, q) = if raw.get(p) == Some(&b'm') {
                 let (b, q) = binary(raw, p + 1)?;
@@ -320,17 +395,17 @@ impl Decoder {
             _ => return Err(Fallback),
         };
         let routing_keys = match get("rk") {
-            None | Some(Val::Nil) => Vec::new(),
-            Some(Val::Bins(items)) => items.iter().map(|b| text(b)).collect::<R<Vec<_>>>()?,
+            None | Some(Val::Nil) => Bins::default(),
+            Some(Val::Bins(items)) => items.texts()?,
             _ => return Err(Fallback),
         };
         if get("deaths").is_some() {
             return Err(Fallback);
         }
-        let mut props = amqp091::properties(props_bin)?;
-        // x- binaries and timestamp_in_ms become headers (sorted with the table's own)
+        let mut props = Self::properties(props_bin, s, entries)?;
+        // x- binaries and timestamp_in_ms become headers (sorted with the table's own): rare
         let mut extra: Vec<(String, String)> = Vec::new();
-        for (k, is_atom, v) in &anns {
+        for (k, is_atom, v) in anns.iter() {
             if *is_atom {
                 continue;
             }
@@ -353,15 +428,9 @@ impl Decoder {
                 }
             }
         }
-        let headers = if extra.is_empty() {
-            props.headers.take().map(|h| {
-                let mut s = String::new();
-                amqp091::push_entries(&mut s, &h);
-                s
-            })
-        } else {
+        if !extra.is_empty() {
             let mut merged: Vec<(String, String)> =
-                props.headers.take().unwrap_or_default().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+                entries.iter().map(|(k, v)| (k.to_string(), s.vals[v.clone()].to_string())).collect();
             for (k, v) in extra {
                 match merged.iter_mut().find(|(m, _)| *m == k) {
                     Some(slot) => slot.1 = v,
@@ -369,14 +438,28 @@ impl Decoder {
                 }
             }
             merged.sort_by(|a, b| a.0.cmp(&b.0));
-            let mut s = String::new();
-            amqp091::push_entries(&mut s, &merged);
-            Some(s)
-        };
+            s.vals.clear();
+            entries.clear();
+            let texts: Vec<(&str, std::ops::Range<usize>)> = merged
+                .iter()
+                .map(|(k, v)| {
+                    let at = s.vals.len();
+                    s.vals.push_str(v);
+                    (k.as_str(), at..s.vals.len())
+                })
+                .collect();
+            s.headers.clear();
+            amqp091::push_entries(&mut s.headers, &texts, &s.vals);
+            props.headers = true;
+        }
         let expiration = match get("ttl") {
-            None => None,
-            Some(Val::Atom(a)) if a == "undefined" => Some(None),
-            Some(Val::Int(i)) => Some(Some(i.to_string())),
+            None => Expiration::Kept,
+            Some(Val::Atom(a)) if a == "undefined" => Expiration::Removed,
+            Some(Val::Int(i)) => {
+                s.expiration.clear();
+                amqp091::push_int(&mut s.expiration, *i);
+                Expiration::Replaced
+            }
             _ => return Err(Fallback),
         };
         if props.priority.is_none() {
@@ -402,31 +485,34 @@ impl Decoder {
             Some(ms) if (TS_MIN_US..=TS_MAX_US).contains(&(ms * 1000)) => Some((ms * 1000) as i64),
             Some(_) => return Err(Fallback), // the reference names it out of range
         };
-        let mut annotations = String::from("{");
+        let out = &mut s.annotations;
+        out.clear();
+        out.push('{');
         for (k, _, v) in anns.iter().filter(|(k, a, _)| !(*a && matches!(k.as_ref(), "id" | "x" | "rk"))) {
-            if annotations.len() > 1 {
-                annotations.push(',');
+            if out.len() > 1 {
+                out.push(',');
             }
-            amqp091::push_json_str(&mut annotations, k);
-            annotations.push(':');
-            push_json_val(&mut annotations, v);
+            amqp091::push_json_str(out, k);
+            out.push(':');
+            push_json_val(out, v);
         }
-        annotations.push('}');
+        out.push('}');
         Ok(Msg {
             msg_id,
             exchange,
             routing_keys,
             expiration,
-            headers,
+            headers: props.headers,
             props,
             timestamp_us,
-            annotations: if annotations.len() > 2 { Some(annotations) } else { None },
+            annotations: out.len() > 2,
             body,
             format: Format::McAmqpl,
         })
     }
 
-    fn basic_message<'a>(&self, raw: &'a [u8], lay: &Layout) -> R<Msg<'a>> {
+    fn basic_message<'a>(&self, raw: &'a [u8], lay: &Layout, s: &mut Scratch,
+                         entries: &mut Vec<amqp091::Entry<'a>>) -> R<Msg<'a>> {
         let (_vhost, p) = binary(raw, lay.bm.len())?;
         if !starts(raw, p, &lay.exchange) {
             return Err(Fallback);
@@ -442,26 +528,21 @@ impl Decoder {
         if !starts(raw, p, &lay.true_) && !starts(raw, p, &lay.false_) {
             return Err(Fallback);
         }
-        let mut props = amqp091::properties(props_bin)?;
+        let props = Self::properties(props_bin, s, entries)?;
         let timestamp_us = match props.timestamp {
             None => None,
             Some(s) if (s as i128) * 1_000_000 <= TS_MAX_US => Some(s as i64 * 1_000_000),
             Some(_) => return Err(Fallback),
         };
-        let headers = props.headers.take().map(|h| {
-            let mut s = String::new();
-            amqp091::push_entries(&mut s, &h);
-            s
-        });
         Ok(Msg {
-            expiration: None,
-            headers,
+            expiration: Expiration::Kept,
+            headers: props.headers,
             msg_id: Some(msg_id),
             exchange: Some(text(x)?),
             routing_keys: rks,
             props,
             timestamp_us,
-            annotations: None,
+            annotations: false,
             body,
             format: Format::BasicMessage,
         })

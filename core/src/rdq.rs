@@ -89,15 +89,19 @@ impl Referenced<'_> {
         self.0.len() < 16
     }
 
-    /// Bytewise order is the order of the ids read as big-endian integers: compared as such
-    /// (two words, inline) rather than by a call to memcmp at each step.
+    /// The id at position m, read as a big-endian integer: bytewise order is the order of these
+    /// (compared as two words, inline, rather than by a call to memcmp at each step).
+    #[inline]
+    fn key(&self, m: usize) -> u128 {
+        u128::from_be_bytes(self.0[m * 16..m * 16 + 16].try_into().unwrap())
+    }
+
     fn contains(&self, id: &[u8]) -> bool {
-        let key = |b: &[u8]| u128::from_be_bytes(b[..16].try_into().unwrap());
-        let want = key(id);
+        let want = u128::from_be_bytes(id[..16].try_into().unwrap());
         let (mut lo, mut hi) = (0usize, self.0.len() / 16);
         while lo < hi {
             let m = (lo + hi) / 2;
-            match key(&self.0[m * 16..]).cmp(&want) {
+            match self.key(m).cmp(&want) {
                 std::cmp::Ordering::Less => lo = m + 1,
                 std::cmp::Ordering::Greater => hi = m,
                 std::cmp::Ordering::Equal => return true,
@@ -392,6 +396,21 @@ pub fn walk_map(data: &[u8], extents: Option<&[(usize, usize)]>, referenced: &Re
     w
 }
 
+/// The walk is a chain of dependent reads (a header gives the next header's place), each a
+/// cache miss: the places of the next entries are guessed from this one's size (a store's
+/// messages are often of similar sizes) and asked for ahead. A wrong guess costs nothing.
+#[inline]
+fn ahead_hint(data: &[u8], next: usize, step: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for k in 1..=2 {
+        let at = next + k * step;
+        if at + HEADER <= data.len() {
+            // SAFETY: a prefetch of an address inside the slice; it reads nothing
+            unsafe { std::arch::x86_64::_mm_prefetch(data.as_ptr().add(at).cast(), std::arch::x86_64::_MM_HINT_T0) };
+        }
+    }
+}
+
 fn walk_pages(data: &[u8], extents: Option<&[(usize, usize)]>, referenced: &Referenced) -> Walk {
     let end = data.len();
     let mut w = Walk::default();
@@ -405,6 +424,7 @@ fn walk_pages(data: &[u8], extents: Option<&[(usize, usize)]>, referenced: &Refe
             let fits = size >= 16 && size <= (end - o - 9) as u64;
             if fits && data[o + size as usize + 8] == MARK {
                 let nxt = o + size as usize + 9;
+                ahead_hint(data, nxt, nxt - o);
                 let id = &data[o + 8..o + 24];
                 let mut reason = None;
                 let mut hidden = -1i64;
@@ -450,6 +470,37 @@ mod tests {
     use super::*;
 
     const NONE: Referenced<'static> = Referenced(&[]);
+
+    /// `contains` agrees with a plain scan on uniform ids and on skewed ones, for ids present,
+    /// absent, below and above every id.
+    #[test]
+    fn referenced_contains_agrees_with_a_scan() {
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for skew in [false, true] {
+            let mut ids: Vec<[u8; 16]> = (0..3000)
+                .map(|k| {
+                    let hi = if skew { (k as u64).pow(4) } else { next() };
+                    let v = ((hi as u128) << 64) | next() as u128;
+                    v.to_be_bytes()
+                })
+                .collect();
+            ids.sort();
+            ids.dedup();
+            let flat: Vec<u8> = ids.iter().step_by(2).flatten().copied().collect();
+            let refs = Referenced(&flat);
+            for (k, id) in ids.iter().enumerate() {
+                assert_eq!(refs.contains(id), k % 2 == 0, "skew {skew} id {k}");
+            }
+            assert!(!refs.contains(&[0u8; 16]) || ids[0] == [0u8; 16]);
+            assert!(!refs.contains(&[0xFFu8; 16]));
+        }
+    }
 
     /// An entry whose term looks like a message record: {x, <<body>>}
     fn entry(id: u8, body: &[u8]) -> Vec<u8> {
