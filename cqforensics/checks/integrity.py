@@ -30,6 +30,7 @@ from cqforensics.codes import Location, RecordKind
 from cqforensics.errors import CQError
 from cqforensics.findings import Finding
 from cqforensics.model.index import IndexChunk
+from cqforensics.model.store import id_halves
 from cqforensics.model.vhost import NodeScan, VhostScan
 from cqforensics.readers import files as r_files
 from cqforensics.readers import qs as r_qs
@@ -87,8 +88,9 @@ class QueueIntegrity:
         ids, seq, fpos, offset, version = (np.concatenate(c) for c in zip(*self.parts))
         order = np.argsort(seq, kind="stable")
         ids, seq, fpos, offset, version = ids[order], seq[order], fpos[order], offset[order], version[order]
-        _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-        first_of = first[inverse.ravel()]
+        first_of = _first_of(ids)
+        if first_of is None:
+            return []
         out = []
         for k in np.flatnonzero(first_of != np.arange(len(ids))).tolist():
             j = int(first_of[k])
@@ -104,6 +106,17 @@ class QueueIntegrity:
                                                         "copy_of_file": str(path_j), "copy_of_offset": int(offset[j]),
                                                         "msg_id": ids[k].tobytes().hex()}))
         return out
+
+
+def _first_of(ids: np.ndarray) -> np.ndarray | None:
+    """The position of the first occurrence of each id (V16), or None when every id is distinct:
+    the common case, told by a sort of the ids' high halves (``np.unique`` of the ids themselves
+    sorts 16-byte values byte by byte, 10x slower on 200 k)."""
+    hi = np.sort(id_halves(ids)[0])
+    if not (hi[1:] == hi[:-1]).any():
+        return None
+    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    return first[inverse.ravel()]
 
 
 class CopyCheck:

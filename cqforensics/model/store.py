@@ -105,7 +105,7 @@ def _search(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
     return out
 
 
-def _split(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def id_halves(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """16-byte ids as two native uint64 keys (numeric sorts and searches are fast)."""
     halves = ids.view(">u8").reshape(-1, 2)
     return halves[:, 0].astype(np.uint64), halves[:, 1].astype(np.uint64)
@@ -123,9 +123,9 @@ class IdSet:
     def build(cls, ids: np.ndarray, order_key: np.ndarray | None = None) -> tuple["IdSet", np.ndarray, np.ndarray]:
         """(set, group of each input, first input of each group in ``order_key`` order)."""
         n = len(ids)
-        hi, lo = _split(ids)
+        hi, lo = id_halves(ids)
         if order_key is None:  # random guids: the high halves are almost always distinct already
-            order = np.argsort(hi, kind="stable")
+            order = np.argsort(hi)  # not stable (5x faster): ties go to the lexsort below
             sh = hi[order]
             if not n or not (sh[1:] == sh[:-1]).any():
                 group = np.empty(n, np.int64)
@@ -149,7 +149,7 @@ class IdSet:
         out = np.full(len(ids), -1, np.int64)
         if not len(ids) or not len(self.ids):
             return out
-        qhi, qlo = _split(ids)
+        qhi, qlo = id_halves(ids)
         i = np.minimum(_search(self.hi, qhi), len(self.hi) - 1)
         exact = (self.hi[i] == qhi) & (self.lo[i] == qlo)
         out[exact] = i[exact]
