@@ -75,14 +75,16 @@ pub struct Bins<'a> {
 }
 
 impl<'a> Bins<'a> {
+    /// The items' bytes (`bin_list` checked their framing).
     pub fn iter(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
         let items = self.items;
         let mut p = 0;
-        (0..self.n).map(move |_| {
-            let (b, q) = binary(items, p + 1).expect("items checked when the list was read");
+        std::iter::from_fn(move || {
+            let (b, q) = binary(items, p + 1).ok()?;
             p = q;
-            b
+            Some(b)
         })
+        .take(self.n)
     }
 
     /// Every item is UTF-8 text.
@@ -91,11 +93,6 @@ impl<'a> Bins<'a> {
             text(b)?;
         }
         Ok(self)
-    }
-
-    /// Item strings (checked by `texts`).
-    pub fn strs(&self) -> impl Iterator<Item = &'a str> + 'a {
-        self.iter().map(|b| std::str::from_utf8(b).unwrap_or_default())
     }
 }
 
