@@ -81,7 +81,7 @@ DATASETS = ("3.10.8-clean", "3.10.8-kill", "3.10.8-segments", "4.0.5-clean", "4.
 TABLES = ("messages", "index", "acks", "store", "refcounts", "holes", "files", "queues", "findings")
 EXIT_CODES = frozenset({0, 1, 4, 8, 16})
 WALL_LIMIT = 60.0  # seconds per run
-AS_LIMIT = 1536 << 20  # RLIMIT_AS of a run (bytes)
+AS_LIMIT = 1536 << 20  # address space a run may add to the process it forks from (its RLIMIT_AS, bytes)
 RSS_BOUND = 1536 << 20  # peak RSS a run may reach (bytes)
 DATA_SUFFIXES = (b".qi", b".qs", b".rdq", b".idx", b".jif", b".ets", b".dets", b".DCD", b".DCL", b".LOG",
                  b".queue_name", b".vhost", b".config", b".dot")
@@ -458,12 +458,28 @@ def argv_of(command: str, inp: dict, out: Path) -> list[str] | None:
     return command.split() + [base]
 
 
+def _address_space() -> int:
+    """This process's mapped address space (bytes; 0 where /proc does not say)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) << 10
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def _child(command: str, argv, base: str, out_path: str, err_path: str, as_limit: int) -> None:
-    """In the forked child: limits, redirections, the command; never returns."""
+    """In the forked child: limits, redirections, the command; never returns. The address-space
+    limit counts from what the child inherited: a parent that has read a store before (a test
+    process) holds a gigabyte of reserved allocator space, which an absolute limit would leave
+    no room above."""
     code = 70
     try:
         os.setpgid(0, 0)
-        resource.setrlimit(resource.RLIMIT_AS, (as_limit, as_limit))
+        limit = _address_space() + as_limit
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         nul = os.open(os.devnull, os.O_RDONLY)
         os.dup2(nul, 0)
         out = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
@@ -784,7 +800,7 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="inputs fuzzed at once")
     ap.add_argument("--wall", type=float, default=WALL_LIMIT, help="seconds a run may take")
     ap.add_argument("--rss-mb", type=int, default=RSS_BOUND >> 20, help="peak RSS bound of a run (MB)")
-    ap.add_argument("--as-mb", type=int, default=AS_LIMIT >> 20, help="RLIMIT_AS of a run (MB)")
+    ap.add_argument("--as-mb", type=int, default=AS_LIMIT >> 20, help="address space a run may add to the process it forks from (MB)")
     ap.add_argument("--budget", type=float, help="stop starting inputs after this many seconds")
     ap.add_argument("--out", help="write the JSON summary here (default: stdout)")
     ap.add_argument("--replay", type=int, metavar="SEED", help="run one seed again")
