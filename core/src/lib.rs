@@ -359,7 +359,14 @@ struct Spans {
     /// they go, instead of twice
     map_files: bool,
     maps: Vec<Option<Option<FileMap>>>, // per source: not tried yet, or the map if one could be made
+    /// rows read through the maps since their pages were last dropped
+    mapped_rows: usize,
 }
+
+/// The maps' pages are dropped every this many rows read through them: each row faults in up to
+/// 64 KiB around its term (the kernel's fault-around), so rows lying apart (a share's, or a
+/// compacted store's) would otherwise hold a batch's worth of such pages at once.
+const ROWS_PER_DROP: usize = 256;
 
 /// A read-only map of a whole file, unmapped when dropped.
 struct FileMap {
@@ -373,6 +380,12 @@ impl FileMap {
         // SAFETY: a fresh read-only shared map of a descriptor the caller holds open
         let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd, 0) };
         (ptr != libc::MAP_FAILED).then_some(FileMap { ptr, len })
+    }
+
+    /// Drops the pages mapped so far (they are faulted in again from the page cache if read).
+    fn drop_pages(&self) {
+        // SAFETY: advice on the map made in `new`; no slice of it is borrowed across this call
+        unsafe { libc::madvise(self.ptr, self.len, libc::MADV_DONTNEED) };
     }
 
     fn bytes(&self) -> &[u8] {
@@ -401,7 +414,7 @@ impl Spans {
         let sources = sources.iter().map(|b| Source::new(&b)).collect::<PyResult<Vec<Source>>>()?;
         let window = Window { bytes: SCRATCH.with(|cell| cell.take()), file: -1, start: 0 };
         let maps = sources.iter().map(|_| None).collect();
-        Ok(Spans { sources, file_ix, starts, lens, window, map_files, maps })
+        Ok(Spans { sources, file_ix, starts, lens, window, map_files, maps, mapped_rows: 0 })
     }
 
     fn len(&self) -> usize {
@@ -427,6 +440,11 @@ impl Spans {
             (s, s.saturating_add(self.lens[k].max(0) as usize).min(data.len()))
         };
         if let (Source::File(fd, size), true) = (f, self.map_files) {
+            self.mapped_rows += 1;
+            if self.mapped_rows > ROWS_PER_DROP {
+                self.maps.iter().flatten().flatten().for_each(FileMap::drop_pages);
+                self.mapped_rows = 1;
+            }
             if let Some(m) = self.maps[ix].get_or_insert_with(|| FileMap::new(*fd, *size)) {
                 let (s, e) = slice(m.bytes());
                 return Some(&m.bytes()[s..e]);
