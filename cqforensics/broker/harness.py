@@ -37,6 +37,7 @@ from cqforensics.errors import OperationalError
 from cqforensics.readers.metadata import read_metadata
 
 NODENAME = "rabbit@localhost"
+STARTING = 30.0  # seconds a rabbitmqctl command waits for a node finishing its boot
 
 #: protocol plugins the harness knows how to configure (listener setting of each)
 PLUGIN_LISTENERS = {"rabbitmq_mqtt": "mqtt.listeners.tcp.default", "rabbitmq_stomp": "stomp.listeners.tcp.1"}
@@ -271,9 +272,18 @@ class Broker:
         return True
 
     def ctl(self, *args: str, timeout: float = 120.0, check: bool = True) -> str:
-        """Run rabbitmqctl against this node; returns its stdout."""
-        proc = subprocess.run(self._argv("rabbitmqctl", "-n", self.nodename, *args), capture_output=True,
-                              text=True, timeout=timeout)
+        """Run rabbitmqctl against this node; returns its stdout. The AMQP listener answers a
+        moment before the node counts itself booted (its last boot steps), a moment that grows
+        on a loaded machine: a command refused for "the 'rabbit' app" not running yet is tried
+        again for up to ``STARTING`` seconds."""
+        deadline = time.monotonic() + STARTING
+        while True:
+            proc = subprocess.run(self._argv("rabbitmqctl", "-n", self.nodename, *args), capture_output=True,
+                                  text=True, timeout=timeout)
+            starting = proc.returncode != 0 and "requires the 'rabbit' app to be running" in proc.stderr + proc.stdout
+            if not starting or not self.running or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         if check and proc.returncode != 0:
             raise BrokerError(f"rabbitmqctl {' '.join(args)} failed ({proc.returncode}): "
                               f"{proc.stderr.strip() or proc.stdout.strip()}")
