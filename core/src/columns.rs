@@ -107,7 +107,8 @@ impl ListCol {
         self.items.clear();
     }
 
-    /// Appends a list of these items (bytes of UTF-8 text); false as `push`.
+    /// Appends a list of these items (bytes of UTF-8 text); false when they would pass the
+    /// int32 offset range.
     pub fn push_items<'b>(&mut self, items: impl Iterator<Item = &'b [u8]>) -> bool {
         for b in items {
             if !self.items.push(Some(b)) {
@@ -119,17 +120,10 @@ impl ListCol {
         true
     }
 
-    pub fn push(&mut self, v: Option<&[&str]>) -> bool {
-        if let Some(items) = v {
-            for s in items {
-                if !self.items.push(Some(s.as_bytes())) {
-                    return false;
-                }
-            }
-        }
-        self.valid.push(v.is_some());
+    /// Appends a null list.
+    pub fn push_null(&mut self) {
+        self.valid.push(false);
         self.offsets.push(self.items.valid.len as i32);
-        true
     }
 }
 

@@ -167,7 +167,7 @@ impl Columns {
     fn push_empty(&mut self, msg_id: Option<&[u8]>) {
         self.msg_id.push(msg_id);
         self.exchange.push(None);
-        self.routing_keys.push(None);
+        self.routing_keys.push_null();
         for s in self.strings.iter_mut() {
             s.push(None);
         }

@@ -71,7 +71,7 @@ fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
 #[derive(Clone, Copy, Default)]
 pub struct Bins<'a> {
     items: &'a [u8],
-    pub n: usize,
+    n: usize,
 }
 
 impl<'a> Bins<'a> {
