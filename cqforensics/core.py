@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from cqforensics.schema import PROPERTIES, STRINGS
 
-ABI = 10  # must equal the core's ABI (core/src/lib.rs)
+ABI = 11  # must equal the core's ABI (core/src/lib.rs)
 log = logging.getLogger("cqforensics.core")
 
 try:
@@ -130,17 +130,19 @@ def _used(col):
 
 
 def decode_messages(sources: list, file_ix: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
-                    index_ids: bytes, has_id: np.ndarray, bodies: bool) -> tuple[np.ndarray, dict]:
+                    index_ids: bytes, has_id: np.ndarray, bodies: bool, map_files: bool = True) -> tuple[np.ndarray, dict]:
     """The decoded ``messages`` columns of stored terms as Arrow arrays, and each row's status
     (0 decoded, ``FALLBACK``: for the reference, ``NO_TERM``). Row k's term is the byte range
     ``[starts[k], starts[k] + lengths[k])`` of ``sources[file_ix[k]]`` (-1: no term): a buffer,
     or the descriptor of a file open for reading (``Bodies.descriptors``), which the core maps
-    for the call (each body is copied once, from the page cache into its column). The body column's buffer
-    comes from Arrow's memory pool."""
+    for the call (each body is copied once, from the page cache into its column; ``map_files``
+    False: read a run of nearby terms at a time, as when a file cannot be mapped). The body
+    column's buffer comes from Arrow's memory pool."""
     out = _native.decode_messages(sources, np.ascontiguousarray(file_ix, np.int32).tobytes(),
                                   np.ascontiguousarray(starts, np.int64).tobytes(),
                                   np.ascontiguousarray(lengths, np.int64).tobytes(), index_ids,
-                                  np.ascontiguousarray(has_id, np.uint8).tobytes(), bodies, pa.allocate_buffer)
+                                  np.ascontiguousarray(has_id, np.uint8).tobytes(), bodies, pa.allocate_buffer,
+                                  map_files)
     n = len(has_id)
     status = np.frombuffer(out["status"], np.uint8)
     props = []

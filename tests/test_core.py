@@ -360,10 +360,11 @@ def test_decode_equals_reference_on_damaged_terms():
 
 
 def test_decode_from_a_file_equals_decode_from_its_bytes(tmp_path):
-    """A file's terms are read a window of nearby terms at a time (core/src/lib.rs ``Window``):
-    rows in and out of file order, far apart, repeated, overlapping, cut by the file's end or
-    past it, and a term longer than a window decode as from the file's bytes in memory.
-    Crafted layout of real stored terms."""
+    """A file's terms, read through a map of it (core/src/lib.rs ``FileMap``, its pages dropped
+    every 256 rows) or a window of nearby terms at a time (``Window``, the way taken when a file
+    cannot be mapped): rows in and out of file order, far apart, repeated, overlapping, cut by
+    the file's end or past it, and a term longer than a window decode as from the file's bytes
+    in memory. Crafted layout of real stored terms."""
     terms = list(_stored_terms()[:3000]) + [random.Random(3).randbytes(3 << 20)]
     rng = random.Random(11)
     data, spans = bytearray(), []
@@ -387,13 +388,16 @@ def test_decode_from_a_file_equals_decode_from_its_bytes(tmp_path):
     fd = os.open(path, os.O_RDONLY)
     try:
         for bodies in (True, False):
-            got, want = (core.decode_messages([src], np.zeros(n, np.int32), np.array(starts, np.int64),
-                                              np.array(lens, np.int64), bytes(16 * n), np.zeros(n, np.uint8), bodies)
-                         for src in (fd, bytes(data)))
-            assert np.array_equal(got[0], want[0])
-            assert (got[0] == 0).sum() > 2500
-            for k in want[1]:
-                assert got[1][k].equals(want[1][k]), k
+            want = core.decode_messages([bytes(data)], np.zeros(n, np.int32), np.array(starts, np.int64),
+                                        np.array(lens, np.int64), bytes(16 * n), np.zeros(n, np.uint8), bodies)
+            assert (want[0] == 0).sum() > 2500
+            for mapped in (True, False):
+                got = core.decode_messages([fd], np.zeros(n, np.int32), np.array(starts, np.int64),
+                                           np.array(lens, np.int64), bytes(16 * n), np.zeros(n, np.uint8), bodies,
+                                           map_files=mapped)
+                assert np.array_equal(got[0], want[0])
+                for k in want[1]:
+                    assert got[1][k].equals(want[1][k]), (k, mapped)
     finally:
         os.close(fd)
 

@@ -17,7 +17,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 /// Bumped whenever a function's arguments or results change: the Python side refuses a core
 /// built from other sources (a stale build) and says how to rebuild.
-pub const ABI: u32 = 10;
+pub const ABI: u32 = 11;
 
 /// Row status of `decode_messages`.
 const DECODED: u8 = 0;
@@ -536,7 +536,10 @@ fn pool_buffer<'py>(alloc: &Bound<'py, PyAny>, len: usize) -> PyResult<(Bound<'p
 /// term). A file's terms are read through a map of it made for the call (`FileMap`; else a run
 /// of nearby terms at a time, `Window`), and each body is copied from there into the column's
 /// buffer. The body buffer has room for every term, so it may be longer than its last offset.
+/// `map_files=False` reads files through the window alone, the way taken when a file cannot be
+/// mapped (so the tests compare that way with the reference too).
 #[pyfunction]
+#[pyo3(signature = (sources, file_ix, starts, lens, index_ids, has_id, want_body, body_alloc, map_files=true))]
 #[allow(clippy::too_many_arguments)]
 fn decode_messages<'py>(
     py: Python<'py>,
@@ -548,9 +551,10 @@ fn decode_messages<'py>(
     has_id: &[u8],
     want_body: bool,
     body_alloc: &Bound<'py, PyAny>,
+    map_files: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let n = has_id.len();
-    let mut spans = Spans::new(sources, file_ix, starts, lens, "decode_messages", true)?;
+    let mut spans = Spans::new(sources, file_ix, starts, lens, "decode_messages", map_files)?;
     if index_ids.len() != 16 * n || spans.len() != n {
         return Err(pyo3::exceptions::PyValueError::new_err("decode_messages: arguments differ in length"));
     }
