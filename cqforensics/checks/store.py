@@ -319,10 +319,11 @@ def _interrupted_combines(vs: VhostScan, t: _StoreTally) -> list[Finding]:
             what = f"RabbitMQ {vs.model} ignores it: messages only it holds are not recovered"
             severity = "info"
         elif lost:
-            # killed after the combine extended N.rdq to its final size: the scan stops at the zeros
-            what = (f"the next boot appends it to {num}.rdq, but its scan stops inside {num}.rdq (zeros the "
-                    f"combine left) and never reaches the {lost} entries appended: messages only they hold are "
-                    "lost (rebuild recovers them)")
+            # killed after the combine extended N.rdq to its final size: the scan stops at the zeros,
+            # or at the message it was copying back when killed
+            what = (f"the next boot appends it to {num}.rdq, but its scan stops inside {num}.rdq (at zeros or a "
+                    f"message cut short the combine left) and never reaches the {lost} entries appended: messages "
+                    "only they hold are lost (rebuild recovers them)")
             severity = "error"
         elif num in rdq:
             what = f"the next boot appends it to {num}.rdq and recovers the store dirty"
