@@ -80,9 +80,17 @@ def ts_array(micros: np.ndarray) -> pa.Array:
 
 
 def names_array(names, index: np.ndarray, null: np.ndarray | None = None) -> pa.Array:
-    """Strings by index into ``names`` (null where ``null``)."""
-    if not len(index):
+    """Strings by index into ``names`` (null where ``null``). A column of one name, or of nulls
+    only (a chunk's one segment file, a batch of messages the next boot delivers), is made
+    without a lookup per row."""
+    n = len(index)
+    if not n:
         return pa.array([], pa.string())
+    if null is not None and null.any():
+        if null.all():
+            return pa.nulls(n, pa.string())
+    elif index[0] >= 0 and (index == index[0]).all():
+        return repeat(names[index[0]], n)
     codes = pa.array(np.maximum(index, 0).astype(np.int32), mask=null)
     return pa.DictionaryArray.from_arrays(codes, pa.array(list(names) or [""], pa.string())).dictionary_decode()
 

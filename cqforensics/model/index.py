@@ -112,6 +112,12 @@ class IndexChunk:
     findings: list[Finding] = field(default_factory=list)  # the readers'; crashes_queue marks boot-crash causes
 
     @property
+    def nbytes(self) -> int:
+        """Bytes its arrays hold (a chunk kept between two reads counts against a budget)."""
+        arrays = [getattr(self.rec, f.name) for f in fields(self.rec)] + [getattr(self.acks, f.name) for f in fields(self.acks)]
+        return self.live.nbytes + sum(a.nbytes for a in arrays)
+
+    @property
     def qs_path(self) -> Path | None:
         """v2: the companion ``.qs`` segment, when it exists."""
         return self.qdir.qs.get(self.segment) if self.segment is not None else None
@@ -137,7 +143,7 @@ def _v2_chunk(qdir: QueueDir, number: int, path: Path, reference: bool = False) 
         used, c, live = _core_records(seg)
     else:
         used, c, live = _slot_records(seg)
-    c.offset = seg.offsets()[used] if len(used) else c.offset
+    c.offset = seg.offsets()[used]
     c.seq = seg.from_seq_id + used
     c.expiry = seg.expiry[used]  # out of range: no value (the reader's finding)
     qx.rec = c
@@ -186,15 +192,13 @@ def _core_records(seg) -> tuple[np.ndarray, Records, np.ndarray]:
     """``_slot_records`` from the core's decode of the slots (readers.qi.slot_facts)."""
     d = seg.records
     used = np.frombuffer(d["used"], np.int64)
-    c = Records.empty(len(used))
-    c.kind = np.frombuffer(d["kind"], np.uint8)
-    c.persistent = np.frombuffer(d["persistent"], np.int8)
-    c.loc = np.frombuffer(d["loc"], np.int8)
-    c.msg_id = np.frombuffer(d["msg_id"], ID)
-    c.store_offset = np.minimum(np.frombuffer(d["store_offset"], np.uint64), np.uint64(OFFSET_OUT_OF_RANGE)).astype(np.int64)
-    c.store_size = np.frombuffer(d["store_size"], np.int64)
-    c.size = np.frombuffer(d["size"], np.int64)
-    c.status = np.frombuffer(d["status"], np.int32)
+    n = len(used)
+    store_offset = np.minimum(np.frombuffer(d["store_offset"], np.uint64), np.uint64(OFFSET_OUT_OF_RANGE))
+    # offset, seq and expiry: set by the caller
+    c = Records(np.zeros(n, np.int32), None, np.frombuffer(d["kind"], np.uint8), None,
+                np.frombuffer(d["persistent"], np.int8), np.frombuffer(d["loc"], np.int8),
+                np.frombuffer(d["msg_id"], ID), store_offset.astype(np.int64), np.frombuffer(d["store_size"], np.int64),
+                np.frombuffer(d["size"], np.int64), None, np.frombuffer(d["status"], np.int32), np.full(n, -1, np.int8))
     seg.records = None  # handed over: the segment keeps only what its own readers use
     return used, c, np.frombuffer(d["live"], np.int64)
 
@@ -245,12 +249,14 @@ def _v1_chunk(qdir: QueueDir, count: int) -> IndexChunk:
     return qx
 
 
-def iter_chunks(qdir: QueueDir, vhost: VhostDir, segments=None) -> Iterator[IndexChunk]:
+def iter_chunks(qdir: QueueDir, vhost: VhostDir, segments=None, kept: dict | None = None) -> Iterator[IndexChunk]:
     """A queue dir's index, a segment at a time (v1: the whole queue at once); ``segments``
-    restricts a v2 queue to those segment numbers."""
+    restricts a v2 queue to those segment numbers. ``kept``: chunks read before, by segment
+    number (None: the v1 queue), each handed out once instead of read again."""
+    kept = kept if kept is not None else {}
     if qdir.qi:
         for number, path in qdir.qi:
             if segments is None or number in segments:
-                yield _v2_chunk(qdir, number, path)
+                yield kept.pop(number, None) or _v2_chunk(qdir, number, path)
     elif qdir.idx or qdir.journal is not None:
-        yield _v1_chunk(qdir, vhost.segment_entry_count)
+        yield kept.pop(None, None) or _v1_chunk(qdir, vhost.segment_entry_count)

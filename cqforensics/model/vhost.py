@@ -130,6 +130,18 @@ class VhostScan:
 
     def close(self) -> None:
         self.bodies.close()
+        self.kept_chunks.clear()
+
+    #: bytes of index chunks ``index_pass`` keeps for the listing read that follows it (the
+    #: messages and findings reads go over every index twice: first for the references the
+    #: store walk trusts, then entry by entry); what does not fit is read again
+    KEEP_BYTES = 32 << 20
+
+    @cached_property
+    def kept_chunks(self) -> dict[str, dict]:
+        """Queue dir name -> segment number (None: a v1 queue) -> a chunk read by ``index_pass``
+        and not yet handed out again (``model.index.iter_chunks`` hands each out once)."""
+        return {}
 
     @cached_property
     def all_queue_dirs(self) -> list[QueueDir]:
@@ -155,13 +167,13 @@ class VhostScan:
         """One queue dir's index, chunk by chunk; ``restricted``: only the segments ``only`` lists,
         and (unless ``in_share`` says otherwise) only the live entries of the scan's share."""
         segments = self.only.get(q.dir_name) if restricted and self.only else None
-        chunks = iter_chunks(q, self.vhost, segments)
+        chunks = iter_chunks(q, self.vhost, segments, self.kept_chunks.setdefault(q.dir_name, {}))
         in_share = restricted if in_share is None else in_share
         return self._in_share(chunks) if in_share and self.share is not None else chunks
 
     def id_chunks(self, q: QueueDir) -> Iterator[IndexChunk]:
         """Every chunk of a queue dir (whatever ``only`` says), live entries of the share only."""
-        chunks = iter_chunks(q, self.vhost)
+        chunks = iter_chunks(q, self.vhost, kept=self.kept_chunks.setdefault(q.dir_name, {}))
         return self._in_share(chunks) if self.share is not None else chunks
 
     def _in_share(self, chunks: Iterator[IndexChunk]) -> Iterator[IndexChunk]:
@@ -248,8 +260,12 @@ class VhostScan:
         ids = {"persistent": [], "transient": []}
         queue = {"persistent": [], "transient": []}
         crashes: dict[str, list[Finding]] = {}
+        room = self.KEEP_BYTES
         for qi, q in enumerate(self.all_queue_dirs):
             for qx in self.index_of(q, restricted=False):
+                if qx.nbytes <= room:
+                    room -= qx.nbytes
+                    self.kept_chunks.setdefault(q.dir_name, {})[qx.segment] = qx
                 r, live = qx.rec, qx.live
                 for kind, flag in (("persistent", 1), ("transient", 0)):
                     sel = live[(r.loc[live] == Location.SHARED_STORE) & (r.persistent[live] == flag)]
