@@ -39,7 +39,26 @@ TS = pa.timestamp("us", tz="UTC")
 
 
 def repeat(value, n: int, typ=pa.string()) -> pa.Array:
-    """A constant column (pa.repeat is slow for long arrays)."""
+    """A constant column (pa.repeat is slow for long arrays): a slice of the longest one made
+    so far for this value (arrays are immutable; every batch of a read repeats its node, vhost
+    and queue names)."""
+    key = (value, str(typ))
+    made = _REPEATS.get(key)
+    if made is None or len(made) < n:
+        made = _repeat(value, max(n, 1024), typ)
+        if made.nbytes > _REPEAT_BYTES:
+            return made.slice(0, n)
+        if len(_REPEATS) >= 16:
+            _REPEATS.pop(next(iter(_REPEATS)))
+        _REPEATS[key] = made
+    return made.slice(0, n)
+
+
+_REPEATS: dict[tuple, pa.Array] = {}  # at most 16 columns of at most _REPEAT_BYTES each
+_REPEAT_BYTES = 512 << 10
+
+
+def _repeat(value, n: int, typ) -> pa.Array:
     if value is None:
         return pa.nulls(n, typ)
     if typ == pa.string():

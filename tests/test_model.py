@@ -141,3 +141,15 @@ def test_the_tables_and_fsck_agree_with_the_recovery_model():
     rows = t.to_pylist()
     assert rows and all(r["survives_restart"] == (r["drop_reason"] is None) for r in rows)
     assert {r["drop_reason"] for r in rows} <= set(FATE_LABELS[1:]) | {None}
+
+
+def test_the_fate_rules_select_as_np_select_does():
+    """recovery.first_of, which applies only the rules that hold somewhere, is np.select
+    (crafted random conditions, choices scalar and per row)."""
+    rng = np.random.default_rng(7)
+    for n in (0, 1, 5, 300):
+        for density in (0.0, 0.01, 0.5):
+            conds = [rng.random(n) < density for _ in range(6)]
+            choices = [3, rng.integers(-1, 20, n).astype(np.int8), 5, 0, rng.integers(0, 9, n).astype(np.int8), 11]
+            want = np.select(conds, choices, 2).astype(np.int8)
+            assert recovery.first_of(conds, choices, 2, n).tolist() == want.tolist()

@@ -176,3 +176,61 @@ def test_a_scan_seeded_with_vhost_facts_reads_what_a_fresh_one_does():
         assert seeded.stores is first.stores and "stores" not in fresh.__dict__
         for table in ("messages", "index", "findings"):
             assert list(BUILDERS[table](seeded)) == list(BUILDERS[table](fresh)), (q.name, table)
+
+
+@pytest.mark.parametrize("dataset", ["3.10.8-segments", "4.3.6-kill"])
+def test_the_index_pass_hands_its_chunks_to_the_listing_once(dataset, monkeypatch):
+    """The vhost's index pass (references for the store walk) keeps the chunks it read for the
+    listing that follows: that listing reads (about) no segment again, and the tables are those
+    of a read that keeps nothing. (A clean start reads the indexes in further passes of its own,
+    for the crashes a damaged message would cause.)"""
+    from cqforensics.model import index
+    from cqforensics.model.vhost import VhostScan
+
+    reads = Counter()
+    read_chunk = index._v2_chunk
+
+    def counted(qdir, number, path, reference=False):
+        reads[path] += 1
+        return read_chunk(qdir, number, path, reference)
+
+    monkeypatch.setattr(index, "_v2_chunk", counted)
+    node = SAMPLES / dataset
+    segments = len(list(node.rglob("*.qi")))
+    assert segments >= 3
+    tables = ("messages", "findings", "queues")
+    kept = {t: cqforensics.read_table(node, t) for t in tables}
+    counts = {}
+    for t in tables:
+        reads.clear()
+        cqforensics.read_table(node, t)
+        counts[t] = sum(reads.values())
+    monkeypatch.setattr(VhostScan, "KEEP_BYTES", 0)
+    for t in tables:
+        reads.clear()
+        assert cqforensics.read_table(node, t).equals(kept[t]), t
+        # the listing's own read of each segment is saved (but for a vhost's first chunk, read
+        # before the pass has run)
+        vhosts = len(list(node.glob("mnesia/*/msg_stores/vhosts/*")))
+        assert sum(reads.values()) - counts[t] >= segments - vhosts, (t, sum(reads.values()), counts[t], segments)
+
+
+def test_constant_and_null_name_columns_equal_the_lookup():
+    """names_array's shortcuts (one name, only nulls) make what the dictionary lookup does."""
+    import numpy as np
+    import pyarrow as pa
+    from cqforensics.tables import names_array, repeat
+
+    names = ["a", "bb", "ccc"]
+
+    def lookup(index, null=None):
+        codes = pa.array(np.maximum(index, 0).astype(np.int32), mask=null)
+        return pa.DictionaryArray.from_arrays(codes, pa.array(names, pa.string())).dictionary_decode()
+
+    for index, null in [(np.full(5, 2), None), (np.full(5, 1), np.zeros(5, bool)), (np.full(5, 1), np.ones(5, bool)),
+                        (np.array([0, 2, 1, 2]), np.array([False, True, False, False])), (np.array([-1, -1]), None),
+                        (np.array([2, 2, 2]), np.array([False, False, True]))]:
+        assert names_array(names, index, null).equals(lookup(index, null)), (index, null)
+    assert repeat("x", 3).to_pylist() == ["x"] * 3 and repeat("x", 5000).to_pylist() == ["x"] * 5000
+    assert repeat("x", 2).to_pylist() == ["x"] * 2 and repeat(None, 4).null_count == 4
+    assert repeat(7, 3, pa.int32()).to_pylist() == [7] * 3 and repeat("y" * 1000, 2000).to_pylist() == ["y" * 1000] * 2000

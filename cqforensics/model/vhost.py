@@ -140,7 +140,9 @@ class VhostScan:
     @cached_property
     def kept_chunks(self) -> dict[str, dict]:
         """Queue dir name -> segment number (None: a v1 queue) -> a chunk read by ``index_pass``
-        and not yet handed out again (``model.index.iter_chunks`` hands each out once)."""
+        and not yet handed out again (``model.index.iter_chunks`` hands each out once). A queue's
+        dict is made when its chunks are first asked for, so a listing begun before the pass ran
+        takes what the pass keeps."""
         return {}
 
     @cached_property
