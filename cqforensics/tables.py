@@ -25,6 +25,7 @@ from cqforensics.codes import (FATE_LABELS, LOCATION_LABELS, AckEvidence, Fate, 
 from cqforensics.codes import labels as code_labels
 from cqforensics.model.index import OFFSET_OUT_OF_RANGE, IndexChunk
 from cqforensics.model.options import DECODED_COLUMNS
+from cqforensics.model.recovery import Resolved
 from cqforensics.model.store import IdSet, distinct
 from cqforensics.model.vhost import VhostScan, passes
 from cqforensics.readers import qs as r_qs
@@ -41,21 +42,28 @@ TS = pa.timestamp("us", tz="UTC")
 def repeat(value, n: int, typ=pa.string()) -> pa.Array:
     """A constant column (pa.repeat is slow for long arrays): a slice of the longest one made
     so far for this value (arrays are immutable; every batch of a read repeats its node, vhost
-    and queue names)."""
+    and queue names, and a read in shares makes many small batches)."""
     key = (value, str(typ))
-    made = _REPEATS.get(key)
+    made = _REPEATS.pop(key, None)  # put back last: the dict is in order of use
+    if made is not None:
+        _REPEATS.total -= made.nbytes
     if made is None or len(made) < n:
         made = _repeat(value, max(n, 1024), typ)
-        if made.nbytes > _REPEAT_BYTES:
+        if made.nbytes > _REPEAT_BYTES // 16:
             return made.slice(0, n)
-        if len(_REPEATS) >= 16:
-            _REPEATS.pop(next(iter(_REPEATS)))
-        _REPEATS[key] = made
+    _REPEATS[key] = made
+    _REPEATS.total += made.nbytes
+    while _REPEATS.total > _REPEAT_BYTES:
+        _REPEATS.total -= _REPEATS.pop(next(iter(_REPEATS))).nbytes  # the least recently used
     return made.slice(0, n)
 
 
-_REPEATS: dict[tuple, pa.Array] = {}  # at most 16 columns of at most _REPEAT_BYTES each
-_REPEAT_BYTES = 512 << 10
+class _Kept(dict):
+    total = 0  # bytes of the arrays held
+
+
+_REPEATS = _Kept()
+_REPEAT_BYTES = 8 << 20  # the constant columns kept, together
 
 
 def _repeat(value, n: int, typ) -> pa.Array:
@@ -520,46 +528,84 @@ def _terms(vs: VhostScan, res, rows) -> list:
     return out
 
 
-def _slices(vs: VhostScan, res, n: int):
-    """Row slices of at most batch_rows rows and (roughly) batch_bytes of bodies."""
-    sizes = np.cumsum(np.where(res.body_file >= 0, res.body_len, 0))
-    return _capped(sizes, n, vs.options.batch_rows, vs.options.batch_bytes)
-
-
 def messages_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
-    """Live index entries joined to their bodies and decoded, in delivery-listing order."""
+    """Live index entries joined to their bodies and decoded, in delivery-listing order. A batch
+    takes the live entries of consecutive chunks up to ``batch_rows`` rows and (roughly)
+    ``batch_bytes`` of bodies: a read in shares has a few hundred of a chunk's entries, and a
+    batch per chunk would cost more in making it than in its rows."""
     node, vhost = _where(vs)
-    sch = SCHEMAS["messages"]
+    pieces: list[tuple] = []
+    rows = size = 0
     for qx in vs.chunks():
         if not len(qx.live):
             continue
         res = vs.resolve(qx)
-        r, live = qx.rec, qx.live
-        has_id = qx.index_ids(live)
-        ids = r.msg_id[live]
-        files = [display(f) for f in qx.files]
-        store_files = [display(p) for p in res.body_files]
-        for sl in _slices(vs, res, len(live)):
-            idx = live[sl]
-            m = len(idx)
-            dec = _decode_chunk(vs, res, sl, ids, has_id)
-            delivered = r.delivered[idx]
-            fate = res.fate[sl]
-            cols = {
-                **_queue(qx, m, node, vhost), "file": names_array(files, r.file[idx]),
-                "offset": pa.array(r.offset[idx]), "seq_id": pa.array(r.seq[idx]),
-                "index_version": repeat(qx.version, m, pa.int32()), "persistent": pa.array(r.persistent[idx] == 1),
-                "delivered": pa.array(delivered == 1, mask=delivered < 0),
-                "location": names_array(LOCATION_LABELS, r.loc[idx], r.loc[idx] < 0),
-                "store_file": names_array(store_files, res.body_file[sl], res.body_file[sl] < 0),
-                "store_offset": pa.array(res.store_offset[sl], mask=(res.store_offset[sl] < 0)
-                                         | (res.store_offset[sl] == OFFSET_OUT_OF_RANGE)),
-                "size": pa.array(r.size[idx]), "expiry": ts_array(r.expiry[idx]),
-                "survives_restart": pa.array(fate == Fate.DELIVERED),
-                "drop_reason": names_array(FATE_LABELS[1:], fate - 1, fate == Fate.DELIVERED),
-                **_arrays(dec),
-            }
-            yield pa.RecordBatch.from_arrays([cols[f.name] for f in sch], schema=sch)
+        sizes = np.cumsum(np.where(res.body_file >= 0, res.body_len, 0))
+        for sl in _capped(sizes, len(qx.live), vs.options.batch_rows, vs.options.batch_bytes):
+            m, b = sl.stop - sl.start, int(sizes[sl.stop - 1] - (sizes[sl.start - 1] if sl.start else 0))
+            if pieces and (rows + m > vs.options.batch_rows or size + b > vs.options.batch_bytes):
+                yield _messages_batch(vs, pieces, node, vhost)
+                pieces, rows, size = [], 0, 0
+            pieces.append((qx, res, sl))
+            rows, size = rows + m, size + b
+    if pieces:
+        yield _messages_batch(vs, pieces, node, vhost)
+
+
+def _messages_batch(vs: VhostScan, pieces: list[tuple], node: str, vhost: str | None) -> pa.RecordBatch:
+    """The ``messages`` batch of ``pieces``, each ``(chunk, its Resolved, a slice of its live
+    entries)``: their rows in order, one decode for all."""
+    def cat(arrays: list) -> np.ndarray:
+        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+    idx = [qx.live[sl] for qx, _, sl in pieces]
+
+    def index_col(name: str) -> np.ndarray:
+        return cat([getattr(qx.rec, name)[i] for (qx, _, _), i in zip(pieces, idx)])
+
+    def res_col(name: str) -> np.ndarray:
+        return cat([getattr(res, name)[sl] for _, res, sl in pieces])
+
+    # file names of every piece's chunk and store files, each piece's positions moved past the
+    # pieces' before it
+    files: list[str] = []
+    store_files: list[Path] = []
+    file_ix, body_file = [], []
+    for (qx, res, sl), i in zip(pieces, idx):
+        file_ix.append(qx.rec.file[i] + len(files))
+        files += [display(f) for f in qx.files]
+        bf = res.body_file[sl]
+        body_file.append(np.where(bf >= 0, bf + len(store_files), -1).astype(np.int32))
+        store_files += res.body_files
+    m = sum(len(i) for i in idx)
+    res = Resolved(store_files, cat(body_file), res_col("body_start"), res_col("body_len"), res_col("store_offset"),
+                   res_col("qs_status"), res_col("fate"))
+    ids = cat([qx.rec.msg_id[i] for (qx, _, _), i in zip(pieces, idx)])
+    has_id = cat([qx.index_ids(i) for (qx, _, _), i in zip(pieces, idx)])
+    dec = _decode_chunk(vs, res, slice(0, m), ids, has_id)
+    per_piece = np.repeat(np.arange(len(pieces)), [len(i) for i in idx])
+    queues = [qx.qdir for qx, _, _ in pieces]
+    priority = np.array([q.priority if q.priority is not None else 0 for q in queues], np.int32)[per_piece]
+    no_priority = np.array([q.priority is None for q in queues])[per_piece]
+    delivered, loc, fate = index_col("delivered"), index_col("loc"), res.fate
+    sch = SCHEMAS["messages"]
+    cols = {
+        "node": repeat(node, m), "vhost": repeat(vhost, m), "queue": names_array([q.name for q in queues], per_piece),
+        "priority": pa.array(priority, pa.int32(), mask=no_priority),
+        "file": names_array(files, cat(file_ix)), "offset": pa.array(index_col("offset")),
+        "seq_id": pa.array(index_col("seq")),
+        "index_version": pa.array(np.array([qx.version for qx, _, _ in pieces], np.int32)[per_piece], pa.int32()),
+        "persistent": pa.array(index_col("persistent") == 1),
+        "delivered": pa.array(delivered == 1, mask=delivered < 0),
+        "location": names_array(LOCATION_LABELS, loc, loc < 0),
+        "store_file": names_array([display(p) for p in store_files], res.body_file, res.body_file < 0),
+        "store_offset": pa.array(res.store_offset, mask=(res.store_offset < 0) | (res.store_offset == OFFSET_OUT_OF_RANGE)),
+        "size": pa.array(index_col("size")), "expiry": ts_array(index_col("expiry")),
+        "survives_restart": pa.array(fate == Fate.DELIVERED),
+        "drop_reason": names_array(FATE_LABELS[1:], fate - 1, fate == Fate.DELIVERED),
+        **_arrays(dec),
+    }
+    return pa.RecordBatch.from_arrays([cols[f.name] for f in sch], schema=sch)
 
 
 # -- queues / files / findings ---------------------------------------------------------------------

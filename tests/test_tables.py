@@ -234,3 +234,9 @@ def test_constant_and_null_name_columns_equal_the_lookup():
     assert repeat("x", 3).to_pylist() == ["x"] * 3 and repeat("x", 5000).to_pylist() == ["x"] * 5000
     assert repeat("x", 2).to_pylist() == ["x"] * 2 and repeat(None, 4).null_count == 4
     assert repeat(7, 3, pa.int32()).to_pylist() == [7] * 3 and repeat("y" * 1000, 2000).to_pylist() == ["y" * 1000] * 2000
+    from cqforensics.tables import _REPEAT_BYTES, _REPEATS
+
+    for k in range(1500):  # more values than are kept, at growing lengths
+        value = f"queue-{k % 200}" * 8
+        assert repeat(value, 1000 + k).to_pylist() == [value] * (1000 + k)
+    assert _REPEATS.total == sum(a.nbytes for a in _REPEATS.values()) <= _REPEAT_BYTES
