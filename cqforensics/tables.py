@@ -534,20 +534,29 @@ def messages_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     ``batch_bytes`` of bodies: a read in shares has a few hundred of a chunk's entries, and a
     batch per chunk would cost more in making it than in its rows."""
     node, vhost = _where(vs)
+    max_rows, max_bytes = vs.options.batch_rows, vs.options.batch_bytes
     pieces: list[tuple] = []
     rows = size = 0
     for qx in vs.chunks():
-        if not len(qx.live):
+        n = len(qx.live)
+        if not n:
             continue
         res = vs.resolve(qx)
         sizes = np.cumsum(np.where(res.body_file >= 0, res.body_len, 0))
-        for sl in _capped(sizes, len(qx.live), vs.options.batch_rows, vs.options.batch_bytes):
-            m, b = sl.stop - sl.start, int(sizes[sl.stop - 1] - (sizes[sl.start - 1] if sl.start else 0))
-            if pieces and (rows + m > vs.options.batch_rows or size + b > vs.options.batch_bytes):
+        start = 0
+        while start < n:  # the chunk's next rows that fit in the batch (one at least, in an empty one)
+            base = int(sizes[start - 1]) if start else 0
+            end = min(n, start + max_rows - rows, int(np.searchsorted(sizes, base + max_bytes - size, side="right")))
+            if end <= start and pieces:
+                end = start  # the batch is full
+            else:
+                end = max(end, start + 1)
+                pieces.append((qx, res, slice(start, end)))
+                rows, size = rows + end - start, size + int(sizes[end - 1]) - base
+            if end == start or rows >= max_rows or size >= max_bytes:
                 yield _messages_batch(vs, pieces, node, vhost)
                 pieces, rows, size = [], 0, 0
-            pieces.append((qx, res, sl))
-            rows, size = rows + m, size + b
+            start = end
     if pieces:
         yield _messages_batch(vs, pieces, node, vhost)
 

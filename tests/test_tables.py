@@ -240,3 +240,24 @@ def test_constant_and_null_name_columns_equal_the_lookup():
         value = f"queue-{k % 200}" * 8
         assert repeat(value, 1000 + k).to_pylist() == [value] * (1000 + k)
     assert _REPEATS.total == sum(a.nbytes for a in _REPEATS.values()) <= _REPEAT_BYTES
+
+
+def test_message_batches_are_filled_across_chunks():
+    """A batch takes the rows of consecutive chunks (queues, segments) until batch_rows or
+    batch_bytes: every batch of a vhost but its last is full, and none passes either cap
+    (one row over batch_bytes goes alone)."""
+    import pyarrow.compute as pc
+
+    node = SAMPLES / "3.12.14-clean"
+    batches = list(cqforensics.iter_batches(node, "messages", batch_rows=500, batch_bytes=1 << 30))
+    by_vhost = {}
+    for b in batches:
+        (v,) = set(b.column("vhost").to_pylist())
+        by_vhost.setdefault(v, []).append(b.num_rows)
+    assert any(len(set(b.column("queue").to_pylist())) > 1 for b in batches)
+    for sizes in by_vhost.values():
+        assert all(n == 500 for n in sizes[:-1]) and 0 < sizes[-1] <= 500, by_vhost
+    for b in cqforensics.iter_batches(node, "messages", batch_bytes=20_000):
+        body = pc.sum(pc.binary_length(b.column("body"))).as_py()
+        assert b.num_rows == 1 or body <= 20_000
+    assert sum(b.num_rows for b in batches) == cqforensics.read_table(node, "messages").num_rows
