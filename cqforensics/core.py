@@ -129,15 +129,43 @@ def _used(col):
     return bits, nulls, offsets, data.slice(0, int(np.frombuffer(offsets, np.int32)[-1]))
 
 
+#: rows further apart than this, on average, in their files are read a term at a time rather
+#: than through a map. A page fault maps the 64 KiB around it (the kernel's fault-around) and
+#: costs a few microseconds; a read of one term costs about one. Rows closer than that share
+#: their faults (bench: a compacted store's rows, about 19 KiB apart, read in 0.31 s a term at a
+#: time and 0.26 s mapped), rows further apart pay one each (the 1x store read in 11 shares,
+#: rows about 51 KiB apart: 2.4 µs a message mapped, 2.0 a term at a time).
+SCATTERED = 32 << 10
+
+
+def scattered(file_ix: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> bool:
+    """Whether the rows with a term lie more than ``SCATTERED`` bytes apart on average (the
+    bytes from each file's first term to its last end that no term takes, over the rows), and
+    more bytes lie between them than in them (a long term is copied once from a map, twice when
+    read first)."""
+    has = file_ix >= 0
+    if not has.any():
+        return False
+    f, s, n = file_ix[has], starts[has], lengths[has]
+    order = np.argsort(f, kind="stable")
+    f, s, e = f[order], s[order], s[order] + n[order]
+    first = np.flatnonzero(np.r_[True, f[1:] != f[:-1]])
+    between = int((np.maximum.reduceat(e, first) - np.minimum.reduceat(s, first)).sum() - n.sum())
+    return between > SCATTERED * len(f) and between > int(n.sum())
+
+
 def decode_messages(sources: list, file_ix: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
-                    index_ids: bytes, has_id: np.ndarray, bodies: bool, map_files: bool = True) -> tuple[np.ndarray, dict]:
+                    index_ids: bytes, has_id: np.ndarray, bodies: bool, map_files: bool | None = None) -> tuple[np.ndarray, dict]:
     """The decoded ``messages`` columns of stored terms as Arrow arrays, and each row's status
     (0 decoded, ``FALLBACK``: for the reference, ``NO_TERM``). Row k's term is the byte range
     ``[starts[k], starts[k] + lengths[k])`` of ``sources[file_ix[k]]`` (-1: no term): a buffer,
     or the descriptor of a file open for reading (``Bodies.descriptors``), which the core maps
     for the call (each body is copied once, from the page cache into its column; ``map_files``
-    False: read a run of nearby terms at a time, as when a file cannot be mapped). The body
-    column's buffer comes from Arrow's memory pool."""
+    False: read a run of nearby terms at a time, as when a file cannot be mapped; None: map the
+    files unless the rows lie far apart, ``scattered``). The body column's buffer comes from
+    Arrow's memory pool."""
+    if map_files is None:
+        map_files = not scattered(file_ix, starts, lengths)
     out = _native.decode_messages(sources, np.ascontiguousarray(file_ix, np.int32).tobytes(),
                                   np.ascontiguousarray(starts, np.int64).tobytes(),
                                   np.ascontiguousarray(lengths, np.int64).tobytes(), index_ids,

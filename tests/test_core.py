@@ -402,6 +402,22 @@ def test_decode_from_a_file_equals_decode_from_its_bytes(tmp_path):
         os.close(fd)
 
 
+def test_rows_far_apart_are_read_a_term_at_a_time():
+    """core.scattered (crafted spans): the decode maps a file unless its rows lie further apart
+    than SCATTERED on average (both ways decode alike: the test above)."""
+    gap = core.SCATTERED
+    i32, i64 = (lambda *v: np.array(v, np.int32)), (lambda *v: np.array(v, np.int64))
+    assert not core.scattered(i32(0, 0, 0), i64(0, 100, 200), i64(100, 100, 100))  # back to back
+    assert not core.scattered(i32(-1, -1), i64(0, 0), i64(0, 0))  # no term at all
+    # two files, each dense, far apart from each other: dense
+    assert not core.scattered(i32(0, 1, 0, 1), i64(0, 10 ** 9, 500, 10 ** 9 + 500), i64(500, 500, 500, 500))
+    assert core.scattered(i32(0, 0, 0), i64(0, 2 * gap, 4 * gap), i64(100, 100, 100))  # 2 gaps apart
+    assert not core.scattered(i32(0, 0, 0, -1), i64(0, gap // 2, gap, 0), i64(100, 100, 100, 0))
+    # terms longer than the bytes between them: mapped, whatever the gaps
+    assert not core.scattered(i32(0, 0), i64(0, 6 * gap), i64(4 * gap, 4 * gap))
+    assert core.scattered(i32(0, 0), i64(0, 6 * gap), i64(gap, gap))
+
+
 def test_float_headers_render_as_python_repr():
     # crafted: a 0-9-1 property list whose headers hold doubles and floats of every magnitude
     import struct
