@@ -575,19 +575,17 @@ def _messages_batch(vs: VhostScan, pieces: list[tuple], node: str, vhost: str | 
     def res_col(name: str) -> np.ndarray:
         return cat([getattr(res, name)[sl] for _, res, sl in pieces])
 
-    # file names of every piece's chunk and store files, each piece's positions moved past the
-    # pieces' before it
-    files: list[str] = []
-    store_files: list[Path] = []
+    # the index files and store files of every piece, each once, and each piece's positions in
+    # its own lists turned into positions in these
+    files: dict[Path, int] = {}
+    store_files: dict[Path, int] = {}
     file_ix, body_file = [], []
     for (qx, res, sl), i in zip(pieces, idx):
-        file_ix.append(qx.rec.file[i] + len(files))
-        files += [display(f) for f in qx.files]
-        bf = res.body_file[sl]
-        body_file.append(np.where(bf >= 0, bf + len(store_files), -1).astype(np.int32))
-        store_files += res.body_files
+        file_ix.append(np.array([files.setdefault(f, len(files)) for f in qx.files], np.int32)[qx.rec.file[i]])
+        at = np.array([store_files.setdefault(f, len(store_files)) for f in res.body_files] + [-1], np.int32)
+        body_file.append(at[res.body_file[sl]])  # -1 (no body) takes the last
     m = sum(len(i) for i in idx)
-    res = Resolved(store_files, cat(body_file), res_col("body_start"), res_col("body_len"), res_col("store_offset"),
+    res = Resolved(list(store_files), cat(body_file), res_col("body_start"), res_col("body_len"), res_col("store_offset"),
                    res_col("qs_status"), res_col("fate"))
     ids = cat([qx.rec.msg_id[i] for (qx, _, _), i in zip(pieces, idx)])
     has_id = cat([qx.index_ids(i) for (qx, _, _), i in zip(pieces, idx)])
@@ -601,13 +599,13 @@ def _messages_batch(vs: VhostScan, pieces: list[tuple], node: str, vhost: str | 
     cols = {
         "node": repeat(node, m), "vhost": repeat(vhost, m), "queue": names_array([q.name for q in queues], per_piece),
         "priority": pa.array(priority, pa.int32(), mask=no_priority),
-        "file": names_array(files, cat(file_ix)), "offset": pa.array(index_col("offset")),
+        "file": names_array([display(f) for f in files], cat(file_ix)), "offset": pa.array(index_col("offset")),
         "seq_id": pa.array(index_col("seq")),
         "index_version": pa.array(np.array([qx.version for qx, _, _ in pieces], np.int32)[per_piece], pa.int32()),
         "persistent": pa.array(index_col("persistent") == 1),
         "delivered": pa.array(delivered == 1, mask=delivered < 0),
         "location": names_array(LOCATION_LABELS, loc, loc < 0),
-        "store_file": names_array([display(p) for p in store_files], res.body_file, res.body_file < 0),
+        "store_file": names_array([display(p) for p in res.body_files], res.body_file, res.body_file < 0),
         "store_offset": pa.array(res.store_offset, mask=(res.store_offset < 0) | (res.store_offset == OFFSET_OUT_OF_RANGE)),
         "size": pa.array(index_col("size")), "expiry": ts_array(index_col("expiry")),
         "survives_restart": pa.array(fate == Fate.DELIVERED),
