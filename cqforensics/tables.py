@@ -537,7 +537,7 @@ def messages_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     max_rows, max_bytes = vs.options.batch_rows, vs.options.batch_bytes
     pieces: list[tuple] = []
     rows = size = 0
-    for qx in vs.chunks():
+    for qx in vs.chunks():  # (no kept index: its decode dwarfs a second read of the indexes)
         n = len(qx.live)
         if not n:
             continue
@@ -634,6 +634,7 @@ def queue_summaries(vs: VhostScan) -> Iterator[dict]:
     out = {q.dir_name: {"qdir": q, "version": q.index_version, "messages": 0, "bytes": 0, "persistent": 0,
                         "kept": 0, "drops": {}, "segments": len(q.qi) + len(q.idx)} for q in vs.queue_dirs}
     for sub in each_share(vs):
+        sub.lists_every_index()
         for q in sub.queue_dirs:
             s = out[q.dir_name]
             for qx in sub.scan_queue(q):

@@ -198,13 +198,22 @@ def test_the_index_pass_hands_its_chunks_to_the_listing_once(dataset, monkeypatc
     node = SAMPLES / dataset
     segments = len(list(node.rglob("*.qi")))
     assert segments >= 3
-    tables = ("messages", "findings", "queues")
+    tables = ("findings", "queues")
     kept = {t: cqforensics.read_table(node, t) for t in tables}
     counts = {}
     for t in tables:
         reads.clear()
         cqforensics.read_table(node, t)
         counts[t] = sum(reads.values())
+    # a read that lists no index afterwards (store, refcounts, ...) keeps nothing
+    from cqforensics.model.options import make_options
+    from cqforensics.model.vhost import NodeScan
+
+    for lists in (False, True):
+        vs = NodeScan(next(iter(layout.discover(node))), make_options()).vhosts[0]
+        vs = vs.lists_every_index() if lists else vs
+        vs.index_pass
+        assert any(vs.kept_chunks.values()) == lists
     monkeypatch.setattr(VhostScan, "KEEP_BYTES", 0)
     for t in tables:
         reads.clear()

@@ -59,6 +59,7 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
     held: dict[str, tuple[int, dict[str, int]]] = {}  # queue dir -> (messages its index holds, drops by reason)
     crashes: dict[str | None, str] = {}
     for sub in passes(vs):
+        sub.lists_every_index()
         first = sub.share is None or sub.share.k == 0
         if first:
             findings += vhost_dir_findings(sub)

@@ -132,10 +132,19 @@ class VhostScan:
         self.bodies.close()
         self.kept_chunks.clear()
 
-    #: bytes of index chunks ``index_pass`` keeps for the listing read that follows it (the
-    #: messages and findings reads go over every index twice: first for the references the
-    #: store walk trusts, then entry by entry); what does not fit is read again
+    #: bytes of index chunks ``index_pass`` keeps for the listing that follows it, when the read
+    #: asks for that (``lists_every_index``: the findings and queues reads go over every index
+    #: twice, first for the references the store walk trusts, then entry by entry); what does
+    #: not fit is read again
     KEEP_BYTES = 32 << 20
+    #: set by ``lists_every_index``
+    keeps_index = False
+
+    def lists_every_index(self) -> "VhostScan":
+        """This read lists every index after the vhost-wide facts: let ``index_pass`` keep what
+        it reads for it (a read that lists nothing would only hold the memory)."""
+        self.keeps_index = True
+        return self
 
     @cached_property
     def kept_chunks(self) -> dict[str, dict]:
@@ -262,7 +271,7 @@ class VhostScan:
         ids = {"persistent": [], "transient": []}
         queue = {"persistent": [], "transient": []}
         crashes: dict[str, list[Finding]] = {}
-        room = self.KEEP_BYTES
+        room = self.KEEP_BYTES if self.keeps_index else 0
         for qi, q in enumerate(self.all_queue_dirs):
             for qx in self.index_of(q, restricted=False):
                 if qx.nbytes <= room:
