@@ -42,7 +42,10 @@ def test_prediction_matches_the_real_broker(dataset, scenario, broker_dir):
             return
         b.start()
         got = drain_counts(b, m["vhosts"], amqp10)
-        b.stop()
+        # nothing below needs the broker, nor a clean stop of it: a node whose queues crashed
+        # may not shut down in minutes (3.10.8, rdq_missing: `rabbitmqctl shutdown` once timed
+        # out after 180 s, the drain's counts already taken)
+        b.kill()
     crashed_vhosts = {v for (v, q), n in got.items() if n == "crash"}
     for q in report.queues:
         key = (q.vhost, q.queue)
