@@ -88,13 +88,19 @@ def id_array(ids: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
                                                   pa.py_buffer(ids[valid].tobytes())], null_count=nulls)
 
 
+def _fit(cum_bytes: np.ndarray, start: int, n: int, max_rows: int, max_bytes: int) -> int:
+    """Where the rows from ``start`` stop that fit in ``max_rows`` rows and ``max_bytes`` bytes
+    (cumulative sizes given): ``start`` when not even one does."""
+    base = int(cum_bytes[start - 1]) if start else 0
+    return min(n, start + max_rows, int(np.searchsorted(cum_bytes, base + max_bytes, side="right")))
+
+
 def _capped(cum_bytes: np.ndarray, n: int, max_rows: int, max_bytes: int):
-    """Row slices of at most ``max_rows`` rows and about ``max_bytes`` (cumulative sizes given)."""
+    """Row slices of at most ``max_rows`` rows and about ``max_bytes`` (cumulative sizes given;
+    a row bigger than that alone)."""
     start = 0
     while start < n:
-        base = cum_bytes[start - 1] if start else 0
-        end = int(np.searchsorted(cum_bytes, base + max_bytes, side="right"))
-        end = max(start + 1, min(n, end, start + max_rows))
+        end = max(start + 1, _fit(cum_bytes, start, n, max_rows, max_bytes))
         yield slice(start, end)
         start = end
 
@@ -544,19 +550,21 @@ def messages_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         res = vs.resolve(qx)
         sizes = np.cumsum(np.where(res.body_file >= 0, res.body_len, 0))
         start = 0
-        while start < n:  # the chunk's next rows that fit in the batch (one at least, in an empty one)
-            base = int(sizes[start - 1]) if start else 0
-            end = min(n, start + max_rows - rows, int(np.searchsorted(sizes, base + max_bytes - size, side="right")))
-            if end <= start and pieces:
-                end = start  # the batch is full
-            else:
-                end = max(end, start + 1)
-                pieces.append((qx, res, slice(start, end)))
-                rows, size = rows + end - start, size + int(sizes[end - 1]) - base
-            if end == start or rows >= max_rows or size >= max_bytes:
+        while start < n:  # the chunk's next rows that fit in the batch
+            end = _fit(sizes, start, n, max_rows - rows, max_bytes - size)
+            if end == start:
+                if pieces:  # full: the rows go to the next batch
+                    yield _messages_batch(vs, pieces, node, vhost)
+                    pieces, rows, size = [], 0, 0
+                    continue
+                end = start + 1  # a row bigger than a batch goes alone
+            pieces.append((qx, res, slice(start, end)))
+            rows += end - start
+            size += int(sizes[end - 1] - (sizes[start - 1] if start else 0))
+            start = end
+            if rows >= max_rows or size >= max_bytes:
                 yield _messages_batch(vs, pieces, node, vhost)
                 pieces, rows, size = [], 0, 0
-            start = end
     if pieces:
         yield _messages_batch(vs, pieces, node, vhost)
 

@@ -140,11 +140,10 @@ class VhostScan:
     #: set by ``lists_every_index``
     keeps_index = False
 
-    def lists_every_index(self) -> "VhostScan":
+    def lists_every_index(self) -> None:
         """This read lists every index after the vhost-wide facts: let ``index_pass`` keep what
         it reads for it (a read that lists nothing would only hold the memory)."""
         self.keeps_index = True
-        return self
 
     @cached_property
     def kept_chunks(self) -> dict[str, dict]:
