@@ -543,7 +543,7 @@ def messages_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     max_rows, max_bytes = vs.options.batch_rows, vs.options.batch_bytes
     pieces: list[tuple] = []
     rows = size = 0
-    for qx in vs.chunks():  # (no kept index: its decode dwarfs a second read of the indexes)
+    for qx in vs.live_chunks():  # (no kept index: its decode dwarfs a second read of the indexes)
         n = len(qx.live)
         if not n:
             continue

@@ -75,6 +75,59 @@ def test_trusted_ids_built_by_shares_are_sorted(three_shares):
         assert vs.trusted(kind).sorted == r_rdq.Referenced(refs.ids.ids).sorted
 
 
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
+def test_live_chunks_of_a_share_come_from_the_spill_as_read(sample, three_shares):
+    """``live_chunks`` of a share (each chunk's live entries, from the vhost's one spill) are the
+    chunks ``chunks`` reads and restricts to the share, in the same order, with every record
+    column equal, and resolve alike."""
+    from dataclasses import fields
+
+    from cqforensics.model.index import Records
+
+    ns = cqforensics.model.vhost.NodeScan(next(iter(cqforensics.layout.discover([sample]))))
+    checked = 0
+    for vs in ns.vhosts:
+        for k in range(3):
+            sub = vs.share_scan(k)
+            read = [qx for qx in sub.chunks() if len(qx.live)]
+            spilled = list(sub.live_chunks())
+            assert [(qx.qdir.dir_name, qx.segment) for qx in spilled] == \
+                [(qx.qdir.dir_name, qx.segment) for qx in read]
+            for a, b in zip(read, spilled):
+                assert b.live.tolist() == list(range(len(a.live)))
+                assert (b.version, b.files, b.bad_segments) == (a.version, a.files, a.bad_segments)
+                for f in fields(Records):
+                    assert np.array_equal(getattr(a.rec, f.name)[a.live], getattr(b.rec, f.name)), f.name
+                ra, rb = sub.resolve(a), sub.resolve(b)
+                for f in fields(ra):
+                    x, y = getattr(ra, f.name), getattr(rb, f.name)
+                    assert (np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y), f.name
+                checked += len(a.live)
+            sub.close()
+    assert checked == sum(1 for _ in cqforensics.read_table(sample, "messages").to_pylist())
+
+
+def test_a_read_in_shares_decodes_each_index_once_whatever_the_shares(monkeypatch):
+    """The passes of a ``messages`` read in shares take their entries from one spill: no segment
+    is decoded again for each share, so more shares decode no more (a dirty start: a clean one's
+    recovery facts are still gathered share by share), and no more than a whole read (which
+    decodes each segment twice: references, then the listing)."""
+    from cqforensics.model import index as m_index
+
+    sample = ROOT / "sample_data" / "4.3.6-kill"
+    decoded = Counter()
+    real = m_index.r_qi.read_qi
+    monkeypatch.setattr(m_index.r_qi, "read_qi", lambda path, *a, **kw: decoded.update([path]) or real(path, *a, **kw))
+    counts, tables = {}, {}
+    for parts in (1, 3, 6):
+        monkeypatch.setattr(VhostScan, "shares", property(lambda self, p=parts: p))
+        decoded.clear()
+        tables[parts] = cqforensics.read_table(sample, "messages")
+        counts[parts] = sum(decoded.values())
+    assert tables[1].num_rows == tables[3].num_rows == tables[6].num_rows > 0
+    assert 0 < counts[3] == counts[6] <= counts[1], counts
+
+
 def test_a_small_vhost_is_read_whole():
     sample = ROOT / "sample_data" / "4.3.6-kill"
     ns = cqforensics.model.vhost.NodeScan(next(iter(cqforensics.layout.discover([sample]))))

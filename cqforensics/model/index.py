@@ -59,6 +59,22 @@ class Records:
         """The records at ``rows`` (positions or a slice), every column."""
         return Records(*(getattr(self, f.name)[rows] for f in fields(self)))
 
+    @classmethod
+    def row_dtype(cls) -> np.dtype:
+        """One record as a numpy structured type (records written to a file and read back)."""
+        empty = cls.empty(0)
+        return np.dtype([(f.name, getattr(empty, f.name).dtype) for f in fields(cls)])
+
+    def put_rows(self, out: np.ndarray, rows) -> None:
+        """Writes the records at ``rows`` into ``out`` (of a type with ``row_dtype``'s fields)."""
+        for f in fields(self):
+            out[f.name] = getattr(self, f.name)[rows]
+
+    @classmethod
+    def from_rows(cls, rows: np.ndarray) -> "Records":
+        """The records of structured ``rows`` (``row_dtype``'s fields), each column contiguous."""
+        return cls(*(np.ascontiguousarray(rows[f.name]) for f in fields(cls)))
+
 
 @dataclass
 class AckRecords:

@@ -9,6 +9,7 @@ decided by ``model.recovery`` (``reachable`` and ``claims``), not here.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -232,6 +233,15 @@ class Spill:
         f = self.files[k]
         f.seek(0)
         return np.frombuffer(f.read(), self.dtype)
+
+    def blocks(self, k: int, nbytes: int = 1 << 20) -> Iterator[np.ndarray]:
+        """Share ``k``'s records in order, about ``nbytes`` at a time (``load`` without holding
+        them all)."""
+        f = self.files[k]
+        f.seek(0)
+        step = max(1, nbytes // self.dtype.itemsize) * self.dtype.itemsize
+        while block := f.read(step):
+            yield np.frombuffer(block, self.dtype)
 
 
 ENTRY = np.dtype([("file", np.int32), ("offset", np.int64), ("total", np.int64), ("id", ID), ("reach", bool)])

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from cqforensics.findings import Finding
 from cqforensics.layout import NodeDir, QueueDir, VhostDir
 from cqforensics.model import recovery, versions
 from cqforensics.model.bodies import Bodies
-from cqforensics.model.index import ID, IndexChunk, iter_chunks
+from cqforensics.model.index import ID, IndexChunk, Records, iter_chunks
 from cqforensics.model.options import Options, make_options
 from cqforensics.model.recovery import Resolved
 from cqforensics.model.store import (REFERENCE, IdSet, References, Share, Spill, StoreIndex, id_share, scan_store,
@@ -40,6 +40,31 @@ from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers.files import read_head, read_optional
 from cqforensics.readers.qs import QsFile, open_qs
+
+
+def share_of(ids: np.ndarray, by_id: np.ndarray, seq: np.ndarray, parts: int) -> np.ndarray:
+    """The share of each index row: by its message id where ``by_id`` (every row the shared store
+    resolves), else by its seq id."""
+    return np.where(by_id, id_share(ids, parts), seq % parts)
+
+
+#: a live index entry spilled for a read in shares: its record, and its chunk's position in
+#: ``LiveSpill.chunks``
+LIVE = np.dtype(Records.row_dtype().descr + [("chunk", np.int32)])
+
+
+@dataclass
+class LiveSpill:
+    """Every live index entry of a vhost, sorted out by share, so that each pass of a read in
+    shares takes its own from a file instead of decoding every index again."""
+
+    chunks: list[IndexChunk]  # each chunk with live entries, without its records
+    rows: Spill  # LIVE records, chunk after chunk in listing order, each chunk's in SeqId order
+
+    def chunk(self, rows: np.ndarray) -> IndexChunk:
+        """The chunk of ``rows`` (all of one chunk) holding those records only, all live."""
+        return replace(self.chunks[int(rows["chunk"][0])], rec=Records.from_rows(rows),
+                                   live=np.arange(len(rows)))
 
 
 class VhostScan:
@@ -112,8 +137,7 @@ class VhostScan:
         goes by its id (every row the shared store resolves does), any other by its seq id."""
         if self.share is None:
             return None
-        k, parts = self.share.k, self.share.parts
-        return np.where(by_id, id_share(ids, parts), seq % parts) == k
+        return share_of(ids, by_id, seq, self.share.parts) == self.share.k
 
     def chunk_rows(self, qx: IndexChunk) -> np.ndarray | None:
         """``share_mask`` of every record of a chunk (shared-store records go by their id)."""
@@ -173,6 +197,27 @@ class VhostScan:
         for q in self.queue_dirs:
             yield from self.index_of(q, in_share=not whole)
 
+    def live_chunks(self) -> Iterator[IndexChunk]:
+        """``chunks()`` for a read that needs only the live entries of its share (``messages``):
+        a chunk's ``rec`` may then hold only those (``live`` all of them), and chunks without any
+        are left out. A scan of one share of a vhost takes them from the spill made by the
+        vhost's one pass over every index (``spill("live")``), instead of reading and decoding
+        every index again for each share."""
+        if self.share is None or self.only is not None:
+            yield from self.chunks()
+            return
+        held = self.spill("live")
+        pending: list[np.ndarray] = []  # the records of one chunk, read so far
+        for block in held.rows.blocks(self.share.k):
+            c = block["chunk"]
+            for part in np.split(block, np.flatnonzero(c[1:] != c[:-1]) + 1):
+                if pending and pending[0]["chunk"][0] != part["chunk"][0]:
+                    yield held.chunk(np.concatenate(pending))
+                    pending = []
+                pending.append(part)
+        if pending:
+            yield held.chunk(np.concatenate(pending))
+
     def index_of(self, q: QueueDir, restricted: bool = True, in_share: bool | None = None) -> Iterator[IndexChunk]:
         """One queue dir's index, chunk by chunk; ``restricted``: only the segments ``only`` lists,
         and (unless ``in_share`` says otherwise) only the live entries of the scan's share."""
@@ -212,32 +257,53 @@ class VhostScan:
     def spill(self, what: str) -> dict:
         """For a read in shares, made once per vhost: ``refs``, per store the references the
         indexes hold (``REFERENCE`` records, from one pass over every index), sorted out by share;
+        ``live``, every live index entry (``LiveSpill``), sorted out by share in the same pass;
         ``walks``, per store its one walk (``model.store.walk_store``), trusting every id the
         indexes reference (built a share at a time: a share is a range of the walk's order)."""
         parts = self.share.parts if self.share is not None else self.shares
         key = (what, parts)
         if key in self.spills:
             return self.spills[key]
-        if what == "refs":
-            out = {kind: Spill(REFERENCE, parts) for kind in ("persistent", "transient")}
-            crashes: dict[str, list[Finding]] = {}
-            for qi, q in enumerate(self.all_queue_dirs):
-                for qx in iter_chunks(q, self.vhost):
-                    causes = [f for f in qx.findings if f.crashes_queue]
-                    if causes:
-                        crashes.setdefault(q.label, []).extend(causes)
-                    r, live = qx.rec, qx.live
-                    for kind, flag in (("persistent", 1), ("transient", 0)):
-                        sel = live[(r.loc[live] == Location.SHARED_STORE) & (r.persistent[live] == flag)]
-                        rec = np.empty(len(sel), REFERENCE)
-                        rec["id"], rec["queue"] = r.msg_id[sel], qi
-                        out[kind].add(rec, id_share(rec["id"], parts))
-            self.spills["crashes"] = crashes  # the same pass finds them, for every share's scan
-        else:
-            out = {kind: walk_store(st, self.model, self.trusted(kind), parts)
-                   for kind, st in sorted(self.vhost.stores.items())}
+        if what in ("refs", "live"):  # one pass over the indexes makes both when both are wanted
+            self._spill_indexes(parts, refs=("refs", parts) not in self.spills, live=what == "live")
+            return self.spills[key]
+        out = {kind: walk_store(st, self.model, self.trusted(kind), parts)
+               for kind, st in sorted(self.vhost.stores.items())}
         self.spills[key] = out
         return out
+
+    def _spill_indexes(self, parts: int, refs: bool, live: bool) -> None:
+        """The pass over every index that makes the ``refs`` spill (and finds the crashing
+        queues), the ``live`` one (``LiveSpill``), or both."""
+        out = {kind: Spill(REFERENCE, parts) for kind in ("persistent", "transient")}
+        crashes: dict[str, list[Finding]] = {}
+        held = LiveSpill([], Spill(LIVE, parts))
+        for qi, q in enumerate(self.all_queue_dirs):
+            for qx in iter_chunks(q, self.vhost):
+                r, live_rows = qx.rec, qx.live
+                if live and len(live_rows):
+                    rows = np.empty(len(live_rows), LIVE)
+                    r.put_rows(rows, live_rows)
+                    rows["chunk"] = len(held.chunks)
+                    held.chunks.append(IndexChunk(q, qx.version, qx.files, segment=qx.segment,
+                                                  bad_segments=qx.bad_segments))
+                    held.rows.add(rows, share_of(rows["msg_id"], rows["loc"] == Location.SHARED_STORE, rows["seq"],
+                                                 parts))
+                if not refs:
+                    continue
+                causes = [f for f in qx.findings if f.crashes_queue]
+                if causes:
+                    crashes.setdefault(q.label, []).extend(causes)
+                for kind, flag in (("persistent", 1), ("transient", 0)):
+                    sel = live_rows[(r.loc[live_rows] == Location.SHARED_STORE) & (r.persistent[live_rows] == flag)]
+                    rec = np.empty(len(sel), REFERENCE)
+                    rec["id"], rec["queue"] = r.msg_id[sel], qi
+                    out[kind].add(rec, id_share(rec["id"], parts))
+        if refs:
+            self.spills[("refs", parts)] = out
+            self.spills["crashes"] = crashes  # the same pass finds them, for every share's scan
+        if live:
+            self.spills[("live", parts)] = held
 
     def trusted(self, kind: str) -> r_rdq.Referenced:
         """Every id the indexes reference into a store, from the spill, sorted a share at a time
