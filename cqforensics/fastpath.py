@@ -173,7 +173,8 @@ def _mc_amqpl(raw: bytes, lay: dict) -> dict | None:
             ts = props["timestamp"] * 1000
         annotations = message._annotations_json(anns)
     x, rk = anns.get("x"), anns.get("rk")
-    return {"msg_id": anns.get("id"), "persistent": anns.get("d") != "false",
+    msg_id = anns.get("id")
+    return {"msg_id": msg_id if type(msg_id) is bytes else None, "persistent": anns.get("d") != "false",
             "exchange": x.decode("utf-8", "replace") if type(x) is bytes else message._s(x),
             "routing_keys": [k.decode("utf-8", "replace") if type(k) is bytes else message._s(k) for k in rk]
             if type(rk) is list else [],

@@ -423,7 +423,8 @@ def normalise(term) -> dict:
         _, proto, data, anns = term
         if not isinstance(anns, dict):
             raise FormatError("#mc{} annotations are not a map")
-        common = {"msg_id": anns.get("id"), "persistent": anns.get("d") != "false",
+        msg_id = anns.get("id")  # a guid; any other term (hostile bytes) is no id
+        common = {"msg_id": msg_id if isinstance(msg_id, bytes) else None, "persistent": anns.get("d") != "false",
                   "exchange": _s(anns.get("x")), "routing_keys": [_s(k) for k in anns.get("rk", [])]}
         if proto == "mc_amqpl":
             props, headers = _content_props(data)

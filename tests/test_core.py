@@ -359,6 +359,32 @@ def test_decode_equals_reference_on_damaged_terms():
     _compare_decode(damaged, [None] * len(damaged))
 
 
+def test_decode_equals_reference_on_crafted_annotations():
+    """Crafted annotations on a real stored 3.13+ message (re-encoded by our ETF codec): the names
+    the 0-9-1 view gives a meaning to, as atoms (UTF-8 and latin-1) and spelled as binaries,
+    repeated, and x- binaries that become headers. The core decodes some, hands the others to
+    the reference, and every row it decodes equals the reference's."""
+    from cqforensics.etf import Atom, binary_to_term, term_to_binary
+
+    base = next(binary_to_term(t) for t in _stored_terms() if t[3:6] == b"w\x02m")
+    anns = dict(base[3])
+    variants = [
+        {}, {Atom("ttl"): 5000}, {Atom("ttl"): Atom("undefined")}, {Atom("p"): 7}, {Atom("p"): 1 << 40},
+        {Atom("d"): Atom("false")}, {Atom("ts"): 1_700_000_000_123}, {Atom("deaths"): []},
+        {b"id": b"x" * 16}, {b"rk": [b"a"]}, {b"x-death": b"1"}, {b"x-n": 3}, {b"x-b": Atom("true")},
+        {b"timestamp_in_ms": 5}, {b"other": b"text"}, {Atom("other"): [b"a", b"b"]}, {b"x": b"shadow"},
+        {Atom("rk"): []}, {Atom("x"): 5}, {Atom("id"): Atom("undefined")},
+    ]
+    terms = []
+    for extra in variants:
+        for utf8 in (True, False):
+            terms.append(term_to_binary((base[0], base[1], base[2], {**anns, **extra}), utf8_atoms=utf8))
+    without = {k: v for k, v in anns.items() if k not in ("x", "rk")}
+    terms.append(term_to_binary((base[0], base[1], base[2], without)))
+    decoded = _compare_decode(terms, [None] * len(terms))
+    assert 0.3 * len(terms) < decoded < len(terms), decoded
+
+
 def test_decode_from_a_file_equals_decode_from_its_bytes(tmp_path):
     """A file's terms, read through a map of it (core/src/lib.rs ``FileMap``, its pages dropped
     every 256 rows) or a window of nearby terms at a time (``Window``, the way taken when a file

@@ -10,6 +10,17 @@ pub struct Fallback;
 
 pub type R<T> = Result<T, Fallback>;
 
+/// `std::str::from_utf8`, with short ASCII text (most names and values a store holds) checked
+/// inline: the library call costs more than the check for a few bytes.
+#[inline]
+pub fn utf8(b: &[u8]) -> Option<&str> {
+    if b.len() <= 32 && b.iter().all(|&c| c < 0x80) {
+        // SAFETY: ASCII bytes are UTF-8
+        return Some(unsafe { std::str::from_utf8_unchecked(b) });
+    }
+    std::str::from_utf8(b).ok()
+}
+
 /// What Python's `json.encoder.encode_basestring` (ensure_ascii=False) writes for `s`.
 pub fn push_json_str(out: &mut String, s: &str) {
     out.push('"');
@@ -56,17 +67,18 @@ pub fn push_int(out: &mut String, v: i128) {
     if v < 0 {
         out.push('-');
     }
-    out.push_str(std::str::from_utf8(&digits[at..]).unwrap());
+    // SAFETY: decimal digits are ASCII
+    out.push_str(unsafe { std::str::from_utf8_unchecked(&digits[at..]) });
 }
 
 /// `"value":"text"` for UTF-8 bytes, else `"base64":"..."` (amqp091._text_json).
 fn push_text(out: &mut String, raw: &[u8]) {
-    match std::str::from_utf8(raw) {
-        Ok(s) => {
+    match utf8(raw) {
+        Some(s) => {
             out.push_str("\"value\":");
             push_json_str(out, s);
         }
-        Err(_) => {
+        None => {
             out.push_str("\"base64\":\"");
             out.push_str(&base64::engine::general_purpose::STANDARD.encode(raw));
             out.push('"');
@@ -209,7 +221,7 @@ pub fn table_entries<'a>(buf: &'a [u8], mut o: usize, end: usize, depth: u32, va
     let first = entries.len();
     while o < end {
         let n = *buf.get(o).ok_or(Fallback)? as usize;
-        let key = std::str::from_utf8(buf.get(o + 1..o + 1 + n).ok_or(Fallback)?).map_err(|_| Fallback)?;
+        let key = utf8(buf.get(o + 1..o + 1 + n).ok_or(Fallback)?).ok_or(Fallback)?;
         if entries.len() - first >= 256 || entries[first..].iter().any(|(k, _)| *k == key) {
             return Err(Fallback); // a repeated name (first place, last value) or a huge table
         }
@@ -348,7 +360,7 @@ pub fn properties<'a>(raw: &'a [u8], vals: &mut String, entries: &mut Vec<Entry<
             s => {
                 let n = get::<1>(raw, o)?[0] as usize;
                 let v = raw.get(o + 1..o + 1 + n).ok_or(Fallback)?;
-                p.strings[s as usize] = Some(std::str::from_utf8(v).map_err(|_| Fallback)?);
+                p.strings[s as usize] = Some(utf8(v).ok_or(Fallback)?);
                 o += 1 + n;
             }
         }

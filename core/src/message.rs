@@ -178,7 +178,7 @@ fn binary(raw: &[u8], p: usize) -> R<(&[u8], usize)> {
 
 #[inline]
 fn text(b: &[u8]) -> R<&str> {
-    std::str::from_utf8(b).map_err(|_| Fallback)
+    amqp091::utf8(b).ok_or(Fallback)
 }
 
 /// A proper list of binaries (`l ... j`) or nil at `p`, as UTF-8 strings.
@@ -228,8 +228,8 @@ enum Val<'a> {
 type Ann<'a> = (Cow<'a, str>, bool, Val<'a>);
 
 fn latin1(b: &[u8]) -> Cow<'_, str> {
-    match std::str::from_utf8(b) {
-        Ok(s) if b.is_ascii() => Cow::Borrowed(s),
+    match amqp091::utf8(b) {
+        Some(s) if b.is_ascii() => Cow::Borrowed(s),
         _ => Cow::Owned(b.iter().map(|&c| c as char).collect()),
     }
 }
@@ -272,9 +272,9 @@ fn value(raw: &[u8], p: usize) -> R<(Val<'_>, usize)> {
 
 /// message.to_json_value of a binary: UTF-8 text, else `{"base64": ...}`.
 fn push_json_bin(out: &mut String, b: &[u8]) {
-    match std::str::from_utf8(b) {
-        Ok(s) => amqp091::push_json_str(out, s),
-        Err(_) => {
+    match amqp091::utf8(b) {
+        Some(s) => amqp091::push_json_str(out, s),
+        None => {
             out.push_str("{\"base64\":\"");
             out.push_str(&base64::engine::general_purpose::STANDARD.encode(b));
             out.push_str("\"}");
@@ -301,8 +301,37 @@ fn push_json_val(out: &mut String, v: &Val) {
     }
 }
 
-/// The annotation names the 0-9-1 view or the columns give a meaning to (as atoms).
-const SPECIAL: [&str; 10] = ["id", "x", "rk", "rts", "p", "ts", "ttl", "d", "deaths", "timestamp_in_ms"];
+/// The annotation names the 0-9-1 view or the columns give a meaning to (as atoms), each
+/// numbered: a message's annotations are looked up by number, its names compared once.
+#[derive(Clone, Copy)]
+enum Special {
+    Id,
+    X,
+    Rk,
+    Rts,
+    P,
+    Ts,
+    Ttl,
+    D,
+    Deaths,
+    TimestampInMs,
+}
+
+fn special(name: &str) -> Option<Special> {
+    Some(match name {
+        "id" => Special::Id,
+        "x" => Special::X,
+        "rk" => Special::Rk,
+        "rts" => Special::Rts,
+        "p" => Special::P,
+        "ts" => Special::Ts,
+        "ttl" => Special::Ttl,
+        "d" => Special::D,
+        "deaths" => Special::Deaths,
+        "timestamp_in_ms" => Special::TimestampInMs,
+        _ => return None,
+    })
+}
 
 impl Decoder {
     /// The message stored in `raw`; its texts go to `s`.
@@ -362,6 +391,7 @@ impl Decoder {
         }
         let n = u32_at(raw, p + 1)?;
         p += 5;
+        let mut slots: [Option<usize>; 10] = [None; 10]; // by Special: where its atom is in anns
         // (name, is an atom, value), in map order
         for _ in 0..n {
             let (key, is_atom, q) = if raw.get(p) == Some(&b'm') {
@@ -373,30 +403,34 @@ impl Decoder {
             };
             // a name seen twice (either kind), or a binary spelling a special atom's name,
             // is left to the reference's dict semantics
-            if anns.iter().any(|(k, _, _)| *k == key) || (!is_atom && SPECIAL.contains(&key.as_ref())) {
+            let class = special(&key);
+            if anns.iter().any(|(k, _, _)| *k == key) || (!is_atom && class.is_some()) {
                 return Err(Fallback);
             }
             let (v, q) = value(raw, q)?;
+            if let Some(c) = class {
+                slots[c as usize] = Some(anns.len());
+            }
             anns.push((key, is_atom, v));
             p = q;
         }
-        let get = |name: &str| anns.iter().find(|(k, a, _)| *a && k == name).map(|(_, _, v)| v);
-        let msg_id = match get("id") {
+        let get = |name: Special| slots[name as usize].map(|i| &anns[i].2);
+        let msg_id = match get(Special::Id) {
             None => None,
             Some(Val::Bin(b)) => Some(*b),
             _ => return Err(Fallback),
         };
-        let exchange = match get("x") {
+        let exchange = match get(Special::X) {
             None => None,
             Some(Val::Bin(b)) => Some(text(b)?),
             _ => return Err(Fallback),
         };
-        let routing_keys = match get("rk") {
+        let routing_keys = match get(Special::Rk) {
             None | Some(Val::Nil) => Bins::default(),
             Some(Val::Bins(items)) => items.texts()?,
             _ => return Err(Fallback),
         };
-        if get("deaths").is_some() {
+        if get(Special::Deaths).is_some() {
             return Err(Fallback);
         }
         let mut props = Self::properties(props_bin, s, entries)?;
@@ -449,7 +483,7 @@ impl Decoder {
             amqp091::push_entries(&mut s.headers, &texts, &s.vals);
             props.headers = true;
         }
-        let expiration = match get("ttl") {
+        let expiration = match get(Special::Ttl) {
             None => Expiration::Kept,
             Some(Val::Atom(a)) if a == "undefined" => Expiration::Removed,
             Some(Val::Int(i)) => {
@@ -460,7 +494,7 @@ impl Decoder {
             _ => return Err(Fallback),
         };
         if props.priority.is_none() {
-            if let Some(Val::Int(v)) = get("p") {
+            if let Some(Val::Int(v)) = get(Special::P) {
                 if !(i32::MIN as i128..=i32::MAX as i128).contains(v) {
                     return Err(Fallback); // out of the column's range: the reference reports it
                 }
@@ -468,12 +502,12 @@ impl Decoder {
             }
         }
         if props.delivery_mode.is_none() {
-            props.delivery_mode = match get("d") {
+            props.delivery_mode = match get(Special::D) {
                 Some(Val::Atom(a)) if a == "false" => None,
                 _ => Some(2),
             };
         }
-        let ts_ms: Option<i128> = match get("ts") {
+        let ts_ms: Option<i128> = match get(Special::Ts) {
             Some(Val::Int(ms)) => Some(*ms),
             _ => props.timestamp.map(|s| s as i128 * 1000),
         };
@@ -485,7 +519,8 @@ impl Decoder {
         let out = &mut s.annotations;
         out.clear();
         out.push('{');
-        for (k, _, v) in anns.iter().filter(|(k, a, _)| !(*a && matches!(k.as_ref(), "id" | "x" | "rk"))) {
+        let shown = [Special::Id, Special::X, Special::Rk].map(|c| slots[c as usize]); // (in their columns)
+        for (_, (k, _, v)) in anns.iter().enumerate().filter(|(i, _)| !shown.contains(&Some(*i))) {
             if out.len() > 1 {
                 out.push(',');
             }
