@@ -126,6 +126,7 @@ class IndexChunk:
     segment: int | None = None  # v2: the segment number (names the companion .qs)
     header: SegmentHeader | None = None  # v2
     findings: list[Finding] = field(default_factory=list)  # the readers'; crashes_queue marks boot-crash causes
+    segments: list[int | None] | None = None  # chunks joined (a share's live entries): the segment of each file
 
     @property
     def nbytes(self) -> int:
@@ -137,6 +138,12 @@ class IndexChunk:
     def qs_path(self) -> Path | None:
         """v2: the companion ``.qs`` segment, when it exists."""
         return self.qdir.qs.get(self.segment) if self.segment is not None else None
+
+    def qs_of(self, file: int) -> Path | None:
+        """v2: the ``.qs`` companion of the index file at position ``file`` in ``files`` (the
+        chunk's segment, or one of the segments of joined chunks), when it exists."""
+        segment = self.segments[file] if self.segments is not None else self.segment
+        return self.qdir.qs.get(segment) if segment is not None else None
 
     def index_ids(self, positions: np.ndarray) -> np.ndarray:
         """Whether the index itself holds the message id of each record at ``positions``:

@@ -505,10 +505,13 @@ def resolve(vs, qx, propagate: bool = True) -> Resolved:
             file_map[used] = [path_ix(st.files[k].path) for k in used.tolist()]
             body(rows, file_map[st.e_file[e]], *r_rdq.term_span(st.e_offset[e], st.e_total[e]))
             out.store_offset[rows] = st.e_offset[e]
-    # per-queue store
-    sel = np.flatnonzero(loc == _QSTORE)
-    if len(sel):
-        qs_path = qx.qs_path
+    # per-queue store: each segment's own .qs (a chunk is one segment, or several joined)
+    in_qs = np.flatnonzero(loc == _QSTORE)
+    if len(in_qs) and trusted:
+        out.crash_once = np.zeros(n, bool)
+    for f in np.unique(files[in_qs]).tolist():
+        sel = in_qs[files[in_qs] == f]
+        qs_path = qx.qs_of(f)
         qs = vs.qs_files.get(qs_path) if qs_path is not None else None
         status = np.full(len(sel), QsStatus.MISSING_FILE, np.int8) if qs is None else \
             vs.bodies.qs_entries(qs, st_off[sel], st_size[sel])
@@ -526,7 +529,6 @@ def resolve(vs, qx, propagate: bool = True) -> Resolved:
         tolerated = (status == QsStatus.MISSING_FILE) & vs.model.missing_qs_reads_empty
         problem[sel[bad]] = _QS_FATE_CODES[status][bad]
         if trusted:
-            out.crash_once = np.zeros(n, bool)
             out.crash_once[sel[bad & ~tolerated]] = True
     # terms embedded in a v1 index
     sel = np.flatnonzero(loc == _EMBEDDED)

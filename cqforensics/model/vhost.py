@@ -61,10 +61,57 @@ class LiveSpill:
     chunks: list[IndexChunk]  # each chunk with live entries, without its records
     rows: Spill  # LIVE records, chunk after chunk in listing order, each chunk's in SeqId order
 
-    def chunk(self, rows: np.ndarray) -> IndexChunk:
-        """The chunk of ``rows`` (all of one chunk) holding those records only, all live."""
-        return replace(self.chunks[int(rows["chunk"][0])], rec=Records.from_rows(rows),
-                                   live=np.arange(len(rows)))
+    #: consecutive chunks of a queue dir are handed out joined, up to about a segment's worth of
+    #: entries: a pass has a few hundred of each segment's, and resolving them costs mostly per
+    #: chunk, not per entry (joins of 65,536 cost the same time and 10 MB more at 10x the bench)
+    JOIN_ROWS = 1 << 14
+
+    def share(self, k: int) -> Iterator[IndexChunk]:
+        """Share ``k``'s live entries as chunks in listing order, each chunk's ``rec`` holding
+        only those (``live`` is all of them)."""
+        group: list[tuple[IndexChunk, np.ndarray]] = []  # (chunk, its records) to hand out joined
+        for rows in self._per_chunk(k):
+            chunk = self.chunks[int(rows["chunk"][0])]
+            if group and (chunk.qdir is not group[0][0].qdir or sum(len(r) for _, r in group) >= self.JOIN_ROWS):
+                yield _joined(group)
+                group = []
+            group.append((chunk, rows))
+        if group:
+            yield _joined(group)
+
+    def _per_chunk(self, k: int) -> Iterator[np.ndarray]:
+        """Share ``k``'s records, chunk by chunk (read a block at a time)."""
+        pending: list[np.ndarray] = []  # the records of one chunk, read so far
+        for block in self.rows.blocks(k):
+            c = block["chunk"]
+            for part in np.split(block, np.flatnonzero(c[1:] != c[:-1]) + 1):
+                if pending and pending[0]["chunk"][0] != part["chunk"][0]:
+                    yield np.concatenate(pending)
+                    pending = []
+                pending.append(part)
+        if pending:
+            yield np.concatenate(pending)
+
+
+def _joined(group: list[tuple[IndexChunk, np.ndarray]]) -> IndexChunk:
+    """Chunks of one queue dir (records given apart) as one chunk of those records, all live:
+    their files listed one after another, each with its segment (``IndexChunk.qs_of``)."""
+    if len(group) == 1:
+        chunk, rows = group[0]
+        return replace(chunk, rec=Records.from_rows(rows), live=np.arange(len(rows)))
+    files: list[Path] = []
+    bad: set[int] = set()
+    parts = []
+    for chunk, rows in group:
+        rows = rows.copy()
+        rows["file"] += len(files)
+        bad |= {f + len(files) for f in chunk.bad_segments}
+        files += chunk.files
+        parts.append(rows)
+    rows = np.concatenate(parts)
+    first = group[0][0]
+    return IndexChunk(first.qdir, first.version, files, Records.from_rows(rows), np.arange(len(rows)),
+                      bad_segments=bad, segments=[c.segment for c, _ in group for _ in c.files])
 
 
 class VhostScan:
@@ -199,24 +246,14 @@ class VhostScan:
 
     def live_chunks(self) -> Iterator[IndexChunk]:
         """``chunks()`` for a read that needs only the live entries of its share (``messages``):
-        a chunk's ``rec`` may then hold only those (``live`` all of them), and chunks without any
-        are left out. A scan of one share of a vhost takes them from the spill made by the
-        vhost's one pass over every index (``spill("live")``), instead of reading and decoding
-        every index again for each share."""
+        a chunk's ``rec`` may then hold only those (``live`` all of them), chunks without any are
+        left out, and consecutive chunks may come joined (``LiveSpill.share``). A scan of one
+        share of a vhost takes them from the spill made by the vhost's one pass over every index
+        (``spill("live")``), instead of reading and decoding every index again for each share."""
         if self.share is None or self.only is not None:
             yield from self.chunks()
             return
-        held = self.spill("live")
-        pending: list[np.ndarray] = []  # the records of one chunk, read so far
-        for block in held.rows.blocks(self.share.k):
-            c = block["chunk"]
-            for part in np.split(block, np.flatnonzero(c[1:] != c[:-1]) + 1):
-                if pending and pending[0]["chunk"][0] != part["chunk"][0]:
-                    yield held.chunk(np.concatenate(pending))
-                    pending = []
-                pending.append(part)
-        if pending:
-            yield held.chunk(np.concatenate(pending))
+        yield from self.spill("live").share(self.share.k)
 
     def index_of(self, q: QueueDir, restricted: bool = True, in_share: bool | None = None) -> Iterator[IndexChunk]:
         """One queue dir's index, chunk by chunk; ``restricted``: only the segments ``only`` lists,
