@@ -643,20 +643,19 @@ def queue_summaries(vs: VhostScan) -> Iterator[dict]:
                         "kept": 0, "drops": {}, "segments": len(q.qi) + len(q.idx)} for q in vs.queue_dirs}
     for sub in each_share(vs):
         sub.lists_every_index()
-        for q in sub.queue_dirs:
-            s = out[q.dir_name]
-            for qx in sub.scan_queue(q):
-                r, live = qx.rec, qx.live
-                counts = np.bincount(sub.resolve(qx).fate, minlength=len(Fate))
-                s["messages"] += len(live)
-                s["bytes"] += int(r.size[live].sum())
-                s["persistent"] += int((r.persistent[live] == 1).sum())
-                s["kept"] += int(counts[Fate.DELIVERED])
-                for code in np.flatnonzero(counts).tolist():
-                    if code != Fate.DELIVERED:
-                        reason = Fate(code).reason
-                        s["drops"][reason] = s["drops"].get(reason, 0) + int(counts[code])
-                s["version"] = qx.version
+        for qx in sub.live_chunks():  # (a pass in shares: from the vhost's one spill)
+            s = out[qx.qdir.dir_name]
+            r, live = qx.rec, qx.live
+            counts = np.bincount(sub.resolve(qx).fate, minlength=len(Fate))
+            s["messages"] += len(live)
+            s["bytes"] += int(r.size[live].sum())
+            s["persistent"] += int((r.persistent[live] == 1).sum())
+            s["kept"] += int(counts[Fate.DELIVERED])
+            for code in np.flatnonzero(counts).tolist():
+                if code != Fate.DELIVERED:
+                    reason = Fate(code).reason
+                    s["drops"][reason] = s["drops"].get(reason, 0) + int(counts[code])
+            s["version"] = qx.version
     yield from out.values()
 
 
@@ -790,12 +789,17 @@ def in_shares(build: Callable[[VhostScan], Iterator[pa.RecordBatch]]) -> Callabl
     return run
 
 
-#: the tables whose rows each belong to one message-id share (``in_shares``)
+#: the tables whose rows each belong to one message-id share: a Spark read splits a big vhost
+#: into one unit per share of these
 SHARED_TABLES = frozenset({"messages", "index", "acks", "store", "refcounts", "holes"})
+#: of those, the ones whose rows need the store's entries: a big vhost is read one pass per share
+#: (``in_shares``). ``index`` and ``acks`` need none, and are read a segment at a time in one pass
+#: whatever the vhost's size.
+INDEXED_TABLES = frozenset({"messages", "store", "refcounts", "holes"})
 
 BUILDERS = {
     "messages": messages_batches, "index": index_batches, "acks": acks_batches, "store": store_batches,
     "refcounts": refcounts_batches, "holes": holes_batches, "files": files_batches, "queues": queues_batches,
     "findings": findings_batches,
 }
-BUILDERS = {name: in_shares(build) if name in SHARED_TABLES else build for name, build in BUILDERS.items()}
+BUILDERS = {name: in_shares(build) if name in INDEXED_TABLES else build for name, build in BUILDERS.items()}
