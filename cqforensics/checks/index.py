@@ -114,7 +114,7 @@ def _chunk_findings(vs: VhostScan, c: _Chunk, maybe_acked: bool) -> list[Finding
     tail: list[int] = []  # seq ids of entries in the unwritten tail (one finding for them all)
     for _, code, seq, off, size in sorted(c.bad_qs):
         status = QsStatus(code)
-        if status in _GONE and unwritten:
+        if unwritten:
             tail.append(seq)
         elif status in (QsStatus.MISSING_FILE, QsStatus.BAD_HEADER):
             if not reported:
@@ -160,7 +160,9 @@ def _chunk_findings(vs: VhostScan, c: _Chunk, maybe_acked: bool) -> list[Finding
                            details={"entries": c.transient, "first_seq_id": first, "store": "transient"}))
     if tail:
         qs = vs.qs_files.get(c.qs_path) if c.qs_path is not None else None
-        where = "the segment file was never created" if qs is None else f"the file ends at {qs.size}, where they begin"
+        where = ("the segment file was never created" if qs is None else
+                 "the segment file was created but never written" if not qs.size else
+                 f"the file ends at {qs.size}, where they begin")
         out.append(Finding("qs-entry-missing", f"{len(tail)} index entries (seq ids {tail[0]} to {tail[-1]}) point past "
                            f"what the .qs segment holds ({where}): the store's write buffer was not flushed yet when "
                            "the broker was killed (the index's was); messages never written, and never confirmed, "
@@ -178,16 +180,19 @@ def _unwritten_tail(vs: VhostScan, c: _Chunk) -> bool:
     entries and segments in ascending order (``flush_buffer``), when the buffer fills or the
     queue syncs; the index (IDX2) flushes its own buffer on its own schedule, so a kill -9 can
     leave index entries whose bytes were never written, at the end of the newest segment (or a
-    newest segment file never created). It is that, and not a truncated or deleted file, when
-    the recovery is dirty, every such entry starts at or after the end of the file (none is cut
-    by it), no other entry of the chunk fails its check, and no later segment of the queue has
-    a ``.qs``."""
+    newest segment file never created, or created empty: ``flush_buffer`` opens it, then writes
+    its header, then the entries, and a kill between the open and the first write leaves 0
+    bytes, which the next boot's check reads as a bad header and drops every entry of). It is
+    that, and not a truncated or deleted file, when the recovery is dirty, every such entry
+    starts at or after the end of the file (none is cut by it), no other entry of the chunk
+    fails its check, and no later segment of the queue has a ``.qs``."""
     if vs.recovery != "dirty" or c.segment is None:
         return False
-    gone = [off for _, status, _, off, _ in c.bad_qs if status in _GONE]
+    qs = vs.qs_files.get(c.qs_path) if c.qs_path is not None else None
+    empty = qs is not None and qs.size == 0
+    gone = [off for _, status, _, off, _ in c.bad_qs if status in _GONE or empty and status == QsStatus.BAD_HEADER]
     if not gone or len(gone) < len(c.bad_qs):
         return False
     if any(seg > c.segment for seg in c.qdir.qs):
         return False
-    qs = vs.qs_files.get(c.qs_path) if c.qs_path is not None else None
     return qs is None or all(off >= qs.size for off in gone)
