@@ -120,6 +120,19 @@ def test_live_chunks_of_a_share_come_from_the_spill_as_read(sample, join_rows, t
         assert joined, "the segments of a queue are joined"
 
 
+@pytest.mark.parametrize("sample", ["3.10.8-segments", "4.3.6-kill"])
+def test_live_entries_spilled_after_the_references_are_those_read(sample, three_shares):
+    """The live entries asked for after the references were spilled (a pass of their own over
+    the indexes) are those the chunks give, row by row."""
+    ns = cqforensics.model.vhost.NodeScan(next(iter(cqforensics.layout.discover([ROOT / "sample_data" / sample]))))
+    vs = ns.vhosts[0]
+    sub = vs.share_scan(1)
+    sub.spill("refs")
+    assert ("live", 3) not in sub.spills
+    assert _live_rows(sub, sub.live_chunks()) == _live_rows(sub, sub.chunks())
+    sub.close()
+
+
 def test_a_read_in_shares_decodes_each_index_once_whatever_the_shares(monkeypatch):
     """The passes of a ``messages`` read in shares take their entries from one spill: no segment
     is decoded again for each share, so more shares decode no more (a dirty start: a clean one's

@@ -59,7 +59,7 @@ class LiveSpill:
     shares takes its own from a file instead of decoding every index again."""
 
     chunks: list[IndexChunk]  # each chunk with live entries, without its records
-    rows: Spill  # LIVE records, chunk after chunk in listing order, each chunk's in SeqId order
+    rows: Spill | None  # LIVE records, chunk after chunk in listing order, each chunk's in SeqId order
 
     #: consecutive chunks of a queue dir are handed out joined, up to about a segment's worth of
     #: entries: a pass has a few hundred of each segment's, and resolving them costs mostly per
@@ -312,9 +312,9 @@ class VhostScan:
     def _spill_indexes(self, parts: int, refs: bool, live: bool) -> None:
         """The pass over every index that makes the ``refs`` spill (and finds the crashing
         queues), the ``live`` one (``LiveSpill``), or both."""
-        out = {kind: Spill(REFERENCE, parts) for kind in ("persistent", "transient")}
+        out = {kind: Spill(REFERENCE, parts) for kind in ("persistent", "transient")} if refs else {}
         crashes: dict[str, list[Finding]] = {}
-        held = LiveSpill([], Spill(LIVE, parts))
+        held = LiveSpill([], Spill(LIVE, parts) if live else None)
         for qi, q in enumerate(self.all_queue_dirs):
             for qx in iter_chunks(q, self.vhost):
                 r, live_rows = qx.rec, qx.live
