@@ -133,14 +133,15 @@ def test_live_entries_spilled_after_the_references_are_those_read(sample, three_
     sub.close()
 
 
-def test_a_read_in_shares_decodes_each_index_once_whatever_the_shares(monkeypatch):
-    """The passes of a ``messages`` read in shares take their entries from one spill: no segment
-    is decoded again for each share, so more shares decode no more (a dirty start: a clean one's
-    recovery facts are still gathered share by share), and no more than a whole read (which
-    decodes each segment twice: references, then the listing)."""
+@pytest.mark.parametrize("sample", ["4.3.6-kill", "3.10.8-segments", "4.3.6-clean"])
+def test_a_read_in_shares_decodes_each_index_once_whatever_the_shares(sample, monkeypatch):
+    """The passes of a ``messages`` read in shares take their entries from one spill, and so do
+    the clean-start facts gathered share by share (after a clean stop): no segment is decoded
+    again for each share, so more shares decode no more, and no more than a whole read (which
+    decodes each segment for the references, the listing and each clean-start fact)."""
     from cqforensics.model import index as m_index
 
-    sample = ROOT / "sample_data" / "4.3.6-kill"
+    sample = ROOT / "sample_data" / sample
     decoded = Counter()
     real = m_index.r_qi.read_qi
     monkeypatch.setattr(m_index.r_qi, "read_qi", lambda path, *a, **kw: decoded.update([path]) or real(path, *a, **kw))

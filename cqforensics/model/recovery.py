@@ -285,15 +285,14 @@ def clean_crashes(vs) -> tuple[set[str], bool]:
     if vs.recovery != "clean":
         return set(), False
     queues, vhost = set(), False
-    for q in vs.all_queue_dirs:
-        for qx in vs.id_chunks(q):
-            res = resolve(vs, qx, propagate=False)
-            crashed = res.fate == Fate.DELIVERY_CRASH
-            once = res.crash_once if res.crash_once is not None else np.zeros(len(crashed), bool)
-            if crashed.any() or (once & np.isin(res.fate, _QS_FATE_CODES[_QS_FATE_CODES >= 0])).any():
-                queues.add(q.label)
-                shared = qx.rec.loc[qx.live] == Location.SHARED_STORE
-                vhost |= bool((crashed & shared).any()) and vs.model.shared_read_crash_takes_vhost
+    for qx in vs.live_chunks(whole=True):
+        res = resolve(vs, qx, propagate=False)
+        crashed = res.fate == Fate.DELIVERY_CRASH
+        once = res.crash_once if res.crash_once is not None else np.zeros(len(crashed), bool)
+        if crashed.any() or (once & np.isin(res.fate, _QS_FATE_CODES[_QS_FATE_CODES >= 0])).any():
+            queues.add(qx.qdir.label)
+            shared = qx.rec.loc[qx.live] == Location.SHARED_STORE
+            vhost |= bool((crashed & shared).any()) and vs.model.shared_read_crash_takes_vhost
     return queues, vhost
 
 
@@ -303,10 +302,12 @@ def lost_on_read(vs) -> set[str]:
     that message is lost (``DELIVERY_CRASH``, the rest ``QUEUE_CRASH``). Gathered share by
     share in a scan of one id share."""
     if "_lost_on_read" not in vs.__dict__:
-        vs.__dict__["_lost_on_read"] = {
-            q.label for sub in vs.each_share() for q in sub.all_queue_dirs if vs.recovery == "clean" and any(
-                (resolve(sub, qx, propagate=False).fate == Fate.DELIVERY_CRASH).any()
-                for qx in sub.id_chunks(q))}
+        lost: set[str] = set()
+        for sub in vs.each_share() if vs.recovery == "clean" else ():
+            for qx in sub.live_chunks(whole=True):
+                if qx.qdir.label not in lost and (resolve(sub, qx, propagate=False).fate == Fate.DELIVERY_CRASH).any():
+                    lost.add(qx.qdir.label)
+        vs.__dict__["_lost_on_read"] = lost
     return vs.__dict__["_lost_on_read"]
 
 
@@ -325,20 +326,19 @@ def clean_restarts(vs) -> dict[str, list[str]]:
              if starts.get(q.dir_name) is not None and starts[q.dir_name].kind == "restart"}
     why: dict[str, str] = {}  # dir name -> its first reason found
     for sub in vs.each_share():
-        for q in sub.all_queue_dirs:
-            if q.dir_name in inits or q.dir_name in why:
+        for qx in sub.live_chunks(whole=True):
+            name = qx.qdir.dir_name
+            if name in inits or name in why:
                 continue
-            for qx in sub.id_chunks(q):
-                fate = resolve(sub, qx, propagate=False).fate
-                if (fate == Fate.NOT_IN_STORE_INDEX).any():
-                    why[q.dir_name] = "read"
-                    break
-                # an expired message is read only to be dead-lettered: the read may crash the queue
-                expired = qx.live[fate == Fate.EXPIRED]
-                shared = expired[(qx.rec.loc[expired] == Location.SHARED_STORE) & (qx.rec.persistent[expired] == 1)]
-                if len(shared) and not recorded_has(sub.stores.get("persistent"), qx.rec.msg_id[shared]).all():
-                    why[q.dir_name] = "expiry"
-                    break
+            fate = resolve(sub, qx, propagate=False).fate
+            if (fate == Fate.NOT_IN_STORE_INDEX).any():
+                why[name] = "read"
+                continue
+            # an expired message is read only to be dead-lettered: the read may crash the queue
+            expired = qx.live[fate == Fate.EXPIRED]
+            shared = expired[(qx.rec.loc[expired] == Location.SHARED_STORE) & (qx.rec.persistent[expired] == 1)]
+            if len(shared) and not recorded_has(sub.stores.get("persistent"), qx.rec.msg_id[shared]).all():
+                why[name] = "expiry"
     out: dict[str, list[str]] = {}
     for q in vs.all_queue_dirs:
         reason = "init" if q.dir_name in inits else why.get(q.dir_name)

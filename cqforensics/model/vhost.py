@@ -244,16 +244,21 @@ class VhostScan:
         for q in self.queue_dirs:
             yield from self.index_of(q, in_share=not whole)
 
-    def live_chunks(self) -> Iterator[IndexChunk]:
-        """``chunks()`` for a read that needs only the live entries of its share (``messages``):
-        a chunk's ``rec`` may then hold only those (``live`` all of them), chunks without any are
-        left out, and consecutive chunks may come joined (``LiveSpill.share``). A scan of one
-        share of a vhost takes them from the spill made by the vhost's one pass over every index
-        (``spill("live")``), instead of reading and decoding every index again for each share."""
-        if self.share is None or self.only is not None:
+    def live_chunks(self, whole: bool = False) -> Iterator[IndexChunk]:
+        """The live entries of the scan's share (all, unshared), chunk by chunk in listing order,
+        for what needs nothing else (``messages``, ``queues``, the clean-start facts): a chunk's
+        ``rec`` may then hold only those (``live`` all of them), chunks without any may be left
+        out, and consecutive chunks may come joined (``LiveSpill.share``). A scan of one share of
+        a vhost takes them from the spill made by the vhost's one pass over every index
+        (``spill("live")``), instead of reading and decoding every index again for each share.
+        ``whole``: every queue dir's, whatever ``only`` says."""
+        if self.share is not None and (whole or self.only is None):
+            yield from self.spill("live").share(self.share.k)
+        elif whole:
+            for q in self.all_queue_dirs:
+                yield from self.index_of(q, restricted=False)
+        else:
             yield from self.chunks()
-            return
-        yield from self.spill("live").share(self.share.k)
 
     def index_of(self, q: QueueDir, restricted: bool = True, in_share: bool | None = None) -> Iterator[IndexChunk]:
         """One queue dir's index, chunk by chunk; ``restricted``: only the segments ``only`` lists,
@@ -262,11 +267,6 @@ class VhostScan:
         chunks = iter_chunks(q, self.vhost, segments, self.kept_chunks.setdefault(q.dir_name, {}))
         in_share = restricted if in_share is None else in_share
         return self._in_share(chunks) if in_share and self.share is not None else chunks
-
-    def id_chunks(self, q: QueueDir) -> Iterator[IndexChunk]:
-        """Every chunk of a queue dir (whatever ``only`` says), live entries of the share only."""
-        chunks = iter_chunks(q, self.vhost, kept=self.kept_chunks.setdefault(q.dir_name, {}))
-        return self._in_share(chunks) if self.share is not None else chunks
 
     def _in_share(self, chunks: Iterator[IndexChunk]) -> Iterator[IndexChunk]:
         for qx in chunks:
