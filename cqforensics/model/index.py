@@ -142,8 +142,7 @@ class IndexChunk:
     def qs_of(self, file: int) -> Path | None:
         """v2: the ``.qs`` companion of the index file at position ``file`` in ``files`` (the
         chunk's segment, or one of the segments of joined chunks), when it exists."""
-        segment = self.segments[file] if self.segments is not None else self.segment
-        return self.qdir.qs.get(segment) if segment is not None else None
+        return self.qdir.qs.get(self.segments[file] if self.segments is not None else self.segment)
 
     def index_ids(self, positions: np.ndarray) -> np.ndarray:
         """Whether the index itself holds the message id of each record at ``positions``:

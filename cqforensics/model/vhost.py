@@ -59,7 +59,7 @@ class LiveSpill:
     shares takes its own from a file instead of decoding every index again."""
 
     chunks: list[IndexChunk]  # each chunk with live entries, without its records
-    rows: Spill | None  # LIVE records, chunk after chunk in listing order, each chunk's in SeqId order
+    rows: Spill  # LIVE records, chunk after chunk in listing order, each chunk's in SeqId order
 
     #: consecutive chunks of a queue dir are handed out joined, up to about a segment's worth of
     #: entries: a pass has a few hundred of each segment's, and resolving them costs mostly per
@@ -291,7 +291,7 @@ class VhostScan:
         """(what, parts) -> a vhost-wide spill (``spill``), kept for every share's scan."""
         return {}
 
-    def spill(self, what: str) -> dict:
+    def spill(self, what: str) -> "dict | LiveSpill":
         """For a read in shares, made once per vhost: ``refs``, per store the references the
         indexes hold (``REFERENCE`` records, from one pass over every index), sorted out by share;
         ``live``, every live index entry (``LiveSpill``), sorted out by share in the same pass;
@@ -314,11 +314,11 @@ class VhostScan:
         queues), the ``live`` one (``LiveSpill``), or both."""
         out = {kind: Spill(REFERENCE, parts) for kind in ("persistent", "transient")} if refs else {}
         crashes: dict[str, list[Finding]] = {}
-        held = LiveSpill([], Spill(LIVE, parts) if live else None)
+        held = LiveSpill([], Spill(LIVE, parts)) if live else None
         for qi, q in enumerate(self.all_queue_dirs):
             for qx in iter_chunks(q, self.vhost):
                 r, live_rows = qx.rec, qx.live
-                if live and len(live_rows):
+                if held is not None and len(live_rows):
                     rows = np.empty(len(live_rows), LIVE)
                     r.put_rows(rows, live_rows)
                     rows["chunk"] = len(held.chunks)
@@ -339,7 +339,7 @@ class VhostScan:
         if refs:
             self.spills[("refs", parts)] = out
             self.spills["crashes"] = crashes  # the same pass finds them, for every share's scan
-        if live:
+        if held is not None:
             self.spills[("live", parts)] = held
 
     def trusted(self, kind: str) -> r_rdq.Referenced:
