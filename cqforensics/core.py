@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from cqforensics.schema import PROPERTIES, STRINGS
 
-ABI = 11  # must equal the core's ABI (core/src/lib.rs)
+ABI = 12  # must equal the core's ABI (core/src/lib.rs)
 log = logging.getLogger("cqforensics.core")
 
 try:
@@ -59,15 +59,16 @@ def status() -> str:
 # -- rdq walk --------------------------------------------------------------------------------------
 
 
-def walk_rdq(data, extents=None, referenced: bytes | None = None):
+def walk_rdq(data, extents=None, referenced: bytes | None = None, directory: bytes | None = None):
     """``(offsets, totals, msg_ids, holes, torn, rejected)`` of one ``.rdq`` file's bytes (see
     readers.rdq.walk): numpy int64, int64 and V16 arrays, the holes' ``(offsets, lengths,
     kinds)`` arrays (int64, int64, uint8: a position in ``readers.rdq.HOLE_KINDS``),
     ``[(offset, total, id)]`` and ``[(offset, total, id, reason, hidden)]``; ``referenced``: the
-    ids to trust, 16 bytes each, sorted bytewise (``readers.rdq.Referenced.sorted``). A map's
-    pages are dropped behind the walk (memory stays flat over a huge file)."""
+    ids to trust, 16 bytes each, sorted bytewise (``readers.rdq.Referenced.sorted``), and their
+    ``directory`` (``readers.rdq.Referenced.directory``, or None). A map's pages are dropped
+    behind the walk (memory stays flat over a huge file)."""
     offsets, totals, ids, holes, torn, rejected = _native.walk_rdq(data, extents, referenced,
-                                                                   isinstance(data, mmap.mmap))
+                                                                   isinstance(data, mmap.mmap), directory)
     hole_offsets, hole_lengths, hole_kinds = holes
     return (np.frombuffer(offsets, np.int64), np.frombuffer(totals, np.int64), np.frombuffer(ids, "V16"),
             (np.frombuffer(hole_offsets, np.int64), np.frombuffer(hole_lengths, np.int64),
@@ -159,13 +160,16 @@ def decode_messages(sources: list, file_ix: np.ndarray, starts: np.ndarray, leng
     """The decoded ``messages`` columns of stored terms as Arrow arrays, and each row's status
     (0 decoded, ``FALLBACK``: for the reference, ``NO_TERM``). Row k's term is the byte range
     ``[starts[k], starts[k] + lengths[k])`` of ``sources[file_ix[k]]`` (-1: no term): a buffer,
-    or the descriptor of a file open for reading (``Bodies.descriptors``), which the core maps
-    for the call (each body is copied once, from the page cache into its column; ``map_files``
-    False: read a run of nearby terms at a time, as when a file cannot be mapped; None: map the
-    files unless the rows lie far apart, ``scattered``). The body column's buffer comes from
-    Arrow's memory pool."""
+    or the descriptor of a file open for reading (``Bodies.descriptors``). ``map_files`` True:
+    the core maps each file for the call and copies each body from the map into its column;
+    False: it reads a run of nearby terms at a time, with bodies straight into the body column
+    (one ``preadv`` per run, each body then moved down to its place), without them into a
+    window; None: the best way measured (bench store, 1x: runs 0.99-1.06 s, maps 1.18-1.21 s
+    CPU; a compacted store's rows, about 19 KiB apart, alike): runs when bodies are wanted, a
+    map otherwise, unless the rows lie far apart (``scattered``). The body column's buffer
+    comes from Arrow's memory pool."""
     if map_files is None:
-        map_files = not scattered(file_ix, starts, lengths)
+        map_files = not bodies and not scattered(file_ix, starts, lengths)
     out = _native.decode_messages(sources, np.ascontiguousarray(file_ix, np.int32).tobytes(),
                                   np.ascontiguousarray(starts, np.int64).tobytes(),
                                   np.ascontiguousarray(lengths, np.int64).tobytes(), index_ids,

@@ -80,6 +80,23 @@ def test_walk_equals_reference_on_every_sample_file():
         _same_walk(read_bytes(p), p, _some_ids(read_bytes(p), rng))
 
 
+def test_referenced_directory_places_every_prefix():
+    """``Referenced.directory``, which the compiled walk narrows each lookup with: entry b is
+    where the ids whose first two bytes are b or more start (crafted ids at both ends of the
+    prefix range, repeated prefixes, and none), and it follows ``sorted`` when that is
+    replaced (VhostScan.trusted sets it share by share)."""
+    rng = random.Random(5)
+    ids = [bytes([0, 0]) + rng.randbytes(14), bytes([0xFF, 0xFF]) + rng.randbytes(14)]
+    ids += [bytes([7, 9]) + rng.randbytes(14) for _ in range(20)] + [rng.randbytes(16) for _ in range(3000)]
+    ref = r_rdq.Referenced(np.frombuffer(b"".join(ids), "V16"))
+    for refs in (ref, r_rdq.Referenced(np.zeros(0, "V16"))):
+        prefixes = np.frombuffer(refs.sorted, ">u2")[::8].astype(np.int64)
+        want = np.searchsorted(prefixes, np.arange((1 << 16) + 1))
+        assert np.array_equal(np.frombuffer(refs.directory, np.uint32), want)
+    ref.sorted = ref.sorted[16:]  # replaced: made again
+    assert np.frombuffer(ref.directory, np.uint32)[1] == 0
+
+
 def _mutations(data: bytes, rng: random.Random, n: int):
     """Damaged copies of real bytes: zeroed ranges, bit flips, truncations, garbage, splices."""
     for _ in range(n):
@@ -387,10 +404,11 @@ def test_decode_equals_reference_on_crafted_annotations():
 
 def test_decode_from_a_file_equals_decode_from_its_bytes(tmp_path):
     """A file's terms, read through a map of it (core/src/lib.rs ``FileMap``, its pages dropped
-    every 256 rows) or a window of nearby terms at a time (``Window``, the way taken when a file
-    cannot be mapped): rows in and out of file order, far apart, repeated, overlapping, cut by
-    the file's end or past it, and a term longer than a window decode as from the file's bytes
-    in memory. Crafted layout of real stored terms."""
+    every 256 rows) or unmapped: with bodies, runs of nearby terms read straight into the body
+    column and each body moved down to its place (``Spans::read_run``), without them a window
+    of nearby terms at a time (``Window``): rows in and out of file order, far apart, repeated,
+    overlapping, cut by the file's end or past it, and a term longer than a window decode as
+    from the file's bytes in memory. Crafted layout of real stored terms."""
     terms = list(_stored_terms()[:3000]) + [random.Random(3).randbytes(3 << 20)]
     rng = random.Random(11)
     data, spans = bytearray(), []

@@ -81,24 +81,54 @@ pub struct Walk {
 pub const NOT_A_MESSAGE_TERM: u8 = 0;
 pub const HIDES_REFERENCED: u8 = 1;
 
-/// Ids to trust: 16-byte ids sorted bytewise, back to back.
-pub struct Referenced<'a>(pub &'a [u8]);
+/// Ids to trust: 16-byte ids sorted bytewise, back to back, and optionally their directory
+/// (`readers.rdq.Referenced.directory`): 65,537 native u32, entry `b` the position of the first
+/// id whose first two bytes are `b` or more. Every entry of a walk is looked up; with the
+/// directory a lookup searches one prefix's few ids instead of the whole list (a binary search
+/// over 200 k ids cost as much as the walk of a warm file).
+pub struct Referenced<'a> {
+    ids: &'a [u8],
+    dir: Option<&'a [u8]>,
+}
 
-impl Referenced<'_> {
+const DIRECTORY: usize = (1 << 16) + 1;
+
+impl<'a> Referenced<'a> {
+    pub fn sorted(ids: &'a [u8]) -> Referenced<'a> {
+        Referenced { ids, dir: None }
+    }
+
+    /// `ids` with their directory; one of the wrong length is not used.
+    pub fn with_directory(ids: &'a [u8], dir: Option<&'a [u8]>) -> Referenced<'a> {
+        Referenced { ids, dir: dir.filter(|d| d.len() == 4 * DIRECTORY) }
+    }
+
     fn is_empty(&self) -> bool {
-        self.0.len() < 16
+        self.ids.len() < 16
     }
 
     /// The id at position m, read as a big-endian integer: bytewise order is the order of these
     /// (compared as two words, inline, rather than by a call to memcmp at each step).
     #[inline]
     fn key(&self, m: usize) -> u128 {
-        u128::from_be_bytes(self.0[m * 16..m * 16 + 16].try_into().unwrap())
+        u128::from_be_bytes(self.ids[m * 16..m * 16 + 16].try_into().unwrap())
+    }
+
+    /// The positions `[lo, hi)` the ids with `id`'s first two bytes lie in (all of them without a
+    /// directory; the directory's bounds are clamped to the ids, so no directory reads past them).
+    #[inline]
+    fn bounds(&self, id: &[u8]) -> (usize, usize) {
+        let n = self.ids.len() / 16;
+        let Some(d) = self.dir else { return (0, n) };
+        let b = (id[0] as usize) << 8 | id[1] as usize;
+        let at = |k: usize| u32::from_ne_bytes(d[4 * k..4 * k + 4].try_into().unwrap()) as usize;
+        let (lo, hi) = (at(b).min(n), at(b + 1).min(n));
+        if lo <= hi { (lo, hi) } else { (0, n) }
     }
 
     fn contains(&self, id: &[u8]) -> bool {
         let want = u128::from_be_bytes(id[..16].try_into().unwrap());
-        let (mut lo, mut hi) = (0usize, self.0.len() / 16);
+        let (mut lo, mut hi) = self.bounds(id);
         while lo < hi {
             let m = (lo + hi) / 2;
             match self.key(m).cmp(&want) {
@@ -469,7 +499,7 @@ fn walk_pages(data: &[u8], extents: Option<&[(usize, usize)]>, referenced: &Refe
 mod tests {
     use super::*;
 
-    const NONE: Referenced<'static> = Referenced(&[]);
+    const NONE: Referenced<'static> = Referenced { ids: &[], dir: None };
 
     /// `contains` agrees with a plain scan on uniform ids and on skewed ones, for ids present,
     /// absent, below and above every id.
@@ -493,13 +523,30 @@ mod tests {
             ids.sort();
             ids.dedup();
             let flat: Vec<u8> = ids.iter().step_by(2).flatten().copied().collect();
-            let refs = Referenced(&flat);
-            for (k, id) in ids.iter().enumerate() {
-                assert_eq!(refs.contains(id), k % 2 == 0, "skew {skew} id {k}");
+            let dir = directory(&flat);
+            for refs in [Referenced::sorted(&flat), Referenced::with_directory(&flat, Some(&dir))] {
+                for (k, id) in ids.iter().enumerate() {
+                    assert_eq!(refs.contains(id), k % 2 == 0, "skew {skew} id {k}");
+                }
+                assert!(!refs.contains(&[0u8; 16]) || ids[0] == [0u8; 16]);
+                assert!(!refs.contains(&[0xFFu8; 16]));
             }
-            assert!(!refs.contains(&[0u8; 16]) || ids[0] == [0u8; 16]);
-            assert!(!refs.contains(&[0xFFu8; 16]));
         }
+        // a directory of the wrong length is not used; one out of range reads nothing past the ids
+        let flat: Vec<u8> = [[1u8; 16], [2u8; 16]].concat();
+        let junk: Vec<u8> = (0..DIRECTORY as u32).flat_map(|k| (u32::MAX - k).to_ne_bytes()).collect();
+        for dir in [&junk[..], &junk[..40]] {
+            let refs = Referenced::with_directory(&flat, Some(dir));
+            let _ = (refs.contains(&[1u8; 16]), refs.contains(&[3u8; 16]));
+        }
+    }
+
+    /// The directory `readers.rdq.Referenced.directory` makes.
+    fn directory(flat: &[u8]) -> Vec<u8> {
+        (0..DIRECTORY)
+            .map(|b| flat.chunks(16).take_while(|id| ((id[0] as usize) << 8 | id[1] as usize) < b).count() as u32)
+            .flat_map(|k| k.to_ne_bytes())
+            .collect()
     }
 
     /// An entry whose term looks like a message record: {x, <<body>>}
@@ -575,7 +622,7 @@ mod tests {
         assert_eq!(w.holes, vec![(n1 as u64, (n2 - n1) as u64, HoleKind::Garbage)]);
         // trusted: taken whatever its term
         let ids = [9u8; 16];
-        let w = walk(&d, None, &Referenced(&ids));
+        let w = walk(&d, None, &Referenced::sorted(&ids));
         assert_eq!(w.offsets, vec![0, n1 as i64, n2 as i64]);
         assert!(w.rejected.is_empty());
     }
@@ -593,7 +640,7 @@ mod tests {
         let w0 = walk(&d, None, &NONE);
         assert_eq!(w0.offsets, vec![0]); // nothing referenced: the plausible outer one is taken
         let ids = [7u8; 16];
-        let w = walk(&d, None, &Referenced(&ids));
+        let w = walk(&d, None, &Referenced::sorted(&ids));
         assert_eq!(w.offsets, vec![inner_at as i64]);
         assert_eq!(w.rejected, vec![(0, big + 9, [5; 16], HIDES_REFERENCED, inner_at as i64)]);
     }
@@ -611,7 +658,7 @@ mod tests {
                     if x % 5 == 0 { 255 } else if x % 11 == 0 { 131 } else { (x % 7) as u8 }
                 })
                 .collect();
-            for refs in [Referenced(&[]), Referenced(&ids[..16 * 7])] {
+            for refs in [Referenced::sorted(&[]), Referenced::sorted(&ids[..16 * 7])] {
                 let w = walk(&d, None, &refs);
                 let covered: u64 = w.totals.iter().map(|&t| t as u64).sum::<u64>()
                     + w.holes.iter().map(|h| h.1).sum::<u64>();
