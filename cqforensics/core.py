@@ -164,7 +164,7 @@ def decode_messages(sources: list, file_ix: np.ndarray, starts: np.ndarray, leng
     the core maps each file for the call and copies each body from the map into its column;
     False: it reads a run of nearby terms at a time, with bodies straight into the body column
     (one ``preadv`` per run, each body then moved down to its place), without them into a
-    window; None: the best way measured (bench store, 1x: runs 0.99-1.06 s, maps 1.18-1.21 s
+    window; None: the best way measured (bench store, 1x: runs 0.94-1.04 s, maps 1.04-1.14 s
     CPU; a compacted store's rows, about 19 KiB apart, alike): runs when bodies are wanted, a
     map otherwise, unless the rows lie far apart (``scattered``). The body column's buffer
     comes from Arrow's memory pool."""
