@@ -130,12 +130,14 @@ def _used(col):
     return bits, nulls, offsets, data.slice(0, int(np.frombuffer(offsets, np.int32)[-1]))
 
 
-#: rows further apart than this, on average, in their files are read a term at a time rather
-#: than through a map. A page fault maps the 64 KiB around it (the kernel's fault-around) and
-#: costs a few microseconds; a read of one term costs about one. Rows closer than that share
-#: their faults (bench: a compacted store's rows, about 19 KiB apart, read in 0.31 s a term at a
-#: time and 0.26 s mapped), rows further apart pay one each (the 1x store read in 11 shares,
-#: rows about 51 KiB apart: 2.4 µs a message mapped, 2.0 a term at a time).
+#: in a decode without bodies, rows further apart than this, on average, in their files are
+#: read a term at a time rather than through a map (a decode with bodies reads runs straight
+#: into the body column, whatever the distance). A page fault maps the 64 KiB around it (the
+#: kernel's fault-around) and costs a few microseconds; a read of one term costs about one.
+#: Rows closer than that share their faults, rows further apart pay one each (measured when
+#: bodies went through maps too: a compacted store's rows, about 19 KiB apart, 0.31 s a term at
+#: a time and 0.26 s mapped; the 1x store read in 11 shares, rows about 51 KiB apart, 2.4 µs a
+#: message mapped, 2.0 a term at a time).
 SCATTERED = 32 << 10
 
 

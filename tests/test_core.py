@@ -447,8 +447,8 @@ def test_decode_from_a_file_equals_decode_from_its_bytes(tmp_path):
 
 
 def test_rows_far_apart_are_read_a_term_at_a_time():
-    """core.scattered (crafted spans): the decode maps a file unless its rows lie further apart
-    than SCATTERED on average (both ways decode alike: the test above)."""
+    """core.scattered (crafted spans): a decode without bodies maps a file unless its rows lie
+    further apart than SCATTERED on average (both ways decode alike: the test above)."""
     gap = core.SCATTERED
     i32, i64 = (lambda *v: np.array(v, np.int32)), (lambda *v: np.array(v, np.int64))
     assert not core.scattered(i32(0, 0, 0), i64(0, 100, 200), i64(100, 100, 100))  # back to back
