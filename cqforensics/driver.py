@@ -154,7 +154,7 @@ def _scans(options, groups, vhosts, queues, cache, cache_scope):
             try:
                 yield vs
             finally:
-                vs.close()
                 if key is not None:
                     cache.clear()
                     cache[key] = (ns, vs.vhost_facts())
+                vs.close()

@@ -200,8 +200,16 @@ class VhostScan:
         return self.node.options
 
     def close(self) -> None:
+        """Close the files the scan holds open and let go of everything it computed (store
+        indexes, references, spills, kept index chunks), so that their memory is returned now:
+        the node's scan and its vhost scans refer to each other, so without this it would wait
+        for the cyclic garbage collector (seen: +30 MB a read of the bench store, to 400 MB).
+        Take what is wanted later first (``vhost_facts``); a closed scan asked again computes
+        afresh."""
         self.bodies.close()
         self.kept_chunks.clear()
+        for k in self.VHOST_WIDE + self.PER_SHARE + ("kept_chunks",):
+            self.__dict__.pop(k, None)
 
     #: bytes of index chunks ``index_pass`` keeps for the listing that follows it, when the read
     #: asks for that (``lists_every_index``: the findings and queues reads go over every index
