@@ -8,7 +8,8 @@ Reports, measured in one run on a warm page cache:
 * raw read: reading every byte of the node dir (the physical limit);
 * the two passes over the shared store that ``store`` with bodies and ``messages`` make: its walk
   (the compiled walk through maps, no lookups) and a read of its ``.rdq`` files, and the ratio to
-  the raw read those two alone allow;
+  the raw read those two alone allow; with the pass over every index and the compiled decode by
+  itself, the messages/s a full decode reaches at most;
 * every table read, with the compiled core (default) and with ``CQF_CORE=0`` (the pure-Python
   reference), each as time, rows/s, throughput as a ratio to raw read, and core/reference;
 * the full ``messages`` decode on the fresh bench store and on the store the broker compacted
@@ -82,6 +83,44 @@ def walk_floor(node: Path) -> float:
         if hasattr(m, "close"):
             m.close()
     return time.perf_counter() - t0
+
+
+def index_pass_floor(node: Path) -> float:
+    """Seconds the pass over every queue index of the node takes (every segment decoded, the
+    references into the shared store gathered and indexed by id), as a ``messages`` read makes
+    it before it walks the store."""
+    from cqforensics import layout
+    from cqforensics.model.options import make_options
+    from cqforensics.model.vhost import NodeScan
+
+    t0 = time.perf_counter()
+    for vs in NodeScan(layout.read_node_dir(node), make_options()).vhosts:
+        vs.index_pass
+        vs.close()
+    return time.perf_counter() - t0
+
+
+def decode_floor(node: Path, terms: int = 4096, repeats: int = 20) -> float:
+    """Seconds a row the compiled decode takes by itself, without bodies (their copy is the
+    second pass's), on the first ``terms`` stored terms of the store, held in memory (a batch
+    of the read is about as many rows): the fastest of ``repeats`` decodes, per row."""
+    import numpy as np
+
+    from cqforensics import core
+    from cqforensics.readers import rdq
+
+    path = next(p for p in sorted(node.rglob("*.rdq")) if p.stat().st_size)
+    data = path.read_bytes()
+    offsets, totals, ids = core.walk_rdq(data)[:3]
+    n = min(terms, len(offsets))
+    starts, lengths = rdq.term_span(np.asarray(offsets[:n]), np.asarray(totals[:n]))
+    args = ([data], np.zeros(n, np.int32), starts, lengths, np.ascontiguousarray(ids[:n]).tobytes(), np.ones(n, np.uint8))
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        core.decode_messages(*args, bodies=False)
+        best = min(best, time.perf_counter() - t0)
+    return best / n
 
 
 CHILD = r"""
@@ -217,6 +256,19 @@ def main() -> None:
         print(f"full decode per message, {who}: fresh {f_rate:,.0f} msg/s, compacted {c_rate:,.0f} msg/s: "
               f"compacted is {f_rate / c_rate:.2f}x slower per message (goal <= 1.2x)", flush=True)
     results["per_message_fresh_vs_compacted"] = per
+    if "error" not in fresh:
+        # what a full decode of the fresh store costs at the least: its two passes over the
+        # shared store, the pass over every index, and the compiled decode by itself
+        n = fresh["core"]["rows"]
+        ix_s = min(index_pass_floor(big) for _ in range(runs))
+        dec_s = decode_floor(big)
+        floor = walk_s + rdq_s + ix_s + n * dec_s
+        results["messages_floor"] = {"index_pass_s": ix_s, "decode_s_per_row": dec_s, "floor_s": floor,
+                                     "msg_s": n / floor}
+        print(f"full decode at the least: the two passes {walk_s + rdq_s:.3f} s + the pass over every index "
+              f"{ix_s:.3f} s + the compiled decode alone, without bodies, on terms in memory ({dec_s * 1e9:.0f} ns a "
+              f"row at the read's batch size) x {n:,} = {floor:.3f} s: at most {n / floor:,.0f} msg/s with nothing "
+              "else done (resolving, the columns, moving bodies)", flush=True)
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     (out / "readers.json").write_text(json.dumps(results, indent=1))
