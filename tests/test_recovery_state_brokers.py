@@ -174,8 +174,15 @@ def list_counts(b, vhost: str, timeout: float = 30.0) -> dict[str, object] | str
         return f"list failed: {type(e).__name__}"
 
 
-def observe(b, vhosts: list[str], amqp10: set, settle: float = 5.0, timeout: float = 15.0) -> dict:
-    """Per (vhost, queue): what ``list_queues`` counted after boot and what draining got."""
+def observe(b, vhosts: list[str], amqp10: set, settle: float = 5.0, timeout: float = 15.0,
+            restart: frozenset = frozenset()) -> dict:
+    """Per (vhost, queue): what ``list_queues`` counted after boot and what draining got.
+    ``restart``: vhosts whose crash is predicted. Once such a vhost's message store has crashed,
+    the broker restarts the vhost, or, when its restarts come too fast, leaves it down (seen
+    once on 3.10.8, rdq_missing: a queue's read got 541, the next one hung, every other queue
+    404 for a minute). A queue left undrained there (no attempt ended empty) is drained again
+    after ``rabbitmqctl restart_vhost``, as an operator would: what it then delivers is the
+    prediction's ``predicted_after_restart``."""
     time.sleep(settle)
     out = {}
     for vhost in vhosts:
@@ -188,6 +195,17 @@ def observe(b, vhosts: list[str], amqp10: set, settle: float = 5.0, timeout: flo
                 out[(vhost, name)] = {"listed": n, "amqp10": True}
                 continue
             out[(vhost, name)] = {"listed": n, **drain_queue(b, vhost, name, timeout)}
+        left = [k for k, v in out.items() if k[0] == vhost and v.get("events") and v["events"][-1][1] != "empty"]
+        if vhost in restart and left:
+            b.ctl("restart_vhost", "--vhost", vhost, check=False)  # refused when it is running
+            time.sleep(settle)
+            for key in left:
+                rec, again = out[key], drain_queue(b, vhost, key[1], timeout)
+                rec["delivered"] += again["delivered"]
+                rec["bodies"] += again["bodies"]
+                rec["errors"] += again["errors"]
+                rec["events"] += [(0, "restart_vhost")] + again["events"]
+                rec["hang"] = again["hang"]  # a read left waiting by the crash is not a hang of the queue
     return out
 
 
@@ -286,7 +304,7 @@ def test_clean_start_on_wrong_state_matches_the_real_broker(version, case, broke
         report = fsck.run(b.node_dir, broker_version=version)
         bodies, unrecorded, shared = predicted_bodies(b.node_dir, version)
         b.start()
-        got = observe(b, vhosts, amqp10=set())
+        got = observe(b, vhosts, amqp10=set(), restart=frozenset(q.vhost for q in report.queues if q.crash == "vhost"))
         b.kill()  # a clean stop after crashed queues can hang (seen on 3.10.8 and 4.0.5)
     problems = compare(report, (bodies, unrecorded, shared), got)
     assert not problems, f"{what}:\n" + "\n".join(problems)
