@@ -178,9 +178,9 @@ def observe(b, vhosts: list[str], amqp10: set, settle: float = 5.0, timeout: flo
             restart: frozenset = frozenset()) -> dict:
     """Per (vhost, queue): what ``list_queues`` counted after boot and what draining got.
     ``restart``: vhosts whose crash is predicted. Once such a vhost's message store has crashed,
-    the broker restarts the vhost, or, when its restarts come too fast, leaves it down (seen
-    once on 3.10.8, rdq_missing: a queue's read got 541, the next one hung, every other queue
-    404 for a minute). A queue left undrained there (no attempt ended empty) is drained again
+    the broker restarts the vhost, or sometimes leaves it down (seen once on 3.10.8,
+    rdq_missing: a queue's read got 541, the next one hung, every other queue 404 for a minute;
+    probably restarts too fast for the vhost's supervisor). A queue left undrained there (no attempt ended empty) is drained again
     after ``rabbitmqctl restart_vhost``, as an operator would: what it then delivers is the
     prediction's ``predicted_after_restart``."""
     time.sleep(settle)
