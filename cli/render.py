@@ -249,7 +249,7 @@ def rewrite_text(result, out=None) -> None:
     """compact/rebuild report: per queue what was written, and where the rest went."""
     out = out or sys.stdout
     rebuild = result.command == "rebuild"
-    verb = "would write" if result.dry_run else "wrote"
+    verb = "to be written" if result.dry_run else "written"
     out.write(f"{result.command} {result.source}\n  -> {result.output}"
               + ("  (dry run: nothing written)" if result.dry_run else "") + "\n")
     source = getattr(result, "source_version", "")

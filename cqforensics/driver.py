@@ -88,7 +88,7 @@ class Progress:
             return
         for ns in scans:
             self.nodes.append(str(ns.node.path))
-            for v in ns.node.vhosts:
+            for v in (vs.vhost for vs in ns.vhosts):  # named as the read names them (metadata too)
                 if vhosts is not None and v.name not in vhosts:
                     continue
                 index = sum(_size(p) for q in v.queues for _, p in q.qi + q.idx) + \
@@ -328,6 +328,8 @@ def _scans(options, groups, vhosts, queues, cache, cache_scope):
             if isinstance(node, tuple):
                 node = layout.read_node_dir(Path(node[0]), node[1])
             ns, ns_id = NodeScan(node, options), node_id
+        if vhosts is not None:  # the first vhost read carries the node-level findings (the same in every task)
+            ns.node_level_vhost = next((b.vhost.dir_name for b in ns.vhosts if b.vhost.name in vhosts), None)
         for base in ns.vhosts:
             if vhost_dir is not None and base.vhost.dir_name != vhost_dir:
                 continue

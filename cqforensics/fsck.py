@@ -179,7 +179,9 @@ def _check_node(node, options, work, progress=None) -> tuple[NodeVerdict, list[Q
         nv.warnings.append(f"a broker appears to be running on this node dir ({live}): its files change "
                            "under fsck, results may be inconsistent")
     all_verdicts, all_findings = [], []
-    if ns.vhosts and ns.vhosts[0] not in scans or not ns.vhosts:  # check_vhost adds them with the first vhost
+    if scans:  # the first vhost checked makes the findings about the node as a whole
+        ns.node_level_vhost = scans[0].vhost.dir_name
+    else:
         all_findings += sorted((f.scoped(node=node.node) for f in node_level_findings(ns)), key=_order)
     if progress is not None:
         progress.attach(ns)

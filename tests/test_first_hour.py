@@ -190,6 +190,9 @@ def test_a_node_holding_queue_storage_not_read_says_so_and_fsck_exits_2(capsys, 
     assert code == 2 and "storage-not-read" in out
     t = cqforensics.read_table(node, "findings", columns=["code", "file"])
     assert [r for r in t.to_pylist() if r["code"] == "storage-not-read"][0]["file"].endswith("/quorum")
+    for kw in ({"vhosts": "staging/ü"}, {"queues": "events"}):  # once, whatever the read leaves out
+        t = cqforensics.read_table(node, "findings", columns=["code"], **kw)
+        assert t.column("code").to_pylist().count("storage-not-read") == 1, kw
     code, out, err = run(capsys, "verify", node)  # carried over by the writers: a note
     assert "note: storage-not-read" in out
     on_kill = run(capsys, "fsck", KILL)

@@ -102,8 +102,8 @@ def test_filters_with_pushdown_on_and_off(spark, pushdown):
         df = read(spark, str(SAMPLES), "messages").filter("vhost = 'staging/ü' AND queue IN ('events', 'x')")
         rows = df.select("vhost", "queue").collect()
         assert rows and {(r.vhost, r.queue) for r in rows} == {("staging/ü", "events")}
-        expected = sum(cqforensics.read_table(SAMPLES / d, "messages", vhosts=["staging/ü"], queues=["events"],
-                                              columns=["queue"]).num_rows for d in datasets())
+        expected = cqforensics.read_table(SAMPLES, "messages", vhosts=["staging/ü"], queues=["events"],
+                                          columns=["queue"]).num_rows  # names match on some of the nodes
         assert len(rows) == expected
         plan = df._jdf.queryExecution().executedPlan().toString()
         spark_side = plan.split("BatchScan")[0]  # nothing is pushed: Spark applies every filter
@@ -215,7 +215,7 @@ def test_headers_and_annotations_become_maps_in_one_call(spark):
         h, a = json.loads(w["headers"]), json.loads(w["annotations"])
         assert (r.str, r.t, r.b64) == (h["str"]["value"], h["int"]["type"], h["bytes"]["base64"])
         assert json.loads(r.dec) == h["dec"]["value"] and json.loads(r.p) == a["p"]
-        assert [(d.queue, d.reason, d.count, list(d.routing_keys)) for d in r.deaths] == \
+        assert [(d["queue"], d["reason"], d["count"], list(d["routing_keys"])) for d in r.deaths] == \
             [(d["queue"], d["reason"], d["count"], d["routing_keys"]) for d in a["deaths"]]
     assert typed_json(read(spark, path, "queues")).columns == read(spark, path, "queues").columns  # no such columns
 

@@ -118,7 +118,7 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
         for v in verdicts.values():
             v.crash = "node"
     scoped = [f.scoped(node=node, vhost=vhost) for f in findings]
-    if vs.node.vhosts and vs is vs.node.vhosts[0]:  # the node's own files: once per node, with its first vhost
+    if vs.node.carries_node_findings(vs):  # the node's own files: once per node, with its first vhost read
         scoped += [f.scoped(node=node) for f in node_level_findings(vs.node)]
     return list(verdicts.values()), scoped
 

@@ -558,6 +558,17 @@ class NodeScan:
     #: called with the bytes of the index files of each index chunk a listing is done with
     #: (``VhostScan.index_of``, ``live_chunks``): a long command's progress (``driver.Progress``)
     progress = None
+    #: the dir name of the vhost whose check also makes the node-level findings (None: the
+    #: node's first vhost); a read restricted to some vhosts names the first it reads
+    node_level_vhost: str | None = None
+
+    def carries_node_findings(self, vs: "VhostScan") -> bool:
+        """Whether the check of ``vs`` makes the findings about the node as a whole (its own
+        files, the storage not read): those of one vhost per node, whatever the read leaves out
+        (a vhost or queue restriction makes scans of its own; a read in shares, one per share)."""
+        if not self.vhosts or (vs.share is not None and vs.share.k != 0):
+            return False
+        return vs.vhost.dir_name == (self.node_level_vhost or self.vhosts[0].vhost.dir_name)
 
     def __init__(self, node: NodeDir, options: Options | None = None):
         self.node = node
