@@ -136,7 +136,7 @@ def cmd_read(args) -> int:
 
         raise UsageError("--format parquet needs --out FILE")
     else:
-        _read_rows(args, columns, opts, sys.stdout)
+        _say_expired(_read_rows(args, columns, opts, sys.stdout)[1], opts)
         return exitcodes.OK
     from cqforensics.errors import plural
     from cqforensics.export import ParquetSink, staged_file
@@ -152,13 +152,14 @@ def cmd_read(args) -> int:
                     for batch in _limited(cqforensics.iter_batches(args.paths, args.table, columns=columns, **opts),
                                           args.limit):
                         sink.write(batch)
-                rows = sink.num_rows
+                rows, expired = sink.num_rows, 0
             else:
-                rows = _read_rows(args, columns, opts, out)
+                rows, expired = _read_rows(args, columns, opts, out)
     finally:
         if progress:
             progress.close()
     print(f"{plural(rows, 'row')} -> {target}", file=sys.stderr)
+    _say_expired(expired, opts)
     return exitcodes.OK
 
 
@@ -176,10 +177,10 @@ def _limited(batches, limit: int | None):
             break
 
 
-def _read_rows(args, columns, opts, out) -> int:
+def _read_rows(args, columns, opts, out) -> tuple[int, int]:
     """Rows as JSON lines or an aligned text table, written (and flushed) batch by batch; the
-    number of rows. The text table of a wide table shows its main columns (``render.TEXT_COLUMNS``;
-    stderr says so); after the rows, stderr says how many messages the clock judged expired."""
+    number of rows, and of those the clock judged expired. The text table of a wide table shows
+    its main columns (``render.TEXT_COLUMNS``; a terminal is told so)."""
     import cqforensics
     from cli import render
 
@@ -204,12 +205,17 @@ def _read_rows(args, columns, opts, out) -> int:
             out.flush()
     if table is not None:
         table.close()
+    return n, expired
+
+
+def _say_expired(expired: int, opts: dict) -> None:
+    """On stderr: how many rows the clock's time made expired (when --as-of named no time)."""
     if expired and not opts.get("as_of"):
+        from cli import render
         from cqforensics.provenance import iso, now_ms
 
         print(f"cqforensics: {render.ttl_line({'expired': expired, 'ttls_judged_at': iso(now_ms())})}",
               file=sys.stderr)
-    return n
 
 
 class ProgressDisplay:

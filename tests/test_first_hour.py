@@ -317,20 +317,24 @@ def _pty(argv, cwd) -> str:
     return out.decode(errors="replace")
 
 
+def test_a_terminal_shows_a_bar_naming_the_node(tmp_path):
+    from conftest import ROOT
+
+    text = _pty(["read", _fleet(tmp_path), "--out", tmp_path / "rows.jsonl", "--format", "jsonl"], ROOT)
+    assert "%|" in text and "B/s" in text and "node 2 of 2: " in text, text[-800:]
+    assert "rows.jsonl\r\ncqforensics: TTLs judged by the clock" in text  # the bar is gone before the last lines
+    assert "]cqforensics" not in text and "]202" not in text
+
+
 @pytest.mark.parametrize("argv", [
     ["audit", "{fleet}"],
     ["read", "{fleet}", "--out", "{tmp}/rows.jsonl", "--format", "jsonl"],
     ["export", "{fleet}", "--format", "jsonl", "--out", "{tmp}/exp"],
+    ["report", "{fleet}", "--html", "{tmp}/r.html"],
 ], ids=lambda a: a[0])
-def test_a_terminal_shows_a_bar_and_a_pipe_shows_none(capsys, tmp_path, argv):
-    from conftest import ROOT
-
+def test_a_pipe_shows_no_progress(capsys, tmp_path, argv):
     fleet = _fleet(tmp_path)
     argv = [str(a).replace("{fleet}", str(fleet)).replace("{tmp}", str(tmp_path)) for a in argv]
-    text = _pty(argv, ROOT)
-    assert "%|" in text and "B/s" in text and "node 2 of 2" in text, text[-800:]
-    for p in (tmp_path / "rows.jsonl", tmp_path / "exp"):
-        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
     code, out, err = run(capsys, *argv)  # stderr is no terminal here
     assert code == 0 and "%|" not in err and "\r" not in err and "node 2 of 2" not in err
 
