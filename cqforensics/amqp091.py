@@ -25,7 +25,7 @@ import json
 import math
 import struct
 
-from cqforensics.errors import FormatError
+from cqforensics.errors import FormatError, plural
 
 #: The 14 basic properties in wire order (flag bit 15 down to bit 2).
 PROPERTIES = ("content_type", "content_encoding", "headers", "delivery_mode", "priority", "correlation_id",
@@ -100,7 +100,7 @@ def _value(buf, o: int, depth: int) -> tuple[str, int]:
     (n,) = _U32.unpack_from(buf, o)
     start, end = o + 4, o + 4 + n
     if end > len(buf):
-        raise FormatError(f"{name} of {n} bytes runs past the end of its table", offset=o)
+        raise FormatError(f"{name} of {plural(n, 'byte')} runs past the end of its table", offset=o)
     if kind in ("S", "x"):
         return f'{{"type":"{name}",{_text_json(bytes(buf[start:end]))}}}', end
     if kind == "F":
@@ -127,7 +127,7 @@ def _table(buf, o: int, end: int, depth: int = 0) -> str:
         if kind == 83:  # 'S', the most common: inline
             (ln,) = _U32.unpack_from(buf, o + 1)
             if o + 5 + ln > end:
-                raise FormatError(f"longstr of {ln} bytes runs past the end of its table", offset=o)
+                raise FormatError(f"longstr of {plural(ln, 'byte')} runs past the end of its table", offset=o)
             out[key] = f'{{"type":"longstr",{_text_json(bytes(buf[o + 5:o + 5 + ln]))}}}'
             o += 5 + ln
         elif kind == 73:  # 'I'

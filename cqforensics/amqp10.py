@@ -17,7 +17,7 @@ import math
 import struct
 import uuid as _uuid
 
-from cqforensics.errors import FormatError
+from cqforensics.errors import FormatError, plural
 
 
 def _char(v) -> str:
@@ -68,7 +68,7 @@ class Decoder:
 
     def need(self, o: int, n: int) -> None:
         if o + n > self.end:
-            raise FormatError(f"AMQP value needs {n} bytes, {self.end - o} left", offset=o)
+            raise FormatError(f"AMQP value needs {plural(n, 'byte')}, {self.end - o} left", offset=o)
 
     def value(self, o: int, depth: int = 0, code: int | None = None) -> tuple[dict, int]:
         if depth > MAX_DEPTH:
@@ -128,7 +128,7 @@ class Decoder:
             body = o + (4 if wide else 1)
             o += 8 if wide else 2
             if body + size > self.end or count > size:
-                raise FormatError(f"compound of {size} bytes / {count} items does not fit", offset=body)
+                raise FormatError(f"compound of {plural(size, 'byte')} / {plural(count, 'item')} does not fit", offset=body)
             items = []
             for _ in range(count):
                 v, o = self.value(o, depth + 1)

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from cqforensics import driver, fastpath, jsonout, layout, provenance
+from cqforensics import driver, fastpath, jsonout, provenance
 from cqforensics.model.options import make_options
 from cqforensics.outputs import check_output
 from cqforensics.errors import OperationalError, UsageError, display
@@ -292,11 +292,14 @@ def _batched(rows: Iterator[dict], max_rows: int, max_bytes: int) -> Iterator[pa
         yield pa.RecordBatch.from_pylist(buf, schema=SCHEMA)
 
 
-def export_batches(paths, everything: bool = False, vhosts=None, queues=None, **options) -> Iterator[pa.RecordBatch]:
+def export_batches(paths, everything: bool = False, vhosts=None, queues=None, progress=None,
+                   **options) -> Iterator[pa.RecordBatch]:
     """The export rows (the ``messages`` schema plus ``source``) as batches; ``vhosts``/``queues``
     restrict them by name (a queue restriction leaves out the store rows, which belong to no
-    queue)."""
+    queue; a name that matches nothing is a ``UsageError``). ``progress``: a ``driver.Progress``
+    or a display ``(text, done, total)``."""
     opts = make_options(**options)
+    progress = driver.Progress.of(progress)
 
     def build(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         node = display(vs.node.node.node)
@@ -325,7 +328,7 @@ def export_batches(paths, everything: bool = False, vhosts=None, queues=None, **
         yield from _batched(once(extra), opts.batch_rows, opts.batch_bytes)
 
     # the one read driver
-    yield from driver.read("messages", opts, paths=paths, build=build, vhosts=vhosts, queues=queues)
+    yield from driver.read("messages", opts, paths=paths, build=build, vhosts=vhosts, queues=queues, progress=progress)
 
 
 def _jsonl_line(row: dict) -> str:
@@ -334,18 +337,20 @@ def _jsonl_line(row: dict) -> str:
     return jsonout.dumps(row)
 
 
-def _provenance(paths, options: dict) -> dict:
-    """The export's provenance record and the one instant its TTLs are judged at."""
+def _provenance(paths, options: dict, nodes: list[NodeScan]) -> dict:
+    """The export's provenance record and the one instant its TTLs are judged at (``nodes``:
+    the scans of the nodes exported)."""
     from cqforensics.model.options import parse_as_of
 
     as_of_ms = parse_as_of(options.get("as_of"))
+    given = as_of_ms is not None
     if as_of_ms is None:
         as_of_ms = provenance.now_ms()
     version = options.get("broker_version")
     if not version:  # the version each node's next boot is predicted for (inferred)
-        opts = make_options(broker_version=None, bodies=False, decode=False)
-        version = ", ".join(sorted({NodeScan(n, opts).model.label for n in layout.discover(paths)})) or None
-    return {"as_of_ms": as_of_ms, "record": provenance.record("export", paths, version, as_of_ms)}
+        version = ", ".join(sorted({ns.model.label for ns in nodes})) or None
+    return {"as_of_ms": as_of_ms, "as_of_given": given,
+            "record": provenance.record("export", paths, version, as_of_ms)}
 
 
 def _stale_note(out: Path) -> str:
@@ -358,12 +363,16 @@ def _stale_note(out: Path) -> str:
 
 
 def export(paths, fmt: str, out: Path | str, everything: bool = False, force: bool = False, vhosts=None,
-           queues=None, **options) -> dict:
-    """Write DIR/messages.jsonl or DIR/messages.parquet; returns counts per source. ``force``:
-    DIR may exist and hold files (an existing messages file is replaced). A partial file a
-    killed run left in DIR is removed first (it would make DIR non-empty)."""
+           queues=None, progress=None, **options) -> dict:
+    """Write DIR/messages.jsonl or DIR/messages.parquet; returns counts per source, the messages
+    past their TTL (``expired``; ``as_of``: when TTLs were judged, ``as_of_given``: not by the
+    clock) and the storage not read (``not_read``, per node). ``force``: DIR may exist and hold
+    files (an existing messages file is replaced). A partial file a killed run left in DIR is
+    removed first (it would make DIR non-empty). ``progress``: a display ``(text, done, total)``."""
     if fmt not in ("jsonl", "parquet"):
         raise UsageError(f"unknown format {fmt!r}: jsonl or parquet")
+    nodes = driver.discovered(paths, make_options(options.get("broker_version"), bodies=False, decode=False),
+                              driver.names(vhosts, "vhosts"), driver.names(queues, "queues"))
     out = check_output(out, paths, directory=True, force=True)  # never inside an input: checked first
     target = out / f"messages.{fmt}"
     removed = remove_stale_partials(target) if out.is_dir() else []
@@ -379,17 +388,20 @@ def export(paths, fmt: str, out: Path | str, everything: bool = False, force: bo
     except OSError as e:
         raise OperationalError(f"{out}: cannot create: {e.strerror}") from e
     counts: dict[str, int] = {}
-    prov = _provenance(paths, options)
+    expired = 0
+    prov = _provenance(paths, options, nodes)
     options = {**options, "as_of": prov["as_of_ms"]}
-    prov = prov["record"]
+    as_of_ms, as_of_given, prov = prov["as_of_ms"], prov["as_of_given"], prov["record"]
     try:
         with staged_file(target, "w" if fmt == "jsonl" else "wb") as fh:
             sink = ParquetSink(fh, SCHEMA.with_metadata({provenance.METADATA_KEY: json.dumps(prov, sort_keys=True)})) \
                 if fmt == "parquet" else None
             with sink if sink is not None else contextlib.nullcontext():
-                for b in export_batches(paths, everything, vhosts=vhosts, queues=queues, **options):
+                for b in export_batches(paths, everything, vhosts=vhosts, queues=queues, progress=progress,
+                                        **options):
                     for s in b.column("source").to_pylist():
                         counts[s] = counts.get(s, 0) + 1
+                    expired += b.column("drop_reason").to_pylist().count("expired")
                     if sink is not None:
                         sink.write(b)
                     else:
@@ -401,7 +413,10 @@ def export(paths, fmt: str, out: Path | str, everything: bool = False, force: bo
         if created and not target.exists():  # a failed export leaves nothing behind
             with signals_held(), contextlib.suppress(OSError):
                 out.rmdir()
-    return {"file": display(target), "rows": counts, "removed_partials": [display(p) for p in removed]}
+    return {"file": display(target), "rows": counts, "removed_partials": [display(p) for p in removed],
+            "expired": expired, "as_of": provenance.iso(as_of_ms), "as_of_given": as_of_given,
+            "not_read": {display(ns.node.node): [u.to_dict() for u in ns.unread_storage] for ns in nodes
+                         if ns.unread_storage}}
 
 
 # -- find -------------------------------------------------------------------------------------------
@@ -421,13 +436,13 @@ def fate(row: dict) -> str:
             "corrupt": "damaged copy"}.get(src, src)
 
 
-def find(paths, msg_ids=(), body: bytes | None = None, message_ids=(), vhosts=None, queues=None,
+def find(paths, msg_ids=(), body: bytes | None = None, message_ids=(), vhosts=None, queues=None, progress=None,
          **options) -> Iterator[dict]:
     """Every message under ``paths`` (what ``export --all`` would emit: index rows, ghosts,
     orphans, duplicates) whose ``msg_id`` starts with one of ``msg_ids`` (hex), whose AMQP
     ``message_id`` property is one of ``message_ids``, or whose body contains ``body``; one dict
     per hit: where it is (node, vhost, queue, file and offset of the index entry and of the
-    stored bytes), ``source`` and ``fate``."""
+    stored bytes), ``source`` and ``fate``. ``progress``: a display ``(text, done, total)``."""
     prefixes = []
     for m in msg_ids:
         h = m.lower().removeprefix("0x")
@@ -437,7 +452,7 @@ def find(paths, msg_ids=(), body: bytes | None = None, message_ids=(), vhosts=No
     message_ids = set(message_ids)
     if not (prefixes or body or message_ids):
         raise UsageError("find: give a msg_id, a message id or a body text to look for")
-    for b in export_batches(paths, True, vhosts=vhosts, queues=queues, **options):
+    for b in export_batches(paths, True, vhosts=vhosts, queues=queues, progress=progress, **options):
         hit = np.zeros(b.num_rows, bool)
         if prefixes:
             ids = [None if v is None else v.hex() for v in b.column("msg_id").to_pylist()]

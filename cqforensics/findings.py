@@ -67,6 +67,9 @@ CODES: dict[str, tuple[str, str]] = {
                                    "that are no item, or holds more or fewer items than it records; or a text "
                                    "file the broker writes (.config, clean.dot, cluster_nodes.config, ...) holds "
                                    "NUL bytes, unreadable terms or terms of another shape than its writer's"),
+    "storage-not-read": (WARNING, "the node holds queues of a kind of storage cqforensics does not read yet "
+                                  "(quorum queues, streams): named, their messages are in no count; fsck's check "
+                                  "is incomplete (exit bit 2)"),
     "index-size-mismatch": (WARNING, "--deep: an index entry's size field is not the size of the body it "
                                      "refers to (a damaged size field, or body)"),
     "message-copies-differ": (WARNING, "two copies of one message embedded in CQv1 indexes (one message id routed "

@@ -112,6 +112,54 @@ class VhostDir:
         return self.path / "recovery.dets"
 
 
+@dataclass(frozen=True)
+class StorageKind:
+    """A kind of queue storage a RabbitMQ node dir can hold, and whether cqforensics reads it.
+
+    Every front end says which queues of a kind it does not read exist (fsck's exit code says
+    its check is incomplete): nothing about them is a silent all-clear. A reader of a new kind
+    flips its ``read`` to True (``STORAGE_KINDS``) once its queues are in the tables."""
+
+    name: str  # "classic", "quorum", "stream"
+    queue_type: str  # the type field of the queue's #amqqueue{} record in the metadata store
+    noun: str  # one queue of the kind, in text ("quorum queue")
+    read: bool  # whether cqforensics reads its messages
+    #: the kind's per-queue data dirs under the node dir (a glob): a classic queue's index dir; a
+    #: quorum queue member's Ra server dir (ra_env:server_data_dir of the quorum_queues Ra system);
+    #: a stream's osiris dir. Ra's system files beside the server dirs (WAL, DETS tables) hold no
+    #: queue by themselves: a node that never had a quorum queue has them too.
+    data: str
+
+    @property
+    def root(self) -> str:
+        """The dir under the node dir that holds the kind's data."""
+        return self.data.split("/*", 1)[0]
+
+    def data_dirs(self, node_path: Path) -> list[Path]:
+        """The kind's per-queue data dirs on this node (never following a symlink)."""
+        try:
+            return sorted(p for p in node_path.glob(self.data) if p.is_dir() and not p.is_symlink())
+        except OSError:
+            return []
+
+
+#: the kinds of queue storage (rabbit_queue_type: classic, quorum, stream); ``read`` says which
+#: cqforensics reads. The quorum and stream readers set theirs to True.
+STORAGE_KINDS: dict[str, StorageKind] = {k.name: k for k in (
+    StorageKind("classic", "rabbit_classic_queue", "classic queue", True, "msg_stores/vhosts/*/queues/*"),
+    StorageKind("quorum", "rabbit_quorum_queue", "quorum queue", False, "quorum/*/*"),
+    StorageKind("stream", "rabbit_stream_queue", "stream", False, "stream/*"),
+)}
+
+
+def storage_kind(queue_type: str | None) -> StorageKind | None:
+    """The kind of a queue whose metadata record has ``queue_type`` (None: a record older than
+    queue types, a classic queue); None for a type no kind names (a plugin's)."""
+    if queue_type is None:
+        return STORAGE_KINDS["classic"]
+    return next((k for k in STORAGE_KINDS.values() if k.queue_type == str(queue_type)), None)
+
+
 @dataclass
 class NodeDir:
     path: Path
@@ -121,6 +169,17 @@ class NodeDir:
     @property
     def name(self) -> str:
         return self.path.name
+
+    def unread_storage(self) -> dict[str, list[Path]]:
+        """Kind name -> the data dirs of each kind cqforensics does not read (``STORAGE_KINDS``)
+        that this node holds; kinds without any are left out."""
+        out = {}
+        for kind in STORAGE_KINDS.values():
+            if not kind.read:
+                dirs = kind.data_dirs(self.path)
+                if dirs:
+                    out[kind.name] = dirs
+        return out
 
 
 def _read_small(path: Path, problems: list[FileProblem], limit: int = 1 << 20) -> bytes | None:

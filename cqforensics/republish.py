@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cqforensics import amqp091
-from cqforensics.errors import OperationalError, UsageError
+from cqforensics.errors import OperationalError, UsageError, queue_ref
 
 log = logging.getLogger("cqforensics.republish")
 
@@ -206,8 +206,22 @@ class Filters:
     until: int | None = None  # epoch seconds, exclusive
     ids: set[str] | None = None  # msg_id hex or AMQP message_id values
     only_dropped: bool = False
+    seen: dict = field(default_factory=lambda: {"vhost": set(), "queue": set()})  # names the sources hold
+
+    def check_names(self) -> None:
+        """A --vhost or --queue name no source row has is a usage error naming the close names
+        that exist (``driver.check_names`` for node dirs; here for exports and lost+found too)."""
+        from cqforensics.driver import unmatched
+
+        for what, asked in (("vhost", self.vhosts), ("queue", self.queues)):
+            missing = sorted(set(asked or ()) - self.seen[what])
+            if missing:
+                raise UsageError(unmatched(what, missing, self.seen[what], "in the messages of the sources read"))
 
     def wanted(self, r: dict) -> bool:
+        self.seen["vhost"].add(r["vhost"])
+        if self.vhosts is None or r["vhost"] in self.vhosts:
+            self.seen["queue"].add(r["queue"])
         if r["source"] == "lost+found":
             pass  # everything a rebuild could not write (LOST_FOUND_SKIP already left out)
         elif r["source"] != "index":
@@ -761,6 +775,7 @@ def republish(paths, url: str, *, journal: str | Path | None = None, vhosts=None
     report = Report(journal=str(jpath), dry_run=dry_run)
     routers = load_router(list(paths) + list(topology or []))
     pubs, report.stats = plan(read_rows(paths, **options), filters, qmap, routers)
+    filters.check_names()
     report.planned = len(pubs)
     report.copies = sum(len(p.targets) for p in pubs)
     todo = []
@@ -772,7 +787,7 @@ def republish(paths, url: str, *, journal: str | Path | None = None, vhosts=None
     if dry_run:
         for p in todo:
             for q in p.targets:
-                report.by_queue[f"{p.vhost}/{q}"] = report.by_queue.get(f"{p.vhost}/{q}", 0) + 1
+                report.by_queue[queue_ref(p.vhost, q)] = report.by_queue.get(queue_ref(p.vhost, q), 0) + 1
             if progress:
                 progress(f"would send {p.describe()}")
         report.in_doubt = {"pending": len(j.doubt)} if j.doubt else {}
@@ -788,10 +803,10 @@ def republish(paths, url: str, *, journal: str | Path | None = None, vhosts=None
         missing = set()
         for vhost, ex in sorted({(p.vhost, p.exchange) for p in todo if not p.direct}):
             if not target.exchange_exists(vhost, ex):
-                missing.add(f"exchange {vhost}/{ex}")
+                missing.add(f"exchange {ex!r} in vhost {vhost!r}")
         for vhost, q in sorted({(p.vhost, q) for p in todo for q in p.targets}):
             if target.depth(vhost, q) is None:
-                missing.add(f"queue {vhost}/{q}")
+                missing.add(f"queue {queue_ref(vhost, q)}")
         if missing:
             raise OperationalError(f"{redact(url)}: the target lacks {', '.join(sorted(missing))}: declare them "
                                    f"(e.g. import the old node's definitions) or --map the queues")
@@ -815,7 +830,7 @@ def republish(paths, url: str, *, journal: str | Path | None = None, vhosts=None
                 j.ok.update(p.keys)
                 report.sent += 1
                 for q in p.targets:
-                    report.by_queue[f"{p.vhost}/{q}"] = report.by_queue.get(f"{p.vhost}/{q}", 0) + 1
+                    report.by_queue[queue_ref(p.vhost, q)] = report.by_queue.get(queue_ref(p.vhost, q), 0) + 1
             else:
                 j.write({"op": "fail", "n": n, "why": why})
                 report.failed.append({"vhost": p.vhost, "queues": p.targets, "msg_id": p.row.get("msg_id"),

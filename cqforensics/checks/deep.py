@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cqforensics.errors import plural
 from cqforensics import fastpath
 from cqforensics.codes import Location
 from cqforensics.findings import Finding
@@ -34,7 +35,7 @@ def decode_checks(vs: VhostScan, qx: IndexChunk, res: Resolved) -> list[Finding]
             # the index records the body's size at publish (the stats it recovers): checked on
             # every sample, equal for these formats; a disagreement is a damaged index entry
             out.append(Finding("index-size-mismatch", f"the index records a {int(r.size[i])}-byte message, its "
-                               f"stored body has {len(msg['body'])} bytes: the index entry's size field is damaged "
+                               f"stored body has {plural(len(msg['body']), 'byte')}: the index entry's size field is damaged "
                                "(or the body)", str(qx.files[int(r.file[i])]) if qx.files else None,
                                int(r.offset[i]), queue=qx.qdir.name, priority=qx.qdir.priority,
                                details={"seq_id": int(r.seq[i]), "index_size": int(r.size[i]),

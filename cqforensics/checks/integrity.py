@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from cqforensics.codes import Location, RecordKind
-from cqforensics.errors import CQError
+from cqforensics.errors import CQError, plural
 from cqforensics.findings import Finding
 from cqforensics.model.index import IndexChunk
 from cqforensics.model.store import id_halves
@@ -200,12 +200,12 @@ def qs_trailing(qx: IndexChunk) -> list[Finding]:
     out = []
     for off, length in r_qs.garbage_runs(path, 0):
         if off >= last:
-            out.append(Finding("qs-trailing-garbage", f"{length} bytes after the last entry the index refers to are "
+            out.append(Finding("qs-trailing-garbage", f"{plural(length, 'byte')} after the last entry the index refers to are "
                                "no entry (junk appended, or a torn write)", str(path), off, details={"length": length}))
             break
         if ((l_starts < off + length) & (l_ends > off)).any():
             continue
-        out.append(Finding("qs-garbage", f"{length} bytes between entries are neither an entry nor zeros: an entry "
+        out.append(Finding("qs-garbage", f"{plural(length, 'byte')} between entries are neither an entry nor zeros: an entry "
                            "no live index entry refers to was damaged (the broker never reads it)", str(path), off,
                            details={"length": length}))
         if len(out) >= 16:
@@ -295,7 +295,7 @@ def recovery_terms_findings(vs: VhostScan) -> list[Finding]:
     if not missing:
         return []
     return [Finding("term-file-damaged", f"after a clean stop it holds no recovery terms for {len(missing)} of the "
-                    f"vhost's {len(vs.vhost.queues)} queue dirs ({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''})"
+                    f"vhost's {plural(len(vs.vhost.queues), 'queue dir')} ({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''})"
                     ": every queue stores them at a clean stop, so the table is stale, replaced or damaged (those "
                     "queues recover dirty)", str(vs.vhost.recovery_dets), details={"queue_dirs": missing[:64]})]
 
@@ -329,7 +329,7 @@ def file_summary_findings(path: Path, rdq: list[tuple[int, Path]], kind: str = "
         size = recorded[n][1] if n in recorded else None
         if n not in actual or not isinstance(size, int) or size == actual[n]:
             continue
-        out.append(Finding("rdq-garbage", f"{actual[n]} bytes, where the clean stop's file_summary.ets records {size}: "
+        out.append(Finding("rdq-garbage", f"{plural(actual[n], 'byte')}, where the clean stop's file_summary.ets records {size}: "
                            "this file was truncated, extended, swapped or replaced since (or the dump is damaged)",
                            str(paths[n]), min(size, actual[n]), severity="info" if kind == "transient" else None,
                            details={"store": kind, "recorded_size": size, "size": actual[n]}))

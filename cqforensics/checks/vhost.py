@@ -10,13 +10,14 @@ import numpy as np
 from cqforensics.codes import Fate
 from cqforensics.errors import display
 from cqforensics.findings import Finding
-from cqforensics.model.vhost import VhostScan, passes
+from cqforensics.model.vhost import NodeScan, VhostScan, passes
 
 from cqforensics.checks.boot import boot_crash_findings, recovery_findings
 from cqforensics.checks.deep import decode_checks
-from cqforensics.checks.index import ChunkCheck
+from cqforensics.checks.index import ChunkCheck, reader_findings
 from cqforensics.checks.integrity import CopyCheck, QueueIntegrity, node_findings, vhost_file_findings
-from cqforensics.checks.layout import OrphanTally, lost_queue_findings, queue_dir_findings, vhost_dir_findings
+from cqforensics.checks.layout import (OrphanTally, lost_queue_findings, queue_dir_findings, unread_storage_findings,
+                                       vhost_dir_findings)
 from cqforensics.checks.store import StoreCheck
 
 
@@ -69,7 +70,7 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
             integrity = QueueIntegrity(sub, first)
             for ci, qx in enumerate(sub.index_of(q, in_share=False)):
                 if first:
-                    findings += [f.scoped(queue=q.name, priority=q.priority) for f in qx.findings]
+                    findings += [f.scoped(queue=q.name, priority=q.priority) for f in reader_findings(sub, qx)]
                 integrity.add(qx)
                 copies.add(qx)
                 rows = sub.chunk_rows(qx)  # the pass's share of the live entries (None: all)
@@ -117,6 +118,13 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
         for v in verdicts.values():
             v.crash = "node"
     scoped = [f.scoped(node=node, vhost=vhost) for f in findings]
-    if vs.node.vhosts and vs is vs.node.vhosts[0]:  # the node's own files: once per node, with its first vhost
-        scoped += [f.scoped(node=node) for f in node_findings(vs.node)]
+    if vs.node.carries_node_findings(vs):  # the node's own files: once per node, with its first vhost read
+        scoped += [f.scoped(node=node) for f in node_level_findings(vs.node)]
     return list(verdicts.values()), scoped
+
+
+def node_level_findings(ns: NodeScan) -> list[Finding]:
+    """The findings about the node as a whole (its own files, the storage it holds that is not
+    read): ``check_vhost`` adds them to those of the node's first vhost; a check that leaves that
+    vhost out asks for them here."""
+    return node_findings(ns) + unread_storage_findings(ns)

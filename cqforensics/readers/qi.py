@@ -21,7 +21,7 @@ import numpy as np
 from construct import ConstructError
 
 from cqforensics.codes import SlotClass
-from cqforensics.errors import FormatError
+from cqforensics.errors import FormatError, plural
 from cqforensics.findings import Finding
 from cqforensics.grammar import qi as c_qi
 from cqforensics import core
@@ -166,15 +166,15 @@ def read_qi(path: Path, number: int, segment_entry_count: int = c_qi.DEFAULT_SEG
                                     details={"from_seq_id": h_from, "to_seq_id": h_to}))
     else:
         got = data[:5]
-        findings.append(Finding("qi-bad-header", f"bad segment header ({len(data)} bytes, starts {got.hex()}): "
+        findings.append(Finding("qi-bad-header", f"bad segment header ({plural(len(data), 'byte')}, starts {got.hex()}): "
                                 "the broker deletes this segment and its .qs on a dirty start", str(path), 0))
     body_len = max(0, len(data) - c_qi.HEADER_SIZE)  # never sliced: ``data`` may be a map of a huge file
     n = body_len // c_qi.ENTRY_SIZE
     max_slots = to_seq - from_seq
     tail = body_len - n * c_qi.ENTRY_SIZE
     if n > max_slots:
-        findings.append(Finding("unknown-file", f"{body_len - max_slots * c_qi.ENTRY_SIZE} bytes beyond the "
-                                f"segment's {max_slots} slots", str(path),
+        findings.append(Finding("unknown-file", f"{plural(body_len - max_slots * c_qi.ENTRY_SIZE, 'byte')} beyond the "
+                                f"segment's {plural(max_slots, 'slot')}", str(path),
                                 c_qi.HEADER_SIZE + max_slots * c_qi.ENTRY_SIZE))
         n, tail = max_slots, 0
     slots = (np.frombuffer(data, _RAW, count=n, offset=c_qi.HEADER_SIZE).copy().view(c_qi.ENTRY_DTYPE) if n

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cqforensics import etf, textfiles
-from cqforensics.errors import FormatError
+from cqforensics.errors import FormatError, plural
 from cqforensics.grammar import disklog as c_disklog
 from cqforensics.findings import Finding
 from cqforensics.readers import dets, files
@@ -49,7 +49,7 @@ def read_disk_log(path: Path, data: bytes | None = None) -> TermLog:
     end = len(data)
     while o < end:
         if o + 8 > end:
-            log.error = FormatError(f"log ends inside an item header ({end - o} bytes)", str(path), o)
+            log.error = FormatError(f"log ends inside an item header ({plural(end - o, 'byte')})", str(path), o)
             break
         length, magic = _ITEM_HEAD(data, o)
         if magic != c_disklog.ITEM_MAGIC:
@@ -57,7 +57,7 @@ def read_disk_log(path: Path, data: bytes | None = None) -> TermLog:
             break
         start = o + 8 + (16 if length >= c_disklog.MIN_MD5_TERM else 0)
         if start + length > end:
-            log.error = FormatError(f"item of {length} bytes runs past the end of the log", str(path), o)
+            log.error = FormatError(f"item of {plural(length, 'byte')} runs past the end of the log", str(path), o)
             break
         try:
             term, used = etf.decode(data, offset=start)
@@ -65,7 +65,7 @@ def read_disk_log(path: Path, data: bytes | None = None) -> TermLog:
             log.error = FormatError(f"undecodable item: {e.message}", str(path), e.offset)
             break
         if used != start + length:  # disk_log wrote term_to_binary of the item: it fills the item
-            log.error = FormatError(f"item of {length} bytes holds a term of {used - start}: damaged inside",
+            log.error = FormatError(f"item of {plural(length, 'byte')} holds a term of {used - start}: damaged inside",
                                     str(path), used)
             break
         log.items.append(term)
@@ -281,12 +281,12 @@ def _dets_ends(path: Path, data) -> list[Finding]:
     torn or duplicated)."""
     size = len(data)
     if size < 40:
-        return [_damaged(f"a DETS table of {size} bytes: shorter than its header", path, 0, size=size)]
+        return [_damaged(f"a DETS table of {plural(size, 'byte')}: shorter than its header", path, 0, size=size)]
     fl, cookie, closed, _, version = DETS_HEADER.unpack_from(data, 0)
     if cookie != DETS_COOKIE or version != DETS_VERSION:
         return [_damaged(f"no DETS v9 header (cookie {cookie:#x}, version {version})", path, 4)]
     if fl > size:  # open or closed, the pointer never lies past the end (checked on every sample)
-        return [_damaged(f"the header's free-list pointer {fl} lies past the end of the file ({size} bytes): "
+        return [_damaged(f"the header's free-list pointer {fl} lies past the end of the file ({plural(size, 'byte')}): "
                          "the table is torn", path, 0, free_list_pointer=fl, size=size)]
     if closed != 1:
         return []  # not closed properly: OTP repairs it when it opens it (the state after kill -9)
@@ -296,7 +296,7 @@ def _dets_ends(path: Path, data) -> list[Finding]:
     o = fl
     for _ in range(DETS_MAX_FREE_BLOCKS):
         if o + 12 > size:
-            return [_damaged(f"the file ends inside its free lists at {o} ({size} bytes): the table is torn",
+            return [_damaged(f"the file ends inside its free lists at {o} ({plural(size, 'byte')}): the table is torn",
                              path, o, size=size)]
         block, magic, word = struct.unpack_from(">III", data, o)
         if magic != DETS_FREELIST_MAGIC or block < 8:
@@ -310,7 +310,7 @@ def _dets_ends(path: Path, data) -> list[Finding]:
         return []  # more free-list blocks than any table has: a hostile chain, not followed further
     out = []
     if end < size:
-        out.append(_damaged(f"{size - end} bytes after the end of the table's free lists: junk appended or "
+        out.append(_damaged(f"{plural(size - end, 'byte')} after the end of the table's free lists: junk appended or "
                             "a torn rewrite", path, end, extra_bytes=size - end))
     elif end > size:
         out.append(_damaged("the file ends inside its last free-list block: the table is torn", path, size - 4))
@@ -320,7 +320,7 @@ def _dets_ends(path: Path, data) -> list[Finding]:
     for off, _ in _dets_objects(data, fl, extents):  # counted, not kept
         found, last = found + 1, off
     if found != objects:
-        out.append(_damaged(f"the header records {objects} objects, {found} are found: an object is "
+        out.append(_damaged(f"the header records {plural(objects, 'object')}, {found} are found: an object is "
                             f"{'missing or torn' if found < objects else 'extra (copied or injected)'}",
                             path, last if found > objects else 32, recorded=objects, found=found))
     return out
@@ -430,7 +430,7 @@ def ets_findings(path: Path) -> list[Finding]:
     if not (items and is_end(items[-1])):
         marker = next((k for k, it in enumerate(items) if is_end(it)), None)
         if marker is not None:  # items after the end marker: appended (ets:file2tab rejects the file)
-            out.append(_damaged(f"{len(items) - marker - 1} items after the '$end_of_table' marker: extra items",
+            out.append(_damaged(f"{plural(len(items) - marker - 1, 'item')} after the '$end_of_table' marker: extra items",
                                 path, log.offsets[marker + 2], extra_items=len(items) - marker - 1))
         else:
             out.append(_damaged("no '$end_of_table' marker: the dump is torn (the broker rebuilds from the files)",
@@ -480,7 +480,7 @@ def wal_findings(path: Path, data=None) -> list[Finding]:
     while o < size:
         if size - o < 3 + 24:
             if any(data[o:size]):
-                return [_damaged(f"the WAL ends inside a record header ({size - o} bytes): torn", path, o,
+                return [_damaged(f"the WAL ends inside a record header ({plural(size - o, 'byte')}): torn", path, o,
                                  records=n)]
             break
         h = int.from_bytes(data[o:o + 3], "big")
@@ -496,7 +496,7 @@ def wal_findings(path: Path, data=None) -> list[Finding]:
             return [_damaged("the WAL ends inside a record header: torn", path, o, records=n)]
         check, length = struct.unpack_from(">II", data, p)
         if p + 24 + length > size:
-            return [_damaged(f"a record of {length} bytes runs past the end of the WAL: torn (or junk)", path, o,
+            return [_damaged(f"a record of {plural(length, 'byte')} runs past the end of the WAL: torn (or junk)", path, o,
                              records=n)]
         if zlib.adler32(data[p + 8:p + 24 + length]) != check:
             return [_damaged("a record fails its checksum: damaged, or junk after the last record", path, o,
@@ -555,7 +555,7 @@ def text_findings(path: Path, shape: str, node: str | None = None) -> list[Findi
     if raw is None:
         return []
     if len(raw) > TEXT_LIMIT:
-        return [_damaged(f"{path.name}: larger than {TEXT_LIMIT} bytes, which no writer of it writes",
+        return [_damaged(f"{path.name}: larger than {plural(TEXT_LIMIT, 'byte')}, which no writer of it writes",
                          path, TEXT_LIMIT)]
     hit = textfiles.text_damage(raw, shape, node)
     return [] if hit is None else [_damaged(f"{path.name}: {hit[0]}", path, hit[1])]

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cqforensics.errors import plural
 from cqforensics.findings import Finding
 from cqforensics.schema import TS, fits
 from cqforensics.grammar import idx as c_idx
@@ -137,7 +138,7 @@ def parse_journal(path: Path, count: int, data: bytes, out: V1Index) -> dict[int
     o = 0
     while o < end:
         if o + 8 > end:
-            out.findings.append(Finding("v1-journal-torn", f"journal ends inside a record ({end - o} bytes)",
+            out.findings.append(Finding("v1-journal-torn", f"journal ends inside a record ({plural(end - o, 'byte')})",
                                         str(path), o))
             break
         (word,) = _JHEAD(data, o)

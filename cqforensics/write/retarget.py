@@ -33,7 +33,7 @@ import shutil
 from pathlib import Path
 
 from cqforensics import layout
-from cqforensics.errors import UsageError
+from cqforensics.errors import UsageError, queue_ref
 from cqforensics.model.versions import BrokerModel
 from cqforensics.write import formats
 from cqforensics.write.output import copy_tree
@@ -211,10 +211,11 @@ def check_written(template, result, target: BrokerModel) -> list[str]:
         parts = []
         if missing:
             parts.append("queues the template does not declare (its boot would delete their dirs): "
-                         + ", ".join(f"{v}/{n}" for v, n in sorted(missing)))
+                         + ", ".join(queue_ref(v, n) for v, n in sorted(missing)))
         if mismatched:
             parts.append("queues the template declares with another x-queue-version than written: "
-                         + ", ".join(f"{v}/{n} (declared v{d}, written v{w})" for v, n, d, w in sorted(mismatched)))
+                         + ", ".join(f"{queue_ref(v, n)} (declared v{d}, written v{w})"
+                                     for v, n, d, w in sorted(mismatched)))
         raise UsageError(f"{template}: " + "; ".join(parts) + ". Declare them on the target node first: "
                          "`cqforensics definitions --broker-version V SRC > defs.json`, then "
                          "`rabbitmqctl import_definitions defs.json` on the node, and stop it")

@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from cqforensics import amqp091, layout, textfiles
-from cqforensics.errors import OperationalError, UsageError
+from cqforensics.errors import OperationalError, UsageError, queue_ref
 from cqforensics.model import versions
 from cqforensics.write import formats
 
@@ -405,7 +405,7 @@ def build(parts: list[PartInfo], dst: Path, model: versions.BrokerModel, mode: s
             # broker leaves a declared queue (the output then verifies as a broker's own)
             write_lost_queue_dirs(staging.path, _metadata(staging.path), model)
             for plan in plans.values():
-                result.queues[f"{plan.vhost.decode('utf-8', 'replace')}/{plan.label}"] = plan.count
+                result.queues[queue_ref(plan.vhost, plan.label)] = plan.count
             result.rows = sum(result.queues.values())
         finally:
             sources.close()

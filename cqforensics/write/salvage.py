@@ -36,7 +36,7 @@ import numpy as np
 
 from cqforensics import exitcodes, fastpath, layout
 from cqforensics.codes import Fate, Location
-from cqforensics.errors import CQError, OperationalError, display, display_all
+from cqforensics.errors import CQError, OperationalError, display, display_all, plural, queue_ref
 from cqforensics.grammar import qi as c_qi
 from cqforensics.grammar import rdq as c_rdq
 from cqforensics.model.options import make_options
@@ -820,7 +820,7 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: RewriteContext,
                 _bump(qr.lost, why)
                 ctx.damaged += 1
                 if len(ctx.damage) < 5:  # named in the error; the rest counted
-                    ctx.damage.append(f"{qr.vhost}/{qr.queue}: seq id {seqs[j]}: {why}")
+                    ctx.damage.append(f"{queue_ref(qr.vhost, qr.queue)}: seq id {seqs[j]}: {why}")
                 continue
             bad_entry = qs_fate(res.qs_status[j])
             if bad_entry in QUARANTINED:  # expired, so the broker drops it unread, but its .qs entry
@@ -1184,8 +1184,8 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
                         vs.close()
                     dropped = len(vs.vhost.others) + sum(len(q.others) for q in vs.vhost.queues)
                     if dropped:
-                        result.notes.append(f"{node.node}/{vs.vhost.label}: {dropped} files the broker does not use "
-                                            "were not carried over")
+                        result.notes.append(f"{node.node}, vhost {vs.vhost.label!r}: {plural(dropped, 'file')} the "
+                                            "broker does not use were not carried over")
                 result.notes += [f"{node.node}: {n}" for n in
                                  write_lost_queue_dirs(out_node, ns.metadata, ctx.target or ns.model, dry_run, node)]
                 if template is None and ctx.target is not None:
@@ -1201,7 +1201,7 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
         if ctx.damage:
             more = ctx.damaged - len(ctx.damage)
             shown = "; ".join(ctx.damage) + (f" (and {more} more)" if more else "")
-            raise DamagedSource(f"{src}: {ctx.damaged} messages the next boot would not deliver as they are "
+            raise DamagedSource(f"{src}: {plural(ctx.damaged, 'message')} the next boot would not deliver as they are "
                                 f"({shown}); compact only rewrites consistent stores: run `cqforensics fsck` to see "
                                 "the damage and `cqforensics rebuild` to salvage")
         for q in result.queues:
@@ -1228,7 +1228,7 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
             check = verify(staging.path, broker_version=broker_version, garbage_allowed_in=ctx.kept_paths)
             result.verified = check.consistent
             if not check.consistent:
-                raise OperationalError(f"the output failed verification ({len(check.violations)} violations, first: "
+                raise OperationalError(f"the output failed verification ({plural(len(check.violations), 'violation')}, first: "
                                        f"{check.violations[0].message}); nothing was written to {dst}")
         staging.commit()
     return result
