@@ -321,7 +321,8 @@ def test_a_terminal_shows_a_bar_naming_the_node(tmp_path):
     from conftest import ROOT
 
     text = _pty(["read", _fleet(tmp_path), "--out", tmp_path / "rows.jsonl", "--format", "jsonl"], ROOT)
-    assert "%|" in text and "B/s" in text and "node 2 of 2: " in text, text[-800:]
+    # tqdm redraws at most every 0.1 s, so the last node may be read between two redraws: any node named
+    assert "%|" in text and "B/s" in text and " of 2: " in text, text[-800:]
     assert "rows.jsonl\r\ncqforensics: TTLs judged by the clock" in text  # the bar is gone before the last lines
     assert "]cqforensics" not in text and "]202" not in text
 
