@@ -387,7 +387,9 @@ def cmd_compact(args) -> int:
     broker rebuilds its indexes at the next boot. SRC is never modified; DST must not exist (or
     be empty); the output is verified before it is renamed into place.
 
-    Exit: 0 done, 4 SRC is damaged (use rebuild; nothing written), 8 operational error, 16 usage."""
+    Exit: 0 done, 4 SRC is damaged (use rebuild; nothing written) or the output is written but the
+    --broker-version cannot boot it as it is (the report says why: use --template), 8 operational
+    error, 16 usage (an output path the rule of every output refuses: README, docs/evidence.md)."""
     return _rewrite(args, "compact")
 
 
@@ -397,7 +399,8 @@ def cmd_rebuild(args) -> int:
     failed CRC, undecodable, unreferenced) goes to DST/lost+found/ with the reason; the report
     says what was salvaged, quarantined and lost, queue by queue.
 
-    Exit: 0 nothing needed repair, 1 damage repaired (see the report), 8 operational, 16 usage."""
+    Exit: 0 nothing needed repair, 1 damage repaired (see the report), +4 the output is written
+    but the --broker-version cannot boot it as it is (use --template), 8 operational, 16 usage."""
     return _rewrite(args, "rebuild")
 
 
