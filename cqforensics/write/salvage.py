@@ -56,7 +56,8 @@ from cqforensics.readers import files as r_files
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.write import formats
-from cqforensics.write.output import Staging, check_destination, copy_tree
+from cqforensics.outputs import check_output
+from cqforensics.write.output import Staging, copy_tree
 from cqforensics.write.store import Entry, QueueWriter, SharedStoreWriter, Sources
 
 _KEY = 1 << 40  # a shared-store entry's (file position, offset) as one sortable integer
@@ -1144,7 +1145,7 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
         raise UsageError("--restore-orphans: for rebuild only")
 
     src = Path(src).absolute()
-    check_destination(Path(dst), [src], replace=force)  # usage errors before the long read (Staging checks again)
+    check_output(Path(dst), [src], directory=True, force=force, deep=False)  # refused before the long read
     nodes = layout.discover([src])
     result = Result(command, display(src), display(Path(dst).absolute()), dry_run)
     for node in nodes:
@@ -1156,7 +1157,8 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
     predicted = {}
     if command == "rebuild":  # what SRC's own next boot would deliver, per queue dir
         predicted = _broker_prediction(src, source_version)
-    with Staging(Path(dst), [src], dry_run, replace=force) as staging:
+    with Staging(Path(dst), [src], dry_run, replace=force, command=command,
+                 broker_version=broker_version) as staging:
         sources = Sources()
         lost = LostFound(None if dry_run else staging.path / "lost+found")
         ctx = RewriteContext(command, result, sources, lost, dry_run, file_size_limit,
@@ -1229,6 +1231,7 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
                 os.fsync(fh.fileno())
         if staging.removed_stale:
             result.notes.append(f"removed {len(staging.removed_stale)} partial output(s) of interrupted runs")
+        staging.broker_version = result.broker_version
         if not dry_run and verify_output:
             from cqforensics.write.verify import verify
 
