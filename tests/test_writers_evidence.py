@@ -194,6 +194,20 @@ def test_cli_writer_refuses(writer, case, world, capsys):
     _refused(capsys, writer, world["node"], _target(world, case, writer), [world["root"]])
 
 
+def test_the_library_writer_of_definitions_follows_the_rule(world):
+    """``retarget.write_definitions`` (a library writer, no CLI option) goes through the same rule."""
+    from cqforensics.errors import UsageError
+    from cqforensics.model.versions import model
+    from cqforensics.write import retarget
+
+    before = fingerprint(world["root"])
+    for case in ("input", "inside-input", "inside-input-existing", "inside-other-node", "other-node-existing",
+                 "link-to-other-node", "through-link", "foreign"):
+        with pytest.raises(UsageError):
+            retarget.write_definitions(world["node"], model("4.3.6"), _target(world, case, "read"))
+    assert fingerprint(world["root"]) == before
+
+
 # -- outputs of cqforensics: forged, changed, previous -------------------------------------------------
 
 
