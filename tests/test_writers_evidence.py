@@ -208,6 +208,20 @@ def test_the_library_writer_of_definitions_follows_the_rule(world):
     assert fingerprint(world["root"]) == before
 
 
+def test_compact_and_rebuild_never_write_over_or_into_their_template(world, capsys):
+    """--template NODE is an input too (its metadata is read): DST may not be it, inside it or
+    around it."""
+    other = world["other"]
+    before = fingerprint(world["root"])
+    for command in ("compact", "rebuild"):
+        for target in (other, other / "out", other.parent):
+            for force in ([], ["--force"]):
+                code, _, err = _run(capsys, [command, "-q", "--broker-version", "4.3", "--template", str(other),
+                                             str(world["node"]), str(target), *force])
+                assert code == 16 and err.count("\n") == 1, (command, target, err)
+    assert fingerprint(world["root"]) == before
+
+
 # -- outputs of cqforensics: forged, changed, previous -------------------------------------------------
 
 

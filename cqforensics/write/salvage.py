@@ -1145,7 +1145,8 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
         raise UsageError("--restore-orphans: for rebuild only")
 
     src = Path(src).absolute()
-    check_output(Path(dst), [src], directory=True, force=force, deep=False)  # refused before the long read
+    inputs = [src] + ([Path(template).absolute()] if template is not None else [])
+    check_output(Path(dst), inputs, directory=True, force=force, deep=False)  # refused before the long read
     nodes = layout.discover([src])
     result = Result(command, display(src), display(Path(dst).absolute()), dry_run)
     for node in nodes:
@@ -1157,7 +1158,7 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
     predicted = {}
     if command == "rebuild":  # what SRC's own next boot would deliver, per queue dir
         predicted = _broker_prediction(src, source_version)
-    with Staging(Path(dst), [src], dry_run, replace=force, command=command,
+    with Staging(Path(dst), inputs, dry_run, replace=force, command=command,
                  broker_version=broker_version) as staging:
         sources = Sources()
         lost = LostFound(None if dry_run else staging.path / "lost+found")
