@@ -73,7 +73,8 @@ def _as_of(text: str) -> int:
 
 def add_force(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--force", action="store_true",
-                   help=f"overwrite {what} if it exists (never allowed: an output inside an input)")
+                   help=f"replace {what} if it is a previous output of cqforensics, unchanged since written "
+                        "(never anything else: an input, RabbitMQ data, a file cqforensics did not write)")
 
 
 def add_quiet(p: argparse.ArgumentParser, text: str = "no progress on stderr (shown only on a terminal)") -> None:
@@ -119,10 +120,11 @@ def read_options(args) -> dict:
 
 def cmd_read(args) -> int:
     """Print or save one table (see README: Tables), streamed: rows are printed or written as
-    they are read, so the first rows show at once and memory stays flat. --out FILE: not inside
-    an input, not an existing file unless --force; written under a temporary name and renamed
-    when complete (removed on an error or Ctrl-C). Parquet is written in row groups of up to
-    64k rows / about 64 MB."""
+    they are read, so the first rows show at once and memory stays flat. --out FILE: an output
+    (``cqforensics.outputs``: never inside an input or RabbitMQ data; an existing file only with
+    --force and only if cqforensics wrote it); written under a temporary name and renamed when
+    complete (removed on an error or Ctrl-C), with its manifest beside it. Parquet is written in
+    row groups of up to 64k rows / about 64 MB."""
     import cqforensics
 
     columns = args.columns.split(",") if args.columns else None
@@ -139,12 +141,14 @@ def cmd_read(args) -> int:
         _say_expired(_read_rows(args, columns, opts, sys.stdout)[1], opts)
         return exitcodes.OK
     from cqforensics.errors import plural
-    from cqforensics.export import ParquetSink, staged_file
+    from cqforensics.export import ParquetSink
+    from cqforensics.outputs import staged_file
 
     progress = _shown(args)
     opts["progress"] = progress
     try:
-        with staged_file(target, "wb" if args.format == "parquet" else "w") as out:
+        with staged_file(target, "wb" if args.format == "parquet" else "w", replace=args.force, command="read",
+                         inputs=args.paths) as out:
             if args.format == "parquet":
                 from cqforensics.driver import check_columns
 
@@ -523,7 +527,9 @@ def cmd_compact(args) -> int:
     broker rebuilds its indexes at the next boot. SRC is never modified; DST must not exist (or
     be empty); the output is verified before it is renamed into place.
 
-    Exit: 0 done, 4 SRC is damaged (use rebuild; nothing written), 8 operational error, 16 usage."""
+    Exit: 0 done, 4 SRC is damaged (use rebuild; nothing written) or the output is written but the
+    --broker-version cannot boot it as it is (the report says why: use --template), 8 operational
+    error, 16 usage (an output path the rule of every output refuses: README, docs/evidence.md)."""
     return _rewrite(args, "compact")
 
 
@@ -533,7 +539,8 @@ def cmd_rebuild(args) -> int:
     failed CRC, undecodable, unreferenced) goes to DST/lost+found/ with the reason; the report
     says what was salvaged, quarantined and lost, queue by queue.
 
-    Exit: 0 nothing needed repair, 1 damage repaired (see the report), 8 operational, 16 usage."""
+    Exit: 0 nothing needed repair, 1 damage repaired (see the report), +4 the output is written
+    but the --broker-version cannot boot it as it is (use --template), 8 operational, 16 usage."""
     return _rewrite(args, "rebuild")
 
 
@@ -571,12 +578,12 @@ def cmd_report(args) -> int:
     """Write one self-contained HTML page (no network, no script) to look at: per node and vhost,
     a map of the shared-store files (live / orphan / garbage / hole byte ranges), the queues with
     what the next boot delivers and drops and why, the findings grouped by code with file and
-    offset, and a fleet summary for a folder of many nodes. --html FILE: not an existing file
-    unless --force, never inside an input.
+    offset, and a fleet summary for a folder of many nodes. --html FILE: an output
+    (``cqforensics.outputs``: never inside an input or RabbitMQ data; an existing file only with
+    --force and only if cqforensics wrote it).
 
     Exit: 0 written, 8 operational error, 16 usage."""
-    from cqforensics.export import staged_file
-    from cqforensics.outputs import check_output
+    from cqforensics.outputs import check_output, staged_file
     from cqforensics.report import render
 
     target = check_output(args.html, args.paths, force=args.force)
@@ -586,7 +593,7 @@ def cmd_report(args) -> int:
     finally:
         if progress:
             progress.close()
-    with staged_file(target, "w") as out:
+    with staged_file(target, "w", replace=args.force, command="report", inputs=args.paths) as out:
         out.write(page)
     print(f"report -> {target}", file=sys.stderr)
     return exitcodes.OK
@@ -680,9 +687,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--format", required=True, choices=("jsonl", "parquet"),
                    help="DIR/messages.jsonl (bodies base64) or DIR/messages.parquet")
     e.add_argument("--out", required=True, metavar="DIR",
-                   help="output dir (must not exist or be empty, unless --force; never inside an input)")
+                   help="output dir (must not exist or be empty; --force replaces a previous output of cqforensics; "
+                        "never inside an input or RabbitMQ data)")
     e.add_argument("--all", action="store_true", help="also acked/dropped messages still readable on disk")
-    add_force(e, "a non-empty DIR's messages file")
+    add_force(e, "DIR (replaced whole, atomically, once the export is complete)")
     add_quiet(e)
     add_read_options(e)
     add_filters(e, "only this queue's messages (repeatable; leaves out the store entries no queue holds)")
@@ -718,7 +726,8 @@ def build_parser() -> argparse.ArgumentParser:
                              ("rebuild", cmd_rebuild, "salvage a damaged node dir into a consistent copy")):
         w = sub.add_parser(name, help=what, description=func.__doc__)
         w.add_argument("src", help="node dir or mnesia base to read (never modified)")
-        w.add_argument("dst", help="output dir: must not exist or be empty (unless --force); never inside SRC")
+        w.add_argument("dst", help="output dir: must not exist or be empty (--force: a previous output of "
+                                   "cqforensics); never inside SRC or RabbitMQ data")
         w.add_argument("--dry-run", action="store_true", help="show the plan and the byte counts, write nothing")
         w.add_argument("--broker-version", metavar="V",
                        help="the version that will boot DST: its index versions, stored message shapes and atom "
@@ -949,7 +958,7 @@ _interrupted = False
 
 def _on_interrupt(signum, frame):
     """SIGINT and SIGTERM: KeyboardInterrupt, so the writers remove their partial output on the
-    way out (their cleanup holds further signals until it is done: ``export.signals_held``).
+    way out (their cleanup holds further signals until it is done: ``outputs.signals_held``).
 
     numpy swallows an exception raised while it probes an operand's attributes, so one
     KeyboardInterrupt can be lost; until ``main`` has caught one, it is raised again every half

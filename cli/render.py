@@ -309,10 +309,16 @@ def rewrite_text(result, out=None) -> None:
         out.write(f"lost+found: {plural(result.lost_found, 'item')} ({where})\n")
     for n in result.notes:
         out.write(f"note: {display(n)}\n")  # notes may quote non-UTF-8 names
+    for n in result.cannot_boot:
+        out.write(f"ERROR: the output cannot boot: {display(n)}\n")
     if not result.dry_run:
         out.write(f"verify: {'consistent' if result.verified else 'not run'}\n")
     code = result.exit_code
-    out.write(f"\nexit {code}: " + ("damage repaired (see above)" if code == 1 else "done") + "\n")
+    said = ["damage repaired (see above)"] if code & 1 else []
+    if code & 4:
+        said.append(f"{'would be ' if result.dry_run else ''}written, but RabbitMQ {result.broker_version} cannot "
+                    "boot it as it is (see ERROR above)")
+    out.write(f"\nexit {code}: " + ("; ".join(said) or "done") + "\n")
 
 
 def verify_text(result, out=None) -> None:

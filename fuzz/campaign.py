@@ -22,7 +22,11 @@ peak RSS comes from ``os.wait4``. A run fails when:
 - ``modified-input``: the input tree (names, types, bytes) changed,
 - ``exit-code``: an exit code outside the documented set (0, 1, 2, 4, 6, 8, 16),
 - ``writer-refused``: ``rebuild``/``compact`` built output that failed its own verification (a
-  writer must write what it keeps in a form it verifies).
+  writer must write what it keeps in a form it verifies),
+- ``writer-not-refused``: a writer run aimed at evidence (``AIMED``: its own input, a path inside
+  it, another node's data dir, a file another broker wrote; ``--force`` given) was not refused
+  with exit 16 (the rule of every output, ``cqforensics.outputs``). Its target's tree must not
+  change either (``modified-input``: the digest covers the mutated copy, which these runs aim at).
 
 Besides, for each input whose mutation changed a data file's bytes, the summary says whether
 ``fsck --json`` named that file in a finding, or (a file of a queue dir) that queue (``reported``),
@@ -437,9 +441,14 @@ def _changed(target, base: Path, original: Path) -> bool | None:
 
 # -- commands -------------------------------------------------------------------------------------------
 
+#: writer runs aimed at evidence, each with --force: the mutated copy is the job's input or, for
+#: the runs reading the pristine sample instead, another node's data dir that is no input. Every
+#: one must be refused (exit 16) and leave the copy as it was.
+AIMED = ("aimed:compact-onto-input", "aimed:export-inside-input", "aimed:rebuild-onto-other-node",
+         "aimed:read-over-other-node-file")
 COMMANDS = tuple([f"table:{t}" for t in TABLES] +
                  ["fsck", "fsck --deep --json", "fsck --json", "dump", "dump --deep", "export", "audit", "rebuild",
-                  "compact", "verify"])
+                  "compact", "verify"] + list(AIMED))
 
 
 def argv_of(command: str, inp: dict, out: Path) -> list[str] | None:
@@ -453,6 +462,16 @@ def argv_of(command: str, inp: dict, out: Path) -> list[str] | None:
         return ["export", base, "--all", "--format", "jsonl", "--out", str(out / "export")]
     if command in ("rebuild", "compact"):
         return [command, base, str(out / command)]
+    pristine = str(SAMPLES / inp["dataset"] / "mnesia")
+    if command == "aimed:compact-onto-input":
+        return ["compact", "-q", "--force", base, base]
+    if command == "aimed:export-inside-input":
+        return ["export", base, "--format", "jsonl", "--force", "--out", os.path.join(base, "export")]
+    if command == "aimed:rebuild-onto-other-node":
+        return ["rebuild", "-q", "--force", pristine, base]
+    if command == "aimed:read-over-other-node-file":
+        files = _files(os.fsencode(base))
+        return ["read", pristine, "--format", "jsonl", "--force", "--out", os.fsdecode(files[0])] if files else None
     if command == "audit":
         return ["audit", "--json", base]
     return command.split() + [base]
@@ -566,6 +585,8 @@ def run_one(command: str, inp: dict, out: Path, wall: float = WALL_LIMIT, as_lim
         res["failure"] = "exit-code"
     elif command in ("rebuild", "compact") and "failed verification" in err:
         res["failure"] = "writer-refused"
+    elif command in AIMED and rc != 16:
+        res["failure"] = "writer-not-refused"
     return res
 
 

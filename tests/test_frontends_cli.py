@@ -90,7 +90,7 @@ def test_read_parquet_honours_limit_and_writes_few_row_groups(capsys, tmp_path):
     assert code == 0 and f.num_row_groups == 1
     assert f.metadata.num_rows == cqforensics.read_table(BIG, "store", columns=["offset"]).num_rows
     assert f.schema_arrow == cqforensics.schema("store")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.parquet"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".m.parquet.cqforensics-output.json", "m.parquet"]
 
 
 def test_read_is_interrupted_without_leaving_a_partial_file(capsys, monkeypatch, tmp_path):
@@ -296,30 +296,36 @@ def _wait_for(p: subprocess.Popen, found, timeout: float = 60):
     raise AssertionError("the writer never started writing")
 
 
+def _staged_file(out):
+    """The file an export is writing: in its partial dir ``.<DIR>.cqf-partial-<pid>`` beside DIR."""
+    return [f for d in out.parent.glob(f".{out.name}.cqf-partial-*") for f in d.iterdir()]
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
 def test_ctrl_c_during_export_leaves_nothing_and_a_rerun_works(capsys, tmp_path, fmt):
     out = tmp_path / "out"
     p = _start(_SLOW_EXPORT, "export", KILL, "--format", fmt, "--out", out, "--all")
-    _wait_for(p, lambda: out.is_dir() and any(out.iterdir()))  # the partial file is being written
+    _wait_for(p, lambda: _staged_file(out))  # the partial file is being written
     p.send_signal(signal.SIGINT)
     stdout, stderr = _finish(p)
     assert p.returncode == 32 and stderr == "cqforensics: interrupted\n" and stdout == ""
-    assert not out.exists()  # the dir export created is gone with the partial file
+    assert list(tmp_path.iterdir()) == []  # no DIR, no partial dir
     code, _, _ = run(capsys, "export", KILL, "--format", fmt, "--out", out, "--all")
     assert code == 0 and sorted(x.name for x in out.iterdir()) == \
-        [f"messages.{fmt}"] + (["messages.jsonl.provenance.json"] if fmt == "jsonl" else [])
+        [".cqforensics-output.json", f"messages.{fmt}"] + (["messages.jsonl.provenance.json"] if fmt == "jsonl" else [])
 
 
 def test_a_kill_9_partial_is_removed_by_the_next_run(capsys, tmp_path):
     out = tmp_path / "out"
     p = _start(_SLOW_EXPORT, "export", KILL, "--format", "parquet", "--out", out)
-    partial = _wait_for(p, lambda: out.is_dir() and list(out.iterdir()))[0]
+    partial = _wait_for(p, lambda: _staged_file(out))[0].parent
     p.kill()
     p.communicate()
-    assert partial.name == f".messages.parquet.cqf-partial-{p.pid}" and partial.exists()
+    assert partial.name == f".out.cqf-partial-{p.pid}" and partial.exists()
     code, _, err = run(capsys, "export", KILL, "--format", "parquet", "--out", out)
-    assert code == 0 and [x.name for x in out.iterdir()] == ["messages.parquet"]
+    assert code == 0 and sorted(x.name for x in out.iterdir()) == [".cqforensics-output.json", "messages.parquet"]
     assert err.startswith(f"cqforensics: WARNING: removed {partial}") and "interrupted run" in err
+    assert [x.name for x in tmp_path.iterdir()] == ["out"]
     assert pq.read_table(out / "messages.parquet").num_rows == 93
 
 

@@ -143,9 +143,13 @@ def definitions(src, target: BrokerModel) -> dict:
 
 
 def write_definitions(src, target: BrokerModel, path) -> dict:
-    """``definitions`` written as JSON to ``path`` (a new file); returns them."""
+    """``definitions`` written as JSON to ``path``, a new file and an output like any other
+    (``cqforensics.outputs``: never inside SRC or RabbitMQ data); returns them."""
+    from cqforensics.outputs import check_output, staged_file
+
+    path = check_output(path, [src])
     defs = definitions(src, target)
-    with open(path, "x", encoding="utf-8") as f:
+    with staged_file(path, "w", command="definitions", inputs=[src]) as f:
         json.dump(defs, f, indent=1, ensure_ascii=False)
         f.write("\n")
     return defs

@@ -56,7 +56,8 @@ from cqforensics.readers import files as r_files
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.write import formats
-from cqforensics.write.output import Staging, check_destination, copy_tree
+from cqforensics.outputs import check_output
+from cqforensics.write.output import Staging, copy_tree
 from cqforensics.write.store import Entry, QueueWriter, SharedStoreWriter, Sources
 
 _KEY = 1 << 40  # a shared-store entry's (file position, offset) as one sortable integer
@@ -121,6 +122,10 @@ class Result:
     store_files: list[dict] = field(default_factory=list)
     # rebuild --restore-orphans: each orphaned message written back (node, vhost, queue, msg_id, file, offset)
     restored: list[dict] = field(default_factory=list)
+    # why the target version cannot boot the output as written (per node): an output that cannot
+    # boot is no success (exit 4); it is kept, since its message stores are right and are what
+    # --template or a hand transplant needs
+    cannot_boot: list[str] = field(default_factory=list)
 
     @property
     def rescued(self) -> int:
@@ -130,13 +135,15 @@ class Result:
 
     @property
     def exit_code(self) -> int:
-        """compact: 0. rebuild (e2fsck style): 1 when SRC was damaged (messages rescued, or lost
-        or quarantined for reasons other than being transient or in a deleted queue), else 0."""
+        """e2fsck style, bits: 1 (rebuild) when SRC was damaged and repaired (messages rescued, or
+        lost or quarantined for reasons other than being transient or in a deleted queue); 4 when
+        the output is written but the target version cannot boot it (``cannot_boot``)."""
+        code = exitcodes.ERRORS_LEFT if self.cannot_boot else exitcodes.OK
         if self.command != "rebuild":
-            return exitcodes.OK
+            return code
         by_design = {f.label for f in BY_DESIGN} | {formats.NOT_REPRESENTABLE}  # not damage of SRC
         damage = any(set(q.lost) - by_design or set(q.quarantined) - by_design for q in self.queues)
-        return exitcodes.FIXED if self.rescued or damage or "torn" in self.garbage else exitcodes.OK
+        return code | (exitcodes.FIXED if self.rescued or damage or "torn" in self.garbage else exitcodes.OK)
 
     def totals(self) -> dict:
         def total(key):
@@ -162,6 +169,7 @@ class Result:
                 "lost_found": {"items": self.lost_found, "path": self.lost_found_path}, "totals": self.totals(),
                 "restored_orphans": display_all(self.restored),
                 "queues": [q.to_dict() for q in self.queues], "notes": display_all(self.notes), "verified": self.verified,
+                "cannot_boot": display_all(self.cannot_boot),
                 "exit_code": self.exit_code}
 
 
@@ -1137,7 +1145,8 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
         raise UsageError("--restore-orphans: for rebuild only")
 
     src = Path(src).absolute()
-    check_destination(Path(dst), [src], replace=force)  # usage errors before the long read (Staging checks again)
+    inputs = [src] + ([Path(template).absolute()] if template is not None else [])
+    check_output(Path(dst), inputs, directory=True, force=force, deep=False)  # refused before the long read
     nodes = layout.discover([src])
     result = Result(command, display(src), display(Path(dst).absolute()), dry_run)
     for node in nodes:
@@ -1149,7 +1158,8 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
     predicted = {}
     if command == "rebuild":  # what SRC's own next boot would deliver, per queue dir
         predicted = _broker_prediction(src, source_version)
-    with Staging(Path(dst), [src], dry_run, replace=force) as staging:
+    with Staging(Path(dst), inputs, dry_run, replace=force, command=command,
+                 broker_version=broker_version) as staging:
         sources = Sources()
         lost = LostFound(None if dry_run else staging.path / "lost+found")
         ctx = RewriteContext(command, result, sources, lost, dry_run, file_size_limit,
@@ -1190,7 +1200,7 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
                                  write_lost_queue_dirs(out_node, ns.metadata, ctx.target or ns.model, dry_run, node)]
                 if template is None and ctx.target is not None:
                     gap = retarget.carried_metadata_note(ns.model, ctx.target)
-                    result.notes += [f"{node.node}: {gap}"] if gap else []
+                    result.cannot_boot += [f"{node.node}: {gap}"] if gap else []
             if template is not None:
                 retarget.check_written(template, result, ctx.target or ns.model)
             result.source_version = ", ".join(sorted(versions))
@@ -1222,6 +1232,7 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
                 os.fsync(fh.fileno())
         if staging.removed_stale:
             result.notes.append(f"removed {len(staging.removed_stale)} partial output(s) of interrupted runs")
+        staging.broker_version = result.broker_version
         if not dry_run and verify_output:
             from cqforensics.write.verify import verify
 
