@@ -340,6 +340,8 @@ class _Decoder:
             self.need(p, 4, "fun free vars")
             (nfree,) = _u32(buf, p)
             p += 4
+            if 4 + nfree > self.end - p:  # every term takes a byte at least
+                raise EtfError(f"fun with {nfree} free variables exceeds the remaining bytes", offset=p - 4)
             for _ in range(4 + nfree):  # pid, module, index, uniq, free vars
                 _, p = self.term(p, depth + 1)
             return p
