@@ -1236,8 +1236,8 @@ def regressions() -> list[dict]:
 
 
 def replay(entry: dict, work: Path) -> dict:
-    """One regression case ({dataset, seed, mutation, command?}) run again."""
-    cmds = (entry["command"],) if entry.get("command") else COMMANDS
+    """One regression case ({dataset, seed, mutation, command? or commands?}) run again."""
+    cmds = (entry["command"],) if entry.get("command") else tuple(entry.get("commands") or COMMANDS)
     return run_seed(entry["seed"], work, cmds, dataset=entry["dataset"], mutation=entry["mutation"])
 
 
