@@ -36,7 +36,7 @@ import numpy as np
 
 from cqforensics import exitcodes, fastpath, layout
 from cqforensics.codes import Fate, Location
-from cqforensics.errors import CQError, OperationalError, display, display_all
+from cqforensics.errors import CQError, FormatError, OperationalError, display, display_all
 from cqforensics.grammar import qi as c_qi
 from cqforensics.grammar import rdq as c_rdq
 from cqforensics.model.options import make_options
@@ -802,7 +802,12 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: RewriteContext,
                 ctx.lost.add(formats.NOT_REPRESENTABLE, place(), full, why)
                 _bump(qr.quarantined, formats.NOT_REPRESENTABLE)
                 return False, None
-            return True, formats.retarget_term(target, full, vhost_raw, msg_id if has_id[j] else None)
+            try:
+                return True, formats.retarget_or_damage(target, full, vhost_raw, msg_id if has_id[j] else None)
+            except FormatError as e:  # values the target's encoding cannot hold: damage, quarantined
+                ctx.lost.add("undecodable", place(), full, e.message)
+                _bump(qr.quarantined, "undecodable")
+                return False, None
 
         b = None
         keep = False
@@ -940,7 +945,12 @@ def _orphans_to_restore(vs: VhostScan, queue: bytes, ctx: RewriteContext, refs) 
             continue
         key = (int(st.e_file[e]), int(st.e_offset[e]), int(st.e_total[e]))
         if action != formats.KEEP:
-            ctx.reterm[key[0] * _KEY + key[1]] = (msg_id, formats.retarget_term(target, term, vhost_raw, msg_id))
+            try:
+                ctx.reterm[key[0] * _KEY + key[1]] = (msg_id, formats.retarget_or_damage(target, term, vhost_raw,
+                                                                                         msg_id))
+            except FormatError as e:
+                ctx.result.notes.append(f"orphan {msg_id.hex()} not restored into {queue!r}: {e.message}")
+                continue
         out.append((key, msg_id, size, path))
         rf.append(key[0])
         ro.append(key[1])
