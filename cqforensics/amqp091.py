@@ -308,10 +308,18 @@ def p_basic(t: tuple, marks: list | None = None) -> tuple[dict, dict | None]:
 
 
 def _raw_of(entry: dict) -> bytes:
+    """A typed-JSON string's bytes; a value of another kind (an integer: ``bytes(N)`` would make N
+    zero bytes) is damage."""
     if "base64" in entry:
         return base64.b64decode(entry["base64"])
     v = entry["value"]
-    return v.encode("utf-8") if isinstance(v, str) else bytes(v)
+    if isinstance(v, str):
+        return v.encode("utf-8")
+    if isinstance(v, (bytes, bytearray)):
+        return bytes(v)
+    if isinstance(v, list) and all(isinstance(x, int) and 0 <= x < 256 for x in v):
+        return bytes(v)
+    raise FormatError(f"a {str(entry.get('type'))[:20]} value that is no text ({type(v).__name__})")
 
 
 def _unfloat(v) -> float:
@@ -326,7 +334,10 @@ def _encode_value(entry: dict, out: bytearray) -> None:
     out += kind.encode()
     fx = _FIXED.get(kind)
     if fx is not None:
-        out += fx.pack(_unfloat(entry["value"]) if kind in "fd" else int(entry["value"]))
+        try:
+            out += fx.pack(_unfloat(entry["value"]) if kind in "fd" else int(entry["value"]))
+        except (struct.error, TypeError, ValueError, OverflowError):
+            raise FormatError(f"a {t} value its wire type cannot hold: {str(entry['value'])[:40]}") from None
     elif kind == "t":
         out.append(1 if entry["value"] else 0)
     elif kind == "D":
@@ -367,10 +378,11 @@ def encode_properties(props: dict, headers: dict | None) -> bytes:
         if name == "headers":
             t = encode_table(v)
             body += _U32.pack(len(t)) + t
-        elif name in _OCTET:
-            body.append(int(v))
-        elif name == "timestamp":
-            body += struct.pack(">Q", int(v))
+        elif name in _OCTET or name == "timestamp":
+            try:
+                body += struct.pack(">B" if name in _OCTET else ">Q", int(v))
+            except (struct.error, TypeError, ValueError, OverflowError):
+                raise FormatError(f"{name} {str(v)[:40]} does not fit its wire type") from None
         else:
             raw = v.encode("utf-8") if isinstance(v, str) else bytes(v)
             if len(raw) > 255:

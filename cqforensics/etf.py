@@ -593,6 +593,19 @@ def _opaque_text(o: Opaque) -> str:
     return f"#Fun<{o.raw.hex()}>" if o.tag in (NEW_FUN, FUN) else f"#Opaque<{o.tag}:{o.raw.hex()}>"
 
 
+def opaque_node(t) -> str | None:
+    """The node a decoded pid, port or reference names (``rabbit@host``), None when ``t`` is none
+    of these or unreadable."""
+    if not isinstance(t, Opaque) or t.tag not in (NEW_PID, PID, NEW_PORT, PORT, V4_PORT, REFERENCE, NEWER_REFERENCE,
+                                                   NEW_REFERENCE):
+        return None
+    try:
+        node, _ = _Decoder(t.raw, 0).term(3 if t.tag in (NEWER_REFERENCE, NEW_REFERENCE) else 1, 0)
+    except (EtfError, struct.error, IndexError):
+        return None
+    return str(node) if isinstance(node, Atom) else None
+
+
 def pid_node(t) -> str | None:
     """The node a decoded pid names (``rabbit@host``), None when ``t`` is no readable pid."""
     if not (isinstance(t, Opaque) and t.tag in (NEW_PID, PID)):

@@ -906,8 +906,8 @@ def _byte_classes(dataset: str, original: Path, was: bytes, now: bytes, changed:
             s = was[at:at + c_qi.ENTRY_SIZE]
             status, flags, kind = s[0], s[1], s[3]
             row = live.get((rel, at))
-            if status == 0 and any(s[3:]) and r > 0 and s[3] in (1, 2) and r not in (3,):
-                out.append("qi.dead")  # a ghost: dropped by an earlier recovery
+            if status == 0 and kind in (1, 2) and r > 3:
+                out.append("qi.dead")  # a ghost (a location, status 0): dropped by an earlier recovery
             elif status == 1 and flags == 0 and r >= 4 and not (kind == 2 and 16 <= r < 20):
                 out.append("qi.dead")  # transient: dropped reading its status and flag only
             elif status == 1 and row is not None and r >= 24:
@@ -1007,7 +1007,8 @@ def _v1_classes(name: str, rel: str, was: bytes, now: bytes, changed: list[int],
     embedded term) and whether its entry is live (a publish the ``messages`` table lists)."""
     jif = name == "journal.jif"
     head = 8 if jif else 2
-    records = []  # (start, end, kind, live)
+    seq_mask = (1 << 62) - 1 if jif else 0x3FFF
+    records = []  # (start, end, kind, live, seq)
     o = 0
     while o + head <= len(was):
         h = int.from_bytes(was[o:o + head], "big")
@@ -1015,44 +1016,35 @@ def _v1_classes(name: str, rel: str, was: bytes, now: bytes, changed: list[int],
         if jif and h == 0 and not any(was[o:o + 40]):
             break
         if not pub:
-            records.append((o, o + head, "ack", False))
+            records.append((o, o + head, "ack", False, h & seq_mask))
             o += head
             continue
         if o + head + 32 > len(was):
             break
         (emb,) = struct.unpack_from(">I", was, o + head + 28)
-        records.append((o, o + head + 32 + emb, "pub", (rel, o) in live))
+        records.append((o, o + head + 32 + emb, "pub", (rel, o) in live, h & seq_mask))
         o += head + 32 + emb
+    used = {seq for *_, seq in records}
     out = []
     for off in changed:
         rec = next((r for r in records if r[0] <= off < r[1]), None)
         if rec is None:
             out.append("v1")
             continue
-        start, _, kind, is_live = rec
+        start, _, kind, is_live, seq = rec
         r = off - start
         if kind == "pub" and not is_live and r >= head:
             out.append("v1.dead")
-        elif kind == "pub" and r >= head + 16 and r < head + 24:
+        elif kind == "pub" and head + 16 <= r < head + 24:
             out.append("v1.expiry")
-        elif r < head and (now[off] ^ was[off]) & (0x3F if not jif or r else 0x3F) and _seq_free(name, was, now, start):
-            out.append("v1.seq")
+        elif r < head and not (now[off] ^ was[off]) & ~(0x3F if r == 0 else 0xFF):
+            # only the RelSeq (seq id) bits changed: to a free one below the segment entry count
+            # (2048 on every sample; at or past it is found)
+            new_seq = int.from_bytes(now[start:start + head], "big") & seq_mask
+            out.append("v1.seq" if new_seq not in used and (jif or new_seq < 2048) else "v1")
         else:
             out.append("v1")
     return out
-
-
-def _seq_free(name: str, was: bytes, now: bytes, start: int) -> bool:
-    """Whether the record at ``start`` changed only its RelSeq (seq id), to one no other record of
-    the file uses and below the segment entry count (2048: every sample's)."""
-    if name == "journal.jif":
-        a, b = int.from_bytes(was[start:start + 8], "big"), int.from_bytes(now[start:start + 8], "big")
-        if a >> 62 != b >> 62:
-            return False
-        seqs = {int.from_bytes(was[o:o + 8], "big") & ((1 << 62) - 1) for o in range(0, len(was) - 7, 8)}
-        return (b & ((1 << 62) - 1)) not in seqs and (b & ((1 << 62) - 1)) < (1 << 40)
-    a, b = int.from_bytes(was[start:start + 2], "big"), int.from_bytes(now[start:start + 2], "big")
-    return a >> 14 == b >> 14 and (b & 0x3FFF) < 2048
 
 
 def _rdq_classes(dataset: str, original: Path, was: bytes, changed: list[int]) -> list[str]:

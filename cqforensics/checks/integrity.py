@@ -546,7 +546,7 @@ def _node_file_findings(node: Path, p: Path) -> list[Finding]:
     elif in_coord and name.endswith(".wal"):
         out += _safe(r_terms.wal_findings, p)
     elif in_coord and name == "config" and p.parent.parent.parent.name in NODE_DIRS:  # <system>/<UId>/config
-        out += _safe(lambda p: r_terms.ra_config_findings(p, node.name), p)
+        out += _safe(r_terms.ra_config_findings, p)
     elif in_coord and name == "writers.snapshot":
         out += _safe(r_terms.writers_snapshot_findings, p)
     return out

@@ -476,15 +476,14 @@ def _ets_info_findings(path: Path, info: tuple, objects: int, offset: int) -> li
     table's id, its owner's pid or its memory)."""
     got = {str(kv[0]): kv[1] for kv in info if isinstance(kv, tuple) and len(kv) == 2}
     want = {**ETS_INFO, "type": ETS_TYPES[path.name], "size": objects}
-    node = path.parents[4].name if len(path.parents) > 4 else None
     problems = [f"{k} is {str(got.get(k))[:40]}, not {v}" for k, v in want.items() if got.get(k) != v]
-    if node is not None:
-        if str(got.get("node")) != node:
-            problems.append(f"node is {str(got.get('node'))[:40]}, not this node ({node})")
-        for k in ("id", "owner"):
-            if etf.pid_node(got.get(k)) not in (None, node) or (isinstance(got.get(k), etf.Opaque)
-                                                                and node.encode() not in got[k].raw):
-                problems.append(f"its {k} names another node than this one ({node})")
+    # the node it names three times (its own, its table's id, its owner's pid) is one node (a node
+    # dir may be renamed in a backup, so not compared with the dir's name)
+    node = got.get("node")
+    for k in ("id", "owner"):
+        v = got.get(k)
+        if isinstance(node, etf.Atom) and isinstance(v, etf.Opaque) and etf.opaque_node(v) not in (None, str(node)):
+            problems.append(f"its {k} names node {etf.opaque_node(v)[:40]}, its node is {str(node)[:40]}")
     unknown = sorted(set(got) - set(want) - {"id", "owner", "memory", "node", "name"})
     if unknown:
         problems.append(f"keys tab2file does not write: {', '.join(k[:30] for k in unknown[:4])}")
@@ -584,14 +583,15 @@ RA_CONFIG_KEYS = frozenset({
     "has_changed", "parent", "min_recovery_checkpoint_interval", "machine_config"})
 
 
-def ra_config_findings(path: Path, node: str | None = None) -> list[Finding]:
+def ra_config_findings(path: Path) -> list[Finding]:
     """``term-file-damaged`` for a Ra server's ``config`` (ra_log:write_config writes its config
     map as ``~p.``; ra_server_sup_sup:recover_config reads it back at every restart): NUL
     bytes, terms ``file:consult`` cannot read, not one map, or a map whose ``uid`` (and
     ``log_init_args``' uid) is not its data dir's name (Ra restarts the server with that UId: its
-    log in another, empty, dir) or whose ``id`` names another node."""
+    log in another, empty, dir), whose ``id`` is no server id or not its Khepri machine's
+    ``member``; and (info) keys no Ra writes."""
     raw = read_bytes(path)
-    hit = textfiles.text_damage(raw, "ra-config", node)
+    hit = textfiles.text_damage(raw, "ra-config")
     if hit is not None:
         return [_damaged(f"Ra server config: {hit[0]}", path, hit[1])]
     cfg = textfiles.consult(raw)[0]
@@ -603,8 +603,14 @@ def ra_config_findings(path: Path, node: str | None = None) -> list[Finding]:
             problems.append(f"its {where} is {value!r:.60}, not its data dir's name {uid.decode('utf-8', 'replace')}: "
                             "Ra restarts the server on another (empty) data dir")
     ident = cfg.get("id")
-    if node is not None and not (isinstance(ident, tuple) and len(ident) == 2 and ident[1] == node):
-        problems.append(f"its id {ident!r:.80} is not a server of this node ({node})")
+    if not (isinstance(ident, tuple) and len(ident) == 2 and isinstance(ident[1], etf.Atom)):
+        problems.append(f"its id {str(ident)[:80]} is no {{Name, Node}} server id")
+    else:  # Khepri's machine config names its member: the same server
+        machine = cfg.get("machine")
+        member = machine[2].get("member") if isinstance(machine, tuple) and len(machine) == 3 \
+            and isinstance(machine[2], dict) else None
+        if member is not None and member != ident:
+            problems.append(f"its id {str(ident)[:60]} is not its machine's member {str(member)[:60]}")
     out = [_damaged(f"Ra server config: {p}", path, None) for p in problems]
     unknown = sorted(str(k) for k in cfg if str(k) not in RA_CONFIG_KEYS)
     if unknown:  # Ra ignores a key it does not know (and falls back to the default of the one it lost)
