@@ -340,6 +340,8 @@ class _Decoder:
             self.need(p, 4, "fun free vars")
             (nfree,) = _u32(buf, p)
             p += 4
+            if 4 + nfree > self.end - p:  # every term takes a byte at least
+                raise EtfError(f"fun with {nfree} free variables exceeds the remaining bytes", offset=p - 4)
             for _ in range(4 + nfree):  # pid, module, index, uniq, free vars
                 _, p = self.term(p, depth + 1)
             return p
@@ -589,6 +591,19 @@ def _opaque_text(o: Opaque) -> str:
     except (EtfError, struct.error, TypeError):
         pass
     return f"#Fun<{o.raw.hex()}>" if o.tag in (NEW_FUN, FUN) else f"#Opaque<{o.tag}:{o.raw.hex()}>"
+
+
+def opaque_node(t) -> str | None:
+    """The node a decoded pid, port or reference names (``rabbit@host``), None when ``t`` is none
+    of these or unreadable."""
+    if not isinstance(t, Opaque) or t.tag not in (NEW_PID, PID, NEW_PORT, PORT, V4_PORT, REFERENCE, NEWER_REFERENCE,
+                                                   NEW_REFERENCE):
+        return None
+    try:
+        node, _ = _Decoder(t.raw, 0).term(3 if t.tag in (NEWER_REFERENCE, NEW_REFERENCE) else 1, 0)
+    except (EtfError, struct.error, IndexError):
+        return None
+    return str(node) if isinstance(node, Atom) else None
 
 
 def pid_node(t) -> str | None:

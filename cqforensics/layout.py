@@ -96,7 +96,8 @@ class VhostDir:
     path: Path
     dir_name: str
     name: str | None = None
-    name_raw: bytes | None = None
+    name_raw: bytes | None = None  # the vhost's name: its .vhost when that names this dir, else the metadata's
+    stored_name: bytes | None = None  # what its .vhost holds (read_name_file: None when absent or too long)
     segment_entry_count: int = LEGACY_SEGMENT_ENTRY_COUNT  # CQv1 only (VH read_config)
     stores: dict[str, StoreDir] = field(default_factory=dict)
     queues: list[QueueDir] = field(default_factory=list)
@@ -182,6 +183,26 @@ class NodeDir:
         return out
 
 
+#: the most bytes a name file (``.vhost``, ``.queue_name``) may hold: the broker writes a name
+#: (plus two labels for a queue), and no vhost or queue name comes near this; a longer file is
+#: damage, read only this far and named by nothing
+NAME_FILE_LIMIT = 1 << 20
+
+
+def read_name_file(path: Path, problems: list[FileProblem], what: str) -> bytes | None:
+    """The bytes of a name file (``what``: ``.vhost`` or ``.queue_name``), the one reading of it
+    every layer uses; None when absent, not a regular file, or longer than ``NAME_FILE_LIMIT``
+    (then a ``missing-queue-name`` problem: what it holds is no name, the start of it is not one
+    either)."""
+    raw = _read_small(path, problems, NAME_FILE_LIMIT + 1)
+    if raw is not None and len(raw) > NAME_FILE_LIMIT:
+        problems.append(FileProblem("missing-queue-name", path, f"{what} holds more than {NAME_FILE_LIMIT} bytes: "
+                                    "longer than any name the broker writes there (damaged); no name is read from it",
+                                    NAME_FILE_LIMIT))
+        return None
+    return raw
+
+
 def _read_small(path: Path, problems: list[FileProblem], limit: int = 1 << 20) -> bytes | None:
     """The first ``limit`` bytes of a small text file; None when absent or not a regular file
     (a FIFO would block ``open()`` forever: it becomes a ``not-regular-file`` problem, unread)."""
@@ -258,7 +279,7 @@ def read_queue_dir(path: Path, vhost_raw: bytes | None, problems: list[FileProbl
             q.journal = p
         elif kind != "queue_name" and p not in known:
             q.others.append(p)
-    raw = _read_small(path / ".queue_name", problems)
+    raw = read_name_file(path / ".queue_name", problems, ".queue_name")
     if raw is None and not any(p.path == path / ".queue_name" for p in problems):
         problems.append(FileProblem("missing-queue-name", path / ".queue_name", "queue dir has no .queue_name"))
         return q
@@ -287,14 +308,16 @@ def read_queue_dir(path: Path, vhost_raw: bytes | None, problems: list[FileProbl
 
 def read_vhost_dir(path: Path) -> VhostDir:
     v = VhostDir(path=path, dir_name=path.name)
-    raw = _read_small(path / ".vhost", v.problems)
+    raw = read_name_file(path / ".vhost", v.problems, ".vhost")
+    v.stored_name = raw
     if raw is None and v.problems:
         pass
     elif raw is None:
         v.problems.append(FileProblem("missing-queue-name", path / ".vhost", "vhost dir has no .vhost"))
     elif textfiles.vhost_dir_name(raw) != path.name:
         v.problems.append(FileProblem("queue-dir-mismatch", path / ".vhost",
-                                      f".vhost says {raw!r}, whose dir would be {textfiles.vhost_dir_name(raw)}"))
+                                      f".vhost says {raw[:200]!r}{'...' if len(raw) > 200 else ''} ({len(raw)} "
+                                      f"bytes), whose dir would be {textfiles.vhost_dir_name(raw)}"))
     else:
         v.name_raw, v.name = raw, raw.decode("utf-8", "replace")
     cfg = _read_small(path / ".config", v.problems)

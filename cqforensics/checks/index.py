@@ -34,6 +34,8 @@ class _Chunk:
     qs_path: Path | None
     bad_qs: list[tuple[int, int, int, int, int]] = field(default_factory=list)  # (j, QsStatus, seq, offset, size)
     missing: list[tuple[int, int, bytes, Path, int]] = field(default_factory=list)  # (j, seq, id, index file, offset)
+    # transient entries of a durable queue whose body is in the persistent store: (j, seq, id, index file, offset)
+    misflagged: list[tuple[int, int, bytes, Path, int]] = field(default_factory=list)
     transient: int = 0  # transient shared-store entries whose body is in no file
     transient_ends: tuple[tuple[int, int], tuple[int, int]] | None = None  # (j, seq) of their first and last
     first_found: int | None = None  # j of the first persistent shared-store entry whose body was found
@@ -89,6 +91,13 @@ class ChunkCheck:
         transient = np.flatnonzero(nowhere & (persistent == 0))
         found = np.flatnonzero(shared & (persistent == 1) & (res.body_file >= 0))
         head = len(found) and self.maybe_acked_head(vs, qx.qdir, qx.segment)
+        misflagged = np.zeros(0, np.int64)
+        if len(transient) and vs.queue_known(qx.qdir) and vs.stores.get("persistent") is not None:
+            # a durable queue's message goes to the store of its persistence (rabbit_variable_queue
+            # msg_store_client by IsPersistent), the same for every queue it reaches: a transient
+            # entry whose id is in the persistent store, not the transient one, had its flag flipped
+            cp, ap = vs.stores["persistent"].locate(r.msg_id[live[transient]])
+            misflagged = transient[(cp >= 0) | (ap >= 0)]
         if not (len(bad) or len(missing) or len(transient) or head):
             return
         c = self.chunks.get(key)
@@ -100,6 +109,9 @@ class ChunkCheck:
         i = live[missing]
         c.missing += zip(at[missing].tolist(), r.seq[i].tolist(), (m.tobytes() for m in r.msg_id[i]),
                          (qx.files[f] for f in r.file[i].tolist()), r.offset[i].tolist())
+        i = live[misflagged]
+        c.misflagged += zip(at[misflagged].tolist(), r.seq[i].tolist(), (m.tobytes() for m in r.msg_id[i]),
+                            (qx.files[f] for f in r.file[i].tolist()), r.offset[i].tolist())
         if len(transient):
             c.transient += len(transient)
             ends = [(int(at[k]), int(r.seq[live[k]])) for k in (transient[0], transient[-1])]
@@ -177,6 +189,12 @@ def _chunk_findings(vs: VhostScan, c: _Chunk, maybe_acked: bool) -> list[Finding
         for _, seq, mid, file, offset in missing:
             out.append(Finding("msg-missing", f"message {mid.hex()} (seq id {seq}) is in no shared-store file",
                                str(file), offset, details={"msg_id": mid.hex(), "seq_id": seq}))
+    for _, seq, mid, file, offset in sorted(c.misflagged):
+        out.append(Finding("persistence-mismatch", f"the index marks message {mid.hex()} (seq id {seq}) transient, "
+                           "but its body is in the persistent shared store, where the broker writes only "
+                           "persistent messages (and not in the transient one): its persistent flag was flipped; "
+                           "the next boot drops it as transient", str(file), offset,
+                           details={"msg_id": mid.hex(), "seq_id": seq, "index": "transient", "store": "persistent"}))
     st = vs.vhost.stores.get("transient")
     if c.transient and st is not None and st.clean_dot.exists():
         # after a clean stop (the store's clean.dot) its files hold every body its clients wrote;

@@ -15,7 +15,8 @@ from cqforensics.model.vhost import NodeScan, VhostScan, passes
 from cqforensics.checks.boot import boot_crash_findings, recovery_findings
 from cqforensics.checks.deep import decode_checks
 from cqforensics.checks.index import ChunkCheck, reader_findings
-from cqforensics.checks.integrity import CopyCheck, QueueIntegrity, node_findings, vhost_file_findings
+from cqforensics.checks.integrity import (CopyCheck, QueueIntegrity, node_findings, segment_count_findings,
+                                          vhost_file_findings)
 from cqforensics.checks.layout import (OrphanTally, lost_queue_findings, queue_dir_findings, unread_storage_findings,
                                        vhost_dir_findings)
 from cqforensics.checks.store import StoreCheck
@@ -59,6 +60,7 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
     chunks, stores, orphans = ChunkCheck(), StoreCheck(), OrphanTally()
     held: dict[str, tuple[int, dict[str, int]]] = {}  # queue dir -> (messages its index holds, drops by reason)
     crashes: dict[str | None, str] = {}
+    index_findings: list[Finding] = []  # the readers' findings of the vhost's indexes (first pass)
     for sub in passes(vs):
         sub.lists_every_index()
         first = sub.share is None or sub.share.k == 0
@@ -71,6 +73,7 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
             for ci, qx in enumerate(sub.index_of(q, in_share=False)):
                 if first:
                     findings += [f.scoped(queue=q.name, priority=q.priority) for f in reader_findings(sub, qx)]
+                    index_findings += qx.findings
                 integrity.add(qx)
                 copies.add(qx)
                 rows = sub.chunk_rows(qx)  # the pass's share of the live entries (None: all)
@@ -95,6 +98,7 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
             findings += crash_findings
             findings += recovery_findings(sub)
             findings += vhost_file_findings(sub)
+            findings += segment_count_findings(sub, index_findings)
     findings += chunks.findings(vs, stores.intact())
     findings += stores.findings(vs)
     findings += lost_queue_findings(vs, orphans)

@@ -26,7 +26,8 @@ import numpy as np
 from cqforensics.codes import Location, StoreStatus
 from cqforensics.errors import CQError, display, plural
 from cqforensics.findings import Finding
-from cqforensics.layout import STORAGE_KINDS, NodeDir, QueueDir, StorageKind, VhostDir, storage_kind, tree_bytes
+from cqforensics.layout import (STORAGE_KINDS, NodeDir, QueueDir, StorageKind, VhostDir, read_name_file, storage_kind,
+                                tree_bytes)
 from cqforensics.model import recovery, versions
 from cqforensics.model.bodies import Bodies
 from cqforensics.model.index import ID, IndexChunk, Records, iter_chunks
@@ -704,7 +705,7 @@ def name_from_metadata(v: VhostDir, meta: Metadata) -> dict[str, tuple[str, byte
         if q.name is not None:
             continue
         try:
-            raw = read_optional(q.path / ".queue_name", 1 << 20)
+            raw = read_name_file(q.path / ".queue_name", [], ".queue_name")
             qn = textfiles.parse_queue_name(raw, v.name_raw) if raw is not None else None
         except CQError:  # unreadable, not a regular file, or damaged: nothing to go by
             continue

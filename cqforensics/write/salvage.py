@@ -36,7 +36,7 @@ import numpy as np
 
 from cqforensics import exitcodes, fastpath, layout
 from cqforensics.codes import Fate, Location
-from cqforensics.errors import CQError, OperationalError, display, display_all, plural, queue_ref
+from cqforensics.errors import CQError, FormatError, OperationalError, display, display_all, plural, queue_ref
 from cqforensics.grammar import qi as c_qi
 from cqforensics.grammar import rdq as c_rdq
 from cqforensics.model.options import make_options
@@ -586,12 +586,18 @@ def rewrite_vhost(vs: VhostScan, out: Path, ctx: RewriteContext, extra: dict | N
     if not ctx.dry:
         (out / "queues").mkdir(parents=True)
         (out / "msg_store_transient").mkdir()
-    for name in (".vhost", ".config"):
-        # .vhost holds the name exactly: a damaged one is written afresh from the name the
-        # metadata gives the dir (copied as found only when no name is known)
-        raw = vh.name_raw if name == ".vhost" and vh.name_raw is not None else _read_small(vh.path / name)
-        if raw is not None:
-            _put_file(ctx, out / name, raw)
+    # .vhost holds the name exactly: a damaged one is written afresh from the name the metadata
+    # gives the dir; with no name known it is left out (the broker writes it when it recovers the
+    # vhost, rabbit_vhost:recover/1, and never reads it): a copy of damaged bytes is no name
+    if vh.name_raw is not None:
+        _put_file(ctx, out / ".vhost", vh.name_raw)
+    else:
+        ctx.result.notes.append(f"{display(node)}/{display(vhost_label)}: no name is known for vhost dir "
+                                f"{display(vh.dir_name)} (its .vhost names no vhost, nor does the metadata): "
+                                "written without .vhost, which the broker writes when it recovers the vhost")
+    raw = _read_small(vh.path / ".config")
+    if raw is not None:
+        _put_file(ctx, out / ".config", raw)
     ctx.repaired = {}
     ctx.reterm = Reterms()
     # rebuild: a queue dir renamed away from its queue's own dir (which is missing) is written
@@ -804,7 +810,12 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: RewriteContext,
                 ctx.lost.add(formats.NOT_REPRESENTABLE, place(), full, why)
                 _bump(qr.quarantined, formats.NOT_REPRESENTABLE)
                 return False, None
-            return True, formats.retarget_term(target, full, vhost_raw, msg_id if has_id[j] else None)
+            try:
+                return True, formats.retarget_or_damage(target, full, vhost_raw, msg_id if has_id[j] else None)
+            except FormatError as e:  # values the target's encoding cannot hold: damage, quarantined
+                ctx.lost.add("undecodable", place(), full, e.message)
+                _bump(qr.quarantined, "undecodable")
+                return False, None
 
         b = None
         keep = False
@@ -942,7 +953,12 @@ def _orphans_to_restore(vs: VhostScan, queue: bytes, ctx: RewriteContext, refs) 
             continue
         key = (int(st.e_file[e]), int(st.e_offset[e]), int(st.e_total[e]))
         if action != formats.KEEP:
-            ctx.reterm[key[0] * _KEY + key[1]] = (msg_id, formats.retarget_term(target, term, vhost_raw, msg_id))
+            try:
+                ctx.reterm[key[0] * _KEY + key[1]] = (msg_id, formats.retarget_or_damage(target, term, vhost_raw,
+                                                                                         msg_id))
+            except FormatError as e:
+                ctx.result.notes.append(f"orphan {msg_id.hex()} not restored into {queue!r}: {e.message}")
+                continue
         out.append((key, msg_id, size, path))
         rf.append(key[0])
         ro.append(key[1])
@@ -1084,26 +1100,36 @@ def write_lost_queue_dirs(out_node: Path, meta, model: BrokerModel, dry: bool = 
 
 
 
-def _vhosts_under_own_dirs(node, notes: list[str]) -> None:
+def _vhosts_under_own_dirs(node, notes: list[str], meta) -> None:
     """Name the vhost dirs of ``node`` (a layout.NodeDir, before it is scanned) renamed away from
     their own dir: the broker finds a vhost's store only under the dir its name gives (md5, base
     36), so a dir whose ``.vhost`` names another dir is read and written as that dir, named as
     ``.vhost`` holds it. One whose own dir is present too is left out, with a note: the broker
-    reads only that one."""
+    reads only that one.
+
+    A dir is renamed only when it is no vhost's own dir and its ``.vhost`` is a readable name
+    (``VhostDir.stored_name``: present, at most ``layout.NAME_FILE_LIMIT`` bytes) of a vhost the
+    metadata knows (``meta``; any name when the metadata is unreadable). A dir that is the own
+    dir of a vhost of the metadata holds that vhost, whatever its ``.vhost`` says: that file is
+    damaged (the broker writes it at every vhost recovery and never reads it,
+    rabbit_vhost:recover/1), and the writers write it afresh from the metadata's name."""
     from cqforensics import textfiles
 
+    known = set(meta.vhosts) | {vh for vh, _ in meta.queues} if meta.kind is not None else None
+    own_dirs = {textfiles.vhost_dir_name(n) for n in known or ()}
     taken = {v.dir_name for v in node.vhosts}
     for v in list(node.vhosts):
-        raw = _read_small(v.path / ".vhost") if v.name_raw is None else None
-        own = textfiles.vhost_dir_name(raw) if raw else v.dir_name
-        if own == v.dir_name:
+        raw = v.stored_name
+        if v.name_raw is not None or not raw or v.dir_name in own_dirs or (known is not None and raw not in known):
             continue
+        own = textfiles.vhost_dir_name(raw)
+        shown = display(raw[:200]) + ("..." if len(raw) > 200 else "")
         if own in taken:
             node.vhosts.remove(v)
-            notes.append(f"{display(node.node)}: vhost dir {display(v.dir_name)} holds .vhost {raw!r}, whose own "
+            notes.append(f"{display(node.node)}: vhost dir {display(v.dir_name)} holds .vhost {shown!r}, whose own "
                          f"dir {own} is present too (the broker reads only that one): not written")
             continue
-        notes.append(f"{display(node.node)}: vhost dir {display(v.dir_name)} holds .vhost {raw!r}, whose own "
+        notes.append(f"{display(node.node)}: vhost dir {display(v.dir_name)} holds .vhost {shown!r}, whose own "
                      f"dir {own} is missing: written back as {own}")
         taken.add(own)
         v.dir_name, v.name_raw, v.name = own, raw, raw.decode("utf-8", "replace")
@@ -1176,8 +1202,8 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
             for node in nodes:
                 options = make_options(broker_version=source_version, as_of=as_of_ms, bodies=False, decode=False,
                                        assume_dirty=command == "rebuild")
-                _vhosts_under_own_dirs(node, result.notes)
                 ns = NodeScan(node, options)
+                _vhosts_under_own_dirs(node, result.notes, ns.metadata)
                 versions.add(ns.model.label)
                 targets.add((ctx.target or ns.model).label)
                 out_node = staging.path / node.path.relative_to(src)

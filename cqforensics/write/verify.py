@@ -33,6 +33,11 @@ BREAKS = frozenset({"orphan-message", "duplicate-copy", "transient-dropped"})
 #: message the index holds twice (a copied slot: every entry still resolves, the message is
 #: delivered twice; the writers keep both copies as the source index holds them)
 CARRIED_OVER = frozenset({"term-file-damaged", "index-duplicate-entry"})
+#: a vhost dir's ``.vhost`` missing, damaged or naming another vhost: the broker never reads it (it
+#: writes it at every recovery of the vhost, rabbit_vhost:recover/1) and finds a vhost's store by
+#: its name's dir, so the next boot is the same; a dir under another name than its vhost's shows
+#: in its queues (``unknown-queue``). Writers leave the file out when no name is known for the dir.
+NAME_NOTES = frozenset({"missing-queue-name", "queue-dir-mismatch"})
 
 
 @dataclass
@@ -103,7 +108,8 @@ def verify(paths, broker_version: str | None = None, deep: bool = False,
                 if f.code in BREAKS and f.code != "transient-dropped" and f.file is not None \
                         and (allow_garbage or os.path.realpath(f.file) in allowed):
                     result.notes.append(f)
-                elif f.code in CARRIED_OVER or f.details.get("place") == "node":
+                elif f.code in CARRIED_OVER or f.details.get("place") == "node" or (
+                        f.code in NAME_NOTES and f.file is not None and os.path.basename(f.file) == ".vhost"):
                     result.notes.append(f)
                 elif f.severity != INFO or f.code in BREAKS:
                     result.violations.append(f)
