@@ -190,14 +190,14 @@ def test_sparse_rdq_is_walked_by_its_extents(tmp_path, capsys):
         pytest.skip("this file system does not make sparse files")
     from cqforensics.readers import rdq
 
-    t0 = time.monotonic()
     f = rdq.walk(big, 7)
     assert [h.kind for h in f.holes] == ["zeroed"] and f.holes[0].offset == len(src)
     assert len(f) == 2 * len(rdq.walk(store / "0.rdq", 0))
     rc, out, _ = run_cli(["dump", str(big)], capsys)
     assert rc == 0 and "zeroed" in out
     every_command(node, tmp_path, capsys, tables=("store", "holes", "files"))
-    assert time.monotonic() - t0 < 60
+    # not timed (a loaded CI machine took 72 s): tests/test_scale.py checks the bytes a read of a
+    # hole costs instead
 
 
 # -- 2. malformed but decodable terms ------------------------------------------------------------
