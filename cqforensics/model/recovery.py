@@ -348,20 +348,20 @@ def current_file(st) -> int | None:
 def recorded_at(st, ids: np.ndarray) -> np.ndarray:
     """Clean recovery: per id, what msg_store_index.ets records of it: an (n, 4) int64 array of
     (count, file, offset, total size), -1 where it records no such id (or no integer)."""
-    from cqforensics.model.store import IdSet
-
     cache = st.__dict__.setdefault("_broker_recorded", {})
     if "arrays" not in cache:
         recorded = recorded_index(st) or {}
         keys = np.frombuffer(b"".join(recorded), "V16") if recorded else np.zeros(0, "V16")
         values = np.array([[v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62 else -1
                             for v in rec] for rec in recorded.values()], np.int64).reshape(-1, 4)
-        found, _, firsts = IdSet.build(keys)
-        cache["arrays"] = (found, values[firsts])
-    found, values = cache["arrays"]
-    at = found.lookup(ids)
+        order = np.argsort(keys)  # distinct ids (dict keys): sorted bytewise
+        cache["arrays"] = (keys[order], values[order])
+    keys, values = cache["arrays"]
     out = np.full((len(ids), 4), -1, np.int64)
-    out[at >= 0] = values[at[at >= 0]]
+    if len(keys) and len(ids):
+        at = np.minimum(np.searchsorted(keys, ids), len(keys) - 1)
+        hit = keys[at] == ids
+        out[hit] = values[at[hit]]
     return out
 
 
