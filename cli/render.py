@@ -156,15 +156,20 @@ def fsck_text(report, out=None, show_all: bool = False) -> None:
             why = ", ".join(f"{k} {v}" for k, v in sorted(q.drops.items()))
             if q.crash:
                 why = f"CRASH ({q.crash}); " + why if why else f"CRASH ({q.crash})"
+            after = q.predicted_after_restart
+            if (q.predicted_min, q.predicted_max) != (after, after):  # the store may crash: bounds
+                after = f"{after} ({q.predicted_min}-{q.predicted_max})"
             rows.append({"vhost": q.vhost, "queue": q.queue, "messages": q.messages,
-                         "after restart": q.predicted_after_restart, "dropped": q.dropped, "why": why})
+                         "after restart": after, "dropped": q.dropped, "why": why})
         if rows:
             text_table(rows, ["vhost", "queue", "messages", "after restart", "dropped", "why"], out, max_width=70)
             out.write("\n")
     s = report.summary()
     c = s["findings"]
+    bounds = (f" (whatever the timing, at least {s['predicted_min']:,} and at most {s['predicted_max']:,}: see "
+              "store-crash)" if (s["predicted_min"], s["predicted_max"]) != (s["predicted_after_restart"],) * 2 else "")
     out.write(f"{plural(s['messages'], 'message')} in {plural(s['queues'], 'queue')}: "
-              f"{s['predicted_after_restart']:,} delivered after the next boot, {s['dropped']:,} dropped"
+              f"{s['predicted_after_restart']:,} delivered after the next boot{bounds}, {s['dropped']:,} dropped"
               + (f"; crashes: {', '.join(s['crashes'])}" if s["crashes"] else "") + "\n")
     if s["not_read"]:
         out.write(f"not read: {' and '.join(_kind(k).noun + 's' for k in s['not_read'])} (storage-not-read): "

@@ -57,6 +57,10 @@ CODES: dict[str, tuple[str, str]] = {
                                 "recovery.dets): the queue crashes at init and restarts, or never reads some messages"),
     "store-index-mismatch": (ERROR, "clean start: the trusted msg_store_index.ets lacks messages queues hold: "
                              "reading one crashes the queue (541), its restart drops them"),
+    "store-crash": (ERROR, "clean start: the vhost's message store can crash while it serves (a remove or read of a "
+                           "message its recorded index lacks or misplaces, its garbage collector, an ack repeated by a "
+                           "restarted queue); the vhost restarts, clean or dirty: the prediction is given as bounds (a "
+                           "warning when the crash depends on timing)"),
     "index-duplicate-entry": (WARNING, "two index entries of one queue (.qi slots or CQv1 records) hold the same "
                                        "seq id, message id or .qs location: one is a copy of the other"),
     "segment-misplaced": (WARNING, "an index segment holds the seq ids (or the messages) of another segment "

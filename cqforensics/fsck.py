@@ -85,6 +85,8 @@ class Report:
         counts = {s: sum(1 for f in self.findings if f.severity == s) for s in SEVERITY_RANK}
         return {"findings": counts, "queues": len(self.queues), "messages": sum(q.messages for q in self.queues),
                 "predicted_after_restart": sum(q.predicted_after_restart for q in self.queues),
+                "predicted_min": sum(q.predicted_min for q in self.queues),
+                "predicted_max": sum(q.predicted_max for q in self.queues),
                 "dropped": sum(q.dropped for q in self.queues),
                 "crashes": sorted({q.crash for q in self.queues if q.crash}),
                 "expired": sum(q.drops.get("expired", 0) for q in self.queues),

@@ -152,6 +152,7 @@ class QueueRow:
     dropped: int = 0
     reasons: Counter = field(default_factory=Counter)
     crash: str | None = None
+    bounds: tuple[int, int] | None = None  # (at least, at most) when the vhost's store can crash while serving
 
 
 @dataclass
@@ -223,6 +224,8 @@ def gather(paths, broker_version=None, as_of=None, vhosts=None, progress=None) -
     for q in report.queues:
         row = node(q.node).vhost(q.vhost).queues.setdefault(display(q.queue), QueueRow(display(q.queue)))
         row.crash = q.crash
+        if (q.predicted_min, q.predicted_max) != (q.predicted_after_restart,) * 2:
+            row.bounds = (q.predicted_min, q.predicted_max)
 
     def batches(table, columns):
         for b in api.iter_batches(paths, table, columns=columns, **opts):  # progress: one pass each
@@ -395,6 +398,9 @@ def _queue_section(v: Vhost) -> str:
             notes.append("name from " + ", ".join(sorted(str(s) for s in q.name_sources if s)))
         if q.crash:
             notes.append(f'<span class="crash">crash: {text(q.crash)}</span>')
+        if q.bounds is not None:
+            notes.append(f"delivers {num(q.bounds[0])} to {num(q.bounds[1])}, depending on timing: the vhost's message "
+                         "store can crash while it serves (store-crash)")
         versions = ", ".join(f"v{x}" for x in sorted(i for i in q.index_versions if i is not None))
         rows.append(f'<tr class="queue-row" data-queue="{text(q.queue)}"><td class="qname mono">{text(q.queue)}</td>'
                     f'<td>{text(versions)}{" · " + str(q.levels) + " levels" if q.levels > 1 else ""}</td>'

@@ -71,7 +71,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         _f("queue_dir", pa.string()), _f("name_source", pa.string()), _f("durable_known", pa.bool_()),
         _f("index_version", pa.int32()), _f("segments", pa.int32()), _f("messages", pa.int64()),
         _f("bytes", pa.int64()), _f("persistent", pa.int64()), _f("predicted_after_restart", pa.int64()),
-        _f("dropped", pa.int64()),
+        _f("predicted_min", pa.int64()), _f("predicted_max", pa.int64()), _f("dropped", pa.int64()),
     ]),
     "findings": pa.schema(WHERE + QUEUE + AT + [
         _f("code", pa.string(), False), _f("severity", pa.string(), False), _f("message", pa.string()),

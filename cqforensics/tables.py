@@ -25,6 +25,7 @@ from cqforensics.codes import (FATE_LABELS, LOCATION_LABELS, AckEvidence, Fate, 
 from cqforensics.codes import labels as code_labels
 from cqforensics.model.index import OFFSET_OUT_OF_RANGE, IndexChunk
 from cqforensics.model.options import DECODED_COLUMNS
+from cqforensics.model import recovery
 from cqforensics.model.recovery import Resolved
 from cqforensics.model.store import IdSet, distinct
 from cqforensics.model.vhost import VhostScan, passes
@@ -643,13 +644,18 @@ def queue_summaries(vs: VhostScan) -> Iterator[dict]:
     """Per queue dir: message counts and what the next boot does with them (summed share by
     share for a vhost read in shares)."""
     out = {q.dir_name: {"qdir": q, "version": q.index_version, "messages": 0, "bytes": 0, "persistent": 0,
-                        "kept": 0, "drops": {}, "segments": len(q.qi) + len(q.idx)} for q in vs.queue_dirs}
+                        "kept": 0, "min": 0, "max": 0, "drops": {}, "segments": len(q.qi) + len(q.idx)}
+           for q in vs.queue_dirs}
     for sub in each_share(vs):
         sub.lists_every_index()
         for qx in sub.live_chunks():  # (a pass in shares: from the vhost's one spill)
             s = out[qx.qdir.dir_name]
             r, live = qx.rec, qx.live
-            counts = np.bincount(sub.resolve(qx).fate, minlength=len(Fate))
+            res = sub.resolve(qx)
+            counts = np.bincount(res.fate, minlength=len(Fate))
+            lo, hi = recovery.delivery_bounds(sub, qx, res)
+            s["min"] += int(lo.sum())
+            s["max"] += int(hi.sum())
             s["messages"] += len(live)
             s["bytes"] += int(r.size[live].sum())
             s["persistent"] += int((r.persistent[live] == 1).sum())
@@ -671,7 +677,7 @@ def queues_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
                      "queue_dir": display(q.path), "name_source": q.name_source, "durable_known": vs.queue_known(q),
                      "index_version": s["version"], "segments": s["segments"], "messages": s["messages"],
                      "bytes": s["bytes"], "persistent": s["persistent"], "predicted_after_restart": s["kept"],
-                     "dropped": s["messages"] - s["kept"]})
+                     "predicted_min": s["min"], "predicted_max": s["max"], "dropped": s["messages"] - s["kept"]})
     if rows:
         yield pa.RecordBatch.from_pylist(rows, schema=SCHEMAS["queues"])
 

@@ -120,7 +120,8 @@ class VhostScan:
 
     #: facts about the whole vhost, whatever ``only`` and ``share`` say
     VHOST_WIDE = ("all_queue_dirs", "qs_files", "recovery", "crashing_queues", "clean_crashes", "shares",
-                  "spills", "_lost_on_read", "_queue_starts", "_clean_restarts")
+                  "spills", "_lost_on_read", "_queue_starts", "_clean_restarts", "_store_crash", "_double_acked",
+                  "_double_ackers", "start_crash")
     #: facts about the vhost's ids of one share (all of them, unshared): store indexes, references
     PER_SHARE = ("stores", "index_pass", "store_status")
 
@@ -453,6 +454,17 @@ class VhostScan:
     def recovery(self) -> str:
         """'clean' or 'dirty': how the next boot recovers this vhost (model.recovery.mode)."""
         return self.recovery_state[0]
+
+    @cached_property
+    def start_crash(self) -> str | None:
+        """"every" or "first": the vhost's message store crashes in its init at every start, or
+        at the first (model.recovery.start_crash); None when it starts."""
+        return recovery.start_crash(self)
+
+    @property
+    def store_crash(self) -> recovery.StoreCrash | None:
+        """What can crash the vhost's store while a clean start serves it (model.recovery.store_crash)."""
+        return recovery.store_crash(self)
 
     @cached_property
     def store_status(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
