@@ -69,6 +69,21 @@ CODES: dict[str, tuple[str, str]] = {
                                    "NUL bytes, unreadable terms or terms of another shape than its writer's"),
     "index-size-mismatch": (WARNING, "--deep: an index entry's size field is not the size of the body it "
                                      "refers to (a damaged size field, or body)"),
+    "osiris-bad-header": (ERROR, "a stream segment or index file has a missing or wrong header (OSIL/OSII version 1)"),
+    "osiris-index-torn": (WARNING, "a stream index file ends inside a 29-byte record; the next boot ignores the partial record"),
+    "osiris-chunk-torn": (ERROR, "a stream segment ends inside a chunk (a torn last write): the next boot cuts it, no consumer is served it"),
+    "osiris-trailing-bytes": (INFO, "zero bytes after the last chunk of a stream segment; the next boot truncates them"),
+    "osiris-chunk-bad-header": (ERROR, "bytes that are no chunk header where a stream chunk should start (or an unknown chunk type): readers stop there"),
+    "osiris-chunk-crc": (ERROR, "a stream chunk fails its CRC-32: whether it is served depends on the version and the protocol (see docs/streams.md)"),
+    "osiris-entry-bad": (ERROR, "the entries of a stream chunk do not frame (lengths, record counts) or a sub-batch does not decompress"),
+    "osiris-tracking-bad": (ERROR, "the tracking data of a stream chunk (trailer, delta or snapshot) does not parse"),
+    "osiris-segment-missing": (ERROR, "a stream index file without its segment: its chunks are gone"),
+    "osiris-index-missing": (ERROR, "a stream segment without its index file: the next boot deletes the segment (osiris 1.8+) or, the only index missing, starts the stream empty"),
+    "osiris-chunk-id-gap": (ERROR, "a stream chunk's id is not the offset the previous chunk ends at: readers stop at the gap"),
+    "osiris-index-mismatch": (WARNING, "a stream index and its segment are out of step (a record naming no chunk, differing ids, chunks the index does not list, zero records)"),
+    "stream-retention": (INFO, "a stream starts above offset 0: the offsets below were deleted (retention or by hand)"),
+    "stream-boot-loss": (ERROR, "what the named broker version's next boot of a stream deletes or cuts (chunks after the last valid indexed chunk, a segment, the whole stream)"),
+    "stream-not-served": (WARNING, "stream records on disk that a consumer of the named version is not served (a compressed sub-batch over AMQP 0-9-1, the chunks after a CRC failure that ends a 0-9-1 consumer's channel)"),
     "message-copies-differ": (WARNING, "two copies of one message embedded in CQv1 indexes (one message id routed "
                                        "to two queues) hold different bytes: one is damaged"),
 }

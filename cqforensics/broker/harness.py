@@ -7,8 +7,9 @@ A broker lives in a *run dir*::
 
 It listens on 127.0.0.1 only, with its own AMQP, distribution and epmd ports, so several
 brokers (of different versions) can run at once. ``plugins`` enables the protocol plugins the
-broker packages ship (``rabbitmq_mqtt``, ``rabbitmq_stomp``), each on its own 127.0.0.1 port
-(``mqtt_port``, ``stomp_port``). A node dir installed with ``install_node`` that a 4.x broker wrote
+broker packages ship (``rabbitmq_mqtt``, ``rabbitmq_stomp``, ``rabbitmq_stream``), each on its own
+127.0.0.1 port (``mqtt_port``, ``stomp_port``, ``stream_port``; the stream plugin advertises that
+address to its clients). A node dir installed with ``install_node`` that a 4.x broker wrote
 with the MQTT plugin (its feature-flag file lists the plugin's flags) gets that plugin enabled
 too: its ``#mc{mc_mqtt}`` messages can be converted for delivery only when the plugin is loaded. Versions running in a chroot see the run dir
 at the same absolute path through a bind mount. When we are root the broker runs as the
@@ -40,7 +41,8 @@ NODENAME = "rabbit@localhost"
 STARTING = 30.0  # seconds a rabbitmqctl command waits for a node finishing its boot
 
 #: protocol plugins the harness knows how to configure (listener setting of each)
-PLUGIN_LISTENERS = {"rabbitmq_mqtt": "mqtt.listeners.tcp.default", "rabbitmq_stomp": "stomp.listeners.tcp.1"}
+PLUGIN_LISTENERS = {"rabbitmq_mqtt": "mqtt.listeners.tcp.default", "rabbitmq_stomp": "stomp.listeners.tcp.1",
+                    "rabbitmq_stream": "stream.listeners.tcp.1"}
 #: feature flags that only a node running the plugin enables (rabbit_mqtt_ff, 3.13+); a node dir
 #: whose feature-flag file lists one of them was written with the plugin and needs it to deliver
 PLUGIN_FEATURE_FLAGS = {"rabbitmq_mqtt": ("mqtt_v5", "rabbit_mqtt_qos0_queue", "delete_ra_cluster_mqtt_node")}
@@ -101,7 +103,7 @@ class Broker:
         self.run_dir = Path(run_dir).absolute()
         self.nodename = nodename
         self.port, self.dist_port, self.epmd_port = free_port(), free_port(), free_port()
-        self.mqtt_port, self.stomp_port = free_port(), free_port()
+        self.mqtt_port, self.stomp_port, self.stream_port = free_port(), free_port(), free_port()
         unknown = sorted(set(plugins) - set(PLUGIN_LISTENERS))
         if unknown:
             raise BrokerError(f"unsupported plugin(s) {', '.join(unknown)}; known: {', '.join(PLUGIN_LISTENERS)}")
@@ -122,11 +124,18 @@ class Broker:
                 "loopback_users = none\n"
                 "log.console = false\n"
                 "log.file.level = info\n")
-        ports = {"rabbitmq_mqtt": self.mqtt_port, "rabbitmq_stomp": self.stomp_port}
+        ports = self.plugin_ports
         for plugin in self.plugins:
             conf += f"{PLUGIN_LISTENERS[plugin]} = 127.0.0.1:{ports[plugin]}\n"
+        if "rabbitmq_stream" in self.plugins:  # a stream client connects to the host and port the broker advertises
+            conf += f"stream.advertised_host = 127.0.0.1\nstream.advertised_port = {self.stream_port}\n"
         (self.run_dir / "rabbitmq.conf").write_text(conf)
         (self.run_dir / "enabled_plugins").write_text(f"[{','.join(self.plugins)}].\n")
+
+    @property
+    def plugin_ports(self) -> dict[str, int]:
+        """The 127.0.0.1 port of each protocol plugin's listener."""
+        return {"rabbitmq_mqtt": self.mqtt_port, "rabbitmq_stomp": self.stomp_port, "rabbitmq_stream": self.stream_port}
 
     def enable_plugins(self, *plugins: str) -> None:
         """Enable more protocol plugins (before ``start``)."""
@@ -263,7 +272,7 @@ class Broker:
                     return False
         except OSError:
             return False
-        ports = {"rabbitmq_mqtt": self.mqtt_port, "rabbitmq_stomp": self.stomp_port}
+        ports = self.plugin_ports
         for plugin in self.plugins:  # and every enabled protocol plugin accepts connections
             try:
                 socket.create_connection(("127.0.0.1", ports[plugin]), timeout=0.5).close()
