@@ -471,3 +471,46 @@ def decode_stored(raw) -> dict:
     except (TypeError, ValueError, IndexError, KeyError, AttributeError, RecursionError, OverflowError) as e:
         # a decodable term of a shape no broker writes (e.g. a list where a binary belongs)
         raise FormatError(f"malformed stored term ({type(e).__name__}: {str(e)[:120]})") from None
+
+
+# -- stream entries (osiris records: a whole AMQP 1.0 message) ----------------------------------------
+
+
+def decode_amqp10_entry(raw: bytes) -> dict:
+    """A stream record (the AMQP 1.0 message bytes osiris stores) -> ``FIELDS`` as an AMQP 0-9-1
+    consumer of the broker sees them: exchange and routing key from the message annotations
+    ``x-exchange`` / ``x-routing-key`` (absent: ``""`` and the queue's name, filled by the
+    caller), AMQP 1.0 properties mapped as for ``#mc{mc_amqp}``, application properties as
+    headers, the body of the data sections. Raises FormatError on bytes that are no message."""
+    secs = amqp10.sections(raw)
+    header, anns = None, {}
+    bare_start = None
+    for code, val, start, _end in secs:
+        if code == amqp10.HEADER:
+            header = amqp10.fields(val, amqp10.HEADER_FIELDS)
+        elif code == amqp10.MESSAGE_ANNOTATIONS:
+            anns = {str(amqp10.plain(k) if not isinstance(amqp10.plain(k), bytes) else amqp10.plain(k).decode(
+                "utf-8", "replace")): v for k, v in (val.get("value") or [])} if isinstance(val, dict) else {}
+        elif code not in (amqp10.DELIVERY_ANNOTATIONS,) and bare_start is None:
+            bare_start = start
+    detail, headers, p10, body = _amqp10_bare(bytes(raw[bare_start:]) if bare_start is not None else b"", None)
+    plain_anns = {k: amqp10.plain(v) for k, v in anns.items()}
+    exchange = plain_anns.pop("x-exchange", None)
+    rk = plain_anns.pop("x-routing-key", None)
+    meta = {}
+    if header:
+        durable = amqp10.plain(header.get("durable")) if header.get("durable") else None
+        if durable is False:
+            meta["d"] = "false"
+        prio = amqp10.plain(header.get("priority")) if header.get("priority") else None
+        if isinstance(prio, int):
+            meta["p"] = prio
+    props, created = _amqp10_props(p10, meta)
+    detail["message_annotations"] = {k: v for k, v in anns.items()}
+    if header:
+        detail["header"] = header
+    text = lambda v: v.decode("utf-8", "replace") if isinstance(v, bytes) else (None if v is None else str(v))  # noqa: E731
+    return {"msg_id": None, "persistent": props["delivery_mode"] == 2, "exchange": text(exchange),
+            "routing_keys": [text(rk)] if rk is not None else [], "properties": props, "timestamp_ms": created,
+            "headers": headers, "annotations": _annotations_json({}, {"amqp10": detail}), "body": body,
+            "term_format": "amqp10"}

@@ -31,7 +31,7 @@ from cqforensics.model.vhost import VhostScan, passes
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers import registry
-from cqforensics.schema import SCHEMAS, STRINGS, TS_MAX_US, TS_MIN_US, binary_array, fit_array, fit_struct
+from cqforensics.schema import SCHEMAS, STRINGS, TS, TS_MAX_US, TS_MIN_US, binary_array, fit_array, fit_struct, fits
 
 TS = pa.timestamp("us", tz="UTC")
 
@@ -129,10 +129,15 @@ def names_array(names, index: np.ndarray, null: np.ndarray | None = None) -> pa.
 
 
 def batch(table: str, columns: dict) -> pa.RecordBatch:
+    """A batch of ``table`` from its columns; a classic queue's builder leaves out the columns
+    of other queue types (``queue_type`` is then ``classic``, the others null)."""
     sch = SCHEMAS[table]
     arrays = []
+    n = len(next(iter(columns.values()))) if columns else 0
     for f in sch:
-        col = columns[f.name]
+        col = columns.get(f.name)
+        if col is None and f.name not in columns:
+            col = repeat("classic", n) if f.name == "queue_type" else pa.nulls(n, f.type)
         arrays.append(col if isinstance(col, pa.Array) else pa.array(col, f.type))
     return pa.RecordBatch.from_arrays(arrays, schema=sch)
 
@@ -620,7 +625,7 @@ def _messages_batch(vs: VhostScan, pieces: list[tuple], node: str, vhost: str | 
         "drop_reason": names_array(FATE_LABELS[1:], fate - 1, fate == Fate.DELIVERED),
         **_arrays(dec),
     }
-    return pa.RecordBatch.from_arrays([cols[f.name] for f in sch], schema=sch)
+    return batch("messages", cols)
 
 
 # -- queues / files / findings ---------------------------------------------------------------------
@@ -668,7 +673,7 @@ def queues_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
                      "queue_dir": display(q.path), "name_source": q.name_source, "durable_known": vs.queue_known(q),
                      "index_version": s["version"], "segments": s["segments"], "messages": s["messages"],
                      "bytes": s["bytes"], "persistent": s["persistent"], "predicted_after_restart": s["kept"],
-                     "dropped": s["messages"] - s["kept"]})
+                     "dropped": s["messages"] - s["kept"], "queue_type": "classic"})
     if rows:
         yield pa.RecordBatch.from_pylist(rows, schema=SCHEMAS["queues"])
 
@@ -803,3 +808,137 @@ BUILDERS = {
     "findings": findings_batches,
 }
 BUILDERS = {name: in_shares(build) if name in INDEXED_TABLES else build for name, build in BUILDERS.items()}
+
+
+# -- streams: rows of the node's stream dirs, with the vhost that owns them ---------------------------
+
+
+def vhost_streams(vs: VhostScan) -> list:
+    """The streams of ``vs``'s vhost (``model.vhost.stream_entries``), read once per node; a
+    stream no durable queue derives its dir name from goes with the vhost ``/`` (its owner is
+    unknown: ``queue`` is the dir name). None for a share or a restricted unit of a read (the
+    stream rows come with the whole vhost, once)."""
+    if vs.only is not None or getattr(vs, "share", None) is not None:
+        return []
+    vhost = vs.vhost.name
+    return [e for e in vs.node.streams if e.vhost == vhost or (e.vhost is None and vhost == "/")]
+
+
+def stream_message_rows(vs: VhostScan, e) -> pa.RecordBatch | None:
+    from cqforensics.message import decode_amqp10_entry
+
+    node, vhost = _where(vs)
+    rows = []
+    served = e.fate.served_amqp091
+    kept = e.fate.kept
+    for r in e.scan.records:
+        c = r.chunk
+        row = {"node": node, "vhost": vhost, "queue": e.label, "file": display(c.file), "offset": r.entry_pos,
+               "size": None if r.body is None else len(r.body), "queue_type": "stream", "stream_offset": r.offset,
+               "chunk_id": c.chunk_id, "epoch": c.epoch, "persistent": True, "location": "stream",
+               "term_format": "amqp10", "index_version": None}
+        ts_us = c.timestamp * 1000
+        row["chunk_timestamp"] = ts_us if fits(ts_us, TS) else None
+        if r.body is None:
+            row["decode_error"] = r.error
+        else:
+            try:
+                d = decode_amqp10_entry(r.body)
+                props = d["properties"]
+                if props.get("timestamp") is not None:
+                    props["timestamp"] = props["timestamp"] * 1_000_000
+                fit_struct(props, _PROP_TYPE)
+                row.update(exchange=d["exchange"] if d["exchange"] is not None else "",
+                           routing_keys=d["routing_keys"] or [e.label], properties=props, headers=d["headers"],
+                           annotations=d["annotations"], body=d["body"] if vs.options.bodies else None,
+                           body_size=len(d["body"]), persistent=d["persistent"])
+            except FormatError as err:
+                row["decode_error"] = f"not an AMQP 1.0 message: {err.message}"
+        alive = (c.file, c.pos) in kept
+        row["survives_restart"] = alive
+        row["drop_reason"] = None if alive else "stream_chunk_cut"
+        if alive and c.chunk_type == 0 and r.offset not in served and e.fate.outcome == "ok":
+            row["drop_reason"] = "stream_not_served_amqp091"
+        rows.append(row)
+    return pa.RecordBatch.from_pylist(rows, schema=SCHEMAS["messages"]) if rows else None
+
+
+def stream_queue_row(vs: VhostScan, e) -> dict:
+    node, vhost = _where(vs)
+    user = [r for r in e.scan.records]
+    kept = sum(1 for r in user if (r.chunk.file, r.chunk.pos) in e.fate.kept)
+    return {"node": node, "vhost": vhost, "queue": e.label, "queue_dir": display(e.path), "name_source": e.name_source,
+            "durable_known": e.name_source == "metadata", "segments": len(e.scan.segments), "messages": len(user),
+            "bytes": sum(len(r.body) for r in user if r.body is not None), "persistent": len(user),
+            "predicted_after_restart": kept, "dropped": len(user) - kept, "queue_type": "stream"}
+
+
+def stream_tracking_rows(vs: VhostScan, e) -> list[dict]:
+    """Every tracking block, and which one per (kind, reference) the next boot holds: osiris
+    recover_tracking/1 replays only the last segment the boot keeps (a snapshot resets)."""
+    node, vhost = _where(vs)
+    kept_files = {f for f, _ in e.fate.kept}
+    last_file = max(kept_files) if kept_files else None
+    current = {}
+    for k, t in enumerate(e.scan.tracking):
+        if t.file != last_file or (t.file, t.pos) not in e.fate.kept:
+            continue
+        if t.source == "snapshot" and (k == 0 or e.scan.tracking[k - 1].pos != t.pos):
+            current = {}  # osiris_tracking:init/2: a snapshot replaces the state
+        current[(t.kind, t.reference)] = k
+    held = set(current.values())
+    return [{"node": node, "vhost": vhost, "queue": e.label, "file": display(t.file), "offset": t.pos,
+             "chunk_id": t.chunk_id if t.source != "snapshot" else None, "source": t.source, "kind": t.kind,
+             "reference": t.reference.decode("utf-8", "replace"), "value": t.value if fits(t.value, pa.int64()) else None,
+             "sequence_chunk_id": t.chunk_id if t.kind == "sequence" else None, "current": k in held}
+            for k, t in enumerate(e.scan.tracking)]
+
+
+def stream_findings(vs: VhostScan, e) -> list[Finding]:
+    node, vhost = _where(vs)
+    out = [f.scoped(node=node, vhost=vhost, queue=e.label) for f in e.scan.findings]
+    fate = e.fate
+    model = vs.node.model
+    if fate.outcome != "ok" or fate.cut:
+        out.append(Finding("stream-boot-loss", f"{model.label}: {fate.why}", display(e.path), None, node=node,
+                           vhost=vhost, queue=e.label, details={"outcome": fate.outcome, "cut_chunks": len(fate.cut or [])}))
+    user = [r for r in e.scan.records if (r.chunk.file, r.chunk.pos) in fate.kept]
+    missed = [r.offset for r in user if r.offset not in fate.served_amqp091]
+    if fate.outcome == "ok" and missed:
+        why = (f"an AMQP 0-9-1 consumer's channel fails at chunk {fate.amqp091_stops_at}"
+               if fate.amqp091_stops_at is not None else "compressed sub-batches are skipped")
+        out.append(Finding("stream-not-served", f"{model.label}: {len(missed)} record(s) on disk are not served to an "
+                           f"AMQP 0-9-1 consumer from first ({why})", display(e.path), None, node=node, vhost=vhost,
+                           queue=e.label, details={"first": missed[0], "count": len(missed)}))
+    return out
+
+
+def with_streams(table: str, build):
+    def run(vs: VhostScan) -> Iterator[pa.RecordBatch]:
+        yield from build(vs)
+        for e in vhost_streams(vs):
+            if table == "messages":
+                b = stream_message_rows(vs, e)
+                if b is not None:
+                    yield b
+            elif table == "queues":
+                yield pa.RecordBatch.from_pylist([stream_queue_row(vs, e)], schema=SCHEMAS["queues"])
+            elif table == "findings":
+                fs = stream_findings(vs, e)
+                if fs:
+                    yield findings_batch(fs)
+            elif table == "stream_tracking":
+                rows = stream_tracking_rows(vs, e)
+                if rows:
+                    yield pa.RecordBatch.from_pylist(rows, schema=SCHEMAS["stream_tracking"])
+    run.__name__ = run.__qualname__ = getattr(build, "__name__", table)
+    return run
+
+
+def _no_rows(vs: VhostScan) -> Iterator[pa.RecordBatch]:
+    return iter(())
+
+
+BUILDERS["stream_tracking"] = _no_rows
+BUILDERS = {name: with_streams(name, build) if name in ("messages", "queues", "findings", "stream_tracking")
+            else build for name, build in BUILDERS.items()}

@@ -58,6 +58,13 @@ DATASETS = {
     "4.0.5-proto-kill": ("4.0.5", "kill", "protocols"),
     "4.3.6-proto-clean": ("4.3.6", "clean", "protocols"),
     "4.3.6-proto-kill": ("4.3.6", "kill", "protocols"),
+    # streams over AMQP 0-9-1, AMQP 1.0 (4.x) and the stream protocol (committed as an archive)
+    "3.10.8-streams-clean": ("3.10.8", "clean", "streams"),
+    "3.10.8-streams-kill": ("3.10.8", "kill", "streams"),
+    "4.0.5-streams-clean": ("4.0.5", "clean", "streams"),
+    "4.0.5-streams-kill": ("4.0.5", "kill", "streams"),
+    "4.3.6-streams-clean": ("4.3.6", "clean", "streams"),
+    "4.3.6-streams-kill": ("4.3.6", "kill", "streams"),
 }
 #: rabbit application settings per profile (advanced.config)
 SETTINGS = {
@@ -67,12 +74,13 @@ SETTINGS = {
     # 32-entry index segments (v1 via the vhost's .config, v2 via the app env)
     "segments": {"queue_index_segment_entry_count": 32, "classic_queue_index_v2_segment_entry_count": 32},
     "protocols": {},
+    "streams": {},
 }
 #: protocol plugins enabled per profile (a broker booting such a sample needs them: manifest "plugins")
-PLUGINS = {"protocols": ["rabbitmq_mqtt", "rabbitmq_stomp"]}
+PLUGINS = {"protocols": ["rabbitmq_mqtt", "rabbitmq_stomp"], "streams": ["rabbitmq_stream"]}
 #: profiles committed as ``<dataset>/rabbit.tar.gz`` + ``manifest.json.gz`` (unpacked by the tests
 #: into the gitignored ``<dataset>/mnesia/``) instead of an unpacked node dir
-ARCHIVED = {"protocols"}
+ARCHIVED = {"protocols", "streams"}
 ARCHIVE = "rabbit.tar.gz"
 QUEUE_TTL_MS = 4000
 
@@ -549,6 +557,8 @@ def now_ms() -> int:
 
 def generate(name: str, out: Path, work: Path) -> dict:
     version, stop, profile = DATASETS[name]
+    if profile == "streams":
+        return generate_streams(name, out, work)
     adv = advanced_config(SETTINGS[profile])
     run = work / name
     shutil.rmtree(run, ignore_errors=True)
@@ -611,6 +621,50 @@ def generate(name: str, out: Path, work: Path) -> dict:
         (dest / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
     total = sum(len(q["messages"]) for q in queues)
     print(f"{name}: {len(queues)} queues, {total} messages delivered after restart "
+          f"({time.monotonic() - t0:.0f}s)", file=sys.stderr)
+    return manifest
+
+
+def generate_streams(name: str, out: Path, work: Path) -> dict:
+    """A ``streams`` dataset: the workload of ``cqforensics.broker.streams`` (a stream and a
+    classic queue fed by one topic exchange over AMQP 0-9-1, the stream protocol with
+    sub-batches of every compression, a named consumer's stored offsets, a publisher's sequence,
+    AMQP 1.0 on 4.x), stopped cleanly or killed; the ground truth is read from the broker
+    restarted on the original dir: every record served from ``first`` over the stream protocol
+    and over AMQP 0-9-1, the tracking it reports, and the classic queue drained."""
+    from cqforensics.broker import streams
+    from cqforensics.broker.clients import drain_091
+
+    version, stop, profile = DATASETS[name]
+    run = work / name
+    shutil.rmtree(run, ignore_errors=True)
+    dest = out / name
+    with Broker(version, run, plugins=PLUGINS[profile]) as b:
+        t0 = time.monotonic()
+        b.start()
+        sent = streams.write(b, amqp10=not version.startswith("3."))
+        b.wait_durable(streams.STREAM, streams.CLASSIC)
+        stopped_at = now_ms()
+        b.stop() if stop == "clean" else b.kill()
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        shutil.copytree(b.mnesia_base, dest / "mnesia", symlinks=True)
+        b.start()
+        restarted_at = now_ms()
+        truth = streams.ground_truth(b)
+        conn = pika.BlockingConnection(pika.URLParameters(b.url))
+        classic = drain_091(conn.channel(), streams.CLASSIC)
+        conn.close()
+        b.stop()
+        manifest = {"dataset": name, "broker": package_versions(b), "stop": stop, "node": b.nodename,
+                    "node_dir": f"mnesia/{b.nodename}", "profile": profile, "settings": SETTINGS[profile],
+                    "plugins": PLUGINS[profile], "stopped_at_ms": stopped_at, "restarted_at_ms": restarted_at,
+                    "vhosts": ["/"], "sent": sent, "streams": [truth],
+                    "queues": [{"vhost": "/", "name": streams.CLASSIC, "messages": classic}]}
+    _clean_snapshot(dest / "mnesia")
+    _archive(dest, manifest)
+    print(f"{name}: {len(truth['served_amqp091']['messages'])} served over AMQP 0-9-1, "
+          f"{len(truth['served_stream_protocol']['records'])} over the stream protocol "
           f"({time.monotonic() - t0:.0f}s)", file=sys.stderr)
     return manifest
 

@@ -606,3 +606,129 @@ FINDING_OF_FATE = {
     Fate.VHOST_CRASH: "boot-crash", Fate.NOT_IN_RECOVERY_TERMS: "recovery-terms-mismatch",
     Fate.NOT_IN_STORE_INDEX: "store-index-mismatch",
 }
+
+
+# -- streams (osiris): the writer's next boot and what each reader serves ----------------------------
+#
+# docs/formats/streams.md sections 6 and 7. A stream's fate is per chunk, not per message: the
+# boot (osiris_log:init/2 -> maybe_fix_corrupted_files/1, first_and_last_seginfos/1) keeps or cuts
+# chunks; a reader then follows chunk ids from the first chunk; an AMQP 0-9-1 consumer of some
+# versions stops at a bad CRC or a compressed sub-batch (the version's BrokerModel says which).
+
+
+@dataclass
+class StreamFate:
+    """What the next boot of ``model`` keeps of a stream, and what its consumers are served."""
+
+    outcome: str  # "ok", "empty" (restarts empty at offset 0), "fails" (the stream does not start)
+    why: str
+    kept: set  # (file, pos) of the chunks the boot keeps
+    served: list  # chunks a stream-protocol consumer from `first` is served, in order
+    served_amqp091: set  # offsets an AMQP 0-9-1 consumer from `first` is served
+    amqp091_stops_at: int | None = None  # the chunk id whose read ends a 0-9-1 consumer's channel
+    cut: list = None  # chunks on disk the boot cuts off (file, pos, chunk id)
+
+
+def _valid_on_disk(seg, pos: int) -> bool:
+    """osiris is_valid_chunk_on_disk/2: a chunk header at ``pos`` whose data CRC matches."""
+    for c in seg.chunks:
+        if c.pos == pos:
+            return c.valid
+    return False
+
+
+def stream_fate(scan, model: BrokerModel) -> StreamFate:
+    """The fate of every chunk of a ``readers.osiris.StreamScan`` at the next boot of ``model``,
+    and what a consumer from offset ``first`` is served over the stream protocol and AMQP 0-9-1."""
+    from cqforensics.grammar import osiris as g
+
+    pairs = [(stem, seg, idx) for stem, seg, idx in scan.pairs]
+    indexed = [(stem, seg, idx) for stem, seg, idx in pairs if idx is not None]
+    if not indexed:
+        cut = [(c.file, c.pos, c.chunk_id) for c in scan.chunks]
+        return StreamFate("empty", "no index file: osiris_log:init/2 opens a new segment 0 (truncating it) and the "
+                          "stream restarts empty", set(), [], set(), cut=cut)
+    # maybe_fix_corrupted_files: only the last pair is checked
+    while indexed:
+        stem, seg_path, idx_path = indexed[-1]
+        seg = scan.segments.get(stem)
+        if seg_path is None:
+            if len(indexed) == 1:  # file_size_or_zero: an empty segment; 1.3.1 crashes
+                if model.stream_missing_last_segment == "fails":
+                    return StreamFate("fails", f"{stem}.segment is missing: osiris 1.3.1 throws missing_file and the "
+                                      "stream does not start", set(), [], set(), cut=[])
+                return StreamFate("empty", f"the only segment {stem}.segment is missing: the stream restarts empty",
+                                  set(), [], set(), cut=[(c.file, c.pos, c.chunk_id) for c in scan.chunks])
+            if model.stream_missing_last_segment == "fails":
+                return StreamFate("fails", f"the last segment {stem}.segment is missing: osiris 1.3.1 throws "
+                                  "missing_file and the stream does not start", set(), [], set(), cut=[])
+            indexed = indexed[:-1]  # its index is deleted
+            continue
+        if len(indexed) > 1 and seg.size <= g.CHUNK_HEADER_SIZE:
+            indexed = indexed[:-1]  # an empty last segment: deleted with its index
+            continue
+        break
+    stem, seg_path, idx_path = indexed[-1]
+    seg, idx = scan.segments[stem], scan.indexes[stem]
+    # truncate_invalid_idx_records: from the end, the last record naming a valid chunk
+    last_pos = None
+    for r in idx.records[::-1]:
+        if not any(r.tobytes()):
+            continue
+        pos = int(r["file_pos"])
+        if pos < seg.size and _valid_on_disk(seg, pos):
+            last_pos = pos
+            break
+    kept, cut = set(), []
+    last_stems = {stem}
+    for s, _, i in indexed:
+        sg = scan.segments.get(s)
+        if sg is None:
+            continue
+        for c in sg.chunks:
+            if s in last_stems and (last_pos is None or c.pos > last_pos):
+                cut.append((c.file, c.pos, c.chunk_id))
+            else:
+                kept.add((c.file, c.pos))
+    for s, sg_path, i in pairs:  # segments without index, or whose index the boot deleted: never read
+        if s not in {x[0] for x in indexed} and s in scan.segments:
+            cut += [(c.file, c.pos, c.chunk_id) for c in scan.segments[s].chunks]
+    # a reader from `first`: the first index's first record, then chunk after chunk by id
+    served, expected = [], None
+    order = [c for s, _, _ in indexed for c in scan.segments.get(s, _EMPTY).chunks if (c.file, c.pos) in kept]
+    for c in order:
+        if expected is not None and c.chunk_id != expected:
+            break
+        served.append(c)
+        expected = c.chunk_id + c.num_records
+    served_091, stops = set(), None
+    recs_by_chunk: dict = {}
+    for r in scan.records:
+        recs_by_chunk.setdefault((r.chunk.file, r.chunk.pos), []).append(r)
+    for c in served:
+        if c.chunk_type != g.CHNK_USER:
+            continue
+        if not c.crc_ok and (model.stream_amqp091_crc == "every_chunk"
+                             or (model.stream_amqp091_crc == "single_entry_chunks" and c.num_entries == 1)):
+            stops = c.chunk_id
+            break
+        crash = False
+        for r in recs_by_chunk.get((c.file, c.pos), []):
+            if r.sub_batch and r.compression != "none":
+                if model.stream_amqp091_compressed == "crash":
+                    crash = True
+                    break
+                continue
+            served_091.add(r.offset)
+        if crash:
+            stops = c.chunk_id
+            break
+    why = "kept" if not cut else f"the boot cuts {len(cut)} chunk(s) after the last valid indexed chunk"
+    return StreamFate("ok", why, kept, served, served_091, stops, cut)
+
+
+class _NoChunks:
+    chunks: list = []
+
+
+_EMPTY = _NoChunks()

@@ -151,6 +151,29 @@ class BrokerModel:
         """A v2 index with no segment recorded starts its queue at next_seq_id (else at 0)."""
         return self._answer("empty_index_bounds_at_next_seq_id")
 
+    @property
+    def stream_amqp091_crc(self) -> str:
+        """Which stream chunks an AMQP 0-9-1 consumer's read checks the CRC of: ``every_chunk``
+        (a bad one ends the consumer's channel), ``single_entry_chunks`` (only chunks of one
+        entry: the read with a credit reads a chunk whole only then) or ``none``."""
+        return self._answer("stream_amqp091_crc")
+
+    @property
+    def stream_amqp091_compressed(self) -> str:
+        """What an AMQP 0-9-1 consumer does at a compressed sub-batch: ``crash`` or ``skip``."""
+        return self._answer("stream_amqp091_compressed")
+
+    @property
+    def stream_missing_last_segment(self) -> str:
+        """The next boot of a stream whose last index has no segment: ``fails`` (the stream does
+        not start) or ``index_deleted`` (the index is deleted and the previous pair is last)."""
+        return self._answer("stream_missing_last_segment")
+
+    @property
+    def stream_deletes_orphan_segments(self) -> bool:
+        """The next boot deletes segments whose index is missing (osiris orphaned_segments/1)."""
+        return self._answer("stream_deletes_orphan_segments")
+
     def __str__(self) -> str:
         return self.label
 
@@ -285,6 +308,30 @@ BEHAVIOURS: dict[str, tuple[dict[str, object], str]] = {
          "4.0": False, "4.1": False, "4.2": True, "4.3": True},
         "rabbit_classic_queue_index_v2:bounds/2 (v4.2.0: NextSeqIdHint) returns {Hint, Hint} for an "
         "index without segments; bounds/1 (v3.10.0 - v4.1.x) returns {0, 0}"),
+    "stream_amqp091_crc": (
+        {"3.10": "every_chunk", "3.11": "every_chunk", "3.12": "every_chunk", "3.13.0": "every_chunk",
+         "3.13.1+": "every_chunk", "4.0": "single_entry_chunks", "4.1": "single_entry_chunks", "4.2": "none",
+         "4.3": "none"},
+        "deps/rabbit/src/rabbit_stream_queue.erl: osiris_log:read_chunk_parsed/1 up to v3.13.7 (osiris 1.3.1 "
+        "read_chunk_parsed/2 and 1.7.2/1.8.3 chunk_iterator(_, all) call validate_crc/3: exit "
+        "crc_validation_failure); osiris_log:chunk_iterator(Log, Credit) from v4.0.0, whose iter_read_ahead/7 "
+        "validates only when Credit == all or NumEntries == 1 in osiris 1.8.5/1.8.8 (4.0, 4.1) and never in "
+        "1.10.2 (4.2) and 1.13.1 (4.3, read from the shipped beams)"),
+    "stream_amqp091_compressed": (
+        {"3.10": "crash", "3.11": "crash", "3.12": "crash", "3.13.0": "crash", "3.13.1+": "crash",
+         "4.0": "skip", "4.1": "skip", "4.2": "skip", "4.3": "skip"},
+        "rabbit_stream_queue.erl: v4.0.0+ stream_entries/4 'Skip compressed sub batch'; up to v3.13.7 "
+        "read_chunk_parsed returns {batch, ...} unparsed and binary_to_msg/2 cannot decode it"),
+    "stream_missing_last_segment": (
+        {"3.10": "fails", "3.11": "index_deleted", "3.12": "index_deleted", "3.13.0": "index_deleted",
+         "3.13.1+": "index_deleted", "4.0": "index_deleted", "4.1": "index_deleted", "4.2": "index_deleted",
+         "4.3": "index_deleted"},
+        "osiris_log:maybe_fix_corrupted_files/1: 1.3.1 (3.10) file_size/1 throws missing_file; 1.7.2+ (3.12+) "
+        "catches it and deletes the index (3.11 pins osiris main of its day: assumed like 3.12)"),
+    "stream_deletes_orphan_segments": (
+        {"3.10": False, "3.11": False, "3.12": False, "3.13.0": True, "3.13.1+": True,
+         "4.0": True, "4.1": True, "4.2": True, "4.3": True},
+        "osiris_log:maybe_fix_corrupted_files/1 deletes orphaned_segments/1 from osiris 1.8.3 (3.13) on"),
 }
 
 #: Settings every version shares (the writers and the layout readers use them): the RabbitMQ

@@ -842,3 +842,62 @@ def passes(vs: VhostScan) -> Iterator[VhostScan]:
     finally:
         if prev is not vs:
             prev.close()
+
+
+# -- streams ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StreamEntry:
+    """One stream directory of a node: the queue it belongs to (from the durable metadata when a
+    stream queue's derived name matches the directory; else unknown), its scan and its fate."""
+
+    path: Path
+    vhost: str | None
+    name: str | None
+    name_source: str  # "metadata" or "dir" (no durable stream queue derives this dir's name)
+    scan: object  # readers.osiris.StreamScan
+    fate: object  # model.recovery.StreamFate
+
+    @property
+    def label(self) -> str:
+        return self.name if self.name is not None else self.path.name
+
+
+_B64URI = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-=")
+
+
+def base64uri(text: str) -> str:
+    """osiris_util:to_base64uri/1: every grapheme outside the base64uri alphabet becomes ``_``
+    (RabbitMQ names a stream's directory ``to_base64uri(VHost ++ "_" ++ Name ++ "_" ++ Nanos)``,
+    rabbit_stream_queue:stream_name/1)."""
+    return "".join(c if c in _B64URI else "_" for c in text)
+
+
+def stream_entries(node_scan) -> list[StreamEntry]:
+    """Every stream dir under ``<node dir>/stream/``, read, with its owner and next-boot fate."""
+    import re as _re
+
+    from cqforensics.model.recovery import stream_fate
+    from cqforensics.readers import osiris as r_osiris
+
+    root = Path(node_scan.node.path) / "stream"
+    if not root.is_dir():
+        return []
+    owners = []
+    for (vh, nm), q in node_scan.metadata.queues.items():
+        if q.type == "rabbit_stream_queue":
+            v, n = vh.decode("utf-8", "replace"), nm.decode("utf-8", "replace")
+            owners.append((base64uri(f"{v}_{n}_"), v, n))
+    out = []
+    for d in sorted(p for p in root.iterdir() if p.is_dir()):
+        hits = [(v, n) for prefix, v, n in owners
+                if d.name.startswith(prefix) and _re.fullmatch(r"[0-9]+", d.name[len(prefix):])]
+        vhost, name, source = (hits[0][0], hits[0][1], "metadata") if len(hits) == 1 else (None, None, "dir")
+        scan = r_osiris.read_stream(d)
+        out.append(StreamEntry(d, vhost, name, source, scan, stream_fate(scan, node_scan.model)))
+    return out
+
+
+NodeScan.streams = cached_property(stream_entries)
+NodeScan.streams.__set_name__(NodeScan, "streams")
