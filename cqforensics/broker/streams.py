@@ -229,10 +229,13 @@ def tracking(broker) -> dict:
     async def run():
         res = {}
         async with Consumer("127.0.0.1", port=broker.stream_port, username="guest", password="guest") as c:
-            try:
-                res["consumer_offsets"] = {CONSUMER: await c.query_offset(STREAM, CONSUMER)}
-            except Exception as e:
-                res["consumer_offsets"] = {CONSUMER: None, "error": str(e)[:200]}
+            for attempt in range(5):  # right after a boot the writer may not answer yet
+                try:
+                    res["consumer_offsets"] = {CONSUMER: await c.query_offset(STREAM, CONSUMER)}
+                    break
+                except Exception as e:
+                    res["consumer_offsets"] = {CONSUMER: None, "error": f"{type(e).__name__}: {str(e)[:200]}"}
+                    await asyncio.sleep(2)
         async with Producer("127.0.0.1", port=broker.stream_port, username="guest", password="guest") as p:
             client = await p.default_client
             res["publisher_sequences"] = {PUBLISHER: await client.query_publisher_sequence(STREAM, PUBLISHER)}
