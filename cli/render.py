@@ -123,7 +123,8 @@ def fsck_text(report, out=None, show_all: bool = False) -> None:
             why = ", ".join(f"{k} {v}" for k, v in sorted(q.drops.items()))
             if q.crash:
                 why = f"CRASH ({q.crash}); " + why if why else f"CRASH ({q.crash})"
-            rows.append({"vhost": q.vhost, "queue": q.queue, "messages": q.messages,
+            rows.append({"vhost": q.vhost, "queue": q.queue if q.queue_type == "classic" else f"{q.queue} (stream)",
+                         "messages": q.messages,
                          "after restart": q.predicted_after_restart, "dropped": q.dropped, "why": why})
         if rows:
             text_table(rows, ["vhost", "queue", "messages", "after restart", "dropped", "why"], out, max_width=70)

@@ -101,21 +101,30 @@ def scans(table: str, options: Options, *, paths=None, units: Iterable | None = 
 
 
 def _discovered(paths):
-    """(node id, node dir, None: every vhost, None: no unit restriction) per node dir found."""
+    """(node id, node dir, None: every vhost, None: no unit restriction, None: no stream
+    restriction) per node dir found."""
     for node in layout.discover(paths):
-        yield (str(node.path), node.node), node, None, None
+        yield (str(node.path), node.node), node, None, None, None
 
 
 def _grouped(units, table: str):
     """Consecutive units of one vhost as (node id, (path, label) of the node dir, vhost dir,
-    queue restriction)."""
+    queue restriction, stream restriction). A stream unit (``stream``: a dir name under the
+    node's ``stream/``) names no vhost: the stream's rows come with the vhost that lists it."""
     units = list(units)
     i = 0
     while i < len(units):
         u = units[i]
+        stream = getattr(u, "stream", None) is not None
         j = i + 1
-        while j < len(units) and (units[j].node_path, units[j].vhost_dir) == (u.node_path, u.vhost_dir):
+        while j < len(units) and (units[j].node_path, units[j].vhost_dir) == (u.node_path, u.vhost_dir) \
+                and (getattr(units[j], "stream", None) is not None) == stream:
             j += 1
+        if stream:
+            yield (u.node_path, u.node_label), (u.node_path, u.node_label), None, {}, \
+                {g.stream for g in units[i:j]}
+            i = j
+            continue
         only = None
         if table in QUEUE_LEVEL and all(g.queue_dir is not None for g in units[i:j]):  # else: whole vhosts
             only = {}
@@ -123,13 +132,13 @@ def _grouped(units, table: str):
                 segs = only.setdefault(g.queue_dir, set() if g.segment is not None else None)
                 if segs is not None and g.segment is not None:
                     segs.add(g.segment)
-        yield (u.node_path, u.node_label), (u.node_path, u.node_label), u.vhost_dir, only
+        yield (u.node_path, u.node_label), (u.node_path, u.node_label), u.vhost_dir, only, None
         i = j
 
 
 def _scans(options, groups, vhosts, queues, cache, cache_scope):
     ns, ns_id = None, None
-    for node_id, node, vhost_dir, only in groups:
+    for node_id, node, vhost_dir, only, streams in groups:
         key = (cache_scope, *node_id, vhost_dir) if cache is not None and cache_scope is not None \
             and vhost_dir is not None else None
         cached, facts = cache.get(key, (None, {})) if key is not None else (None, {})
@@ -151,6 +160,12 @@ def _scans(options, groups, vhosts, queues, cache, cache_scope):
             # index pass a boot-hang check needs) serve the whole node
             vs = base if restrict is None and not facts else \
                 VhostScan(ns, base.vhost, restrict, facts or base.vhost_facts())
+            if streams is not None or queues is not None:  # the streams it lists, by dir name
+                dirs = streams
+                if queues is not None:
+                    named = {e.path.name for e in ns.streams if e.label in queues}
+                    dirs = named if dirs is None else dirs & named
+                vs.stream_dirs = dirs
             try:
                 yield vs
             finally:

@@ -42,7 +42,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         _f("decode_error", pa.string()), _f("survives_restart", pa.bool_()), _f("drop_reason", pa.string()),
         # appended for quorum queues and streams (one convention: classic / quorum / stream)
         _f("queue_type", pa.string()), _f("stream_offset", pa.int64()), _f("chunk_id", pa.int64()),
-        _f("chunk_timestamp", TS), _f("epoch", pa.int64()),
+        _f("chunk_timestamp", TS), _f("epoch", pa.int64()), _f("amqp091_drop_reason", pa.string()),
     ]),
     "index": pa.schema(WHERE + QUEUE + AT + [
         _f("index_version", pa.int32()), _f("kind", pa.string()), _f("seq_id", pa.int64()),

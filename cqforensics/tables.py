@@ -25,7 +25,7 @@ from cqforensics.codes import (FATE_LABELS, LOCATION_LABELS, AckEvidence, Fate, 
 from cqforensics.codes import labels as code_labels
 from cqforensics.model.index import OFFSET_OUT_OF_RANGE, IndexChunk
 from cqforensics.model.options import DECODED_COLUMNS
-from cqforensics.model.recovery import Resolved
+from cqforensics.model.recovery import AMQP091_PREFETCH, Resolved
 from cqforensics.model.store import IdSet, distinct
 from cqforensics.model.vhost import VhostScan, passes
 from cqforensics.readers import qs as r_qs
@@ -813,24 +813,13 @@ BUILDERS = {name: in_shares(build) if name in INDEXED_TABLES else build for name
 # -- streams: rows of the node's stream dirs, with the vhost that owns them ---------------------------
 
 
-def vhost_streams(vs: VhostScan) -> list:
-    """The streams of ``vs``'s vhost (``model.vhost.stream_entries``), read once per node; a
-    stream no durable queue derives its dir name from goes with the vhost ``/`` (its owner is
-    unknown: ``queue`` is the dir name). None for a share or a restricted unit of a read (the
-    stream rows come with the whole vhost, once)."""
-    if vs.only is not None or getattr(vs, "share", None) is not None:
-        return []
-    vhost = vs.vhost.name
-    return [e for e in vs.node.streams if e.vhost == vhost or (e.vhost is None and vhost == "/")]
-
-
 def stream_message_rows(vs: VhostScan, e) -> pa.RecordBatch | None:
     from cqforensics.message import decode_amqp10_entry
 
     node, vhost = _where(vs)
+    by_chunk, amqp091 = e.fate.record_fates(e.scan.records)
+    model = vs.node.model
     rows = []
-    served = e.fate.served_amqp091
-    kept = e.fate.kept
     for r in e.scan.records:
         c = r.chunk
         row = {"node": node, "vhost": vhost, "queue": e.label, "file": display(c.file), "offset": r.entry_pos,
@@ -841,9 +830,16 @@ def stream_message_rows(vs: VhostScan, e) -> pa.RecordBatch | None:
         row["chunk_timestamp"] = ts_us if fits(ts_us, TS) else None
         if r.body is None:
             row["decode_error"] = r.error
+        elif not vs.options.decode:  # the record's bytes as they are (nothing decoded)
+            row["body"] = r.body if vs.options.bodies else None
         else:
             try:
-                d = decode_amqp10_entry(r.body)
+                d = (e.fate.views or {}).get(r.offset)
+                if d is None:
+                    d = decode_amqp10_entry(r.body, model)
+                elif isinstance(d, FormatError):
+                    raise d
+                d = dict(d, properties=dict(d["properties"]))
                 props = d["properties"]
                 if props.get("timestamp") is not None:
                     props["timestamp"] = props["timestamp"] * 1_000_000
@@ -851,22 +847,24 @@ def stream_message_rows(vs: VhostScan, e) -> pa.RecordBatch | None:
                 row.update(exchange=d["exchange"] if d["exchange"] is not None else "",
                            routing_keys=d["routing_keys"] or [e.label], properties=props, headers=d["headers"],
                            annotations=d["annotations"], body=d["body"] if vs.options.bodies else None,
-                           body_size=len(d["body"]), persistent=d["persistent"])
+                           body_size=len(d["body"]))  # persistent: every record is on disk (the
+                # delivery mode a consumer sees is in properties)
             except FormatError as err:
                 row["decode_error"] = f"not an AMQP 1.0 message: {err.message}"
-        alive = (c.file, c.pos) in kept
-        row["survives_restart"] = alive
-        row["drop_reason"] = None if alive else "stream_chunk_cut"
-        if alive and c.chunk_type == 0 and r.offset not in served and e.fate.outcome == "ok":
-            row["drop_reason"] = "stream_not_served_amqp091"
+        own = by_chunk.get((c.file, c.pos))
+        row["survives_restart"] = own is None
+        row["drop_reason"] = None if own is None else own.reason
+        amqp = amqp091.get(r.offset)
+        row["amqp091_drop_reason"] = None if amqp is None else amqp.reason
         rows.append(row)
     return pa.RecordBatch.from_pylist(rows, schema=SCHEMAS["messages"]) if rows else None
 
 
 def stream_queue_row(vs: VhostScan, e) -> dict:
     node, vhost = _where(vs)
-    user = [r for r in e.scan.records]
-    kept = sum(1 for r in user if (r.chunk.file, r.chunk.pos) in e.fate.kept)
+    user = e.scan.records
+    chunks, _ = e.fate.record_fates(user)
+    kept = sum(1 for r in user if (r.chunk.file, r.chunk.pos) not in chunks)
     return {"node": node, "vhost": vhost, "queue": e.label, "queue_dir": display(e.path), "name_source": e.name_source,
             "durable_known": e.name_source == "metadata", "segments": len(e.scan.segments), "messages": len(user),
             "bytes": sum(len(r.body) for r in user if r.body is not None), "persistent": len(user),
@@ -894,39 +892,25 @@ def stream_tracking_rows(vs: VhostScan, e) -> list[dict]:
             for k, t in enumerate(e.scan.tracking)]
 
 
-def stream_findings(vs: VhostScan, e) -> list[Finding]:
-    node, vhost = _where(vs)
-    out = [f.scoped(node=node, vhost=vhost, queue=e.label) for f in e.scan.findings]
-    fate = e.fate
-    model = vs.node.model
-    if fate.outcome != "ok" or fate.cut:
-        out.append(Finding("stream-boot-loss", f"{model.label}: {fate.why}", display(e.path), None, node=node,
-                           vhost=vhost, queue=e.label, details={"outcome": fate.outcome, "cut_chunks": len(fate.cut or [])}))
-    user = [r for r in e.scan.records if (r.chunk.file, r.chunk.pos) in fate.kept]
-    missed = [r.offset for r in user if r.offset not in fate.served_amqp091]
-    if fate.outcome == "ok" and missed:
-        why = (f"an AMQP 0-9-1 consumer's channel fails at chunk {fate.amqp091_stops_at}"
-               if fate.amqp091_stops_at is not None else "compressed sub-batches are skipped")
-        out.append(Finding("stream-not-served", f"{model.label}: {len(missed)} record(s) on disk are not served to an "
-                           f"AMQP 0-9-1 consumer from first ({why})", display(e.path), None, node=node, vhost=vhost,
-                           queue=e.label, details={"first": missed[0], "count": len(missed)}))
-    return out
+def stream_messages_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
+    """The ``messages`` rows of the streams ``vs`` lists, a batch per stream."""
+    for e in vs.streams:
+        b = stream_message_rows(vs, e)
+        if b is not None:
+            yield b
 
 
 def with_streams(table: str, build):
+    """``build`` followed by the rows of the streams ``vs`` lists (``VhostScan.streams``; the
+    findings come with fsck's checks, ``checks.streams``)."""
     def run(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         yield from build(vs)
-        for e in vhost_streams(vs):
-            if table == "messages":
-                b = stream_message_rows(vs, e)
-                if b is not None:
-                    yield b
-            elif table == "queues":
+        if table == "messages":
+            yield from stream_messages_batches(vs)
+            return
+        for e in vs.streams:
+            if table == "queues":
                 yield pa.RecordBatch.from_pylist([stream_queue_row(vs, e)], schema=SCHEMAS["queues"])
-            elif table == "findings":
-                fs = stream_findings(vs, e)
-                if fs:
-                    yield findings_batch(fs)
             elif table == "stream_tracking":
                 rows = stream_tracking_rows(vs, e)
                 if rows:
@@ -940,5 +924,5 @@ def _no_rows(vs: VhostScan) -> Iterator[pa.RecordBatch]:
 
 
 BUILDERS["stream_tracking"] = _no_rows
-BUILDERS = {name: with_streams(name, build) if name in ("messages", "queues", "findings", "stream_tracking")
+BUILDERS = {name: with_streams(name, build) if name in ("messages", "queues", "stream_tracking")
             else build for name, build in BUILDERS.items()}

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -384,9 +385,39 @@ class Broker:
             raise BrokerError("stop the broker before replacing its data")
         shutil.rmtree(self.mnesia_base, ignore_errors=True)
         shutil.copytree(src_mnesia_base, self.mnesia_base, symlinks=True)
+        relocate_ra_configs(self.mnesia_base)
         needed = plugins_needed(self.mnesia_base)
         if not set(needed) <= set(self.plugins):
             self.enable_plugins(*needed)
+
+
+_RA_DIR_KEY = re.compile(r'((?:wal_)?data_dir\s*=>\s*)"([^"]*)"')
+
+
+def relocate_ra_configs(mnesia_base: Path) -> list[Path]:
+    """Point the Ra server configs of a node dir installed at a new place at that place.
+
+    Ra keeps each server's config in ``<system dir>/<uid>/config`` (an Erlang term, written by
+    ``ra_log:write_config/2``) with the system's ``data_dir`` and ``wal_data_dir`` as absolute
+    paths. Ra 2.2.0 (RabbitMQ 3.10.8) restarts a server from that stored config as it is
+    (``ra_server_sup_sup:restart_server_rpc/3`` merges only the mutable keys), so on a node dir
+    moved elsewhere ``ra_log:init/1`` fails to make the old directory (``{error, enoent}``) and
+    the stream coordinator (and every quorum queue) never starts. Later Ra versions replace the
+    stored system config with the running one. What an operator moving a 3.10 node dir has to do
+    too; only the copy the harness installed is changed. Returns the configs rewritten."""
+    out = []
+    for system in ("coordination", "quorum"):
+        for sysdir in Path(mnesia_base).glob(f"*/{system}/*"):
+            for cfg in sysdir.glob("*/config"):
+                try:
+                    text = cfg.read_text()
+                except (OSError, UnicodeDecodeError):
+                    continue
+                new = _RA_DIR_KEY.sub(lambda m: f'{m.group(1)}"{sysdir}"', text)
+                if new != text:
+                    cfg.write_text(new)
+                    out.append(cfg)
+    return out
 
 
 def plugins_needed(mnesia_base: Path) -> list[str]:

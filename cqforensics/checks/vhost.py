@@ -18,6 +18,7 @@ from cqforensics.checks.index import ChunkCheck
 from cqforensics.checks.integrity import CopyCheck, QueueIntegrity, node_findings, vhost_file_findings
 from cqforensics.checks.layout import OrphanTally, lost_queue_findings, queue_dir_findings, vhost_dir_findings
 from cqforensics.checks.store import StoreCheck
+from cqforensics.checks.streams import stream_findings, stream_verdict
 
 
 @dataclass
@@ -32,6 +33,7 @@ class QueueVerdict:
     recovery: str = "dirty"
     index_version: int | None = None
     dirs: int = 0
+    queue_type: str = "classic"  # or "stream"
 
     @property
     def dropped(self) -> int:
@@ -41,7 +43,7 @@ class QueueVerdict:
         return {"node": self.node, "vhost": self.vhost, "queue": self.queue, "messages": self.messages,
                 "predicted_after_restart": self.predicted_after_restart, "dropped": self.dropped,
                 "drop_reasons": dict(sorted(self.drops.items())), "crash": self.crash, "recovery": self.recovery,
-                "index_version": self.index_version, "queue_dirs": self.dirs}
+                "index_version": self.index_version, "queue_dirs": self.dirs, "queue_type": self.queue_type}
 
 
 def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], list[Finding]]:
@@ -113,6 +115,9 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
     if vs.clean_crashes[1]:
         for v in verdicts.values():
             v.crash = v.crash or "vhost"
+    for e in vs.streams:  # a stream's fate is its own: the vhost's message store does not hold it
+        verdicts[("stream", e.path.name)] = stream_verdict(vs, e, QueueVerdict)
+        findings += stream_findings(vs, e)
     if vs.node.boot_hangs:
         for v in verdicts.values():
             v.crash = "node"

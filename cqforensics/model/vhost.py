@@ -135,6 +135,9 @@ class VhostScan:
         self.vhost = vhost
         self.only = only
         self.share = share
+        #: the stream dirs (by name) this scan lists; None: every stream of the vhost when the scan
+        #: lists every queue (``only`` is None), else none
+        self.stream_dirs: set[str] | None = None
         self.bodies = Bodies()  # the one accessor of stored bytes
         #: rebuild: a renamed queue dir counts as its queue's own dir (it is written back there)
         self.keep_renamed = False
@@ -238,6 +241,18 @@ class VhostScan:
         return sorted(self.vhost.queues, key=lambda q: (q.name is None, q.name or q.dir_name,
                                                         -(q.priority if q.priority is not None else -1),
                                                         q.dir_name))
+
+    @property
+    def streams(self) -> list["StreamEntry"]:
+        """The streams this scan lists (``stream_dirs``); never with a share (the stream rows
+        come with the whole vhost, once)."""
+        if self.share is not None:
+            return []
+        if self.stream_dirs is None and self.only is not None:
+            return []
+        home = self.vhost.dir_name
+        return [e for e in self.node.streams if self.node.stream_home(e) == home
+                and (self.stream_dirs is None or e.path.name in self.stream_dirs)]
 
     @cached_property
     def queue_dirs(self) -> list[QueueDir]:
@@ -581,6 +596,22 @@ class NodeScan:
         return bool(self.hang_causes)
 
     @cached_property
+    def streams(self) -> list["StreamEntry"]:
+        """The node's streams (``<node dir>/stream/<name>/``), read, each with its owner and its
+        next boot's fate (``stream_entries``)."""
+        return stream_entries(self)
+
+    def stream_home(self, e: "StreamEntry") -> str | None:
+        """The vhost dir name whose tables list stream ``e``: its owner's, else (owner unknown)
+        the default vhost's, else the first vhost's."""
+        by_name = {v.vhost.name: v.vhost.dir_name for v in self.vhosts}
+        if e.vhost is not None and e.vhost in by_name:
+            return by_name[e.vhost]
+        if "/" in by_name:
+            return by_name["/"]
+        return self.vhosts[0].vhost.dir_name if self.vhosts else None
+
+    @cached_property
     def vhosts(self) -> list[VhostScan]:
         self.renamed = {}
         for v in self.node.vhosts:
@@ -817,6 +848,13 @@ def collect_evidence(ns: NodeScan) -> versions.Evidence:
                 head = read_head(p, start + _TERM_HEAD)
                 if len(head) == start + _TERM_HEAD:
                     versions.term_evidence(head[-_TERM_HEAD:], ev)
+    root = Path(ns.node.path) / "stream"
+    if root.is_dir():
+        from cqforensics.readers import osiris as r_osiris
+
+        for d in sorted(p for p in root.iterdir() if p.is_dir())[:3]:
+            for raw in r_osiris.head_records(d):
+                versions.stream_record_evidence(raw, ev)
     return ev
 
 
@@ -898,6 +936,3 @@ def stream_entries(node_scan) -> list[StreamEntry]:
         out.append(StreamEntry(d, vhost, name, source, scan, stream_fate(scan, node_scan.model)))
     return out
 
-
-NodeScan.streams = cached_property(stream_entries)
-NodeScan.streams.__set_name__(NodeScan, "streams")

@@ -19,7 +19,7 @@ import numpy as np
 
 from cqforensics.findings import Finding
 from cqforensics.grammar import osiris as g
-from cqforensics.readers.files import read_bytes
+from cqforensics.readers.files import read_bytes, read_head
 
 _CHUNK_HEADER = g.CHUNK_HEADER.unpack_from
 _SUB_HEAD = g.SUB_BATCH_HEAD.unpack_from
@@ -472,6 +472,26 @@ def compare_index(seg: Segment, index: IndexFile) -> list[Finding]:
                            "the next boot", str(seg.path), unlisted[0].pos,
                            details={"kind": "unlisted", "chunks": [c.chunk_id for c in unlisted[:50]]}))
     return out
+
+
+def head_records(stream_dir: Path | str, limit: int = 8, head: int = 1 << 16) -> list[bytes]:
+    """Up to ``limit`` record bodies from the first ``head`` bytes of a stream's first segment
+    (simple entries and uncompressed sub-batches of user chunks): a cheap look at what wrote
+    them (version evidence). Damage yields fewer, never an error."""
+    segs = sorted(p for p in Path(stream_dir).iterdir() if _stem(p.name, ".segment") is not None)
+    if not segs:
+        return []
+    data = read_head(segs[0], head)
+    seg, _ = walk_segment(segs[0], None, data)
+    out: list[bytes] = []
+    for c in seg.chunks:
+        if c.chunk_type != g.CHNK_USER or not c.complete:
+            continue
+        recs, _, _ = records_of(c, data)
+        out += [r.body for r in recs if r.body is not None and r.compression == "none"]
+        if len(out) >= limit:
+            break
+    return out[:limit]
 
 
 # -- dump: the per-chunk / per-record listing of one file ---------------------------------------
