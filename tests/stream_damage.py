@@ -45,14 +45,14 @@ def crc_early(d: Path) -> dict:
 
 
 def crc_late(d: Path) -> dict:
-    """A byte of the body of a one-entry chunk past the first 100 offsets."""
-    return _flip(d, lambda cs: next(c for c in cs if c.chunk_id >= 150), "body")
+    """A byte of the body of a one-entry chunk past the first 110 offsets."""
+    return _flip(d, lambda cs: next(c for c in cs if c.chunk_id >= 110), "body")
 
 
 def record_mangled(d: Path) -> dict:
     """The first byte of a late record (its first section's descriptor): the chunk fails its
     CRC and the record is no AMQP 1.0 message."""
-    return _flip(d, lambda cs: next(c for c in cs if c.chunk_id >= 170), "record")
+    return _flip(d, lambda cs: next(c for c in cs if c.chunk_id >= 120), "record")
 
 
 def no_index_last(d: Path) -> dict:

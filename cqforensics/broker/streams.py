@@ -446,15 +446,17 @@ def tracking(broker, stream: str, refs: dict) -> dict:
         return {"error": f"{type(e).__name__}: {str(e)[:200]}"}
 
 
-def stream_truth(broker, stream: str, refs: dict, limit: float = 90.0, prefetch_100: bool = True) -> dict:
+def stream_truth(broker, stream: str, refs: dict, limit: float = 90.0, prefetch_100: bool = True,
+                 idle: float = 2.0) -> dict:
     """Everything ``ground_truth`` records for one stream (``limit``: how long to wait for it to
-    be available; ``prefetch_100``: also the AMQP 0-9-1 read with prefetch ``PREFETCH``)."""
+    be available; ``prefetch_100``: also the AMQP 0-9-1 read with prefetch ``PREFETCH``;
+    ``idle``: a read ends after that many seconds without a delivery)."""
     waited = wait_available(broker, stream, limit)
     return {"stream": stream, "vhost": "/", "available": waited is None, **({"unavailable": waited} if waited else {}),
             "tracking": tracking(broker, stream, refs) if waited is None else {"error": waited},
-            "served_stream_protocol": served_stream_protocol(broker, stream),
-            **({"served_amqp091": served_amqp091(broker, stream)} if prefetch_100 else {}),
-            "served_amqp091_one": served_amqp091(broker, stream, prefetch=1)}
+            "served_stream_protocol": served_stream_protocol(broker, stream, idle=idle),
+            **({"served_amqp091": served_amqp091(broker, stream, idle=idle)} if prefetch_100 else {}),
+            "served_amqp091_one": served_amqp091(broker, stream, idle=idle, prefetch=1)}
 
 
 def ground_truth(broker, node_dir) -> list[dict]:
