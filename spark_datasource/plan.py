@@ -6,6 +6,8 @@ A unit is what one task can read on its own and get exactly the rows the embedde
   task that reads several units of one vhost builds that vhost's shared-store index once.
 * vhost-level tables (store, refcounts, holes, files, queues, findings): a whole vhost, since
   their statuses and checks need every queue of the vhost and its whole shared store.
+* a stream (``messages``): one unit per stream dir of the node (``stream``); the read resolves
+  which vhost lists it (its owner) and the vhost/queue restriction.
 * a vhost too big to index at once (``model.store.shares_for`` > 1): for the tables whose rows
   each belong to one message-id share (``tables.SHARED_TABLES``), one unit per share, every queue
   of the vhost; a task indexes only its share's store entries and references.
@@ -44,6 +46,7 @@ class Unit:
     weight: int = 0
     share: int | None = None  # the message-id share of the vhost it reads (None: all ids)
     shares: int = 1  # of how many
+    stream: str | None = None  # a stream dir (under the node's stream/) whose records this unit yields
 
 
 def _size(p: Path) -> int:
@@ -96,6 +99,11 @@ def plan_units(paths, table: str, vhosts=None, queues=None) -> list[Unit]:
                     files = tuple(str(p) for _, p in q.idx) + ((str(q.journal),) if q.journal else ())
                     w = index_bytes[q.dir_name] + store * index_bytes[q.dir_name] // total_index
                     out.append(Unit(**qb, files=files, weight=w))
+        if table == "messages":  # a unit per stream (its owner vhost is known at read time)
+            root = Path(node.path) / "stream"
+            for d in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else ():
+                out.append(Unit(str(node.path), node.node, "", None, stream=d.name, weight=_tree_size(d),
+                                files=tuple(str(p) for p in sorted(d.iterdir()))))
     return out
 
 

@@ -86,3 +86,13 @@ def test_no_filter_is_pushed_and_every_plan_gets_a_fresh_reader():
     names = {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(ast.parse(inspect.getsource(source)))
              if isinstance(n, (ast.Name, ast.Attribute))}
     assert not names & {"_getframe", "f_back", "f_locals", "currentframe", "stack"}
+
+
+def test_a_stream_is_a_unit_of_the_messages_table():
+    from spark_datasource.plan import plan_units
+
+    units = plan_units([str(SAMPLES / "4.3.6-streams-clean")], "messages")
+    streams = [u for u in units if u.stream is not None]
+    assert sorted(u.stream.split("_")[3] for u in streams) == ["events", "retained"]
+    assert all(u.weight > 0 and u.files for u in streams)
+    assert not [u for u in plan_units([str(SAMPLES / "4.3.6-streams-clean")], "queues") if u.stream]
