@@ -813,6 +813,12 @@ BUILDERS = {name: in_shares(build) if name in INDEXED_TABLES else build for name
 # -- streams: rows of the node's stream dirs, with the vhost that owns them ---------------------------
 
 
+def _i64(v: int) -> int | None:
+    """An unsigned 64-bit field of a stream file (an offset, chunk id, epoch, tracking value) in an
+    int64 column: null when damage put it above the column's range (the reader's findings say so)."""
+    return v if fits(v, pa.int64()) else None
+
+
 def stream_message_rows(vs: VhostScan, e) -> pa.RecordBatch | None:
     from cqforensics.message import decode_amqp10_entry
 
@@ -823,8 +829,8 @@ def stream_message_rows(vs: VhostScan, e) -> pa.RecordBatch | None:
     for r in e.scan.records:
         c = r.chunk
         row = {"node": node, "vhost": vhost, "queue": e.label, "file": display(c.file), "offset": r.entry_pos,
-               "size": None if r.body is None else len(r.body), "queue_type": "stream", "stream_offset": r.offset,
-               "chunk_id": c.chunk_id, "epoch": c.epoch, "persistent": True, "location": "stream",
+               "size": None if r.body is None else len(r.body), "queue_type": "stream", "stream_offset": _i64(r.offset),
+               "chunk_id": _i64(c.chunk_id), "epoch": _i64(c.epoch), "persistent": True, "location": "stream",
                "term_format": "amqp10", "index_version": None}
         ts_us = c.timestamp * 1000
         row["chunk_timestamp"] = ts_us if fits(ts_us, TS) else None
@@ -886,9 +892,9 @@ def stream_tracking_rows(vs: VhostScan, e) -> list[dict]:
         current[(t.kind, t.reference)] = k
     held = set(current.values())
     return [{"node": node, "vhost": vhost, "queue": e.label, "file": display(t.file), "offset": t.pos,
-             "chunk_id": t.chunk_id if t.source != "snapshot" else None, "source": t.source, "kind": t.kind,
-             "reference": t.reference.decode("utf-8", "replace"), "value": t.value if fits(t.value, pa.int64()) else None,
-             "sequence_chunk_id": t.chunk_id if t.kind == "sequence" else None, "current": k in held}
+             "chunk_id": _i64(t.chunk_id) if t.source != "snapshot" else None, "source": t.source, "kind": t.kind,
+             "reference": t.reference.decode("utf-8", "replace"), "value": _i64(t.value),
+             "sequence_chunk_id": _i64(t.chunk_id) if t.kind == "sequence" else None, "current": k in held}
             for k, t in enumerate(e.scan.tracking)]
 
 
