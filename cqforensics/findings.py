@@ -83,7 +83,9 @@ CODES: dict[str, tuple[str, str]] = {
     "osiris-index-mismatch": (WARNING, "a stream index and its segment are out of step (a record naming no chunk, differing ids, chunks the index does not list, zero records)"),
     "stream-retention": (INFO, "a stream starts above offset 0: the offsets below were deleted (retention or by hand)"),
     "stream-boot-loss": (ERROR, "what the named broker version's next boot of a stream deletes or cuts (chunks after the last valid indexed chunk, a segment, the whole stream)"),
-    "stream-not-served": (WARNING, "stream records on disk that a consumer of the named version is not served (a compressed sub-batch over AMQP 0-9-1, the chunks after a CRC failure that ends a 0-9-1 consumer's channel)"),
+    "stream-not-served": (WARNING, "stream records the next boot keeps that a consumer from first of the named version "
+                                   "is not served (after a gap in chunk ids; compressed sub-batches over AMQP 0-9-1 on "
+                                   "4.x; from a read that fails an AMQP 0-9-1 consumer's channel on)"),
     "message-copies-differ": (WARNING, "two copies of one message embedded in CQv1 indexes (one message id routed "
                                        "to two queues) hold different bytes: one is damaged"),
 }

@@ -145,3 +145,25 @@ def test_republish_to_a_stream_and_to_another_queue(broker_dir, tmp_path):
     assert [m["body_sha256"] for m in got] == bodies("st.events")
     assert [m["body_sha256"] for m in copied] == bodies("st.retained")
 
+
+
+def test_every_command_in_the_streams_doc_runs(tmp_path, capsys, monkeypatch):
+    """docs/streams.md shows real invocations: each runs from the checkout (outputs under /tmp
+    go to a temp dir) and exits as documented (0, or 4: errors found and left)."""
+    import glob
+    import shlex
+
+    from conftest import ROOT
+
+    monkeypatch.chdir(ROOT)
+    lines = [ln.strip()[2:] for ln in (ROOT / "docs" / "streams.md").read_text().splitlines()
+             if ln.strip().startswith("$ cqforensics ")]
+    assert len(lines) >= 10
+    for line in lines:
+        argv = []
+        for a in shlex.split(line)[1:]:
+            a = a.replace("/tmp/", f"{tmp_path}/")
+            argv += sorted(glob.glob(a)) if "*" in a else [a]
+        code, out, err = run(capsys, *argv)
+        assert code in (0, 4), f"{line}: exit {code}\n{err[-800:]}"
+        assert "Traceback" not in err and "internal error" not in err, line
