@@ -147,6 +147,7 @@ def test_republish_to_a_stream_and_to_another_queue(broker_dir, tmp_path):
 
 
 
+@pytest.mark.slow
 def test_every_command_in_the_streams_doc_runs(tmp_path, capsys, monkeypatch):
     """docs/streams.md shows real invocations: each runs from the checkout (outputs under /tmp
     go to a temp dir) and exits as documented (0, or 4: errors found and left)."""
