@@ -110,7 +110,8 @@ def _discovered(paths):
 def _grouped(units, table: str):
     """Consecutive units of one vhost as (node id, (path, label) of the node dir, vhost dir,
     queue restriction, stream restriction). A stream unit (``stream``: a dir name under the
-    node's ``stream/``) names no vhost: the stream's rows come with the vhost that lists it."""
+    node's ``stream/``) names the vhost that lists it (``model.vhost.stream_home``; none: every
+    vhost is asked, and the one that lists it yields its rows)."""
     units = list(units)
     i = 0
     while i < len(units):
@@ -121,7 +122,7 @@ def _grouped(units, table: str):
                 and (getattr(units[j], "stream", None) is not None) == stream:
             j += 1
         if stream:
-            yield (u.node_path, u.node_label), (u.node_path, u.node_label), None, {}, \
+            yield (u.node_path, u.node_label), (u.node_path, u.node_label), u.vhost_dir or None, {}, \
                 {g.stream for g in units[i:j]}
             i = j
             continue

@@ -15,7 +15,7 @@ import pytest
 
 import cqforensics
 import damage
-from conftest import SAMPLES, copy_node, datasets
+from conftest import SAMPLES, copy_node, datasets, streams_beside_two_vhosts
 
 pytestmark = pytest.mark.spark
 
@@ -213,3 +213,14 @@ def test_streams_through_spark(spark):
         assert kinds == ({"classic", "stream"} if queues is None else {"classic"} if queues == "cq.events" else {"stream"})
     tracking = read(spark, path, "stream_tracking").toArrow()
     assert tracking.equals(cqforensics.read_table(path, "stream_tracking")) and tracking.num_rows > 0
+
+
+def test_stream_rows_come_in_the_embedded_order_on_a_node_of_two_vhosts(spark, tmp_path):
+    """The default vhost lists the streams, after its classic queues and before the second
+    vhost's (the embedded order): Spark gives the same rows in the same order, whatever the
+    partitioning (a composite node: tests/conftest.streams_beside_two_vhosts)."""
+    base = streams_beside_two_vhosts(tmp_path / "mnesia")
+    want = cqforensics.read_table(base, "messages")
+    assert {"classic", "stream"} == set(want.column("queue_type").to_pylist())
+    for size in (20_000, 10_000_000):
+        assert read(spark, str(base), "messages", maxPartitionBytes=size).toArrow().equals(want), size

@@ -602,14 +602,8 @@ class NodeScan:
         return stream_entries(self)
 
     def stream_home(self, e: "StreamEntry") -> str | None:
-        """The vhost dir name whose tables list stream ``e``: its owner's, else (owner unknown)
-        the default vhost's, else the first vhost's."""
-        by_name = {v.vhost.name: v.vhost.dir_name for v in self.vhosts}
-        if e.vhost is not None and e.vhost in by_name:
-            return by_name[e.vhost]
-        if "/" in by_name:
-            return by_name["/"]
-        return self.vhosts[0].vhost.dir_name if self.vhosts else None
+        """The vhost dir name whose tables list stream ``e`` (``stream_home``)."""
+        return stream_home(e.vhost, [v.vhost for v in self.vhosts])
 
     @cached_property
     def vhosts(self) -> list[VhostScan]:
@@ -912,18 +906,17 @@ def base64uri(text: str) -> str:
     return "".join(c if c in _B64URI else "_" for c in text)
 
 
-def stream_entries(node_scan) -> list[StreamEntry]:
-    """Every stream dir under ``<node dir>/stream/``, read, with its owner and next-boot fate."""
+def stream_owners(node_path: Path, metadata: Metadata) -> list[tuple[Path, str | None, str | None, str]]:
+    """Every stream dir under ``<node dir>/stream/`` in name order, with the vhost and name of
+    the durable stream queue it belongs to and where they come from (``metadata``; ``dir``
+    with None, None when no stream queue derives this dir's name)."""
     import re as _re
 
-    from cqforensics.model.recovery import stream_fate
-    from cqforensics.readers import osiris as r_osiris
-
-    root = Path(node_scan.node.path) / "stream"
+    root = Path(node_path) / "stream"
     if not root.is_dir():
         return []
     owners = []
-    for (vh, nm), q in node_scan.metadata.queues.items():
+    for (vh, nm), q in metadata.queues.items():
         if q.type == "rabbit_stream_queue":
             v, n = vh.decode("utf-8", "replace"), nm.decode("utf-8", "replace")
             owners.append((base64uri(f"{v}_{n}_"), v, n))
@@ -931,7 +924,31 @@ def stream_entries(node_scan) -> list[StreamEntry]:
     for d in sorted(p for p in root.iterdir() if p.is_dir()):
         hits = [(v, n) for prefix, v, n in owners
                 if d.name.startswith(prefix) and _re.fullmatch(r"[0-9]+", d.name[len(prefix):])]
-        vhost, name, source = (hits[0][0], hits[0][1], "metadata") if len(hits) == 1 else (None, None, "dir")
+        out.append((d, hits[0][0], hits[0][1], "metadata") if len(hits) == 1 else (d, None, None, "dir"))
+    return out
+
+
+def stream_home(vhost: str | None, vhosts: list[VhostDir]) -> str | None:
+    """The vhost dir name whose tables list a stream of vhost ``vhost`` (None: owner unknown):
+    its owner's, else the default vhost's, else the first vhost's in listing order. The
+    embedded reader lists a vhost's streams after its classic queues; a Spark plan puts the
+    stream's unit there too (``spark_datasource.plan``)."""
+    by_name = {v.name: v.dir_name for v in vhosts}
+    if vhost is not None and vhost in by_name:
+        return by_name[vhost]
+    if "/" in by_name:
+        return by_name["/"]
+    first = sorted(vhosts, key=lambda v: (v.name is None, v.label))
+    return first[0].dir_name if first else None
+
+
+def stream_entries(node_scan) -> list[StreamEntry]:
+    """Every stream dir under ``<node dir>/stream/``, read, with its owner and next-boot fate."""
+    from cqforensics.model.recovery import stream_fate
+    from cqforensics.readers import osiris as r_osiris
+
+    out = []
+    for d, vhost, name, source in stream_owners(node_scan.node.path, node_scan.metadata):
         scan = r_osiris.read_stream(d)
         out.append(StreamEntry(d, vhost, name, source, scan, stream_fate(scan, node_scan.model)))
     return out
