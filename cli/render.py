@@ -159,8 +159,8 @@ def fsck_text(report, out=None, show_all: bool = False) -> None:
             after = q.predicted_after_restart
             if (q.predicted_min, q.predicted_max) != (after, after):  # the store may crash: bounds
                 after = f"{after} ({q.predicted_min}-{q.predicted_max})"
-            rows.append({"vhost": q.vhost, "queue": q.queue, "messages": q.messages,
-                         "after restart": after, "dropped": q.dropped, "why": why})
+            rows.append({"vhost": q.vhost, "queue": q.queue if q.queue_type == "classic" else f"{q.queue} (stream)",
+                         "messages": q.messages, "after restart": after, "dropped": q.dropped, "why": why})
         if rows:
             text_table(rows, ["vhost", "queue", "messages", "after restart", "dropped", "why"], out, max_width=70)
             out.write("\n")

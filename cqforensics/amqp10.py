@@ -124,11 +124,12 @@ class Decoder:
             raw = bytes(buf[o:o + n])
             if code in (0xA0, 0xB0):
                 return {"type": "binary", "base64": base64.b64encode(raw).decode()}, o + n
+            kind = "string" if code in (0xA1, 0xB1) else "symbol"
             try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise FormatError("string is not valid UTF-8", offset=o) from None
-            return {"type": "string" if code in (0xA1, 0xB1) else "symbol", "value": text}, o + n
+                return {"type": kind, "value": raw.decode("utf-8")}, o + n
+            except UnicodeDecodeError:  # RabbitMQ's parser takes the bytes as they are (3.10 writes a
+                # non-UTF-8 longstr header as utf8): kept, as base64
+                return {"type": kind, "base64": base64.b64encode(raw).decode()}, o + n
         if code in (0xC0, 0xD0, 0xC1, 0xD1):
             wide = code >= 0xD0
             self.need(o, 8 if wide else 2)

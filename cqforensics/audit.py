@@ -9,7 +9,14 @@ Reference counts are judged by fsck's model: a problem is what fsck reports as o
 message's body in no store file: ``msg-missing``; a recorded count the indexes contradict:
 ``refcount-mismatch``). A transient message whose body is not on disk is none: the broker
 deletes the transient store at every boot and drops transient messages whatever (after a kill
--9 their bodies were never written); those are counted apart."""
+-9 their bodies were never written); those are counted apart.
+
+Streams: their records are in the duplicate groups (a message routed to a classic queue and
+to streams is one stored copy per stream: such a group is a ``fan-out (a copy per stream)``),
+and ``streams`` sums each stream (records, kept by the next boot, served to an AMQP 0-9-1
+consumer, offsets). Orphans, reference counts, files and compaction are the shared store's and
+the ``.qs`` files': stream files have none of them (osiris retention deletes whole segments,
+nothing is left to compact). ``covers`` says so in the output."""
 
 from __future__ import annotations
 
@@ -62,10 +69,21 @@ def audit(paths, vhosts=None, queues=None, progress=None, **options) -> dict:
                 g["bytes"] += r["total_size"]
     by_message_id = defaultdict(list)
     by_content = defaultdict(list)
+    streams = {}
     for r in _rows(paths, "messages", ["node", "vhost", "queue", "priority", "seq_id", "msg_id", "properties", "body",
-                                       "store_file", "store_offset", "survives_restart"], queues=queues, **kw):
+                                       "store_file", "store_offset", "survives_restart", "queue_type", "stream_offset",
+                                       "amqp091_drop_reason"], queues=queues, **kw):
         where = {"node": r["node"], "vhost": r["vhost"], "queue": r["queue"], "seq_id": r["seq_id"],
                  "store_file": r["store_file"], "store_offset": r["store_offset"] if r["store_file"] else None}
+        if r["queue_type"] == "stream":
+            where["stream_offset"] = r["stream_offset"]
+            st = streams.setdefault((r["node"], r["vhost"], r["queue"]), {"records": 0, "kept": 0, "served_amqp091": 0,
+                                                                          "first_offset": None, "last_offset": None})
+            st["records"] += 1
+            st["kept"] += bool(r["survives_restart"])
+            st["served_amqp091"] += r["amqp091_drop_reason"] is None
+            st["first_offset"] = r["stream_offset"] if st["first_offset"] is None else st["first_offset"]
+            st["last_offset"] = r["stream_offset"]
         mid = (r["properties"] or {}).get("message_id")
         if mid:
             by_message_id[(r["node"], r["vhost"], mid)].append(where)
@@ -78,11 +96,16 @@ def audit(paths, vhosts=None, queues=None, progress=None, **options) -> dict:
             if len(members) < 2:
                 continue
             stored = {(m["store_file"], m["store_offset"]) if m["store_file"] else None for m in members}
-            out.append({"node": node, "vhost": vhost, label: key, "copies": len(members),
-                        "queues": sorted({str(m["queue"]) for m in members}),
-                        # one stored entry referenced from several queues is a fan-out, not a duplicate
-                        "kind": "fan-out (one stored message)" if len(stored) == 1 and None not in stored
-                        else "separately stored copies", "where": members})
+            in_streams = [m for m in members if "stream_offset" in m]
+            queues = sorted({str(m["queue"]) for m in members})
+            # one stored entry referenced from several queues is a fan-out, not a duplicate; a
+            # stream keeps a copy of its own of every message routed to it
+            kind = ("fan-out (one stored message)" if len(stored) == 1 and None not in stored
+                    else "fan-out (a copy per stream)" if in_streams and len(queues) == len(members)
+                    and len({(m["store_file"], m["store_offset"]) for m in members if "stream_offset" not in m}) <= 1
+                    else "separately stored copies")
+            out.append({"node": node, "vhost": vhost, label: key, "copies": len(members), "queues": queues,
+                        "kind": kind, "where": members})
         return out
 
     refs, transient = [], defaultdict(int)
@@ -118,4 +141,8 @@ def audit(paths, vhosts=None, queues=None, progress=None, **options) -> dict:
         "files": files,
         "compaction": {"store_bytes": total, "reclaimable_bytes": reclaim,
                        "reclaimable_ratio": reclaim / total if total else 0.0},
+        "streams": [{"node": k[0], "vhost": k[1], "queue": k[2], **v} for k, v in sorted(streams.items())],
+        "covers": {"streams": "stream records are in duplicates_by_message_id/by_content and in streams; orphans, "
+                              "refcounts, files and compaction are the shared store's and .qs files' (streams have "
+                              "none: osiris retention deletes whole segments)"},
     }

@@ -94,6 +94,19 @@ class Fate(_Coded):
     #: clean start: a shared-store message the trusted msg_store_index.ets does not record; the
     #: queue crashes reading it (541) and its restart drops it
     NOT_IN_STORE_INDEX = 21
+    # streams (model.recovery.stream_fate): a record's fate is its chunk's
+    #: the next boot cuts the chunk (after the last valid indexed chunk, with a segment whose
+    #: index is gone, or the whole stream when it restarts empty)
+    STREAM_CHUNK_CUT = 22
+    #: the stream does not start at the next boot (osiris 1.3.1: its last segment is missing)
+    STREAM_NOT_STARTED = 23
+    #: kept, but a reader from ``first`` stops before it (a gap in chunk ids)
+    STREAM_UNREACHED = 24
+    #: AMQP 0-9-1 only (``amqp091_drop_reason``): a compressed sub-batch, which 4.x skips
+    STREAM_COMPRESSED_SKIPPED = 25
+    #: AMQP 0-9-1 only: the broker's read that fails the consumer's channel (a bad CRC, a
+    #: compressed sub-batch on 3.x, a record that is no AMQP 1.0 message) takes it, or comes before it
+    STREAM_READ_FAILS = 26
 
     @property
     def reason(self) -> str | None:

@@ -166,6 +166,7 @@ def check_names(scans, vhosts, queues) -> None:
                 read.add(display(name))
             else:
                 unread.setdefault(display(name), kind.noun)
+        read |= {e.label for e in ns.streams if e.label is not None}  # stream dirs, named by metadata or dir
     where = f"on {'the node' if len(scans) == 1 else f'the {len(scans)} nodes'} read"
     if vhosts is not None:
         missing = sorted(vhosts - known_vhosts)
@@ -249,7 +250,7 @@ def scans(table: str, options: Options, *, paths=None, units: Iterable | None = 
                 progress.plan(nodes, vhosts)
                 for ns in nodes:
                     progress.attach(ns)
-            groups = (((str(ns.node.path), ns.node.node), ns, None, None) for ns in nodes)
+            groups = (((str(ns.node.path), ns.node.node), ns, None, None, None) for ns in nodes)
         else:
             groups = _grouped(units, table)
         for vs in _scans(options, groups, vhosts, queues, cache, cache_scope):
@@ -295,14 +296,23 @@ def warn_unread(nodes) -> None:
 
 def _grouped(units, table: str):
     """Consecutive units of one vhost as (node id, (path, label) of the node dir, vhost dir,
-    queue restriction)."""
+    queue restriction, stream restriction). A stream unit (``stream``: a dir name under the
+    node's ``stream/``) names the vhost that lists it (``model.vhost.stream_home``; none: every
+    vhost is asked, and the one that lists it yields its rows)."""
     units = list(units)
     i = 0
     while i < len(units):
         u = units[i]
+        stream = getattr(u, "stream", None) is not None
         j = i + 1
-        while j < len(units) and (units[j].node_path, units[j].vhost_dir) == (u.node_path, u.vhost_dir):
+        while j < len(units) and (units[j].node_path, units[j].vhost_dir) == (u.node_path, u.vhost_dir) \
+                and (getattr(units[j], "stream", None) is not None) == stream:
             j += 1
+        if stream:
+            yield (u.node_path, u.node_label), (u.node_path, u.node_label), u.vhost_dir or None, {}, \
+                {g.stream for g in units[i:j]}
+            i = j
+            continue
         only = None
         if table in QUEUE_LEVEL and all(g.queue_dir is not None for g in units[i:j]):  # else: whole vhosts
             only = {}
@@ -310,13 +320,13 @@ def _grouped(units, table: str):
                 segs = only.setdefault(g.queue_dir, set() if g.segment is not None else None)
                 if segs is not None and g.segment is not None:
                     segs.add(g.segment)
-        yield (u.node_path, u.node_label), (u.node_path, u.node_label), u.vhost_dir, only
+        yield (u.node_path, u.node_label), (u.node_path, u.node_label), u.vhost_dir, only, None
         i = j
 
 
 def _scans(options, groups, vhosts, queues, cache, cache_scope):
     ns, ns_id = None, None
-    for node_id, node, vhost_dir, only in groups:
+    for node_id, node, vhost_dir, only, streams in groups:
         key = (cache_scope, *node_id, vhost_dir) if cache is not None and cache_scope is not None \
             and vhost_dir is not None else None
         cached, facts = cache.get(key, (None, {})) if key is not None else (None, {})
@@ -342,6 +352,12 @@ def _scans(options, groups, vhosts, queues, cache, cache_scope):
             # index pass a boot-hang check needs) serve the whole node
             vs = base if restrict is None and not facts else \
                 VhostScan(ns, base.vhost, restrict, facts or base.vhost_facts())
+            if streams is not None or queues is not None:  # the streams it lists, by dir name
+                dirs = streams
+                if queues is not None:
+                    named = {e.path.name for e in ns.streams if e.label in queues}
+                    dirs = named if dirs is None else dirs & named
+                vs.stream_dirs = dirs
             try:
                 yield vs
             finally:

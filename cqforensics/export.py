@@ -2,6 +2,8 @@
 ``find`` messages by id or body text.
 
 Rows are the ``messages`` table plus a ``source`` column: ``index`` (held by a queue index),
+``stream`` (a record of a stream, every record on disk: ``survives_restart`` and
+``amqp091_drop_reason`` say which a consumer is served),
 and with ``everything``: ``ghost`` (v2 slots a dirty recovery dropped whose body is still
 readable), ``orphan``/``duplicate``/``corrupt`` (shared-store entries no index holds: acked
 messages still on disk, compaction leftovers, entries whose bytes fail a check). Each stored
@@ -43,7 +45,7 @@ from cqforensics.codes import AckEvidence, Location, StoreStatus
 from cqforensics.model.vhost import NodeScan, VhostScan
 from cqforensics.readers import qs as r_qs
 from cqforensics.schema import SCHEMAS
-from cqforensics.tables import messages_batches
+from cqforensics.tables import messages_batches, stream_messages_batches
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +212,8 @@ def export_batches(paths, everything: bool = False, vhosts=None, queues=None, pr
                 files, offsets = b.column("store_file").to_pylist(), b.column("store_offset").to_pylist()
                 seen.update((f, o) for f, o in zip(files, offsets) if f is not None and o is not None)
             yield pa.RecordBatch.from_arrays(b.columns + [pa.repeat(pa.scalar("index"), b.num_rows)], schema=SCHEMA)
+        for b in stream_messages_batches(vs):  # a stream's records, as the messages table has them
+            yield pa.RecordBatch.from_arrays(b.columns + [pa.repeat(pa.scalar("stream"), b.num_rows)], schema=SCHEMA)
         if not everything:
             return
 

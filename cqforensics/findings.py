@@ -81,6 +81,23 @@ CODES: dict[str, tuple[str, str]] = {
     "persistence-mismatch": (WARNING, "an index entry's persistent flag is not its message's: a transient entry of a "
                                       "durable queue whose body is in the persistent shared store, or (--deep) a "
                                       "stored message whose own persistence is not the index's (a flipped flag)"),
+    "osiris-bad-header": (ERROR, "a stream segment or index file has a missing or wrong header (OSIL/OSII version 1)"),
+    "osiris-index-torn": (WARNING, "a stream index file ends inside a 29-byte record; the next boot ignores the partial record"),
+    "osiris-chunk-torn": (ERROR, "a stream segment ends inside a chunk (a torn last write): the next boot cuts it, no consumer is served it"),
+    "osiris-trailing-bytes": (INFO, "zero bytes after the last chunk of a stream segment; the next boot truncates them"),
+    "osiris-chunk-bad-header": (ERROR, "bytes that are no chunk header where a stream chunk should start (or an unknown chunk type): readers stop there"),
+    "osiris-chunk-crc": (ERROR, "a stream chunk fails its CRC-32: whether it is served depends on the version and the protocol (see docs/streams.md)"),
+    "osiris-entry-bad": (ERROR, "the entries of a stream chunk do not frame (lengths, record counts) or a sub-batch does not decompress"),
+    "osiris-tracking-bad": (ERROR, "the tracking data of a stream chunk (trailer, delta or snapshot) does not parse"),
+    "osiris-segment-missing": (ERROR, "a stream index file without its segment: its chunks are gone"),
+    "osiris-index-missing": (ERROR, "a stream segment without its index file: the next boot deletes the segment (osiris 1.8+) or, the only index missing, starts the stream empty"),
+    "osiris-chunk-id-gap": (ERROR, "a stream chunk's id is not the offset the previous chunk ends at: readers stop at the gap"),
+    "osiris-index-mismatch": (WARNING, "a stream index and its segment are out of step (a record naming no chunk, differing ids, chunks the index does not list, zero records)"),
+    "stream-retention": (INFO, "a stream starts above offset 0: the offsets below were deleted (retention or by hand)"),
+    "stream-boot-loss": (ERROR, "what the named broker version's next boot of a stream deletes or cuts (chunks after the last valid indexed chunk, a segment, the whole stream)"),
+    "stream-not-served": (WARNING, "stream records the next boot keeps that a consumer from first of the named version "
+                                   "is not served (after a gap in chunk ids; compressed sub-batches over AMQP 0-9-1 on "
+                                   "4.x; from a read that fails an AMQP 0-9-1 consumer's channel on)"),
     "message-copies-differ": (WARNING, "two copies of one message embedded in CQv1 indexes (one message id routed "
                                        "to two queues) hold different bytes: one is damaged"),
 }

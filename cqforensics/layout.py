@@ -145,11 +145,11 @@ class StorageKind:
 
 
 #: the kinds of queue storage (rabbit_queue_type: classic, quorum, stream); ``read`` says which
-#: cqforensics reads. The quorum and stream readers set theirs to True.
+#: cqforensics reads (streams: readers/osiris.py, docs/streams.md).
 STORAGE_KINDS: dict[str, StorageKind] = {k.name: k for k in (
     StorageKind("classic", "rabbit_classic_queue", "classic queue", True, "msg_stores/vhosts/*/queues/*"),
     StorageKind("quorum", "rabbit_quorum_queue", "quorum queue", False, "quorum/*/*"),
-    StorageKind("stream", "rabbit_stream_queue", "stream", False, "stream/*"),
+    StorageKind("stream", "rabbit_stream_queue", "stream", True, "stream/*"),
 )}
 
 

@@ -611,3 +611,272 @@ def decode_stored(raw) -> dict:
     except (TypeError, ValueError, IndexError, KeyError, AttributeError, RecursionError, OverflowError) as e:
         # a decodable term of a shape no broker writes (e.g. a list where a binary belongs)
         raise FormatError(f"malformed stored term ({type(e).__name__}: {str(e)[:120]})") from None
+
+
+# -- stream entries (osiris records: a whole AMQP 1.0 message) ----------------------------------------
+#
+# A stream record is the AMQP 1.0 message bytes (every protocol's: RabbitMQ converts at publish).
+# An AMQP 0-9-1 consumer of the broker receives it converted at delivery, differently per version:
+#
+# * ``msg_record`` (3.10 - 3.12): rabbit_stream_queue:binary_to_msg/2 -> rabbit_msg_record:init/1 +
+#   to_amqp091/1 (deps/rabbit/src/rabbit_msg_record.erl v3.10.8): the message annotations
+#   x-basic-priority / -delivery-mode / -expiration and the application properties x-basic-type /
+#   -app-id become those properties (no look at the header section); the other application
+#   properties become headers (to_091/2: no clause for symbol, ulong, char, uuid, decimal, list,
+#   map, array: the conversion fails); a message without a data section cannot be converted.
+# * ``mc`` (3.13+): mc_amqp -> mc_amqpl:convert_from(mc_amqp, ..) (deps/rabbit/src/mc_amqpl.erl
+#   v4.0.5, v4.3.5): header durable / priority / ttl first, x-basic-* annotations else; group-id
+#   is app_id; application properties with UTF-8 keys and x-* message annotations (not x-basic-*,
+#   x-exchange, x-routing-key, x-death) become headers; a body that is not data sections is
+#   the encoded sections with type ``amqp-1.0``.
+#
+# Both add the ``x-stream-offset`` header (long) at delivery: that is the ``stream_offset``
+# column, not repeated in ``headers``.
+
+_T091 = {"string": "longstr", "long": "long", "byte": "byte", "ubyte": "unsignedbyte", "short": "short",
+         "ushort": "unsignedshort", "uint": "unsignedint", "int": "signedint", "double": "double", "float": "float",
+         "timestamp": "timestamp", "boolean": "bool", "null": "void"}
+
+
+def _h(t: str, v) -> dict:
+    """A typed-JSON header value; text that is not UTF-8 as base64 (amqp091.headers_json's form)."""
+    if isinstance(v, (bytes, bytearray)):
+        try:
+            return {"type": t, "value": bytes(v).decode("utf-8")}
+        except UnicodeDecodeError:
+            return {"type": t, "base64": base64.b64encode(bytes(v)).decode()}
+    return {"type": t, "value": v}
+
+
+def _raw_text(v: dict):
+    """A typed AMQP 1.0 string/symbol/binary value -> its bytes (None for null)."""
+    if v is None or v.get("type") == "null":
+        return None
+    if "base64" in v:
+        return base64.b64decode(v["base64"])
+    return v["value"].encode("utf-8") if isinstance(v["value"], str) else v["value"]
+
+
+def _to091_msg_record(v: dict) -> dict:
+    """rabbit_msg_record:to_091/2 (3.10 - 3.12) of one application property value."""
+    t = v.get("type")
+    if t == "string":
+        return _h("longstr", _raw_text(v))
+    if t == "binary":
+        return _h("binary", _raw_text(v))
+    if t == "timestamp":
+        return {"type": "timestamp", "value": v["value"] // 1000}
+    if t == "null":
+        return {"type": "void", "value": None}
+    if t in _T091 and t != "string":
+        return {"type": _T091[t], "value": v["value"]}
+    raise FormatError(f"an application property of AMQP 1.0 type {t} has no AMQP 0-9-1 form "
+                      "(rabbit_msg_record:to_091/2): the conversion fails")
+
+
+def _to091_mc(v: dict) -> dict:
+    """mc_amqpl:to_091/1,2 (3.13+) of one value."""
+    t = v.get("type")
+    if t in ("string", "symbol", "binary"):
+        return _h("longstr", _raw_text(v))
+    if t == "ulong":
+        return {"type": "long", "value": v["value"]}
+    if t == "timestamp":
+        return {"type": "timestamp", "value": v["value"] // 1000}
+    if t == "null":
+        return {"type": "void", "value": None}
+    if t in ("list", "array"):
+        return {"type": "array", "value": [_to091_mc(x) for x in v["value"]]}
+    if t == "map":
+        return {"type": "table", "value": {_key(k): _to091_mc(x) for k, x in v["value"]}}
+    if t in _T091:
+        return {"type": _T091[t], "value": v["value"]}
+    raise FormatError(f"a value of AMQP 1.0 type {t} has no AMQP 0-9-1 form (mc_amqpl:to_091): the conversion fails")
+
+
+def _key(k: dict) -> str:
+    raw = _raw_text(k) if k.get("type") in ("string", "symbol", "binary") else str(amqp10.plain(k)).encode()
+    return raw.decode("utf-8", "replace")
+
+
+def _sections_of(raw: bytes) -> dict:
+    """The sections of an encoded message by name; body sections in order."""
+    out: dict = {"body": []}
+    for code, val, start, end in amqp10.sections(raw):
+        if code == amqp10.HEADER:
+            out["header"] = amqp10.fields(val, amqp10.HEADER_FIELDS)
+        elif code == amqp10.MESSAGE_ANNOTATIONS:
+            out["message_annotations"] = val.get("value") or [] if isinstance(val, dict) else []
+        elif code == amqp10.PROPERTIES:
+            out["properties"] = amqp10.fields(val, amqp10.PROPERTY_FIELDS)
+        elif code == amqp10.APPLICATION_PROPERTIES:
+            out["application_properties"] = val.get("value") or [] if isinstance(val, dict) else []
+        elif code in (amqp10.DATA, amqp10.AMQP_VALUE, amqp10.AMQP_SEQUENCE):
+            out["body"].append((code, val, bytes(raw[start:end])))
+        elif code == amqp10.FOOTER:
+            out["footer"] = val
+        elif code != amqp10.DELIVERY_ANNOTATIONS:
+            raise FormatError(f"a section of unknown descriptor at byte {start}", offset=start)
+    return out
+
+
+def _message_id(v: dict | None, hkey: str, headers: dict, conversion: str):
+    """rabbit_msg_record:message_id/3 (3.10) or mc_amqpl:message_id/3 (3.13+): a message or
+    correlation id as a short string, or as a header where it does not fit."""
+    if v is None or v.get("type") == "null":
+        return None
+    t = v["type"]
+    if conversion == "msg_record":
+        if t == "uuid":
+            headers[hkey] = _h("longstr", b"uuid")
+            return v["value"]
+        if t == "ulong":
+            headers[hkey] = _h("longstr", b"ulong")
+            return str(v["value"])
+        if t == "binary":
+            raw = _raw_text(v)
+            enc = base64.b64encode(raw)
+            if len(enc) > 256:
+                headers[hkey.replace("-type", "")] = _h("longstr", raw)
+                return None
+            headers[hkey] = _h("longstr", b"binary")
+            return enc.decode()
+        raw = _raw_text(v)
+        if t == "string" and len(raw) > 256:
+            headers[hkey.replace("-type", "")] = _h("longstr", raw)
+            return None
+        return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    if t == "uuid":
+        return f"urn:uuid:{v['value']}"
+    if t == "ulong":
+        return str(v["value"])
+    if t == "binary":
+        headers[hkey] = _h("binary", _raw_text(v))
+        return None
+    raw = _raw_text(v)
+    if len(raw) <= 255:
+        return raw.decode("utf-8", "replace")
+    headers[hkey] = _h("longstr", raw)
+    return None
+
+
+def _short(v: dict | None):
+    """mc_amqpl:unwrap_shortstr/1: a UTF-8 string of at most 255 bytes, else nothing."""
+    if v is None or v.get("type") != "string":
+        return None
+    raw = _raw_text(v)
+    return raw.decode("utf-8", "replace") if len(raw) <= 255 else None
+
+
+def _text(v: dict | None):
+    raw = _raw_text(v) if v is not None and v.get("type") in ("string", "symbol", "binary") else None
+    if raw is None:
+        return None if v is None or v.get("type") == "null" else str(amqp10.plain(v))
+    return raw.decode("utf-8", "replace")
+
+
+def decode_amqp10_entry(raw: bytes, model) -> dict:
+    """A stream record (the AMQP 1.0 message bytes osiris stores) -> ``FIELDS`` as an AMQP 0-9-1
+    consumer of the broker version ``model`` (a ``model.versions.BrokerModel``) receives it:
+    its ``stream_amqp091_conversion`` (``msg_record`` for 3.10 - 3.12, ``mc`` for 3.13+),
+    ``amqp10_reply_to_urldecoded`` (4.2+: a ``/queues/<name>`` reply-to becomes the name) and
+    ``amqp10_headerless_durable`` (whether a record without a header section, nor an
+    ``x-basic-delivery-mode`` annotation, counts as durable: delivery mode 2);
+    ``annotations`` holds the AMQP 1.0 sections as a stream-protocol consumer receives them.
+    Exchange and routing key come from the message annotations ``x-exchange`` /
+    ``x-routing-key`` (absent: ``""`` and the queue's name, which the caller fills). Raises
+    FormatError on bytes that are no message, and on a message the version cannot convert
+    (then the broker's conversion fails too: model.recovery counts the read as failing)."""
+    conversion = model.stream_amqp091_conversion
+    secs = _sections_of(raw)
+    header = secs.get("header") or {}
+    ma = {_key(k): v for k, v in secs.get("message_annotations", [])}
+    p10 = secs.get("properties") or dict.fromkeys(amqp10.PROPERTY_FIELDS)
+    ap = [(_key(k), v) for k, v in secs.get("application_properties", [])]
+    body_secs = secs["body"]
+    headers: dict = {}
+
+    def ma_plain(name):
+        v = ma.get(name)
+        return None if v is None else amqp10.plain(v)
+
+    if conversion == "msg_record":
+        if not body_secs or body_secs[0][0] != amqp10.DATA:
+            raise FormatError("no data section: rabbit_msg_record:to_amqp091/1 cannot convert the message")
+        body = base64.b64decode(body_secs[0][1]["base64"])
+        typ = app = None
+        rest = []
+        for k, v in ap:
+            if k == "x-basic-type" and typ is None:
+                typ = _text(v)
+            elif k == "x-basic-app-id" and app is None:
+                app = _text(v)
+            else:
+                rest.append((k, v))
+        for k, v in rest:
+            headers[k] = _to091_msg_record(v)
+        prio, mode, exp = ma_plain("x-basic-priority"), ma_plain("x-basic-delivery-mode"), ma.get("x-basic-expiration")
+        props = {"delivery_mode": mode, "priority": prio, "expiration": _text(exp), "type": typ, "app_id": app,
+                 "user_id": _text(p10.get("user_id")), "reply_to": _text(p10.get("reply_to"))}
+    else:
+        if body_secs and all(c == amqp10.DATA for c, _, _ in body_secs):
+            body, typ0 = b"".join(base64.b64decode(v["base64"]) for _, v, _ in body_secs), None
+        else:  # the encoded body sections (and footer) as they are
+            body, typ0 = b"".join(b for _, _, b in body_secs), "amqp-1.0"
+        durable = amqp10.plain(header["durable"]) if header.get("durable") else None
+        basic_mode = ma_plain("x-basic-delivery-mode")
+        mode = 2 if durable is True else 1 if durable is False else basic_mode
+        if mode is None:  # mc_amqpl:protocol_state/2: 2 unless the durable annotation is false
+            # (mc_amqp get_property(durable, ..): the header, else the x-basic-delivery-mode annotation)
+            durable_ann = (basic_mode != 1) if model.amqp10_headerless_durable else (basic_mode == 2)
+            mode = 2 if durable_ann else None
+        prio = amqp10.plain(header["priority"]) if header.get("priority") else ma_plain("x-basic-priority")
+        ttl = amqp10.plain(header["ttl"]) if header.get("ttl") else None
+        exp = str(ttl) if ttl is not None else _text(ma.get("x-basic-expiration"))
+        typ = typ0 if typ0 is not None else _text(ma.get("x-basic-type"))
+        for k, v in ma.items():
+            if k == "x-cc":
+                headers["CC"] = _to091_mc(v)
+            elif k == "x-opt-rabbitmq-received-time" and v.get("type") == "timestamp":
+                headers["timestamp_in_ms"] = {"type": "long", "value": v["value"]}
+            elif (k.startswith("x-") and len(k.encode()) <= 255 and not k.startswith("x-basic-")
+                  and k not in ("x-routing-key", "x-exchange", "x-death", "x-opt-deaths")):
+                headers[k] = _to091_mc(v)
+        for k, v in ap:
+            if len(k.encode()) <= 255:
+                headers[k] = _to091_mc(v)
+        reply = _short(p10.get("reply_to"))
+        if model.amqp10_reply_to_urldecoded and reply is not None and reply.startswith("/queues/"):
+            from urllib.parse import unquote_to_bytes
+            try:
+                reply = unquote_to_bytes(reply[len("/queues/"):]).decode("utf-8")
+            except UnicodeDecodeError:
+                reply = None
+        user = _raw_text(p10.get("user_id")) if p10.get("user_id") else None
+        props = {"delivery_mode": mode, "priority": prio, "expiration": exp, "type": typ,
+                 "app_id": _short(p10.get("group_id")), "reply_to": reply,
+                 "user_id": user.decode("utf-8", "replace") if user is not None and len(user) <= 255 else None}
+    msg_id = _message_id(p10.get("message_id"), "x-message-id-type" if conversion == "msg_record"
+                         else "x-message-id", headers, conversion)
+    corr_id = _message_id(p10.get("correlation_id"), "x-correlation-id-type" if conversion == "msg_record"
+                          else "x-correlation-id", headers, conversion)
+    created = amqp10.plain(p10["creation_time"]) if p10.get("creation_time") else None
+    props.update(content_type=_text(p10.get("content_type")), content_encoding=_text(p10.get("content_encoding")),
+                 message_id=msg_id, correlation_id=corr_id, cluster_id=None,
+                 timestamp=created // 1000 if isinstance(created, int) else None)
+    for k in ("delivery_mode", "priority"):
+        if props[k] is not None and not isinstance(props[k], int):
+            raise FormatError(f"{k} annotation is no integer: the conversion fails")
+    exchange, rk = ma.get("x-exchange"), ma.get("x-routing-key")
+    detail = {"header": header or None,
+              "message_annotations": {k: v for k, v in ma.items()},
+              "properties": p10,
+              "application_properties": {k: v for k, v in ap},
+              "body_section": None if not body_secs else amqp10.SECTION_NAMES[body_secs[0][0]]}
+    if "footer" in secs:
+        detail["footer"] = amqp10.map_object(secs["footer"])
+    return {"msg_id": None, "persistent": props["delivery_mode"] == 2, "exchange": _text(exchange),
+            "routing_keys": [_text(rk)] if rk is not None else [], "properties": props,
+            "timestamp_ms": created if isinstance(created, int) else None,
+            "headers": amqp091.headers_json(headers) if headers else None,
+            "annotations": _annotations_json({}, {"amqp10": detail}), "body": body, "term_format": "amqp10"}

@@ -153,6 +153,8 @@ class QueueRow:
     reasons: Counter = field(default_factory=Counter)
     crash: str | None = None
     bounds: tuple[int, int] | None = None  # (at least, at most) when the vhost's store can crash while serving
+    queue_type: str = "classic"
+    amqp091_lost: int = 0  # stream records kept that an AMQP 0-9-1 consumer is not served
 
 
 @dataclass
@@ -248,21 +250,23 @@ def gather(paths, broker_version=None, as_of=None, vhosts=None, progress=None) -
         sf = node(n).vhost(vh).files.setdefault(file, StoreFile(file))
         sf.store = sf.store or store
         StoreFile._add(sf.holes, offset or 0, length or 0, kind or "garbage")
-    for n, vh, q, index_version, durable_known, name_source, messages, nbytes in batches(
+    for n, vh, q, index_version, durable_known, name_source, messages, nbytes, qtype in batches(
             "queues", ["node", "vhost", "queue", "index_version", "durable_known", "name_source", "messages",
-                       "bytes"]):
+                       "bytes", "queue_type"]):
         row = node(n).vhost(vh).queues.setdefault(q, QueueRow(q))
+        row.queue_type = qtype or "classic"
         row.levels += 1
         row.index_versions.add(index_version)
         row.durable_known = row.durable_known and bool(durable_known)
         row.name_sources.add(name_source)
         row.messages += messages or 0
         row.bytes += nbytes or 0
-    for n, vh, q, survives, reason in batches(
-            "messages", ["node", "vhost", "queue", "survives_restart", "drop_reason"]):
+    for n, vh, q, survives, reason, amqp091 in batches(
+            "messages", ["node", "vhost", "queue", "survives_restart", "drop_reason", "amqp091_drop_reason"]):
         row = node(n).vhost(vh).queues.setdefault(q, QueueRow(q))
         if survives:
             row.predicted += 1
+            row.amqp091_lost += amqp091 is not None
         else:
             row.dropped += 1
             row.reasons[reason or "unknown"] += 1
@@ -401,7 +405,10 @@ def _queue_section(v: Vhost) -> str:
         if q.bounds is not None:
             notes.append(f"delivers {num(q.bounds[0])} to {num(q.bounds[1])}, depending on timing: the vhost's message "
                          "store can crash while it serves (store-crash)")
-        versions = ", ".join(f"v{x}" for x in sorted(i for i in q.index_versions if i is not None))
+        if q.amqp091_lost:
+            notes.append(f"{num(q.amqp091_lost)} not served to an AMQP 0-9-1 consumer (see stream-not-served)")
+        versions = "stream" if q.queue_type == "stream" else \
+            ", ".join(f"v{x}" for x in sorted(i for i in q.index_versions if i is not None))
         rows.append(f'<tr class="queue-row" data-queue="{text(q.queue)}"><td class="qname mono">{text(q.queue)}</td>'
                     f'<td>{text(versions)}{" · " + str(q.levels) + " levels" if q.levels > 1 else ""}</td>'
                     f'<td class="n messages">{num(held)}</td><td class="n delivered">{num(q.predicted)}</td>'

@@ -23,6 +23,14 @@ the exchange is assumed to route to exactly the queues that held the message. Pu
 ``mandatory`` and confirmed; the default exchange is the original one for messages published
 to it.
 
+Stream records (``source`` ``stream``, a node dir's rows of ``queue_type`` ``stream``) are
+selected by the same rule (``survives_restart``: the next boot keeps them and a consumer from
+``first`` is served them) and sent over AMQP 0-9-1 as a 0-9-1 consumer of the version receives
+them (properties, typed headers, body), to the stream itself or, with ``--map``, to any queue:
+a stream record has no message id, so each copy is its own publish (through its original
+exchange when that routes it to exactly its stream, else by queue name). The stream offset is
+not kept (a stream gives new offsets); sections AMQP 0-9-1 cannot carry are lost on the way.
+
 AMQP 1.0 messages (``term_format`` ``mc_amqp*``) are sent over AMQP 1.0 (RabbitMQ 4.x, v2
 addresses ``/exchanges/X/K`` and ``/queues/Q``) with their properties, application properties,
 message annotations and body section; to a 3.x broker they are not sent (reported).
@@ -90,7 +98,7 @@ def _norm(row: dict) -> dict:
     props = dict(r.get("properties") or {})
     props["timestamp"] = _ts_seconds(props.get("timestamp"))
     r["properties"] = props
-    r.setdefault("source", "index")
+    r.setdefault("source", "stream" if r.get("queue_type") == "stream" else "index")
     return r
 
 
@@ -225,7 +233,7 @@ class Filters:
             self.seen["queue"].add(r["queue"])
         if r["source"] == "lost+found":
             pass  # everything a rebuild could not write (LOST_FOUND_SKIP already left out)
-        elif r["source"] != "index":
+        elif r["source"] not in ("index", "stream"):
             return False
         elif self.only_dropped:
             if r.get("survives_restart") or r.get("body") is None or r.get("decode_error"):
@@ -313,7 +321,7 @@ def plan(rows: Iterable[dict], filters: Filters, qmap: dict[str, str], routers: 
     pos = {id(r): i for i, r in enumerate(rows)}
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        if r["source"] not in ("index", "lost+found"):
+        if r["source"] not in ("index", "lost+found", "stream"):
             continue
         key = (r.get("node"), r["vhost"], r.get("msg_id") or f"#{id(r)}", body_digest(r))
         groups.setdefault(key, []).append(r)

@@ -40,6 +40,9 @@ SCHEMAS: dict[str, pa.Schema] = {
         _f("properties", PROPERTIES), _f("headers", pa.string()), _f("annotations", pa.string()),
         _f("body", pa.binary()), _f("body_size", pa.int64()), _f("term_format", pa.string()),
         _f("decode_error", pa.string()), _f("survives_restart", pa.bool_()), _f("drop_reason", pa.string()),
+        # appended for quorum queues and streams (one convention: classic / quorum / stream)
+        _f("queue_type", pa.string()), _f("stream_offset", pa.int64()), _f("chunk_id", pa.int64()),
+        _f("chunk_timestamp", TS), _f("epoch", pa.int64()), _f("amqp091_drop_reason", pa.string()),
     ]),
     "index": pa.schema(WHERE + QUEUE + AT + [
         _f("index_version", pa.int32()), _f("kind", pa.string()), _f("seq_id", pa.int64()),
@@ -72,6 +75,13 @@ SCHEMAS: dict[str, pa.Schema] = {
         _f("index_version", pa.int32()), _f("segments", pa.int32()), _f("messages", pa.int64()),
         _f("bytes", pa.int64()), _f("persistent", pa.int64()), _f("predicted_after_restart", pa.int64()),
         _f("predicted_min", pa.int64()), _f("predicted_max", pa.int64()), _f("dropped", pa.int64()),
+        _f("queue_type", pa.string()),  # appended: classic / quorum / stream
+    ]),
+    # a stream's tracking state: each tracking block on disk (consumer offsets by reference,
+    # publisher sequences, timestamps), and whether it is what the next boot holds (``current``)
+    "stream_tracking": pa.schema(WHERE + [_f("queue", pa.string())] + AT + [
+        _f("chunk_id", pa.int64()), _f("source", pa.string()), _f("kind", pa.string()), _f("reference", pa.string()),
+        _f("value", pa.int64()), _f("sequence_chunk_id", pa.int64()), _f("current", pa.bool_()),
     ]),
     "findings": pa.schema(WHERE + QUEUE + AT + [
         _f("code", pa.string(), False), _f("severity", pa.string(), False), _f("message", pa.string()),

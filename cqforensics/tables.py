@@ -33,7 +33,7 @@ from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers import registry
 from cqforensics.schema import (SCHEMAS, STRINGS, TS_MAX_US, TS_MIN_US, binary_array, fit_array, fit_struct,
-                                properties_row)
+                                fits, properties_row)
 from cqforensics.schema import value_marks as schema_marks
 
 TS = pa.timestamp("us", tz="UTC")
@@ -132,10 +132,15 @@ def names_array(names, index: np.ndarray, null: np.ndarray | None = None) -> pa.
 
 
 def batch(table: str, columns: dict) -> pa.RecordBatch:
+    """A batch of ``table`` from its columns; a classic queue's builder leaves out the columns
+    of other queue types (``queue_type`` is then ``classic``, the others null)."""
     sch = SCHEMAS[table]
     arrays = []
+    n = len(next(iter(columns.values()))) if columns else 0
     for f in sch:
-        col = columns[f.name]
+        col = columns.get(f.name)
+        if col is None and f.name not in columns:
+            col = repeat("classic", n) if f.name == "queue_type" else pa.nulls(n, f.type)
         arrays.append(col if isinstance(col, pa.Array) else pa.array(col, f.type))
     return pa.RecordBatch.from_arrays(arrays, schema=sch)
 
@@ -624,7 +629,7 @@ def _messages_batch(vs: VhostScan, pieces: list[tuple], node: str, vhost: str | 
         "drop_reason": names_array(FATE_LABELS[1:], fate - 1, fate == Fate.DELIVERED),
         **_arrays(dec),
     }
-    return pa.RecordBatch.from_arrays([cols[f.name] for f in sch], schema=sch)
+    return batch("messages", cols)
 
 
 # -- queues / files / findings ---------------------------------------------------------------------
@@ -677,7 +682,8 @@ def queues_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
                      "queue_dir": display(q.path), "name_source": q.name_source, "durable_known": vs.queue_known(q),
                      "index_version": s["version"], "segments": s["segments"], "messages": s["messages"],
                      "bytes": s["bytes"], "persistent": s["persistent"], "predicted_after_restart": s["kept"],
-                     "predicted_min": s["min"], "predicted_max": s["max"], "dropped": s["messages"] - s["kept"]})
+                     "predicted_min": s["min"], "predicted_max": s["max"], "dropped": s["messages"] - s["kept"],
+                     "queue_type": "classic"})
     if rows:
         yield pa.RecordBatch.from_pylist(rows, schema=SCHEMAS["queues"])
 
@@ -812,3 +818,127 @@ BUILDERS = {
     "findings": findings_batches,
 }
 BUILDERS = {name: in_shares(build) if name in INDEXED_TABLES else build for name, build in BUILDERS.items()}
+
+
+# -- streams: rows of the node's stream dirs, with the vhost that owns them ---------------------------
+
+
+def _i64(v: int) -> int | None:
+    """An unsigned 64-bit field of a stream file (an offset, chunk id, epoch, tracking value) in an
+    int64 column: null when damage put it above the column's range (the reader's findings say so)."""
+    return v if fits(v, pa.int64()) else None
+
+
+def stream_message_rows(vs: VhostScan, e) -> pa.RecordBatch | None:
+    from cqforensics.message import decode_amqp10_entry
+
+    node, vhost = _where(vs)
+    by_chunk, amqp091 = e.fate.record_fates(e.scan.records)
+    model = vs.node.model
+    rows = []
+    for r in e.scan.records:
+        c = r.chunk
+        row = {"node": node, "vhost": vhost, "queue": e.label, "file": display(c.file), "offset": r.entry_pos,
+               "size": None if r.body is None else len(r.body), "queue_type": "stream", "stream_offset": _i64(r.offset),
+               "chunk_id": _i64(c.chunk_id), "epoch": _i64(c.epoch), "persistent": True, "location": "stream",
+               "term_format": "amqp10", "index_version": None}
+        ts_us = c.timestamp * 1000
+        row["chunk_timestamp"] = ts_us if fits(ts_us, TS) else None
+        if r.body is None:
+            row["decode_error"] = r.error
+        elif not vs.options.decode:  # the record's bytes as they are (nothing decoded)
+            row["body"] = r.body if vs.options.bodies else None
+        else:
+            try:
+                d = (e.fate.views or {}).get(r.offset)
+                if d is None:
+                    d = decode_amqp10_entry(r.body, model)
+                elif isinstance(d, FormatError):
+                    raise d
+                d = dict(d, properties=dict(d["properties"]))
+                props = d["properties"]
+                if props.get("timestamp") is not None:
+                    props["timestamp"] = props["timestamp"] * 1_000_000
+                fit_struct(props, _PROP_TYPE)
+                row.update(exchange=d["exchange"] if d["exchange"] is not None else "",
+                           routing_keys=d["routing_keys"] or [e.label], properties=props, headers=d["headers"],
+                           annotations=d["annotations"], body=d["body"] if vs.options.bodies else None,
+                           body_size=len(d["body"]))  # persistent: every record is on disk (the
+                # delivery mode a consumer sees is in properties)
+            except FormatError as err:
+                row["decode_error"] = f"not an AMQP 1.0 message: {err.message}"
+        own = by_chunk.get((c.file, c.pos))
+        row["survives_restart"] = own is None
+        row["drop_reason"] = None if own is None else own.reason
+        amqp = amqp091.get(r.offset)
+        row["amqp091_drop_reason"] = None if amqp is None else amqp.reason
+        rows.append(row)
+    return pa.RecordBatch.from_pylist(rows, schema=SCHEMAS["messages"]) if rows else None
+
+
+def stream_queue_row(vs: VhostScan, e) -> dict:
+    node, vhost = _where(vs)
+    user = e.scan.records
+    chunks, _ = e.fate.record_fates(user)
+    kept = sum(1 for r in user if (r.chunk.file, r.chunk.pos) not in chunks)
+    return {"node": node, "vhost": vhost, "queue": e.label, "queue_dir": display(e.path), "name_source": e.name_source,
+            "durable_known": e.name_source == "metadata", "segments": len(e.scan.segments), "messages": len(user),
+            "bytes": sum(len(r.body) for r in user if r.body is not None), "persistent": len(user),
+            "predicted_after_restart": kept, "dropped": len(user) - kept, "queue_type": "stream"}
+
+
+def stream_tracking_rows(vs: VhostScan, e) -> list[dict]:
+    """Every tracking block, and which one per (kind, reference) the next boot holds: osiris
+    recover_tracking/1 replays only the last segment the boot keeps (a snapshot resets)."""
+    node, vhost = _where(vs)
+    kept_files = {f for f, _ in e.fate.kept}
+    last_file = max(kept_files) if kept_files else None
+    current = {}
+    for k, t in enumerate(e.scan.tracking):
+        if t.file != last_file or (t.file, t.pos) not in e.fate.kept:
+            continue
+        if t.source == "snapshot" and (k == 0 or e.scan.tracking[k - 1].pos != t.pos):
+            current = {}  # osiris_tracking:init/2: a snapshot replaces the state
+        current[(t.kind, t.reference)] = k
+    held = set(current.values())
+    return [{"node": node, "vhost": vhost, "queue": e.label, "file": display(t.file), "offset": t.pos,
+             "chunk_id": _i64(t.chunk_id) if t.source != "snapshot" else None, "source": t.source, "kind": t.kind,
+             "reference": t.reference.decode("utf-8", "replace"), "value": _i64(t.value),
+             "sequence_chunk_id": _i64(t.chunk_id) if t.kind == "sequence" else None, "current": k in held}
+            for k, t in enumerate(e.scan.tracking)]
+
+
+def stream_messages_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
+    """The ``messages`` rows of the streams ``vs`` lists, a batch per stream."""
+    for e in vs.streams:
+        b = stream_message_rows(vs, e)
+        if b is not None:
+            yield b
+
+
+def with_streams(table: str, build):
+    """``build`` followed by the rows of the streams ``vs`` lists (``VhostScan.streams``; the
+    findings come with fsck's checks, ``checks.streams``)."""
+    def run(vs: VhostScan) -> Iterator[pa.RecordBatch]:
+        yield from build(vs)
+        if table == "messages":
+            yield from stream_messages_batches(vs)
+            return
+        for e in vs.streams:
+            if table == "queues":
+                yield pa.RecordBatch.from_pylist([stream_queue_row(vs, e)], schema=SCHEMAS["queues"])
+            elif table == "stream_tracking":
+                rows = stream_tracking_rows(vs, e)
+                if rows:
+                    yield pa.RecordBatch.from_pylist(rows, schema=SCHEMAS["stream_tracking"])
+    run.__name__ = run.__qualname__ = getattr(build, "__name__", table)
+    return run
+
+
+def _no_rows(vs: VhostScan) -> Iterator[pa.RecordBatch]:
+    return iter(())
+
+
+BUILDERS["stream_tracking"] = _no_rows
+BUILDERS = {name: with_streams(name, build) if name in ("messages", "queues", "stream_tracking")
+            else build for name, build in BUILDERS.items()}

@@ -3,7 +3,7 @@
 then every entry point on each mutated copy, each in a child process with a wall-time and a
 memory limit.
 
-    python3 fuzz/campaign.py --runs 3000 --seed S [--jobs 2] [--out summary.json]
+    python3 fuzz/campaign.py --runs 3000 --seed S [--jobs 2] [--out summary.json] [--streams]
     python3 fuzz/campaign.py --replay SEED [--mutation M] [--dataset D] [--command C]
 
 A *seed* picks a dataset and a mutation (``plan``); the mutation is applied to a private copy
@@ -75,6 +75,8 @@ from cli.main import main as cli_main  # noqa: E402
 from cqforensics import amqp091, etf  # noqa: E402
 from cqforensics.grammar import qi as c_qi  # noqa: E402
 from cqforensics.grammar import rdq as c_rdq  # noqa: E402
+from cqforensics.grammar import osiris as g_osiris  # noqa: E402
+from cqforensics.readers import osiris as r_osiris  # noqa: E402
 from cqforensics.readers import rdq as r_rdq  # noqa: E402
 
 SAMPLES = ROOT / "sample_data"
@@ -84,13 +86,17 @@ DATASETS = ("3.10.8-clean", "3.10.8-kill", "3.10.8-segments", "4.0.5-clean", "4.
             "4.3.6-kill", "4.3.6-rolled", "3.12.14-clean", "3.13.7-clean", "4.1.8-clean", "4.2.2-clean",
             "3.10.8-proto-clean", "3.10.8-proto-kill", "4.0.5-proto-clean", "4.0.5-proto-kill",
             "4.3.6-proto-clean", "4.3.6-proto-kill")
-TABLES = ("messages", "index", "acks", "store", "refcounts", "holes", "files", "queues", "findings")
+#: samples holding streams (osiris segments and indexes): the osiris mutations are made on these
+STREAM_DATASETS = ("3.10.8-streams-clean", "3.10.8-streams-kill", "4.0.5-streams-clean", "4.0.5-streams-kill",
+                   "4.3.6-streams-clean", "4.3.6-streams-kill")
+DATASETS = DATASETS + STREAM_DATASETS
+TABLES = ("messages", "index", "acks", "store", "refcounts", "holes", "files", "queues", "findings", "stream_tracking")
 EXIT_CODES = frozenset({0, 1, 2, 4, 6, 8, 16})  # 2: fsck incomplete (storage not read), with 4: 6
 WALL_LIMIT = 60.0  # seconds per run
 AS_LIMIT = 1536 << 20  # address space a run may add to the process it forks from (its RLIMIT_AS, bytes)
 RSS_BOUND = 1536 << 20  # peak RSS a run may reach (bytes)
 DATA_SUFFIXES = (b".qi", b".qs", b".rdq", b".idx", b".jif", b".ets", b".dets", b".DCD", b".DCL", b".LOG",
-                 b".queue_name", b".vhost", b".config", b".dot")
+                 b".queue_name", b".vhost", b".config", b".dot", b".segment", b".index")
 
 
 # -- inputs ------------------------------------------------------------------------------------------
@@ -577,10 +583,207 @@ def m_bitflip1(rng, node):
     return f"bit {b % 8} of byte {b // 8} flipped", p
 
 
+# -- osiris (stream) files: structure-aware mutations of segments and indexes ----------------------
+
+#: chunk header fields (offset, size) in the 48-byte header (grammar.osiris.chunk_header)
+_CHUNK_FIELDS = {"magic_version": (0, 1), "chunk_type": (1, 1), "num_entries": (2, 2), "num_records": (4, 4),
+                 "timestamp": (8, 8), "epoch": (16, 8), "chunk_id": (24, 8), "crc": (32, 4), "data_size": (36, 4),
+                 "trailer_size": (40, 4), "bloom_size": (44, 1)}
+_INDEX_FIELDS = {"chunk_id": (0, 8), "timestamp": (8, 8), "epoch": (16, 8), "file_pos": (24, 4), "chunk_type": (28, 1)}
+
+
+def _osiris(node, suffix: bytes) -> list[bytes]:
+    return [p for p in _files(node) if p.endswith(suffix) and b"/stream/" in p]
+
+
+def _odd_int(rng, old: int, size: int) -> int:
+    """An odd value for a ``size``-byte field holding ``old``, never ``old`` itself (a mutation
+    that leaves the bytes as they were is no damage)."""
+    top = (1 << (8 * size)) - 1
+    picks = [v for v in (0, 1, top, top >> 1, (old + 1) & top, (old - 1) & top, old ^ (1 << rng.randrange(8 * size)),
+                         rng.randrange(top + 1)) if v != old]
+    return rng.choice(picks)
+
+
+def _walked(p: bytes, data: bytes):
+    return r_osiris.walk_segment(Path(os.fsdecode(p)), None, data)[0]
+
+
+def _fix_crc(data: bytearray, c) -> None:
+    """Recompute a chunk's CRC over its (mutated) data: the damage then passes the CRC check and
+    reaches the readers of what the data holds."""
+    data[c.pos + 32:c.pos + 36] = struct.pack(">I", zlib.crc32(bytes(data[c.data_pos:c.data_pos + c.data_size])))
+
+
+def m_osiris_chunk(rng, node):
+    """One field of a chunk header set to an odd value (a size, an id, the type, the magic)."""
+    segs = _osiris(node, b".segment")
+    if not segs:
+        return "no stream", None
+    p = rng.choice(segs)
+    data = bytearray(_read(p))
+    seg = _walked(p, bytes(data))
+    if not seg.chunks:
+        return "no chunk", p
+    c = rng.choice(seg.chunks)
+    name = rng.choice(sorted(_CHUNK_FIELDS))
+    off, size = _CHUNK_FIELDS[name]
+    old = int.from_bytes(data[c.pos + off:c.pos + off + size], "big")
+    new = _odd_int(rng, old, size)
+    data[c.pos + off:c.pos + off + size] = new.to_bytes(size, "big")
+    _write(p, bytes(data))
+    return f"chunk {c.chunk_id} at {c.pos}: {name} {old} -> {new}", p
+
+
+def m_osiris_entry(rng, node):
+    """An entry header inside a user chunk's data (a simple entry's length; a sub-batch's
+    compression, record count, lengths) set to an odd value, the chunk's CRC recomputed."""
+    segs = _osiris(node, b".segment")
+    if not segs:
+        return "no stream", None
+    p = rng.choice(segs)
+    data = bytearray(_read(p))
+    chunks = [c for c in _walked(p, bytes(data)).chunks if c.chunk_type == g_osiris.CHNK_USER and c.complete]
+    if not chunks:
+        return "no user chunk", p
+    c = rng.choice(chunks)
+    heads, q, end = [], c.data_pos, c.data_pos + c.data_size
+    while q + 4 <= end and len(heads) < 1000:
+        if data[q] & 0x80 and q + g_osiris.SUB_BATCH_HEAD_SIZE <= end:
+            heads.append(("sub_batch", q))
+            q += g_osiris.SUB_BATCH_HEAD_SIZE + int.from_bytes(data[q + 7:q + 11], "big")
+        else:
+            heads.append(("simple", q))
+            q += 4 + (int.from_bytes(data[q:q + 4], "big") & 0x7FFFFFFF)
+    kind, q = rng.choice(heads or [("simple", c.data_pos)])
+    if kind == "simple":
+        field, off, size = "length", 0, 4
+    else:
+        field, off, size = rng.choice((("compression byte", 0, 1), ("records", 1, 2), ("uncompressed length", 3, 4),
+                                       ("length", 7, 4)))
+    old = int.from_bytes(data[q + off:q + off + size], "big")
+    new = _odd_int(rng, old, size)
+    data[q + off:q + off + size] = new.to_bytes(size, "big")
+    _fix_crc(data, c)
+    _write(p, bytes(data))
+    return f"chunk {c.chunk_id}: {kind} entry at {q}: {field} {old} -> {new} (CRC recomputed)", p
+
+
+def m_osiris_tracking(rng, node):
+    """Bytes of a chunk's tracking data (a trailer, or a tracking chunk's body with its CRC
+    recomputed) set to odd values: a reference length, a block type, a value."""
+    segs = _osiris(node, b".segment")
+    if not segs:
+        return "no stream", None
+    p = rng.choice(segs)
+    data = bytearray(_read(p))
+    chunks = [c for c in _walked(p, bytes(data)).chunks if c.complete and (c.trailer_size or c.chunk_type != 0)]
+    if not chunks:
+        return "no tracking data", p
+    c = rng.choice(chunks)
+    if c.chunk_type != g_osiris.CHNK_USER:
+        a, n = c.data_pos + 4, c.data_size - 4  # the body of its one simple entry
+    else:
+        a, n = c.data_pos + c.data_size, c.trailer_size
+    if n <= 0:
+        return "empty tracking data", p
+    at = a + rng.choice((0, 1, rng.randrange(n)))
+    old = data[at]
+    data[at] = _odd_int(rng, old, 1)
+    if c.chunk_type != g_osiris.CHNK_USER:
+        _fix_crc(data, c)
+    _write(p, bytes(data))
+    return f"chunk {c.chunk_id}: tracking byte at {at} {old} -> {data[at]}", p
+
+
+def m_osiris_index(rng, node):
+    """An index file out of step: a record's field set to an odd value, a record zeroed,
+    duplicated or moved, or the file cut inside a record."""
+    idxs = [p for p in _osiris(node, b".index") if os.path.getsize(p) > g_osiris.IDX_HEADER_SIZE]
+    if not idxs:
+        return "no stream index", None
+    p = rng.choice(idxs)
+    data = bytearray(_read(p))
+    size = g_osiris.INDEX_RECORD_SIZE
+    n = (len(data) - g_osiris.IDX_HEADER_SIZE) // size
+    if n == 0:
+        return "no record", p
+    k = rng.randrange(n)
+    at = g_osiris.IDX_HEADER_SIZE + k * size
+    what = rng.choice(("field", "zero", "duplicate", "move", "cut"))
+    if what == "field":
+        name = rng.choice(sorted(_INDEX_FIELDS))
+        off, w = _INDEX_FIELDS[name]
+        old = int.from_bytes(data[at + off:at + off + w], "big")
+        data[at + off:at + off + w] = _odd_int(rng, old, w).to_bytes(w, "big")
+        desc = f"record {k}: {name} {old} -> {int.from_bytes(data[at + off:at + off + w], 'big')}"
+    elif what == "zero":
+        data[at:at + size] = bytes(size)
+        desc = f"record {k} zeroed"
+    elif what == "duplicate":
+        j = rng.randrange(n)
+        data[g_osiris.IDX_HEADER_SIZE + j * size:g_osiris.IDX_HEADER_SIZE + (j + 1) * size] = data[at:at + size]
+        desc = f"record {k} copied over record {j}"
+    elif what == "move":
+        rec = bytes(data[at:at + size])
+        del data[at:at + size]
+        data += rec
+        desc = f"record {k} moved to the end"
+    else:
+        cut = at + rng.randrange(1, size)
+        del data[cut:]
+        desc = f"cut at {cut}, inside record {k}"
+    _write(p, bytes(data))
+    return desc, p
+
+
+def m_osiris_files(rng, node):
+    """A stream dir's files out of step: an index or segment deleted, emptied to its header, a
+    pair renamed or copied under another chunk id, two segments swapped."""
+    segs = _osiris(node, b".segment")
+    if not segs:
+        return "no stream", None
+    p = rng.choice(segs)
+    idx = p[:-len(b".segment")] + b".index"
+    d = os.path.dirname(p)
+    what = rng.choice(("delete-index", "delete-segment", "header-only-segment", "header-only-index", "rename",
+                       "copy", "swap"))
+    if what == "delete-index" and os.path.exists(idx):
+        os.unlink(idx)
+        return "index deleted", idx
+    if what == "delete-segment":
+        os.unlink(p)
+        return "segment deleted", p
+    if what == "header-only-segment":
+        _write(p, _read(p)[:g_osiris.LOG_HEADER_SIZE])
+        return "segment cut to its header", p
+    if what == "header-only-index" and os.path.exists(idx):
+        _write(idx, _read(idx)[:g_osiris.IDX_HEADER_SIZE])
+        return "index cut to its header", idx
+    number = rng.choice((0, 1, 7, 10 ** 19, rng.randrange(1, 10 ** 6)))
+    new = os.path.join(d, os.fsencode(g_osiris.file_name(number, "segment")))
+    if what in ("rename", "copy") and not os.path.exists(new):
+        op = os.rename if what == "rename" else shutil.copyfile
+        op(p, new)
+        if os.path.exists(idx):
+            op(idx, new[:-len(b".segment")] + b".index")
+        return f"pair {'renamed' if what == 'rename' else 'copied'} to {os.path.basename(new)!r}", new
+    others = [q for q in segs if q != p and os.path.dirname(q) == d]
+    if not others:
+        os.unlink(p)
+        return "segment deleted (no other to swap with)", p
+    q = rng.choice(others)
+    a, b = _read(p), _read(q)
+    _write(p, b)
+    _write(q, a)
+    return f"swapped with {os.path.basename(q)!r}", p
+
+
 MUTATIONS = {"bitflip": m_bitflip, "truncate": m_truncate, "zero": m_zero, "junk": m_junk, "delete": m_delete,
              "swap": m_swap, "dup_record": m_dup_record, "hostile_term": m_hostile_term, "fifo": m_fifo,
              "odd_name": m_odd_name, "odd_value": m_odd_value, "amqp10": m_amqp10, "long_name": m_long_name,
-             "bitflip1": m_bitflip1}
+             "bitflip1": m_bitflip1, "osiris_chunk": m_osiris_chunk, "osiris_entry": m_osiris_entry,
+             "osiris_tracking": m_osiris_tracking, "osiris_index": m_osiris_index, "osiris_files": m_osiris_files}
 
 
 def _unpacked(dataset: str) -> None:
@@ -596,16 +799,22 @@ def _unpacked(dataset: str) -> None:
     extract_archives()
 
 
-def plan(seed: int, dataset: str | None = None, mutation: str | None = None) -> tuple[str, str]:
+def plan(seed: int, dataset: str | None = None, mutation: str | None = None,
+         datasets: tuple[str, ...] | None = None, mutations: tuple[str, ...] | None = None) -> tuple[str, str]:
+    """The dataset and mutation of ``seed`` (among ``datasets`` and ``mutations``, default all);
+    an osiris mutation drawn for a sample without streams is made on a streams sample instead."""
     rng = random.Random(seed)
-    d = rng.choice(DATASETS)
-    m = rng.choice(sorted(MUTATIONS))
+    d = rng.choice(datasets or DATASETS)
+    m = rng.choice(sorted(mutations or MUTATIONS))
+    if (mutation or m).startswith("osiris_") and d not in STREAM_DATASETS and dataset is None:
+        d = rng.choice(STREAM_DATASETS)
     return dataset or d, mutation or m
 
 
-def prepare(seed: int, work: Path, dataset: str | None = None, mutation: str | None = None) -> dict:
+def prepare(seed: int, work: Path, dataset: str | None = None, mutation: str | None = None,
+            datasets: tuple[str, ...] | None = None, mutations: tuple[str, ...] | None = None) -> dict:
     """The mutated copy of ``seed``'s dataset under ``work``: {dataset, mutation, what, base, target}."""
-    dataset, mutation = plan(seed, dataset, mutation)
+    dataset, mutation = plan(seed, dataset, mutation, datasets, mutations)
     base = work / "mnesia"
     _unpacked(dataset)
     shutil.copytree(SAMPLES / dataset / "mnesia", base, symlinks=True)
@@ -783,11 +992,12 @@ def run_one(command: str, inp: dict, out: Path, wall: float = WALL_LIMIT, as_lim
 
 
 def run_seed(seed: int, work: Path, commands=COMMANDS, dataset: str | None = None, mutation: str | None = None,
-             wall: float = WALL_LIMIT, as_limit: int = AS_LIMIT, rss_bound: int = RSS_BOUND) -> dict:
+             wall: float = WALL_LIMIT, as_limit: int = AS_LIMIT, rss_bound: int = RSS_BOUND,
+             datasets: tuple[str, ...] | None = None, mutations: tuple[str, ...] | None = None) -> dict:
     """Prepare ``seed``'s input and run every command on it: {seed, dataset, mutation, what, runs}."""
     d = Path(tempfile.mkdtemp(prefix=f"seed{seed}-", dir=work))
     try:
-        inp = prepare(seed, d, dataset, mutation)
+        inp = prepare(seed, d, dataset, mutation, datasets, mutations)
         out = d / "out"
         out.mkdir()
         runs = [run_one(c, inp, out, wall, as_limit, rss_bound) for c in commands]
@@ -802,7 +1012,7 @@ def run_seed(seed: int, work: Path, commands=COMMANDS, dataset: str | None = Non
 #: mutations that change the bytes of one data file: fsck should name that file (a hostile term is
 #: only decoded by ``--deep``, whose findings the decode tests pin, so it is not counted here)
 DAMAGING = frozenset({"bitflip", "truncate", "zero", "junk", "swap", "dup_record", "odd_value", "amqp10", "long_name",
-                      "bitflip1"})
+                      "bitflip1", "osiris_chunk", "osiris_entry", "osiris_tracking", "osiris_index"})
 
 
 def _reported(inp: dict, out: Path, runs: list[dict]) -> bool | None:
@@ -1202,13 +1412,15 @@ def summarize(results: list[dict], elapsed: float) -> dict:
 
 
 def _worker(args):
-    seed, work, commands, wall, as_limit, rss_bound = args
-    return run_seed(seed, Path(work), commands, wall=wall, as_limit=as_limit, rss_bound=rss_bound)
+    seed, work, commands, wall, as_limit, rss_bound, datasets, mutations = args
+    return run_seed(seed, Path(work), commands, wall=wall, as_limit=as_limit, rss_bound=rss_bound, datasets=datasets,
+                    mutations=mutations)
 
 
 def campaign(seeds, *, jobs: int = 2, commands=COMMANDS, wall: float = WALL_LIMIT, as_limit: int = AS_LIMIT,
              rss_bound: int = RSS_BOUND, budget: float | None = None, work: Path | None = None,
-             progress=None) -> dict:
+             progress=None, datasets: tuple[str, ...] | None = None,
+             mutations: tuple[str, ...] | None = None) -> dict:
     """Runs ``seeds`` (``jobs`` seeds at a time) and returns the summary. ``budget``: stop starting
     new seeds after that many seconds."""
     import multiprocessing as mp
@@ -1218,7 +1430,7 @@ def campaign(seeds, *, jobs: int = 2, commands=COMMANDS, wall: float = WALL_LIMI
     work = Path(tempfile.mkdtemp(prefix="cqf-fuzz-")) if own else work
     results = []
     try:
-        tasks = [(s, str(work), tuple(commands), wall, as_limit, rss_bound) for s in seeds]
+        tasks = [(s, str(work), tuple(commands), wall, as_limit, rss_bound, datasets, mutations) for s in seeds]
         ctx = mp.get_context("fork")
         with ctx.Pool(max(1, jobs), maxtasksperchild=20) as pool:
             pending = []
@@ -1269,6 +1481,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mutation", choices=sorted(MUTATIONS))
     ap.add_argument("--command", choices=COMMANDS)
     ap.add_argument("--keep", action="store_true", help="with --replay: keep the mutated copy and outputs")
+    ap.add_argument("--streams", action="store_true", help="draw only the samples holding streams (osiris files)")
+    ap.add_argument("--mutations", help="comma-separated: draw only these mutations (e.g. the osiris_* ones)")
     a = ap.parse_args(argv)
     if a.replay is not None:
         work = Path(tempfile.mkdtemp(prefix="cqf-fuzz-replay-"))
@@ -1293,7 +1507,8 @@ def main(argv=None) -> int:
               + (f"  FAIL {bad}" if bad else ""), file=sys.stderr, flush=True)
 
     s = campaign(seeds, jobs=a.jobs, wall=a.wall, as_limit=a.as_mb << 20, rss_bound=a.rss_mb << 20,
-                 budget=a.budget, progress=progress)
+                 budget=a.budget, progress=progress, datasets=STREAM_DATASETS if a.streams else None,
+                 mutations=tuple(a.mutations.split(",")) if a.mutations else None)
     text = json.dumps(s, indent=1, default=str)
     if a.out:
         Path(a.out).write_text(text + "\n")

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cqforensics.broker import Broker  # noqa: E402
 from cqforensics.broker.clients import (  # noqa: E402
-    Typed, amqp10_connection, drain_all, mqtt_client, mqtt_close, mqtt_publish, mqtt_subscribe, pika_module, proton,
+    ALL_TYPES, amqp10_connection, drain_all, mqtt_client, mqtt_close, mqtt_publish, mqtt_subscribe, pika_module, proton,
     stomp_connection, stomp_send)
 
 pika = pika_module()
@@ -58,6 +58,13 @@ DATASETS = {
     "4.0.5-proto-kill": ("4.0.5", "kill", "protocols"),
     "4.3.6-proto-clean": ("4.3.6", "clean", "protocols"),
     "4.3.6-proto-kill": ("4.3.6", "kill", "protocols"),
+    # streams over AMQP 0-9-1, AMQP 1.0 (4.x) and the stream protocol (committed as an archive)
+    "3.10.8-streams-clean": ("3.10.8", "clean", "streams"),
+    "3.10.8-streams-kill": ("3.10.8", "kill", "streams"),
+    "4.0.5-streams-clean": ("4.0.5", "clean", "streams"),
+    "4.0.5-streams-kill": ("4.0.5", "kill", "streams"),
+    "4.3.6-streams-clean": ("4.3.6", "clean", "streams"),
+    "4.3.6-streams-kill": ("4.3.6", "kill", "streams"),
 }
 #: rabbit application settings per profile (advanced.config)
 SETTINGS = {
@@ -67,12 +74,13 @@ SETTINGS = {
     # 32-entry index segments (v1 via the vhost's .config, v2 via the app env)
     "segments": {"queue_index_segment_entry_count": 32, "classic_queue_index_v2_segment_entry_count": 32},
     "protocols": {},
+    "streams": {},
 }
 #: protocol plugins enabled per profile (a broker booting such a sample needs them: manifest "plugins")
-PLUGINS = {"protocols": ["rabbitmq_mqtt", "rabbitmq_stomp"]}
+PLUGINS = {"protocols": ["rabbitmq_mqtt", "rabbitmq_stomp"], "streams": ["rabbitmq_stream"]}
 #: profiles committed as ``<dataset>/rabbit.tar.gz`` + ``manifest.json.gz`` (unpacked by the tests
 #: into the gitignored ``<dataset>/mnesia/``) instead of an unpacked node dir
-ARCHIVED = {"protocols"}
+ARCHIVED = {"protocols", "streams"}
 ARCHIVE = "rabbit.tar.gz"
 QUEUE_TTL_MS = 4000
 
@@ -88,30 +96,6 @@ def body(tag: str, n: int) -> bytes:
     """A deterministic, compressible body of exactly n bytes that names its message."""
     head = f"[{tag}] ".encode()
     return (head + LOREM * (n // len(LOREM) + 1))[:n]
-
-
-#: Every field type RabbitMQ parses in a header table, nested tables and arrays included.
-ALL_TYPES = {
-    "str": "plain text ✓",
-    "str-latin1": Typed("S", b"caf\xe9 not utf-8"),
-    "bytes": Typed("x", b"\x00\x01\xfe\xff"),
-    "byte": Typed("b", -7),
-    "ubyte": Typed("B", 250),
-    "short": Typed("s", -30000),
-    "ushort": Typed("u", 65000),
-    "int": Typed("I", -2_000_000_000),
-    "uint": Typed("i", 4_000_000_000),
-    "long": Typed("l", -(2**62)),
-    "long-L": Typed("L", 2**62),
-    "float": Typed("f", 3.25),
-    "double": Typed("d", -1.0e-300),
-    "decimal": Typed("D", (3, 1234567)),
-    "bool": False,
-    "timestamp": Typed("T", 1_700_000_000),
-    "void": None,
-    "table": {"inner": Typed("I", 1), "deeper": {"x": "y", "list": [1, "two", Typed("d", 3.5)]}},
-    "array": [Typed("b", 1), "s", Typed("x", b"\xff"), {"k": True}, [Typed("u", 2)], None],
-}
 
 
 def full_props(i: int, **over) -> "pika.BasicProperties":
@@ -549,6 +533,8 @@ def now_ms() -> int:
 
 def generate(name: str, out: Path, work: Path) -> dict:
     version, stop, profile = DATASETS[name]
+    if profile == "streams":
+        return generate_streams(name, out, work)
     adv = advanced_config(SETTINGS[profile])
     run = work / name
     shutil.rmtree(run, ignore_errors=True)
@@ -612,6 +598,55 @@ def generate(name: str, out: Path, work: Path) -> dict:
     total = sum(len(q["messages"]) for q in queues)
     print(f"{name}: {len(queues)} queues, {total} messages delivered after restart "
           f"({time.monotonic() - t0:.0f}s)", file=sys.stderr)
+    return manifest
+
+
+def generate_streams(name: str, out: Path, work: Path) -> dict:
+    """A ``streams`` dataset: the workload of ``cqforensics.broker.streams`` (streams and a
+    classic queue fed by one topic exchange over AMQP 0-9-1, the stream protocol with
+    sub-batches of every compression, named consumers' stored offsets, a publisher's sequence,
+    AMQP 1.0 on 4.x; one stream rolls segments, one loses its first segments to retention),
+    stopped cleanly or killed; the ground truth is read from the broker restarted on the
+    original dir: per stream, every chunk and record served from ``first`` over the stream
+    protocol, every message over AMQP 0-9-1, the tracking it reports for every reference on
+    disk; and the classic queue drained."""
+    from cqforensics.broker import streams
+    from cqforensics.broker.clients import drain_091
+
+    version, stop, profile = DATASETS[name]
+    run = work / name
+    shutil.rmtree(run, ignore_errors=True)
+    dest = out / name
+    with Broker(version, run, plugins=PLUGINS[profile]) as b:
+        t0 = time.monotonic()
+        b.start()
+        sent = streams.write(b, amqp10=not version.startswith("3."))
+        b.wait_durable(*streams.STREAMS, streams.CLASSIC)
+        stopped_at = now_ms()
+        b.stop() if stop == "clean" else b.kill()
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        shutil.copytree(b.mnesia_base, dest / "mnesia", symlinks=True)
+        b.start()
+        restarted_at = now_ms()
+        truth = streams.ground_truth(b, dest / "mnesia" / b.nodename)
+        conn = pika.BlockingConnection(pika.URLParameters(b.url))
+        classic = drain_091(conn.channel(), streams.CLASSIC)
+        conn.close()
+        b.stop()
+        manifest = {"dataset": name, "broker": package_versions(b), "stop": stop, "node": b.nodename,
+                    "node_dir": f"mnesia/{b.nodename}", "profile": profile, "settings": SETTINGS[profile],
+                    "plugins": PLUGINS[profile], "stopped_at_ms": stopped_at, "restarted_at_ms": restarted_at,
+                    "vhosts": ["/"], "sent": sent, "streams": truth,
+                    "queues": [{"vhost": "/", "name": streams.CLASSIC, "messages": classic}]}
+    _clean_snapshot(dest / "mnesia")
+    _archive(dest, manifest)
+    for t in truth:
+        print(f"{name} {t['stream']}: {len(t['served_amqp091']['messages'])} served over AMQP 0-9-1"
+              f"{' (' + t['served_amqp091']['error'] + ')' if 'error' in t['served_amqp091'] else ''}, "
+              f"{len(t['served_stream_protocol']['records'])} over the stream protocol, tracking "
+              f"{t['tracking']}", file=sys.stderr)
+    print(f"{name}: {time.monotonic() - t0:.0f}s", file=sys.stderr)
     return manifest
 
 

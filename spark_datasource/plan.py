@@ -6,6 +6,9 @@ A unit is what one task can read on its own and get exactly the rows the embedde
   task that reads several units of one vhost builds that vhost's shared-store index once.
 * vhost-level tables (store, refcounts, holes, files, queues, findings): a whole vhost, since
   their statuses and checks need every queue of the vhost and its whole shared store.
+* a stream (``messages``): one unit per stream dir of the node (``stream``), placed right after
+  the units of the vhost that lists it (its owner's, ``model.vhost.stream_home``: the embedded
+  reader yields a vhost's stream rows after its classic rows, and the two orders are one).
 * a vhost too big to index at once (``model.store.shares_for`` > 1): for the tables whose rows
   each belong to one message-id share (``tables.SHARED_TABLES``), one unit per share, every queue
   of the vhost; a task indexes only its share's store entries and references.
@@ -45,6 +48,7 @@ class Unit:
     weight: int = 0
     share: int | None = None  # the message-id share of the vhost it reads (None: all ids)
     shares: int = 1  # of how many
+    stream: str | None = None  # a stream dir (under the node's stream/) whose records this unit yields
 
 
 def _size(p: Path) -> int:
@@ -71,37 +75,62 @@ def plan_units(paths, table: str, vhosts=None, queues=None) -> list[Unit]:
     nodes = driver.discovered(list(paths), make_options(bodies=False, decode=False), driver.names(vhosts, "vhosts"),
                               driver.names(queues, "queues"))
     for node in (ns.node for ns in nodes):
+        streams = _streams(node, queues) if table == "messages" else {}
         for v in sorted(node.vhosts, key=lambda v: (v.name is None, v.label)):
             if vhosts is not None and v.name not in vhosts:
                 continue
             base = {"node_path": str(node.path), "node_label": node.node, "vhost_dir": v.dir_name, "vhost": v.name}
-            parts = shares_for(v.stores.values()) if table in SHARED_TABLES else 1
-            if parts > 1:
-                weight = _tree_size(v.path) // parts
-                out += [Unit(**base, weight=weight, share=k, shares=parts) for k in range(parts)]
-                continue
-            if table not in QUEUE_LEVEL:
-                out.append(Unit(**base, weight=_tree_size(v.path)))
-                continue
-            store = sum(_size(p) for st in v.stores.values() for _, p in st.rdq) if table == "messages" else 0
-            qdirs = [q for q in v.queues if queues is None or q.name in queues]
-            qdirs.sort(key=lambda q: (q.name is None, q.name or q.dir_name,
-                                      -(q.priority if q.priority is not None else -1), q.dir_name))
-            # the store's bytes are shared out in proportion to index bytes (a proxy for messages)
-            index_bytes = {q.dir_name: sum(_size(p) for _, p in q.qi + q.idx) + _size(q.journal or Path("/-"))
-                           for q in qdirs}
-            total_index = max(1, sum(index_bytes.values()))
-            for q in qdirs:
-                qb = {**base, "queue_dir": q.dir_name, "queue": q.name}
-                if q.qi:
-                    for number, p in q.qi:
-                        qs = q.qs.get(number)
-                        w = _size(p) + (_size(qs) if qs else 0) + store * _size(p) // total_index
-                        out.append(Unit(**qb, segment=number, files=(str(p),), weight=w))
-                elif q.idx or q.journal is not None:
-                    files = tuple(str(p) for _, p in q.idx) + ((str(q.journal),) if q.journal else ())
-                    w = index_bytes[q.dir_name] + store * index_bytes[q.dir_name] // total_index
-                    out.append(Unit(**qb, files=files, weight=w))
+            out += _vhost_units(v, base, table, queues)
+            out += [Unit(**base, stream=d.name, weight=_tree_size(d), files=tuple(str(p) for p in sorted(d.iterdir())))
+                    for d in streams.get(v.dir_name, [])]
+    return out
+
+
+def _streams(node, queues) -> dict[str, list[Path]]:
+    """Vhost dir name -> the node's stream dirs its tables list (``queues``: those of these
+    names), in name order."""
+    from cqforensics.model.vhost import stream_home, stream_owners
+    from cqforensics.readers.metadata import read_metadata
+
+    root = Path(node.path) / "stream"
+    if not root.is_dir():
+        return {}
+    out: dict[str, list[Path]] = {}
+    for d, vhost, name, _ in stream_owners(node.path, read_metadata(node.path)):
+        home = stream_home(vhost, node.vhosts)
+        if home is not None and (queues is None or (name if name is not None else d.name) in queues):
+            out.setdefault(home, []).append(d)
+    return out
+
+
+def _vhost_units(v, base: dict, table: str, queues) -> list[Unit]:
+    """The units of vhost ``v``'s own files."""
+    out = []
+    parts = shares_for(v.stores.values()) if table in SHARED_TABLES else 1
+    if parts > 1:
+        weight = _tree_size(v.path) // parts
+        return [Unit(**base, weight=weight, share=k, shares=parts) for k in range(parts)]
+    if table not in QUEUE_LEVEL:
+        return [Unit(**base, weight=_tree_size(v.path))]
+    store = sum(_size(p) for st in v.stores.values() for _, p in st.rdq) if table == "messages" else 0
+    qdirs = [q for q in v.queues if queues is None or q.name in queues]
+    qdirs.sort(key=lambda q: (q.name is None, q.name or q.dir_name,
+                              -(q.priority if q.priority is not None else -1), q.dir_name))
+    # the store's bytes are shared out in proportion to index bytes (a proxy for messages)
+    index_bytes = {q.dir_name: sum(_size(p) for _, p in q.qi + q.idx) + _size(q.journal or Path("/-"))
+                   for q in qdirs}
+    total_index = max(1, sum(index_bytes.values()))
+    for q in qdirs:
+        qb = {**base, "queue_dir": q.dir_name, "queue": q.name}
+        if q.qi:
+            for number, p in q.qi:
+                qs = q.qs.get(number)
+                w = _size(p) + (_size(qs) if qs else 0) + store * _size(p) // total_index
+                out.append(Unit(**qb, segment=number, files=(str(p),), weight=w))
+        elif q.idx or q.journal is not None:
+            files = tuple(str(p) for _, p in q.idx) + ((str(q.journal),) if q.journal else ())
+            w = index_bytes[q.dir_name] + store * index_bytes[q.dir_name] // total_index
+            out.append(Unit(**qb, files=files, weight=w))
     return out
 
 

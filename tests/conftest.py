@@ -41,6 +41,16 @@ def copy_node(dataset: str, dest: Path) -> Path:
     return dest / Path(manifest(dataset)["node_dir"]).name
 
 
+def streams_beside_two_vhosts(dest: Path) -> Path:
+    """A node dir of two vhosts (``/`` and ``staging/ü``, 4.3.6-kill) holding the streams of
+    4.3.6-streams-clean: a composite of two real node dirs (the streams' queues are not in this
+    node's metadata, so the default vhost lists them); returns its mnesia base."""
+    node = copy_node("4.3.6-kill", dest)
+    streams = SAMPLES / "4.3.6-streams-clean" / "mnesia" / Path(manifest("4.3.6-streams-clean")["node_dir"]).name
+    shutil.copytree(streams / "stream", node / "stream")
+    return dest
+
+
 @pytest.fixture
 def broker_dir(tmp_path_factory):
     """A temp dir the broker's rabbitmq user can enter (pytest's own tmp root is 0700)."""

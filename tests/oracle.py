@@ -69,6 +69,15 @@ def datasets() -> list[str]:
     return sorted(p.name for p in SAMPLES.iterdir() if p.is_dir() and manifest_path(p.name) is not None)
 
 
+def delivered_counts(m: dict) -> dict:
+    """(vhost, queue) -> what the broker delivered after the restart: each queue's drained
+    messages, and each stream's records served from ``first`` over the stream protocol."""
+    out = {(q["vhost"], q["name"]): len(q["messages"]) for q in m["queues"] if q.get("exists_after_restart", True)}
+    for t in m.get("streams", []):
+        out[(t["vhost"], t["stream"])] = len(t["served_stream_protocol"]["records"])
+    return out
+
+
 def _amqp10_expected(m: dict) -> dict:
     return {"properties": {k: v for k, v in m["properties"].items()},
             "application_properties": m["application_properties"],
@@ -154,5 +163,5 @@ def compare_deliveries(queues: list[dict], rows: list[dict], recorded: list[str]
     return diffs
 
 
-__all__ = ["archived", "compare", "compare_deliveries", "datasets", "extract_archives", "manifest", "SAMPLES",
+__all__ = ["archived", "compare", "compare_deliveries", "datasets", "delivered_counts", "extract_archives", "manifest", "SAMPLES",
            "base64"]

@@ -33,13 +33,16 @@ def test_campaign_seed_range_has_no_failure(tmp_path):
 
 def test_every_mutation_changes_the_copy_and_never_the_sample(tmp_path):
     before = campaign.tree_digest(bytes(campaign.SAMPLES / "4.3.6-kill" / "mnesia"))
+    streams = campaign.tree_digest(bytes(campaign.SAMPLES / "4.3.6-streams-kill" / "mnesia"))
     for i, m in enumerate(sorted(campaign.MUTATIONS)):
-        inp = campaign.prepare(7, tmp_path / str(i), "4.3.6-kill", m)
-        assert campaign.tree_digest(bytes(inp["base"])) != before, (m, inp["what"])
-        again = campaign.prepare(7, tmp_path / f"{i}b", "4.3.6-kill", m)
+        ds = "4.3.6-streams-kill" if m.startswith("osiris_") else "4.3.6-kill"  # osiris files: a streams sample
+        inp = campaign.prepare(7, tmp_path / str(i), ds, m)
+        assert campaign.tree_digest(bytes(inp["base"])) != (streams if ds != "4.3.6-kill" else before), (m, inp["what"])
+        again = campaign.prepare(7, tmp_path / f"{i}b", ds, m)
         assert again["what"] == inp["what"] and again["target"].replace(f"/{i}b/", f"/{i}/") == inp["target"]
         assert campaign.tree_digest(bytes(again["base"])) == campaign.tree_digest(bytes(inp["base"]))
     assert campaign.tree_digest(bytes(campaign.SAMPLES / "4.3.6-kill" / "mnesia")) == before
+    assert campaign.tree_digest(bytes(campaign.SAMPLES / "4.3.6-streams-kill" / "mnesia")) == streams
 
 
 def _cases():

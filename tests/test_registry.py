@@ -71,6 +71,8 @@ KINDS = [
     ("file_summary.ets", "store", "ets"), ("msg_store_index.ets", "store", "ets"),
     (".queue_name", "queue", "queue_name"), ("3.qi", "queue", "qi"), ("3.qs", "queue", "qs"),
     ("12.idx", "queue", "idx"), ("journal.jif", "queue", "jif"),
+    ("00000000000000000000.segment", "stream", "osiris_segment"),
+    ("00000000000000004096.index", "stream", "osiris_index"),
 ]
 
 
@@ -113,6 +115,9 @@ def test_numbered_files_need_a_number_where_the_broker_puts_them():
     assert registry.other_kind("0.rdq", "store") == "unknown"  # a numbered name that is not a file
     assert registry.other_kind("clean.dot", "store") == "dot"
     assert registry.file_name("rdq", 3) == "3.rdq" and registry.file_name("jif") == "journal.jif"
+    assert registry.file_name("osiris_segment", 3) == "00000000000000000003.segment"
+    assert registry.numbered("00000000000000000042.index", "stream") == ("osiris_index", 42)
+    assert registry.kind_of("42.index", "stream") is None  # osiris names have exactly 20 digits
     with pytest.raises(ValueError):
         registry.file_name("qi")
 
@@ -122,7 +127,8 @@ def test_fixed_names_keep_registry_order():
 
 
 def test_dump_lists_what_the_registry_can_dump():
-    assert registry.dumpable() == [".DCD", ".DCL", ".LOG", ".dets", ".ets", ".idx", ".jif", ".qi", ".qs", ".rdq"]
+    assert registry.dumpable() == [".DCD", ".DCL", ".LOG", ".dets", ".ets", ".idx", ".index", ".jif", ".qi", ".qs",
+                                   ".rdq", ".segment"]
     with pytest.raises(UsageError, match=r"known: \.DCD, \.DCL, \.LOG, \.dets"):
         dump_mod.kind_of(Path("clean.dot"))  # a kind with no dump
     with pytest.raises(UsageError):

@@ -118,7 +118,8 @@ def test_live_chunks_of_a_share_come_from_the_spill_as_read(sample, join_rows, t
             assert _live_rows(sub, spilled) == read
             checked += len(read)
             sub.close()
-    assert checked == cqforensics.read_table(sample, "messages").num_rows
+    t = cqforensics.read_table(sample, "messages", columns=["queue_type"])
+    assert checked == t.column("queue_type").to_pylist().count("classic")  # a stream's records are no index entries
     if sample.name == "3.10.8-segments" and join_rows > 2:
         assert joined, "the segments of a queue are joined"
 

@@ -15,7 +15,7 @@ import pytest
 
 import cqforensics
 import damage
-from conftest import SAMPLES, copy_node, datasets
+from conftest import SAMPLES, copy_node, datasets, streams_beside_two_vhosts
 
 pytestmark = pytest.mark.spark
 
@@ -58,7 +58,12 @@ def test_register_helper_is_safe_when_already_discovered(spark):
     assert read(spark, str(SAMPLES / "4.0.5-kill"), "queues").count() > 0
 
 
-@pytest.mark.parametrize("dataset", datasets())
+#: the streams samples differ in their streams only by version and stop: two of them stand for the six here
+#: (each costs about a minute on the shared machine); tests/test_streams.py reads all six
+SPARK_DATASETS = [d for d in datasets() if "-streams-" not in d or d in ("3.10.8-streams-kill", "4.3.6-streams-clean")]
+
+
+@pytest.mark.parametrize("dataset", SPARK_DATASETS)
 def test_every_table_equals_the_embedded_reader(spark, dataset):
     path = str(SAMPLES / dataset)
     m = __import__("oracle").manifest(dataset)
@@ -231,3 +236,29 @@ def test_arrow_schemas_match_spark_for_every_table():
     for table in cqforensics.TABLES:
         assert arrow_schema(struct_type(table)) == cqforensics.schema(table)
         assert isinstance(cqforensics.schema(table), pa.Schema)
+
+
+def test_streams_through_spark(spark):
+    """A stream is a unit of its own (spark_datasource.plan): its records come as messages rows,
+    restricted by the queue option like any queue; its tracking is a table of its own."""
+    path = str(SAMPLES / "4.3.6-streams-clean")
+    for queues in (None, "st.retained", "cq.events"):
+        opts = {"queues": queues} if queues else {}
+        got = read(spark, path, "messages", maxPartitionBytes=20_000, **opts).toArrow()
+        want = cqforensics.read_table(path, "messages", queues=queues.split(",") if queues else None)
+        assert got.equals(want), queues
+        kinds = set(got.column("queue_type").to_pylist())
+        assert kinds == ({"classic", "stream"} if queues is None else {"classic"} if queues == "cq.events" else {"stream"})
+    tracking = read(spark, path, "stream_tracking").toArrow()
+    assert tracking.equals(cqforensics.read_table(path, "stream_tracking")) and tracking.num_rows > 0
+
+
+def test_stream_rows_come_in_the_embedded_order_on_a_node_of_two_vhosts(spark, tmp_path):
+    """The default vhost lists the streams, after its classic queues and before the second
+    vhost's (the embedded order): Spark gives the same rows in the same order, whatever the
+    partitioning (a composite node: tests/conftest.streams_beside_two_vhosts)."""
+    base = streams_beside_two_vhosts(tmp_path / "mnesia")
+    want = cqforensics.read_table(base, "messages")
+    assert {"classic", "stream"} == set(want.column("queue_type").to_pylist())
+    for size in (20_000, 10_000_000):
+        assert read(spark, str(base), "messages", maxPartitionBytes=size).toArrow().equals(want), size

@@ -11,7 +11,7 @@ from cqforensics.errors import OperationalError, UsageError
 from spark_datasource import options as opt
 from spark_datasource import plan
 
-from conftest import SAMPLES
+from conftest import SAMPLES, streams_beside_two_vhosts
 
 
 def test_options_defaults_and_parsing():
@@ -38,8 +38,9 @@ def test_bad_options_are_usage_errors(options, message):
 
 def test_globs_expand_sorted():
     s = opt.parse({"path": str(SAMPLES / "4.*-clean")})
-    assert s.paths == tuple(str(SAMPLES / d) for d in ("4.0.5-clean", "4.0.5-proto-clean", "4.1.8-clean", "4.2.2-clean",
-                                                       "4.3.6-clean", "4.3.6-proto-clean"))
+    assert s.paths == tuple(str(SAMPLES / d) for d in ("4.0.5-clean", "4.0.5-proto-clean", "4.0.5-streams-clean",
+                                                       "4.1.8-clean", "4.2.2-clean", "4.3.6-clean", "4.3.6-proto-clean",
+                                                       "4.3.6-streams-clean"))
 
 
 def test_units_per_segment_and_per_vhost():
@@ -86,3 +87,37 @@ def test_no_filter_is_pushed_and_every_plan_gets_a_fresh_reader():
     names = {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(ast.parse(inspect.getsource(source)))
              if isinstance(n, (ast.Name, ast.Attribute))}
     assert not names & {"_getframe", "f_back", "f_locals", "currentframe", "stack"}
+
+
+def test_a_stream_is_a_unit_of_the_messages_table():
+    from spark_datasource.plan import plan_units
+
+    units = plan_units([str(SAMPLES / "4.3.6-streams-clean")], "messages")
+    streams = [u for u in units if u.stream is not None]
+    assert sorted(u.stream.split("_")[3] for u in streams) == ["events", "retained"]
+    assert all(u.weight > 0 and u.files for u in streams)
+    assert not [u for u in plan_units([str(SAMPLES / "4.3.6-streams-clean")], "queues") if u.stream]
+
+
+def test_a_stream_unit_comes_where_the_embedded_reader_lists_its_rows(tmp_path):
+    """Streams come with the vhost that lists them, after its classic queues, before the next
+    vhost's: the planned units read in plan order give the embedded reader's rows, in its order
+    (on a node of two vhosts, streams in the first: they used to come last)."""
+    import pyarrow as pa
+
+    import cqforensics
+    from cqforensics import driver
+    from cqforensics.api import make_options, needs
+    from spark_datasource.plan import plan_units
+
+    base = streams_beside_two_vhosts(tmp_path / "mnesia")
+    units = plan_units([str(base)], "messages")
+    kinds = [(u.vhost, u.stream is not None) for u in units]
+    assert kinds.index(("/", True)) < kinds.index(("staging/ü", False))
+    want = cqforensics.read_table(base, "messages")
+    assert {"classic", "stream"} == set(want.column("queue_type").to_pylist())
+    opts = make_options(**needs("messages", None))
+    got = pa.Table.from_batches(list(driver.read("messages", opts, units=units)), schema=want.schema)
+    assert got.equals(want)
+    narrowed = plan_units([str(base)], "messages", queues=["events"])  # a queue of the second vhost only
+    assert narrowed and not [u for u in narrowed if u.stream is not None]

@@ -11,6 +11,7 @@ import cqforensics
 from cqforensics import layout, textfiles
 
 from conftest import SAMPLES, manifest
+from oracle import delivered_counts
 
 
 def test_dir_names_follow_the_md5_base36_rule():
@@ -81,6 +82,9 @@ def test_undecoded_reads_agree_with_the_full_read(dataset):
     for r, f in zip(raw.select(["msg_id", "body", "exchange", "properties"]).to_pylist(),
                     full.select(["msg_id", "location", "index_version"]).to_pylist()):
         assert r["exchange"] is None and r["properties"] is None  # nothing decoded
+        if f["location"] == "stream":  # a stream record: its AMQP 1.0 bytes as they are
+            assert r["msg_id"] is None and r["body"][:1] == b"\x00"
+            continue
         if f["location"] == "shared_store" or f["index_version"] == 1:
             assert r["msg_id"] == f["msg_id"]  # the index's own id, which the decoded term agrees with
         else:
@@ -136,7 +140,7 @@ def test_queues_table_counts_match_messages(dataset):
         mine = [r for r in msgs if (r["queue"], r["priority"]) == (q["queue"], q["priority"])]
         assert q["messages"] == len(mine)
         assert q["predicted_after_restart"] == sum(r["survives_restart"] for r in mine)
-    expected = {(q["vhost"], q["name"]): len(q["messages"]) for q in m["queues"]}
+    expected = delivered_counts(m)
     predicted = Counter()
     for q in queues:
         predicted[(q["vhost"], q["queue"])] += q["predicted_after_restart"]

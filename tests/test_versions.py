@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import SAMPLES, datasets, manifest
+from oracle import delivered_counts
 from cqforensics import fsck, layout
 from cqforensics.model import versions
 from cqforensics.model.options import make_options
@@ -47,7 +48,7 @@ def test_fsck_predicts_what_the_broker_delivered(dataset):
         assert q.crash is None, q
         key = (q.vhost, q.queue)
         got[key] = got.get(key, 0) + q.predicted_after_restart
-    want = {(q["vhost"], q["name"]): len(q["messages"]) for q in m["queues"] if q.get("exists_after_restart", True)}
+    want = delivered_counts(m)
     assert {k: v for k, v in got.items() if v} == {k: v for k, v in want.items() if v}
 
 

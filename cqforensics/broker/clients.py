@@ -51,6 +51,31 @@ _SIMPLE = {"b": ">b", "B": ">B", "s": ">h", "u": ">H", "I": ">i", "i": ">I", "l"
            "f": ">f", "d": ">d", "T": ">Q"}
 
 
+#: Every field type RabbitMQ parses in a header table, nested tables and arrays included.
+ALL_TYPES = {
+    "str": "plain text ✓",
+    "str-latin1": Typed("S", b"caf\xe9 not utf-8"),
+    "bytes": Typed("x", b"\x00\x01\xfe\xff"),
+    "byte": Typed("b", -7),
+    "ubyte": Typed("B", 250),
+    "short": Typed("s", -30000),
+    "ushort": Typed("u", 65000),
+    "int": Typed("I", -2_000_000_000),
+    "uint": Typed("i", 4_000_000_000),
+    "long": Typed("l", -(2**62)),
+    "long-L": Typed("L", 2**62),
+    "float": Typed("f", 3.25),
+    "double": Typed("d", -1.0e-300),
+    "decimal": Typed("D", (3, 1234567)),
+    "bool": False,
+    "timestamp": Typed("T", 1_700_000_000),
+    "void": None,
+    "table": {"inner": Typed("I", 1), "deeper": {"x": "y", "list": [1, "two", Typed("d", 3.5)]}},
+    "array": [Typed("b", 1), "s", Typed("x", b"\xff"), {"k": True}, [Typed("u", 2)], None],
+}
+
+
+
 def _install_pika_patches() -> None:
     import pika.data
     import pika.spec

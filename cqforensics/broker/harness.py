@@ -7,8 +7,9 @@ A broker lives in a *run dir*::
 
 It listens on 127.0.0.1 only, with its own AMQP, distribution and epmd ports, so several
 brokers (of different versions) can run at once. ``plugins`` enables the protocol plugins the
-broker packages ship (``rabbitmq_mqtt``, ``rabbitmq_stomp``), each on its own 127.0.0.1 port
-(``mqtt_port``, ``stomp_port``). A node dir installed with ``install_node`` that a 4.x broker wrote
+broker packages ship (``rabbitmq_mqtt``, ``rabbitmq_stomp``, ``rabbitmq_stream``), each on its own
+127.0.0.1 port (``mqtt_port``, ``stomp_port``, ``stream_port``; the stream plugin advertises that
+address to its clients). A node dir installed with ``install_node`` that a 4.x broker wrote
 with the MQTT plugin (its feature-flag file lists the plugin's flags) gets that plugin enabled
 too: its ``#mc{mc_mqtt}`` messages can be converted for delivery only when the plugin is loaded. Versions running in a chroot see the run dir
 at the same absolute path through a bind mount. When we are root the broker runs as the
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -40,7 +42,8 @@ NODENAME = "rabbit@localhost"
 STARTING = 30.0  # seconds a rabbitmqctl command waits for a node finishing its boot
 
 #: protocol plugins the harness knows how to configure (listener setting of each)
-PLUGIN_LISTENERS = {"rabbitmq_mqtt": "mqtt.listeners.tcp.default", "rabbitmq_stomp": "stomp.listeners.tcp.1"}
+PLUGIN_LISTENERS = {"rabbitmq_mqtt": "mqtt.listeners.tcp.default", "rabbitmq_stomp": "stomp.listeners.tcp.1",
+                    "rabbitmq_stream": "stream.listeners.tcp.1"}
 #: feature flags that only a node running the plugin enables (rabbit_mqtt_ff, 3.13+); a node dir
 #: whose feature-flag file lists one of them was written with the plugin and needs it to deliver
 PLUGIN_FEATURE_FLAGS = {"rabbitmq_mqtt": ("mqtt_v5", "rabbit_mqtt_qos0_queue", "delete_ra_cluster_mqtt_node")}
@@ -101,7 +104,7 @@ class Broker:
         self.run_dir = Path(run_dir).absolute()
         self.nodename = nodename
         self.port, self.dist_port, self.epmd_port = free_port(), free_port(), free_port()
-        self.mqtt_port, self.stomp_port = free_port(), free_port()
+        self.mqtt_port, self.stomp_port, self.stream_port = free_port(), free_port(), free_port()
         unknown = sorted(set(plugins) - set(PLUGIN_LISTENERS))
         if unknown:
             raise BrokerError(f"unsupported plugin(s) {', '.join(unknown)}; known: {', '.join(PLUGIN_LISTENERS)}")
@@ -122,11 +125,18 @@ class Broker:
                 "loopback_users = none\n"
                 "log.console = false\n"
                 "log.file.level = info\n")
-        ports = {"rabbitmq_mqtt": self.mqtt_port, "rabbitmq_stomp": self.stomp_port}
+        ports = self.plugin_ports
         for plugin in self.plugins:
             conf += f"{PLUGIN_LISTENERS[plugin]} = 127.0.0.1:{ports[plugin]}\n"
+        if "rabbitmq_stream" in self.plugins:  # a stream client connects to the host and port the broker advertises
+            conf += f"stream.advertised_host = 127.0.0.1\nstream.advertised_port = {self.stream_port}\n"
         (self.run_dir / "rabbitmq.conf").write_text(conf)
         (self.run_dir / "enabled_plugins").write_text(f"[{','.join(self.plugins)}].\n")
+
+    @property
+    def plugin_ports(self) -> dict[str, int]:
+        """The 127.0.0.1 port of each protocol plugin's listener."""
+        return {"rabbitmq_mqtt": self.mqtt_port, "rabbitmq_stomp": self.stomp_port, "rabbitmq_stream": self.stream_port}
 
     def enable_plugins(self, *plugins: str) -> None:
         """Enable more protocol plugins (before ``start``)."""
@@ -263,7 +273,7 @@ class Broker:
                     return False
         except OSError:
             return False
-        ports = {"rabbitmq_mqtt": self.mqtt_port, "rabbitmq_stomp": self.stomp_port}
+        ports = self.plugin_ports
         for plugin in self.plugins:  # and every enabled protocol plugin accepts connections
             try:
                 socket.create_connection(("127.0.0.1", ports[plugin]), timeout=0.5).close()
@@ -375,9 +385,39 @@ class Broker:
             raise BrokerError("stop the broker before replacing its data")
         shutil.rmtree(self.mnesia_base, ignore_errors=True)
         shutil.copytree(src_mnesia_base, self.mnesia_base, symlinks=True)
+        relocate_ra_configs(self.mnesia_base)
         needed = plugins_needed(self.mnesia_base)
         if not set(needed) <= set(self.plugins):
             self.enable_plugins(*needed)
+
+
+_RA_DIR_KEY = re.compile(r'((?:wal_)?data_dir\s*=>\s*)"([^"]*)"')
+
+
+def relocate_ra_configs(mnesia_base: Path) -> list[Path]:
+    """Point the Ra server configs of a node dir installed at a new place at that place.
+
+    Ra keeps each server's config in ``<system dir>/<uid>/config`` (an Erlang term, written by
+    ``ra_log:write_config/2``) with the system's ``data_dir`` and ``wal_data_dir`` as absolute
+    paths. Ra 2.2.0 (RabbitMQ 3.10.8) restarts a server from that stored config as it is
+    (``ra_server_sup_sup:restart_server_rpc/3`` merges only the mutable keys), so on a node dir
+    moved elsewhere ``ra_log:init/1`` fails to make the old directory (``{error, enoent}``) and
+    the stream coordinator (and every quorum queue) never starts. Later Ra versions replace the
+    stored system config with the running one. What an operator moving a 3.10 node dir has to do
+    too; only the copy the harness installed is changed. Returns the configs rewritten."""
+    out = []
+    for system in ("coordination", "quorum"):
+        for sysdir in Path(mnesia_base).glob(f"*/{system}/*"):
+            for cfg in sysdir.glob("*/config"):
+                try:
+                    text = cfg.read_text()
+                except (OSError, UnicodeDecodeError):
+                    continue
+                new = _RA_DIR_KEY.sub(lambda m: f'{m.group(1)}"{sysdir}"', text)
+                if new != text:
+                    cfg.write_text(new)
+                    out.append(cfg)
+    return out
 
 
 def plugins_needed(mnesia_base: Path) -> list[str]:

@@ -21,6 +21,7 @@ from cqforensics.checks.integrity import (CopyCheck, QueueIntegrity, node_findin
 from cqforensics.checks.layout import (OrphanTally, lost_queue_findings, queue_dir_findings, unread_storage_findings,
                                        vhost_dir_findings)
 from cqforensics.checks.store import StoreCheck
+from cqforensics.checks.streams import stream_findings, stream_verdict
 
 
 @dataclass
@@ -39,6 +40,7 @@ class QueueVerdict:
     recovery: str = "dirty"
     index_version: int | None = None
     dirs: int = 0
+    queue_type: str = "classic"  # or "stream"
 
     @property
     def dropped(self) -> int:
@@ -49,7 +51,7 @@ class QueueVerdict:
                 "predicted_after_restart": self.predicted_after_restart, "predicted_min": self.predicted_min,
                 "predicted_max": self.predicted_max, "dropped": self.dropped,
                 "drop_reasons": dict(sorted(self.drops.items())), "crash": self.crash, "recovery": self.recovery,
-                "index_version": self.index_version, "queue_dirs": self.dirs}
+                "index_version": self.index_version, "queue_dirs": self.dirs, "queue_type": self.queue_type}
 
 
 def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], list[Finding]]:
@@ -131,6 +133,9 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
     if vs.clean_crashes[1] or vs.start_crash:
         for v in verdicts.values():
             v.crash = v.crash or "vhost"
+    for e in vs.streams:  # a stream's fate is its own: the vhost's message store does not hold it
+        verdicts[("stream", e.path.name)] = stream_verdict(vs, e, QueueVerdict)
+        findings += stream_findings(vs, e)
     if vs.node.boot_hangs:
         for v in verdicts.values():
             v.crash = "node"

@@ -1112,4 +1112,292 @@ FINDING_OF_FATE = {
     Fate.QUEUE_CRASH: "boot-crash", Fate.BOOT_HANG: "boot-crash", Fate.DELIVERY_CRASH: "boot-crash",
     Fate.VHOST_CRASH: "boot-crash", Fate.NOT_IN_RECOVERY_TERMS: "recovery-terms-mismatch",
     Fate.NOT_IN_STORE_INDEX: "store-index-mismatch",
+    Fate.STREAM_CHUNK_CUT: "stream-boot-loss", Fate.STREAM_NOT_STARTED: "stream-boot-loss",
+    Fate.STREAM_UNREACHED: "osiris-chunk-id-gap", Fate.STREAM_COMPRESSED_SKIPPED: "stream-not-served",
+    Fate.STREAM_READ_FAILS: "stream-not-served",
 }
+
+
+# -- streams (osiris): the writer's next boot and what each reader serves ----------------------------
+#
+# docs/formats/streams.md sections 6 and 7. A stream's fate is per chunk, not per message: the
+# boot (osiris_log:init/2 -> maybe_fix_corrupted_files/1, first_and_last_seginfos/1) keeps or cuts
+# chunks; a reader then follows chunk ids from the first chunk. What an AMQP 0-9-1 consumer is
+# served is the broker's read loop replayed (``amqp091_read``): which chunks it validates, where
+# it skips or fails, and which deliveries the failing read takes with it, per version.
+
+#: The AMQP 0-9-1 consumer the prediction is for: ``x-stream-offset: first``, this prefetch
+#: (basic.qos), every delivery acked as it comes (what the ground truth's consumer does). The
+#: broker reads a stream for such a consumer in credit-sized steps; where a read fails, every
+#: delivery of that step is lost with the channel, so the prefetch matters once there is damage.
+AMQP091_PREFETCH = 100
+
+
+@dataclass
+class Amqp091Read:
+    """What an AMQP 0-9-1 consumer from ``first`` is served (``AMQP091_PREFETCH``)."""
+
+    offsets: list  # the offsets delivered, in order
+    skipped: set  # offsets of compressed sub-batches the consumer's reads skip (4.0+)
+    fails_at: int | None = None  # chunk id whose read ends the consumer's channel
+    why: str | None = None  # why it fails there
+    lost: list = None  # offsets read in the failing step: never delivered (the channel closed first)
+
+
+@dataclass
+class StreamFate:
+    """What the next boot of ``model`` keeps of a stream, and what its consumers are served."""
+
+    outcome: str  # "ok", "empty" (restarts empty at offset 0), "fails" (the stream does not start)
+    why: str
+    kept: set  # (file, pos) of the chunks the boot keeps
+    served: list  # chunks a reader from `first` reads, in order (the stream protocol sends the user chunks)
+    amqp091: Amqp091Read
+    cut: list = None  # chunks on disk the boot cuts off (file, pos, chunk id)
+    unreached: list = None  # kept chunks a reader from `first` never reaches (after a gap in chunk ids)
+    views: dict = None  # offset -> the record as an AMQP 0-9-1 consumer receives it (``amqp091_views``)
+
+    @property
+    def served_amqp091(self) -> set:
+        return set(self.amqp091.offsets)
+
+    def record_fates(self, records) -> tuple[dict, dict]:
+        """The fate of each record (``readers.osiris.Record``) of the stream: ((file, chunk
+        pos) -> ``Fate`` of its records at the next boot, absent when kept and served from
+        ``first`` over the stream protocol; offset -> ``Fate`` for an AMQP 0-9-1 consumer,
+        absent when it is served)."""
+        by_chunk: dict = {}
+        if self.outcome == "fails":
+            for r in records:
+                by_chunk[(r.chunk.file, r.chunk.pos)] = Fate.STREAM_NOT_STARTED
+        for f, pos, _ in self.cut or []:
+            by_chunk[(f, pos)] = Fate.STREAM_CHUNK_CUT
+        for f, pos, _ in self.unreached or []:
+            by_chunk[(f, pos)] = Fate.STREAM_UNREACHED
+        served = set(self.amqp091.offsets)
+        amqp: dict = {}
+        for r in records:
+            if r.offset in served:
+                continue
+            own = by_chunk.get((r.chunk.file, r.chunk.pos))
+            amqp[r.offset] = own if own is not None else (
+                Fate.STREAM_COMPRESSED_SKIPPED if r.offset in self.amqp091.skipped else Fate.STREAM_READ_FAILS)
+        return by_chunk, amqp
+
+
+def _no_read() -> Amqp091Read:
+    return Amqp091Read([], set(), lost=[])
+
+
+def stream_fate(scan, model: BrokerModel, prefetch: int = AMQP091_PREFETCH) -> StreamFate:
+    """The fate of every chunk of a ``readers.osiris.StreamScan`` at the next boot of ``model``,
+    and what a consumer from offset ``first`` is served over the stream protocol and AMQP 0-9-1."""
+    from cqforensics.grammar import osiris as g
+
+    pairs = [(stem, seg, idx) for stem, seg, idx in scan.pairs]
+    indexed = [(stem, seg, idx) for stem, seg, idx in pairs if idx is not None]
+    every = [(c.file, c.pos, c.chunk_id) for c in scan.chunks]
+    if not indexed:
+        return StreamFate("empty", "no index file: osiris_log:init/2 opens a new segment 0 (truncating it) and the "
+                          "stream restarts empty", set(), [], _no_read(), cut=every, unreached=[])
+    # maybe_fix_corrupted_files: only the last pair is checked
+    while indexed:
+        stem, seg_path, idx_path = indexed[-1]
+        seg = scan.segments.get(stem)
+        if seg_path is None:
+            if model.stream_missing_last_segment == "fails":
+                return StreamFate("fails", f"{stem}.segment is missing: osiris 1.3.1 throws missing_file and the "
+                                  "stream does not start", set(), [], _no_read(), cut=[], unreached=[])
+            if len(indexed) == 1:  # file_size_or_zero: an empty segment
+                return StreamFate("empty", f"the only segment {stem}.segment is missing: the stream restarts empty",
+                                  set(), [], _no_read(), cut=every, unreached=[])
+            indexed = indexed[:-1]  # its index is deleted
+            continue
+        if len(indexed) > 1 and seg.size <= g.CHUNK_HEADER_SIZE:
+            indexed = indexed[:-1]  # an empty last segment: deleted with its index
+            continue
+        break
+    stem, seg_path, idx_path = indexed[-1]
+    seg, idx = scan.segments[stem], scan.indexes[stem]
+    # truncate_invalid_idx_records: from the end, the last record naming a valid chunk
+    valid_at = {c.pos for c in seg.chunks if c.valid}
+    last_pos, left = None, 0
+    for k in range(len(idx.records) - 1, -1, -1):
+        r = idx.records[k]
+        if not any(r.tobytes()):
+            continue
+        pos = int(r["file_pos"])
+        if pos < seg.size and pos in valid_at:
+            last_pos, left = pos, k + 1
+            break
+    if len(indexed) == 1 and left <= 1:
+        # the only index keeps at most one record: maybe_fix_corrupted_files([IdxFile]) rewrites
+        # it to its header (file_size =< IDX_HEADER_SIZE + INDEX_RECORD_SIZE_B), and an index
+        # without records is no index: init/2 opens a new segment 0 (read from the source, 1.3.1
+        # to 1.13.1; not booted)
+        return StreamFate("empty", f"the only index {stem}.index keeps at most one valid record: the boot rewrites "
+                          "it to its header and the stream restarts empty", set(), [], _no_read(), cut=every,
+                          unreached=[])
+    kept, cut = set(), []
+    kept_stems = {s for s, _, _ in indexed}
+    for s, _, _ in pairs:
+        sg = scan.segments.get(s)
+        if sg is None:
+            continue
+        for c in sg.chunks:
+            if s not in kept_stems or (s == stem and (last_pos is None or c.pos > last_pos)):
+                cut.append((c.file, c.pos, c.chunk_id))  # past the last valid indexed chunk, or never read
+            else:
+                kept.add((c.file, c.pos))
+    # a reader from `first`: the first kept chunk, then chunk after chunk by id
+    served, unreached, expected = [], [], None
+    for c in (c for s, _, _ in indexed for c in scan.segments.get(s, _EMPTY).chunks if (c.file, c.pos) in kept):
+        if unreached or (expected is not None and c.chunk_id != expected):
+            unreached.append((c.file, c.pos, c.chunk_id))
+            continue
+        served.append(c)
+        expected = c.chunk_id + c.num_records
+    why = "kept" if not cut else f"the boot cuts {len(cut)} chunk(s) after the last valid indexed chunk"
+    views = amqp091_views(scan.records, model)
+    return StreamFate("ok", why, kept, served, amqp091_read(served, scan.records, model, prefetch, views), cut,
+                      unreached, views)
+
+
+def amqp091_views(records, model: BrokerModel) -> dict:
+    """offset -> the record as an AMQP 0-9-1 consumer of ``model`` receives it
+    (``message.decode_amqp10_entry``), or the ``FormatError`` saying why the version cannot
+    convert it (then its read fails the consumer's channel). Records without bytes are left out."""
+    from cqforensics.errors import FormatError
+    from cqforensics.message import decode_amqp10_entry
+
+    out: dict = {}
+    for r in records:
+        if r.body is None:
+            continue
+        try:
+            out[r.offset] = decode_amqp10_entry(r.body, model)
+        except FormatError as e:
+            out[r.offset] = e
+    return out
+
+
+def _entries(records, views: dict) -> dict:
+    """(file, chunk pos) -> the chunk's entries in order: [compression or None for a simple
+    entry, [offsets], every record converts for AMQP 0-9-1 (``views``), entry position]."""
+    out: dict = {}
+    for r in records:
+        entries = out.setdefault((r.chunk.file, r.chunk.pos), [])
+        if not entries or not r.sub_batch or entries[-1][3] != r.entry_pos:
+            entries.append([r.compression if r.sub_batch else None, [], True, r.entry_pos])
+        e = entries[-1]
+        e[1].append(r.offset)
+        if e[2] and e[0] in (None, "none") and not isinstance(views.get(r.offset), dict):
+            e[2] = False
+    return out
+
+
+def amqp091_read(chunks: list, records: list, model: BrokerModel, prefetch: int = AMQP091_PREFETCH,
+                 views: dict | None = None) -> Amqp091Read:
+    """Replay the broker's reads of a stream for an AMQP 0-9-1 consumer from ``first``
+    (``AMQP091_PREFETCH``) over ``chunks`` (what a reader from first reads, in order).
+
+    The broker reads in steps (RSQ ``stream_entries``): the first with the whole prefetch as
+    credit, then, as each delivery is acked, a step with credit 1 whenever the credit is back
+    above 0. A step that fails exits the consumer's channel before it delivers: its reads are
+    lost with it, the earlier steps were delivered.
+
+    * ``model.stream_amqp091_reader == "parsed_chunks"`` (3.x, ``osiris_log:read_chunk_parsed``):
+      a step reads whole chunks until its credit is spent; every record of a chunk is converted
+      (``binary_to_msg/2``), so a compressed sub-batch (returned as ``{batch, ..}``) or a record
+      that is no AMQP 1.0 message fails the step.
+    * ``"chunk_iterator"`` (4.x, ``osiris_log:chunk_iterator/2`` + ``iterator_next/1``): a step
+      reads entry by entry; compressed sub-batches are skipped, an uncompressed one is delivered
+      up to the credit and the rest buffered for the next steps.
+    * CRC (``model.stream_amqp091_crc``): ``every_chunk`` (osiris <= 1.6: every chunk read,
+      tracking chunks too), ``user_chunks`` (1.7 - 1.8.3 ``read_chunk_parsed``: the chunks it
+      hands over), ``one_entry_chunks`` (1.8.5 - 1.8.8 ``iter_read_ahead/7``: a chunk of one entry
+      opened with a credit other than 1), ``none`` (1.10+). A bad CRC fails the step.
+    """
+    from cqforensics.grammar import osiris as g
+
+    parsed = model.stream_amqp091_reader == "parsed_chunks"
+    crc = model.stream_amqp091_crc
+    entries = _entries(records, amqp091_views(records, model) if views is None else views)
+    delivered: list = []
+    skipped: set = set()
+    queue = list(chunks)
+    k = 0  # next chunk to open
+    current: list = []  # entries left in the open chunk (iterator)
+    buffer: list = []  # offsets of an uncompressed sub-batch beyond the credit (iterator)
+    credit = prefetch
+
+    def checks_crc(c, credit_now) -> bool:
+        if crc == "every_chunk":
+            return True
+        if c.chunk_type != g.CHNK_USER:
+            return False
+        if crc == "user_chunks":
+            return True
+        return crc == "one_entry_chunks" and c.num_entries == 1 and credit_now != 1
+
+    while True:
+        step: list = []
+        end = False
+        if buffer:
+            take = min(credit, len(buffer))
+            step += buffer[:take]
+            buffer = buffer[take:]
+            credit -= take
+        while credit >= 1 and not end:
+            if not current:  # open the next chunk the reader hands over
+                while True:
+                    if k >= len(queue):
+                        end = True
+                        break
+                    c = queue[k]
+                    k += 1
+                    if checks_crc(c, credit) and not c.crc_ok:
+                        return Amqp091Read(delivered, skipped, c.chunk_id, f"chunk {c.chunk_id} fails its CRC-32: the "
+                                           "read exits crc_validation_failure", step)
+                    if c.chunk_type == g.CHNK_USER:
+                        current = [list(e) for e in entries.get((c.file, c.pos), [])]
+                        chunk = c
+                        break
+                if end:
+                    break
+                if parsed:  # the whole chunk is converted at once
+                    for comp, offs, ok, _ in current:
+                        if (comp not in (None, "none")) or not ok:
+                            why = (f"{comp} sub-batch" if comp not in (None, "none") else
+                                   f"record {offs[0]} is no AMQP 1.0 message")
+                            return Amqp091Read(delivered, skipped, chunk.chunk_id, f"chunk {chunk.chunk_id}: {why} "
+                                               "cannot be converted for AMQP 0-9-1", step)
+                    offs = [o for _, os_, _, _ in current for o in os_]
+                    step += offs
+                    credit -= len(offs)
+                    current = []
+                    continue
+                if not current:
+                    continue
+            comp, offs, ok, _ = current.pop(0)
+            if comp not in (None, "none"):
+                skipped.update(offs)
+                continue
+            if not ok:
+                return Amqp091Read(delivered, skipped, chunk.chunk_id, f"record {offs[0]} is no AMQP 1.0 message",
+                                   step)
+            take = min(credit, len(offs))
+            step += offs[:take]
+            buffer = offs[take:]
+            credit -= take
+        delivered += step
+        if end and not buffer:
+            return Amqp091Read(delivered, skipped, lost=[])
+        credit = 1  # the next ack gives one credit back: the next step
+
+
+class _NoChunks:
+    chunks: list = []
+
+
+_EMPTY = _NoChunks()

@@ -165,6 +165,48 @@ class BrokerModel:
         """A v2 index with no segment recorded starts its queue at next_seq_id (else at 0)."""
         return self._answer("empty_index_bounds_at_next_seq_id")
 
+    @property
+    def stream_amqp091_reader(self) -> str:
+        """How the broker reads a stream for an AMQP 0-9-1 consumer: ``parsed_chunks`` (whole
+        chunks, every record converted; a compressed sub-batch cannot be) or ``chunk_iterator``
+        (entry by entry, compressed sub-batches skipped)."""
+        return self._answer("stream_amqp091_reader")
+
+    @property
+    def stream_amqp091_crc(self) -> str:
+        """Which stream chunks an AMQP 0-9-1 consumer's reads check the CRC of (a bad one ends
+        the consumer's channel): ``every_chunk`` (tracking chunks too), ``user_chunks``,
+        ``one_entry_chunks`` (a chunk of one entry opened with a credit other than 1) or ``none``."""
+        return self._answer("stream_amqp091_crc")
+
+    @property
+    def stream_amqp091_conversion(self) -> str:
+        """How a stream record (AMQP 1.0) is converted for an AMQP 0-9-1 consumer: ``msg_record``
+        (rabbit_msg_record:to_amqp091/1) or ``mc`` (mc_amqpl:convert_from(mc_amqp, ..))."""
+        return self._answer("stream_amqp091_conversion")
+
+    @property
+    def amqp10_reply_to_urldecoded(self) -> bool:
+        """An AMQP 1.0 reply-to ``/queues/<name>`` reaches an AMQP 0-9-1 consumer as ``<name>``."""
+        return self._answer("amqp10_reply_to_urldecoded")
+
+    @property
+    def amqp10_headerless_durable(self) -> bool:
+        """A stream record without a header section (and without an x-basic-delivery-mode
+        annotation) counts as durable (AMQP 0-9-1 delivery mode 2) when read back."""
+        return self._answer("amqp10_headerless_durable")
+
+    @property
+    def stream_missing_last_segment(self) -> str:
+        """The next boot of a stream whose last index has no segment: ``fails`` (the stream does
+        not start) or ``index_deleted`` (the index is deleted and the previous pair is last)."""
+        return self._answer("stream_missing_last_segment")
+
+    @property
+    def stream_deletes_orphan_segments(self) -> bool:
+        """The next boot deletes segments whose index is missing (osiris orphaned_segments/1)."""
+        return self._answer("stream_deletes_orphan_segments")
+
     def __str__(self) -> str:
         return self.label
 
@@ -318,6 +360,52 @@ BEHAVIOURS: dict[str, tuple[dict[str, object], str]] = {
          "4.0": False, "4.1": False, "4.2": True, "4.3": True},
         "rabbit_classic_queue_index_v2:bounds/2 (v4.2.0: NextSeqIdHint) returns {Hint, Hint} for an "
         "index without segments; bounds/1 (v3.10.0 - v4.1.x) returns {0, 0}"),
+    "stream_amqp091_reader": (
+        {"3.10": "parsed_chunks", "3.11": "parsed_chunks", "3.12": "parsed_chunks", "3.13.0": "parsed_chunks",
+         "3.13.1+": "parsed_chunks", "4.0": "chunk_iterator", "4.1": "chunk_iterator", "4.2": "chunk_iterator",
+         "4.3": "chunk_iterator"},
+        "deps/rabbit/src/rabbit_stream_queue.erl stream_entries: v3.10.0 - v3.13.7 osiris_log:read_chunk_parsed/1 "
+        "then binary_to_msg/2 on every record of the chunk in one list comprehension (a {batch, ..} of a "
+        "compressed sub-batch, osiris parse_records/3 or iter_all_records/2, cannot be converted); v4.0.0+ "
+        "osiris_log:chunk_iterator/2 + iterator_next/1, '%% Skip compressed sub batch.'"),
+    "stream_amqp091_crc": (
+        {"3.10": "every_chunk", "3.11": "every_chunk", "3.12": "user_chunks", "3.13.0": "user_chunks",
+         "3.13.1+": "user_chunks", "4.0": "one_entry_chunks", "4.1": "one_entry_chunks", "4.2": "none",
+         "4.3": "none"},
+        "osiris src/osiris_log.erl as each series pins it: read_chunk_parsed/2 calls validate_crc/3 before "
+        "needs_handling/3 (every chunk, tracking chunks too) in 1.3.1 (v3.10.8) to 1.6.9 (v3.11.28); from 1.7.2 "
+        "(v3.12.14, v3.13.x) it is chunk_iterator(State, all), which validates only the chunks it hands over; "
+        "1.8.5/1.8.8 (v4.0.5, v4.1.8) iter_read_ahead/7 returns undefined for a credit hint of 1 and validates "
+        "only when the hint is all or NumEntries == 1; 1.10.2 (v4.2.2) and 1.13.1 (v4.3, read from the shipped "
+        "beams) never validate on this path. 3.12.0 pins 1.5.1 (every_chunk): the series answers for its last "
+        "patch"),
+    "stream_amqp091_conversion": (
+        {"3.10": "msg_record", "3.11": "msg_record", "3.12": "msg_record", "3.13.0": "mc", "3.13.1+": "mc",
+         "4.0": "mc", "4.1": "mc", "4.2": "mc", "4.3": "mc"},
+        "deps/rabbit/src/rabbit_stream_queue.erl binary_to_msg/2: rabbit_msg_record:init/1 + to_amqp091/1 up to "
+        "v3.12.14; from v3.13.0 an #mc{mc_amqp} converted at delivery by mc_amqpl:convert_from(mc_amqp, ..)"),
+    "amqp10_reply_to_urldecoded": (
+        {"3.10": False, "3.11": False, "3.12": False, "3.13.0": False, "3.13.1+": False,
+         "4.0": False, "4.1": False, "4.2": True, "4.3": True},
+        "deps/rabbit/src/mc_amqpl.erl convert_from(mc_amqp, ..): reply_to <<\"/queues/\", Q>> -> "
+        "cow_uri:urldecode(Q) from v4.2.0 (not in v4.1.8)"),
+    "amqp10_headerless_durable": (
+        {"3.10": False, "3.11": False, "3.12": False, "3.13.0": False, "3.13.1+": False,
+         "4.0": True, "4.1": True, "4.2": False, "4.3": False},
+        "deps/rabbit/src/mc_amqp.erl get_property(durable, ..): a boolean header durable, else v4.0.5/v4.1.8 "
+        "true unless x-basic-delivery-mode is {ubyte, 1}; v3.13.7, v4.2.2, v4.3.5 false unless it is "
+        "{ubyte, 2}; mc_amqpl:protocol_state/2 then delivers delivery mode 2 unless durable is false (3.10 - "
+        "3.12 do not use it: rabbit_msg_record:to_amqp091/1 reads x-basic-delivery-mode only)"),
+    "stream_missing_last_segment": (
+        {"3.10": "fails", "3.11": "index_deleted", "3.12": "index_deleted", "3.13.0": "index_deleted",
+         "3.13.1+": "index_deleted", "4.0": "index_deleted", "4.1": "index_deleted", "4.2": "index_deleted",
+         "4.3": "index_deleted"},
+        "osiris_log:maybe_fix_corrupted_files/1: 1.3.1 (3.10) file_size/1 throws missing_file; 1.7.2+ (3.12+) "
+        "catches it and deletes the index (3.11 pins osiris main of its day: assumed like 3.12)"),
+    "stream_deletes_orphan_segments": (
+        {"3.10": False, "3.11": False, "3.12": False, "3.13.0": True, "3.13.1+": True,
+         "4.0": True, "4.1": True, "4.2": True, "4.3": True},
+        "osiris_log:maybe_fix_corrupted_files/1 deletes orphaned_segments/1 from osiris 1.8.3 (3.13) on"),
 }
 
 #: Settings every version shares (the writers and the layout readers use them): the RabbitMQ
@@ -437,6 +525,8 @@ class Evidence:
     index_module: bool = False  # clean.dot of <= 3.13
     clean_dot_without_index_module: bool = False  # clean.dot of 4.0+
     v1_files: bool = False
+    stream_msg_record: bool = False  # stream records converted by rabbit_msg_record (<= 3.12)
+    stream_mc: bool = False  # stream records converted by mc_amqpl (3.13+)
     feature_flags: tuple[str, ...] = ()  # enabled flags listed in <node>-feature_flags
 
     def constraints(self) -> list[tuple[tuple, tuple, str]]:
@@ -463,6 +553,12 @@ class Evidence:
             out.append((OLDEST, (3, 13, 999), "CQv1 index files (4.0+ converts them at boot; 4.3 never reads them)"))
         if self.mc:
             out.append(((3, 13, 0), NEWEST, "stored messages are #mc (3.13+)"))
+        if self.stream_mc and not self.stream_msg_record:
+            out.append(((3, 13, 0), NEWEST, "stream records of AMQP 0-9-1 publishes have a header section "
+                        "(mc_amqpl, 3.13+)"))
+        if self.stream_msg_record and not self.stream_mc:
+            out.append((OLDEST, (3, 12, 999), "stream records of AMQP 0-9-1 publishes carry the "
+                        "x-basic-delivery-mode annotation (rabbit_msg_record, up to 3.12)"))
         if self.basic_message and not self.mc:
             out.append((OLDEST, (3, 12, 999), "stored messages are #basic_message (up to 3.12)"))
         if self.latin1_atoms and not self.utf8_atoms:
@@ -488,6 +584,32 @@ class Evidence:
         """The version to predict for (the newest of the range), and why."""
         r = self.range()
         return r.model, f"written by {r.label}: {r.why}"
+
+
+def stream_record_evidence(raw: bytes, ev: Evidence) -> None:
+    """Which converter wrote a stream record of an AMQP 0-9-1 publish (it carries the
+    ``x-exchange`` annotation): rabbit_msg_record:from_amqp091/2 (3.10 - 3.12) writes the
+    delivery mode as the ``x-basic-delivery-mode`` annotation and no header section;
+    mc_amqpl:convert_to(mc_amqp, ..) (3.13+) writes a header section (durable, priority)."""
+    from cqforensics import amqp10
+    from cqforensics.errors import FormatError
+
+    try:
+        secs = amqp10.sections(raw)
+    except FormatError:
+        return
+    keys, header = set(), False
+    for code, val, _, _ in secs:
+        if code == amqp10.HEADER:
+            header = True
+        elif code == amqp10.MESSAGE_ANNOTATIONS and isinstance(val, dict):
+            keys = {amqp10.plain(k) for k, _ in val.get("value") or []}
+    if "x-exchange" not in keys:
+        return
+    if "x-basic-delivery-mode" in keys and not header:
+        ev.stream_msg_record = True
+    elif header:
+        ev.stream_mc = True
 
 
 def term_evidence(raw, ev: Evidence) -> None:

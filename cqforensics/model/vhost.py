@@ -137,6 +137,9 @@ class VhostScan:
         self.vhost = vhost
         self.only = only
         self.share = share
+        #: the stream dirs (by name) this scan lists; None: every stream of the vhost when the scan
+        #: lists every queue (``only`` is None), else none
+        self.stream_dirs: set[str] | None = None
         self.bodies = Bodies()  # the one accessor of stored bytes
         #: rebuild: a renamed queue dir counts as its queue's own dir (it is written back there)
         self.keep_renamed = False
@@ -240,6 +243,18 @@ class VhostScan:
         return sorted(self.vhost.queues, key=lambda q: (q.name is None, q.name or q.dir_name,
                                                         -(q.priority if q.priority is not None else -1),
                                                         q.dir_name))
+
+    @property
+    def streams(self) -> list["StreamEntry"]:
+        """The streams this scan lists (``stream_dirs``); never with a share (the stream rows
+        come with the whole vhost, once)."""
+        if self.share is not None:
+            return []
+        if self.stream_dirs is None and self.only is not None:
+            return []
+        home = self.vhost.dir_name
+        return [e for e in self.node.streams if self.node.stream_home(e) == home
+                and (self.stream_dirs is None or e.path.name in self.stream_dirs)]
 
     @cached_property
     def queue_dirs(self) -> list[QueueDir]:
@@ -626,6 +641,16 @@ class NodeScan:
         return bool(self.hang_causes)
 
     @cached_property
+    def streams(self) -> list["StreamEntry"]:
+        """The node's streams (``<node dir>/stream/<name>/``), read, each with its owner and its
+        next boot's fate (``stream_entries``)."""
+        return stream_entries(self)
+
+    def stream_home(self, e: "StreamEntry") -> str | None:
+        """The vhost dir name whose tables list stream ``e`` (``stream_home``)."""
+        return stream_home(e.vhost, [v.vhost for v in self.vhosts])
+
+    @cached_property
     def vhosts(self) -> list[VhostScan]:
         self.renamed = {}
         for v in self.node.vhosts:
@@ -908,6 +933,13 @@ def collect_evidence(ns: NodeScan) -> versions.Evidence:
                 head = read_head(p, start + _TERM_HEAD)
                 if len(head) == start + _TERM_HEAD:
                     versions.term_evidence(head[-_TERM_HEAD:], ev)
+    root = Path(ns.node.path) / "stream"
+    if root.is_dir():
+        from cqforensics.readers import osiris as r_osiris
+
+        for d in sorted(p for p in root.iterdir() if p.is_dir())[:3]:
+            for raw in r_osiris.head_records(d):
+                versions.stream_record_evidence(raw, ev)
     return ev
 
 
@@ -933,3 +965,82 @@ def passes(vs: VhostScan) -> Iterator[VhostScan]:
     finally:
         if prev is not vs:
             prev.close()
+
+
+# -- streams ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StreamEntry:
+    """One stream directory of a node: the queue it belongs to (from the durable metadata when a
+    stream queue's derived name matches the directory; else unknown), its scan and its fate."""
+
+    path: Path
+    vhost: str | None
+    name: str | None
+    name_source: str  # "metadata" or "dir" (no durable stream queue derives this dir's name)
+    scan: object  # readers.osiris.StreamScan
+    fate: object  # model.recovery.StreamFate
+
+    @property
+    def label(self) -> str:
+        return self.name if self.name is not None else self.path.name
+
+
+_B64URI = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-=")
+
+
+def base64uri(text: str) -> str:
+    """osiris_util:to_base64uri/1: every grapheme outside the base64uri alphabet becomes ``_``
+    (RabbitMQ names a stream's directory ``to_base64uri(VHost ++ "_" ++ Name ++ "_" ++ Nanos)``,
+    rabbit_stream_queue:stream_name/1)."""
+    return "".join(c if c in _B64URI else "_" for c in text)
+
+
+def stream_owners(node_path: Path, metadata: Metadata) -> list[tuple[Path, str | None, str | None, str]]:
+    """Every stream dir under ``<node dir>/stream/`` in name order, with the vhost and name of
+    the durable stream queue it belongs to and where they come from (``metadata``; ``dir``
+    with None, None when no stream queue derives this dir's name)."""
+    import re as _re
+
+    root = Path(node_path) / "stream"
+    if not root.is_dir():
+        return []
+    owners = []
+    for (vh, nm), q in metadata.queues.items():
+        if q.type == "rabbit_stream_queue":
+            v, n = vh.decode("utf-8", "replace"), nm.decode("utf-8", "replace")
+            owners.append((base64uri(f"{v}_{n}_"), v, n))
+    out = []
+    for d in sorted(p for p in root.iterdir() if p.is_dir()):
+        hits = [(v, n) for prefix, v, n in owners
+                if d.name.startswith(prefix) and _re.fullmatch(r"[0-9]+", d.name[len(prefix):])]
+        out.append((d, hits[0][0], hits[0][1], "metadata") if len(hits) == 1 else (d, None, None, "dir"))
+    return out
+
+
+def stream_home(vhost: str | None, vhosts: list[VhostDir]) -> str | None:
+    """The vhost dir name whose tables list a stream of vhost ``vhost`` (None: owner unknown):
+    its owner's, else the default vhost's, else the first vhost's in listing order. The
+    embedded reader lists a vhost's streams after its classic queues; a Spark plan puts the
+    stream's unit there too (``spark_datasource.plan``)."""
+    by_name = {v.name: v.dir_name for v in vhosts}
+    if vhost is not None and vhost in by_name:
+        return by_name[vhost]
+    if "/" in by_name:
+        return by_name["/"]
+    first = sorted(vhosts, key=lambda v: (v.name is None, v.label))
+    return first[0].dir_name if first else None
+
+
+def stream_entries(node_scan) -> list[StreamEntry]:
+    """Every stream dir under ``<node dir>/stream/``, read, with its owner and next-boot fate."""
+    from cqforensics.model.recovery import stream_fate
+    from cqforensics.readers import osiris as r_osiris
+
+    out = []
+    for d, vhost, name, source in stream_owners(node_scan.node.path, node_scan.metadata):
+        scan = r_osiris.read_stream(d)
+        out.append(StreamEntry(d, vhost, name, source, scan, stream_fate(scan, node_scan.model)))
+    return out
+

@@ -8,7 +8,8 @@ matching names themselves, so a new format is one grammar module, one reader mod
 line here.
 
 Places (``where``): ``store`` (``msg_store_persistent`` / ``msg_store_transient``), ``queue``
-(a queue dir), ``vhost`` (a vhost dir), ``node`` (the node dir's Mnesia files).
+(a queue dir), ``vhost`` (a vhost dir), ``node`` (the node dir's Mnesia files), ``stream`` (a
+stream dir ``<node dir>/stream/<name>/``, whose files osiris names with 20 digits).
 
 ``dump`` callables take ``(path, segment_entry_count)`` and yield ``(row, term)`` pairs in file
 order: ``row`` is the listing dict, ``term`` is ``None`` or ``(source, start, length)`` locating
@@ -22,13 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from cqforensics.readers import osiris as r_osiris
 from cqforensics.readers import qi as r_qi
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers import terms as r_terms
 from cqforensics.readers import v1 as r_v1
 
-PLACES = ("node", "vhost", "store", "queue")
+PLACES = ("node", "vhost", "store", "queue", "stream")
 _DIGITS = re.compile(r"[0-9]{1,15}")  # ASCII digits only (Erlang's list_to_integer); at most 15 of them:
 # every number a broker gives a file is far below 10^15, and N * segment size then fits an int64
 # (a longer number is an unknown file, never a number that overflows the columns)
@@ -46,6 +48,7 @@ class Reader:
     read: Callable | None = None  # the reader's entry point
     dump: Callable | None = None  # (path, segment_entry_count) -> Iterator[(row, term)]
     term_span: Callable | None = None  # framing: entry -> (start, length) of its term
+    width: int = 0  # a numbered name's digits are exactly this many (zero-padded; osiris: 20), else 1..15
 
     @property
     def lone_suffixes(self) -> tuple[str, ...]:
@@ -56,7 +59,10 @@ class Reader:
         if name in self.names:
             return True
         if self.numbered and name.endswith(self.ext):
-            return bool(_DIGITS.fullmatch(name[:-len(self.ext)]))
+            digits = name[:-len(self.ext)]
+            if self.width:
+                return len(digits) == self.width and digits.isascii() and digits.isdigit()
+            return bool(_DIGITS.fullmatch(digits))
         return False
 
 
@@ -79,6 +85,10 @@ READERS: dict[str, Reader] = {r.kind: r for r in (
            dump=r_v1.dump_segment),
     Reader("jif", "queue", "CQv1 index journal", names=("journal.jif",), suffixes=(".jif",),
            read=r_v1.parse_journal, dump=r_v1.dump_journal),
+    Reader("osiris_segment", "stream", "stream (osiris) segment: chunks of messages and tracking", ext=".segment",
+           numbered=True, width=20, read=r_osiris.walk_segment, dump=r_osiris.dump_segment),
+    Reader("osiris_index", "stream", "stream (osiris) index: one record per chunk", ext=".index", numbered=True,
+           width=20, read=r_osiris.read_index, dump=r_osiris.dump_index),
     Reader("disk_log", "node", "Mnesia disk_log (table dump, table log, transaction log)",
            suffixes=(".DCD", ".DCL", ".LOG"), read=r_terms.read_disk_log, dump=r_terms.dump_disk_log),
 )}
@@ -137,7 +147,7 @@ def file_name(kind: str, number: int | None = None) -> str:
     if r.numbered:
         if number is None:
             raise ValueError(f"{kind} files are numbered")
-        return f"{number}{r.ext}"
+        return f"{number:0{r.width}d}{r.ext}"
     return r.names[0]
 
 

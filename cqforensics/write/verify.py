@@ -10,6 +10,10 @@ durable queue of the metadata. ``deep`` also decodes every stored message and ch
 
 Anything fsck reports as a warning or an error breaks consistency, and so do the informational
 findings for garbage (``orphan-message``, ``duplicate-copy``, ``transient-dropped``).
+
+Streams are outside these invariants: the writers copy a node's stream dirs as they are (they
+repair no osiris file), so what fsck finds in them (``osiris-*``, ``stream-*``) is a note, and a
+stream's verdict adds no violation.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 from cqforensics import exitcodes, layout
 from cqforensics.errors import display
 from cqforensics.checks import check_vhost, qs_overlaps, undelivered
-from cqforensics.findings import INFO, Finding
+from cqforensics.findings import CODES, INFO, Finding
 from cqforensics.model.options import make_options
 from cqforensics.model.vhost import NodeScan
 
@@ -32,7 +36,8 @@ BREAKS = frozenset({"orphan-message", "duplicate-copy", "transient-dropped"})
 #: node-level files (``details["place"] == "node"``, e.g. a FIFO named like a Mnesia file), and a
 #: message the index holds twice (a copied slot: every entry still resolves, the message is
 #: delivered twice; the writers keep both copies as the source index holds them)
-CARRIED_OVER = frozenset({"term-file-damaged", "index-duplicate-entry"})
+CARRIED_OVER = frozenset({"term-file-damaged", "index-duplicate-entry"}
+                         | {c for c in CODES if c.startswith(("osiris-", "stream-"))})
 #: a vhost dir's ``.vhost`` missing, damaged or naming another vhost: the broker never reads it (it
 #: writes it at every recovery of the vhost, rabbit_vhost:recover/1) and finds a vhost's store by
 #: its name's dir, so the next boot is the same; a dir under another name than its vhost's shows
@@ -103,7 +108,8 @@ def verify(paths, broker_version: str | None = None, deep: bool = False,
             for v in verdicts:
                 result.queues += 1
                 result.messages += v.messages
-                findings += undelivered(v, named)
+                if v.queue_type != "stream":  # a stream's losses are its own findings (notes, above)
+                    findings += undelivered(v, named)
             for f in findings:
                 if f.code in BREAKS and f.code != "transient-dropped" and f.file is not None \
                         and (allow_garbage or os.path.realpath(f.file) in allowed):

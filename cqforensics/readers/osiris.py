@@ -1,0 +1,539 @@
+"""Streams (osiris logs): one stream directory ``stream/<name>/`` of ``<N>.segment`` and
+``<N>.index`` pairs, read into its chunks, records (with offsets) and tracking blocks.
+
+The layout is ``grammar.osiris`` (docs/formats/streams.md). Damage never raises: it becomes a
+``Finding`` with the file and the byte offset, and the walk goes on where the bytes allow (a
+chunk header that does not parse ends a segment's walk unless the index names a later chunk
+position). Decompressing a sub-batch needs a codec: gzip is Python's own; snappy, lz4 and zstd
+come from ``cramjam`` (the ``streams`` extra); without it such a sub-batch's records are listed
+with a ``decode_error`` saying which codec is missing, never a traceback.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from cqforensics.findings import Finding
+from cqforensics.grammar import osiris as g
+from cqforensics.readers.files import read_bytes, read_head
+
+_CHUNK_HEADER = g.CHUNK_HEADER.unpack_from
+_SUB_HEAD = g.SUB_BATCH_HEAD.unpack_from
+_U32 = g.SIMPLE_HEAD.unpack_from
+MAX_FINDINGS_PER_FILE = 200  # a file of garbage yields a bounded number of findings
+
+
+class CodecMissing(Exception):
+    """A sub-batch's compression needs a codec that is not installed."""
+
+
+def decompress(code: int, data: bytes, uncompressed_length: int) -> bytes:
+    """The body of a sub-batch compressed with stream-protocol code ``code`` (1 gzip, 2 snappy
+    framed, 3 lz4 frame, 4 zstd frame: the formats of the reference client's codecs,
+    rabbitmq-stream-java-client ``compression/CompressionUtils.java``). Raises ``CodecMissing``
+    or ``ValueError`` (damaged or not of that format)."""
+    if code == 0:
+        return bytes(data)
+    if code == 1:
+        try:
+            return zlib.decompress(bytes(data), 16 + zlib.MAX_WBITS)
+        except zlib.error as e:
+            raise ValueError(f"gzip: {e}") from None
+    if code not in (2, 3, 4):
+        raise ValueError(f"unknown compression code {code}")
+    try:
+        import cramjam
+    except ImportError:
+        raise CodecMissing(f"{g.COMPRESSIONS[code]} sub-batch: the codec is not installed "
+                           "(pip install 'cqforensics[streams]')") from None
+    mod = {2: cramjam.snappy, 3: cramjam.lz4, 4: cramjam.zstd}[code]
+    try:
+        return bytes(mod.decompress(bytes(data)))
+    except Exception as e:  # cramjam raises its own DecompressionError (and ValueError)
+        if code == 2:  # a client may write raw snappy instead of the framing format
+            try:
+                return bytes(cramjam.snappy.decompress_raw(bytes(data)))
+            except Exception:
+                pass
+        raise ValueError(f"{g.COMPRESSIONS[code]}: {str(e)[:200]}") from None
+
+
+@dataclass
+class Record:
+    """One record (a message) of a user chunk."""
+
+    offset: int  # the stream offset
+    chunk: "Chunk"
+    entry_pos: int  # file position of its entry (simple entry or the sub-batch holding it)
+    body: bytes | None  # the AMQP 1.0 message bytes; None when they cannot be had
+    sub_batch: bool = False
+    compression: str = "none"
+    error: str | None = None
+
+
+@dataclass
+class Tracking:
+    """One tracking block: a publisher's sequence, a consumer's offset or a timestamp."""
+
+    kind: str  # sequence | offset | timestamp
+    reference: bytes
+    value: int
+    chunk_id: int  # the chunk it was written in (a snapshot's sequence: the chunk it names)
+    source: str  # trailer | delta | snapshot
+    file: str
+    pos: int  # file position of the chunk holding it
+
+
+@dataclass
+class Chunk:
+    file: str
+    pos: int
+    chunk_type: int
+    num_entries: int
+    num_records: int
+    timestamp: int
+    epoch: int
+    chunk_id: int
+    crc: int
+    data_size: int
+    trailer_size: int
+    bloom_size: int
+    bloom: bytes = b""
+    complete: bool = True  # all its bytes are in the file
+    crc_ok: bool | None = None  # None: the data is not all there
+
+    @property
+    def end(self) -> int:
+        return self.pos + g.CHUNK_HEADER_SIZE + self.bloom_size + self.data_size + self.trailer_size
+
+    @property
+    def data_pos(self) -> int:
+        return self.pos + g.CHUNK_HEADER_SIZE + self.bloom_size
+
+    @property
+    def type_name(self) -> str:
+        return g.CHUNK_TYPES.get(self.chunk_type, f"unknown({self.chunk_type})")
+
+    @property
+    def valid(self) -> bool:
+        """What osiris is_valid_chunk_on_disk/2 accepts: a header that parses and a matching CRC."""
+        return self.complete and bool(self.crc_ok)
+
+
+@dataclass
+class IndexFile:
+    path: Path
+    size: int
+    header_ok: bool
+    records: np.ndarray  # INDEX_DTYPE, every whole record after the header (zero records included)
+    partial: int  # bytes of a last, partial record
+
+
+@dataclass
+class Segment:
+    path: Path
+    size: int
+    header_ok: bool
+    chunks: list[Chunk] = field(default_factory=list)
+    end: int = 0  # end of the last whole chunk walked (8 for none)
+
+
+def parse_header(buf, pos: int) -> tuple | None:
+    """The 48-byte chunk header at ``pos`` as a tuple (CHUNK_HEADER order), or None when the
+    bytes are not one (magic/version byte, as osiris parse_header/2 matches it)."""
+    if pos + g.CHUNK_HEADER_SIZE > len(buf):
+        return None
+    h = _CHUNK_HEADER(buf, pos)
+    if h[0] != g.MAGIC_VERSION_BYTE:
+        return None
+    return h
+
+
+def read_index(path: Path) -> tuple[IndexFile, list[Finding]]:
+    data = read_bytes(path)
+    name = str(path)
+    findings = []
+    ok = data[:g.IDX_HEADER_SIZE] == g.IDX_MAGIC + g.IDX_VERSION.to_bytes(4, "big")
+    if not ok:
+        findings.append(Finding("osiris-bad-header", f"index file header is {bytes(data[:8])!r}, not OSII v1",
+                                name, 0))
+    body = data[g.IDX_HEADER_SIZE:] if len(data) > g.IDX_HEADER_SIZE else b""
+    n = len(body) // g.INDEX_RECORD_SIZE
+    recs = np.frombuffer(bytes(body[:n * g.INDEX_RECORD_SIZE]), g.INDEX_DTYPE)
+    partial = len(body) - n * g.INDEX_RECORD_SIZE
+    if partial:
+        findings.append(Finding("osiris-index-torn", f"index ends inside a record ({partial} of "
+                                f"{g.INDEX_RECORD_SIZE} bytes): the next boot ignores them", name,
+                                g.IDX_HEADER_SIZE + n * g.INDEX_RECORD_SIZE))
+    return IndexFile(path, len(data), ok, recs, partial), findings
+
+
+def walk_segment(path: Path, index: IndexFile | None = None, data=None) -> tuple[Segment, list[Finding]]:
+    """Every chunk of a segment from its header on, following sizes; at bytes that are no chunk
+    header, the walk goes on at the next position the index names (if any)."""
+    if data is None:
+        data = read_bytes(path)
+    name = str(path)
+    findings: list[Finding] = []
+    ok = data[:g.LOG_HEADER_SIZE] == g.LOG_MAGIC + g.LOG_VERSION.to_bytes(4, "big")
+    seg = Segment(path, len(data), ok, end=min(len(data), g.LOG_HEADER_SIZE))
+    if not ok:
+        findings.append(Finding("osiris-bad-header", f"segment file header is {bytes(data[:8])!r}, not OSIL v1",
+                                name, 0))
+    positions = sorted({int(p) for p in index.records["file_pos"]} if index is not None else set())
+    pos = g.LOG_HEADER_SIZE
+    while pos < len(data):
+        h = parse_header(data, pos)
+        if h is None:
+            rest = bytes(data[pos:pos + g.CHUNK_HEADER_SIZE])
+            if pos + g.CHUNK_HEADER_SIZE > len(data) and rest and rest[0] == g.MAGIC_VERSION_BYTE:
+                findings.append(Finding("osiris-chunk-torn", f"the segment ends inside a chunk header "
+                                        f"({len(data) - pos} of {g.CHUNK_HEADER_SIZE} bytes)", name, pos))
+            elif not any(data[pos:]):
+                findings.append(Finding("osiris-trailing-bytes", f"{len(data) - pos} zero bytes after the last "
+                                        "chunk", name, pos, details={"length": len(data) - pos}))
+            else:
+                findings.append(Finding("osiris-chunk-bad-header", "bytes that are no chunk header where a chunk "
+                                        "should start", name, pos, details={"length": len(data) - pos}))
+            nxt = next((p for p in positions if p > pos), None)
+            if nxt is None or len(findings) >= MAX_FINDINGS_PER_FILE:
+                break
+            pos = nxt
+            continue
+        (_, ctype, n_entries, n_records, ts, epoch, chunk_id, crc, dsize, tsize, bsize, _res) = h
+        c = Chunk(name, pos, ctype, n_entries, n_records, ts, epoch, chunk_id, crc, dsize, tsize, bsize)
+        if c.end > len(data):
+            c.complete = False
+            have = data[c.data_pos:c.data_pos + dsize]
+            c.crc_ok = None if len(have) < dsize else zlib.crc32(have) == crc
+            findings.append(Finding("osiris-chunk-torn", f"chunk {chunk_id} ({c.type_name}) needs "
+                                    f"{c.end - pos} bytes, the segment has {len(data) - pos} left", name, pos,
+                                    details={"chunk_id": chunk_id, "missing": c.end - len(data)}))
+            seg.chunks.append(c)
+            break
+        c.bloom = bytes(data[pos + g.CHUNK_HEADER_SIZE:c.data_pos])
+        c.crc_ok = zlib.crc32(data[c.data_pos:c.data_pos + dsize]) == crc
+        if not c.crc_ok:
+            findings.append(Finding("osiris-chunk-crc", f"chunk {chunk_id} ({c.type_name}) fails its CRC-32",
+                                    name, pos, details={"chunk_id": chunk_id, "crc": crc}))
+        if ctype not in g.CHUNK_TYPES:
+            findings.append(Finding("osiris-chunk-bad-header", f"chunk {chunk_id} has unknown type {ctype}", name, pos))
+        seg.chunks.append(c)
+        seg.end = c.end
+        pos = c.end
+    return seg, findings
+
+
+def records_of(chunk: Chunk, data) -> tuple[list[Record], list[Tracking], list[Finding]]:
+    """The records of a user chunk, or the tracking blocks of a tracking chunk, and the tracking
+    blocks of its trailer. ``data`` is the segment's bytes."""
+    recs: list[Record] = []
+    trk: list[Tracking] = []
+    findings: list[Finding] = []
+    if not chunk.complete:
+        return recs, trk, findings
+    p, end = chunk.data_pos, chunk.data_pos + chunk.data_size
+    offset = chunk.chunk_id
+    for _ in range(chunk.num_entries):
+        if p + 4 > end:
+            findings.append(Finding("osiris-entry-bad", f"chunk {chunk.chunk_id}: entry data ends before its "
+                                    f"{chunk.num_entries} entries", chunk.file, p))
+            break
+        first = data[p]
+        if not first & 0x80:  # simple entry
+            (n,) = _U32(data, p)
+            if p + 4 + n > end:
+                findings.append(Finding("osiris-entry-bad", f"chunk {chunk.chunk_id}: a simple entry of {n} bytes "
+                                        "runs past the chunk's data", chunk.file, p))
+                break
+            body = bytes(data[p + 4:p + 4 + n])
+            if chunk.chunk_type == g.CHNK_USER:
+                recs.append(Record(offset, chunk, p, body))
+            else:
+                trk.extend(parse_tracking(body, chunk, "snapshot" if chunk.chunk_type == g.CHNK_TRK_SNAPSHOT
+                                          else "delta", findings))
+            offset += 1
+            p += 4 + n
+            continue
+        if p + g.SUB_BATCH_HEAD_SIZE > end:
+            findings.append(Finding("osiris-entry-bad", f"chunk {chunk.chunk_id}: a sub-batch header runs past "
+                                    "the chunk's data", chunk.file, p))
+            break
+        b0, n_recs, ulen, clen = _SUB_HEAD(data, p)
+        code = (b0 >> 4) & 0x7
+        start = p + g.SUB_BATCH_HEAD_SIZE
+        if start + clen > end:
+            findings.append(Finding("osiris-entry-bad", f"chunk {chunk.chunk_id}: a sub-batch of {clen} bytes "
+                                    "runs past the chunk's data", chunk.file, p))
+            break
+        comp = g.COMPRESSIONS.get(code, f"unknown({code})")
+        error = None
+        bodies: list[bytes] = []
+        try:
+            raw = decompress(code, data[start:start + clen], ulen)
+            if len(raw) != ulen:
+                raise ValueError(f"{len(raw)} bytes after decompression, the header says {ulen}")
+            q = 0
+            while q < len(raw) and len(bodies) < n_recs:
+                (n,) = _U32(raw, q)
+                if n & 0x80000000 or q + 4 + n > len(raw):
+                    raise ValueError(f"record {len(bodies)} of the sub-batch runs past its body")
+                bodies.append(bytes(raw[q + 4:q + 4 + n]))
+                q += 4 + n
+            if len(bodies) != n_recs or q != len(raw):
+                raise ValueError(f"the sub-batch holds {len(bodies)} records in {q} of {len(raw)} bytes, its "
+                                 f"header says {n_recs}")
+        except CodecMissing as e:
+            error = str(e)
+        except (ValueError, IndexError, Exception) as e:  # noqa: B014 - a codec's own error types
+            error = f"sub-batch does not decode: {str(e)[:200]}"
+            findings.append(Finding("osiris-entry-bad", f"chunk {chunk.chunk_id}: {comp} sub-batch of {n_recs} "
+                                    f"records: {error}", chunk.file, p,
+                                    details={"chunk_id": chunk.chunk_id, "compression": comp}))
+        for i in range(n_recs):
+            body = bodies[i] if error is None else None
+            recs.append(Record(offset + i, chunk, p, body, True, comp, error))
+        offset += n_recs
+        p = start + clen
+    if p != end and not findings:
+        findings.append(Finding("osiris-entry-bad", f"chunk {chunk.chunk_id}: its {chunk.num_entries} entries "
+                                f"end {end - p} bytes before its data does", chunk.file, p))
+    if offset - chunk.chunk_id != chunk.num_records and not findings:
+        findings.append(Finding("osiris-entry-bad", f"chunk {chunk.chunk_id}: its entries hold "
+                                f"{offset - chunk.chunk_id} records, its header says {chunk.num_records}",
+                                chunk.file, chunk.pos))
+    if chunk.trailer_size:
+        t0 = chunk.data_pos + chunk.data_size
+        trk.extend(parse_tracking(bytes(data[t0:t0 + chunk.trailer_size]), chunk, "trailer", findings))
+    return recs, trk, findings
+
+
+def parse_tracking(buf: bytes, chunk: Chunk, source: str, findings: list) -> list[Tracking]:
+    """Tracking blocks (grammar ``tracking_delta_block`` / ``tracking_snapshot_block``)."""
+    out = []
+    p = 0
+    snap = source == "snapshot"
+    while p < len(buf):
+        if p + 2 > len(buf):
+            break
+        typ, n = buf[p], buf[p + 1]
+        q = p + 2 + n
+        ref = buf[p + 2:q]
+        size = 16 if snap and typ == g.TRK_SEQUENCE else 8
+        if typ not in g.TRACKING_TYPES or q + size > len(buf):
+            findings.append(Finding("osiris-tracking-bad", f"chunk {chunk.chunk_id}: {source} tracking data "
+                                    f"does not parse at byte {p} of {len(buf)}", chunk.file, chunk.pos,
+                                    details={"chunk_id": chunk.chunk_id, "source": source}))
+            break
+        ch = chunk.chunk_id
+        if snap and typ == g.TRK_SEQUENCE:
+            ch = int.from_bytes(buf[q:q + 8], "big")
+            q += 8
+        value = int.from_bytes(buf[q:q + 8], "big", signed=typ == g.TRK_TIMESTAMP)
+        out.append(Tracking(g.TRACKING_TYPES[typ], bytes(ref), value, ch, source, chunk.file, chunk.pos))
+        p = q + 8
+    return out
+
+
+@dataclass
+class StreamScan:
+    """One stream directory read whole: its segment/index pairs in name order, every chunk,
+    record and tracking block, and the findings about the files themselves."""
+
+    dir: Path
+    pairs: list[tuple[str, Path | None, Path | None]] = field(default_factory=list)  # (stem, segment, index)
+    segments: dict[str, Segment] = field(default_factory=dict)  # stem -> walked segment
+    indexes: dict[str, IndexFile] = field(default_factory=dict)  # stem -> index
+    records: list[Record] = field(default_factory=list)
+    tracking: list[Tracking] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    other_files: list[Path] = field(default_factory=list)
+
+    @property
+    def chunks(self) -> list[Chunk]:
+        return [c for s in self.segments.values() for c in s.chunks]
+
+    @property
+    def first_offset(self) -> int | None:
+        cs = self.chunks
+        return cs[0].chunk_id if cs else None
+
+    @property
+    def next_offset(self) -> int | None:
+        """The offset after the last chunk's records."""
+        cs = [c for c in self.chunks if c.complete]
+        return cs[-1].chunk_id + cs[-1].num_records if cs else None
+
+
+def _stem(name: str, ext: str) -> str | None:
+    stem = name[:-len(ext)]
+    return stem if name.endswith(ext) and len(stem) == g.NAME_DIGITS and stem.isdigit() else None
+
+
+def read_stream(stream_dir: Path | str, with_records: bool = True) -> StreamScan:
+    """Read a stream directory. Never raises on damage (findings); an unreadable directory is
+    an operational error of the caller's listing."""
+    d = Path(stream_dir)
+    scan = StreamScan(d)
+    segs, idxs = {}, {}
+    for p in sorted(d.iterdir()):
+        s = _stem(p.name, ".segment")
+        i = _stem(p.name, ".index")
+        if s is not None:
+            segs[s] = p
+        elif i is not None:
+            idxs[i] = p
+        else:
+            scan.other_files.append(p)
+    stems = sorted(set(segs) | set(idxs))
+    scan.pairs = [(s, segs.get(s), idxs.get(s)) for s in stems]
+    expected = None  # the next chunk id the previous chunk leads to
+    for n, (stem, seg_path, idx_path) in enumerate(scan.pairs):
+        index = None
+        if idx_path is not None:
+            index, f = read_index(idx_path)
+            scan.indexes[stem] = index
+            scan.findings += f
+        if seg_path is None:
+            scan.findings.append(Finding("osiris-segment-missing", f"index {idx_path.name} has no segment "
+                                         f"{stem}.segment", str(idx_path), None,
+                                         details={"last": n == len(scan.pairs) - 1}))
+            continue
+        if idx_path is None:
+            scan.findings.append(Finding("osiris-index-missing", f"segment {seg_path.name} has no index "
+                                         f"{stem}.index", str(seg_path), None,
+                                         details={"last": n == len(scan.pairs) - 1}))
+        data = read_bytes(seg_path)
+        seg, f = walk_segment(seg_path, index, data)
+        scan.segments[stem] = seg
+        scan.findings += f
+        if seg.chunks and int(stem) != seg.chunks[0].chunk_id:
+            scan.findings.append(Finding("osiris-chunk-id-gap", f"segment {seg_path.name} starts with chunk "
+                                         f"{seg.chunks[0].chunk_id}, not the chunk its name says", str(seg_path),
+                                         seg.chunks[0].pos))
+        for c in seg.chunks:
+            if expected is not None and c.chunk_id != expected:
+                what = "gap" if c.chunk_id > expected else "overlap"
+                scan.findings.append(Finding("osiris-chunk-id-gap", f"chunk {c.chunk_id} follows a chunk that ends "
+                                             f"at offset {expected} ({what} of {abs(c.chunk_id - expected)}): a "
+                                             "reader stops there", c.file, c.pos,
+                                             details={"expected": expected, "chunk_id": c.chunk_id}))
+            expected = c.chunk_id + c.num_records
+            if with_records:
+                recs, trk, f = records_of(c, data)
+                scan.records += recs
+                scan.tracking += trk
+                scan.findings += f
+        if index is not None:
+            scan.findings += compare_index(seg, index)
+    if scan.pairs and scan.chunks and scan.chunks[0].chunk_id > 0:
+        c0 = scan.chunks[0]
+        scan.findings.append(Finding("stream-retention", f"the stream starts at offset {c0.chunk_id}: offsets "
+                                     "below it were deleted (retention or by hand); nothing of them is on disk",
+                                     c0.file, c0.pos, details={"first_offset": c0.chunk_id}))
+    return scan
+
+
+def compare_index(seg: Segment, index: IndexFile) -> list[Finding]:
+    """Index records against the chunks walked: each record must name a chunk's position, id,
+    epoch and type, in order; a chunk the index does not list is one the next boot cuts off
+    (if it is after the last record) or a reader never finds by index."""
+    out = []
+    by_pos = {c.pos: c for c in seg.chunks}
+    listed = set()
+    name = str(index.path)
+    for k, r in enumerate(index.records):
+        at = g.IDX_HEADER_SIZE + k * g.INDEX_RECORD_SIZE
+        if not any(r.tobytes()):
+            out.append(Finding("osiris-index-mismatch", "an all-zero index record (pre-allocated or zeroed)", name, at,
+                               details={"kind": "zero_record"}))
+            continue
+        c = by_pos.get(int(r["file_pos"]))
+        if c is None:
+            out.append(Finding("osiris-index-mismatch", f"index record of chunk {int(r['chunk_id'])} points at "
+                               f"segment position {int(r['file_pos'])}, where no chunk starts", name, at,
+                               details={"kind": "no_chunk", "chunk_id": int(r["chunk_id"]),
+                                        "file_pos": int(r["file_pos"])}))
+            continue
+        listed.add(c.pos)
+        if (c.chunk_id, c.epoch, c.chunk_type) != (int(r["chunk_id"]), int(r["epoch"]), int(r["chunk_type"])):
+            out.append(Finding("osiris-index-mismatch", f"index record says chunk {int(r['chunk_id'])} epoch "
+                               f"{int(r['epoch'])} type {int(r['chunk_type'])}, the segment has chunk {c.chunk_id} "
+                               f"epoch {c.epoch} type {c.chunk_type} there", name, at,
+                               details={"kind": "differs", "chunk_id": c.chunk_id}))
+    unlisted = [c for c in seg.chunks if c.pos not in listed]
+    if unlisted:
+        out.append(Finding("osiris-index-mismatch", f"{len(unlisted)} chunk(s) of the segment are not in its index "
+                           f"(first: chunk {unlisted[0].chunk_id}); chunks after the last indexed one are cut by "
+                           "the next boot", str(seg.path), unlisted[0].pos,
+                           details={"kind": "unlisted", "chunks": [c.chunk_id for c in unlisted[:50]]}))
+    return out
+
+
+def head_records(stream_dir: Path | str, limit: int = 8, head: int = 1 << 16) -> list[bytes]:
+    """Up to ``limit`` record bodies from the first ``head`` bytes of a stream's first segment
+    (simple entries and uncompressed sub-batches of user chunks): a cheap look at what wrote
+    them (version evidence). Damage yields fewer, never an error."""
+    segs = sorted(p for p in Path(stream_dir).iterdir() if _stem(p.name, ".segment") is not None)
+    if not segs:
+        return []
+    data = read_head(segs[0], head)
+    seg, _ = walk_segment(segs[0], None, data)
+    out: list[bytes] = []
+    for c in seg.chunks:
+        if c.chunk_type != g.CHNK_USER or not c.complete:
+            continue
+        recs, _, _ = records_of(c, data)
+        out += [r.body for r in recs if r.body is not None and r.compression == "none"]
+        if len(out) >= limit:
+            break
+    return out[:limit]
+
+
+# -- dump: the per-chunk / per-record listing of one file ---------------------------------------
+
+
+def dump_segment(path: Path, segment_entry_count: int | None = None):
+    """``dump`` rows of a segment: its header, each chunk, each record and tracking block, and
+    each problem, in file order (``term`` is None: bodies are AMQP 1.0, not Erlang terms)."""
+    path = Path(path)
+    idx = path.with_suffix(".index")
+    index = read_index(idx)[0] if idx.is_file() else None
+    data = read_bytes(path)
+    seg, findings = walk_segment(path, index, data)
+    yield {"offset": 0, "kind": "header", "status": "ok" if seg.header_ok else "bad header"}, None
+    for c in seg.chunks:
+        yield {"offset": c.pos, "kind": "chunk", "chunk_type": c.type_name, "chunk_id": c.chunk_id,
+               "entries": c.num_entries, "records": c.num_records, "timestamp_ms": c.timestamp, "epoch": c.epoch,
+               "size": c.end - c.pos, "bloom_size": c.bloom_size, "trailer_size": c.trailer_size,
+               "status": "ok" if c.valid else ("torn" if not c.complete else "bad crc")}, None
+        recs, trk, f = records_of(c, data)
+        findings += f
+        for r in recs:
+            yield {"offset": r.entry_pos, "kind": "record", "stream_offset": r.offset, "chunk_id": c.chunk_id,
+                   "sub_batch": r.sub_batch, "compression": r.compression,
+                   "size": None if r.body is None else len(r.body), "status": r.error or "ok"}, None
+        for t in trk:
+            yield {"offset": c.pos, "kind": "tracking", "tracking": t.kind, "source": t.source,
+                   "reference": t.reference.decode("utf-8", "replace"), "value": t.value, "chunk_id": t.chunk_id,
+                   "status": "ok"}, None
+    for f in findings:
+        yield {"offset": f.offset, "kind": "problem", "status": f"{f.code}: {f.message}"}, None
+
+
+def dump_index(path: Path, segment_entry_count: int | None = None):
+    """``dump`` rows of an index file: its header and each 29-byte record."""
+    index, findings = read_index(Path(path))
+    yield {"offset": 0, "kind": "header", "status": "ok" if index.header_ok else "bad header"}, None
+    for k, r in enumerate(index.records):
+        yield {"offset": g.IDX_HEADER_SIZE + k * g.INDEX_RECORD_SIZE, "kind": "index_record",
+               "chunk_id": int(r["chunk_id"]), "timestamp_ms": int(r["timestamp"]), "epoch": int(r["epoch"]),
+               "file_pos": int(r["file_pos"]), "chunk_type": g.CHUNK_TYPES.get(int(r["chunk_type"]),
+                                                                                str(int(r["chunk_type"]))),
+               "status": "zero record" if not any(r.tobytes()) else "ok"}, None
+    for f in findings:
+        yield {"offset": f.offset, "kind": "problem", "status": f"{f.code}: {f.message}"}, None
