@@ -768,7 +768,7 @@ def _short(v: dict | None):
     return raw.decode("utf-8", "replace") if len(raw) <= 255 else None
 
 
-def _text(v: dict | None):
+def _amqp10_text(v: dict | None):
     raw = _raw_text(v) if v is not None and v.get("type") in ("string", "symbol", "binary") else None
     if raw is None:
         return None if v is None or v.get("type") == "null" else str(amqp10.plain(v))
@@ -808,16 +808,16 @@ def decode_amqp10_entry(raw: bytes, model) -> dict:
         rest = []
         for k, v in ap:
             if k == "x-basic-type" and typ is None:
-                typ = _text(v)
+                typ = _amqp10_text(v)
             elif k == "x-basic-app-id" and app is None:
-                app = _text(v)
+                app = _amqp10_text(v)
             else:
                 rest.append((k, v))
         for k, v in rest:
             headers[k] = _to091_msg_record(v)
         prio, mode, exp = ma_plain("x-basic-priority"), ma_plain("x-basic-delivery-mode"), ma.get("x-basic-expiration")
-        props = {"delivery_mode": mode, "priority": prio, "expiration": _text(exp), "type": typ, "app_id": app,
-                 "user_id": _text(p10.get("user_id")), "reply_to": _text(p10.get("reply_to"))}
+        props = {"delivery_mode": mode, "priority": prio, "expiration": _amqp10_text(exp), "type": typ, "app_id": app,
+                 "user_id": _amqp10_text(p10.get("user_id")), "reply_to": _amqp10_text(p10.get("reply_to"))}
     else:
         if body_secs and all(c == amqp10.DATA for c, _, _ in body_secs):
             body, typ0 = b"".join(base64.b64decode(v["base64"]) for _, v, _ in body_secs), None
@@ -832,8 +832,8 @@ def decode_amqp10_entry(raw: bytes, model) -> dict:
             mode = 2 if durable_ann else None
         prio = amqp10.plain(header["priority"]) if header.get("priority") else ma_plain("x-basic-priority")
         ttl = amqp10.plain(header["ttl"]) if header.get("ttl") else None
-        exp = str(ttl) if ttl is not None else _text(ma.get("x-basic-expiration"))
-        typ = typ0 if typ0 is not None else _text(ma.get("x-basic-type"))
+        exp = str(ttl) if ttl is not None else _amqp10_text(ma.get("x-basic-expiration"))
+        typ = typ0 if typ0 is not None else _amqp10_text(ma.get("x-basic-type"))
         for k, v in ma.items():
             if k == "x-cc":
                 headers["CC"] = _to091_mc(v)
@@ -861,7 +861,7 @@ def decode_amqp10_entry(raw: bytes, model) -> dict:
     corr_id = _message_id(p10.get("correlation_id"), "x-correlation-id-type" if conversion == "msg_record"
                           else "x-correlation-id", headers, conversion)
     created = amqp10.plain(p10["creation_time"]) if p10.get("creation_time") else None
-    props.update(content_type=_text(p10.get("content_type")), content_encoding=_text(p10.get("content_encoding")),
+    props.update(content_type=_amqp10_text(p10.get("content_type")), content_encoding=_amqp10_text(p10.get("content_encoding")),
                  message_id=msg_id, correlation_id=corr_id, cluster_id=None,
                  timestamp=created // 1000 if isinstance(created, int) else None)
     for k in ("delivery_mode", "priority"):
@@ -875,8 +875,8 @@ def decode_amqp10_entry(raw: bytes, model) -> dict:
               "body_section": None if not body_secs else amqp10.SECTION_NAMES[body_secs[0][0]]}
     if "footer" in secs:
         detail["footer"] = amqp10.map_object(secs["footer"])
-    return {"msg_id": None, "persistent": props["delivery_mode"] == 2, "exchange": _text(exchange),
-            "routing_keys": [_text(rk)] if rk is not None else [], "properties": props,
+    return {"msg_id": None, "persistent": props["delivery_mode"] == 2, "exchange": _amqp10_text(exchange),
+            "routing_keys": [_amqp10_text(rk)] if rk is not None else [], "properties": props,
             "timestamp_ms": created if isinstance(created, int) else None,
             "headers": amqp091.headers_json(headers) if headers else None,
             "annotations": _annotations_json({}, {"amqp10": detail}), "body": body, "term_format": "amqp10"}

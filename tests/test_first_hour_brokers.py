@@ -112,7 +112,7 @@ def test_audit_export_and_report_name_them(capsys, node, tmp_path):
     code, out, _ = run(capsys, "audit", node)
     assert "NOT READ on rabbit@localhost: 2 quorum queues: 'qq.a'" in out
     code, _, err = run(capsys, "export", node, "--format", "jsonl", "--out", tmp_path / "x")
-    assert code == 0 and "NOT READ on rabbit@localhost: 2 quorum queues: 'qq.a'" in err and "stream" not in err
+    assert code == 0 and "NOT READ on rabbit@localhost: 2 quorum queues: 'qq.a'" in err and "7 stream" in err
     code, _, _ = run(capsys, "report", node, "--html", tmp_path / "r.html")
     page = (tmp_path / "r.html").read_text()
     assert 'class="meta not-read" data-kind="quorum"' in page and 'data-kind="stream"' not in page

@@ -52,7 +52,7 @@ def test_batches_have_the_exact_schema_and_respect_caps(table):
         if table in ("messages", "store"):
             assert b.num_rows <= 7
         n += b.num_rows
-    assert n > 0 or table == "findings"
+    assert n > 0 or table in ("findings", "stream_tracking")  # 4.3.6-clean holds no stream
 
 
 def test_batches_capped_by_bytes():
