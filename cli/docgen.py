@@ -125,3 +125,42 @@ def manpage(parser: argparse.ArgumentParser, version: str = "") -> str:
     out += [".SH EXIT STATUS", "0 no errors; 1 errors found and fixed; 4 errors found and left; 8 operational "
             "error; 16 usage error; 32 interrupted.", ".SH SEE ALSO", "README.md of the cqforensics sources."]
     return "\n".join(out) + "\n"
+
+
+def _md(text: str | None) -> str:
+    return " ".join((text or "").split()).replace("|", "\\|").replace("<", "&lt;")
+
+
+def markdown(parser: argparse.ArgumentParser) -> str:
+    """The command reference page of the docs site (``docs/reference/cli.md``), one section per
+    command: its usage, description, arguments and options, as ``--help`` gives them.
+    ``python3 -m cli.docgen > docs/reference/cli.md`` writes it; a test checks it is current."""
+    prog = parser.prog
+    out = [f"# Command reference: `{prog}`", "",
+           f"Generated from the parser (`python3 -m cli.docgen > docs/reference/cli.md`), like `{prog} manpage` "
+           f"and `{prog} completion`; a test fails when it is out of date. Exit codes: "
+           "[Findings and exit codes](../findings.md#exit-codes).", "",
+           "## Global options", "", "| option | meaning |", "|---|---|"]
+    for a in _options(parser):
+        if a.dest == "help":
+            continue
+        out.append(f"| `{', '.join(a.option_strings)}` | {_md(a.help)} |")
+    for name, sp in _subparsers(parser).items():
+        usage = " ".join(sp.format_usage().split()[1:])
+        out += ["", f"## {name}", "", "```text", usage, "```", "", _md(sp.description)]
+        rows = [(f"`{a.metavar or a.dest}`", a.help) for a in _positionals(sp)]
+        for a in _options(sp):
+            if a.dest == "help":
+                continue
+            meta = "" if a.nargs == 0 else " " + (a.metavar or ("{" + ",".join(map(str, a.choices)) + "}"
+                                                               if a.choices else a.dest.upper()))
+            rows.append((f"`{', '.join(a.option_strings)}{meta}`", a.help))
+        if rows:
+            out += ["", "| argument | meaning |", "|---|---|"] + [f"| {k} | {_md(h)} |" for k, h in rows]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    from cli.main import build_parser
+
+    print(markdown(build_parser()), end="")

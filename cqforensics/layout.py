@@ -6,7 +6,7 @@ Names come from ``.vhost`` and ``.queue_name`` and are checked against the md5/b
 names; a queue dir without a usable ``.queue_name`` is named from the durable-queue metadata
 when its hash matches (see ``NodeDir.resolve_names``).
 
-Layout per VH/IDX2 (rabbitmq-formats.md section 1). Nothing here reads more than the small
+Layout per VH/IDX2 (docs/formats/classic.md §1). Nothing here reads more than the small
 text files; the data files are only listed, classified by the reader registry
 (``cqforensics.readers.registry.kind_of``).
 """

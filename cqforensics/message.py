@@ -1,6 +1,6 @@
 """Stored message terms -> one normalised form.
 
-Shapes (rabbitmq-formats.md section 6):
+Shapes (docs/formats/classic.md §6):
 
 * ``#basic_message{}`` (<= 3.12): properties encoded (``properties_bin``) or decoded
   (``'P_basic'``, e.g. after dead-lettering in 3.10);

@@ -117,7 +117,7 @@ def scan_entries(data, start: int, extents=None):
     """Entries of a segment found without the .qi (heuristically: an entry header whose term
     starts with 131 and whose CRC, when flagged, checks), from ``start`` to the end, in file order:
     ``("entry", offset, size, flags)`` and ``("gap", offset, end, zeroed)`` for the bytes between
-    (QS2 leaves zero-filled gaps for messages acked while buffered; rabbitmq-formats.md 3.2).
+    (QS2 leaves zero-filled gaps for messages acked while buffered; docs/formats/classic.md §3.2).
     ``data`` may be a map of a huge file: nothing is copied but a term being checked, zero runs
     are skipped vectorised (``files.next_nonzero``), garbage jumps to the next byte 131 that could
     start a term, ``extents`` (``files.data_extents``) skips a sparse file's holes unread, and the

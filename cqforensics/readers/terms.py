@@ -4,7 +4,7 @@
 ets:tab2file: item 1 is the table info, then one item per object, then
 ``['$end_of_table', [{count, N}]]`` (OTP ets.erl tab2file; verified on the samples).
 DETS v9 is not specified publicly; objects are found heuristically by their
-``<<BlockSize:32, 16#12345678:32, TermSize:32, Term>>`` layout (rabbitmq-formats.md 1.1).
+``<<BlockSize:32, 16#12345678:32, TermSize:32, Term>>`` layout (docs/formats/classic.md §1.1).
 """
 
 from __future__ import annotations

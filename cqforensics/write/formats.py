@@ -1,7 +1,7 @@
 """Bytes of every file a writer produces, built with the twins of ``cqforensics.grammar``
 (tests check each builder against the construct grammar it twins).
 
-What the broker accepts (rabbitmq-formats.md section 9.4): index entries with status 1, the
+What the broker accepts (docs/formats/classic.md §9.4): index entries with status 1, the
 persistent flag and zero reserved bits; ``.qi``/``.qs`` segments headed by their magic, version
 and the segment's SeqId range; ``.qs`` entries of the exact term size with a CRC; shared-store
 entries ``[u64 16 + len][id][term][255]``; CQv1 publish records (term embedded below the
