@@ -32,12 +32,14 @@ log = logging.getLogger("cqforensics.core")
 try:
     import cqforensics_core as _native
 except ImportError as e:  # not built (a checkout never installed with pip)
-    _native, _why = None, f"not built ({e}); run: python3 -m pip install ."
+    # every path has a pure-Python twin (differential-tested): slower, same answers
+    _native, _why = None, (f"not built ({e}): running the pure-Python paths (slower, same answers); "
+                           "to build it: install a Rust toolchain, then python3 -m pip install .")
 else:
     _why = None
     if getattr(_native, "ABI", None) != ABI:
-        _native, _why = None, (f"stale build (ABI {getattr(_native, 'ABI', '?')}, sources {ABI}); "
-                               "run: python3 -m pip install .")
+        _native, _why = None, (f"stale build (ABI {getattr(_native, 'ABI', '?')}, sources {ABI}): running the "
+                               "pure-Python paths; run: python3 -m pip install .")
 
 #: rows decoded by the core / handed to the reference, since the process started
 COUNTS: Counter = Counter()
