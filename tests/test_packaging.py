@@ -52,3 +52,20 @@ def test_spark_data_source_names_the_extra_when_pyspark_is_missing():
         last = p.stderr.strip().splitlines()[-1]
         assert last.startswith("ModuleNotFoundError: the rabbitcq Spark data source needs pyspark")
         assert "pip install 'cqforensics[spark]'" in last
+
+
+def test_the_broker_harness_is_not_in_the_wheel_and_extras_are_pinned():
+    """The packages the wheel takes (setuptools' find with pyproject's include and exclude): the
+    real-broker harness is the tests' and benchmarks' (run from the checkout), not the tool's;
+    every runtime and extra dependency the tool uses has an upper bound (the newest tested)."""
+    from setuptools import find_packages
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    find = config["tool"]["setuptools"]["packages"]["find"]
+    packages = find_packages(ROOT, include=find["include"], exclude=find["exclude"])
+    assert "cqforensics" in packages and "cqforensics.readers" in packages and "cli" in packages
+    assert not [p for p in packages if p.startswith("cqforensics.broker")]
+    project = config["project"]
+    for dep in project["dependencies"] + project["optional-dependencies"]["spark"] \
+            + project["optional-dependencies"]["streams"]:
+        assert "<" in dep, f"{dep}: no upper bound"
