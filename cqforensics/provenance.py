@@ -7,15 +7,19 @@
 or why not built); ``command``; ``broker_version``: the version whose next boot was predicted
 or written for; ``as_of``: the time TTLs were judged at (ISO 8601, UTC); ``created``: when;
 ``inputs``: every regular file under the input paths (symlinks not followed), sorted by path,
-with its size and SHA-256 (null when it cannot be read).
+with its size and SHA-256 (null when it cannot be read); a sparse file's holes, as the file
+system reports them (SEEK_HOLE), are not read: it has ``holes`` (``[offset, length]`` ranges of
+zeros) and ``data_sha256`` (of the bytes outside them) instead of ``sha256``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import hashlib
 import json
 import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -37,51 +41,114 @@ def iso(ms: int | None) -> str | None:
     return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def _sha256(path: str) -> str | None:
-    h = hashlib.sha256()
+def _regular_files(root: str, out: set[str]) -> None:
+    """Every regular file under the dir ``root`` (symlinks neither followed nor listed), into
+    ``out``; what cannot be listed is left out."""
+    stack = [root]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for e in it:
+                    try:
+                        if e.is_dir(follow_symlinks=False):
+                            stack.append(e.path)
+                        elif e.is_file(follow_symlinks=False):
+                            out.add(e.path)
+                    except OSError:
+                        continue
+        except OSError:
+            continue
+
+
+def _entry(path: str) -> dict | None:
+    """``{path, size, sha256}`` of a regular file (None when it is none by now). A file the
+    file system reports holes in (SEEK_HOLE) is not read there: ``sha256`` is null and
+    ``holes`` lists its zeroed ranges ``[offset, length]``, ``data_sha256`` the SHA-256 of the
+    bytes outside them, in file order (the file is that data with zeros in the holes)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
     except OSError:
-        return None
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None
+        return {"path": display(path), "size": st.st_size, "sha256": None} if stat.S_ISREG(st.st_mode) else None
     try:
-        while True:
-            chunk = os.read(fd, _CHUNK)
-            if not chunk:
-                return h.hexdigest()
-            h.update(chunk)
-    except OSError:
-        return None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        out = {"path": display(path), "size": st.st_size, "sha256": None}
+        try:
+            extents = _extents(fd, st.st_size)
+            h = hashlib.sha256()
+            for start, end in extents:
+                pos = start
+                while pos < end:
+                    chunk = os.pread(fd, min(_CHUNK, end - pos), pos)
+                    if not chunk:
+                        break
+                    h.update(chunk)
+                    pos += len(chunk)
+                if pos < end:  # the file shrank while it was read: what it holds is not what it held
+                    return out
+        except OSError:
+            return out
+        if extents == [(0, st.st_size)] or not st.st_size:
+            out["sha256"] = h.hexdigest()
+        else:
+            holes, pos = [], 0
+            for start, end in extents + [(st.st_size, st.st_size)]:
+                if start > pos:
+                    holes.append([pos, start - pos])
+                pos = end
+            out["holes"], out["data_sha256"] = holes, h.hexdigest()
+        return out
     finally:
         os.close(fd)
 
 
+def _extents(fd: int, size: int) -> list[tuple[int, int]]:
+    """The ``[start, end)`` ranges of the file that hold data, as SEEK_DATA/SEEK_HOLE tell
+    (the whole file where the file system cannot tell)."""
+    if not size or not hasattr(os, "SEEK_HOLE"):
+        return [(0, size)]
+    try:
+        if os.lseek(fd, 0, os.SEEK_HOLE) >= size:  # the usual file: no hole (one call)
+            return [(0, size)]
+        out, pos = [], 0
+        while pos < size:
+            try:
+                start = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError as e:
+                if e.errno == errno.ENXIO:  # nothing but a hole from pos on
+                    break
+                raise
+            if start >= size:
+                break
+            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+            out.append((start, end))
+            pos = end
+        return out
+    except OSError as e:
+        if e.errno in (errno.EINVAL, errno.ENOTSUP, getattr(errno, "EOPNOTSUPP", errno.ENOTSUP)):
+            return [(0, size)]
+        raise
+
+
 def inputs_manifest(paths) -> list[dict]:
-    """``{path, size, sha256}`` of every regular file under ``paths`` (a file path is itself)."""
+    """``{path, size, sha256}`` of every regular file under ``paths`` (a file path is itself);
+    a sparse file's holes are listed, not read (``_entry``)."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    files = set()
+    files: set[str] = set()
     for p in paths:
         p = os.path.abspath(p)
         if os.path.isfile(p) and not os.path.islink(p):
             files.add(p)
-            continue
-        for dirpath, _, names in os.walk(p):
-            for n in names:
-                f = os.path.join(dirpath, n)
-                try:
-                    st = os.lstat(f)
-                except OSError:
-                    continue
-                if os.path.stat.S_ISREG(st.st_mode):
-                    files.add(f)
-    out = []
-    for f in sorted(files):
-        try:
-            size = os.lstat(f).st_size
-        except OSError:
-            continue
-        out.append({"path": display(f), "size": size, "sha256": _sha256(f)})
-    return out
+        elif os.path.isdir(p):
+            _regular_files(p, files)
+    return [e for e in map(_entry, sorted(files)) if e is not None]
 
 
 def record(command: str, paths, broker_version: str | None, as_of_ms: int | None) -> dict:

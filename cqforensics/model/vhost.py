@@ -702,11 +702,17 @@ def queue_dirs_of(meta: Metadata, vhost: bytes, name: bytes) -> list[tuple[str, 
     level 0..x-max-priority for a priority queue (rabbit_priority_queue), else one."""
     from cqforensics import textfiles
 
+    known = meta.queue_dirs.get((vhost, name))
+    if known is not None:
+        return known
     levels = meta.arguments(vhost, name).get("x-max-priority")
     if isinstance(levels, int) and 0 < levels < 256:
-        return [(textfiles.queue_dir_name(vhost, textfiles.priority_queue_name(name, p)),
-                 textfiles.priority_queue_name(name, p), p) for p in range(levels + 1)]
-    return [(textfiles.queue_dir_name(vhost, name), name, None)]
+        out = [(textfiles.queue_dir_name(vhost, textfiles.priority_queue_name(name, p)),
+                textfiles.priority_queue_name(name, p), p) for p in range(levels + 1)]
+    else:
+        out = [(textfiles.queue_dir_name(vhost, name), name, None)]
+    meta.queue_dirs[(vhost, name)] = out
+    return out
 
 
 def home_nodes(node: NodeDir, meta: Metadata) -> set[str]:
@@ -734,6 +740,7 @@ def lost_queues(node: NodeDir, meta: Metadata) -> list[LostQueue]:
     if meta.kind is None or not meta.queues:
         return []
     vhost_dirs = {v.dir_name: v for v in node.vhosts}
+    have_dirs = {v.dir_name: {q.dir_name for q in v.queues} for v in node.vhosts}
     homes = home_nodes(node, meta)
     out = []
     for (vhost, name), rec in sorted(meta.queues.items()):
@@ -741,7 +748,7 @@ def lost_queues(node: NodeDir, meta: Metadata) -> list[LostQueue]:
             continue
         vdir = textfiles.vhost_dir_name(vhost)
         v = vhost_dirs.get(vdir)
-        have = {q.dir_name for q in v.queues} if v is not None else set()
+        have = have_dirs.get(vdir, ())
         dirs = queue_dirs_of(meta, vhost, name)
         lq = LostQueue(rec, vdir, levels=len(dirs))
         for dir_name, _, prio in dirs:
