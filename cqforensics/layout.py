@@ -79,6 +79,7 @@ class QueueDir:
     priority: int | None = None
     name_source: str | None = None  # ".queue_name", "metadata" or None
     index_hint: str | None = None  # "v2" when .queue_name says so
+    stub: bytes | None = field(default=None, repr=False)  # the .queue_name's bytes, as read (up to 1 MiB)
     qi: list[tuple[int, Path]] = field(default_factory=list)
     qs: dict[int, Path] = field(default_factory=dict)
     idx: list[tuple[int, Path]] = field(default_factory=list)
@@ -181,6 +182,16 @@ def _is_dir(e: os.DirEntry) -> bool:
         return False
 
 
+_CHILD = getattr(Path, "_make_child_relpath", None)
+
+
+def _child(parent: Path, name: str) -> Path:
+    """``parent / name`` for a name just listed in ``parent`` (one component): pathlib's own
+    shortcut for the children it lists, where there is one (parsing a whole path again costs
+    more than the rest of what a queue dir's listing does)."""
+    return _CHILD(parent, name) if _CHILD is not None else parent / name
+
+
 def _is_file(e: os.DirEntry) -> bool:
     """A regular file (symlinks followed), as the listing tells."""
     try:
@@ -235,16 +246,16 @@ def read_queue_dir(path: Path, vhost_raw: bytes | None, problems: list[FileProbl
         if kind == "queue_name":
             listed = e
         elif kind == "jif":
-            q.journal = Path(e.path)
+            q.journal = _child(path, e.name)
         elif hit is not None and hit[1] is not None and _is_file(e):
-            files[kind].append((hit[1], Path(e.path)))
+            files[kind].append((hit[1], _child(path, e.name)))
         else:
-            q.others.append(Path(e.path))
+            q.others.append(_child(path, e.name))
     for v in files.values():
         v.sort()
     q.qi, q.idx = files["qi"], files["idx"]
     q.qs = dict(files["qs"])
-    stub = path / ".queue_name"
+    stub = _child(path, ".queue_name")
     # the listing tells whether there is one to read: a regular file (not a link) is opened
     # without a stat first (its open and fstat still check it), an absent one is not asked for
     raw = None if listed is None and stub not in _not_regular_paths(problems) else \
@@ -254,6 +265,7 @@ def read_queue_dir(path: Path, vhost_raw: bytes | None, problems: list[FileProbl
         return q
     if raw is None:
         return q
+    q.stub = raw
     try:
         qn = textfiles.parse_queue_name(raw, vhost_raw)
     except FormatError as e:
@@ -311,12 +323,25 @@ def read_vhost_dir(path: Path) -> VhostDir:
         elif e.name == "queues" and _is_dir(e):
             for qe in _special(_listdir(p), v.problems):
                 if _is_dir(qe):
-                    v.queues.append(read_queue_dir(Path(qe.path), v.name_raw, v.problems))
+                    v.queues.append(read_queue_dir(_child(p, qe.name), v.name_raw, v.problems))
                 else:
                     v.others.append(Path(qe.path))
         elif registry.kind_of(e.name, "vhost") is None:
             v.others.append(p)
     return v
+
+
+def list_node_dir(path: Path) -> NodeDir:
+    """A node dir's vhost and queue dirs by their dir names only, nothing read: what a writer
+    asks of the dirs it has just written."""
+    node = NodeDir(path=path, node=path.name)
+    for e in _listdir(path / "msg_stores" / "vhosts"):
+        if _is_dir(e):
+            v = VhostDir(path=Path(e.path), dir_name=e.name)
+            queues = _child(v.path, "queues")
+            v.queues = [QueueDir(path=_child(queues, q.name), dir_name=q.name) for q in _listdir(queues) if _is_dir(q)]
+            node.vhosts.append(v)
+    return node
 
 
 def read_node_dir(path: Path, label: str | None = None) -> NodeDir:

@@ -15,7 +15,6 @@ zeros) and ``data_sha256`` (of the bytes outside them) instead of ``sha256``.
 from __future__ import annotations
 
 import datetime as dt
-import errno
 import hashlib
 import json
 import os
@@ -26,6 +25,7 @@ from pathlib import Path
 
 from cqforensics import core
 from cqforensics.errors import display
+from cqforensics.readers.files import fd_extents
 
 METADATA_KEY = b"cqforensics.provenance"
 _CHUNK = 1 << 20
@@ -80,7 +80,9 @@ def _entry(path: str) -> dict | None:
             return None
         out = {"path": display(path), "size": st.st_size, "sha256": None}
         try:
-            extents = _extents(fd, st.st_size)
+            extents = fd_extents(fd, st.st_size)
+            if extents is None:  # the file system cannot tell: all of it is data
+                extents = [(0, st.st_size)]
             h = hashlib.sha256()
             for start, end in extents:
                 pos = start
@@ -94,7 +96,7 @@ def _entry(path: str) -> dict | None:
                     return out
         except OSError:
             return out
-        if extents == [(0, st.st_size)] or not st.st_size:
+        if extents == [(0, st.st_size)] or not st.st_size:  # no hole
             out["sha256"] = h.hexdigest()
         else:
             holes, pos = [], 0
@@ -106,34 +108,6 @@ def _entry(path: str) -> dict | None:
         return out
     finally:
         os.close(fd)
-
-
-def _extents(fd: int, size: int) -> list[tuple[int, int]]:
-    """The ``[start, end)`` ranges of the file that hold data, as SEEK_DATA/SEEK_HOLE tell
-    (the whole file where the file system cannot tell)."""
-    if not size or not hasattr(os, "SEEK_HOLE"):
-        return [(0, size)]
-    try:
-        if os.lseek(fd, 0, os.SEEK_HOLE) >= size:  # the usual file: no hole (one call)
-            return [(0, size)]
-        out, pos = [], 0
-        while pos < size:
-            try:
-                start = os.lseek(fd, pos, os.SEEK_DATA)
-            except OSError as e:
-                if e.errno == errno.ENXIO:  # nothing but a hole from pos on
-                    break
-                raise
-            if start >= size:
-                break
-            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
-            out.append((start, end))
-            pos = end
-        return out
-    except OSError as e:
-        if e.errno in (errno.EINVAL, errno.ENOTSUP, getattr(errno, "EOPNOTSUPP", errno.ENOTSUP)):
-            return [(0, size)]
-        raise
 
 
 def inputs_manifest(paths) -> list[dict]:

@@ -248,21 +248,37 @@ def data_extents(path: Path | str, size: int | None = None) -> list[tuple[int, i
     try:
         with open_regular(path) as f:
             fd = f.fileno()
-            end = os.fstat(fd).st_size if size is None else size
-            out = []
-            pos = 0
-            while pos < end:
-                try:
-                    start = os.lseek(fd, pos, os.SEEK_DATA)
-                except OSError as e:
-                    if e.errno == 6:  # ENXIO: no data past pos
-                        break
-                    return None
-                if start >= end:
-                    break
-                stop = min(os.lseek(fd, start, os.SEEK_HOLE), end)
-                out.append((start, stop))
-                pos = stop
-            return out
+            return fd_extents(fd, os.fstat(fd).st_size if size is None else size)
     except (OSError, FormatError):
         return None
+
+
+def fd_extents(fd: int, size: int) -> list[tuple[int, int]] | None:
+    """``data_extents`` of an open file's first ``size`` bytes (one lseek for a file without
+    holes); None when the file system cannot tell."""
+    if not hasattr(os, "SEEK_DATA"):
+        return None
+    if not size:
+        return []
+    try:
+        if os.lseek(fd, 0, os.SEEK_HOLE) >= size:  # the usual file: data all through
+            return [(0, size)]
+        out = []
+        pos = 0
+        while pos < size:
+            try:
+                start = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError as e:
+                if e.errno == 6:  # ENXIO: no data past pos
+                    break
+                return None
+            if start >= size:
+                break
+            stop = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+            out.append((start, stop))
+            pos = stop
+        return out
+    except OSError:
+        return None
+
+

@@ -22,6 +22,7 @@ from pathlib import Path
 from cqforensics.errors import OperationalError, UsageError, display
 from cqforensics.export import PARTIAL, partials, process_gone, signals_held
 from cqforensics.outputs import check_output
+from cqforensics.readers import files as r_files
 
 log = logging.getLogger(__name__)
 
@@ -64,20 +65,89 @@ def copy_tree(src: Path, dst: Path, skip: set[Path]) -> None:
                 elif stat.S_ISFIFO(p.lstat().st_mode):  # carried as what it is (opening it would block)
                     os.mkfifo(target / name, stat.S_IMODE(p.lstat().st_mode))
                 else:
-                    shutil.copy2(p, target / name)
+                    copy_file(p, target / name)
             except OSError as e:
                 raise OperationalError(f"{display(p)}: cannot copy: {e.strerror or e}") from e
         shutil.copystat(here, target)
 
 
-def fsync_tree(root: Path) -> None:
-    """Make the dir entries durable (files are fsynced as they are closed)."""
-    for dirpath, _, _ in os.walk(root, topdown=False):
+def copy_file(src: Path, dst: Path) -> None:
+    """``shutil.copy2``, but a sparse file's holes (SEEK_HOLE) are neither read nor written:
+    its data ranges are copied and the copy is extended to its size, holes and all."""
+    fd = os.open(src, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        size = os.fstat(fd).st_size
+        extents = r_files.fd_extents(fd, size)
+        if extents is None or extents == [(0, size)] or not size:
+            os.close(fd)
+            fd = -1
+            shutil.copy2(src, dst)
+            return
+        out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+        try:
+            for start, end in extents:
+                pos = start
+                while pos < end:
+                    data = memoryview(os.pread(fd, min(end - pos, 1 << 24), pos))
+                    if not data:
+                        break
+                    done = 0
+                    while done < len(data):
+                        done += os.pwrite(out, data[done:], pos + done)
+                    pos += len(data)
+            os.ftruncate(out, size)
+        finally:
+            os.close(out)
+        shutil.copystat(src, dst)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def sync_tree(root: Path) -> None:
+    """Make everything written under ``root`` durable, files and dir entries: one ``syncfs`` of
+    its file system where there is one (Linux), else an fsync of every file and dir. The
+    writers do not fsync file by file: a node of 20,000 queue dirs is 40,000 files and dirs,
+    each fsync a journal commit of its own."""
+    if _syncfs(root):
+        return
+    for dirpath, _, names in os.walk(root, topdown=False):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            if os.path.islink(path) or not stat.S_ISREG(os.lstat(path).st_mode):
+                continue
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         fd = os.open(dirpath, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _syncfs(root: Path) -> bool:
+    """syncfs(2) of the file system holding ``root``; False where there is none."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        syncfs = libc.syncfs
+    except (OSError, AttributeError):
+        return False
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        if syncfs(fd) == 0:
+            return True
+        err = ctypes.get_errno()
+    finally:
+        os.close(fd)
+    if err in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP
+        return False
+    raise OperationalError(f"{display(root)}: cannot make the output durable: {os.strerror(err)}")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -142,7 +212,7 @@ class Staging:
     def commit(self) -> None:
         if self.dry_run:
             return
-        fsync_tree(self.path)
+        sync_tree(self.path)
         dst = self.dst
         with signals_held():  # Ctrl-C now lands after the rename(s), never between them
             if self.replace and dst.is_dir() and any(dst.iterdir()):
