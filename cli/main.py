@@ -68,6 +68,19 @@ def add_read_options(p: argparse.ArgumentParser) -> None:
                    help="judge message TTLs at this time (ISO 8601 or epoch ms, 1970 .. 9999; default: now)")
 
 
+def add_jobs(p: argparse.ArgumentParser, what: str = "") -> None:
+    p.add_argument("-j", "--jobs", type=_int_at_least(1), metavar="N",
+                   help=f"processes to use{what} (default: every usable CPU, at most 8); the output is the "
+                        "same, in the same order, whatever N")
+
+
+def jobs(args) -> int:
+    """-j, or the default: every usable CPU, at most 8 (``cqforensics.parallel.default_jobs``)."""
+    from cqforensics import parallel
+
+    return args.jobs if getattr(args, "jobs", None) else parallel.default_jobs()
+
+
 def add_filters(p: argparse.ArgumentParser, queues_help: str = "only this queue (repeatable)") -> None:
     p.add_argument("--vhost", action="append", metavar="NAME", dest="vhosts",
                    help="only this vhost (repeatable; default: every vhost)")
@@ -107,7 +120,7 @@ def cmd_read(args) -> int:
     import cqforensics
 
     columns = args.columns.split(",") if args.columns else None
-    opts = {**read_options(args), **filters(args)}
+    opts = {**read_options(args), **filters(args), "jobs": jobs(args)}
     if args.out:
         from cqforensics.outputs import check_output
 
@@ -148,6 +161,10 @@ def _limited(batches, limit: int | None):
             break
 
 
+#: rows a text table lays out at a time (its column widths grow group by group)
+TEXT_GROUP = 1024
+
+
 def _read_rows(args, columns, opts, out) -> int:
     """Rows as JSON lines or an aligned text table, written (and flushed) batch by batch."""
     import cqforensics
@@ -156,7 +173,7 @@ def _read_rows(args, columns, opts, out) -> int:
     table = None
     if args.format == "table":
         cols = columns or [c for c in cqforensics.schema(args.table).names if c not in ("body",)]
-        table = render.TextTable(cols, out)
+        table = render.TextTable(cols, out, group=TEXT_GROUP)
     for batch in _limited(cqforensics.iter_batches(args.paths, args.table, columns=columns, **opts), args.limit):
         rows = batch.to_pylist()
         if table is not None:
@@ -212,8 +229,8 @@ def cmd_fsck(args) -> int:
         raise UsageError("--json and --jsonl exclude each other")
     progress = _progress(args.progress or (sys.stderr.isatty() and not (args.quiet or args.json or args.jsonl)))
     report = None
-    for item in fsck_mod.fsck(args.paths, deep=args.deep, assume_dirty=args.assume_dirty, progress=progress, jobs=args.jobs,
-                              **read_options(args), **filters(args)):
+    for item in fsck_mod.fsck(args.paths, deep=args.deep, assume_dirty=args.assume_dirty, progress=progress,
+                              jobs=jobs(args), **read_options(args), **filters(args)):
         if isinstance(item, fsck_mod.Report):
             report = item
         elif args.jsonl:
@@ -256,8 +273,8 @@ def cmd_export(args) -> int:
     bodies are still readable."""
     from cqforensics.export import export
 
-    result = export(args.paths, args.format, args.out, everything=args.all, force=args.force, **read_options(args),
-                    **filters(args))
+    result = export(args.paths, args.format, args.out, everything=args.all, force=args.force, jobs=jobs(args),
+                    **read_options(args), **filters(args))
     counts = ", ".join(f"{n} {k}" for k, n in sorted(result["rows"].items())) or "no rows"
     print(f"{result['file']}: {counts}", file=sys.stderr)
     return exitcodes.OK
@@ -282,7 +299,7 @@ def cmd_find(args) -> int:
 
             raise UsageError(f"--body-hex: not hex: {args.body_hex!r}") from None
     hits = find(args.paths, msg_ids=args.msg_id or (), body=body or None, message_ids=args.message_id or (),
-                **read_options(args), **filters(args))
+                jobs=jobs(args), **read_options(args), **filters(args))
     table = None if args.jsonl else render.TextTable(
         ["vhost", "queue", "source", "fate", "msg_id", "file", "offset", "index"], sys.stdout, max_width=80)
     n = 0
@@ -312,7 +329,7 @@ def cmd_audit(args) -> int:
     from cli import render
     from cqforensics.audit import audit
 
-    a = audit(args.paths, **read_options(args))
+    a = audit(args.paths, jobs=jobs(args), **read_options(args))
     if args.json:
         print(json.dumps(render.jsonable(a), ensure_ascii=False, sort_keys=True, indent=1))
         return exitcodes.OK
@@ -427,7 +444,7 @@ def cmd_verify(args) -> int:
 
     progress = _progress(sys.stderr.isatty() and not args.json)
     result = verify(args.paths, broker_version=args.broker_version, deep=args.deep, progress=progress,
-                    allow_garbage=args.allow_garbage)
+                    allow_garbage=args.allow_garbage, jobs=jobs(args))
     return _report(result, args.json, render.verify_text, progress)
 
 
@@ -444,7 +461,7 @@ def cmd_report(args) -> int:
     from cqforensics.report import render
 
     target = check_output(args.html, args.paths, force=args.force)
-    page = render(args.paths, **read_options(args), **filters(args))
+    page = render(args.paths, jobs=jobs(args), **read_options(args), **filters(args))
     with staged_file(target, "w") as out:
         out.write(page)
     print(f"report -> {target}", file=sys.stderr)
@@ -518,8 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--all-findings", action="store_true", help="list every finding (default: 5 per code)")
     f.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     f.add_argument("--progress", action="store_true", help="progress on stderr even with --json/--jsonl")
-    f.add_argument("-j", "--jobs", type=_int_at_least(1), default=1, metavar="N",
-                   help="check N node dirs at once, each in its own process (a folder of backups; default 1)")
+    add_jobs(f, " (several node dirs: a node a process; one node: its vhosts, and a big vhost's listing)")
     add_read_options(f)
     add_filters(f, "only this queue's verdicts and findings, and the store-wide findings (repeatable)")
     f.set_defaults(func=cmd_fsck)
@@ -542,6 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_force(e, "a non-empty DIR's messages file")
     add_read_options(e)
     add_filters(e, "only this queue's messages (repeatable; leaves out the store entries no queue holds)")
+    add_jobs(e)
     e.set_defaults(func=cmd_export)
 
     fd = sub.add_parser("find", help="find messages by msg_id, message id or body text; print where they are",
@@ -557,6 +574,7 @@ def build_parser() -> argparse.ArgumentParser:
     fd.add_argument("--jsonl", action="store_true", help="one JSON object per hit")
     add_read_options(fd)
     add_filters(fd)
+    add_jobs(fd)
     fd.set_defaults(func=cmd_find)
 
     a = sub.add_parser("audit", help="orphans, duplicates, reference counts, reclaimable space",
@@ -564,6 +582,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("paths", nargs="+", help="node dir, mnesia base, or a folder of node backups")
     a.add_argument("--json", action="store_true", help="print one JSON document")
     add_read_options(a)
+    add_jobs(a)
     a.set_defaults(func=cmd_audit)
 
     for name, func, what in (("compact", cmd_compact, "write a compacted copy of a node dir"),
@@ -613,6 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--allow-garbage", action="store_true",
                    help="accept orphaned and duplicate shared-store entries (what compact --threshold leaves in "
                         "the files it keeps)")
+    add_jobs(v)
     v.set_defaults(func=cmd_verify)
 
     r = sub.add_parser("read", help="print or save one table of every node dir under the paths",
@@ -630,6 +650,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_read_options(r)
     add_filters(r, "only this queue (repeatable; queue-level tables: messages, index, acks, queues, files "
                    "and holes of .qs files)")
+    add_jobs(r)
     r.set_defaults(func=cmd_read)
 
     rpub = sub.add_parser("republish", help="send recovered messages to a running broker (resumable)",
@@ -670,6 +691,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_read_options(rp)
     rp.add_argument("--vhost", action="append", metavar="NAME", dest="vhosts",
                     help="only this vhost (repeatable; default: every vhost)")
+    add_jobs(rp)
     rp.set_defaults(func=cmd_report)
     add_docgen_parsers(sub)  # last: completion and man page cover every command above
     return p
@@ -826,10 +848,26 @@ def _interrupt_caught() -> None:
         _interrupted = False
 
 
+class _NoPandas:
+    """An import finder that refuses pandas: no command uses it, and pyarrow's probe for pandas
+    objects imports it at the first conversion of Python values (a ``messages`` read's reference
+    rows, ...): a second of each process's start-up on the project's VM, paid again by every
+    worker of ``-j``. pyarrow then treats pandas as absent, which changes nothing it does here."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError("pandas is not used by the cqforensics command line", name=name)
+        return None
+
+
 def run() -> None:
     """The console script: ``main`` with Ctrl-C (or SIGTERM) turned into one line and exit 32,
     wherever it arrives."""
     import signal
+
+    if "pandas" not in sys.modules:
+        sys.meta_path.insert(0, _NoPandas())
 
     try:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM):

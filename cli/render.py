@@ -71,12 +71,26 @@ class TextTable:
     written with the first rows; column widths are those of the rows seen so far (they grow,
     never shrink, so a later batch with wider values is aligned from there on)."""
 
-    def __init__(self, columns: list[str], out=None, max_width: int = 60):
+    def __init__(self, columns: list[str], out=None, max_width: int = 60, group: int | None = None):
+        """``group``: rows are laid out ``group`` at a time, whatever the batches they come in
+        (the rest waits for more, or ``close``), so the text is the same however the rows came
+        batched (``read -j N`` cuts batches elsewhere than ``-j 1``)."""
         self.columns, self.out, self.max_width = list(columns), out or sys.stdout, max_width
         self.widths = [len(c) for c in self.columns]
         self.started = False
+        self.group = group
+        self.waiting: list[dict] = []
 
     def write(self, rows: list[dict]) -> None:
+        if self.group is None:
+            self._write(rows)
+            return
+        self.waiting += rows
+        while len(self.waiting) >= self.group:
+            self._write(self.waiting[:self.group])
+            del self.waiting[:self.group]
+
+    def _write(self, rows: list[dict]) -> None:
         cells = [[_cell(r.get(c), c, self.max_width) for c in self.columns] for r in rows]
         for row in cells:
             self.widths = [max(w, len(v)) for w, v in zip(self.widths, row)]
@@ -90,9 +104,11 @@ class TextTable:
             self.out.flush()
 
     def close(self) -> None:
-        """Write the header if no row came (an empty table still names its columns)."""
-        if not self.started:
-            self.write([])
+        """Write the rows still waiting, and the header if no row came (an empty table still
+        names its columns)."""
+        if self.waiting or not self.started:
+            self._write(self.waiting)
+            self.waiting = []
 
 
 def _where(f) -> str:

@@ -9,14 +9,15 @@ Errors are closed here: whatever the readers raise that is not a ``CQError`` but
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 
-from cqforensics import layout
+from cqforensics import layout, parallel
 from cqforensics.errors import OperationalError, UsageError, display
 from cqforensics.model.options import Options
-from cqforensics.model.vhost import NodeScan, VhostScan
+from cqforensics.model.vhost import NodeScan, VhostScan, passes
 from cqforensics.schema import schema
 from cqforensics.tables import BUILDERS
 
@@ -59,9 +60,36 @@ def operational(e: OSError) -> OperationalError:
     return OperationalError(f"{where}: {e.strerror or e}")
 
 
+@dataclass
+class Build:
+    """How a vhost's batches are made, in a form a read with ``jobs`` > 1 can split: ``part``
+    gives the rows of a scan (a whole vhost, one share pass of it, or a range of its listing
+    when ``splittable``: each row belongs to one index chunk, in listing order); ``start``,
+    ``see`` and ``tail`` run in the caller, around the parts of one vhost: ``start(vs)`` makes a
+    state, ``see(state, batch)`` is shown each batch of the parts as it is handed on, and
+    ``tail(vs, state)`` gives the vhost's last rows (``export --all``: the entries no index row
+    emitted)."""
+
+    part: Callable[[VhostScan], Iterator[pa.RecordBatch]]
+    splittable: bool = False
+    start: Callable[[VhostScan], object] | None = None
+    see: Callable[[object, pa.RecordBatch], None] | None = None
+    tail: Callable[[VhostScan, object], Iterator[pa.RecordBatch]] | None = None
+
+    def run(self, vs: VhostScan) -> Iterator[pa.RecordBatch]:
+        """The vhost's batches, in this process."""
+        state = self.start(vs) if self.start else None
+        for b in self.part(vs):
+            if self.see:
+                self.see(state, b)
+            yield b
+        if self.tail:
+            yield from self.tail(vs, state)
+
+
 def read(table: str, options: Options, *, paths=None, units: Iterable | None = None, columns=None, vhosts=None,
          queues=None, cache: dict | None = None, cache_scope=None,
-         build: Callable[[VhostScan], Iterator[pa.RecordBatch]] | None = None) -> Iterator[pa.RecordBatch]:
+         build: "Callable[[VhostScan], Iterator[pa.RecordBatch]] | Build | None" = None) -> Iterator[pa.RecordBatch]:
     """Batches of ``table`` (projected to ``columns``), read with ``options``.
 
     Either ``paths`` (node dirs, mnesia bases or folders of them; every node dir found is read,
@@ -74,16 +102,106 @@ def read(table: str, options: Options, *, paths=None, units: Iterable | None = N
     ``cache`` (a dict the caller keeps, e.g. per worker process) with a ``cache_scope`` (e.g. a
     Spark stage id): the vhost-wide facts of the last vhost read are kept there and reused by
     the next read of the same vhost in the same scope. ``build``: a vhost's batches instead of
-    the table's own builder (``export`` adds its columns this way)."""
+    the table's own builder (``export`` adds its columns this way, a ``Build``).
+
+    ``options.jobs`` > 1 (paths only): the vhosts, and the share passes and ranges of the
+    listing of a big vhost, are read by that many processes (``cqforensics.parallel``); the
+    rows are the same, in the same order (batches may be cut elsewhere)."""
     check_columns(table, columns)
-    build = build or BUILDERS[table]
+    if not isinstance(build, Build):
+        build = Build(build or BUILDERS[table], splittable=build is None and table in QUEUE_LEVEL)
+    if options.jobs > 1 and units is None:
+        batches = _parallel(table, options, paths, vhosts, queues, build)
+    else:
+        batches = _serial(table, options, paths, units, vhosts, queues, cache, cache_scope, build)
+    try:
+        for b in batches:
+            yield b if columns is None else b.select(columns)
+    except OSError as e:
+        raise operational(e) from e
+
+
+def _serial(table, options, paths, units, vhosts, queues, cache, cache_scope, build: Build):
     for vs in scans(table, options, paths=paths, units=units, vhosts=vhosts, queues=queues, cache=cache,
                     cache_scope=cache_scope):
-        try:
-            for b in build(vs):
-                yield b if columns is None else b.select(columns)
-        except OSError as e:
-            raise operational(e) from e
+        yield from build.run(vs)
+
+
+#: a vhost with fewer bytes of index and store is read by one process as a whole (with others
+#: of its size side by side); a bigger one is split (its share passes, ranges of its listing)
+SPLIT_BYTES = 32 << 20
+#: parts per process a big vhost's listing is cut into (they are handed out as processes free up)
+PARTS_PER_JOB = 4
+
+
+def _parallel(table: str, options: Options, paths, vhosts, queues, build: Build) -> Iterator[pa.RecordBatch]:
+    """``read`` by ``options.jobs`` processes: per node, runs of small vhosts one vhost a task;
+    a big vhost pass by pass (``model.vhost.passes``), each pass's facts made here and its
+    listing cut into ranges read by the processes (a table whose rows each belong to an index
+    chunk: ``Build.splittable``), or each pass a task (other tables)."""
+    jobs = options.jobs
+    vhosts, queues = names(vhosts, "vhosts"), names(queues, "queues")
+    pa.array([0])  # pyarrow's one-time probe for pandas (an import, when installed): here, not in each worker
+    try:
+        nodes = layout.discover(paths)
+    except OSError as e:
+        raise operational(e) from e
+    for node in nodes:
+        ns = NodeScan(node, options)
+        chosen = []
+        for base in ns.vhosts:
+            if vhosts is not None and base.vhost.name not in vhosts:
+                continue
+            restrict = None if queues is None else \
+                {q.dir_name: None for q in base.all_queue_dirs if q.name in queues}
+            chosen.append(base if restrict is None else VhostScan(ns, base.vhost, restrict, base.vhost_facts()))
+        ns.model, ns.boot_hangs, ns.durable_dirs, ns.lost_queues  # node-wide facts: made once, before any fork
+        i = 0
+        while i < len(chosen):
+            j = i
+            while j < len(chosen) and chosen[j].listing_bytes() < SPLIT_BYTES:
+                j += 1
+            if j > i:  # small vhosts, one a task
+                def whole(vs: VhostScan) -> Iterator[pa.RecordBatch]:
+                    try:
+                        yield from build.run(vs)
+                    finally:
+                        vs.close()
+                yield from parallel.ordered(chosen[i:j], whole, jobs)
+                i = j
+                continue
+            vs = chosen[i]
+            try:
+                yield from _split_vhost(vs, build, jobs)
+            finally:
+                vs.close()
+            i += 1
+
+
+def _split_vhost(vs: VhostScan, build: Build, jobs: int) -> Iterator[pa.RecordBatch]:
+    """A big vhost's batches: a splittable build pass by pass, each pass's listing read in
+    ranges by ``jobs`` processes (its facts made here first); any other in this process (the
+    checks of the ``findings`` table split their own listing: ``checks.vhost``)."""
+    if not build.splittable:
+        yield from build.run(vs)
+        return
+    state = build.start(vs) if build.start else None
+    for sub in passes(vs):
+        sub.prepare()
+        facts = sub.vhost_facts()
+
+        def part(only: dict, sub=sub, facts=facts) -> Iterator[pa.RecordBatch]:
+            scan = VhostScan(sub.node, sub.vhost, only, facts, sub.share)
+            try:
+                yield from build.part(scan)
+            finally:
+                scan.close()
+        for b in parallel.ordered(sub.ranges(jobs * PARTS_PER_JOB), part, jobs):
+            if build.see:
+                build.see(state, b)
+            yield b
+    if build.tail:
+        yield from build.tail(vs, state)
 
 
 def scans(table: str, options: Options, *, paths=None, units: Iterable | None = None, vhosts=None, queues=None,

@@ -159,10 +159,26 @@ def staged_file(target: Path, mode: str = "wb"):
                 tmp.unlink()
 
 
+def row_bytes(batch: pa.RecordBatch) -> np.ndarray:
+    """The bytes of each row's variable-width values (its top-level binary and string columns:
+    bodies, typed JSON, names): what an output's row groups are measured by, the same however
+    the rows come batched."""
+    import pyarrow.compute as pc
+
+    total = np.zeros(batch.num_rows, np.int64)
+    for col in batch.columns:
+        t = col.type
+        if pa.types.is_binary(t) or pa.types.is_string(t) or pa.types.is_large_binary(t) or pa.types.is_large_string(t):
+            total += pc.fill_null(pc.binary_length(col), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    return total
+
+
 class ParquetSink:
     """Batches to a Parquet file in row groups of ``rows`` rows at most, or about ``nbytes``
-    bytes: batches are gathered until either is reached, then written as one row group (a
-    reader's cost grows with the number of row groups, not with batch size)."""
+    bytes of variable-width values (``row_bytes``; a group ends at the row that reaches it):
+    rows are gathered until either is reached, then written as one row group (a reader's cost
+    grows with the number of row groups, not with batch size). The groups depend on the rows
+    only, never on how they came batched (``-j N`` cuts batches elsewhere than ``-j 1``)."""
 
     def __init__(self, where, schema: pa.Schema, rows: int | None = None, nbytes: int | None = None):
         import pyarrow.parquet as pq
@@ -177,27 +193,23 @@ class ParquetSink:
     def write(self, batch: pa.RecordBatch) -> None:
         if not batch.num_rows:
             return
-        self.pending.append(batch)
-        self.pending_rows += batch.num_rows
-        self.pending_bytes += batch.nbytes
         self.num_rows += batch.num_rows
-        if self.pending_bytes >= self.nbytes:
-            self.flush()
-        elif self.pending_rows >= self.rows:
-            self._full()
-
-    def _full(self) -> None:
-        """Write the whole row groups of ``rows`` rows gathered so far; the rest waits."""
-        table = pa.Table.from_batches(self.pending, schema=self.schema)
-        whole = (self.pending_rows // self.rows) * self.rows
-        self.writer.write_table(table.slice(0, whole), row_group_size=self.rows)
-        rest = table.slice(whole)
-        self.pending = rest.to_batches()
-        self.pending_rows = rest.num_rows
-        self.pending_bytes = rest.nbytes
+        cum = np.cumsum(row_bytes(batch))
+        start = 0
+        while start < batch.num_rows:
+            done = int(cum[start - 1]) if start else 0
+            # the rows up to the one that fills the group (by bytes), at most the rows it has room for
+            reach = int(np.searchsorted(cum, done + self.nbytes - self.pending_bytes, side="left")) + 1
+            end = min(batch.num_rows, start + self.rows - self.pending_rows, max(reach, start + 1))
+            self.pending.append(batch.slice(start, end - start))
+            self.pending_rows += end - start
+            self.pending_bytes += int(cum[end - 1]) - done
+            start = end
+            if self.pending_rows >= self.rows or self.pending_bytes >= self.nbytes:
+                self.flush()
 
     def flush(self) -> None:
-        """Write what is gathered as one row group (or more, ``rows`` rows at most each)."""
+        """Write what is gathered as one row group."""
         if self.pending:
             self.writer.write_table(pa.Table.from_batches(self.pending, schema=self.schema),
                                     row_group_size=self.rows)
@@ -298,17 +310,20 @@ def export_batches(paths, everything: bool = False, vhosts=None, queues=None, **
     queue)."""
     opts = make_options(**options)
 
-    def build(vs: VhostScan) -> Iterator[pa.RecordBatch]:
-        node = display(vs.node.node.node)
-        vhost = display(vs.vhost.name if vs.vhost.name is not None else vs.vhost.label)
-        seen: set[tuple[str, int]] = set()  # stored entries already emitted in this vhost
+    def part(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         for b in messages_batches(vs):
-            if everything:
-                files, offsets = b.column("store_file").to_pylist(), b.column("store_offset").to_pylist()
-                seen.update((f, o) for f, o in zip(files, offsets) if f is not None and o is not None)
             yield pa.RecordBatch.from_arrays(b.columns + [pa.repeat(pa.scalar("index"), b.num_rows)], schema=SCHEMA)
+
+    def see(seen: set, b: pa.RecordBatch) -> None:  # stored entries already emitted in this vhost
+        if everything:
+            files, offsets = b.column("store_file").to_pylist(), b.column("store_offset").to_pylist()
+            seen.update((f, o) for f, o in zip(files, offsets) if f is not None and o is not None)
+
+    def tail(vs: VhostScan, seen: set) -> Iterator[pa.RecordBatch]:
         if not everything:
             return
+        node = display(vs.node.node.node)
+        vhost = display(vs.vhost.name if vs.vhost.name is not None else vs.vhost.label)
 
         def once(rows: Iterator[dict]) -> Iterator[dict]:
             for row in rows:
@@ -324,7 +339,9 @@ def export_batches(paths, everything: bool = False, vhosts=None, queues=None, **
             extra = itertools.chain(extra, _store_rows(vs, node, vhost))
         yield from _batched(once(extra), opts.batch_rows, opts.batch_bytes)
 
-    # the one read driver
+    # the one read driver: the index rows of a big vhost read in ranges by ``jobs`` processes,
+    # the rest (the entries no index row emitted) in this one, once its index rows have passed
+    build = driver.Build(part, splittable=True, start=lambda vs: set(), see=see, tail=tail)
     yield from driver.read("messages", opts, paths=paths, build=build, vhosts=vhosts, queues=queues)
 
 
@@ -345,7 +362,8 @@ def _provenance(paths, options: dict) -> dict:
     if not version:  # the version each node's next boot is predicted for (inferred)
         opts = make_options(broker_version=None, bodies=False, decode=False)
         version = ", ".join(sorted({NodeScan(n, opts).model.label for n in layout.discover(paths)})) or None
-    return {"as_of_ms": as_of_ms, "record": provenance.record("export", paths, version, as_of_ms)}
+    return {"as_of_ms": as_of_ms,
+            "record": provenance.record("export", paths, version, as_of_ms, jobs=options.get("jobs", 1))}
 
 
 def _stale_note(out: Path) -> str:

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from cqforensics import core
+from cqforensics import core, parallel
 from cqforensics.errors import display
 from cqforensics.readers.files import fd_extents
 
@@ -110,9 +110,10 @@ def _entry(path: str) -> dict | None:
         os.close(fd)
 
 
-def inputs_manifest(paths) -> list[dict]:
+def inputs_manifest(paths, jobs: int = 1) -> list[dict]:
     """``{path, size, sha256}`` of every regular file under ``paths`` (a file path is itself);
-    a sparse file's holes are listed, not read (``_entry``)."""
+    a sparse file's holes are listed, not read (``_entry``). ``jobs``: processes hashing files
+    at once (``cqforensics.parallel``), the same manifest."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
     files: set[str] = set()
@@ -122,16 +123,42 @@ def inputs_manifest(paths) -> list[dict]:
             files.add(p)
         elif os.path.isdir(p):
             _regular_files(p, files)
-    return [e for e in map(_entry, sorted(files)) if e is not None]
+    files = sorted(files)
+    if jobs > 1 and len(files) > 1:
+        groups = _groups(files, jobs * 4)
+        entries = parallel.ordered(groups, lambda group: [list(map(_entry, group))], jobs)
+        return [e for group in entries for e in group if e is not None]
+    return [e for e in map(_entry, files) if e is not None]
 
 
-def record(command: str, paths, broker_version: str | None, as_of_ms: int | None) -> dict:
+def _groups(files: list[str], n: int) -> list[list[str]]:
+    """``files`` in at most ``n`` consecutive groups of about equal bytes."""
+    sizes = []
+    for f in files:
+        try:
+            sizes.append(os.lstat(f).st_size + 4096)
+        except OSError:
+            sizes.append(4096)
+    target = max(1, -(-sum(sizes) // n))
+    out, cur, size = [], [], 0
+    for f, w in zip(files, sizes):
+        if cur and size + w > target:
+            out.append(cur)
+            cur, size = [], 0
+        cur.append(f)
+        size += w
+    if cur:
+        out.append(cur)
+    return out
+
+
+def record(command: str, paths, broker_version: str | None, as_of_ms: int | None, jobs: int = 1) -> dict:
     # the package's version: its __init__ is always loaded before any submodule (importing the
     # package root here would be an upward import, through cqforensics.api)
     version = sys.modules["cqforensics"].__version__
     return {"tool": "cqforensics", "version": version, "core": core.status(), "command": command,
             "created": iso(now_ms()), "broker_version": broker_version or None, "as_of": iso(as_of_ms),
-            "inputs": inputs_manifest(paths)}
+            "inputs": inputs_manifest(paths, jobs)}
 
 
 def to_json(p: dict) -> str:

@@ -186,14 +186,14 @@ class Node:
         return max(sev, key=SEVERITY_RANK.__getitem__) if sev else None
 
 
-def gather(paths, broker_version=None, as_of=None, vhosts=None) -> tuple[list[Node], dict]:
+def gather(paths, broker_version=None, as_of=None, vhosts=None, jobs: int = 1) -> tuple[list[Node], dict]:
     """Everything the page shows, read once per table (as_of pinned, so every table and fsck
     judge TTLs at the same instant)."""
     if as_of is None:
         as_of = int(dt.datetime.now(dt.timezone.utc).timestamp() * 1000)
     opts = {"as_of": as_of, **({"broker_version": broker_version} if broker_version else {}),
             **({"vhosts": vhosts} if vhosts else {})}
-    report = fsck_mod.run(paths, **{k: v for k, v in opts.items()})
+    report = fsck_mod.run(paths, jobs=jobs, **{k: v for k, v in opts.items()})
     nodes = {display(n.node): Node(n) for n in report.nodes}
 
     def node(label) -> Node:
@@ -214,7 +214,7 @@ def gather(paths, broker_version=None, as_of=None, vhosts=None) -> tuple[list[No
         row.crash = q.crash
 
     def batches(table, columns):
-        for b in api.iter_batches(paths, table, columns=columns, **opts):
+        for b in api.iter_batches(paths, table, columns=columns, jobs=jobs, **opts):
             d = b.to_pydict()
             yield from zip(*(d[c] for c in columns))
 
@@ -478,12 +478,13 @@ def _node(i: int, n: Node) -> str:
     return "".join(out)
 
 
-def render(paths, broker_version: str | None = None, as_of=None, vhosts=None) -> str:
-    """The report of every node dir under ``paths``, as one self-contained HTML page."""
+def render(paths, broker_version: str | None = None, as_of=None, vhosts=None, jobs: int = 1) -> str:
+    """The report of every node dir under ``paths``, as one self-contained HTML page (``jobs``:
+    processes reading at once, the same page)."""
     from cqforensics import __version__
     from cqforensics.model.options import parse_as_of
 
-    nodes, meta = gather(paths, broker_version, parse_as_of(as_of, "as_of"), vhosts)
+    nodes, meta = gather(paths, broker_version, parse_as_of(as_of, "as_of"), vhosts, jobs)
     shown = [paths] if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__") else list(paths)
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     as_of_text = dt.datetime.fromtimestamp(meta["as_of"] / 1000, dt.timezone.utc).isoformat(timespec="seconds")
