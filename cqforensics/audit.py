@@ -8,7 +8,9 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 
+from cqforensics import driver
 from cqforensics.api import iter_batches
+from cqforensics.model.options import make_options
 
 
 def _rows(paths, table, columns, **kw):
@@ -17,6 +19,9 @@ def _rows(paths, table, columns, **kw):
 
 
 def audit(paths, **options) -> dict:
+    """The audit of every node dir under ``paths`` (``options``: those of ``make_options``), from
+    four tables read over the same node scans (listed and their metadata read once)."""
+    paths = driver.open_nodes(paths, make_options(**options))
     orphans = defaultdict(lambda: {"entries": 0, "bytes": 0})
     # orphans by the queues their exchange and routing keys reach under the metadata's bindings
     # (the store table's routes_to): where a lost queue's messages went, and what rebuild

@@ -19,7 +19,7 @@ from cqforensics.errors import OperationalError, UsageError, display
 from cqforensics.model.options import Options
 from cqforensics.model.vhost import NodeScan, VhostScan, passes
 from cqforensics.schema import schema
-from cqforensics.tables import BUILDERS
+from cqforensics.tables import BUILDERS, INDEXED_TABLES
 
 #: tables whose rows come queue by queue (a unit of them may name a queue dir and a segment)
 QUEUE_LEVEL = frozenset({"messages", "index", "acks"})
@@ -72,6 +72,9 @@ class Build:
 
     part: Callable[[VhostScan], Iterator[pa.RecordBatch]]
     splittable: bool = False
+    #: a big vhost's rows come pass by pass, an id share at a time (``tables.INDEXED_TABLES``:
+    #: rows that need the store's entries); else in one pass whatever the vhost's size
+    in_passes: bool = False
     start: Callable[[VhostScan], object] | None = None
     see: Callable[[object, pa.RecordBatch], None] | None = None
     tail: Callable[[VhostScan, object], Iterator[pa.RecordBatch]] | None = None
@@ -109,7 +112,8 @@ def read(table: str, options: Options, *, paths=None, units: Iterable | None = N
     rows are the same, in the same order (batches may be cut elsewhere)."""
     check_columns(table, columns)
     if not isinstance(build, Build):
-        build = Build(build or BUILDERS[table], splittable=build is None and table in QUEUE_LEVEL)
+        build = Build(build or BUILDERS[table], splittable=build is None and table in QUEUE_LEVEL,
+                      in_passes=table in INDEXED_TABLES)
     if options.jobs > 1 and units is None:
         batches = _parallel(table, options, paths, vhosts, queues, build)
     else:
@@ -143,11 +147,11 @@ def _parallel(table: str, options: Options, paths, vhosts, queues, build: Build)
     vhosts, queues = names(vhosts, "vhosts"), names(queues, "queues")
     pa.array([0])  # pyarrow's one-time probe for pandas (an import, when installed): here, not in each worker
     try:
-        nodes = layout.discover(paths)
+        nodes = _nodes(paths, options)
     except OSError as e:
         raise operational(e) from e
     for node in nodes:
-        ns = NodeScan(node, options)
+        ns = node if isinstance(node, NodeScan) else NodeScan(node, options)
         chosen = []
         for base in ns.vhosts:
             if vhosts is not None and base.vhost.name not in vhosts:
@@ -186,7 +190,7 @@ def _split_vhost(vs: VhostScan, build: Build, jobs: int) -> Iterator[pa.RecordBa
         yield from build.run(vs)
         return
     state = build.start(vs) if build.start else None
-    for sub in passes(vs):
+    for sub in passes(vs) if build.in_passes else (vs,):
         sub.prepare()
         facts = sub.vhost_facts()
 
@@ -212,16 +216,41 @@ def scans(table: str, options: Options, *, paths=None, units: Iterable | None = 
         raise UsageError("give either paths or units")
     vhosts, queues = names(vhosts, "vhosts"), names(queues, "queues")
     try:
-        groups = _discovered(paths) if units is None else _grouped(units, table)
+        groups = _discovered(paths, options) if units is None else _grouped(units, table)
         yield from _scans(options, groups, vhosts, queues, cache, cache_scope)
     except OSError as e:
         raise operational(e) from e
 
 
-def _discovered(paths):
-    """(node id, node dir, None: every vhost, None: no unit restriction) per node dir found."""
-    for node in layout.discover(paths):
-        yield (str(node.path), node.node), node, None, None
+class Nodes(list):
+    """The node scans of some paths, made once (``open_nodes``) for several reads of them (audit's
+    four tables, export's provenance and rows): the node dirs are listed and their metadata read
+    once, not once a read. Given as ``paths``; each read sets its own options on them."""
+
+
+def open_nodes(paths, options: Options) -> Nodes:
+    """``Nodes`` of every node dir under ``paths``."""
+    try:
+        return Nodes(NodeScan(node, options) for node in layout.discover(paths))
+    except OSError as e:
+        raise operational(e) from e
+
+
+def _nodes(paths, options: Options) -> list:
+    """Node dirs to read: ``paths`` discovered, or the node scans of a ``Nodes`` (given
+    ``options`` for this read)."""
+    if isinstance(paths, Nodes):
+        for ns in paths:
+            ns.options = options
+        return list(paths)
+    return layout.discover(paths)
+
+
+def _discovered(paths, options: Options):
+    """(node id, node dir or scan, None: every vhost, None: no unit restriction) per node."""
+    for node in _nodes(paths, options):
+        where = node.node if isinstance(node, NodeScan) else node
+        yield (str(where.path), where.node), node, None, None
 
 
 def _grouped(units, table: str):
@@ -256,7 +285,7 @@ def _scans(options, groups, vhosts, queues, cache, cache_scope):
         elif ns is None or ns_id != node_id:
             if isinstance(node, tuple):
                 node = layout.read_node_dir(Path(node[0]), node[1])
-            ns, ns_id = NodeScan(node, options), node_id
+            ns, ns_id = (node if isinstance(node, NodeScan) else NodeScan(node, options)), node_id
         for base in ns.vhosts:
             if vhost_dir is not None and base.vhost.dir_name != vhost_dir:
                 continue

@@ -341,7 +341,7 @@ def export_batches(paths, everything: bool = False, vhosts=None, queues=None, **
 
     # the one read driver: the index rows of a big vhost read in ranges by ``jobs`` processes,
     # the rest (the entries no index row emitted) in this one, once its index rows have passed
-    build = driver.Build(part, splittable=True, start=lambda vs: set(), see=see, tail=tail)
+    build = driver.Build(part, splittable=True, in_passes=True, start=lambda vs: set(), see=see, tail=tail)
     yield from driver.read("messages", opts, paths=paths, build=build, vhosts=vhosts, queues=queues)
 
 
@@ -351,8 +351,9 @@ def _jsonl_line(row: dict) -> str:
     return jsonout.dumps(row)
 
 
-def _provenance(paths, options: dict) -> dict:
-    """The export's provenance record and the one instant its TTLs are judged at."""
+def _provenance(paths, options: dict, nodes: "driver.Nodes | None" = None) -> dict:
+    """The export's provenance record and the one instant its TTLs are judged at (``nodes``: the
+    node scans of ``paths``, when made already)."""
     from cqforensics.model.options import parse_as_of
 
     as_of_ms = parse_as_of(options.get("as_of"))
@@ -360,8 +361,9 @@ def _provenance(paths, options: dict) -> dict:
         as_of_ms = provenance.now_ms()
     version = options.get("broker_version")
     if not version:  # the version each node's next boot is predicted for (inferred)
-        opts = make_options(broker_version=None, bodies=False, decode=False)
-        version = ", ".join(sorted({NodeScan(n, opts).model.label for n in layout.discover(paths)})) or None
+        nodes = nodes if nodes is not None else \
+            driver.open_nodes(paths, make_options(broker_version=None, bodies=False, decode=False))
+        version = ", ".join(sorted({ns.model.label for ns in nodes})) or None
     return {"as_of_ms": as_of_ms,
             "record": provenance.record("export", paths, version, as_of_ms, jobs=options.get("jobs", 1))}
 
@@ -397,7 +399,9 @@ def export(paths, fmt: str, out: Path | str, everything: bool = False, force: bo
     except OSError as e:
         raise OperationalError(f"{out}: cannot create: {e.strerror}") from e
     counts: dict[str, int] = {}
-    prov = _provenance(paths, options)
+    # the node dirs listed and their metadata read once, for the provenance and the rows
+    nodes = driver.open_nodes(paths, make_options(**options))
+    prov = _provenance(paths, options, nodes)
     options = {**options, "as_of": prov["as_of_ms"]}
     prov = prov["record"]
     try:
@@ -405,7 +409,7 @@ def export(paths, fmt: str, out: Path | str, everything: bool = False, force: bo
             sink = ParquetSink(fh, SCHEMA.with_metadata({provenance.METADATA_KEY: json.dumps(prov, sort_keys=True)})) \
                 if fmt == "parquet" else None
             with sink if sink is not None else contextlib.nullcontext():
-                for b in export_batches(paths, everything, vhosts=vhosts, queues=queues, **options):
+                for b in export_batches(nodes, everything, vhosts=vhosts, queues=queues, **options):
                     for s in b.column("source").to_pylist():
                         counts[s] = counts.get(s, 0) + 1
                     if sink is not None:

@@ -9,6 +9,7 @@ decided by ``model.recovery`` (``reachable`` and ``claims``), not here.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -209,13 +210,16 @@ class StoreIndex:
 class Spill:
     """Records sorted out by share into one unlinked temporary file per share, so that a read in
     shares walks the indexes and the store once, and a pass loads only its share's records (in
-    the order they were added)."""
+    the order they were added). Written unbuffered and read by ``pread``: processes forked from
+    the one that wrote it (``cqforensics.parallel``) share its files, and a shared file offset
+    (or a buffer copied at the fork) would mix their reads."""
 
     def __init__(self, dtype: np.dtype, parts: int):
         import tempfile
 
         self.dtype, self.parts = np.dtype(dtype), parts
-        self.files = [tempfile.TemporaryFile(prefix="cqf-share-") for _ in range(parts)]
+        self.files = [tempfile.TemporaryFile(prefix="cqf-share-", buffering=0) for _ in range(parts)]
+        self.sizes = [0] * parts  # bytes written to each
 
     def add(self, records: np.ndarray, shares: np.ndarray) -> None:
         if not len(records):
@@ -224,25 +228,36 @@ class Spill:
         bounds = np.searchsorted(shares[order], np.arange(self.parts + 1))
         for k in range(self.parts):
             if bounds[k + 1] > bounds[k]:
-                self.files[k].write(records[order[bounds[k]:bounds[k + 1]]].tobytes())
+                data = memoryview(records[order[bounds[k]:bounds[k + 1]]].tobytes())
+                while data:
+                    n = os.pwrite(self.files[k].fileno(), data, self.sizes[k])
+                    self.sizes[k] += n
+                    data = data[n:]
 
     def __len__(self) -> int:
-        """Records in every share (seeking to the end flushes what is buffered)."""
-        return sum(f.seek(0, 2) for f in self.files) // self.dtype.itemsize
+        """Records in every share."""
+        return sum(self.sizes) // self.dtype.itemsize
+
+    def _read(self, k: int, start: int, n: int) -> bytes:
+        parts, fd = [], self.files[k].fileno()
+        while n > 0:
+            chunk = os.pread(fd, n, start)
+            if not chunk:
+                break
+            parts.append(chunk)
+            start += len(chunk)
+            n -= len(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def load(self, k: int) -> np.ndarray:
-        f = self.files[k]
-        f.seek(0)
-        return np.frombuffer(f.read(), self.dtype)
+        return np.frombuffer(self._read(k, 0, self.sizes[k]), self.dtype)
 
     def blocks(self, k: int, nbytes: int = 1 << 20) -> Iterator[np.ndarray]:
         """Share ``k``'s records in order, about ``nbytes`` at a time (``load`` without holding
         them all)."""
-        f = self.files[k]
-        f.seek(0)
         step = max(1, nbytes // self.dtype.itemsize) * self.dtype.itemsize
-        while block := f.read(step):
-            yield np.frombuffer(block, self.dtype)
+        for start in range(0, self.sizes[k], step):
+            yield np.frombuffer(self._read(k, start, min(step, self.sizes[k] - start)), self.dtype)
 
 
 ENTRY = np.dtype([("file", np.int32), ("offset", np.int64), ("total", np.int64), ("id", ID), ("reach", bool)])
