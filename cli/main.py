@@ -170,6 +170,23 @@ def _read_rows(args, columns, opts, out) -> int:
     import cqforensics
     from cli import render
 
+    if args.format == "jsonl":  # the lines are made by every process (one row, one line)
+        left = args.limit
+        for n, text in cqforensics.iter_batches(args.paths, args.table, columns=columns, render=render.jsonl_text,
+                                                **opts):
+            if left is not None and n >= left:
+                # the first ``left`` lines: "\n" ends a row's line (a JSON string may hold U+2028,
+                # where str.splitlines would cut too)
+                cut = -1
+                for _ in range(left):
+                    cut = text.index("\n", cut + 1)
+                out.write(text[:cut + 1])
+                break
+            out.write(text)
+            out.flush()
+            if left is not None:
+                left -= n
+        return exitcodes.OK
     table = None
     if args.format == "table":
         cols = columns or [c for c in cqforensics.schema(args.table).names if c not in ("body",)]

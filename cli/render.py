@@ -40,6 +40,13 @@ def write_jsonl(rows, out=None) -> None:
         out.write(json.dumps(jsonable(r), ensure_ascii=False, sort_keys=True) + "\n")
 
 
+def jsonl_text(batch) -> tuple[int, str]:
+    """A batch as JSON lines (what ``write_jsonl`` writes of its rows), with its row count: made
+    where the batch is (``iter_batches(render=...)``: by the workers of ``read -j N``)."""
+    return batch.num_rows, "".join(json.dumps(jsonable(r), ensure_ascii=False, sort_keys=True) + "\n"
+                                   for r in batch.to_pylist())
+
+
 #: columns holding paths: cut from the front when too wide, so the file name stays readable
 PATH_COLUMNS = frozenset({"file", "store_file", "path", "source", "output"})
 

@@ -8,6 +8,7 @@ Errors are closed here: whatever the readers raise that is not a ``CQError`` but
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,7 +93,8 @@ class Build:
 
 def read(table: str, options: Options, *, paths=None, units: Iterable | None = None, columns=None, vhosts=None,
          queues=None, cache: dict | None = None, cache_scope=None,
-         build: "Callable[[VhostScan], Iterator[pa.RecordBatch]] | Build | None" = None) -> Iterator[pa.RecordBatch]:
+         build: "Callable[[VhostScan], Iterator[pa.RecordBatch]] | Build | None" = None,
+         render: Callable[[pa.RecordBatch], object] | None = None) -> Iterator:
     """Batches of ``table`` (projected to ``columns``), read with ``options``.
 
     Either ``paths`` (node dirs, mnesia bases or folders of them; every node dir found is read,
@@ -109,20 +111,37 @@ def read(table: str, options: Options, *, paths=None, units: Iterable | None = N
 
     ``options.jobs`` > 1 (paths only): the vhosts, and the share passes and ranges of the
     listing of a big vhost, are read by that many processes (``cqforensics.parallel``); the
-    rows are the same, in the same order (batches may be cut elsewhere)."""
+    rows are the same, in the same order (batches may be cut elsewhere).
+
+    ``render``: each (projected) batch is passed to it where it is made (by a worker, with
+    ``jobs`` > 1) and what it returns is yielded instead: JSON lines are written out by every
+    process, not only by the one that writes them (a ``Build``'s ``see`` then sees those)."""
     check_columns(table, columns)
     if not isinstance(build, Build):
         build = Build(build or BUILDERS[table], splittable=build is None and table in QUEUE_LEVEL,
                       in_passes=table in INDEXED_TABLES)
+    if columns is not None or render is not None:
+        build = dataclasses.replace(build, part=_finished(build.part, columns, render),
+                                    tail=_finished(build.tail, columns, render) if build.tail else None)
     if options.jobs > 1 and units is None:
         batches = _parallel(table, options, paths, vhosts, queues, build)
     else:
         batches = _serial(table, options, paths, units, vhosts, queues, cache, cache_scope, build)
     try:
-        for b in batches:
-            yield b if columns is None else b.select(columns)
+        yield from batches
     except OSError as e:
         raise operational(e) from e
+
+
+def _finished(make: Callable, columns, render):
+    """``make`` (a ``Build``'s part or tail) with its batches projected to ``columns`` and
+    passed through ``render``, where they are made."""
+    def finished(*args):
+        for b in make(*args):
+            if columns is not None:
+                b = b.select(columns)
+            yield render(b) if render is not None else b
+    return finished
 
 
 def _serial(table, options, paths, units, vhosts, queues, cache, cache_scope, build: Build):

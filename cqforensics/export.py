@@ -30,6 +30,7 @@ import json
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -304,7 +305,8 @@ def _batched(rows: Iterator[dict], max_rows: int, max_bytes: int) -> Iterator[pa
         yield pa.RecordBatch.from_pylist(buf, schema=SCHEMA)
 
 
-def export_batches(paths, everything: bool = False, vhosts=None, queues=None, **options) -> Iterator[pa.RecordBatch]:
+def export_batches(paths, everything: bool = False, vhosts=None, queues=None, render=None,
+                   **options) -> Iterator[pa.RecordBatch]:
     """The export rows (the ``messages`` schema plus ``source``) as batches; ``vhosts``/``queues``
     restrict them by name (a queue restriction leaves out the store rows, which belong to no
     queue)."""
@@ -314,10 +316,9 @@ def export_batches(paths, everything: bool = False, vhosts=None, queues=None, **
         for b in messages_batches(vs):
             yield pa.RecordBatch.from_arrays(b.columns + [pa.repeat(pa.scalar("index"), b.num_rows)], schema=SCHEMA)
 
-    def see(seen: set, b: pa.RecordBatch) -> None:  # stored entries already emitted in this vhost
+    def see(seen: set, b) -> None:  # stored entries already emitted in this vhost
         if everything:
-            files, offsets = b.column("store_file").to_pylist(), b.column("store_offset").to_pylist()
-            seen.update((f, o) for f, o in zip(files, offsets) if f is not None and o is not None)
+            seen.update(b.stored if isinstance(b, Lines) else stored(b))
 
     def tail(vs: VhostScan, seen: set) -> Iterator[pa.RecordBatch]:
         if not everything:
@@ -342,7 +343,32 @@ def export_batches(paths, everything: bool = False, vhosts=None, queues=None, **
     # the one read driver: the index rows of a big vhost read in ranges by ``jobs`` processes,
     # the rest (the entries no index row emitted) in this one, once its index rows have passed
     build = driver.Build(part, splittable=True, in_passes=True, start=lambda vs: set(), see=see, tail=tail)
-    yield from driver.read("messages", opts, paths=paths, build=build, vhosts=vhosts, queues=queues)
+    yield from driver.read("messages", opts, paths=paths, build=build, vhosts=vhosts, queues=queues,
+                           render=None if render is None else lambda b: render(b, everything))
+
+
+def stored(b: pa.RecordBatch) -> list[tuple[str, int]]:
+    """(store file, offset) of the batch's rows that have their bytes in a store."""
+    files, offsets = b.column("store_file").to_pylist(), b.column("store_offset").to_pylist()
+    return [(f, o) for f, o in zip(files, offsets) if f is not None and o is not None]
+
+
+@dataclass
+class Lines:
+    """A batch of export rows as JSON lines (``jsonl_lines``), made where the batch is (by the
+    workers of ``export -j N``): the text, the rows per source, and (``--all``) where the rows'
+    bytes are, which the rows to come must not emit again."""
+
+    text: str
+    sources: dict[str, int]
+    stored: list[tuple[str, int]]
+
+
+def jsonl_lines(b: pa.RecordBatch, everything: bool) -> Lines:
+    counts: dict[str, int] = {}
+    for s in b.column("source").to_pylist():
+        counts[s] = counts.get(s, 0) + 1
+    return Lines("".join(_jsonl_line(row) + "\n" for row in b.to_pylist()), counts, stored(b) if everything else [])
 
 
 def _jsonl_line(row: dict) -> str:
@@ -409,13 +435,16 @@ def export(paths, fmt: str, out: Path | str, everything: bool = False, force: bo
             sink = ParquetSink(fh, SCHEMA.with_metadata({provenance.METADATA_KEY: json.dumps(prov, sort_keys=True)})) \
                 if fmt == "parquet" else None
             with sink if sink is not None else contextlib.nullcontext():
-                for b in export_batches(nodes, everything, vhosts=vhosts, queues=queues, **options):
-                    for s in b.column("source").to_pylist():
-                        counts[s] = counts.get(s, 0) + 1
+                for b in export_batches(nodes, everything, vhosts=vhosts, queues=queues,
+                                        render=jsonl_lines if sink is None else None, **options):
                     if sink is not None:
+                        for s in b.column("source").to_pylist():
+                            counts[s] = counts.get(s, 0) + 1
                         sink.write(b)
-                    else:
-                        fh.write("".join(_jsonl_line(row) + "\n" for row in b.to_pylist()))
+                    else:  # JSON lines made by every process
+                        for s, n in b.sources.items():
+                            counts[s] = counts.get(s, 0) + n
+                        fh.write(b.text)
         if fmt == "jsonl":  # the sidecar: written once the export is complete
             with staged_file(out / f"messages.{fmt}.provenance.json", "w") as fh:
                 fh.write(provenance.to_json(prov))

@@ -255,3 +255,16 @@ def test_jobs_must_be_a_positive_integer(capsys):
         cqforensics.read_table(SAMPLES / "4.3.6-kill", "queues", jobs=0)
     assert main(["fsck", "-j", "0", str(SAMPLES / "4.3.6-kill")]) == 16
     assert "-j/--jobs" in capsys.readouterr().err
+
+
+def test_read_jsonl_limit_is_the_same_with_jobs(split_everything, capsys):
+    """JSON lines are made by the workers (``iter_batches(render=...)``): a limit cuts them at a
+    row, wherever the batches were cut."""
+    src = str(SAMPLES / "4.3.6-kill")
+    for limit in ("1", "7", "1000"):
+        outs = []
+        for j in ("1", "2"):
+            assert main(["read", src, "--as-of", str(AS_OF), "--format", "jsonl", "--limit", limit, "-j", j]) == 0
+            outs.append(capsys.readouterr().out)
+        assert outs[0] == outs[1]
+        assert len(outs[0].split("\n")) - 1 == min(int(limit), 93)
