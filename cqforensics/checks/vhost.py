@@ -11,13 +11,15 @@ from cqforensics import parallel
 from cqforensics.codes import Fate
 from cqforensics.errors import display
 from cqforensics.findings import Finding
-from cqforensics.model.vhost import VhostScan, passes
+from cqforensics.model.vhost import NodeScan, VhostScan, passes
 
 from cqforensics.checks.boot import boot_crash_findings, recovery_findings
 from cqforensics.checks.deep import decode_checks
-from cqforensics.checks.index import ChunkCheck
-from cqforensics.checks.integrity import CopyCheck, QueueIntegrity, node_findings, vhost_file_findings
-from cqforensics.checks.layout import OrphanTally, lost_queue_findings, queue_dir_findings, vhost_dir_findings
+from cqforensics.checks.index import ChunkCheck, reader_findings
+from cqforensics.checks.integrity import (CopyCheck, QueueIntegrity, node_findings, segment_count_findings,
+                                          vhost_file_findings)
+from cqforensics.checks.layout import (OrphanTally, lost_queue_findings, queue_dir_findings, unread_storage_findings,
+                                       vhost_dir_findings)
 from cqforensics.checks.store import StoreCheck
 
 
@@ -59,6 +61,7 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
     chunks, stores, orphans = ChunkCheck(), StoreCheck(), OrphanTally()
     held: dict[str, tuple[int, dict[str, int]]] = {}  # queue dir -> (messages its index holds, drops by reason)
     crashes: dict[str | None, str] = {}
+    index_findings: list[Finding] = []  # the readers' findings of the vhost's indexes (first pass)
     for sub in passes(vs):
         sub.lists_every_index()
         first = sub.share is None or sub.share.k == 0
@@ -69,6 +72,7 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
         for part in _listing_checks(sub, first, deep):
             copies.absorb(part.copies)
             chunks.absorb(part.chunks, sub.all_queue_dirs)
+            index_findings += part.index_findings
             for qi, found, state, n, drops, last in part.queues:
                 q = sub.all_queue_dirs[qi]
                 findings += found
@@ -87,6 +91,7 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
             findings += crash_findings
             findings += recovery_findings(sub)
             findings += vhost_file_findings(sub)
+            findings += segment_count_findings(sub, index_findings)
     findings += chunks.findings(vs, stores.intact())
     findings += stores.findings(vs)
     findings += lost_queue_findings(vs, orphans)
@@ -110,8 +115,8 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
         for v in verdicts.values():
             v.crash = "node"
     scoped = [f.scoped(node=node, vhost=vhost) for f in findings]
-    if vs.node.vhosts and vs is vs.node.vhosts[0]:  # the node's own files: once per node, with its first vhost
-        scoped += [f.scoped(node=node) for f in node_findings(vs.node)]
+    if vs.node.carries_node_findings(vs):  # the node's own files: once per node, with its first vhost read
+        scoped += [f.scoped(node=node) for f in node_level_findings(vs.node)]
     return list(verdicts.values()), scoped
 
 
@@ -119,9 +124,11 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
 class _Checked:
     """What the checks of a range of one pass's listing found: per queue dir met, in listing
     order, ``(position, findings, QueueIntegrity state, messages held, drops by reason, whether
-    its last chunk was in the range)``, and the ``CopyCheck`` and ``ChunkCheck`` states."""
+    its last chunk was in the range)``, the ``CopyCheck`` and ``ChunkCheck`` states, and (first
+    pass) the readers' findings of its indexes."""
 
     queues: list[tuple] = field(default_factory=list)
+    index_findings: list[Finding] = field(default_factory=list)
     copies: tuple = ((), ())
     chunks: tuple = ({}, {})
 
@@ -171,7 +178,8 @@ def _check_range(sub: VhostScan, only: dict | None, first: bool, deep: bool) -> 
         for qx in sub.index_of(q, in_share=False):
             ci = position.get(qx.segment, 0) if qx.segment is not None else 0  # the chunk's place in its queue
             if first:
-                found += [f.scoped(queue=q.name, priority=q.priority) for f in qx.findings]
+                found += [f.scoped(queue=q.name, priority=q.priority) for f in reader_findings(sub, qx)]
+                out.index_findings += qx.findings
             integrity.add(qx)
             copies.add(qx)
             rows = sub.chunk_rows(qx)  # the pass's share of the live entries (None: all)
@@ -189,3 +197,10 @@ def _check_range(sub: VhostScan, only: dict | None, first: bool, deep: bool) -> 
         out.queues.append((qi, found, integrity.state(), n_dir, per_dir, last))
     out.copies, out.chunks = copies.state(), chunks.state()
     return out
+
+
+def node_level_findings(ns: NodeScan) -> list[Finding]:
+    """The findings about the node as a whole (its own files, the storage it holds that is not
+    read): ``check_vhost`` adds them to those of the node's first vhost; a check that leaves that
+    vhost out asks for them here."""
+    return node_findings(ns) + unread_storage_findings(ns)
