@@ -8,9 +8,10 @@ Each command runs as ``cqforensics`` in a fresh process, ``-j 1`` and ``-j N`` o
 other, ``--repeat`` times (alternating, so both meet the same machine: it may be shared, compare
 ratios within one run). The table gives the best wall time of each, the CPU seconds of that run
 (the command and its workers), the ratio, and whether the outputs are identical (byte for byte;
-fsck's JSON less its ``created`` time). The store is ``bench/make_store.py``'s 1x store (a
-real 4.3.6 broker's, kill -9; built on first use). Results: ``bench/results/jobs.md`` and
-``jobs.json``.
+fsck's JSON less its ``created`` time; files less the times and manifests that name their run:
+a Parquet file by its rows, row groups and schema). The store is ``bench/make_store.py``'s 1x
+store (a real 4.3.6 broker's, kill -9; built on first use). Results: ``bench/results/jobs.md``
+and ``jobs.json``.
 """
 
 from __future__ import annotations
@@ -52,18 +53,39 @@ COMMANDS = {
 
 
 def digest_tree(root: Path) -> str:
+    """What a run wrote, less what names its run (``created`` times; the outputs' manifests,
+    ``.cqforensics-output.json``, which record when and by which process): the rows and their
+    order, the files' names and their other bytes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     h = hashlib.sha256()
     for p in sorted(root.rglob("*")):
-        if p.is_file():
-            h.update(str(p.relative_to(root)).encode())
-            if p.name.endswith(".provenance.json"):
-                doc = json.loads(p.read_text())
+        if not p.is_file() or p.name.endswith(".cqforensics-output.json"):
+            continue
+        h.update(str(p.relative_to(root)).encode())
+        if p.name.endswith(".provenance.json"):
+            doc = json.loads(p.read_text())
+            doc["created"] = None
+            h.update(json.dumps(doc, sort_keys=True).encode())
+        elif p.suffix == ".parquet":  # its rows, row groups and schema; the provenance less its time
+            f = pq.ParquetFile(p)
+            h.update(str([f.metadata.row_group(i).num_rows for i in range(f.num_row_groups)]).encode())
+            meta = dict(f.schema_arrow.metadata or {})
+            if b"cqforensics.provenance" in meta:
+                doc = json.loads(meta[b"cqforensics.provenance"])
                 doc["created"] = None
-                h.update(json.dumps(doc, sort_keys=True).encode())
-            else:
-                with open(p, "rb") as f:
-                    for chunk in iter(lambda: f.read(1 << 24), b""):
-                        h.update(chunk)
+                meta[b"cqforensics.provenance"] = json.dumps(doc, sort_keys=True).encode()
+            h.update(repr(sorted(meta.items())).encode())
+            for batch in f.iter_batches(batch_size=65536):
+                sink = pa.BufferOutputStream()
+                with pa.ipc.new_stream(sink, batch.schema.remove_metadata()) as w:
+                    w.write_batch(batch)
+                h.update(sink.getvalue())
+        else:
+            with open(p, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 24), b""):
+                    h.update(chunk)
     return h.hexdigest()
 
 
@@ -74,7 +96,8 @@ def run(node: Path, name: str, jobs: int) -> dict:
     out = Path(tempfile.mkdtemp(prefix="cqf-bench-jobs-"))
     try:
         argv = [a.format(out=out) for a in args]
-        cmd = ["cqforensics", argv[0], str(node), *argv[1:], "--as-of", AS_OF, "-j", str(jobs)]
+        when = ["--as-of", AS_OF] if argv[0] != "verify" else []  # verify judges no TTL
+        cmd = ["cqforensics", argv[0], str(node), *argv[1:], *when, "-j", str(jobs)]
         h, kept = hashlib.sha256(), []  # stdout hashed as it comes (a jsonl read is GBs); JSON kept
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
