@@ -88,6 +88,19 @@ def add_read_options(p: argparse.ArgumentParser) -> None:
                    help="judge message TTLs at this time (ISO 8601 or epoch ms, 1970 .. 9999; default: now)")
 
 
+def add_jobs(p: argparse.ArgumentParser, what: str = "") -> None:
+    p.add_argument("-j", "--jobs", type=_int_at_least(1), metavar="N",
+                   help=f"processes to use{what} (default: every usable CPU, at most 8); the output is the "
+                        "same, in the same order, whatever N")
+
+
+def jobs(args) -> int:
+    """-j, or the default: every usable CPU, at most 8 (``cqforensics.parallel.default_jobs``)."""
+    from cqforensics import parallel
+
+    return args.jobs if getattr(args, "jobs", None) else parallel.default_jobs()
+
+
 def add_filters(p: argparse.ArgumentParser, queues_help: str = "only this queue (repeatable)") -> None:
     p.add_argument("--vhost", action="append", metavar="NAME", dest="vhosts",
                    help="only this vhost (repeatable; default: every vhost)")
@@ -128,7 +141,7 @@ def cmd_read(args) -> int:
     import cqforensics
 
     columns = args.columns.split(",") if args.columns else None
-    opts = {**read_options(args), **filters(args)}
+    opts = {**read_options(args), **filters(args), "jobs": jobs(args)}
     if args.out:
         from cqforensics.outputs import check_output
 
@@ -181,6 +194,10 @@ def _limited(batches, limit: int | None):
             break
 
 
+#: rows a text table lays out at a time (its column widths grow group by group)
+TEXT_GROUP = 1024
+
+
 def _read_rows(args, columns, opts, out) -> tuple[int, int]:
     """Rows as JSON lines or an aligned text table, written (and flushed) batch by batch; the
     number of rows, and of those the clock judged expired. The text table of a wide table shows
@@ -188,6 +205,28 @@ def _read_rows(args, columns, opts, out) -> tuple[int, int]:
     import cqforensics
     from cli import render
 
+    n = expired = 0
+    if args.format == "jsonl":  # the lines are made by every process (one row, one line)
+        left = args.limit
+        for rows, dropped, text in cqforensics.iter_batches(args.paths, args.table, columns=columns,
+                                                            render=render.jsonl_text, **opts):
+            if left is not None and rows > left:
+                # the first ``left`` lines: "\n" ends a row's line (a JSON string may hold U+2028,
+                # where str.splitlines would cut too)
+                cut = -1
+                for _ in range(left):
+                    cut = text.index("\n", cut + 1)
+                out.write(text[:cut + 1])
+                # the expired among them: the key, quoted, can only be a key (quotes in a value are escaped)
+                return n + left, expired + (text[:cut + 1].count('"drop_reason": "expired"') if dropped else 0)
+            out.write(text)
+            out.flush()
+            n, expired = n + rows, expired + dropped
+            if left is not None:
+                left -= rows
+                if not left:
+                    break
+        return n, expired
     table = None
     if args.format == "table":
         cols = columns or render.TEXT_COLUMNS.get(args.table) or [
@@ -195,8 +234,7 @@ def _read_rows(args, columns, opts, out) -> tuple[int, int]:
         if not columns and args.table in render.TEXT_COLUMNS and sys.stderr.isatty():
             print(f"cqforensics: the {args.table} table's main columns; --columns A,B or --format jsonl for others",
                   file=sys.stderr)
-        table = render.TextTable(cols, out)
-    n = expired = 0
+        table = render.TextTable(cols, out, group=TEXT_GROUP)
     for batch in _limited(cqforensics.iter_batches(args.paths, args.table, columns=columns, **opts), args.limit):
         rows = batch.to_pylist()
         n += len(rows)
@@ -301,7 +339,7 @@ def cmd_fsck(args) -> int:
     report = None
     try:
         for item in fsck_mod.fsck(args.paths, deep=args.deep, assume_dirty=args.assume_dirty, progress=progress,
-                                  jobs=args.jobs, **read_options(args), **filters(args)):
+                                  jobs=jobs(args), **read_options(args), **filters(args)):
             if isinstance(item, fsck_mod.Report):
                 report = item
             elif args.jsonl:
@@ -349,7 +387,7 @@ def cmd_export(args) -> int:
     progress = _shown(args)
     try:
         result = export(args.paths, args.format, args.out, everything=args.all, force=args.force, progress=progress,
-                        **read_options(args), **filters(args))
+                        jobs=jobs(args), **read_options(args), **filters(args))
     finally:
         if progress:
             progress.close()
@@ -388,7 +426,7 @@ def cmd_find(args) -> int:
             raise UsageError(f"--body-hex: not hex: {args.body_hex!r}") from None
     progress = _shown(args)
     hits = find(args.paths, msg_ids=args.msg_id or (), body=body or None, message_ids=args.message_id or (),
-                progress=progress, **read_options(args), **filters(args))
+                progress=progress, jobs=jobs(args), **read_options(args), **filters(args))
     table = None if args.jsonl else render.TextTable(
         ["vhost", "queue", "source", "fate", "msg_id", "file", "offset", "index"], sys.stdout, max_width=80)
     n = 0
@@ -427,7 +465,7 @@ def cmd_audit(args) -> int:
 
     progress = _shown(args, "json")
     try:
-        a = audit(args.paths, progress=progress, **read_options(args), **filters(args))
+        a = audit(args.paths, progress=progress, jobs=jobs(args), **read_options(args), **filters(args))
     finally:
         if progress:
             progress.close()
@@ -570,7 +608,7 @@ def cmd_verify(args) -> int:
 
     progress = _progress(sys.stderr.isatty() and not args.json)
     result = verify(args.paths, broker_version=args.broker_version, deep=args.deep, progress=progress,
-                    allow_garbage=args.allow_garbage)
+                    allow_garbage=args.allow_garbage, jobs=jobs(args))
     return _report(result, args.json, render.verify_text, progress)
 
 
@@ -589,7 +627,7 @@ def cmd_report(args) -> int:
     target = check_output(args.html, args.paths, force=args.force)
     progress = _shown(args)
     try:
-        page = render(args.paths, progress=progress, **read_options(args), **filters(args))
+        page = render(args.paths, progress=progress, jobs=jobs(args), **read_options(args), **filters(args))
     finally:
         if progress:
             progress.close()
@@ -668,8 +706,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--all-findings", action="store_true", help="list every finding (default: 5 per code)")
     f.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     f.add_argument("--progress", action="store_true", help="progress on stderr even with --json/--jsonl")
-    f.add_argument("-j", "--jobs", type=_int_at_least(1), default=1, metavar="N",
-                   help="check N node dirs at once, each in its own process (a folder of backups; default 1)")
+    add_jobs(f, " (several node dirs: a node a process; one node: its vhosts, and a big vhost's listing)")
     add_read_options(f)
     add_filters(f, "only this queue's verdicts and findings, and the store-wide findings (repeatable)")
     f.set_defaults(func=cmd_fsck)
@@ -694,6 +731,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_quiet(e)
     add_read_options(e)
     add_filters(e, "only this queue's messages (repeatable; leaves out the store entries no queue holds)")
+    add_jobs(e)
     e.set_defaults(func=cmd_export)
 
     fd = sub.add_parser("find", help="find messages by msg_id, message id or body text; print where they are",
@@ -710,6 +748,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_quiet(fd)
     add_read_options(fd)
     add_filters(fd)
+    add_jobs(fd)
     fd.set_defaults(func=cmd_find)
 
     a = sub.add_parser("audit", help="orphans, duplicates, reference counts, reclaimable space",
@@ -718,6 +757,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--json", action="store_true", help="print one JSON document")
     add_quiet(a)
     add_read_options(a)
+    add_jobs(a)
     add_filters(a, "only this queue's messages, reference counts, .qs files and the orphans routed to it "
                    "(repeatable)")
     a.set_defaults(func=cmd_audit)
@@ -770,6 +810,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--allow-garbage", action="store_true",
                    help="accept orphaned and duplicate shared-store entries (what compact --threshold leaves in "
                         "the files it keeps)")
+    add_jobs(v)
     v.set_defaults(func=cmd_verify)
 
     r = sub.add_parser("read", help="print or save one table of every node dir under the paths",
@@ -788,6 +829,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_read_options(r)
     add_filters(r, "only this queue (repeatable; queue-level tables: messages, index, acks, queues, files "
                    "and holes of .qs files)")
+    add_jobs(r)
     r.set_defaults(func=cmd_read)
 
     rpub = sub.add_parser("republish", help="send recovered messages to a running broker (resumable)",
@@ -828,6 +870,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_read_options(rp)
     rp.add_argument("--vhost", action="append", metavar="NAME", dest="vhosts",
                     help="only this vhost (repeatable; default: every vhost)")
+    add_jobs(rp)
     add_quiet(rp)
     rp.set_defaults(func=cmd_report)
     add_docgen_parsers(sub)  # last: completion and man page cover every command above
@@ -985,10 +1028,26 @@ def _interrupt_caught() -> None:
         _interrupted = False
 
 
+class _NoPandas:
+    """An import finder that refuses pandas: no command uses it, and pyarrow's probe for pandas
+    objects imports it at the first conversion of Python values (a ``messages`` read's reference
+    rows, ...): a second of each process's start-up on the project's VM, paid again by every
+    worker of ``-j``. pyarrow then treats pandas as absent, which changes nothing it does here."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError("pandas is not used by the cqforensics command line", name=name)
+        return None
+
+
 def run() -> None:
     """The console script: ``main`` with Ctrl-C (or SIGTERM) turned into one line and exit 32,
     wherever it arrives."""
     import signal
+
+    if "pandas" not in sys.modules:
+        sys.meta_path.insert(0, _NoPandas())
 
     try:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM):

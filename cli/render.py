@@ -41,6 +41,15 @@ def write_jsonl(rows, out=None) -> None:
         out.write(json.dumps(jsonable(r), ensure_ascii=False, sort_keys=True) + "\n")
 
 
+def jsonl_text(batch) -> tuple[int, int, str]:
+    """A batch as JSON lines (what ``write_jsonl`` writes of its rows), with its row count and
+    how many of them are expired (``drop_reason``): made where the batch is
+    (``iter_batches(render=...)``: by the workers of ``read -j N``)."""
+    expired = batch.column("drop_reason").to_pylist().count("expired") if "drop_reason" in batch.schema.names else 0
+    return batch.num_rows, expired, "".join(json.dumps(jsonable(r), ensure_ascii=False, sort_keys=True) + "\n"
+                                            for r in batch.to_pylist())
+
+
 #: columns holding paths: cut from the front when too wide, so the file name stays readable
 PATH_COLUMNS = frozenset({"file", "store_file", "path", "source", "output"})
 
@@ -103,12 +112,26 @@ class TextTable:
     written with the first rows; column widths are those of the rows seen so far (they grow,
     never shrink, so a later batch with wider values is aligned from there on)."""
 
-    def __init__(self, columns: list[str], out=None, max_width: int = 60):
+    def __init__(self, columns: list[str], out=None, max_width: int = 60, group: int | None = None):
+        """``group``: rows are laid out ``group`` at a time, whatever the batches they come in
+        (the rest waits for more, or ``close``), so the text is the same however the rows came
+        batched (``read -j N`` cuts batches elsewhere than ``-j 1``)."""
         self.columns, self.out, self.max_width = list(columns), out or sys.stdout, max_width
         self.widths = [len(c) for c in self.columns]
         self.started = False
+        self.group = group
+        self.waiting: list[dict] = []
 
     def write(self, rows: list[dict]) -> None:
+        if self.group is None:
+            self._write(rows)
+            return
+        self.waiting += rows
+        while len(self.waiting) >= self.group:
+            self._write(self.waiting[:self.group])
+            del self.waiting[:self.group]
+
+    def _write(self, rows: list[dict]) -> None:
         cells = [[_cell(r.get(c), c, self.max_width) for c in self.columns] for r in rows]
         for row in cells:
             self.widths = [max(w, len(v)) for w, v in zip(self.widths, row)]
@@ -122,9 +145,11 @@ class TextTable:
             self.out.flush()
 
     def close(self) -> None:
-        """Write the header if no row came (an empty table still names its columns)."""
-        if not self.started:
-            self.write([])
+        """Write the rows still waiting, and the header if no row came (an empty table still
+        names its columns)."""
+        if self.waiting or not self.started:
+            self._write(self.waiting)
+            self.waiting = []
 
 
 def _where(f) -> str:

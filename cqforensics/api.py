@@ -23,7 +23,7 @@ _OPTIONS = frozenset(inspect.signature(make_options).parameters)
 
 
 def iter_batches(path, table: str = "messages", *, columns: list[str] | None = None, vhosts=None, queues=None,
-                 progress=None, **options) -> Iterator[pa.RecordBatch]:
+                 progress=None, render=None, **options) -> Iterator[pa.RecordBatch]:
     """Stream one table of every node dir under ``path`` (a path or a list of paths).
 
     ``columns`` projects (leaving out ``body`` skips reading bodies); ``vhosts`` restricts the
@@ -36,13 +36,18 @@ def iter_batches(path, table: str = "messages", *, columns: list[str] | None = N
     (missing or unreadable input, naming the path); damage in the files is reported in the rows
     (the ``findings`` table), not raised. Queues of a kind of storage cqforensics does not read
     (quorum queues, streams) are named in a warning (logger ``cqforensics.driver``) and in the
-    ``findings`` table (``storage-not-read``)."""
+    ``findings`` table (``storage-not-read``).
+
+    ``jobs=N`` reads with N processes (the same rows, in the same order; batches may be cut
+    elsewhere); ``render``: a function each batch is passed to where it is made (in a worker,
+    with ``jobs``), whose results are yielded instead of the batches (e.g. text to write)."""
     driver.check_columns(table, columns)
     unknown = sorted(set(options) - _OPTIONS)
     if unknown:
         raise UsageError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(_OPTIONS))}")
     opts = make_options(**{**needs(table, columns), **options})
-    yield from driver.read(table, opts, paths=path, columns=columns, vhosts=vhosts, queues=queues, progress=progress)
+    yield from driver.read(table, opts, paths=path, columns=columns, vhosts=vhosts, queues=queues, progress=progress,
+                           render=render)
 
 
 def read_table(path, table: str = "messages", **kwargs) -> pa.Table:

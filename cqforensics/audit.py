@@ -41,10 +41,12 @@ def audit(paths, vhosts=None, queues=None, progress=None, **options) -> dict:
     """The audit document (``cqforensics-audit/1``) of every node dir under ``paths``, narrowed
     to ``vhosts`` and ``queues`` (names; None: all). With ``queues``, what belongs to no queue is
     left out but for the orphans whose exchange and routing keys reach one of them, and the
-    files are those queues' ``.qs`` files. ``progress``: a display ``(text, done, total)``."""
+    files are those queues' ``.qs`` files. ``progress``: a display ``(text, done, total)``. The
+    four tables are read over the same node scans (listed and their metadata read once)."""
     want_v, want_q = driver.names(vhosts, "vhosts"), driver.names(queues, "queues")
     nodes = driver.discovered(paths, make_options(**{k: v for k, v in options.items() if k == "broker_version"},
                                                   bodies=False, decode=False), want_v, want_q)
+    paths = driver.Nodes(nodes)
     progress = driver.Progress.of(progress, passes=len(TABLES))
     kw = {**options, "vhosts": vhosts, "progress": progress}
     orphans = defaultdict(lambda: {"entries": 0, "bytes": 0})

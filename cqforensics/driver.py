@@ -8,18 +8,20 @@ Errors are closed here: whatever the readers raise that is not a ``CQError`` but
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 
-from cqforensics import layout
+from cqforensics import layout, parallel
 from cqforensics.layout import storage_kind
 from cqforensics.errors import OperationalError, UsageError, display
 from cqforensics.model.options import Options
-from cqforensics.model.vhost import NodeScan, VhostScan
+from cqforensics.model.vhost import NodeScan, VhostScan, passes
 from cqforensics.schema import schema
-from cqforensics.tables import BUILDERS
+from cqforensics.tables import BUILDERS, INDEXED_TABLES, SPLIT_WITH_TAIL
 
 #: tables whose rows come queue by queue (a unit of them may name a queue dir and a segment)
 QUEUE_LEVEL = frozenset({"messages", "index", "acks"})
@@ -206,10 +208,41 @@ def operational(e: OSError) -> OperationalError:
     return OperationalError(f"{where}: {e.strerror or e}")
 
 
+@dataclass
+class Build:
+    """How a vhost's batches are made, in a form a read with ``jobs`` > 1 can split: ``part``
+    gives the rows of a scan (a whole vhost, one share pass of it, or a range of its listing
+    when ``splittable``: each row belongs to one index chunk, in listing order); ``start``,
+    ``see`` and ``tail`` run in the caller, around the parts of one vhost: ``start(vs)`` makes a
+    state, ``see(state, batch)`` is shown each batch of the parts as it is handed on, and
+    ``tail(vs, state)`` gives the vhost's last rows (``export --all``: the entries no index row
+    emitted)."""
+
+    part: Callable[[VhostScan], Iterator[pa.RecordBatch]]
+    splittable: bool = False
+    #: a big vhost's rows come pass by pass, an id share at a time (``tables.INDEXED_TABLES``:
+    #: rows that need the store's entries); else in one pass whatever the vhost's size
+    in_passes: bool = False
+    start: Callable[[VhostScan], object] | None = None
+    see: Callable[[object, pa.RecordBatch], None] | None = None
+    tail: Callable[[VhostScan, object], Iterator[pa.RecordBatch]] | None = None
+
+    def run(self, vs: VhostScan) -> Iterator[pa.RecordBatch]:
+        """The vhost's batches, in this process."""
+        state = self.start(vs) if self.start else None
+        for b in self.part(vs):
+            if self.see:
+                self.see(state, b)
+            yield b
+        if self.tail:
+            yield from self.tail(vs, state)
+
+
 def read(table: str, options: Options, *, paths=None, units: Iterable | None = None, columns=None, vhosts=None,
          queues=None, cache: dict | None = None, cache_scope=None,
-         build: Callable[[VhostScan], Iterator[pa.RecordBatch]] | None = None,
-         progress: Progress | None = None) -> Iterator[pa.RecordBatch]:
+         build: "Callable[[VhostScan], Iterator[pa.RecordBatch]] | Build | None" = None,
+         progress: Progress | None = None,
+         render: Callable[[pa.RecordBatch], object] | None = None) -> Iterator:
     """Batches of ``table`` (projected to ``columns``), read with ``options``.
 
     Either ``paths`` (node dirs, mnesia bases or folders of them; every node dir found is read,
@@ -222,17 +255,150 @@ def read(table: str, options: Options, *, paths=None, units: Iterable | None = N
     ``cache`` (a dict the caller keeps, e.g. per worker process) with a ``cache_scope`` (e.g. a
     Spark stage id): the vhost-wide facts of the last vhost read are kept there and reused by
     the next read of the same vhost in the same scope. ``build``: a vhost's batches instead of
-    the table's own builder (``export`` adds its columns this way). ``progress``: told of each
-    vhost read (a read of ``paths``)."""
+    the table's own builder (``export`` adds its columns this way, a ``Build``). ``progress``:
+    told of each vhost read (a read of ``paths``).
+
+    ``options.jobs`` > 1 (paths only): the vhosts, and the share passes and ranges of the
+    listing of a big vhost, are read by that many processes (``cqforensics.parallel``); the
+    rows are the same, in the same order (batches may be cut elsewhere).
+
+    ``render``: each (projected) batch is passed to it where it is made (by a worker, with
+    ``jobs`` > 1) and what it returns is yielded instead: JSON lines are written out by every
+    process, not only by the one that writes them (a ``Build``'s ``see`` then sees those)."""
     check_columns(table, columns)
-    build = build or BUILDERS[table]
+    if not isinstance(build, Build) and build is None and table in SPLIT_WITH_TAIL:
+        # the rows of the vhost's index chunks may be read in ranges; its streams' rows come once,
+        # after them, as a serial read has them (tables.with_streams)
+        part, tail = SPLIT_WITH_TAIL[table]
+        build = Build(part, splittable=True, in_passes=table in INDEXED_TABLES, tail=lambda vs, _: tail(vs))
+    elif not isinstance(build, Build):
+        build = Build(build or BUILDERS[table], splittable=build is None and table in QUEUE_LEVEL,
+                      in_passes=table in INDEXED_TABLES)
+    if columns is not None or render is not None:
+        build = dataclasses.replace(build, part=_finished(build.part, columns, render),
+                                    tail=_finished(build.tail, columns, render) if build.tail else None)
+    if options.jobs > 1 and units is None:
+        batches = _parallel(table, options, paths, vhosts, queues, build, progress)
+    else:
+        batches = _serial(table, options, paths, units, vhosts, queues, cache, cache_scope, build, progress)
+    try:
+        yield from batches
+    except OSError as e:
+        raise operational(e) from e
+
+
+def _finished(make: Callable, columns, render):
+    """``make`` (a ``Build``'s part or tail) with its batches projected to ``columns`` and
+    passed through ``render``, where they are made."""
+    def finished(*args):
+        for b in make(*args):
+            if columns is not None:
+                b = b.select(columns)
+            yield render(b) if render is not None else b
+    return finished
+
+
+def _serial(table, options, paths, units, vhosts, queues, cache, cache_scope, build: Build, progress=None):
     for vs in scans(table, options, paths=paths, units=units, vhosts=vhosts, queues=queues, cache=cache,
                     cache_scope=cache_scope, progress=progress):
-        try:
-            for b in build(vs):
-                yield b if columns is None else b.select(columns)
-        except OSError as e:
-            raise operational(e) from e
+        yield from build.run(vs)
+
+
+#: a vhost with fewer bytes of index and store is read by one process as a whole (with others
+#: of its size side by side); a bigger one is split (its share passes, ranges of its listing)
+SPLIT_BYTES = 32 << 20
+#: parts per process a big vhost's listing is cut into (they are handed out as processes free up)
+PARTS_PER_JOB = 4
+
+
+def _parallel(table: str, options: Options, paths, vhosts, queues, build: Build,
+              progress: Progress | None = None) -> Iterator[pa.RecordBatch]:
+    """``read`` by ``options.jobs`` processes: per node, runs of small vhosts one vhost a task;
+    a big vhost pass by pass (``model.vhost.passes``), each pass's facts made here and its
+    listing cut into ranges read by the processes (a table whose rows each belong to an index
+    chunk: ``Build.splittable``), or each pass a task (other tables). ``progress`` moves here, a
+    vhost at a time, as each vhost's first rows arrive (the workers do not draw it)."""
+    jobs = options.jobs
+    vhosts, queues = names(vhosts, "vhosts"), names(queues, "queues")
+    pa.array([0])  # pyarrow's one-time probe for pandas (an import, when installed): here, not in each worker
+    try:
+        nodes = discovered(paths, options, vhosts, queues)
+    except OSError as e:
+        raise operational(e) from e
+    progress = Progress.of(progress)
+    if progress is not None:
+        progress.plan(nodes, vhosts)
+    for ns in nodes:
+        if vhosts is not None:  # the first vhost read carries the node-level findings
+            ns.node_level_vhost = next((b.vhost.dir_name for b in ns.vhosts if b.vhost.name in vhosts), None)
+        chosen = []
+        for base in ns.vhosts:
+            if vhosts is not None and base.vhost.name not in vhosts:
+                continue
+            restrict = None if queues is None else \
+                {q.dir_name: None for q in base.all_queue_dirs if q.name in queues}
+            vs = base if restrict is None else VhostScan(ns, base.vhost, restrict, base.vhost_facts())
+            if queues is not None:  # the streams it lists, by name (as _scans)
+                vs.stream_dirs = {e.path.name for e in ns.streams if e.label in queues}
+            chosen.append(vs)
+        ns.model, ns.boot_hangs, ns.durable_dirs, ns.lost_queues  # node-wide facts: made once, before any fork
+        i = 0
+        while i < len(chosen):
+            j = i
+            while j < len(chosen) and chosen[j].listing_bytes() < SPLIT_BYTES:
+                j += 1
+            if j > i:  # small vhosts, one a task
+                def whole(task: tuple[int, VhostScan]) -> Iterator[tuple[int, pa.RecordBatch]]:
+                    k, vs = task
+                    try:
+                        for b in build.run(vs):
+                            yield k, b
+                    finally:
+                        vs.close()
+                shown = None
+                for k, b in parallel.ordered(list(enumerate(chosen[i:j], i)), whole, jobs):
+                    if progress is not None and k != shown:
+                        progress.vhost(ns, chosen[k], table)
+                        shown = k
+                    yield b
+                i = j
+                continue
+            vs = chosen[i]
+            if progress is not None:
+                progress.vhost(ns, vs, table)
+            try:
+                yield from _split_vhost(vs, build, jobs)
+            finally:
+                vs.close()
+            i += 1
+    if progress is not None:
+        progress.end()
+
+
+def _split_vhost(vs: VhostScan, build: Build, jobs: int) -> Iterator[pa.RecordBatch]:
+    """A big vhost's batches: a splittable build pass by pass, each pass's listing read in
+    ranges by ``jobs`` processes (its facts made here first); any other in this process (the
+    checks of the ``findings`` table split their own listing: ``checks.vhost``)."""
+    if not build.splittable:
+        yield from build.run(vs)
+        return
+    state = build.start(vs) if build.start else None
+    for sub in passes(vs) if build.in_passes else (vs,):
+        sub.prepare()
+        facts = sub.vhost_facts()
+
+        def part(only: dict, sub=sub, facts=facts) -> Iterator[pa.RecordBatch]:
+            scan = VhostScan(sub.node, sub.vhost, only, facts, sub.share)
+            try:
+                yield from build.part(scan)
+            finally:
+                scan.close()
+        for b in parallel.ordered(sub.ranges(jobs * PARTS_PER_JOB), part, jobs):
+            if build.see:
+                build.see(state, b)
+            yield b
+    if build.tail:
+        yield from build.tail(vs, state)
 
 
 def scans(table: str, options: Options, *, paths=None, units: Iterable | None = None, vhosts=None, queues=None,
@@ -263,11 +429,31 @@ def scans(table: str, options: Options, *, paths=None, units: Iterable | None = 
         raise operational(e) from e
 
 
+class Nodes(list):
+    """The node scans of some paths, made once (``open_nodes``) for several reads of them (audit's
+    four tables, export's provenance and rows): the node dirs are listed and their metadata read
+    once, not once a read. Given as ``paths``; each read sets its own options on them."""
+
+
+def open_nodes(paths, options: Options) -> Nodes:
+    """``Nodes`` of every node dir under ``paths``."""
+    try:
+        return Nodes(NodeScan(node, options) for node in layout.discover(paths))
+    except OSError as e:
+        raise operational(e) from e
+
+
 def discovered(paths, options: Options, vhosts=None, queues=None) -> list[NodeScan]:
     """A scan of every node dir under ``paths``, once the restriction to ``vhosts``/``queues``
     is known to match something (``check_names``); the storage each node holds that is not read
-    is logged as a warning (``warn_unread``)."""
-    nodes = [NodeScan(node, options) for node in layout.discover(paths)]
+    is logged as a warning (``warn_unread``). ``paths`` may be ``Nodes`` (scans made already:
+    given ``options`` for this read)."""
+    if isinstance(paths, Nodes):
+        for ns in paths:
+            ns.options = options
+        nodes = list(paths)
+    else:
+        nodes = [NodeScan(node, options) for node in layout.discover(paths)]
     check_names(nodes, vhosts, queues)
     warn_unread(nodes)
     return nodes

@@ -170,22 +170,33 @@ class _Decoder:
             raise EtfError("term truncated", offset=pos)
         if depth > MAX_DEPTH:
             raise EtfError(f"terms nested deeper than {MAX_DEPTH}", offset=pos)
-        buf = self.buf
+        buf, end = self.buf, self.end
         tag = buf[pos]
         p = pos + 1
+        # the common tags first, their bounds checked inline (``need`` only words the error)
+        if tag == SMALL_ATOM_UTF8 or tag == SMALL_ATOM:
+            if p + 1 > end:
+                self.need(p, 1, "atom length")
+            n = buf[p]
+            q = p + 1 + n
+            if q > end:
+                self.need(p + 1, n, "atom")
+            a = _ATOM_CACHE.get((bytes(buf[p + 1:q]), tag == SMALL_ATOM_UTF8))
+            return (a if a is not None else self.atom(p + 1, n, tag == SMALL_ATOM_UTF8)), q
         if tag == BINARY:
-            self.need(p, 4, "binary length")
+            if p + 4 > end:
+                self.need(p, 4, "binary length")
             (n,) = _u32(buf, p)
             p += 4
-            self.need(p, n, "binary")
+            if p + n > end:
+                self.need(p, n, "binary")
             return bytes(buf[p:p + n]), p + n
+        if tag == NIL:
+            return [], p
         if tag == SMALL_INTEGER:
-            self.need(p, 1, "small integer")
+            if p + 1 > end:
+                self.need(p, 1, "small integer")
             return buf[p], p + 1
-        if tag == SMALL_ATOM_UTF8 or tag == SMALL_ATOM:
-            self.need(p, 1, "atom length")
-            n = buf[p]
-            return self.atom(p + 1, n, tag == SMALL_ATOM_UTF8), p + 1 + n
         if tag == ATOM or tag == ATOM_UTF8:
             self.need(p, 2, "atom length")
             (n,) = _u16(buf, p)
@@ -204,8 +215,6 @@ class _Decoder:
                 v, p = self.term(p, depth + 1)
                 items.append(v)
             return tuple(items), p
-        if tag == NIL:
-            return [], p
         if tag == LIST:
             self.need(p, 4, "list length")
             (n,) = _u32(buf, p)
@@ -278,6 +287,71 @@ class _Decoder:
             q = self.skip_opaque(tag, p, depth)
             return Opaque(tag, bytes(buf[pos:q])), q
         raise EtfError(f"unknown term tag {tag}", offset=pos)
+
+    def skip(self, pos: int, depth: int) -> int:
+        """The end of the term at ``pos``, checked as ``term`` checks it but built into nothing
+        (a compressed term, whose end only its inflation tells, is decoded)."""
+        if pos >= self.end:
+            raise EtfError("term truncated", offset=pos)
+        if depth > MAX_DEPTH:
+            raise EtfError(f"terms nested deeper than {MAX_DEPTH}", offset=pos)
+        buf = self.buf
+        tag = buf[pos]
+        p = pos + 1
+        if tag == SMALL_ATOM_UTF8 or tag == SMALL_ATOM:
+            self.need(p, 1, "atom length")
+            n = buf[p]
+            self.atom(p + 1, n, tag == SMALL_ATOM_UTF8)  # checked (and cached) as a decode would
+            return p + 1 + n
+        if tag == NIL:
+            return p
+        if tag == SMALL_INTEGER:
+            self.need(p, 1, "small integer")
+            return p + 1
+        if tag == BINARY:
+            self.need(p, 4, "binary length")
+            (n,) = _u32(buf, p)
+            self.need(p + 4, n, "binary")
+            return p + 4 + n
+        if tag == SMALL_TUPLE or tag == LARGE_TUPLE or tag == LIST:
+            if tag == SMALL_TUPLE:
+                self.need(p, 1, "tuple arity")
+                n, p = buf[p], p + 1
+            else:
+                self.need(p, 4, "list length" if tag == LIST else "tuple arity")
+                (n,), p = _u32(buf, p), p + 4
+            if n > self.end - p:
+                raise EtfError(f"{'list length' if tag == LIST else 'tuple arity'} {n} exceeds the remaining bytes",
+                               offset=pos)
+            for _ in range(n + (tag == LIST)):  # a list's tail too
+                p = self.skip(p, depth + 1)
+            return p
+        return self.term(pos, depth)[1]  # the rest (maps: their keys must hash) as a decode does
+
+    def tuple_fields(self, pos: int, wanted: frozenset[int]):
+        """The tuple at ``pos`` with only its ``wanted`` elements decoded (None in the others'
+        places), and its end: the bytes are checked as ``term`` checks them."""
+        buf = self.buf
+        tag = buf[pos] if pos < self.end else None
+        if tag != SMALL_TUPLE and tag != LARGE_TUPLE:
+            return self.term(pos, 0)
+        p = pos + 1
+        if tag == SMALL_TUPLE:
+            self.need(p, 1, "tuple arity")
+            n, p = buf[p], p + 1
+        else:
+            self.need(p, 4, "tuple arity")
+            (n,), p = _u32(buf, p), p + 4
+        if n > self.end - p:
+            raise EtfError(f"tuple arity {n} exceeds the remaining bytes", offset=pos)
+        items = []
+        for i in range(n):
+            if i in wanted:
+                v, p = self.term(p, 1)
+            else:
+                v, p = None, self.skip(p, 1)
+            items.append(v)
+        return tuple(items), p
 
     def compressed(self, p: int, depth: int):
         self.need(p, 4, "uncompressed size")
@@ -396,6 +470,18 @@ def decode_at(buf, pos: int, *, max_decompressed: int = MAX_DECOMPRESSED):
         _LAST.state = (buf, max_decompressed, budget, _SHARED.get())
     try:
         return _Decoder(buf, max_decompressed, budget).term(pos, 0)
+    except RecursionError:
+        raise EtfError("terms nested too deeply", offset=pos) from None
+
+
+def decode_fields_at(buf, pos: int, wanted, *, max_decompressed: int = MAX_DECOMPRESSED):
+    """The tuple whose tag is at ``buf[pos]`` with only the elements at the positions ``wanted``
+    decoded (None in the others' places), and its end: as ``decode_at``, for a reader that needs
+    a few fields of many large records (a term that is no tuple is decoded whole). The skipped
+    bytes are checked as a decode checks them, so a record decodes here exactly when it decodes
+    whole."""
+    try:
+        return _Decoder(buf, max_decompressed).tuple_fields(pos, frozenset(wanted))
     except RecursionError:
         raise EtfError("terms nested too deeply", offset=pos) from None
 

@@ -32,6 +32,7 @@ import json
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -61,10 +62,26 @@ _STORE_SOURCE = {StoreStatus.ORPHAN: "orphan", StoreStatus.DUPLICATE: "duplicate
 # -- writing files: in sized row groups ----------------------------------------------------------
 
 
+def row_bytes(batch: pa.RecordBatch) -> np.ndarray:
+    """The bytes of each row's variable-width values (its top-level binary and string columns:
+    bodies, typed JSON, names): what an output's row groups are measured by, the same however
+    the rows come batched."""
+    import pyarrow.compute as pc
+
+    total = np.zeros(batch.num_rows, np.int64)
+    for col in batch.columns:
+        t = col.type
+        if pa.types.is_binary(t) or pa.types.is_string(t) or pa.types.is_large_binary(t) or pa.types.is_large_string(t):
+            total += pc.fill_null(pc.binary_length(col), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    return total
+
+
 class ParquetSink:
     """Batches to a Parquet file in row groups of ``rows`` rows at most, or about ``nbytes``
-    bytes: batches are gathered until either is reached, then written as one row group (a
-    reader's cost grows with the number of row groups, not with batch size)."""
+    bytes of variable-width values (``row_bytes``; a group ends at the row that reaches it):
+    rows are gathered until either is reached, then written as one row group (a reader's cost
+    grows with the number of row groups, not with batch size). The groups depend on the rows
+    only, never on how they came batched (``-j N`` cuts batches elsewhere than ``-j 1``)."""
 
     def __init__(self, where, schema: pa.Schema, rows: int | None = None, nbytes: int | None = None):
         import pyarrow.parquet as pq
@@ -79,27 +96,23 @@ class ParquetSink:
     def write(self, batch: pa.RecordBatch) -> None:
         if not batch.num_rows:
             return
-        self.pending.append(batch)
-        self.pending_rows += batch.num_rows
-        self.pending_bytes += batch.nbytes
         self.num_rows += batch.num_rows
-        if self.pending_bytes >= self.nbytes:
-            self.flush()
-        elif self.pending_rows >= self.rows:
-            self._full()
-
-    def _full(self) -> None:
-        """Write the whole row groups of ``rows`` rows gathered so far; the rest waits."""
-        table = pa.Table.from_batches(self.pending, schema=self.schema)
-        whole = (self.pending_rows // self.rows) * self.rows
-        self.writer.write_table(table.slice(0, whole), row_group_size=self.rows)
-        rest = table.slice(whole)
-        self.pending = rest.to_batches()
-        self.pending_rows = rest.num_rows
-        self.pending_bytes = rest.nbytes
+        cum = np.cumsum(row_bytes(batch))
+        start = 0
+        while start < batch.num_rows:
+            done = int(cum[start - 1]) if start else 0
+            # the rows up to the one that fills the group (by bytes), at most the rows it has room for
+            reach = int(np.searchsorted(cum, done + self.nbytes - self.pending_bytes, side="left")) + 1
+            end = min(batch.num_rows, start + self.rows - self.pending_rows, max(reach, start + 1))
+            self.pending.append(batch.slice(start, end - start))
+            self.pending_rows += end - start
+            self.pending_bytes += int(cum[end - 1]) - done
+            start = end
+            if self.pending_rows >= self.rows or self.pending_bytes >= self.nbytes:
+                self.flush()
 
     def flush(self) -> None:
-        """Write what is gathered as one row group (or more, ``rows`` rows at most each)."""
+        """Write what is gathered as one row group."""
         if self.pending:
             self.writer.write_table(pa.Table.from_batches(self.pending, schema=self.schema),
                                     row_group_size=self.rows)
@@ -194,7 +207,7 @@ def _batched(rows: Iterator[dict], max_rows: int, max_bytes: int) -> Iterator[pa
         yield pa.RecordBatch.from_pylist(buf, schema=SCHEMA)
 
 
-def export_batches(paths, everything: bool = False, vhosts=None, queues=None, progress=None,
+def export_batches(paths, everything: bool = False, vhosts=None, queues=None, progress=None, render=None,
                    **options) -> Iterator[pa.RecordBatch]:
     """The export rows (the ``messages`` schema plus ``source``) as batches; ``vhosts``/``queues``
     restrict them by name (a queue restriction leaves out the store rows, which belong to no
@@ -203,19 +216,21 @@ def export_batches(paths, everything: bool = False, vhosts=None, queues=None, pr
     opts = make_options(**options)
     progress = driver.Progress.of(progress)
 
-    def build(vs: VhostScan) -> Iterator[pa.RecordBatch]:
-        node = display(vs.node.node.node)
-        vhost = display(vs.vhost.name if vs.vhost.name is not None else vs.vhost.label)
-        seen: set[tuple[str, int]] = set()  # stored entries already emitted in this vhost
+    def part(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         for b in messages_batches(vs):
-            if everything:
-                files, offsets = b.column("store_file").to_pylist(), b.column("store_offset").to_pylist()
-                seen.update((f, o) for f, o in zip(files, offsets) if f is not None and o is not None)
             yield pa.RecordBatch.from_arrays(b.columns + [pa.repeat(pa.scalar("index"), b.num_rows)], schema=SCHEMA)
-        for b in stream_messages_batches(vs):  # a stream's records, as the messages table has them
+
+    def see(seen: set, b) -> None:  # stored entries already emitted in this vhost
+        if everything:
+            seen.update(b.stored if isinstance(b, Lines) else stored(b))
+
+    def tail(vs: VhostScan, seen: set) -> Iterator[pa.RecordBatch]:
+        for b in stream_messages_batches(vs):  # a stream's records, as the messages table has them (once per vhost)
             yield pa.RecordBatch.from_arrays(b.columns + [pa.repeat(pa.scalar("stream"), b.num_rows)], schema=SCHEMA)
         if not everything:
             return
+        node = display(vs.node.node.node)
+        vhost = display(vs.vhost.name if vs.vhost.name is not None else vs.vhost.label)
 
         def once(rows: Iterator[dict]) -> Iterator[dict]:
             for row in rows:
@@ -231,8 +246,47 @@ def export_batches(paths, everything: bool = False, vhosts=None, queues=None, pr
             extra = itertools.chain(extra, _store_rows(vs, node, vhost))
         yield from _batched(once(extra), opts.batch_rows, opts.batch_bytes)
 
-    # the one read driver
-    yield from driver.read("messages", opts, paths=paths, build=build, vhosts=vhosts, queues=queues, progress=progress)
+    # the one read driver: the index rows of a big vhost read in ranges by ``jobs`` processes,
+    # the rest (the entries no index row emitted) in this one, once its index rows have passed
+    build = driver.Build(part, splittable=True, in_passes=True, start=lambda vs: set(), see=see, tail=tail)
+    yield from driver.read("messages", opts, paths=paths, build=build, vhosts=vhosts, queues=queues, progress=progress,
+                           render=None if render is None else lambda b: render(b, everything))
+
+
+def stored(b: pa.RecordBatch) -> list[tuple[str, int]]:
+    """(store file, offset) of the batch's rows that have their bytes in a store."""
+    files, offsets = b.column("store_file").to_pylist(), b.column("store_offset").to_pylist()
+    return [(f, o) for f, o in zip(files, offsets) if f is not None and o is not None]
+
+
+@dataclass
+class Lines:
+    """A batch of export rows as JSON lines (``jsonl_lines``), made where the batch is (by the
+    workers of ``export -j N``): the text, the rows per source and those past their TTL, and
+    (``--all``) where the rows' bytes are, which the rows to come must not emit again."""
+
+    text: str
+    sources: dict[str, int]
+    expired: int
+    stored: list[tuple[str, int]]
+
+
+def sources(b: pa.RecordBatch) -> dict[str, int]:
+    """The batch's rows per source."""
+    counts: dict[str, int] = {}
+    for s in b.column("source").to_pylist():
+        counts[s] = counts.get(s, 0) + 1
+    return counts
+
+
+def expired_rows(b: pa.RecordBatch) -> int:
+    """The batch's rows past their TTL."""
+    return b.column("drop_reason").to_pylist().count("expired")
+
+
+def jsonl_lines(b: pa.RecordBatch, everything: bool) -> Lines:
+    return Lines("".join(_jsonl_line(row) + "\n" for row in b.to_pylist()), sources(b), expired_rows(b),
+                 stored(b) if everything else [])
 
 
 def _jsonl_line(row: dict) -> str:
@@ -254,7 +308,7 @@ def _provenance(paths, options: dict, nodes: list[NodeScan]) -> dict:
     if not version:  # the version each node's next boot is predicted for (inferred)
         version = ", ".join(sorted({ns.model.label for ns in nodes})) or None
     return {"as_of_ms": as_of_ms, "as_of_given": given,
-            "record": provenance.record("export", paths, version, as_of_ms)}
+            "record": provenance.record("export", paths, version, as_of_ms, jobs=options.get("jobs", 1))}
 
 
 def _stale_note(out: Path) -> str:
@@ -297,15 +351,18 @@ def export(paths, fmt: str, out: Path | str, everything: bool = False, force: bo
             sink = ParquetSink(fh, SCHEMA.with_metadata({provenance.METADATA_KEY: json.dumps(prov, sort_keys=True)})) \
                 if fmt == "parquet" else None
             with sink if sink is not None else contextlib.nullcontext():
-                for b in export_batches(paths, everything, vhosts=vhosts, queues=queues, progress=progress,
-                                        **options):
-                    for s in b.column("source").to_pylist():
-                        counts[s] = counts.get(s, 0) + 1
-                    expired += b.column("drop_reason").to_pylist().count("expired")
+                # the node dirs listed and their metadata read once, for the provenance and the rows
+                for b in export_batches(driver.Nodes(nodes), everything, vhosts=vhosts, queues=queues,
+                                        progress=progress, render=jsonl_lines if sink is None else None, **options):
                     if sink is not None:
+                        more, n_expired = sources(b), expired_rows(b)
                         sink.write(b)
-                    else:
-                        fh.write("".join(_jsonl_line(row) + "\n" for row in b.to_pylist()))
+                    else:  # JSON lines made by every process
+                        more, n_expired = b.sources, b.expired
+                        fh.write(b.text)
+                    for k, n in more.items():
+                        counts[k] = counts.get(k, 0) + n
+                    expired += n_expired
             fh.flush()
             os.fsync(fh.fileno())
         if fmt == "jsonl":  # the sidecar: written once the export is complete

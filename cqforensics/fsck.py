@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cqforensics import exitcodes, layout, provenance
+from cqforensics import exitcodes, layout, parallel, provenance
 from cqforensics.errors import display
 from cqforensics.model.options import make_options, parse_as_of
 from cqforensics.checks import QueueVerdict, check_vhost, node_level_findings
@@ -138,7 +138,8 @@ def fsck(paths, broker_version: str | None = None, as_of=None, deep: bool = Fals
     given = as_of_ms is not None
     if as_of_ms is None:  # judged at one instant, the one the provenance records
         as_of_ms = provenance.now_ms()
-    options = make_options(broker_version, as_of_ms, bodies=False, decode=False, assume_dirty=assume_dirty)
+    options = make_options(broker_version, as_of_ms, bodies=False, decode=False, assume_dirty=assume_dirty,
+                           jobs=jobs)
     report = Report(as_of_ms=as_of_ms, as_of_given=given)
     nodes = layout.discover(paths)
     work = (bool(broker_version), deep, vhosts, queues)
@@ -146,7 +147,7 @@ def fsck(paths, broker_version: str | None = None, as_of=None, deep: bool = Fals
         if vhosts is not None or queues is not None:
             check_names([NodeScan(n, options) for n in nodes], vhosts, queues)
         results = _parallel(nodes, options, work, jobs, progress)
-    else:
+    else:  # one node: its vhosts, and the listing of a big one, are checked by ``jobs`` processes
         scans = [NodeScan(n, options) for n in nodes]
         check_names(scans, vhosts, queues)
         progress = Progress.of(progress)
@@ -160,7 +161,7 @@ def fsck(paths, broker_version: str | None = None, as_of=None, deep: bool = Fals
             report.findings.append(f)
             yield f
     report.provenance = provenance.record("fsck", paths, ", ".join(sorted({n.broker_version for n in report.nodes}))
-                                          or broker_version, as_of_ms)
+                                          or broker_version, as_of_ms, jobs=jobs)
     yield report
 
 
@@ -185,14 +186,14 @@ def _check_node(node, options, work, progress=None) -> tuple[NodeVerdict, list[Q
         ns.node_level_vhost = scans[0].vhost.dir_name
     else:
         all_findings += sorted((f.scoped(node=node.node) for f in node_level_findings(ns)), key=_order)
-    if progress is not None:
+    if progress is not None and ns.options.jobs < 2:  # within a vhost; never drawn by a worker
         progress.attach(ns)
+    checked = _checked_vhosts(ns, scans, deep)
     for vs in scans:
         if progress is not None:
             progress.vhost(ns, vs, "fsck" if progress.passes > 1 else "")
-        nv.vhost_recovery[vs.vhost.label] = vs.recovery
-        verdicts, findings = check_vhost(vs, deep)
-        vs.close()
+        _, recovery, verdicts, findings = next(checked)
+        nv.vhost_recovery[vs.vhost.label] = recovery
         if queues is not None:
             verdicts = [v for v in verdicts if v.queue in queues]
             findings = [f for f in findings if f.queue is None or f.queue in queues]
@@ -203,6 +204,36 @@ def _check_node(node, options, work, progress=None) -> tuple[NodeVerdict, list[Q
     return nv, all_verdicts, all_findings
 
 
+def _checked_vhosts(ns: NodeScan, scans: list, deep: bool):
+    """``(scan, recovery mode, verdicts, findings)`` of each vhost, in order: with ``jobs`` > 1,
+    runs of small vhosts checked one a process, a big one by all of them (``check_vhost``
+    splits its listing); each scan closed once checked."""
+    jobs = ns.options.jobs
+    if jobs > 1:
+        ns.model, ns.boot_hangs, ns.durable_dirs, ns.lost_queues  # node-wide facts: made once, before any fork
+    i = 0
+    while i < len(scans):
+        j = i
+        while jobs > 1 and j < len(scans) and scans[j].listing_bytes() < SMALL_VHOST:
+            j += 1
+        if j - i > 1:
+            def one(vs):
+                try:
+                    yield (vs.recovery, *check_vhost(vs, deep))
+                finally:
+                    vs.close()
+            for vs, result in zip(scans[i:j], parallel.ordered(scans[i:j], one, jobs)):
+                yield (vs, *result)
+            i = j
+            continue
+        vs = scans[i]
+        try:
+            yield (vs, vs.recovery, *check_vhost(vs, deep))
+        finally:
+            vs.close()
+        i += 1
+
+
 def _each_node(scans: list[NodeScan], options, work, progress):
     """``_check_node`` of each node in turn, letting go of each node's scan once it is checked."""
     for k in range(len(scans)):
@@ -210,20 +241,24 @@ def _each_node(scans: list[NodeScan], options, work, progress):
         yield _check_node(ns, options, work, progress)
 
 
-def _parallel(nodes, options, work, jobs: int, progress):
-    """``_check_node`` of each node in a pool of ``jobs`` forked processes, results in node order;
-    progress counts nodes done (and their bytes)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+#: vhosts with fewer bytes of index and store are checked one a process (a bigger one by all)
+SMALL_VHOST = 32 << 20
 
+
+def _parallel(nodes, options, work, jobs: int, progress):
+    """``_check_node`` of each node by ``jobs`` processes (``cqforensics.parallel``), results in
+    node order; progress counts nodes done (and their bytes)."""
     sizes = [layout.tree_bytes(n.path / "msg_stores") for n in nodes] if progress else [0] * len(nodes)
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-        futures = [pool.submit(_check_node, node, options, work) for node in nodes]
-        for k, fut in enumerate(futures):
-            if progress:
-                progress(f"node {k + 1} of {len(nodes)}: {display(nodes[k].node)} ({jobs} at once)", sum(sizes[:k]),
+    one = make_options(options.broker_version, options.as_of_ms, bodies=False, decode=False,
+                       assume_dirty=options.assume_dirty)  # a node a process: each checked in one
+
+    def check(node):
+        yield _check_node(node, one, work)
+    for k, result in enumerate(parallel.ordered(nodes, check, jobs)):
+        if progress:
+            progress(f"node {k + 1} of {len(nodes)}: {display(nodes[k].node)} ({jobs} at once)", sum(sizes[:k + 1]),
                      sum(sizes))
-            yield fut.result()
+        yield result
 
 
 def _order(f: Finding):

@@ -36,6 +36,16 @@ class FileProblem:
     offset: int | None = None
 
 
+class Problems(list):
+    """A vhost dir's problems, in the order found, remembering the paths already reported as
+    not regular files (each is reported once, however often it is met: a check against the
+    whole list each time would cost per problem as many steps as there are problems)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.not_regular: set[Path] = {p.path for p in self if p.code == "not-regular-file"}
+
+
 @dataclass
 class StoreDir:
     """One shared message store (``msg_store_persistent`` or ``msg_store_transient``)."""
@@ -69,6 +79,7 @@ class QueueDir:
     priority: int | None = None
     name_source: str | None = None  # ".queue_name", "metadata" or None
     index_hint: str | None = None  # "v2" when .queue_name says so
+    stub: bytes | None = field(default=None, repr=False)  # the .queue_name's bytes, as read (up to 1 MiB)
     qi: list[tuple[int, Path]] = field(default_factory=list)
     qs: dict[int, Path] = field(default_factory=dict)
     idx: list[tuple[int, Path]] = field(default_factory=list)
@@ -101,7 +112,7 @@ class VhostDir:
     segment_entry_count: int = LEGACY_SEGMENT_ENTRY_COUNT  # CQv1 only (VH read_config)
     stores: dict[str, StoreDir] = field(default_factory=dict)
     queues: list[QueueDir] = field(default_factory=list)
-    problems: list[FileProblem] = field(default_factory=list)
+    problems: list[FileProblem] = field(default_factory=lambda: Problems())
     others: list[Path] = field(default_factory=list)
 
     @property
@@ -189,12 +200,12 @@ class NodeDir:
 NAME_FILE_LIMIT = 1 << 20
 
 
-def read_name_file(path: Path, problems: list[FileProblem], what: str) -> bytes | None:
+def read_name_file(path: Path, problems: list[FileProblem], what: str, listed: bool = False) -> bytes | None:
     """The bytes of a name file (``what``: ``.vhost`` or ``.queue_name``), the one reading of it
     every layer uses; None when absent, not a regular file, or longer than ``NAME_FILE_LIMIT``
     (then a ``missing-queue-name`` problem: what it holds is no name, the start of it is not one
-    either)."""
-    raw = _read_small(path, problems, NAME_FILE_LIMIT + 1)
+    either). ``listed``: a listing just showed it as a regular file, not a symlink."""
+    raw = _read_small(path, problems, NAME_FILE_LIMIT + 1, listed=listed)
     if raw is not None and len(raw) > NAME_FILE_LIMIT:
         problems.append(FileProblem("missing-queue-name", path, f"{what} holds more than {NAME_FILE_LIMIT} bytes: "
                                     "longer than any name the broker writes there (damaged); no name is read from it",
@@ -203,22 +214,38 @@ def read_name_file(path: Path, problems: list[FileProblem], what: str) -> bytes 
     return raw
 
 
-def _read_small(path: Path, problems: list[FileProblem], limit: int = 1 << 20) -> bytes | None:
-    """The first ``limit`` bytes of a small text file; None when absent or not a regular file
-    (a FIFO would block ``open()`` forever: it becomes a ``not-regular-file`` problem, unread)."""
+def _plain_file(e: os.DirEntry) -> bool:
+    """A regular file that is no symlink, as the listing tells."""
     try:
-        return r_files.read_optional(path, limit)
+        return e.is_file(follow_symlinks=False)
+    except OSError:
+        return False
+
+
+def _read_small(path: Path, problems: list[FileProblem], limit: int = 1 << 20, listed: bool = False) -> bytes | None:
+    """The first ``limit`` bytes of a small text file; None when absent or not a regular file
+    (a FIFO would block ``open()`` forever: it becomes a ``not-regular-file`` problem, unread).
+    ``listed``: a listing just showed it as a regular file, not a symlink."""
+    try:
+        return r_files.read_optional(path, limit, listed=listed)
     except r_files.NotRegularFile as e:
         _not_regular(problems, path, e.message)
         return None
 
 
+def _not_regular_paths(problems: list[FileProblem]) -> set[Path]:
+    return problems.not_regular if isinstance(problems, Problems) else \
+        {p.path for p in problems if p.code == "not-regular-file"}
+
+
 def _not_regular(problems: list[FileProblem], path: Path, message: str) -> None:
-    if not any(p.code == "not-regular-file" and p.path == path for p in problems):  # once per file
+    seen = _not_regular_paths(problems)
+    if path not in seen:  # once per file
+        seen.add(path)
         problems.append(FileProblem("not-regular-file", path, message))
 
 
-def _listdir(path: Path) -> list[os.DirEntry]:
+def _listdir(path: Path | str) -> list[os.DirEntry]:
     try:
         with os.scandir(path) as it:
             return sorted(it, key=lambda e: e.name)
@@ -235,12 +262,36 @@ def _is_dir(e: os.DirEntry) -> bool:
         return False
 
 
+_CHILD = getattr(Path, "_make_child_relpath", None)
+
+
+def _child(parent: Path, name: str) -> Path:
+    """``parent / name`` for a name just listed in ``parent`` (one component): pathlib's own
+    shortcut for the children it lists, where there is one (parsing a whole path again costs
+    more than the rest of what a queue dir's listing does)."""
+    return _CHILD(parent, name) if _CHILD is not None else parent / name
+
+
+def _is_file(e: os.DirEntry) -> bool:
+    """A regular file (symlinks followed), as the listing tells."""
+    try:
+        return e.is_file()
+    except OSError:
+        return False
+
+
 def _special(entries, problems: list[FileProblem]) -> list[os.DirEntry]:
     """``entries`` without those that are neither a dir nor a regular file (FIFOs, sockets,
     devices, dangling or looping symlinks), each reported as a ``not-regular-file`` problem:
     nothing ever opens them."""
     keep = []
     for e in entries:
+        try:
+            if e.is_dir() or e.is_file():  # told by the listing itself (a stat only for a symlink)
+                keep.append(e)
+                continue
+        except OSError:
+            pass
         try:
             what = None if _is_dir(e) else r_files.file_type(e.path)
         except OSError as err:
@@ -254,11 +305,10 @@ def _special(entries, problems: list[FileProblem]) -> list[os.DirEntry]:
 
 def _numbered(entries, where: str) -> dict[str, list[tuple[int, Path]]]:
     """The numbered data files (``<N>.<ext>``) the registry places at ``where``, per kind."""
-    out: dict[str, list[tuple[int, Path]]] = {r.kind: [] for r in registry.READERS.values()
-                                              if r.where == where and r.numbered}
+    out: dict[str, list[tuple[int, Path]]] = {kind: [] for kind in registry.numbered_kinds(where)}
     for e in entries:
         hit = registry.numbered(e.name, where)
-        if hit is not None and r_files.is_regular(e.path):
+        if hit is not None and _is_file(e):
             out[hit[0]].append((hit[1], Path(e.path)))
     for v in out.values():
         v.sort()
@@ -266,37 +316,48 @@ def _numbered(entries, where: str) -> dict[str, list[tuple[int, Path]]]:
 
 
 def read_queue_dir(path: Path, vhost_raw: bytes | None, problems: list[FileProblem]) -> QueueDir:
-    q = QueueDir(path=path, dir_name=path.name)
-    entries = _special(_listdir(path), problems)
-    q.numbered = files = _numbered(entries, "queue")
+    where = os.fspath(path)
+    q = QueueDir(path=path, dir_name=os.path.basename(where))
+    q.numbered = files = {kind: [] for kind in registry.numbered_kinds("queue")}
+    listed = None  # the .queue_name the listing shows
+    for e in _special(_listdir(where), problems):
+        hit = registry.placed(e.name, "queue")
+        kind = hit[0] if hit is not None else None
+        if kind == "queue_name":
+            listed = e
+        elif kind == "jif":
+            q.journal = _child(path, e.name)
+        elif hit is not None and hit[1] is not None and _is_file(e):
+            files[kind].append((hit[1], _child(path, e.name)))
+        else:
+            q.others.append(_child(path, e.name))
+    for v in files.values():
+        v.sort()
     q.qi, q.idx = files["qi"], files["idx"]
     q.qs = dict(files["qs"])
-    known = {p for v in files.values() for _, p in v}
-    for e in entries:
-        p = Path(e.path)
-        kind = registry.kind_of(e.name, "queue")
-        if kind == "jif":
-            q.journal = p
-        elif kind != "queue_name" and p not in known:
-            q.others.append(p)
-    raw = read_name_file(path / ".queue_name", problems, ".queue_name")
-    if raw is None and not any(p.path == path / ".queue_name" for p in problems):
-        problems.append(FileProblem("missing-queue-name", path / ".queue_name", "queue dir has no .queue_name"))
+    stub = _child(path, ".queue_name")
+    # the listing tells whether there is one to read: a regular file (not a link) is opened
+    # without a stat first (its open and fstat still check it), an absent one is not asked for
+    before = len(problems)
+    raw = None if listed is None and stub not in _not_regular_paths(problems) else \
+        read_name_file(stub, problems, ".queue_name", listed=listed is not None and _plain_file(listed))
+    if raw is None and len(problems) == before and stub not in _not_regular_paths(problems):
+        problems.append(FileProblem("missing-queue-name", stub, "queue dir has no .queue_name"))
         return q
     if raw is None:
         return q
+    q.stub = raw
     try:
         qn = textfiles.parse_queue_name(raw, vhost_raw)
     except FormatError as e:
-        problems.append(FileProblem("missing-queue-name", path / ".queue_name",
-                                    f"unreadable .queue_name: {e.message}", e.offset))
+        problems.append(FileProblem("missing-queue-name", stub, f"unreadable .queue_name: {e.message}", e.offset))
         return q
     q.index_hint = qn.index
     if vhost_raw is not None and qn.vhost != vhost_raw:
-        problems.append(FileProblem("queue-dir-mismatch", path / ".queue_name",
+        problems.append(FileProblem("queue-dir-mismatch", stub,
                                     f".queue_name names vhost {qn.vhost!r}, the dir is in {vhost_raw!r}"))
     expected = textfiles.queue_dir_name(vhost_raw if vhost_raw is not None else qn.vhost, qn.name)
-    if expected != path.name:
+    if expected != q.dir_name:
         problems.append(FileProblem("queue-dir-mismatch", path,
                                     f".queue_name says {qn.name!r}, whose dir would be {expected}"))
         return q
@@ -345,12 +406,25 @@ def read_vhost_dir(path: Path) -> VhostDir:
         elif e.name == "queues" and _is_dir(e):
             for qe in _special(_listdir(p), v.problems):
                 if _is_dir(qe):
-                    v.queues.append(read_queue_dir(Path(qe.path), v.name_raw, v.problems))
+                    v.queues.append(read_queue_dir(_child(p, qe.name), v.name_raw, v.problems))
                 else:
                     v.others.append(Path(qe.path))
         elif registry.kind_of(e.name, "vhost") is None:
             v.others.append(p)
     return v
+
+
+def list_node_dir(path: Path) -> NodeDir:
+    """A node dir's vhost and queue dirs by their dir names only, nothing read: what a writer
+    asks of the dirs it has just written."""
+    node = NodeDir(path=path, node=path.name)
+    for e in _listdir(path / "msg_stores" / "vhosts"):
+        if _is_dir(e):
+            v = VhostDir(path=Path(e.path), dir_name=e.name)
+            queues = _child(v.path, "queues")
+            v.queues = [QueueDir(path=_child(queues, q.name), dir_name=q.name) for q in _listdir(queues) if _is_dir(q)]
+            node.vhosts.append(v)
+    return node
 
 
 def read_node_dir(path: Path, label: str | None = None) -> NodeDir:

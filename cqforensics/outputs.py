@@ -469,14 +469,50 @@ def staged_file(target: Path, mode: str = "wb", *, replace: bool = False, comman
 # -- output dirs ---------------------------------------------------------------------------------------
 
 
-def fsync_tree(root: Path) -> None:
-    """Make the dir entries durable (files are fsynced as they are closed)."""
-    for dirpath, _, _ in os.walk(root, topdown=False):
+def sync_tree(root: Path) -> None:
+    """Make everything written under ``root`` durable, files and dir entries: one ``syncfs`` of
+    its file system where there is one (Linux), else an fsync of every file and dir. The
+    writers do not fsync file by file: a node of 20,000 queue dirs is 40,000 files and dirs,
+    each fsync a journal commit of its own."""
+    if _syncfs(root):
+        return
+    for dirpath, _, names in os.walk(root, topdown=False):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            if os.path.islink(path) or not stat.S_ISREG(os.lstat(path).st_mode):
+                continue
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         fd = os.open(dirpath, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _syncfs(root: Path) -> bool:
+    """syncfs(2) of the file system holding ``root``; False where there is none."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        syncfs = libc.syncfs
+    except (OSError, AttributeError):
+        return False
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        if syncfs(fd) == 0:
+            return True
+        err = ctypes.get_errno()
+    finally:
+        os.close(fd)
+    if err in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP
+        return False
+    raise OperationalError(f"{display(root)}: cannot make the output durable: {os.strerror(err)}")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -530,7 +566,7 @@ class Staging:
         if self.dry_run:
             return
         write_manifest(self.path, self.command, broker_version=self.broker_version, inputs=self.inputs)
-        fsync_tree(self.path)
+        sync_tree(self.path)  # files and dirs: the writers do not fsync file by file
         dst = self.dst
         # every read is done: DST is checked again, to the byte, before it is replaced
         check_output(dst, self.inputs, directory=True, force=self.replace)
@@ -572,6 +608,6 @@ class Staging:
                 shutil.rmtree(self.path, ignore_errors=True)
 
 
-__all__ = ["MANIFEST", "PARTIAL", "Staging", "broker_marks", "check_output", "fsync_tree", "manifest_of", "not_own",
+__all__ = ["MANIFEST", "PARTIAL", "Staging", "broker_marks", "check_output", "manifest_of", "not_own",
            "partial_name", "partials", "process_gone", "remove_stale_partials", "sidecar", "signals_held",
-           "staged_file", "write_manifest"]
+           "staged_file", "sync_tree", "write_manifest"]

@@ -194,7 +194,8 @@ class Node:
 TABLES = ("files", "store", "holes", "queues", "messages")
 
 
-def gather(paths, broker_version=None, as_of=None, vhosts=None, progress=None) -> tuple[list[Node], dict]:
+def gather(paths, broker_version=None, as_of=None, vhosts=None, progress=None,
+           jobs: int = 1) -> tuple[list[Node], dict]:
     """Everything the page shows, read once per table (as_of pinned, so every table and fsck
     judge TTLs at the same instant). ``progress``: a display ``(text, done, total)``."""
     from cqforensics.driver import Progress
@@ -206,7 +207,7 @@ def gather(paths, broker_version=None, as_of=None, vhosts=None, progress=None) -
             **({"vhosts": vhosts} if vhosts else {})}
     if progress is not None:
         opts["progress"] = Progress.of(progress, passes=1 + len(TABLES))
-    report = fsck_mod.run(paths, **{k: v for k, v in opts.items()})
+    report = fsck_mod.run(paths, jobs=jobs, **{k: v for k, v in opts.items()})
     report.as_of_given = given
     nodes = {display(n.node): Node(n) for n in report.nodes}
 
@@ -230,7 +231,7 @@ def gather(paths, broker_version=None, as_of=None, vhosts=None, progress=None) -
             row.bounds = (q.predicted_min, q.predicted_max)
 
     def batches(table, columns):
-        for b in api.iter_batches(paths, table, columns=columns, **opts):  # progress: one pass each
+        for b in api.iter_batches(paths, table, columns=columns, jobs=jobs, **opts):  # progress: one pass each
             d = b.to_pydict()
             yield from zip(*(d[c] for c in columns))
 
@@ -544,13 +545,14 @@ def _ttls(meta: dict) -> str:
             + (' (<code>--as-of TIME</code> judges them at another time, e.g. when the node stopped)' if n else ""))
 
 
-def render(paths, broker_version: str | None = None, as_of=None, vhosts=None, progress=None) -> str:
+def render(paths, broker_version: str | None = None, as_of=None, vhosts=None, progress=None, jobs: int = 1) -> str:
     """The report of every node dir under ``paths``, as one self-contained HTML page.
-    ``progress``: a display ``(text, done, total)``."""
+    ``progress``: a display ``(text, done, total)``; ``jobs``: processes reading at once (the
+    same page)."""
     from cqforensics import __version__
     from cqforensics.model.options import parse_as_of
 
-    nodes, meta = gather(paths, broker_version, parse_as_of(as_of, "as_of"), vhosts, progress)
+    nodes, meta = gather(paths, broker_version, parse_as_of(as_of, "as_of"), vhosts, progress, jobs)
     shown = [paths] if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__") else list(paths)
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     s = meta["summary"]

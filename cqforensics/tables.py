@@ -940,5 +940,8 @@ def _no_rows(vs: VhostScan) -> Iterator[pa.RecordBatch]:
 
 
 BUILDERS["stream_tracking"] = _no_rows
+#: tables whose rows a read with jobs > 1 may split by ranges of the listing, then the rows that
+#: come once per vhost after them: (the ranges' builder, the vhost's last rows)
+SPLIT_WITH_TAIL = {"messages": (BUILDERS["messages"], stream_messages_batches)}
 BUILDERS = {name: with_streams(name, build) if name in ("messages", "queues", "stream_tracking")
             else build for name, build in BUILDERS.items()}

@@ -7,6 +7,7 @@ Sources: VH = rabbit_vhost.erl (.vhost, .config), IDX2/QI1 (.queue_name), RF = r
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -15,22 +16,28 @@ from cqforensics.errors import FormatError
 from cqforensics.etf import Atom
 
 
+_DIGITS36 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_PAIRS36 = [a + b for a in _DIGITS36 for b in _DIGITS36]  # two digits per step: every dir name is one
+
+
 def b36(data: bytes) -> str:
     """Upper-case base 36 of a big-endian integer, as ``~.36B`` formats it."""
     n = int.from_bytes(data, "big")
-    digits = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-    out = ""
+    out = []
     while n:
-        n, r = divmod(n, 36)
-        out = digits[r] + out
-    return out or "0"
+        n, r = divmod(n, 1296)
+        out.append(_PAIRS36[r])
+    text = "".join(reversed(out)).lstrip("0")
+    return text or "0"
 
 
+@functools.lru_cache(maxsize=4096)  # asked for each queue of the metadata: a node has few vhosts
 def vhost_dir_name(vhost: bytes) -> str:
     """VH vhost_name_to_dir_name: base 36 of md5(vhost)."""
     return b36(hashlib.md5(vhost).digest())
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a queue's dir is named from its .queue_name and from the metadata
 def queue_dir_name(vhost: bytes, name: bytes) -> str:
     """IDX2 queue_name_to_dir_name: base 36 of md5("queue" ++ vhost ++ name)."""
     return b36(hashlib.md5(b"queue" + vhost + name).digest())

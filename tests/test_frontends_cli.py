@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import cqforensics
+from cli import main as cli_main
 from cli.main import main
 from conftest import ROOT, SAMPLES, copy_node
 
@@ -43,10 +44,11 @@ def _two_batches(seen: list, capsys, fmt_check):
     a check of what was written by then, then a second batch."""
     real = cqforensics.read_table(KILL, "messages", columns=["vhost", "queue", "seq_id"]).combine_chunks()
 
-    def fake(paths, table="messages", columns=None, **kw):
-        yield real.slice(0, 3).to_batches()[0]
+    def fake(paths, table="messages", columns=None, render=None, **kw):
+        done = render or (lambda b: b)  # what the real one yields: the batches, or what render made of them
+        yield done(real.slice(0, 3).to_batches()[0])
         seen.append(fmt_check(capsys.readouterr().out))  # what reached stdout before batch 2 was read
-        yield real.slice(3, 2).to_batches()[0]
+        yield done(real.slice(3, 2).to_batches()[0])
         seen.append("read past the limit")
 
     return fake
@@ -56,6 +58,9 @@ def _two_batches(seen: list, capsys, fmt_check):
 def test_read_prints_rows_as_batches_arrive(capsys, monkeypatch, fmt):
     seen = []
     monkeypatch.setattr(cqforensics, "iter_batches", _two_batches(seen, capsys, lambda out: out.count("\n")))
+    # a text table is laid out a group of rows at a time (the same text however the rows were
+    # batched: read -j N): here a group of 3
+    monkeypatch.setattr(cli_main, "TEXT_GROUP", 3)
     code, out, _ = run(capsys, "read", KILL, "--format", fmt, "--columns", "vhost,queue,seq_id")
     assert code == 0
     header = 1 if fmt == "table" else 0
@@ -96,8 +101,9 @@ def test_read_parquet_honours_limit_and_writes_few_row_groups(capsys, tmp_path):
 def test_read_is_interrupted_without_leaving_a_partial_file(capsys, monkeypatch, tmp_path):
     real = cqforensics.read_table(KILL, "messages", columns=["vhost", "queue"])
 
-    def interrupted(*a, **k):
-        yield real.to_batches()[0]
+    def interrupted(*a, render=None, **k):
+        b = real.to_batches()[0]
+        yield render(b) if render else b
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cqforensics, "iter_batches", interrupted)

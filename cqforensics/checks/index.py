@@ -121,6 +121,30 @@ class ChunkCheck:
         if head:
             c.first_found = min(int(at[found[0]]), c.first_found if c.first_found is not None else 1 << 62)
 
+    def state(self) -> tuple:
+        """What was gathered, to be ``absorb``ed by the same check of another process."""
+        return self.chunks, self.first_segment
+
+    def absorb(self, state: tuple, queue_dirs: list[QueueDir]) -> None:
+        """Gather what another instance gathered (``state``: its chunks, keyed by (queue dir
+        position, chunk position), each in ``queue_dirs``), as if fed those chunks here."""
+        chunks, first_segment = state
+        self.first_segment.update(first_segment)
+        for key, c in chunks.items():
+            c.qdir = queue_dirs[key[0]]  # this process's own (another's came as a copy)
+            mine = self.chunks.get(key)
+            if mine is None:
+                self.chunks[key] = c
+                continue
+            mine.bad_qs += c.bad_qs
+            mine.missing += c.missing
+            mine.transient += c.transient
+            if c.transient_ends is not None:
+                ends = list(c.transient_ends) + (list(mine.transient_ends) if mine.transient_ends is not None else [])
+                mine.transient_ends = (min(ends), max(ends))
+            if c.first_found is not None:
+                mine.first_found = min(c.first_found, mine.first_found if mine.first_found is not None else 1 << 62)
+
     def findings(self, vs: VhostScan, store_intact: bool) -> list[Finding]:
         """Every chunk's findings, placed in its queue and priority level. ``store_intact``: the
         vhost's persistent store exists and shows no damage (no garbage, no torn entry)."""

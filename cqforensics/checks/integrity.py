@@ -81,6 +81,18 @@ class QueueIntegrity:
     def findings(self) -> list[Finding]:
         return self.out + self._duplicates()
 
+    def state(self) -> tuple:
+        """What was gathered, to be ``absorb``ed by the same check of another process."""
+        return self.files, self.parts, self.out
+
+    def absorb(self, state: tuple) -> None:
+        """Gather what another instance gathered next (``state``), as if fed its chunks here."""
+        files, parts, out = state
+        base = len(self.files)
+        self.files += files
+        self.parts += [(ids, seq, fpos + base, offset, version) for ids, seq, fpos, offset, version in parts]
+        self.out += out
+
     def _duplicates(self) -> list[Finding]:
         """The same message id at two seq ids of the queue, in two files (v2) or anywhere (v1)."""
         if not self.parts:
@@ -150,6 +162,17 @@ class CopyCheck:
         prefix = np.ascontiguousarray(r.msg_id[sel]).view(np.uint8).reshape(-1, 16)[:, :8].copy().view(np.uint64)
         self.parts.append((prefix.ravel(), crc, np.array([index[p] for p in paths], np.int32),
                            r.store_offset[sel].astype(np.int64), r.offset[sel].astype(np.int64)))
+
+    def state(self) -> tuple:
+        """What was gathered, to be ``absorb``ed by the same check of another process."""
+        return self.files, self.parts
+
+    def absorb(self, state: tuple) -> None:
+        """Gather what another instance gathered next (``state``), as if fed its chunks here."""
+        files, parts = state
+        base = len(self.files)
+        self.files += files
+        self.parts += [(ids, crc, fpos + base, store_offset, offset) for ids, crc, fpos, store_offset, offset in parts]
 
     def findings(self) -> list[Finding]:
         if not self.parts:

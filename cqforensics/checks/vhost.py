@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from cqforensics import parallel
 from cqforensics.codes import Fate
 from cqforensics.errors import display
 from cqforensics.findings import Finding
@@ -76,32 +77,23 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
         if first:
             findings += vhost_dir_findings(sub)
         copies = CopyCheck(sub)
-        for qi, q in enumerate(sub.all_queue_dirs):
-            n_dir, per_dir = held.get(q.dir_name, (0, {}))
-            integrity = QueueIntegrity(sub, first)
-            for ci, qx in enumerate(sub.index_of(q, in_share=False)):
-                if first:
-                    findings += [f.scoped(queue=q.name, priority=q.priority) for f in reader_findings(sub, qx)]
-                    index_findings += qx.findings
-                integrity.add(qx)
-                copies.add(qx)
-                rows = sub.chunk_rows(qx)  # the pass's share of the live entries (None: all)
-                at = np.arange(len(qx.live)) if rows is None else np.flatnonzero(rows[qx.live])
-                qx.live = qx.live[at]
-                res = sub.resolve(qx)
-                lo, hi = recovery.delivery_bounds(sub, qx, res)
+        integrity: dict[int, QueueIntegrity] = {}  # per queue dir position, until its last chunk is in
+        for part in _listing_checks(sub, first, deep):
+            copies.absorb(part.copies)
+            chunks.absorb(part.chunks, sub.all_queue_dirs)
+            index_findings += part.index_findings
+            for qi, found, state, n, drops, last, lo, hi in part.queues:
+                q = sub.all_queue_dirs[qi]
+                findings += found
                 b = bounds.setdefault(q.dir_name, [0, 0])
-                b[0], b[1] = b[0] + int(lo.sum()), b[1] + int(hi.sum())
-                chunks.add(sub, (qi, ci), qx, res, at)
-                n_dir += len(qx.live)
-                for code, count in zip(*np.unique(res.fate, return_counts=True)):
-                    name = Fate(code).reason
-                    if name is not None:
-                        per_dir[name] = per_dir.get(name, 0) + int(count)
-                if deep:
-                    findings += decode_checks(sub, qx, res)
-            held[q.dir_name] = (n_dir, per_dir)
-            findings += [f.scoped(queue=q.name, priority=q.priority) for f in integrity.findings()]
+                b[0], b[1] = b[0] + lo, b[1] + hi
+                integrity.setdefault(qi, QueueIntegrity(sub, first)).absorb(state)
+                n_dir, per_dir = held.get(q.dir_name, (0, {}))
+                for k, c in drops.items():
+                    per_dir[k] = per_dir.get(k, 0) + c
+                held[q.dir_name] = (n_dir + n, per_dir)
+                if last:
+                    findings += [f.scoped(queue=q.name, priority=q.priority) for f in integrity.pop(qi).findings()]
         findings += copies.findings()
         stores.add(sub, first)
         orphans.add(sub)
@@ -143,6 +135,87 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
     if vs.node.carries_node_findings(vs):  # the node's own files: once per node, with its first vhost read
         scoped += [f.scoped(node=node) for f in node_level_findings(vs.node)]
     return list(verdicts.values()), scoped
+
+
+@dataclass
+class _Checked:
+    """What the checks of a range of one pass's listing found: per queue dir met, in listing
+    order, ``(position, findings, QueueIntegrity state, messages held, drops by reason, whether
+    its last chunk was in the range)``, the ``CopyCheck`` and ``ChunkCheck`` states, and (first
+    pass) the readers' findings of its indexes."""
+
+    queues: list[tuple] = field(default_factory=list)
+    index_findings: list[Finding] = field(default_factory=list)
+    copies: tuple = ((), ())
+    chunks: tuple = ({}, {})
+
+
+#: a pass whose listing holds fewer bytes of index and queue stores is checked in one process
+SPLIT_BYTES = 16 << 20
+#: ranges per process a big pass's listing is cut into
+PARTS_PER_JOB = 4
+
+
+def _listing_checks(sub: VhostScan, first: bool, deep: bool):
+    """The checks of every index chunk of the pass, as ``_Checked`` ranges in listing order: one
+    (the whole listing) in this process, or, with ``options.jobs`` > 1 and a big listing, ranges
+    checked by that many processes (``cqforensics.parallel``), forked once this pass's facts
+    are made here: the same findings, in the same order."""
+    jobs = sub.options.jobs
+    if jobs < 2 or sub.listing_bytes() < SPLIT_BYTES:
+        yield _check_range(sub, None, first, deep)
+        return
+    sub.prepare()
+    facts = sub.vhost_facts()
+    ranges = sub.ranges(jobs * PARTS_PER_JOB)
+
+    def check(only: dict):
+        scan = VhostScan(sub.node, sub.vhost, only, facts, sub.share)
+        try:
+            yield _check_range(scan, only, first, deep)
+        finally:
+            scan.close()
+    yield from parallel.ordered(ranges, check, jobs)
+
+
+def _check_range(sub: VhostScan, only: dict | None, first: bool, deep: bool) -> _Checked:
+    """The checks of the index chunks of the queue dirs (and segments) ``only`` names (None:
+    all) of ``sub``'s listing, with accumulators of their own (merged in order by the caller)."""
+    out = _Checked()
+    chunks, copies = ChunkCheck(), CopyCheck(sub)
+    for qi, q in enumerate(sub.all_queue_dirs):
+        if only is not None and q.dir_name not in only:
+            continue
+        segments = only.get(q.dir_name) if only is not None else None
+        last = segments is None or not q.qi or q.qi[-1][0] in segments
+        position = {number: k for k, (number, _) in enumerate(q.qi)}
+        integrity = QueueIntegrity(sub, first)
+        found: list[Finding] = []
+        n_dir, per_dir, lo_dir, hi_dir = 0, {}, 0, 0
+        for qx in sub.index_of(q, in_share=False):
+            ci = position.get(qx.segment, 0) if qx.segment is not None else 0  # the chunk's place in its queue
+            if first:
+                found += [f.scoped(queue=q.name, priority=q.priority) for f in reader_findings(sub, qx)]
+                out.index_findings += qx.findings
+            integrity.add(qx)
+            copies.add(qx)
+            rows = sub.chunk_rows(qx)  # the pass's share of the live entries (None: all)
+            at = np.arange(len(qx.live)) if rows is None else np.flatnonzero(rows[qx.live])
+            qx.live = qx.live[at]
+            res = sub.resolve(qx)
+            lo, hi = recovery.delivery_bounds(sub, qx, res)
+            lo_dir, hi_dir = lo_dir + int(lo.sum()), hi_dir + int(hi.sum())
+            chunks.add(sub, (qi, ci), qx, res, at)
+            n_dir += len(qx.live)
+            for code, count in zip(*np.unique(res.fate, return_counts=True)):
+                name = Fate(code).reason
+                if name is not None:
+                    per_dir[name] = per_dir.get(name, 0) + int(count)
+            if deep:
+                found += decode_checks(sub, qx, res)
+        out.queues.append((qi, found, integrity.state(), n_dir, per_dir, last, lo_dir, hi_dir))
+    out.copies, out.chunks = copies.state(), chunks.state()
+    return out
 
 
 def node_level_findings(ns: NodeScan) -> list[Finding]:

@@ -38,6 +38,8 @@ class Options:
     assume_dirty: bool = False  # predict as if the clean-shutdown files were removed
     #: ``broker_version`` parsed once, by ``make_options`` (None: inferred from the data)
     broker_model: versions.BrokerModel | None = field(default=None, compare=False, repr=False)
+    #: processes a read may use (``cqforensics.parallel``): its output is the same whatever it is
+    jobs: int = field(default=1, compare=False)
 
     def now_ms(self) -> int:
         return self.as_of_ms if self.as_of_ms is not None else int(time.time() * 1000)
@@ -75,17 +77,21 @@ def parse_as_of(value, what: str = "as_of") -> int | None:
 
 
 def make_options(broker_version: str | None = None, as_of=None, bodies: bool = True, decode: bool = True,
-                 batch_rows: int = 8192, batch_bytes: int = 16 << 20, assume_dirty: bool = False) -> Options:
+                 batch_rows: int = 8192, batch_bytes: int = 16 << 20, assume_dirty: bool = False,
+                 jobs: int = 1) -> Options:
     """Options from keyword arguments, validated. ``as_of`` (see ``parse_as_of``) is the time TTLs
     are judged at for ``survives_restart`` (default: now); ``assume_dirty`` predicts the boot as
-    if the clean-shutdown files were removed (the broker then rebuilds and verifies)."""
+    if the clean-shutdown files were removed (the broker then rebuilds and verifies); ``jobs``
+    processes read at once (``cqforensics.parallel``; 1: this process only), the same output."""
     model = versions.model(broker_version) if broker_version is not None else None  # parsed once, here
     if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
         raise UsageError(f"batch_rows must be a positive integer, not {batch_rows!r}")
     if isinstance(batch_bytes, bool) or not isinstance(batch_bytes, int) or batch_bytes < 1:
         raise UsageError(f"batch_bytes must be a positive integer, not {batch_bytes!r}")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise UsageError(f"jobs must be a positive integer, not {jobs!r}")
     return Options(broker_version, parse_as_of(as_of), bool(bodies), bool(decode), batch_rows, batch_bytes,
-                   bool(assume_dirty), model)
+                   bool(assume_dirty), model, jobs)
 
 
 def narrowed(opts: Options, table: str, columns) -> Options:

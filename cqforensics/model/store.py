@@ -9,6 +9,7 @@ decided by ``model.recovery`` (``reachable`` and ``claims``), not here.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cqforensics import parallel
 from cqforensics.layout import StoreDir
 from cqforensics.model import recovery
 from cqforensics.model.index import ID
@@ -208,13 +210,16 @@ class StoreIndex:
 class Spill:
     """Records sorted out by share into one unlinked temporary file per share, so that a read in
     shares walks the indexes and the store once, and a pass loads only its share's records (in
-    the order they were added)."""
+    the order they were added). Written unbuffered and read by ``pread``: processes forked from
+    the one that wrote it (``cqforensics.parallel``) share its files, and a shared file offset
+    (or a buffer copied at the fork) would mix their reads."""
 
     def __init__(self, dtype: np.dtype, parts: int):
         import tempfile
 
         self.dtype, self.parts = np.dtype(dtype), parts
-        self.files = [tempfile.TemporaryFile(prefix="cqf-share-") for _ in range(parts)]
+        self.files = [tempfile.TemporaryFile(prefix="cqf-share-", buffering=0) for _ in range(parts)]
+        self.sizes = [0] * parts  # bytes written to each
 
     def add(self, records: np.ndarray, shares: np.ndarray) -> None:
         if not len(records):
@@ -223,25 +228,36 @@ class Spill:
         bounds = np.searchsorted(shares[order], np.arange(self.parts + 1))
         for k in range(self.parts):
             if bounds[k + 1] > bounds[k]:
-                self.files[k].write(records[order[bounds[k]:bounds[k + 1]]].tobytes())
+                data = memoryview(records[order[bounds[k]:bounds[k + 1]]].tobytes())
+                while data:
+                    n = os.pwrite(self.files[k].fileno(), data, self.sizes[k])
+                    self.sizes[k] += n
+                    data = data[n:]
 
     def __len__(self) -> int:
-        """Records in every share (seeking to the end flushes what is buffered)."""
-        return sum(f.seek(0, 2) for f in self.files) // self.dtype.itemsize
+        """Records in every share."""
+        return sum(self.sizes) // self.dtype.itemsize
+
+    def _read(self, k: int, start: int, n: int) -> bytes:
+        parts, fd = [], self.files[k].fileno()
+        while n > 0:
+            chunk = os.pread(fd, n, start)
+            if not chunk:
+                break
+            parts.append(chunk)
+            start += len(chunk)
+            n -= len(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def load(self, k: int) -> np.ndarray:
-        f = self.files[k]
-        f.seek(0)
-        return np.frombuffer(f.read(), self.dtype)
+        return np.frombuffer(self._read(k, 0, self.sizes[k]), self.dtype)
 
     def blocks(self, k: int, nbytes: int = 1 << 20) -> Iterator[np.ndarray]:
         """Share ``k``'s records in order, about ``nbytes`` at a time (``load`` without holding
         them all)."""
-        f = self.files[k]
-        f.seek(0)
         step = max(1, nbytes // self.dtype.itemsize) * self.dtype.itemsize
-        while block := f.read(step):
-            yield np.frombuffer(block, self.dtype)
+        for start in range(0, self.sizes[k], step):
+            yield np.frombuffer(self._read(k, start, min(step, self.sizes[k] - start)), self.dtype)
 
 
 ENTRY = np.dtype([("file", np.int32), ("offset", np.int64), ("total", np.int64), ("id", ID), ("reach", bool)])
@@ -258,21 +274,31 @@ class WalkedStore:
     bad: list[list[tuple[int, int, int, bytes]]]  # per share: (file pos, offset, total, id) of torn entries
 
 
-def walk_files(store: StoreDir, model: BrokerModel, referenced: r_rdq.Referenced | None):
+#: a store with fewer bytes is walked by one process whatever ``jobs`` says
+PARALLEL_WALK_BYTES = 64 << 20
+
+
+def walk_files(store: StoreDir, model: BrokerModel, referenced: r_rdq.Referenced | None, jobs: int = 1):
     """``(position, RdqFile, reached by the version's scan)`` of every file the next boot scans,
     in its order: each ``N.rdq``, followed (``model.appends_rdt``) by the ``N.rdt`` of an
-    interrupted combine, which that boot appends to it (rabbit_msg_store:recover_crashed_compactions)."""
+    interrupted combine, which that boot appends to it (rabbit_msg_store:recover_crashed_compactions).
+    ``jobs`` > 1: the files are walked by that many processes (``cqforensics.parallel``), in
+    the same order, when the store is big enough to gain from it."""
     walk = registry.reader("rdq").read
     rdt = dict(store.rdt) if model.appends_rdt else {}
-    fi = 0
+    files = []  # (number, path, appended to the file before it)
     for num, p in store.rdq:
-        f = walk(p, num, referenced=referenced)
-        yield fi, f, recovery.reachable(f, model)
-        fi += 1
+        files.append((num, p, False))
         if num in rdt:
-            g = walk(rdt[num], num, referenced=referenced)
-            yield fi, g, recovery.appended_reach(f, g, model)
-            fi += 1
+            files.append((num, rdt[num], True))
+    if jobs > 1 and sum(_size(p) for _, p, _ in files) >= PARALLEL_WALK_BYTES:
+        walked = parallel.ordered(files, lambda f: [walk(f[1], f[0], referenced=referenced)], jobs)
+    else:
+        walked = (walk(p, num, referenced=referenced) for num, p, _ in files)
+    prev = None
+    for fi, ((_, _, appended), f) in enumerate(zip(files, walked)):
+        yield fi, f, recovery.appended_reach(prev, f, model) if appended else recovery.reachable(f, model)
+        prev = f
 
 
 def walk_positions(files: list[r_rdq.RdqFile]) -> tuple[np.ndarray, np.ndarray]:
@@ -286,12 +312,13 @@ def walk_positions(files: list[r_rdq.RdqFile]) -> tuple[np.ndarray, np.ndarray]:
     return joined, base
 
 
-def walk_store(store: StoreDir, model: BrokerModel, referenced: r_rdq.Referenced | None, parts: int) -> WalkedStore:
+def walk_store(store: StoreDir, model: BrokerModel, referenced: r_rdq.Referenced | None, parts: int,
+               jobs: int = 1) -> WalkedStore:
     """Walk every file of the store once (trusting ``referenced``, see ``scan_store``) and sort
-    its entries out by share."""
+    its entries out by share (``jobs``: see ``walk_files``)."""
     referenced = _pinned(referenced, _recorded(store, Share(0, 1))[2])
     out = WalkedStore([], Spill(ENTRY, parts), [[] for _ in range(parts)])
-    for fi, f, reach in walk_files(store, model, referenced):
+    for fi, f, reach in walk_files(store, model, referenced, jobs):
         rec = np.empty(len(f), ENTRY)
         rec["file"], rec["offset"], rec["total"], rec["id"] = fi, f.offsets, f.totals, f.msg_ids
         rec["reach"] = reach
@@ -331,7 +358,8 @@ def _pinned(referenced: r_rdq.Referenced | None, pinned: list[bytes]) -> r_rdq.R
 
 
 def scan_store(store: StoreDir, model: BrokerModel, refs: "References | None" = None, share: Share | None = None,
-               referenced: r_rdq.Referenced | None = None, walked: WalkedStore | None = None) -> StoreIndex:
+               referenced: r_rdq.Referenced | None = None, walked: WalkedStore | None = None,
+               jobs: int = 1) -> StoreIndex:
     """Walk every file of the store. The walk trusts (readers.rdq, "which candidates become
     entries") the ids the queue indexes reference into this store (``referenced``, else those
     of ``refs``) and those msg_store_index.ets records after a clean stop; the rest must earn
@@ -349,7 +377,7 @@ def scan_store(store: StoreDir, model: BrokerModel, refs: "References | None" = 
             referenced = r_rdq.Referenced(refs.ids.ids)
         referenced = _pinned(referenced, pinned)
         files, parts, bad = [], [], []
-        for fi, f, reach in walk_files(store, model, referenced):
+        for fi, f, reach in walk_files(store, model, referenced, jobs):
             keep = share.holds(f.msg_ids) if share is not None else slice(None)
             parts.append((np.full(len(f.offsets[keep]), fi, np.int32), f.offsets[keep], f.totals[keep],
                           f.msg_ids[keep], reach[keep]))

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cqforensics import parallel
 from cqforensics.codes import Location, StoreStatus
 from cqforensics.errors import CQError, display, plural
 from cqforensics.findings import Finding
@@ -41,6 +42,18 @@ from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers.files import read_head, read_optional
 from cqforensics.readers.qs import QsFile, open_qs
+
+
+#: a vhost whose index and store files hold fewer bytes has its indexes read by one process
+#: whatever ``jobs`` says
+PARALLEL_INDEX_BYTES = 64 << 20
+
+
+def _size(p: Path) -> int:
+    try:
+        return os.stat(p).st_size
+    except OSError:
+        return 0
 
 
 def share_of(ids: np.ndarray, by_id: np.ndarray, seq: np.ndarray, parts: int) -> np.ndarray:
@@ -319,7 +332,8 @@ class VhostScan:
             return {kind: scan_store(st, self.model, share=self.share, walked=walks[kind])
                     for kind, st in sorted(self.vhost.stores.items())}
         refs = self.references  # the walk trusts the ids the indexes reference (readers.rdq)
-        return {kind: scan_store(st, self.model, refs.get(kind)) for kind, st in sorted(self.vhost.stores.items())}
+        return {kind: scan_store(st, self.model, refs.get(kind), jobs=self.options.jobs)
+                for kind, st in sorted(self.vhost.stores.items())}
 
     @cached_property
     def spills(self) -> dict:
@@ -339,7 +353,7 @@ class VhostScan:
         if what in ("refs", "live"):  # one pass over the indexes makes both when both are wanted
             self._spill_indexes(parts, refs=("refs", parts) not in self.spills, live=what == "live")
             return self.spills[key]
-        out = {kind: walk_store(st, self.model, self.trusted(kind), parts)
+        out = {kind: walk_store(st, self.model, self.trusted(kind), parts, self.options.jobs)
                for kind, st in sorted(self.vhost.stores.items())}
         self.spills[key] = out
         return out
@@ -408,9 +422,41 @@ class VhostScan:
         ids = {"persistent": [], "transient": []}
         queue = {"persistent": [], "transient": []}
         crashes: dict[str, list[Finding]] = {}
-        room = self.KEEP_BYTES if self.keeps_index else 0
+        jobs = self.options.jobs
+        if jobs > 1 and self.listing_bytes(every=True) >= PARALLEL_INDEX_BYTES:  # ranges of it, by ``jobs`` processes
+            ranges = self.ranges(jobs * 4, every=True)
+            parts = parallel.ordered(ranges, lambda only: [self._index_refs(only, 0)], jobs)
+        else:
+            parts = [self._index_refs(None, self.KEEP_BYTES if self.keeps_index else 0)]
+        for part_ids, part_queue, part_crashes in parts:
+            for kind in ids:
+                ids[kind] += part_ids[kind]
+                queue[kind] += part_queue[kind]
+            for label, causes in part_crashes.items():
+                crashes.setdefault(label, []).extend(causes)
+        out = {}
+        nq = max(1, len(self.all_queue_dirs))
+        for kind in ids:
+            all_ids = np.concatenate(ids[kind]) if ids[kind] else np.zeros(0, ID)
+            qpos = np.concatenate(queue[kind]) if queue[kind] else np.zeros(0, np.int64)
+            idset, group, _ = IdSet.build(all_ids)
+            out[kind] = References(idset, np.bincount(group, minlength=len(idset)), group, qpos, nq)
+        self.__dict__.setdefault("crashing_queues", crashes)
+        return out, crashes
+
+    def _index_refs(self, only: dict | None, room: int) -> tuple[dict, dict, dict]:
+        """``index_pass``'s gathering over the queue dirs (and segments) ``only`` names (None:
+        every one): per store the referenced ids and the positions of their queues, and the
+        findings that crash a queue; ``room``: bytes of chunks to keep for a listing to come."""
+        ids = {"persistent": [], "transient": []}
+        queue = {"persistent": [], "transient": []}
+        crashes: dict[str, list[Finding]] = {}
         for qi, q in enumerate(self.all_queue_dirs):
-            for qx in self.index_of(q, restricted=False):
+            if only is not None and q.dir_name not in only:
+                continue
+            segments = only.get(q.dir_name) if only is not None else None
+            chunks = iter_chunks(q, self.vhost, segments, self.kept_chunks.setdefault(q.dir_name, {}))
+            for qx in chunks:
                 if qx.nbytes <= room:
                     room -= qx.nbytes
                     self.kept_chunks.setdefault(q.dir_name, {})[qx.segment] = qx
@@ -423,15 +469,7 @@ class VhostScan:
                 causes = recovery.crash_causes(self, qx)
                 if causes:
                     crashes.setdefault(q.label, []).extend(causes)
-        out = {}
-        nq = max(1, len(self.all_queue_dirs))
-        for kind in ids:
-            all_ids = np.concatenate(ids[kind]) if ids[kind] else np.zeros(0, ID)
-            qpos = np.concatenate(queue[kind]) if queue[kind] else np.zeros(0, np.int64)
-            idset, group, _ = IdSet.build(all_ids)
-            out[kind] = References(idset, np.bincount(group, minlength=len(idset)), group, qpos, nq)
-        self.__dict__.setdefault("crashing_queues", crashes)
-        return out, crashes
+        return ids, queue, crashes
 
     def store_entries(self) -> int:
         """Entries the vhost's stores hold (every share's): counted from the one walk's spill for
@@ -548,6 +586,59 @@ class VhostScan:
     def resolve(self, qx: IndexChunk) -> Resolved:
         """Locate every live entry's body (as the target version would) and decide its fate."""
         return recovery.resolve(self, qx)
+
+    # -- reading a vhost in several processes (``cqforensics.parallel``) ------------------------
+
+    def listing_bytes(self, every: bool = False) -> int:
+        """The bytes a read of the listed queue dirs (``every``: of all of them) goes through:
+        their index and queue-store files, and the vhost's shared stores (what decides whether
+        to split a read)."""
+        total = sum(_size(p) for st in self.vhost.stores.values() for _, p in st.rdq)
+        for q in self.all_queue_dirs if every else self.queue_dirs:
+            total += sum(_size(p) for _, p in q.qi) + sum(_size(p) for p in q.qs.values()) + \
+                sum(_size(p) for _, p in q.idx) + (_size(q.journal) if q.journal else 0)
+        return total
+
+    def prepare(self) -> None:
+        """Make the vhost-wide facts resolving an index chunk needs (the store indexes, the
+        references, the recovery mode, the crashing queues, ...) by resolving the scan's first
+        chunk with live entries: before scans of ranges of the listing are forked, each of
+        which would make them again."""
+        for qx in self.live_chunks():
+            if len(qx.live):
+                self.resolve(qx)
+                return
+
+    def ranges(self, n: int, every: bool = False) -> list[dict]:
+        """The scan's listing (its queue dirs, a v2 queue's segments; ``every``: every queue
+        dir's, whatever ``only`` says) cut into at most ``n`` consecutive ranges of about equal
+        bytes, each an ``only`` restriction of a scan."""
+        units = []  # (queue dir name, segment or None, bytes)
+        for q in self.all_queue_dirs if every else self.queue_dirs:
+            allowed = self.only.get(q.dir_name) if self.only and not every else None
+            if q.qi:
+                for number, p in q.qi:
+                    if allowed is None or number in allowed:
+                        qs = q.qs.get(number)
+                        units.append((q.dir_name, number, _size(p) + (_size(qs) if qs else 0) + 1))
+            else:
+                units.append((q.dir_name, None, sum(_size(p) for _, p in q.idx) + 1))
+        target = max(1, -(-sum(w for _, _, w in units) // max(1, n)))
+        out: list[dict] = []
+        cur: dict = {}
+        size = 0
+        for name, seg, w in units:
+            if cur and size + w > target and len(out) < n - 1:
+                out.append(cur)
+                cur, size = {}, 0
+            if seg is None:
+                cur[name] = None
+            else:
+                cur.setdefault(name, set()).add(seg)
+            size += w
+        if cur or not out:
+            out.append(cur)
+        return out
 
     @property
     def lost_queues(self) -> list["LostQueue"]:
@@ -818,11 +909,17 @@ def queue_dirs_of(meta: Metadata, vhost: bytes, name: bytes) -> list[tuple[str, 
     level 0..x-max-priority for a priority queue (rabbit_priority_queue), else one."""
     from cqforensics import textfiles
 
+    known = meta.queue_dirs.get((vhost, name))
+    if known is not None:
+        return known
     levels = meta.arguments(vhost, name).get("x-max-priority")
     if isinstance(levels, int) and 0 < levels < 256:
-        return [(textfiles.queue_dir_name(vhost, textfiles.priority_queue_name(name, p)),
-                 textfiles.priority_queue_name(name, p), p) for p in range(levels + 1)]
-    return [(textfiles.queue_dir_name(vhost, name), name, None)]
+        out = [(textfiles.queue_dir_name(vhost, textfiles.priority_queue_name(name, p)),
+                textfiles.priority_queue_name(name, p), p) for p in range(levels + 1)]
+    else:
+        out = [(textfiles.queue_dir_name(vhost, name), name, None)]
+    meta.queue_dirs[(vhost, name)] = out
+    return out
 
 
 def home_nodes(node: NodeDir, meta: Metadata) -> set[str]:
@@ -850,6 +947,7 @@ def lost_queues(node: NodeDir, meta: Metadata) -> list[LostQueue]:
     if meta.kind is None or not meta.queues:
         return []
     vhost_dirs = {v.dir_name: v for v in node.vhosts}
+    have_dirs = {v.dir_name: {q.dir_name for q in v.queues} for v in node.vhosts}
     homes = home_nodes(node, meta)
     out = []
     for (vhost, name), rec in sorted(meta.queues.items()):
@@ -857,7 +955,7 @@ def lost_queues(node: NodeDir, meta: Metadata) -> list[LostQueue]:
             continue
         vdir = textfiles.vhost_dir_name(vhost)
         v = vhost_dirs.get(vdir)
-        have = {q.dir_name for q in v.queues} if v is not None else set()
+        have = have_dirs.get(vdir, ())
         dirs = queue_dirs_of(meta, vhost, name)
         lq = LostQueue(rec, vdir, levels=len(dirs))
         for dir_name, _, prio in dirs:

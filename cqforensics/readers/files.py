@@ -93,22 +93,61 @@ def read_bytes(path: Path | str) -> bytes:
         raise _oserror(path, e) from e
 
 
-def read_optional(path: Path | str, limit: int | None = None) -> bytes | None:
-    """The bytes of ``path`` (its first ``limit``), or None when it does not exist."""
+def read_optional(path: Path | str, limit: int | None = None, listed: bool = False) -> bytes | None:
+    """The bytes of ``path`` (its first ``limit``), or None when it does not exist. ``listed``:
+    a dir listing just showed it as a regular file that is no symlink, so it is opened without
+    a stat first (never following a link; its ``fstat`` still checks it)."""
     try:
+        if limit is not None:
+            return _read_upto(path, limit, listed)
         with open_regular(path) as f:
-            return f.read() if limit is None else f.read(limit)
+            return f.read()
     except FileNotFoundError:
         return None
     except OSError as e:
         raise _oserror(path, e) from e
 
 
+#: what a read of a small file asks the kernel for at a time
+_SMALL_READ = 1 << 16
+
+
+def _read_upto(path: Path | str, limit: int, listed: bool = False) -> bytes:
+    """The first ``limit`` bytes of a regular file, read a little at a time: a buffered
+    ``read(limit)`` allocates ``limit`` bytes up front (an mmap and munmap for each small file
+    read with a 1 MiB limit: most of the cost of listing a node of many queue dirs)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    if listed:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+    else:
+        what = file_type(path)
+        if what == "a directory":
+            raise IsADirectoryError(21, "Is a directory", os.fsdecode(path))
+        if what is not None:
+            raise not_regular(path, what)
+    fd = os.open(path, flags)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # swapped between the stat and the open
+            raise not_regular(path, _what(st.st_mode))
+        parts, got = [], 0
+        while got < limit:
+            chunk = os.read(fd, min(limit - got, _SMALL_READ))
+            if not chunk:
+                break
+            parts.append(chunk)
+            got += len(chunk)
+            if got >= st.st_size and len(chunk) < _SMALL_READ:  # all its size said: no read for the EOF
+                break
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+    finally:
+        os.close(fd)
+
+
 def read_head(path: Path | str, n: int) -> bytes:
     """The first ``n`` bytes of ``path`` (fewer when it is shorter)."""
     try:
-        with open_regular(path) as f:
-            return f.read(n)
+        return _read_upto(path, n)
     except OSError as e:
         raise _oserror(path, e) from e
 
@@ -209,21 +248,37 @@ def data_extents(path: Path | str, size: int | None = None) -> list[tuple[int, i
     try:
         with open_regular(path) as f:
             fd = f.fileno()
-            end = os.fstat(fd).st_size if size is None else size
-            out = []
-            pos = 0
-            while pos < end:
-                try:
-                    start = os.lseek(fd, pos, os.SEEK_DATA)
-                except OSError as e:
-                    if e.errno == 6:  # ENXIO: no data past pos
-                        break
-                    return None
-                if start >= end:
-                    break
-                stop = min(os.lseek(fd, start, os.SEEK_HOLE), end)
-                out.append((start, stop))
-                pos = stop
-            return out
+            return fd_extents(fd, os.fstat(fd).st_size if size is None else size)
     except (OSError, FormatError):
         return None
+
+
+def fd_extents(fd: int, size: int) -> list[tuple[int, int]] | None:
+    """``data_extents`` of an open file's first ``size`` bytes (one lseek for a file without
+    holes); None when the file system cannot tell."""
+    if not hasattr(os, "SEEK_DATA"):
+        return None
+    if not size:
+        return []
+    try:
+        if os.lseek(fd, 0, os.SEEK_HOLE) >= size:  # the usual file: data all through
+            return [(0, size)]
+        out = []
+        pos = 0
+        while pos < size:
+            try:
+                start = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError as e:
+                if e.errno == 6:  # ENXIO: no data past pos
+                    break
+                return None
+            if start >= size:
+                break
+            stop = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+            out.append((start, stop))
+            pos = stop
+        return out
+    except OSError:
+        return None
+
+

@@ -14,7 +14,6 @@ message was routed by (``model.routing``).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,6 +73,9 @@ class Metadata:
     exchanges: dict[tuple[bytes, bytes], str] = field(default_factory=dict)  # durable exchange -> its type
     exchange_args: dict[tuple[bytes, bytes], list] = field(default_factory=dict)  # its arguments (AMQP table)
     bindings: list[Binding] = field(default_factory=list)  # durable bindings
+    #: (vhost, name) -> the index dirs of the queue, as ``model.vhost.queue_dirs_of`` names them
+    #: (asked for each queue by several checks: computed once)
+    queue_dirs: dict = field(default_factory=dict, repr=False, compare=False)
 
     def knows(self, vhost: bytes, name: bytes) -> bool | None:
         """Whether (vhost, name) is a durable queue; None when the metadata is unreadable."""
@@ -88,6 +90,10 @@ class Metadata:
             if isinstance(item, tuple) and len(item) == 3:
                 out[bytes(item[0]).decode("utf-8", "replace") if isinstance(item[0], bytes) else str(item[0])] = item[2]
         return out
+
+
+#: the fields of an #amqqueue{} tuple ``queue_record`` reads (the others may be left undecoded)
+QUEUE_FIELDS = frozenset({0, 1, 2, 5, 6, 19})
 
 
 def queue_record(term, source: str) -> QueueRecord | None:
@@ -302,11 +308,28 @@ def _commits_at_boot(decision, committed: set) -> bool:
         return False
 
 
-def _carver(atom: bytes) -> re.Pattern:
-    """Where a tuple tagged with ``atom`` may start (any atom encoding)."""
+def _carver(atom: bytes) -> tuple[bytes, frozenset[bytes]]:
+    """What finds the tuples tagged with ``atom`` (any atom encoding): the atom's text, and the
+    tag bytes that may precede it (``_carved``)."""
     n = bytes([len(atom)])
-    return re.compile(rb"[\x68\x69].{1,4}?(?:\x64\x00" + re.escape(n) + rb"|\x73" + re.escape(n) + rb"|\x76\x00"
-                      + re.escape(n) + rb"|\x77" + re.escape(n) + rb")" + atom, re.S)
+    return atom, frozenset((b"\x64\x00" + n, b"\x73" + n, b"\x76\x00" + n, b"\x77" + n))
+
+
+def _carved(data: bytes, carver: tuple[bytes, frozenset[bytes]]):
+    """Where a tuple tagged with the carver's atom may start: each occurrence of the atom's
+    text (a literal search) preceded by an atom tag and, before that, a small tuple's tag and
+    arity (2 bytes) or a large tuple's (5 bytes); both are tried, the decode decides."""
+    atom, tags = carver
+    at = data.find(atom)
+    while at >= 0:
+        for t in (2, 3):
+            if data[at - t:at] in tags:
+                a = at - t  # the atom term's start
+                if a >= 2 and data[a - 2] == 0x68:
+                    yield a - 2
+                if a >= 5 and data[a - 5] == 0x69:
+                    yield a - 5
+        at = data.find(atom, at + 1)
 
 
 _CARVE = {TABLE: _carver(b"amqqueue"), VHOST_TABLE: _carver(b"vhost"), EXCHANGE_TABLE: _carver(b"exchange"),
@@ -325,13 +348,14 @@ def _khepri(coord: Path) -> Metadata:
         except FormatError:  # swapped for a FIFO since listed: never read
             continue
         meta.files.append(path)
-        for table, pattern in _CARVE.items():
-            for m in pattern.finditer(data):
-                start = m.start()
-                if data[start] == 0x69 and m.end() - start < 5 + 3:
-                    continue
-                try:
-                    term, _ = etf.decode(b"\x83" + data[start:start + 65536])
+        view = memoryview(data)
+        for table, carver in _CARVE.items():
+            for start in _carved(data, carver):
+                try:  # a record within 64 KiB of its start (a view: no copy per candidate)
+                    if table == TABLE:  # the fields queue_record reads (a node may hold many queues)
+                        term, _ = etf.decode_fields_at(view[start:start + 65536], 0, QUEUE_FIELDS)
+                    else:
+                        term, _ = etf.decode_at(view[start:start + 65536], 0)
                 except etf.EtfError:
                     continue
                 if not _CARVE_CHECK[table](term):

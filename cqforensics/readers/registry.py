@@ -94,12 +94,55 @@ READERS: dict[str, Reader] = {r.kind: r for r in (
 )}
 
 
+_LOOKUP: tuple | None = None
+
+
+def _lookup() -> tuple[dict, dict, dict]:
+    """``READERS`` as lookups (made again when ``READERS`` is replaced or grows): (place, fixed
+    name) -> kind, (place, extension) -> kind of the numbered files there, and place -> those
+    kinds. A node dir of many queue dirs asks about every file it lists."""
+    global _LOOKUP
+    if _LOOKUP is None or _LOOKUP[0] is not READERS or _LOOKUP[1] != len(READERS):
+        fixed = {(r.where, n): r.kind for r in READERS.values() for n in r.names}
+        by_ext = {(r.where, r.ext): r.kind for r in READERS.values() if r.numbered}
+        kinds = {w: [r.kind for r in READERS.values() if r.where == w and r.numbered] for w in PLACES}
+        _LOOKUP = (READERS, len(READERS), fixed, by_ext, kinds)
+    return _LOOKUP[2:]
+
+
+def numbered_kinds(where: str) -> list[str]:
+    """The kinds of numbered files the broker puts at ``where``, in registry order."""
+    return _lookup()[2].get(where, [])
+
+
+def _name(path: Path | str) -> str:
+    return path if type(path) is str and "/" not in path else Path(path).name
+
+
+def placed(name: str, where: str) -> tuple[str, int | None] | None:
+    """(kind, N or None) of the file named ``name`` (a name, not a path) at ``where``, by its
+    exact name: ``kind_of`` and ``numbered`` in one look."""
+    fixed, by_ext, _ = _lookup()
+    kind = fixed.get((where, name))
+    if kind is not None:
+        return kind, None
+    dot = name.rfind(".")
+    if dot > 0:
+        kind = by_ext.get((where, name[dot:]))
+        if kind is not None and _DIGITS.fullmatch(name, 0, dot):
+            return kind, int(name[:dot])
+    return None
+
+
 def kind_of(path: Path | str, where: str | None = None) -> str | None:
     """The kind of the file at ``path``, or None.
 
     With ``where`` (one of PLACES): only what the broker puts there, by its exact name.
     Without: the exact name first, then the extension (a lone, possibly renamed file)."""
-    name = Path(path).name
+    name = _name(path)
+    if where is not None:
+        hit = placed(name, where)
+        return hit[0] if hit is not None else None
     for r in READERS.values():
         if (where is None or r.where == where) and r.matches(name):
             return r.kind
@@ -122,6 +165,9 @@ def number_of(path: Path | str) -> int | None:
 
 def numbered(path: Path | str, where: str | None = None) -> tuple[str, int] | None:
     """(kind, N) when ``path`` is a numbered file ``<N><ext>`` (at ``where``), else None."""
+    if where is not None:
+        hit = placed(_name(path), where)
+        return hit if hit is not None and hit[1] is not None else None
     kind = kind_of(path, where)
     if kind is None or not READERS[kind].numbered:
         return None
@@ -161,4 +207,4 @@ def reader(kind: str) -> Reader:
 
 
 __all__ = ["PLACES", "READERS", "Reader", "dumpable", "file_name", "fixed_names", "kind_of", "number_of",
-           "numbered", "other_kind", "reader"]
+           "numbered", "numbered_kinds", "other_kind", "placed", "reader"]

@@ -279,12 +279,11 @@ def _read_small(path: Path) -> bytes | None:
 
 
 def _put_file(ctx: RewriteContext, path: Path, data: bytes) -> None:
+    """A small file of the output (made durable with the rest by ``Staging.commit``)."""
     ctx.result.bytes_after += len(data)
     if not ctx.dry:
         with open(path, "xb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
 
 
 @dataclass
@@ -335,7 +334,7 @@ def _plan_dirs(vs: VhostScan, ctx: RewriteContext, model: BrokerModel) -> list[_
         if not qr.skipped:
             # the source's own .queue_name only when it parsed and matched its dir; a damaged one
             # is written afresh from the name the metadata gives the dir (never copied damaged)
-            stub = _read_small(q.path / ".queue_name") if q.name_source == ".queue_name" else None
+            stub = q.stub if q.name_source == ".queue_name" else None
             if stub is None and q.name_raw is not None and vh.name_raw is not None:
                 stub = formats.queue_name_stub(vh.name_raw, q.name_raw, vout or 2)
         restore = q.name_raw if not qr.skipped and q.priority is None and q.name_raw in ctx.restore_orphans else None
@@ -1073,7 +1072,7 @@ def write_lost_queue_dirs(out_node: Path, meta, model: BrokerModel, dry: bool = 
 
     if meta is None or meta.kind is None:
         return []
-    node = source if dry else layout.read_node_dir(out_node)
+    node = source if dry else layout.list_node_dir(out_node)
     notes = []
     for lq in lost_queues(node, meta):
         declared = meta.arguments(lq.vhost, lq.name).get("x-queue-version")
@@ -1136,13 +1135,21 @@ def _vhosts_under_own_dirs(node, notes: list[str], meta) -> None:
 
 
 def _tree_bytes(path: Path) -> int:
-    total = 0
-    for dirpath, _, filenames in os.walk(path):
-        for n in filenames:
-            try:
-                total += (Path(dirpath) / n).lstat().st_size
-            except OSError:
-                pass
+    """The bytes of every file under ``path`` (links not followed), from the listings."""
+    total, stack = 0, [path]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for e in it:
+                    try:
+                        if e.is_dir(follow_symlinks=False):
+                            stack.append(e.path)
+                        elif not (e.is_symlink() and e.is_dir()):  # a link to a dir is not walked, nor counted
+                            total += e.stat(follow_symlinks=False).st_size
+                    except OSError:
+                        pass
+        except OSError:
+            pass
     return total
 
 

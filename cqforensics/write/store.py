@@ -120,7 +120,7 @@ class OutFile:
             offset += n
             length -= n
 
-    def close(self, sync: bool = True) -> None:
+    def close(self, sync: bool = False) -> None:
         if self.dry:
             return
         self._flush_run()
@@ -148,7 +148,7 @@ class SharedStoreWriter:
     limit gets a file of its own), as the broker's writer rolls over. ``first``: the number of
     the first file (``compact --threshold`` numbers new files above the files it keeps)."""
 
-    def __init__(self, path: Path, sources: Sources, limit: int = c_rdq.FILE_SIZE_LIMIT, sync: bool = True,
+    def __init__(self, path: Path, sources: Sources, limit: int = c_rdq.FILE_SIZE_LIMIT, sync: bool = False,
                  dry: bool = False, first: int = 0):
         self.path = path
         self.first = first
@@ -245,7 +245,7 @@ class QueueWriter:
     ``N.idx`` segments (no journal: a dirty start reads segments alone)."""
 
     def __init__(self, path: Path, sources: Sources, index_version: int, entry_count: int,
-                 queue_name_stub: bytes | None, sync: bool = True, dry: bool = False):
+                 queue_name_stub: bytes | None, sync: bool = False, dry: bool = False):
         self.path = path
         self.sources = sources
         self.version = index_version

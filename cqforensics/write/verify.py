@@ -75,12 +75,13 @@ class VerifyResult:
 
 def verify(paths, broker_version: str | None = None, deep: bool = False,
            progress: Callable[[str, int | None, int | None], None] | None = None, garbage_allowed_in=(),
-           allow_garbage: bool = False) -> VerifyResult:
+           allow_garbage: bool = False, jobs: int = 1) -> VerifyResult:
     """``garbage_allowed_in``: shared-store files whose orphans and extra copies are accepted
     (notes, not violations): the files ``compact --threshold`` kept whole; ``allow_garbage``:
-    in every file (``verify --allow-garbage``, for a ``compact --threshold`` output)."""
+    in every file (``verify --allow-garbage``, for a ``compact --threshold`` output); ``jobs``:
+    processes checking a big vhost's listing at once (the same result)."""
     allowed = {os.path.realpath(p) for p in garbage_allowed_in}
-    options = make_options(broker_version=broker_version, bodies=False, decode=False, assume_dirty=True)
+    options = make_options(broker_version=broker_version, bodies=False, decode=False, assume_dirty=True, jobs=jobs)
     result = VerifyResult(display(paths) if isinstance(paths, (str, Path)) else " ".join(map(display, paths)))
     versions = set()
     scans = [NodeScan(node, options) for node in layout.discover(paths)]
