@@ -91,7 +91,7 @@ def parse_queue_name(raw: bytes, vhost: bytes | None = None) -> QueueName:
 _TOKEN = re.compile(rb"""
     \s+ | %[^\n]*                                   # whitespace, comments
   | (?P<bin><<)  | (?P<ebin>>>)
-  | (?P<punct>[{}\[\],.|])
+  | (?P<punct>\#\{|=>|[{}\[\],.|/])
   | (?P<float>-?\d+\.\d+(?:[eE][-+]?\d+)?)
   | (?P<int>-?\d+)
   | (?P<str>"(?:[^"\\]|\\.)*")
@@ -116,8 +116,9 @@ MAX_DIGITS = 1000  # digits of one number (Python refuses int/str conversions pa
 
 
 def consult(text: bytes) -> list:
-    """The terms of an Erlang text file (tuples, lists, atoms, integers, floats, strings,
-    binaries ``<<1,2>>``/``<<"s">>``), each ended by a full stop."""
+    """The terms of an Erlang text file (tuples, lists, maps ``#{K => V}``, atoms, integers,
+    floats, strings, binaries ``<<1,2>>``/``<<"s">>``/``<<"s"/utf8>>``), each ended by a full
+    stop. Maps become dicts (an unhashable key, a list or map, is kept as its tuple form)."""
     toks = list(_tokens(text))
     out, i = [], 0
 
@@ -148,11 +149,26 @@ def consult(text: bytes) -> list:
                         raise FormatError(f"number of {len(v)} digits in binary", offset=o)
                     data.append(int(v) & 0xFF)
                 elif k == "str":
-                    data += _unescape(v[1:-1])
+                    text = _unescape(v[1:-1])
+                    if toks[i + 1][:2] == ("punct", b"/") and toks[i + 2][:2] == ("atom", b"utf8"):
+                        i += 2  # <<"..."/utf8>>: the characters' UTF-8 bytes (as ~p prints them)
+                        text = text.decode("utf-8", "replace").encode("utf-8")
+                    data += text
                 elif not (k == "punct" and v == b","):
                     raise FormatError(f"unexpected {v!r} in binary", offset=o)
                 i += 1
             return bytes(data), i + 1
+        if kind == "punct" and val == b"#{":
+            pairs, i = {}, i + 1
+            while not (toks[i][0] == "punct" and toks[i][1] == b"}"):
+                k, i = term(i, depth + 1)
+                if toks[i][1] != b"=>":
+                    raise FormatError("map pair without '=>'", offset=toks[i][2])
+                v, i = term(i + 1, depth + 1)
+                pairs[k if _hashable(k) else repr(k)] = v
+                if toks[i][0] == "punct" and toks[i][1] == b",":
+                    i += 1
+            return pairs, i + 1
         if kind == "punct" and val in (b"{", b"["):
             close = b"}" if val == b"{" else b"]"
             items, i = [], i + 1
@@ -174,6 +190,14 @@ def consult(text: bytes) -> list:
     except IndexError:
         raise FormatError("unexpected end of terms", offset=len(text)) from None
     return out
+
+
+def _hashable(v) -> bool:
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True
 
 
 def _unescape(s: bytes) -> bytes:

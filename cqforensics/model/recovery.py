@@ -606,3 +606,95 @@ FINDING_OF_FATE = {
     Fate.VHOST_CRASH: "boot-crash", Fate.NOT_IN_RECOVERY_TERMS: "recovery-terms-mismatch",
     Fate.NOT_IN_STORE_INDEX: "store-index-mismatch",
 }
+
+
+# -- Ra (quorum queues): what the next boot recovers of each server's log ---------------------------------
+#
+# Sources: WAL = ra_log_wal.erl, SEG = ra_log_segment.erl, RSNAP = ra_snapshot.erl, LOG = ra_log.erl
+# at the Ra version each broker ships (BrokerModel.ra_version; docs/formats/quorum.md sections 3-5).
+
+#: what a damage does to the node or a queue at the next boot
+RA_OK, RA_NODE_REFUSES, RA_QUEUE_CRASH, RA_QUEUE_UNAVAILABLE = "ok", "node_refuses_start", "queue_crash", "unavailable"
+
+
+@dataclass
+class WalRecovery:
+    """What Ra's WAL recovery does with one ``.wal`` (WAL recover_records/5): the records it
+    recovers (``kept``: rows of the scan), where it stops and why, and whether the WAL
+    process then refuses to start (taking the Ra system and the node down)."""
+
+    path: Path
+    kept: list[int]
+    skipped: list[int]  # rows Ra 2.16+ skips (unknown writer reference, unregistered UId, below the snapshot)
+    stop_offset: int | None
+    stop: str  # eof / zeroed / torn / bad_checksum_forgiven / bad_checksum / unknown_reference / bad_header
+    outcome: str = RA_OK
+    detail: str = ""
+
+
+def wal_recovery(scan, model: BrokerModel, registered: set[bytes] | None = None,
+                 snapshot_index: dict[bytes, int] | None = None) -> WalRecovery:
+    """Apply the version's WAL recovery rules to a scanned WAL (``readers.ra_wal.walk``):
+
+    * no header: the WAL process exits (``unknown_wal_file_format``; an empty or short file has
+      no clause in open_at_first_record/1): the node does not start;
+    * an all-zero record or a torn record ends the file silently;
+    * a bad checksum ends the file when fewer than 13 bytes, or 13 zero bytes, follow the record
+      (is_last_record/2), else ``wal_checksum_validation_failure``: the node does not start;
+    * a writer reference no earlier record named: Ra < 2.16 crashes (a badmatch in
+      recover_records/5: the node does not start), Ra 2.16+ skips it;
+    * Ra 2.16+ skip the records of a UId ``names.dets`` does not register (``registered``),
+      without checking them, and those at or below the server's snapshot index."""
+    from cqforensics.readers import ra_wal as r_wal
+
+    ra = model.ra_version
+    if not scan.header_ok:
+        return WalRecovery(scan.path, [], [], 0, "bad_header", RA_NODE_REFUSES, scan.end.detail)
+    kept, skipped = [], []
+    modern = ra >= (2, 16, 0)
+    for i in range(len(scan)):
+        off = int(scan.offset[i])
+        if not scan.known[i]:
+            if not modern:
+                return WalRecovery(scan.path, kept, skipped, off, "unknown_reference", RA_NODE_REFUSES,
+                                   f"writer reference {int(scan.ref[i])} was never named in this file")
+            skipped.append(i)
+            continue
+        uid = scan.uid(i)
+        if modern and registered is not None and uid not in registered:
+            skipped.append(i)
+            continue
+        if scan.checksum[i] == r_wal.CHECK_BAD:
+            if scan.bad_is_last(i):
+                return WalRecovery(scan.path, kept, skipped, off, "bad_checksum_forgiven", RA_OK,
+                                   "the last record fails its checksum: dropped")
+            return WalRecovery(scan.path, kept, skipped, off, "bad_checksum", RA_NODE_REFUSES,
+                               "wal_checksum_validation_failure")
+        if modern and snapshot_index is not None and int(scan.index[i]) <= snapshot_index.get(uid, -1):
+            skipped.append(i)
+            continue
+        kept.append(i)
+    end = scan.end
+    return WalRecovery(scan.path, kept, skipped, end.offset if end.kind != "eof" else None, end.kind)
+
+
+def ra_segment_usable(seg, model: BrokerModel) -> tuple[bool, str]:
+    """Whether a server can open the segment at boot (SEG open/2 from recover_range/3): a header
+    it refuses (missing, wrong magic, version above 2, version 0) and, before Ra 3, a file
+    ending inside its index (no clause for the partial record) crash the server."""
+    from cqforensics.readers import ra_segment as r_seg
+
+    if seg.header != r_seg.HEADER_OK:
+        return False, f"segment header {seg.header}"
+    if seg.torn_index and model.ra_version < (3, 0, 0):
+        return False, "the file ends inside an index record (parse_index_data has no clause for it)"
+    return True, ""
+
+
+def choose_snapshot(snapshots) -> tuple[object, list]:
+    """RSNAP find_snapshots/1: of a server's snapshot dirs (``readers.ra_snapshot.Snapshot``
+    with their dir), the newest by name that validates; every other one is deleted at boot.
+    Returns (chosen or None, the ones deleted)."""
+    ordered = sorted(snapshots, key=lambda s: s.path.parent.name, reverse=True)
+    chosen = next((s for s in ordered if s.ok), None)
+    return chosen, [s for s in ordered if s is not chosen]

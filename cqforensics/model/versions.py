@@ -151,6 +151,16 @@ class BrokerModel:
         """A v2 index with no segment recorded starts its queue at next_seq_id (else at 0)."""
         return self._answer("empty_index_bounds_at_next_seq_id")
 
+    @property
+    def ra_version(self) -> tuple[int, int, int]:
+        """The Ra library the version ships (quorum queue storage: WAL, segments, snapshots)."""
+        return self._answer("ra_version")
+
+    @property
+    def fifo_machine_version(self) -> int:
+        """The rabbit_fifo machine version its quorum queues run."""
+        return self._answer("fifo_machine_version")
+
     def __str__(self) -> str:
         return self.label
 
@@ -285,6 +295,18 @@ BEHAVIOURS: dict[str, tuple[dict[str, object], str]] = {
          "4.0": False, "4.1": False, "4.2": True, "4.3": True},
         "rabbit_classic_queue_index_v2:bounds/2 (v4.2.0: NextSeqIdHint) returns {Hint, Hint} for an "
         "index without segments; bounds/1 (v3.10.0 - v4.1.x) returns {0, 0}"),
+    "ra_version": (
+        {"3.10": (2, 2, 0), "3.11": (2, 6, 3), "3.12": (2, 6, 3), "3.13.0": (2, 9, 1), "3.13.1+": (2, 13, 5),
+         "4.0": (2, 14, 0), "4.1": (2, 16, 13), "4.2": (2, 17, 1), "4.3": (3, 1, 10)},
+        "rabbitmq-components.mk dep_ra at v3.10.8 (2.2.0; installed 3.10.8 ships plugins/ra-2.2.0), v3.11.28 "
+        "and v3.12.14 (2.6.3), v3.13.0 (2.9.1), v3.13.7 (2.13.5), v4.0.5 (2.14.0; installed ra-2.14.0), "
+        "v4.1.8 (2.16.13), v4.2.2 (2.17.1), v4.3.5 (3.1.10; installed 4.3.6 ships ra-3.1.10): the newest "
+        "patch release of each series read (docs/formats/quorum.md section 1)"),
+    "fifo_machine_version": (
+        {"3.10": 2, "3.11": 3, "3.12": 3, "3.13.0": 3, "3.13.1+": 3, "4.0": 5, "4.1": 7, "4.2": 7, "4.3": 8},
+        "deps/rabbit/src/rabbit_fifo.erl version/0: 2 at v3.10.0-v3.10.8, 3 at v3.11.0-v3.13.7, 5 at "
+        "v4.0.5, 7 at v4.1.8 and v4.2.2, 8 at v4.3.5 (the machine version a queue's leader runs and writes "
+        "into its log's noop entries)"),
 }
 
 #: Settings every version shares (the writers and the layout readers use them): the RabbitMQ
