@@ -114,7 +114,7 @@ def fsck_text(report, out=None, show_all: bool = False) -> None:
                 "dirty recovery: the broker rebuilds the indexes from the files"
             out.write(f"  vhost {vhost}: {what}\n")
         if n.boot == "hangs":
-            out.write("  BOOT HANGS: the broker will not come up on this data (see boot-crash)\n")
+            out.write("  BOOT HANGS: the broker will not come up on this data (see boot-crash, quorum-wal-refused)\n")
         out.write("\n")
         rows = []
         for q in report.queues:
@@ -123,10 +123,13 @@ def fsck_text(report, out=None, show_all: bool = False) -> None:
             why = ", ".join(f"{k} {v}" for k, v in sorted(q.drops.items()))
             if q.crash:
                 why = f"CRASH ({q.crash}); " + why if why else f"CRASH ({q.crash})"
-            rows.append({"vhost": q.vhost, "queue": q.queue, "messages": q.messages,
+            rows.append({"vhost": q.vhost, "queue": q.queue, "type": q.queue_type, "messages": q.messages,
                          "after restart": q.predicted_after_restart, "dropped": q.dropped, "why": why})
         if rows:
-            text_table(rows, ["vhost", "queue", "messages", "after restart", "dropped", "why"], out, max_width=70)
+            # the type column when the node holds a queue other than classic (quorum)
+            typed = ["type"] if any(r["type"] != "classic" for r in rows) else []
+            text_table(rows, ["vhost", "queue", *typed, "messages", "after restart", "dropped", "why"], out,
+                       max_width=70)
             out.write("\n")
     s = report.summary()
     c = s["findings"]

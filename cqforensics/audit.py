@@ -37,9 +37,12 @@ def audit(paths, **options) -> dict:
     by_message_id = defaultdict(list)
     by_content = defaultdict(list)
     for r in _rows(paths, "messages", ["node", "vhost", "queue", "priority", "seq_id", "msg_id", "properties", "body",
-                                       "store_file", "store_offset", "survives_restart"], **options):
+                                       "store_file", "store_offset", "survives_restart", "queue_type", "raft_index"],
+                   **options):
+        # a quorum queue's message: its raft index (no seq_id), stored in its log entry (WAL or segment)
         where = {"node": r["node"], "vhost": r["vhost"], "queue": r["queue"], "seq_id": r["seq_id"],
-                 "store_file": r["store_file"], "store_offset": r["store_offset"] if r["store_file"] else None}
+                 "store_file": r["store_file"], "store_offset": r["store_offset"] if r["store_file"] else None,
+                 "queue_type": r["queue_type"], "raft_index": r["raft_index"]}
         mid = (r["properties"] or {}).get("message_id")
         if mid:
             by_message_id[(r["node"], r["vhost"], mid)].append(where)

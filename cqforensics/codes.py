@@ -94,6 +94,18 @@ class Fate(_Coded):
     #: clean start: a shared-store message the trusted msg_store_index.ets does not record; the
     #: queue crashes reading it (541) and its restart drops it
     NOT_IN_STORE_INDEX = 21
+    #: quorum queue: returned at the boot (its consumer gone with the old node) past the queue's
+    #: delivery limit, so dead-lettered (or dropped) instead of delivered again
+    DELIVERY_LIMIT = 22
+    #: quorum queue: waiting in the queue's at-least-once dead-letter state; the boot's
+    #: dead-letter worker publishes it to the dead-letter exchange, this queue never delivers it
+    DEAD_LETTERED = 23
+    #: quorum queue: held by the log as the files keep it, but in entries the next boot's Ra
+    #: recovery does not read (after a torn, zero-filled or damaged WAL record)
+    LOG_LOST = 24
+    #: quorum queue: its Ra server does not come up as a leader (not registered in names.dets,
+    #: or its log lost below what meta.dets says it applied): every command to it times out
+    QUEUE_UNAVAILABLE = 25
 
     @property
     def reason(self) -> str | None:

@@ -103,12 +103,13 @@ def scans(table: str, options: Options, *, paths=None, units: Iterable | None = 
 def _discovered(paths):
     """(node id, node dir, None: every vhost, None: no unit restriction) per node dir found."""
     for node in layout.discover(paths):
-        yield (str(node.path), node.node), node, None, None
+        yield (str(node.path), node.node), node, None, None, None
 
 
 def _grouped(units, table: str):
     """Consecutive units of one vhost as (node id, (path, label) of the node dir, vhost dir,
-    queue restriction)."""
+    queue restriction, quorum restriction). A queue-level group reads the classic queue dirs
+    (and segments) its units name and the quorum queue members (Ra server uids) they name."""
     units = list(units)
     i = 0
     while i < len(units):
@@ -116,20 +117,24 @@ def _grouped(units, table: str):
         j = i + 1
         while j < len(units) and (units[j].node_path, units[j].vhost_dir) == (u.node_path, u.vhost_dir):
             j += 1
-        only = None
-        if table in QUEUE_LEVEL and all(g.queue_dir is not None for g in units[i:j]):  # else: whole vhosts
-            only = {}
+        only, quorum = None, None
+        if table in QUEUE_LEVEL and all(g.queue_dir is not None or getattr(g, "quorum", None)
+                                        for g in units[i:j]):  # else: whole vhosts
+            only, quorum = {}, set()
             for g in units[i:j]:
+                if getattr(g, "quorum", None):
+                    quorum.add(g.quorum)
+                    continue
                 segs = only.setdefault(g.queue_dir, set() if g.segment is not None else None)
                 if segs is not None and g.segment is not None:
                     segs.add(g.segment)
-        yield (u.node_path, u.node_label), (u.node_path, u.node_label), u.vhost_dir, only
+        yield (u.node_path, u.node_label), (u.node_path, u.node_label), u.vhost_dir, only, quorum
         i = j
 
 
 def _scans(options, groups, vhosts, queues, cache, cache_scope):
     ns, ns_id = None, None
-    for node_id, node, vhost_dir, only in groups:
+    for node_id, node, vhost_dir, only, quorum in groups:
         key = (cache_scope, *node_id, vhost_dir) if cache is not None and cache_scope is not None \
             and vhost_dir is not None else None
         cached, facts = cache.get(key, (None, {})) if key is not None else (None, {})
@@ -151,6 +156,9 @@ def _scans(options, groups, vhosts, queues, cache, cache_scope):
             # index pass a boot-hang check needs) serve the whole node
             vs = base if restrict is None and not facts else \
                 VhostScan(ns, base.vhost, restrict, facts or base.vhost_facts())
+            if vs is not base:
+                vs.quorum_names = queues
+                vs.quorum_uids = frozenset(quorum) if quorum is not None else None
             try:
                 yield vs
             finally:

@@ -151,6 +151,7 @@ class QueueRow:
     dropped: int = 0
     reasons: Counter = field(default_factory=Counter)
     crash: str | None = None
+    queue_type: str = "classic"  # classic / quorum
 
 
 @dataclass
@@ -234,10 +235,11 @@ def gather(paths, broker_version=None, as_of=None, vhosts=None) -> tuple[list[No
         sf = node(n).vhost(vh).files.setdefault(file, StoreFile(file))
         sf.store = sf.store or store
         StoreFile._add(sf.holes, offset or 0, length or 0, kind or "garbage")
-    for n, vh, q, index_version, durable_known, name_source, messages, nbytes in batches(
+    for n, vh, q, index_version, durable_known, name_source, messages, nbytes, queue_type in batches(
             "queues", ["node", "vhost", "queue", "index_version", "durable_known", "name_source", "messages",
-                       "bytes"]):
+                       "bytes", "queue_type"]):
         row = node(n).vhost(vh).queues.setdefault(q, QueueRow(q))
+        row.queue_type = queue_type or row.queue_type
         row.levels += 1
         row.index_versions.add(index_version)
         row.durable_known = row.durable_known and bool(durable_known)
@@ -379,12 +381,14 @@ def _queue_section(v: Vhost) -> str:
         notes = []
         if not q.durable_known:
             notes.append("not in the durable-queue metadata (deleted at boot)")
-        if q.name_sources - {".queue_name"}:
+        if q.name_sources - {".queue_name", "ra_config"}:
             notes.append("name from " + ", ".join(sorted(str(s) for s in q.name_sources if s)))
         if q.crash:
             notes.append(f'<span class="crash">crash: {text(q.crash)}</span>')
         versions = ", ".join(f"v{x}" for x in sorted(i for i in q.index_versions if i is not None))
-        rows.append(f'<tr class="queue-row" data-queue="{text(q.queue)}"><td class="qname mono">{text(q.queue)}</td>'
+        if q.queue_type != "classic":
+            versions = q.queue_type + (" (Ra log)" if q.queue_type == "quorum" else "")
+        rows.append(f'<tr class="queue-row" data-queue="{text(q.queue)}" data-type="{text(q.queue_type)}"><td class="qname mono">{text(q.queue)}</td>'
                     f'<td>{text(versions)}{" · " + str(q.levels) + " levels" if q.levels > 1 else ""}</td>'
                     f'<td class="n messages">{num(held)}</td><td class="n delivered">{num(q.predicted)}</td>'
                     f'<td class="n dropped">{num(q.dropped)}</td><td>{bar}</td><td class="reasons">{reasons}'

@@ -40,6 +40,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         _f("properties", PROPERTIES), _f("headers", pa.string()), _f("annotations", pa.string()),
         _f("body", pa.binary()), _f("body_size", pa.int64()), _f("term_format", pa.string()),
         _f("decode_error", pa.string()), _f("survives_restart", pa.bool_()), _f("drop_reason", pa.string()),
+        _f("queue_type", pa.string()), _f("raft_index", pa.int64()), _f("raft_term", pa.int64()),
+        _f("delivery_count", pa.int64()), _f("checked_out", pa.bool_()),
     ]),
     "index": pa.schema(WHERE + QUEUE + AT + [
         _f("index_version", pa.int32()), _f("kind", pa.string()), _f("seq_id", pa.int64()),
@@ -71,7 +73,13 @@ SCHEMAS: dict[str, pa.Schema] = {
         _f("queue_dir", pa.string()), _f("name_source", pa.string()), _f("durable_known", pa.bool_()),
         _f("index_version", pa.int32()), _f("segments", pa.int32()), _f("messages", pa.int64()),
         _f("bytes", pa.int64()), _f("persistent", pa.int64()), _f("predicted_after_restart", pa.int64()),
-        _f("dropped", pa.int64()),
+        _f("dropped", pa.int64()), _f("queue_type", pa.string()),
+    ]),
+    "raft_log": pa.schema(WHERE + [_f("queue", pa.string())] + AT + [
+        _f("source", pa.string()), _f("raft_index", pa.int64()), _f("raft_term", pa.int64()),
+        _f("entry", pa.string()), _f("command", pa.string()), _f("entry_size", pa.int64()),
+        _f("body_size", pa.int64()), _f("checksum", pa.string()), _f("recovered", pa.bool_()),
+        _f("timestamp", TS), _f("status", pa.string()),
     ]),
     "findings": pa.schema(WHERE + QUEUE + AT + [
         _f("code", pa.string(), False), _f("severity", pa.string(), False), _f("message", pa.string()),

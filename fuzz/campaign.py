@@ -77,14 +77,17 @@ SAMPLES = ROOT / "sample_data"
 DATASETS = ("3.10.8-clean", "3.10.8-kill", "3.10.8-segments", "4.0.5-clean", "4.0.5-kill", "4.3.6-clean",
             "4.3.6-kill", "4.3.6-rolled", "3.12.14-clean", "3.13.7-clean", "4.1.8-clean", "4.2.2-clean",
             "3.10.8-proto-clean", "3.10.8-proto-kill", "4.0.5-proto-clean", "4.0.5-proto-kill",
-            "4.3.6-proto-clean", "4.3.6-proto-kill")
-TABLES = ("messages", "index", "acks", "store", "refcounts", "holes", "files", "queues", "findings")
+            "4.3.6-proto-clean", "4.3.6-proto-kill", "3.10.8-quorum-clean", "3.10.8-quorum-kill",
+            "4.0.5-quorum-clean", "4.0.5-quorum-kill", "4.3.6-quorum-clean", "4.3.6-quorum-kill")
+TABLES = ("messages", "index", "acks", "store", "refcounts", "holes", "files", "queues", "findings", "raft_log")
 EXIT_CODES = frozenset({0, 1, 4, 8, 16})
 WALL_LIMIT = 60.0  # seconds per run
 AS_LIMIT = 1536 << 20  # address space a run may add to the process it forks from (its RLIMIT_AS, bytes)
 RSS_BOUND = 1536 << 20  # peak RSS a run may reach (bytes)
 DATA_SUFFIXES = (b".qi", b".qs", b".rdq", b".idx", b".jif", b".ets", b".dets", b".DCD", b".DCL", b".LOG",
-                 b".queue_name", b".vhost", b".config", b".dot")
+                 b".queue_name", b".vhost", b".config", b".dot",
+                 # Ra (quorum queues): WAL, segments, snapshots (and Ra 3's indexes), each server's config
+                 b".wal", b".segment", b"snapshot.dat", b"/indexes", b"/config", b"writers.snapshot")
 
 
 # -- inputs ------------------------------------------------------------------------------------------
@@ -179,6 +182,36 @@ def m_delete(rng, node):
     p = rng.choice(_files(node))
     os.unlink(p)
     return "deleted", p
+
+
+def m_ra_entry(rng, node):
+    """A Ra log entry's payload changed in place (structure-aware: the framing stays valid, so the
+    WAL record's or segment entry's checksum is what must catch it): bits flipped inside one
+    record of a quorum WAL or one entry of a segment (a node without quorum queue entries: its
+    ``coordination/`` Ra system's, Khepri's and the stream coordinator's)."""
+    from cqforensics.readers import ra_segment, ra_wal
+
+    files = _data_files(node, (b".wal", b".segment"))
+    rng.shuffle(files)
+    files.sort(key=lambda p: b"/quorum/" not in p)  # quorum files first, in a seeded order
+    for p in files:
+        path = Path(os.fsdecode(p))
+        if p.endswith(b".wal"):
+            scan = ra_wal.walk(path)
+            spans = [(int(scan.data_offset[i]), int(scan.length[i])) for i in range(len(scan))]
+        else:
+            seg = ra_segment.read_segment(path)
+            spans = [(int(seg.offset[i]), int(seg.length[i])) for i in range(len(seg))]
+        spans = [s for s in spans if s[1] > 0]
+        if not spans:
+            continue
+        start, length = rng.choice(spans)
+        data = bytearray(_read(p))
+        pos = start + rng.randrange(length)
+        data[pos] ^= 1 << rng.randrange(8)
+        _write(p, bytes(data))
+        return f"a bit flipped in the entry at {start} (byte {pos})", p
+    return "no Ra log entry", None
 
 
 def m_swap(rng, node):
@@ -384,7 +417,7 @@ def m_odd_name(rng, node):
 
 MUTATIONS = {"bitflip": m_bitflip, "truncate": m_truncate, "zero": m_zero, "junk": m_junk, "delete": m_delete,
              "swap": m_swap, "dup_record": m_dup_record, "hostile_term": m_hostile_term, "fifo": m_fifo,
-             "odd_name": m_odd_name}
+             "odd_name": m_odd_name, "ra_entry": m_ra_entry}
 
 
 def _unpacked(dataset: str) -> None:
@@ -588,7 +621,7 @@ def run_seed(seed: int, work: Path, commands=COMMANDS, dataset: str | None = Non
 
 #: mutations that change the bytes of one data file: fsck should name that file (a hostile term is
 #: only decoded by ``--deep``, whose findings the decode tests pin, so it is not counted here)
-DAMAGING = frozenset({"bitflip", "truncate", "zero", "junk", "swap", "dup_record"})
+DAMAGING = frozenset({"bitflip", "truncate", "zero", "junk", "swap", "dup_record", "ra_entry"})
 
 
 def _reported(inp: dict, out: Path, runs: list[dict]) -> bool | None:

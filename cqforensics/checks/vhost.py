@@ -17,6 +17,7 @@ from cqforensics.checks.deep import decode_checks
 from cqforensics.checks.index import ChunkCheck
 from cqforensics.checks.integrity import CopyCheck, QueueIntegrity, node_findings, vhost_file_findings
 from cqforensics.checks.layout import OrphanTally, lost_queue_findings, queue_dir_findings, vhost_dir_findings
+from cqforensics.checks.quorum import quorum_checks, system_findings
 from cqforensics.checks.store import StoreCheck
 
 
@@ -32,6 +33,7 @@ class QueueVerdict:
     recovery: str = "dirty"
     index_version: int | None = None
     dirs: int = 0
+    queue_type: str = "classic"
 
     @property
     def dropped(self) -> int:
@@ -41,7 +43,7 @@ class QueueVerdict:
         return {"node": self.node, "vhost": self.vhost, "queue": self.queue, "messages": self.messages,
                 "predicted_after_restart": self.predicted_after_restart, "dropped": self.dropped,
                 "drop_reasons": dict(sorted(self.drops.items())), "crash": self.crash, "recovery": self.recovery,
-                "index_version": self.index_version, "queue_dirs": self.dirs}
+                "index_version": self.index_version, "queue_dirs": self.dirs, "queue_type": self.queue_type}
 
 
 def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], list[Finding]]:
@@ -116,7 +118,27 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
     if vs.node.boot_hangs:
         for v in verdicts.values():
             v.crash = "node"
+    q_verdicts, q_findings = quorum_checks(vs)
+    for (vh, name), items in vs.node.boot_dead_letters.items():  # republished into this vhost's queues at boot
+        if vh == vs.vhost.name and vs.share is None or vh == vs.vhost.name and vs.share.k == 0:
+            v = verdicts.get(name) or next((x for x in q_verdicts if x["queue"] == name), None)
+            if isinstance(v, QueueVerdict):
+                v.messages += len(items)
+                v.predicted_after_restart += len(items)
+            elif v is not None:
+                v["messages"] += len(items)
+                v["kept"] += len(items)
+    out = list(verdicts.values())
+    for qv in q_verdicts:
+        out.append(QueueVerdict(display(node), display(qv["vhost"] if qv["vhost"] is not None else vhost), qv["queue"],
+                                qv["messages"], qv["kept"], qv["drops"], qv["crash"], "quorum", queue_type="quorum"))
     scoped = [f.scoped(node=node, vhost=vhost) for f in findings]
+    scoped += [f.scoped(node=node, vhost=f.vhost or vhost) for f in q_findings]
     if vs.node.vhosts and vs is vs.node.vhosts[0]:  # the node's own files: once per node, with its first vhost
         scoped += [f.scoped(node=node) for f in node_findings(vs.node)]
-    return list(verdicts.values()), scoped
+        if vs.share is None or vs.share.k == 0:
+            scoped += [f.scoped(node=node) for f in system_findings(vs)]
+        if any(v.crash == "node" for v in out):
+            for v in out:
+                v.crash = "node"
+    return out, scoped

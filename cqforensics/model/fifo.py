@@ -246,6 +246,9 @@ class Cfg:
     delivery_limit: int | None = None
     expires: int | None = None
     msg_ttl: int | None = None
+    #: at-most-once: (dead-letter exchange, routing key or None) of
+    #: {at_most_once, {rabbit_quorum_queue, dead_letter_publish, [XRes, RK, QRes]}}
+    dlx_target: tuple[bytes, bytes | None] | None = None
 
 
 def _opt_int(v):
@@ -259,6 +262,11 @@ def cfg_from_map(conf: dict, cfg: Cfg | None = None) -> Cfg:
     dlh = conf.get("dead_letter_handler")
     if isinstance(dlh, tuple) and dlh and dlh[0] == "at_most_once":
         cfg.dead_letter_handler = "at_most_once"
+        mfa = dlh[1] if len(dlh) > 1 else None
+        args = mfa[2] if isinstance(mfa, tuple) and len(mfa) == 3 and isinstance(mfa[2], list) else []
+        if args and isinstance(args[0], tuple) and len(args[0]) == 4 and isinstance(args[0][3], bytes):
+            rk = args[1] if len(args) > 1 and isinstance(args[1], bytes) else None
+            cfg.dlx_target = (args[0][3], rk)
     elif dlh == "at_least_once":
         cfg.dead_letter_handler = "at_least_once"
     else:
@@ -390,11 +398,19 @@ class Fifo:
         self.returns: deque[Msg] = deque()
         self.messages_total = 0
         self.enqueuers: dict[object, int] = {}  # pid -> next seqno
+        #: a replay of entries some of which damage removed: an enqueue past a gap in its
+        #: enqueuer's sequence is taken (the gap is the damage, not a lost publish the broker
+        #: would have refused as out of sequence), so every message the files hold is listed
+        self.lenient = False
         self.consumers: dict[object, Consumer] = {}
         self.service = ServiceQueue()
         self.waiting: list[tuple[object, Consumer]] = []
         self.dlx = Dlx()
         self.dead_lettered: list[tuple[str, Msg, str]] = []  # (reason, msg, strategy) that left the queue
+        #: (entry index, reason, msg) of every at-most-once dead letter: the boot republishes those of
+        #: entries it applies again (above meta.dets' last_applied)
+        self.published: list[tuple[int, str, Msg]] = []
+        self.index = 0  # the entry being applied
         self.dropped: list[tuple[str, Msg]] = []  # (why, msg) gone without dead-lettering
         self.notes: list[str] = []
         self.last_ts = 0
@@ -415,11 +431,12 @@ class Fifo:
         if to <= self.mv:
             return
         old = self.mv
-        items = self.messages.items()
         self.mv = to
-        self.messages = self._new_queue()
-        for m in items:
-            self._put(m)
+        if (old < 4 <= to) or (old < 8 <= to):  # a new kind of ready queue (FIFOQ from 4, PQ from 8)
+            items = self.messages.items()
+            self.messages = self._new_queue()
+            for m in items:
+                self._put(m)
         if old < 4 <= to:
             for m in list(self.returns) + [m for c in self.consumers.values() for m in c.checked_out.values()]:
                 if "delivery_count" in m.header:
@@ -455,6 +472,7 @@ class Fifo:
         if self.mv >= 8:
             ts = max(ts, self.last_ts)  # FIFO@v4.3.5 apply/3: last_command_time, monotonic
         self.last_ts = ts
+        self.index = meta.get("index", self.index)
         meta = {**meta, "ts": ts}
         name = cmd.name
         handler = getattr(self, "_cmd_" + name, None)
@@ -476,9 +494,9 @@ class Fifo:
             nxt = self.enqueuers.get(pid)
             if nxt is None:
                 self.enqueuers[pid] = nxt = 1
-            if seq != nxt:
+            if seq != nxt and not (self.lenient and isinstance(seq, int) and seq > nxt):
                 return  # FIFO maybe_enqueue: out_of_sequence (not enqueued) or duplicate
-            self.enqueuers[pid] = nxt + 1
+            self.enqueuers[pid] = (seq if self.lenient and isinstance(seq, int) else nxt) + 1
         idx = meta["index"]
         self.facts[idx] = facts
         size = facts.size
@@ -580,6 +598,8 @@ class Fifo:
                 self.dlx.discards.append((reason, m))
             else:
                 self.dead_lettered.append((reason, m, dlh or "none"))
+                if dlh == "at_most_once":
+                    self.published.append((self.index, reason, m))
 
     def _cmd_return(self, meta, cmd):
         key, con = self._find(cmd.consumer)

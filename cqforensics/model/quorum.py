@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cqforensics import etf, rabbit_fifo
+from cqforensics.codes import Fate
 from cqforensics.errors import FormatError
 from cqforensics.model import fifo as m_fifo
 from cqforensics.model import recovery as m_rec
@@ -87,9 +88,10 @@ def _decode(entry: LogEntry, bodies):
     return rabbit_fifo.decode(entry.data(bodies))
 
 
-def replay(log: ServerLog, bodies, upto: int | None = None) -> Replay:
+def replay(log: ServerLog, bodies, upto: int | None = None, lenient: bool = False) -> Replay:
     """Apply the snapshot and every log entry above it, in index order (``upto``: stop there);
-    ``bodies``: the ``model.bodies.Bodies`` the entries are read through."""
+    ``bodies``: the ``model.bodies.Bodies`` the entries are read through. ``lenient``: the log
+    misses entries to damage (``Fifo.lenient``)."""
     buffers = bodies
     cfg = m_fifo.cfg_from_map(log.config.machine_config) if log.config is not None and log.config.terms else m_fifo.Cfg()
     fifo = None
@@ -99,6 +101,7 @@ def replay(log: ServerLog, bodies, upto: int | None = None) -> Replay:
     if snap is not None and snap.ok and snap.index is not None:
         try:
             fifo = m_fifo.from_snapshot(snap.state(), snap.machine_version or 0, cfg)
+            fifo.lenient = lenient
             start = snap.index
             out.last_index, out.last_term = snap.index, snap.term or 0
         except (FormatError, ValueError) as e:
@@ -109,7 +112,8 @@ def replay(log: ServerLog, bodies, upto: int | None = None) -> Replay:
         try:
             entry = _decode(e, buffers)
         except FormatError as err:
-            out.notes.append(f"entry {idx} ({e.file.name}@{e.offset}) is no term: {err.message}")
+            if e.checksum in ("ok", "not_computed"):  # a damaged entry's own finding says why already
+                out.notes.append(f"entry {idx} ({e.file.name}@{e.offset}) is no term: {err.message}")
             out.entry_kinds[idx] = "undecodable"
             continue
         out.last_index, out.last_term = idx, e.term
@@ -117,6 +121,7 @@ def replay(log: ServerLog, bodies, upto: int | None = None) -> Replay:
             mv = entry.machine_version or 0
             if fifo is None:
                 fifo = m_fifo.Fifo(cfg, mv)
+                fifo.lenient = lenient
             else:
                 fifo.upgrade(mv)
             out.entry_kinds[idx] = "noop"
@@ -128,6 +133,7 @@ def replay(log: ServerLog, bodies, upto: int | None = None) -> Replay:
         out.entry_kinds[idx] = cmd.name
         if fifo is None:  # commands before any noop: only after a gap (the log's start lost)
             fifo = m_fifo.Fifo(cfg, 0)
+            fifo.lenient = lenient
         meta = {"index": idx, "term": e.term, "ts": entry.ts, "reply": entry.reply}
         try:
             fifo.apply(meta, cmd)
@@ -259,6 +265,9 @@ class System:
     snapshots: dict[str, list] = field(default_factory=dict)  # uid -> every snapshot read (chosen first)
     names: object = None  # readers.ra_system.Table
     meta: object = None
+    #: the uids names.dets registers (an absent file registers none: ra_directory opens a new
+    #: table); None when it is unreadable (not judged)
+    registered: set[bytes] | None = None
 
     @property
     def outcome(self) -> str:
@@ -270,7 +279,8 @@ def read_system(ra_dir, model: BrokerModel) -> System:
     sys_ = System(ra_dir)
     sys_.names = r_sys.read_names(ra_dir.names) if ra_dir.names is not None else r_sys.Table(error="missing")
     sys_.meta = r_sys.read_meta(ra_dir.meta) if ra_dir.meta is not None else r_sys.Table(error="missing")
-    registered = {r.uid for r in sys_.names.records}
+    registered = {r.uid for r in sys_.names.records} if sys_.names.error in (None, "missing") else None
+    sys_.registered = registered
     names = {r.uid: r.name for r in sys_.names.records}
     metas = {r.uid: r for r in sys_.meta.records}
     logs: dict[str, ServerLog] = {}
@@ -332,5 +342,304 @@ def message_term(rep: Replay, index: int, buffers):
     return cmd.msg if cmd is not None and cmd.name in ("enqueue", "requeue") else None
 
 
-__all__ = ["Delivery", "LogEntry", "Replay", "SegmentFile", "ServerLog", "System", "boot", "delivered_view", "message_term",
-           "read_system", "replay"]
+
+
+
+# -- a node's quorum queues and what the next boot does with each -------------------------------------
+
+#: a quorum queue's fate at the next boot (``QuorumQueue.fate``), beside ``m_rec.RA_OK``
+Q_OK, Q_NODE_DOWN, Q_CRASH, Q_UNAVAILABLE, Q_DELETED = "ok", "node_refuses_start", "queue_crash", "unavailable", "deleted"
+
+
+@dataclass
+class QuorumQueue:
+    """One quorum queue member on this node: its log, state, and what the next boot does."""
+
+    system: System
+    log: ServerLog
+    replay: Replay
+    vhost: str | None
+    name: str | None
+    fate: str = Q_OK
+    why: str = ""
+    why_file: Path | None = None
+    why_offset: int | None = None
+    deliveries: list[Delivery] = field(default_factory=list)
+    pending_dlx: list = field(default_factory=list)  # (reason, Msg) waiting for at-least-once dead-lettering
+    lost: list[m_fifo.Msg] = field(default_factory=list)  # in the files' state, not in the recovered one
+    data_replay: Replay | None = None  # of every readable entry, when recovery drops some
+    #: (reason, Msg) dead-lettered at most once by the entries the boot applies again (above
+    #: meta.dets' last_applied) and by the boot's own returns: the boot publishes them (again)
+    boot_dead_letters: list = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return self.name if self.name is not None else f"?{self.log.uid}"
+
+    def messages(self):
+        """(Msg, Fate, Delivery or None, delivery count, checked out) of every message the
+        queue holds, in the order the next boot delivers them, then the ones it does not: kept
+        for at-least-once dead-lettering, then lost with log entries the boot does not recover.
+        A queue (or node) the boot loses: what the files hold, each with that fate."""
+        qfate = _Q_FATE.get(self.fate)
+        if qfate is not None:
+            rep = self.data_replay or self.replay
+            f = rep.fifo
+            if f is None:
+                return
+            held = {m.index for c in f.consumers.values() for m in c.checked_out.values()}
+            for m in held_messages(f):
+                yield m, qfate, None, _header_count(m), m.index in held
+            for _, m in list(f.dlx.discards) + [f.dlx.checked_out[k] for k in sorted(f.dlx.checked_out)]:
+                yield m, qfate, None, _header_count(m), False
+            return
+        for d in self.deliveries:
+            yield d.msg, _D_FATE.get(d.fate, Fate.DELIVERY_LIMIT), d, _header_count(d.msg), d.checked_out
+        for _, m in self.pending_dlx:
+            yield m, Fate.DEAD_LETTERED, None, _header_count(m), False
+        for m in self.lost:
+            yield m, Fate.LOG_LOST, None, _header_count(m), False
+
+    def file_entries(self) -> dict[int, LogEntry]:
+        """Every entry the files hold readable (a good checksum), below the snapshot and past any
+        damage too, later copies winning: the evidence ``export --all`` recovers from."""
+        out = _permissive(self.system, self.log).entries
+        out.update(self.log.entries)
+        return out
+
+    def term_of(self, index: int) -> int | None:
+        e = self.log.entries.get(index)
+        if e is None and self.data_replay is not None:
+            e = self.data_replay.log.entries.get(index)
+        return e.term if e is not None else None
+
+    def entry_of(self, index: int) -> LogEntry | None:
+        e = self.log.entries.get(index)
+        if e is None and self.data_replay is not None:
+            e = self.data_replay.log.entries.get(index)
+        return e
+
+
+#: a queue's fate -> the drop reason of every message it holds
+_Q_FATE = {Q_NODE_DOWN: Fate.BOOT_HANG, Q_CRASH: Fate.QUEUE_CRASH, Q_UNAVAILABLE: Fate.QUEUE_UNAVAILABLE,
+           Q_DELETED: Fate.QUEUE_DELETED}
+#: a delivery's fate at the boot's drain -> Fate
+_D_FATE = {"delivered": Fate.DELIVERED, "expired": Fate.EXPIRED, "delivery_limit": Fate.DELIVERY_LIMIT,
+           "rejected": Fate.DELIVERY_LIMIT, "maxlen": Fate.DELIVERY_LIMIT}
+
+
+def _header_count(m: m_fifo.Msg) -> int:
+    h = m.header
+    return int(h.get("acquired_count", h.get("delivery_count", 0)) or 0)
+
+
+def _permissive(system: System, log: ServerLog) -> ServerLog:
+    """The log as the files hold it: every framed WAL record of the server with a good checksum
+    (past a bad one, an unknown writer or a torn end too) and every readable segment entry,
+    later copies winning."""
+    out = ServerLog(log.uid, log.path, log.config, log.name, log.snapshot, dict(), log.meta)
+    for sf in system.segments.get(log.uid, []):
+        seg = sf.seg
+        if seg.header != r_seg.HEADER_OK:
+            continue
+        for i in range(len(seg)):
+            if int(seg.status[i]) in (r_seg.ENTRY_OK, r_seg.ENTRY_NO_CRC):
+                idx = int(seg.index[i])
+                out.entries[idx] = LogEntry(idx, int(seg.term[i]), sf.path, int(seg.offset[i]), int(seg.offset[i]),
+                                            int(seg.length[i]), "segment", "ok")
+    uid = log.uid.encode()
+    for scan, _ in system.wal:
+        for i in range(len(scan)):
+            if scan.uid(i) == uid and scan.checksum[i] != r_wal.CHECK_BAD:
+                idx = int(scan.index[i])
+                out.entries[idx] = LogEntry(idx, int(scan.term[i]), scan.path, int(scan.offset[i]),
+                                            int(scan.data_offset[i]), int(scan.length[i]), "wal",
+                                            r_wal.CHECK_LABELS[int(scan.checksum[i])])
+    return out
+
+
+def log_holes(log: ServerLog) -> list[tuple[int, int]]:
+    """The ranges (first, last) of indexes above the snapshot and below the log's last entry that
+    no segment or WAL record holds: entries the next boot never applies."""
+    floor = log.snapshot.index if log.snapshot is not None and log.snapshot.index is not None else 0
+    idx = sorted(i for i in log.entries if i > floor)
+    out, prev = [], None
+    for i in idx:
+        if prev is not None and i > prev + 1:
+            out.append((prev + 1, i - 1))
+        prev = i
+    return out
+
+
+def refusal(system: System) -> tuple[str, Path, int | None] | None:
+    """(why, file, offset) when the system's WAL recovery refuses a file: the Ra system does not
+    start, nor does the node (whatever quorum queues it has)."""
+    for scan, rec in system.wal:
+        if rec.outcome != m_rec.RA_OK:
+            return (f"{scan.path.name}: {rec.stop} ({rec.detail or 'the WAL does not recover'}): the "
+                    "quorum queue Ra system does not start, nor does the node", scan.path, rec.stop_offset)
+    return None
+
+
+def _server_fate(system: System, log: ServerLog, model: BrokerModel, known: set | None) -> tuple[str, str, Path | None, int | None]:
+    """(fate, why, file, offset) of one server at the next boot."""
+    down = refusal(system)
+    if down is not None:
+        return (Q_NODE_DOWN, *down)
+    if known is not None and log.resource is not None and log.resource not in known:
+        return Q_DELETED, "the metadata holds no such queue: the broker never starts this server", log.path, None
+    unregistered = system.registered is not None and log.uid.encode() not in system.registered
+    if unregistered and not model.qq_recover_elects_new_member:
+        return (Q_UNAVAILABLE, "names.dets does not register this server: ra:restart_server fails "
+                "(name_not_registered), RabbitMQ starts a new member under a new uid (an empty dir, this one left "
+                "unread) and no election: the queue gets no leader", system.dir.names or system.dir.path, None)
+    for sf in system.segments.get(log.uid, []):
+        if not sf.usable:
+            return Q_CRASH, f"{sf.path.name}: {sf.why}: the server crashes opening it", sf.path, 0
+    snap_idx = log.snapshot.index if log.snapshot is not None and log.snapshot.index is not None else -1
+    for idx in sorted(i for i in log.entries if i > snap_idx):
+        e = log.entries[idx]
+        if e.source == "segment" and e.checksum in ("crc_mismatch", "past_eof", "inside_index"):
+            what = {"crc_mismatch": "ra_log_segment_crc_check_failure", "past_eof": "ra_log_segment_unexpected_eof",
+                    "inside_index": "an entry placed inside the index area"}[e.checksum]
+            return (Q_CRASH, f"entry {idx} of {e.file.name}: {what} when the server applies it", e.file, e.offset)
+    if log.entries:
+        first = min(log.entries)
+        if first - snap_idx > 1 and not (snap_idx == -1 and first <= 1):
+            return (Q_CRASH, f"the log starts at {first}, after the snapshot at {snap_idx}: "
+                    "{corrupt_log, gap_between_snapshot_and_first_index}", log.path, None)
+        # a hole further on (a segment file gone) is no crash: Ra's reads plan over the segment
+        # files present only (ra_log_reader:segrefs_to_read/4, Ra 2.x; ra_log_segments
+        # segment_fold_plan/3, Ra 3), so recovery skips the missing entries without a word and
+        # the machine applies the rest (seen on 4.0.5: a middle segment deleted, the queue up)
+    if snap_idx < 1 and not any(i >= 1 for i in log.entries) and not unregistered \
+            and not model.qq_empty_member_elected:
+        # ra_server:is_new/1 (next_index =:= 1): ra_server_proc follower(enter) sets no election
+        # timer for a new member; RabbitMQ's recover/2 restarts it and triggers no election
+        return (Q_UNAVAILABLE, "nothing of its log is left after recovery (no snapshot, no entry): Ra takes the "
+                "server for a new member and waits for an election nobody calls: the queue gets no leader",
+                log.path, None)
+    return Q_OK, "", None, None
+
+
+def newest_machine_version(ra_dir) -> int | None:
+    """The highest machine version a noop entry of the system's WAL files, or a snapshot's meta,
+    names (version evidence: each boot's leader appends a noop carrying the version it runs)."""
+    best = None
+    for _, path in ra_dir.wal:
+        scan = r_wal.walk(path)
+        small = [i for i in range(len(scan)) if int(scan.length[i]) < 64]  # a noop is ~30 bytes
+        if not small:
+            continue
+        from cqforensics.readers.files import read_bytes
+
+        data = read_bytes(path)
+        for i in small:
+            try:
+                e = rabbit_fifo.decode(data[int(scan.data_offset[i]):scan.record_end(i)])
+            except FormatError:
+                continue
+            if e.kind == "noop" and e.machine_version is not None:
+                best = max(best or 0, e.machine_version)
+    for srv in ra_dir.servers:
+        for sd in srv.snapshots:
+            if sd.snapshot is not None:
+                snap = r_snap.read_snapshot(sd.snapshot)
+                if snap.machine_version is not None:
+                    best = max(best or 0, snap.machine_version)
+    return best
+
+
+def node_quorum(systems: list[System], model: BrokerModel, as_of_ms: int, bodies,
+                known: set | None = None) -> list[QuorumQueue]:
+    """Every quorum queue member of a node's Ra systems (``read_system`` of each
+    ``layout.NodeDir.quorum``), replayed, with the next boot of ``model`` predicted. ``known``:
+    the (vhost, name) pairs the metadata holds (None: unreadable metadata)."""
+    out = []
+    for system in systems:
+        for log in system.servers:
+            rep = replay(log, bodies)
+            res = log.resource
+            vhost = res[0].decode("utf-8", "replace") if res else None
+            name = res[1].decode("utf-8", "replace") if res else None
+            q = QuorumQueue(system, log, rep, vhost, name)
+            q.fate, q.why, q.why_file, q.why_offset = _server_fate(system, log, model, known)
+            data = _permissive(system, log)
+            floor = log.snapshot.index if log.snapshot is not None and log.snapshot.index is not None else -1
+            above = {i for i in data.entries if i > floor}  # below the snapshot: applied already, not a loss
+            if above != {i for i in log.entries if i > floor} or any(
+                    data.entries[i].file != log.entries[i].file for i in above if i in log.entries) or \
+                    log_holes(log) or (q.fate != Q_OK and (not log.entries or min(log.entries) - floor > 1)):
+                # the files' own state: what a queue the boot loses holds, or what recovery drops (a
+                # log with holes: an enqueue past one is not an out-of-sequence publish)
+                q.data_replay = replay(data, bodies, lenient=True)
+            if q.fate == Q_OK:
+                q.deliveries = boot(rep, model.fifo_machine_version, as_of_ms)
+                if rep.fifo is not None and rep.fifo.cfg.dead_letter_handler == "at_most_once":
+                    applied = log.meta.last_applied if log.meta is not None and log.meta.last_applied is not None \
+                        else -1
+                    q.boot_dead_letters = [(r, m) for i, r, m in rep.fifo.published if i > applied]
+                    q.boot_dead_letters += [("delivery_limit", d.msg) for d in q.deliveries
+                                            if d.fate == "delivery_limit"]
+                if rep.fifo is not None:
+                    q.pending_dlx = list(rep.fifo.dlx.discards) + [rep.fifo.dlx.checked_out[k]
+                                                                  for k in sorted(rep.fifo.dlx.checked_out)]
+            if q.fate == Q_OK and q.data_replay is not None and q.data_replay.fifo is not None:
+                now = {d.msg.index for d in q.deliveries} | {m.index for _, m in q.pending_dlx}
+                q.lost = [m for m in held_messages(q.data_replay.fifo) if m.index not in now]
+            out.append(q)
+    return out
+
+
+def dead_letter_view(fields: dict, reason: str, source: tuple[bytes, bytes], exchange: bytes, rk: bytes | None,
+                     as_of_ms: int, broker: tuple[int, int, int]) -> dict:
+    """A message as rabbit_dead_letter:make_msg/5 (3.10-3.12; 3.13+ mc:record_death and the
+    0-9-1 view of its deaths) republishes it, for a first death: the ``x-death`` header
+    (count, reason, queue, time, exchange, routing-keys), ``x-first-death-*`` (and 4.x
+    ``x-last-death-*``) headers, no expiration, the dead-letter exchange and routing key. The
+    time is the boot's clock: predicted as ``as_of``."""
+    from cqforensics import amqp091
+
+    out = dict(fields)
+    vhost, queue = source
+    keys = list(out.get("routing_keys") or [])
+    death = {"count": {"type": "long", "value": 1},
+             "exchange": {"type": "longstr", "value": out.get("exchange") or ""},
+             "queue": {"type": "longstr", "value": queue.decode("utf-8", "replace")},
+             "reason": {"type": "longstr", "value": reason},
+             "routing-keys": {"type": "array", "value": [{"type": "longstr", "value": k} for k in keys[:1]]},
+             "time": {"type": "timestamp", "value": as_of_ms // 1000}}
+    headers = json.loads(out["headers"]) if out.get("headers") else {}
+    headers = {k: v for k, v in headers.items() if k != "x-delivery-count"}
+    if "x-death" not in headers:
+        headers["x-first-death-exchange"] = death["exchange"]
+        headers["x-first-death-queue"] = death["queue"]
+        headers["x-first-death-reason"] = death["reason"]
+        headers["x-death"] = {"type": "array", "value": [{"type": "table", "value": death}]}
+    if broker >= (3, 13, 0):
+        headers["x-last-death-exchange"] = death["exchange"]
+        headers["x-last-death-queue"] = death["queue"]
+        headers["x-last-death-reason"] = death["reason"]
+    if rk is not None:
+        headers.pop("CC", None)
+    out["headers"] = amqp091.headers_json(dict(sorted(headers.items())))
+    out["properties"] = {**out["properties"], "expiration": None}
+    out["exchange"] = exchange.decode("utf-8", "replace")
+    out["routing_keys"] = [rk.decode("utf-8", "replace")] if rk is not None else keys
+    out["msg_id"] = None
+    return out
+
+
+def held_messages(f: m_fifo.Fifo) -> list[m_fifo.Msg]:
+    """Every message a state holds (returned, ready, checked out), in the order a consumer would
+    get them (checked-out ones last)."""
+    out = list(f.returns) + f.messages.items()
+    for _, c in sorted(f.consumers.items(), key=lambda kv: etf.term_order_key(kv[0])):
+        out += [c.checked_out[k] for k in sorted(c.checked_out)]
+    for _, c in f.waiting:
+        out += [c.checked_out[k] for k in sorted(c.checked_out)]
+    return out
+
+
+__all__ = ["Delivery", "LogEntry", "QuorumQueue", "Replay", "SegmentFile", "ServerLog", "System", "boot",
+           "delivered_view", "held_messages", "message_term", "node_quorum", "read_system", "replay"]

@@ -15,7 +15,7 @@ Version behaviour is asked of ``BrokerModel`` properties (``model.versions``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -587,7 +587,8 @@ def first_of(conditions: list, choices: list, default: int, n: int) -> np.ndarra
 SALVAGEABLE = frozenset({Fate.DELIVERED, Fate.EXPIRED, Fate.BODY_UNREACHABLE, Fate.SEGMENT_DELETED,
                          Fate.BAD_INDEX_ENTRY, Fate.QUEUE_CRASH, Fate.BOOT_HANG, Fate.V1_UNSUPPORTED,
                          Fate.DELIVERY_CRASH, Fate.VHOST_CRASH, Fate.NOT_IN_RECOVERY_TERMS,
-                         Fate.NOT_IN_STORE_INDEX})
+                         Fate.NOT_IN_STORE_INDEX, Fate.DELIVERY_LIMIT, Fate.DEAD_LETTERED, Fate.LOG_LOST,
+                         Fate.QUEUE_UNAVAILABLE})
 #: readable but not deliverable, or not trustworthy: rebuild puts them in lost+found with the bytes
 QUARANTINED = frozenset({Fate.TRANSIENT, Fate.QUEUE_DELETED, Fate.QS_BAD_CRC, Fate.QS_BAD_SIZE})
 #: dropped by design, not by damage (compact drops them; they make no rebuild exit 1)
@@ -604,7 +605,9 @@ FINDING_OF_FATE = {
     Fate.QS_OUT_OF_RANGE: "qs-entry-missing", Fate.QS_BAD_SIZE: "qs-entry-crc", Fate.QS_BAD_CRC: "qs-entry-crc",
     Fate.QUEUE_CRASH: "boot-crash", Fate.BOOT_HANG: "boot-crash", Fate.DELIVERY_CRASH: "boot-crash",
     Fate.VHOST_CRASH: "boot-crash", Fate.NOT_IN_RECOVERY_TERMS: "recovery-terms-mismatch",
-    Fate.NOT_IN_STORE_INDEX: "store-index-mismatch",
+    Fate.NOT_IN_STORE_INDEX: "store-index-mismatch", Fate.DELIVERY_LIMIT: "quorum-delivery-limit",
+    Fate.DEAD_LETTERED: "quorum-dead-letter-pending", Fate.LOG_LOST: "quorum-wal-entries-lost",
+    Fate.QUEUE_UNAVAILABLE: "quorum-queue-unavailable",
 }
 
 
@@ -625,11 +628,12 @@ class WalRecovery:
 
     path: Path
     kept: list[int]
-    skipped: list[int]  # rows Ra 2.16+ skips (unknown writer reference, unregistered UId, below the snapshot)
+    skipped: list[int]  # rows Ra 2.16+ skips as damage or leftovers (unknown writer reference, unregistered UId)
     stop_offset: int | None
     stop: str  # eof / zeroed / torn / bad_checksum_forgiven / bad_checksum / unknown_reference / bad_header
     outcome: str = RA_OK
     detail: str = ""
+    below_snapshot: list[int] = field(default_factory=list)  # rows Ra 2.16+ skips as already snapshotted (normal)
 
 
 def wal_recovery(scan, model: BrokerModel, registered: set[bytes] | None = None,
@@ -650,7 +654,7 @@ def wal_recovery(scan, model: BrokerModel, registered: set[bytes] | None = None,
     ra = model.ra_version
     if not scan.header_ok:
         return WalRecovery(scan.path, [], [], 0, "bad_header", RA_NODE_REFUSES, scan.end.detail)
-    kept, skipped = [], []
+    kept, skipped, below = [], [], []
     modern = ra >= (2, 16, 0)
     for i in range(len(scan)):
         off = int(scan.offset[i])
@@ -671,11 +675,12 @@ def wal_recovery(scan, model: BrokerModel, registered: set[bytes] | None = None,
             return WalRecovery(scan.path, kept, skipped, off, "bad_checksum", RA_NODE_REFUSES,
                                "wal_checksum_validation_failure")
         if modern and snapshot_index is not None and int(scan.index[i]) <= snapshot_index.get(uid, -1):
-            skipped.append(i)
+            below.append(i)
             continue
         kept.append(i)
     end = scan.end
-    return WalRecovery(scan.path, kept, skipped, end.offset if end.kind != "eof" else None, end.kind)
+    return WalRecovery(scan.path, kept, skipped, end.offset if end.kind != "eof" else None, end.kind,
+                       below_snapshot=below)
 
 
 def ra_segment_usable(seg, model: BrokerModel) -> tuple[bool, str]:

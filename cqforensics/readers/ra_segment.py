@@ -146,7 +146,7 @@ def dump_rows(path: Path, segment_entry_count: int | None = None):
     yield {"offset": 0, "kind": "header", "status": status}, None
     for i in range(len(seg)):
         row = {"offset": int(seg.offset[i]), "kind": "entry", "size": int(seg.length[i]),
-               "index": int(seg.index[i]), "term": int(seg.term[i]),
+               "raft_index": int(seg.index[i]), "raft_term": int(seg.term[i]),
                "slot_offset": c_ra.SEG_HEADER_SIZE + int(seg.slot[i]) * seg.record_size(),
                "status": ENTRY_LABELS[int(seg.status[i])]}
         term = (data, int(seg.offset[i]), int(seg.length[i])) if seg.status[i] != ENTRY_PAST_EOF else None

@@ -172,7 +172,7 @@ def dump_rows(path: Path, segment_entry_count: int | None = None):
     yield {"offset": 0, "kind": "header", "status": snap.status + (f": {snap.detail}" if snap.detail else "")}, None
     if snap.meta is not None:
         yield {"offset": snap.meta_offset, "kind": "meta", "term": etf.format_term(snap.meta),
-               "index": snap.index, "status": "ok"}, None
+               "raft_index": snap.index, "status": "ok"}, None
     if snap.state_offset is not None:
         yield ({"offset": snap.state_offset, "kind": "state", "size": snap.size - snap.state_offset, "status": "ok"},
                (data, snap.state_offset, snap.size - snap.state_offset))

@@ -188,7 +188,7 @@ def dump_rows(path: Path, segment_entry_count: int | None = None):
         uid = scan.uid(i)
         row = {"offset": int(scan.offset[i]), "kind": "record", "size": int(scan.length[i]),
                "id": uid.decode("utf-8", "replace") if uid is not None else f"?ref{int(scan.ref[i])}",
-               "index": int(scan.index[i]), "term": int(scan.term[i]),
+               "raft_index": int(scan.index[i]), "raft_term": int(scan.term[i]),
                "status": "checksum " + CHECK_LABELS[int(scan.checksum[i])]
                + (", truncating write" if scan.truncate[i] else "")}
         yield row, (data, int(scan.data_offset[i]), int(scan.length[i]))

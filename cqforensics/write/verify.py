@@ -22,7 +22,7 @@ from pathlib import Path
 from cqforensics import exitcodes, layout
 from cqforensics.errors import display
 from cqforensics.checks import check_vhost, qs_overlaps, undelivered
-from cqforensics.findings import INFO, Finding
+from cqforensics.findings import CODES, INFO, Finding
 from cqforensics.model.options import make_options
 from cqforensics.model.vhost import NodeScan
 
@@ -33,6 +33,9 @@ BREAKS = frozenset({"orphan-message", "duplicate-copy", "transient-dropped"})
 #: message the index holds twice (a copied slot: every entry still resolves, the message is
 #: delivered twice; the writers keep both copies as the source index holds them)
 CARRIED_OVER = frozenset({"term-file-damaged", "index-duplicate-entry"})
+#: quorum queues' Ra data (``quorum/<node>/``) is copied by the writers as it is (they rewrite
+#: ``msg_stores/vhosts`` only): what is found there, and what its next boot drops, is carried over
+CARRIED_OVER |= {code for code in CODES if code.startswith("quorum-")}
 
 
 @dataclass
