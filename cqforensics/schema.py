@@ -176,6 +176,34 @@ def fit_struct(values: dict, typ: pa.StructType) -> list[str]:
     return bad
 
 
+KIND_MARKS = "of another kind (shown as null): "
+RANGE_MARKS = "out of range (shown as null): "
+
+
+def properties_row(msg: dict) -> dict:
+    """The ``properties`` struct value of a decoded message (``message.decode_stored``): its 13
+    properties with the timestamp in the column's µs (from ``timestamp_ms``: the annotation a
+    3.13+ broker keeps, else the property)."""
+    p = msg["properties"]
+    ts = msg["timestamp_ms"]
+    p["timestamp"] = ts * 1000 if isinstance(ts, int) and not isinstance(ts, bool) else (None if ts is None else ts)
+    return p
+
+
+def value_marks(msg: dict, properties_fitted: list[str] | None = None) -> str | None:
+    """What a ``messages`` row of the decoded ``msg`` shows as null, as its ``decode_error`` says
+    it and ``fsck --deep`` reports it (``value-out-of-range``): the fields of another kind than
+    the broker writes (``msg["marks"]``) and the properties that do not fit their column (the
+    ``fit_struct`` of its properties, done here unless the caller did it: ``properties_fitted``).
+    None when the row shows every value as stored. The one rule of both."""
+    kinds = msg.get("marks") or []
+    if properties_fitted is None:
+        properties_fitted = fit_struct(properties_row(msg), PROPERTIES)
+    parts = ([KIND_MARKS + ", ".join(kinds)] if kinds else []) + \
+        ([RANGE_MARKS + ", ".join(properties_fitted)] if properties_fitted else [])
+    return "; ".join(parts) if parts else None
+
+
 def binary_array(values: list) -> pa.Array:
     """Bytes (or None) -> Arrow binary with one join, much faster than pa.array on big values."""
     import numpy as np

@@ -34,7 +34,9 @@ from cqforensics.model.vhost import VhostScan, passes
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers import registry
-from cqforensics.schema import SCHEMAS, STRINGS, TS_MAX_US, TS_MIN_US, binary_array, fit_array, fit_struct
+from cqforensics.schema import (SCHEMAS, STRINGS, TS_MAX_US, TS_MIN_US, binary_array, fit_array, fit_struct,
+                                properties_row)
+from cqforensics.schema import value_marks as schema_marks
 
 TS = pa.timestamp("us", tz="UTC")
 
@@ -456,12 +458,13 @@ def decode_reference(terms: list, index_ids: list, bodies: bool) -> dict:
                 msg_id = msg["msg_id"]
             elif msg["msg_id"] is not None and msg["msg_id"] != msg_id:
                 error = "the stored term's message id differs from the index's"
+            kinds = msg.get("marks")
+            if kinds:  # fields of another kind, shown as null (schema.value_marks: with the ranges below)
+                marked = schema_marks(msg, [])
+                error = marked if error is None else f"{error}; {marked}"
             ex.append(msg["exchange"])
             rks.append(msg["routing_keys"])
-            p = msg["properties"]  # a dict of this message's own: the column's timestamp is in µs
-            ts = msg["timestamp_ms"]
-            p["timestamp"] = ts * 1000 if isinstance(ts, int) else None
-            props.append(p)
+            props.append(properties_row(msg))  # a dict of this message's own: the column's timestamp is in µs
             hd.append(msg["headers"])
             an.append(msg["annotations"])
             body = msg["body"]
@@ -499,7 +502,7 @@ def _properties(props: list, errors: list) -> pa.Array:
     for k, p in enumerate(props):
         bad = fit_struct(p, _PROP_TYPE) if p is not None else None
         if bad:
-            errors[k] = (errors[k] + "; " if errors[k] else "") + "out of range (shown as null): " + ", ".join(bad)
+            errors[k] = (errors[k] + "; " if errors[k] else "") + schema_marks({}, bad)
     return pa.array(props, _PROP_TYPE)
 
 

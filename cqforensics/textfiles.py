@@ -91,7 +91,8 @@ def parse_queue_name(raw: bytes, vhost: bytes | None = None) -> QueueName:
 _TOKEN = re.compile(rb"""
     \s+ | %[^\n]*                                   # whitespace, comments
   | (?P<bin><<)  | (?P<ebin>>>)
-  | (?P<punct>\#\{|=>|[{}\[\],.|/])
+  | (?P<map>\#\{) | (?P<arrow>=>)
+  | (?P<punct>[{}\[\],.|/])
   | (?P<float>-?\d+\.\d+(?:[eE][-+]?\d+)?)
   | (?P<int>-?\d+)
   | (?P<str>"(?:[^"\\]|\\.)*")
@@ -118,7 +119,7 @@ MAX_DIGITS = 1000  # digits of one number (Python refuses int/str conversions pa
 def consult(text: bytes) -> list:
     """The terms of an Erlang text file (tuples, lists, maps ``#{K => V}``, atoms, integers,
     floats, strings, binaries ``<<1,2>>``/``<<"s">>``/``<<"s"/utf8>>``), each ended by a full
-    stop. Maps become dicts (an unhashable key, a list or map, is kept as its tuple form)."""
+    stop."""
     toks = list(_tokens(text))
     out, i = [], 0
 
@@ -158,17 +159,20 @@ def consult(text: bytes) -> list:
                     raise FormatError(f"unexpected {v!r} in binary", offset=o)
                 i += 1
             return bytes(data), i + 1
-        if kind == "punct" and val == b"#{":
-            pairs, i = {}, i + 1
+        if kind == "map":
+            out, i = {}, i + 1
             while not (toks[i][0] == "punct" and toks[i][1] == b"}"):
                 k, i = term(i, depth + 1)
-                if toks[i][1] != b"=>":
-                    raise FormatError("map pair without '=>'", offset=toks[i][2])
+                if toks[i][0] != "arrow":
+                    raise FormatError("a map key not followed by '=>'", offset=toks[i][2])
                 v, i = term(i + 1, depth + 1)
-                pairs[k if _hashable(k) else repr(k)] = v
+                try:
+                    out[k if not isinstance(k, list) else tuple(k)] = v
+                except TypeError:  # a map or tuple of maps as a key: no key any check asks for
+                    pass
                 if toks[i][0] == "punct" and toks[i][1] == b",":
                     i += 1
-            return pairs, i + 1
+            return out, i + 1
         if kind == "punct" and val in (b"{", b"["):
             close = b"}" if val == b"{" else b"]"
             items, i = [], i + 1
@@ -190,14 +194,6 @@ def consult(text: bytes) -> list:
     except IndexError:
         raise FormatError("unexpected end of terms", offset=len(text)) from None
     return out
-
-
-def _hashable(v) -> bool:
-    try:
-        hash(v)
-    except TypeError:
-        return False
-    return True
 
 
 def _unescape(s: bytes) -> bytes:
@@ -293,6 +289,8 @@ TEXT_SHAPES = {
     "node-type.txt": _one(lambda t: t in (Atom("disc"), Atom("ram")), "the atom disc or ram"),
     "rabbit_serial": _one(lambda t: isinstance(t, int) and t >= 0, "one non-negative integer"),
     "schema_version": _one(_atoms, "one list of upgrade step names"),
+    "ra-config": _one(lambda t: isinstance(t, dict), "one map (ra_log:write_config writes the server's config "
+                      "as ~p.): Ra cannot restart the server"),
 }
 
 

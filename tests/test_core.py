@@ -10,6 +10,7 @@ import os
 import random
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -374,6 +375,26 @@ def test_decode_equals_reference_on_damaged_terms():
             t[k] = rng.choice(b"abdFjlmntwvs\x83hT")
         damaged.append(bytes(t))
     _compare_decode(damaged, [None] * len(damaged))
+
+
+def test_decode_equals_reference_on_count_lies():
+    """Issue 33: every count and length field the compiled decode reads (annotation map arity,
+    list counts, binary and table lengths) lying as large as it can: at each of the first 200
+    and last 60 byte positions of one stored term of each layout and atom encoding, 1, 2 and 4
+    bytes of 0xFF (and 0x7FFFFFFF) written over the term. The core falls back or decodes as the
+    reference does, and the whole lot takes seconds (no count is trusted before it is checked)."""
+    by_shape = {}
+    for t in _stored_terms():
+        by_shape.setdefault((t[:12], len(t) < 400), t)
+    lied = []
+    for t in by_shape.values():
+        for k in sorted(set(range(min(200, len(t)))) | set(range(max(0, len(t) - 60), len(t)))):
+            for lie in (b"\xff", b"\xff\xff", b"\xff\xff\xff\xff", b"\x7f\xff\xff\xff"):
+                lied.append(t[:k] + lie + t[k + len(lie):])
+    assert len(by_shape) >= 4 and len(lied) > 4000
+    t0 = time.monotonic()
+    _compare_decode(lied, [None] * len(lied))
+    assert time.monotonic() - t0 < 60
 
 
 def test_decode_equals_reference_on_crafted_annotations():

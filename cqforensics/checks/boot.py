@@ -3,6 +3,7 @@ and whether it recovers the vhost dirty (rebuilding the indexes from the files).
 
 from __future__ import annotations
 
+from cqforensics.errors import plural
 from cqforensics.findings import Finding
 from cqforensics.model import recovery
 from cqforensics.model.vhost import VhostScan
@@ -55,7 +56,7 @@ def clean_state_findings(vs: VhostScan) -> list[Finding]:
         where = {"queue": q.name, "priority": q.priority}
         details = {"persistent_count": st.count, "seq_ids": [st.low, st.end], "found": st.found,
                    "outside": st.outside}
-        terms = f"its recovery terms record {st.count} messages at seq ids {st.low} to {st.end - 1}"
+        terms = f"its recovery terms record {plural(st.count, 'message')} at seq ids {st.low} to {st.end - 1}"
         if st.kind == "restart":
             out.append(Finding("recovery-terms-mismatch", f"{terms}, its index holds {st.found} there: RabbitMQ "
                                f"{vs.model} crashes queue {q.label} at init, and its supervisor restarts it, which "
@@ -63,7 +64,7 @@ def clean_state_findings(vs: VhostScan) -> list[Finding]:
                                str(vs.vhost.recovery_dets), severity="error", **where,
                                details={**details, "restarts": True}))
         elif st.outside:
-            out.append(Finding("recovery-terms-mismatch", f"{st.outside} messages of queue {q.label} lie outside the "
+            out.append(Finding("recovery-terms-mismatch", f"{plural(st.outside, 'message')} of queue {q.label} lie outside the "
                                f"seq ids its recovery terms cover ({st.low} to {st.end - 1}): RabbitMQ {vs.model} "
                                "never reads them, and new publishes reuse their slots (recovery.dets older than "
                                "the index)", str(vs.vhost.recovery_dets), severity="error", **where, details=details))

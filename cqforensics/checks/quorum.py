@@ -10,17 +10,17 @@ from cqforensics.codes import Fate
 from cqforensics.errors import display
 from cqforensics.findings import Finding
 from cqforensics.model import quorum as m_quorum
-from cqforensics.model.vhost import VhostScan
+from cqforensics.model.vhost import NodeScan, VhostScan
 
 #: queue fate -> QueueVerdict.crash
 _CRASH = {m_quorum.Q_NODE_DOWN: "node", m_quorum.Q_CRASH: "queue", m_quorum.Q_UNAVAILABLE: "queue"}
 
 
-def system_findings(vs: VhostScan) -> list[Finding]:
-    """Findings about the Ra system files (the WAL files): once per node, with its first vhost."""
+def system_findings(ns: NodeScan) -> list[Finding]:
+    """Findings about the Ra system files (the WAL files): once per node (``node_level_findings``)."""
     out = []
-    model = vs.node.model
-    for q_sys in vs.node.quorum_systems:
+    model = ns.model
+    for q_sys in ns.quorum_systems:
         for scan, rec in q_sys.wal:
             lost = len(scan) - len(rec.kept) - len(rec.skipped) - len(rec.below_snapshot)
             if rec.outcome != "ok":

@@ -10,13 +10,15 @@ import numpy as np
 from cqforensics.codes import Fate
 from cqforensics.errors import display
 from cqforensics.findings import Finding
-from cqforensics.model.vhost import VhostScan, passes
+from cqforensics.model.vhost import NodeScan, VhostScan, passes
 
 from cqforensics.checks.boot import boot_crash_findings, recovery_findings
 from cqforensics.checks.deep import decode_checks
-from cqforensics.checks.index import ChunkCheck
-from cqforensics.checks.integrity import CopyCheck, QueueIntegrity, node_findings, vhost_file_findings
-from cqforensics.checks.layout import OrphanTally, lost_queue_findings, queue_dir_findings, vhost_dir_findings
+from cqforensics.checks.index import ChunkCheck, reader_findings
+from cqforensics.checks.integrity import (CopyCheck, QueueIntegrity, node_findings, segment_count_findings,
+                                          vhost_file_findings)
+from cqforensics.checks.layout import (OrphanTally, lost_queue_findings, queue_dir_findings, unread_storage_findings,
+                                       vhost_dir_findings)
 from cqforensics.checks.quorum import quorum_checks, system_findings
 from cqforensics.checks.store import StoreCheck
 
@@ -60,6 +62,7 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
     chunks, stores, orphans = ChunkCheck(), StoreCheck(), OrphanTally()
     held: dict[str, tuple[int, dict[str, int]]] = {}  # queue dir -> (messages its index holds, drops by reason)
     crashes: dict[str | None, str] = {}
+    index_findings: list[Finding] = []  # the readers' findings of the vhost's indexes (first pass)
     for sub in passes(vs):
         sub.lists_every_index()
         first = sub.share is None or sub.share.k == 0
@@ -71,7 +74,8 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
             integrity = QueueIntegrity(sub, first)
             for ci, qx in enumerate(sub.index_of(q, in_share=False)):
                 if first:
-                    findings += [f.scoped(queue=q.name, priority=q.priority) for f in qx.findings]
+                    findings += [f.scoped(queue=q.name, priority=q.priority) for f in reader_findings(sub, qx)]
+                    index_findings += qx.findings
                 integrity.add(qx)
                 copies.add(qx)
                 rows = sub.chunk_rows(qx)  # the pass's share of the live entries (None: all)
@@ -96,6 +100,7 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
             findings += crash_findings
             findings += recovery_findings(sub)
             findings += vhost_file_findings(sub)
+            findings += segment_count_findings(sub, index_findings)
     findings += chunks.findings(vs, stores.intact())
     findings += stores.findings(vs)
     findings += lost_queue_findings(vs, orphans)
@@ -134,11 +139,16 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
                                 qv["messages"], qv["kept"], qv["drops"], qv["crash"], "quorum", queue_type="quorum"))
     scoped = [f.scoped(node=node, vhost=vhost) for f in findings]
     scoped += [f.scoped(node=node, vhost=f.vhost or vhost) for f in q_findings]
-    if vs.node.vhosts and vs is vs.node.vhosts[0]:  # the node's own files: once per node, with its first vhost
-        scoped += [f.scoped(node=node) for f in node_findings(vs.node)]
-        if vs.share is None or vs.share.k == 0:
-            scoped += [f.scoped(node=node) for f in system_findings(vs)]
-        if any(v.crash == "node" for v in out):
-            for v in out:
-                v.crash = "node"
+    if vs.node.boot_hangs:  # a quorum WAL the boot refuses keeps the node down: every queue with it
+        for v in out:
+            v.crash = "node"
+    if vs.node.carries_node_findings(vs):  # the node's own files: once per node, with its first vhost read
+        scoped += [f.scoped(node=node) for f in node_level_findings(vs.node)]
     return out, scoped
+
+
+def node_level_findings(ns: NodeScan) -> list[Finding]:
+    """The findings about the node as a whole (its own files, its quorum queues' shared WAL, the
+    storage it holds that is not read): ``check_vhost`` adds them to those of the node's first
+    vhost; a check that leaves that vhost out asks for them here."""
+    return node_findings(ns) + system_findings(ns) + unread_storage_findings(ns)

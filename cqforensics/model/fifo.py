@@ -359,7 +359,7 @@ def _facts(msg, size) -> MsgFacts:
         if pri is None and proto == "mc_amqpl" and isinstance(data, tuple):
             from cqforensics import message as m
 
-            props, _ = m._content_props(data)
+            props, _ = m._content_props(data, [])  # marks: the columns, not these facts, report them
             pri = props.get("priority")
             if ttl is None and props.get("expiration") is not None:
                 try:

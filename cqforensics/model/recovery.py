@@ -411,6 +411,32 @@ def intrinsic_fate(persistent: int, loc: int) -> Fate | None:
     return None
 
 
+def checks_headers(vs) -> bool:
+    """Whether the next boot reads every ``.qi`` segment's header before its slots: a dirty
+    recovery does, and deletes a segment whose header is not valid with its ``.qs``, never
+    parsing a slot of it (rabbit_classic_queue_index_v2:recover_segments/5, v3.10.0 - v4.3.x:
+    "File was either empty or the header was invalid"). A clean start takes its segments from
+    the recovery terms and reads the slots when it delivers them."""
+    return vs.recovery == "dirty"
+
+
+def unread_slots(vs, qx) -> set[str]:
+    """The files of ``qx`` whose slots the next boot never parses (``checks_headers``): its
+    ``.qi`` segments with a bad header. Damage in their slots is no cause of its own: the one
+    cause is the header, and it costs the segment (``Fate.SEGMENT_DELETED``), not the queue."""
+    if not qx.bad_segments or qx.version != 2 or not checks_headers(vs):
+        return set()
+    return {str(qx.files[i]) for i in qx.bad_segments}
+
+
+def crash_causes(vs, qx) -> list:
+    """The reader findings of ``qx`` that crash its queue's recovery (``crashes_queue``), but for
+    those in slots the next boot never parses (``unread_slots``)."""
+    causes = [f for f in qx.findings if f.crashes_queue]
+    skip = unread_slots(vs, qx) if causes else set()
+    return [f for f in causes if f.file not in skip] if skip else causes
+
+
 def queue_fate(vs, qx) -> Fate | None:
     """What happens to the whole queue dir at the next boot, before any entry is looked at."""
     known = vs.queue_known(qx.qdir)
@@ -556,7 +582,7 @@ def resolve(vs, qx, propagate: bool = True) -> Resolved:
     intrinsic = np.where(persistent != 1, Fate.TRANSIENT,
                          np.where(loc == Location.MEMORY, Fate.NOT_ON_DISK, Fate.BAD_LOCATION))
     out.fate[:] = first_of(
-        [(r.kind[live] == _BAD) & (qdrop in (None, Fate.QUEUE_CRASH)),
+        [(r.kind[live] == _BAD) & (qdrop in (None, Fate.QUEUE_CRASH)) & ~bad_segment,  # header first
          np.full(n, qdrop is not None),
          bad_segment,
          (persistent != 1) | ~_ON_DISK[loc + 1],

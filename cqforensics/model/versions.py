@@ -414,12 +414,23 @@ class VersionRange:
         return model(self.newest)
 
     @property
+    def oldest(self) -> str:
+        """The oldest version of the range, as a model label."""
+        return _fmt(self.low, False)
+
+    @property
+    def one_series(self) -> bool:
+        """Whether every version of the range is one series of the version table (one model):
+        a prediction for ``newest`` then holds for any of them; otherwise it is an assumption."""
+        return model(self.oldest).series == self.model.series
+
+    @property
     def why(self) -> str:
         return "; ".join(self.reasons) if self.reasons else "no version evidence in the data"
 
     def to_dict(self) -> dict:
         return {"low": _fmt(self.low, False), "high": _fmt(self.high, True), "label": self.label,
-                "why": list(self.reasons)}
+                "why": list(self.reasons), "one_series": self.one_series}
 
     def __str__(self) -> str:
         return f"{self.label} ({self.why})"

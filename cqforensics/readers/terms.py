@@ -9,13 +9,14 @@ DETS v9 is not specified publicly; objects are found heuristically by their
 
 from __future__ import annotations
 
+import os
 import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cqforensics import etf, textfiles
-from cqforensics.errors import FormatError
+from cqforensics.errors import FormatError, plural
 from cqforensics.grammar import disklog as c_disklog
 from cqforensics.findings import Finding
 from cqforensics.readers import dets, files
@@ -49,7 +50,7 @@ def read_disk_log(path: Path, data: bytes | None = None) -> TermLog:
     end = len(data)
     while o < end:
         if o + 8 > end:
-            log.error = FormatError(f"log ends inside an item header ({end - o} bytes)", str(path), o)
+            log.error = FormatError(f"log ends inside an item header ({plural(end - o, 'byte')})", str(path), o)
             break
         length, magic = _ITEM_HEAD(data, o)
         if magic != c_disklog.ITEM_MAGIC:
@@ -57,7 +58,7 @@ def read_disk_log(path: Path, data: bytes | None = None) -> TermLog:
             break
         start = o + 8 + (16 if length >= c_disklog.MIN_MD5_TERM else 0)
         if start + length > end:
-            log.error = FormatError(f"item of {length} bytes runs past the end of the log", str(path), o)
+            log.error = FormatError(f"item of {plural(length, 'byte')} runs past the end of the log", str(path), o)
             break
         try:
             term, used = etf.decode(data, offset=start)
@@ -65,7 +66,7 @@ def read_disk_log(path: Path, data: bytes | None = None) -> TermLog:
             log.error = FormatError(f"undecodable item: {e.message}", str(path), e.offset)
             break
         if used != start + length:  # disk_log wrote term_to_binary of the item: it fills the item
-            log.error = FormatError(f"item of {length} bytes holds a term of {used - start}: damaged inside",
+            log.error = FormatError(f"item of {plural(length, 'byte')} holds a term of {used - start}: damaged inside",
                                     str(path), used)
             break
         log.items.append(term)
@@ -284,12 +285,12 @@ def _dets_ends(path: Path, data) -> list[Finding]:
     torn or duplicated)."""
     size = len(data)
     if size < 40:
-        return [_damaged(f"a DETS table of {size} bytes: shorter than its header", path, 0, size=size)]
+        return [_damaged(f"a DETS table of {plural(size, 'byte')}: shorter than its header", path, 0, size=size)]
     fl, cookie, closed, _, version = DETS_HEADER.unpack_from(data, 0)
     if cookie != DETS_COOKIE or version != DETS_VERSION:
         return [_damaged(f"no DETS v9 header (cookie {cookie:#x}, version {version})", path, 4)]
     if fl > size:  # open or closed, the pointer never lies past the end (checked on every sample)
-        return [_damaged(f"the header's free-list pointer {fl} lies past the end of the file ({size} bytes): "
+        return [_damaged(f"the header's free-list pointer {fl} lies past the end of the file ({plural(size, 'byte')}): "
                          "the table is torn", path, 0, free_list_pointer=fl, size=size)]
     if closed != 1:
         return []  # not closed properly: OTP repairs it when it opens it (the state after kill -9)
@@ -299,7 +300,7 @@ def _dets_ends(path: Path, data) -> list[Finding]:
     o = fl
     for _ in range(DETS_MAX_FREE_BLOCKS):
         if o + 12 > size:
-            return [_damaged(f"the file ends inside its free lists at {o} ({size} bytes): the table is torn",
+            return [_damaged(f"the file ends inside its free lists at {o} ({plural(size, 'byte')}): the table is torn",
                              path, o, size=size)]
         block, magic, word = struct.unpack_from(">III", data, o)
         if magic != DETS_FREELIST_MAGIC or block < 8:
@@ -313,7 +314,7 @@ def _dets_ends(path: Path, data) -> list[Finding]:
         return []  # more free-list blocks than any table has: a hostile chain, not followed further
     out = []
     if end < size:
-        out.append(_damaged(f"{size - end} bytes after the end of the table's free lists: junk appended or "
+        out.append(_damaged(f"{plural(size - end, 'byte')} after the end of the table's free lists: junk appended or "
                             "a torn rewrite", path, end, extra_bytes=size - end))
     elif end > size:
         out.append(_damaged("the file ends inside its last free-list block: the table is torn", path, size - 4))
@@ -323,7 +324,7 @@ def _dets_ends(path: Path, data) -> list[Finding]:
     for off, _ in _dets_objects(data, fl, extents):  # counted, not kept
         found, last = found + 1, off
     if found != objects:
-        out.append(_damaged(f"the header records {objects} objects, {found} are found: an object is "
+        out.append(_damaged(f"the header records {plural(objects, 'object')}, {found} are found: an object is "
                             f"{'missing or torn' if found < objects else 'extra (copied or injected)'}",
                             path, last if found > objects else 32, recorded=objects, found=found))
     return out
@@ -407,6 +408,13 @@ def _log_header_problem(item, kind: str) -> str | None:
 ETS_RECORDS = {"file_summary.ets": "file_summary", "msg_store_index.ets": "msg_location"}
 #: the table each dump is of (its table-info item's ``name``; rabbit_msg_store, every version)
 ETS_NAMES = {"file_summary.ets": "rabbit_msg_store_file_summary", "msg_store_index.ets": "rabbit_msg_store_ets_index"}
+#: the options of each dump's table, as its table-info item records them (ets:tab2file of the
+#: table rabbit_msg_store makes: ets:new with these options; the same on every sample, OTP 25 to
+#: 27, 3.10.8 to 4.3.6); ``id``, ``owner`` and ``memory`` are the run's own
+ETS_INFO = {"decentralized_counters": "false", "read_concurrency": "false", "write_concurrency": "false",
+            "compressed": "false", "named_table": "false", "heir": "none", "keypos": 2, "protection": "public",
+            "major_version": 1, "minor_version": 0, "extended_info": ["object_count"]}
+ETS_TYPES = {"file_summary.ets": "ordered_set", "msg_store_index.ets": "set"}
 
 
 def file_summary_records(path: Path) -> dict[int, tuple]:
@@ -433,7 +441,7 @@ def ets_findings(path: Path) -> list[Finding]:
     if not (items and is_end(items[-1])):
         marker = next((k for k, it in enumerate(items) if is_end(it)), None)
         if marker is not None:  # items after the end marker: appended (ets:file2tab rejects the file)
-            out.append(_damaged(f"{len(items) - marker - 1} items after the '$end_of_table' marker: extra items",
+            out.append(_damaged(f"{plural(len(items) - marker - 1, 'item')} after the '$end_of_table' marker: extra items",
                                 path, log.offsets[marker + 2], extra_items=len(items) - marker - 1))
         else:
             out.append(_damaged("no '$end_of_table' marker: the dump is torn (the broker rebuilds from the files)",
@@ -446,6 +454,8 @@ def ets_findings(path: Path) -> list[Finding]:
                             "or a damaged one", path, log.offsets[0] if log.offsets else 0,
                             expected=ETS_NAMES[path.name], found=str(name)))
     table = read_ets(path, log)
+    if path.name in ETS_TYPES:
+        out += _ets_info_findings(path, info, len(table.objects), log.offsets[0] if log.offsets else 0)
     tag = ETS_RECORDS.get(path.name)
     other = next((o for o in table.objects if not (isinstance(o, tuple) and o and o[0] == tag)), None)
     if tag is not None and other is not None:
@@ -461,52 +471,174 @@ def ets_findings(path: Path) -> list[Finding]:
     return out
 
 
+def _ets_info_findings(path: Path, info: tuple, objects: int, offset: int) -> list[Finding]:
+    """The table-info item of a rabbit_msg_store dump against the table the broker makes: its
+    options (``ETS_INFO``, ``ETS_TYPES``), its ``size`` (the objects it holds, dumped after it),
+    its ``node`` and the node of its ``id`` and ``owner`` (this node, whose dir it is in). The
+    dump has no checksum: a flipped bit in the item shows here, or in nothing (a digit of the
+    table's id, its owner's pid or its memory)."""
+    got = {str(kv[0]): kv[1] for kv in info if isinstance(kv, tuple) and len(kv) == 2}
+    want = {**ETS_INFO, "type": ETS_TYPES[path.name], "size": objects}
+    problems = [f"{k} is {str(got.get(k))[:40]}, not {v}" for k, v in want.items() if got.get(k) != v]
+    # the node it names three times (its own, its table's id, its owner's pid) is one node (a node
+    # dir may be renamed in a backup, so not compared with the dir's name)
+    node = got.get("node")
+    for k in ("id", "owner"):
+        v = got.get(k)
+        if isinstance(node, etf.Atom) and isinstance(v, etf.Opaque) and etf.opaque_node(v) not in (None, str(node)):
+            problems.append(f"its {k} names node {etf.opaque_node(v)[:40]}, its node is {str(node)[:40]}")
+    unknown = sorted(set(got) - set(want) - {"id", "owner", "memory", "node", "name"})
+    if unknown:
+        problems.append(f"keys tab2file does not write: {', '.join(k[:30] for k in unknown[:4])}")
+    if not problems:
+        return []
+    return [_damaged(f"its table info is not the broker's table: {'; '.join(problems[:4])} (a flipped bit: the "
+                     "dump has no checksum; ets:file2tab makes the table with what it says)", path, offset,
+                     problems=problems[:8])]
+
+
 #: Ra WAL (ra_log_wal.erl, checked on every sample): "RAWA", version 1, then records
 #: ``<<Trunc:1, Known:1, IdRef:22, [IdLen:16, UId]?, Adler32:32, Len:32, Idx:64, Term:64, Data:Len>>``
 #: (the UId only where ``Known`` is 0); the checksum is adler32 of ``<<Idx, Term, Data>>``
 RA_WAL_MAGIC = b"RAWA"
+RA_WAL_VERSION = 1  # ra_log_wal ?CURRENT_VERSION: open_existing exits on any other
 
 
 def wal_findings(path: Path, data=None) -> list[Finding]:
-    """``term-file-damaged`` for a Ra write-ahead log (Khepri's metadata, quorum queues): the
-    first record that is torn (runs past the end), fails its checksum, or is no record (junk);
-    Ra's recovery stops there and loses what follows."""
+    """``term-file-damaged`` for a Ra write-ahead log (Khepri's metadata, quorum queues): a
+    version Ra does not read (it exits: the Ra system, so the metadata store, does not start);
+    the first record that is torn (runs past the end), fails its checksum, or is no record
+    (junk): Ra's recovery stops there and loses what follows; and a record of a writer no
+    earlier record of the file introduces (``Known`` set, its ``IdRef`` never seen with a UId):
+    ra_log_wal recover_records takes it for a deleted server's and skips it, losing its entry.
+    The adler32 covers a record's index, term and data, not its header: a flipped bit there
+    shows only as such a writer."""
+    return _wal(path, data)[0]
+
+
+def wal_uids(path: Path, data=None) -> list[tuple[int, bytes]]:
+    """(offset, UId) of each writer a Ra WAL introduces (its ``Known`` = 0 records)."""
+    return _wal(path, data)[1]
+
+
+def _wal(path: Path, data=None) -> tuple[list[Finding], list[tuple[int, bytes]]]:
     import zlib
 
     data = map_file(path) if data is None else data
     size = len(data)
+    uids: list[tuple[int, bytes]] = []
     if size == 0:
-        return []
+        return [], uids
     if data[:4] != RA_WAL_MAGIC:
-        return [_damaged(f"no Ra WAL header (starts {bytes(data[:5]).hex()})", path, 0)]
+        return [_damaged(f"no Ra WAL header (starts {bytes(data[:5]).hex()})", path, 0)], uids
+    if size < 5 or data[4] != RA_WAL_VERSION:
+        got = data[4] if size > 4 else None
+        return [_damaged(f"Ra WAL format version {got}, not {RA_WAL_VERSION}: Ra refuses the file "
+                         "(exit unknown_wal_file_format), so its Ra system does not start", path, 4,
+                         version=got)], uids
     o, n = 5, 0
+    refs: set[int] = set()
+    out: list[Finding] = []
     while o < size:
         if size - o < 3 + 24:
             if any(data[o:size]):
-                return [_damaged(f"the WAL ends inside a record header ({size - o} bytes): torn", path, o,
-                                 records=n)]
+                return out + [_damaged(f"the WAL ends inside a record header ({plural(size - o, 'byte')}): torn", path,
+                                       o, records=n)], uids
             break
         h = int.from_bytes(data[o:o + 3], "big")
         p = o + 3
-        if not h >> 22 & 1:
+        known = h >> 22 & 1
+        ref = h & 0x3FFFFF
+        if not known:
             if h == 0 and not any(data[o:o + 32]):
                 if any(data[o:min(size, o + (1 << 20))]):
-                    return [_damaged("bytes after the zero-filled end of the WAL: junk", path, o, records=n)]
+                    return out + [_damaged("bytes after the zero-filled end of the WAL: junk", path, o,
+                                           records=n)], uids
                 break
             uid_len = int.from_bytes(data[p:p + 2], "big")
+            uids.append((o, bytes(data[p + 2:p + 2 + uid_len])))
+            refs.add(ref)
             p += 2 + uid_len
         if p + 24 > size:
-            return [_damaged("the WAL ends inside a record header: torn", path, o, records=n)]
+            return out + [_damaged("the WAL ends inside a record header: torn", path, o, records=n)], uids
         check, length = struct.unpack_from(">II", data, p)
         if p + 24 + length > size:
-            return [_damaged(f"a record of {length} bytes runs past the end of the WAL: torn (or junk)", path, o,
-                             records=n)]
+            return out + [_damaged(f"a record of {plural(length, 'byte')} runs past the end of the WAL: torn (or junk)",
+                                   path, o, records=n)], uids
         if zlib.adler32(data[p + 8:p + 24 + length]) != check:
-            return [_damaged("a record fails its checksum: damaged, or junk after the last record", path, o,
-                             records=n)]
+            return out + [_damaged("a record fails its checksum: damaged, or junk after the last record", path, o,
+                                   records=n)], uids
+        if known and ref not in refs and len(out) < 16:
+            out.append(_damaged(f"a record of writer ref {ref}, which no earlier record of this WAL introduces: Ra "
+                                "takes it for a deleted server's and skips it, so its entry is lost (its header "
+                                "damaged: the checksum does not cover it)", path, o, writer_ref=ref))
         n += 1
         o = p + 24 + length
-    return []
+    return out, uids
+
+
+#: the keys a Ra server config holds (ra_server.erl ``ra_server_config()``, Ra 2.x to 3.1; and
+#: ``machine_config``, which the Khepri of RabbitMQ 4.x writes too: every sample)
+RA_CONFIG_KEYS = frozenset({
+    "id", "uid", "cluster_name", "log_init_args", "initial_members", "machine", "initial_machine_version",
+    "friendly_name", "metrics_key", "metrics_labels", "broadcast_time", "tick_timeout", "install_snap_rpc_timeout",
+    "await_condition_timeout", "max_pipeline_count", "ra_event_formatter", "counter", "membership", "system_config",
+    "has_changed", "parent", "min_recovery_checkpoint_interval", "machine_config"})
+
+
+def ra_config_findings(path: Path) -> list[Finding]:
+    """``term-file-damaged`` for a Ra server's ``config`` (ra_log:write_config writes its config
+    map as ``~p.``; ra_server_sup_sup:recover_config reads it back at every restart): NUL
+    bytes, terms ``file:consult`` cannot read, not one map, or a map whose ``uid`` (and
+    ``log_init_args``' uid) is not its data dir's name (Ra restarts the server with that UId: its
+    log in another, empty, dir), whose ``id`` is no server id or not its Khepri machine's
+    ``member``; and (info) keys no Ra writes."""
+    raw = read_bytes(path)
+    hit = textfiles.text_damage(raw, "ra-config")
+    if hit is not None:
+        return [_damaged(f"Ra server config: {hit[0]}", path, hit[1])]
+    cfg = textfiles.consult(raw)[0]
+    uid = os.fsencode(path.parent.name)
+    problems = []
+    for where, value in (("uid", cfg.get("uid")), ("log_init_args uid", (cfg.get("log_init_args") or {}).get("uid")
+                                                     if isinstance(cfg.get("log_init_args"), dict) else None)):
+        if value != uid:
+            problems.append(f"its {where} is {value!r:.60}, not its data dir's name {uid.decode('utf-8', 'replace')}: "
+                            "Ra restarts the server on another (empty) data dir")
+    ident = cfg.get("id")
+    if not (isinstance(ident, tuple) and len(ident) == 2 and isinstance(ident[1], etf.Atom)):
+        problems.append(f"its id {str(ident)[:80]} is no {{Name, Node}} server id")
+    else:  # Khepri's machine config names its member: the same server
+        machine = cfg.get("machine")
+        member = machine[2].get("member") if isinstance(machine, tuple) and len(machine) == 3 \
+            and isinstance(machine[2], dict) else None
+        if member is not None and member != ident:
+            problems.append(f"its id {str(ident)[:60]} is not its machine's member {str(member)[:60]}")
+    out = [_damaged(f"Ra server config: {p}", path, None) for p in problems]
+    unknown = sorted(str(k) for k in cfg if str(k) not in RA_CONFIG_KEYS)
+    if unknown:  # Ra ignores a key it does not know (and falls back to the default of the one it lost)
+        keys = ", ".join(k[:40] for k in unknown[:4])
+        out.append(Finding("term-file-damaged", f"Ra server config: keys no Ra writes ({keys}): a flipped bit in a "
+                           "key's name (Ra then uses that setting's default), or a Ra newer than those known here",
+                           str(path), None, severity="info",
+                           details={"unknown_keys": unknown[:16]}))
+    return out
+
+
+def writers_snapshot_findings(path: Path) -> list[Finding]:
+    """``term-file-damaged`` (info) for a Ra WAL's ``writers.snapshot`` that is not the term
+    ra_log_wal persist_writers writes (``term_to_binary`` of a map): recover_writers then warns
+    and starts with no writers (the sequence numbers it checks writes against are lost)."""
+    raw = read_bytes(path)
+    try:
+        term, end = etf.decode(raw)
+        bad = None if isinstance(term, dict) and end == len(raw) else "not one map"
+    except etf.EtfError as e:
+        bad = f"not a term ({e.message})"
+    if bad is None:
+        return []
+    return [Finding("term-file-damaged", f"writers.snapshot is {bad}: Ra warns and starts its WAL with no writers",
+                    str(path), 0, severity="info")]
 
 
 def recovery_terms(path: Path) -> dict[str, dict]:
@@ -558,7 +690,7 @@ def text_findings(path: Path, shape: str, node: str | None = None) -> list[Findi
     if raw is None:
         return []
     if len(raw) > TEXT_LIMIT:
-        return [_damaged(f"{path.name}: larger than {TEXT_LIMIT} bytes, which no writer of it writes",
+        return [_damaged(f"{path.name}: larger than {plural(TEXT_LIMIT, 'byte')}, which no writer of it writes",
                          path, TEXT_LIMIT)]
     hit = textfiles.text_damage(raw, shape, node)
     return [] if hit is None else [_damaged(f"{path.name}: {hit[0]}", path, hit[1])]
