@@ -70,7 +70,7 @@ CODES: dict[str, tuple[str, str]] = {
                                    "file the broker writes (.config, clean.dot, cluster_nodes.config, ...) holds "
                                    "NUL bytes, unreadable terms or terms of another shape than its writer's"),
     "storage-not-read": (WARNING, "the node holds queues of a kind of storage cqforensics does not read yet "
-                                  "(quorum queues, streams): named, their messages are in no count; fsck's check "
+                                  "(streams): named, their messages are in no count; fsck's check "
                                   "is incomplete (exit bit 2)"),
     "index-size-mismatch": (WARNING, "--deep: an index entry's size field is not the size of the body it "
                                      "refers to (a damaged size field, or body)"),
