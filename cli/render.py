@@ -172,7 +172,7 @@ def fsck_text(report, out=None, show_all: bool = False) -> None:
                 "dirty recovery: the broker rebuilds the indexes from the files"
             out.write(f"  vhost {vhost}: {what}\n")
         if n.boot == "hangs":
-            out.write("  BOOT HANGS: the broker will not come up on this data (see boot-crash)\n")
+            out.write("  BOOT HANGS: the broker will not come up on this data (see boot-crash, quorum-wal-refused)\n")
         out.write("\n")
         rows = []
         for q in report.queues:
@@ -184,10 +184,13 @@ def fsck_text(report, out=None, show_all: bool = False) -> None:
             after = q.predicted_after_restart
             if (q.predicted_min, q.predicted_max) != (after, after):  # the store may crash: bounds
                 after = f"{after} ({q.predicted_min}-{q.predicted_max})"
-            rows.append({"vhost": q.vhost, "queue": q.queue if q.queue_type == "classic" else f"{q.queue} (stream)",
-                         "messages": q.messages, "after restart": after, "dropped": q.dropped, "why": why})
+            rows.append({"vhost": q.vhost, "queue": q.queue, "type": q.queue_type, "messages": q.messages,
+                         "after restart": after, "dropped": q.dropped, "why": why})
         if rows:
-            text_table(rows, ["vhost", "queue", "messages", "after restart", "dropped", "why"], out, max_width=70)
+            # the type column when the node holds a queue other than classic (quorum)
+            typed = ["type"] if any(r["type"] != "classic" for r in rows) else []
+            text_table(rows, ["vhost", "queue", *typed, "messages", "after restart", "dropped", "why"], out,
+                       max_width=70)
             out.write("\n")
     s = report.summary()
     c = s["findings"]

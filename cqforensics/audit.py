@@ -74,9 +74,12 @@ def audit(paths, vhosts=None, queues=None, progress=None, **options) -> dict:
     streams = {}
     for r in _rows(paths, "messages", ["node", "vhost", "queue", "priority", "seq_id", "msg_id", "properties", "body",
                                        "store_file", "store_offset", "survives_restart", "queue_type", "stream_offset",
-                                       "amqp091_drop_reason"], queues=queues, **kw):
+                                       "amqp091_drop_reason", "raft_index"], queues=queues, **kw):
+        # a quorum queue's message: its raft index (no seq_id), stored in its log entry (WAL or segment)
         where = {"node": r["node"], "vhost": r["vhost"], "queue": r["queue"], "seq_id": r["seq_id"],
                  "store_file": r["store_file"], "store_offset": r["store_offset"] if r["store_file"] else None}
+        if r["queue_type"] == "quorum":
+            where.update(queue_type="quorum", raft_index=r["raft_index"])
         if r["queue_type"] == "stream":
             where["stream_offset"] = r["stream_offset"]
             st = streams.setdefault((r["node"], r["vhost"], r["queue"]), {"records": 0, "kept": 0, "served_amqp091": 0,

@@ -107,6 +107,18 @@ class Fate(_Coded):
     #: AMQP 0-9-1 only: the broker's read that fails the consumer's channel (a bad CRC, a
     #: compressed sub-batch on 3.x, a record that is no AMQP 1.0 message) takes it, or comes before it
     STREAM_READ_FAILS = 26
+    #: quorum queue: returned at the boot (its consumer gone with the old node) past the queue's
+    #: delivery limit, so dead-lettered (or dropped) instead of delivered again
+    DELIVERY_LIMIT = 27
+    #: quorum queue: waiting in the queue's at-least-once dead-letter state; the boot's
+    #: dead-letter worker publishes it to the dead-letter exchange, this queue never delivers it
+    DEAD_LETTERED = 28
+    #: quorum queue: held by the log as the files keep it, but in entries the next boot's Ra
+    #: recovery does not read (after a torn, zero-filled or damaged WAL record)
+    LOG_LOST = 29
+    #: quorum queue: its Ra server does not come up as a leader (not registered in names.dets,
+    #: or its log lost below what meta.dets says it applied): every command to it times out
+    QUEUE_UNAVAILABLE = 30
 
     @property
     def reason(self) -> str | None:

@@ -145,8 +145,9 @@ def check_names(scans, vhosts, queues) -> None:
     answer. ``scans``: the ``NodeScan`` of every node read; ``vhosts``/``queues``: as ``names``
     returns them (None: no restriction). A name matches when a node has it: a vhost its dirs or
     metadata name, a queue of those vhosts its queue dirs or durable-queue metadata name (a
-    durable queue whose index dir is lost still matches: fsck reports it). A queue of a kind of
-    storage cqforensics does not read (``layout.STORAGE_KINDS``) is named as such."""
+    durable queue whose index dir is lost still matches: fsck reports it), or a quorum queue
+    member's Ra ``config`` names. A queue of a kind of storage cqforensics does not read
+    (``layout.STORAGE_KINDS``) is named as such."""
     if vhosts is None and queues is None:
         return
     known_vhosts: set[str] = set()
@@ -160,6 +161,8 @@ def check_names(scans, vhosts, queues) -> None:
         for vs in ns.vhosts:
             if vs.vhost.name in wanted:
                 read |= {q.name for q in vs.all_queue_dirs if q.name is not None}
+        # quorum queue members by their Ra config (a queue whose metadata record is lost is read too)
+        read |= {name for vhost, name in ns.quorum_names if vhost in wanted}
         for (vhost, name), rec in ns.metadata.queues.items():
             if display(vhost) not in wanted:
                 continue
@@ -180,7 +183,8 @@ def check_names(scans, vhosts, queues) -> None:
     kinds = [q for q in missing if q in unread]
     if kinds:
         raise UsageError("; ".join(f"queue {q!r} is a {unread[q]}" for q in kinds) + ": cqforensics does not read "
-                         + " or ".join(sorted({unread[q] + "s" for q in kinds})) + " yet (it reads classic queues)")
+                         + " or ".join(sorted({unread[q] + "s" for q in kinds}))
+                         + " yet (it reads classic and quorum queues)")
     if missing:
         if vhosts is not None:
             where = f"in vhost {' or '.join(map(repr, sorted(vhosts)))} {where}"
@@ -338,8 +342,9 @@ def _parallel(table: str, options: Options, paths, vhosts, queues, build: Build,
             restrict = None if queues is None else \
                 {q.dir_name: None for q in base.all_queue_dirs if q.name in queues}
             vs = base if restrict is None else VhostScan(ns, base.vhost, restrict, base.vhost_facts())
-            if queues is not None:  # the streams it lists, by name (as _scans)
+            if queues is not None:  # the streams and quorum queues it lists, by name (as _scans)
                 vs.stream_dirs = {e.path.name for e in ns.streams if e.label in queues}
+                vs.quorum_names = queues
             chosen.append(vs)
         ns.model, ns.boot_hangs, ns.durable_dirs, ns.lost_queues  # node-wide facts: made once, before any fork
         i = 0
@@ -416,7 +421,7 @@ def scans(table: str, options: Options, *, paths=None, units: Iterable | None = 
                 progress.plan(nodes, vhosts)
                 for ns in nodes:
                     progress.attach(ns)
-            groups = (((str(ns.node.path), ns.node.node), ns, None, None, None) for ns in nodes)
+            groups = (((str(ns.node.path), ns.node.node), ns, None, None, None, None) for ns in nodes)
         else:
             groups = _grouped(units, table)
         for vs in _scans(options, groups, vhosts, queues, cache, cache_scope):
@@ -482,9 +487,11 @@ def warn_unread(nodes) -> None:
 
 def _grouped(units, table: str):
     """Consecutive units of one vhost as (node id, (path, label) of the node dir, vhost dir,
-    queue restriction, stream restriction). A stream unit (``stream``: a dir name under the
-    node's ``stream/``) names the vhost that lists it (``model.vhost.stream_home``; none: every
-    vhost is asked, and the one that lists it yields its rows)."""
+    queue restriction, stream restriction, quorum restriction). A stream unit (``stream``: a dir
+    name under the node's ``stream/``) names the vhost that lists it (``model.vhost.stream_home``;
+    none: every vhost is asked, and the one that lists it yields its rows). A queue-level group
+    reads the classic queue dirs (and segments) its units name and the quorum queue members (Ra
+    server uids) they name."""
     units = list(units)
     i = 0
     while i < len(units):
@@ -496,23 +503,27 @@ def _grouped(units, table: str):
             j += 1
         if stream:
             yield (u.node_path, u.node_label), (u.node_path, u.node_label), u.vhost_dir or None, {}, \
-                {g.stream for g in units[i:j]}
+                {g.stream for g in units[i:j]}, set()  # a stream unit: no quorum queue member
             i = j
             continue
-        only = None
-        if table in QUEUE_LEVEL and all(g.queue_dir is not None for g in units[i:j]):  # else: whole vhosts
-            only = {}
+        only, quorum = None, None
+        if table in QUEUE_LEVEL and all(g.queue_dir is not None or getattr(g, "quorum", None)
+                                        for g in units[i:j]):  # else: whole vhosts
+            only, quorum = {}, set()
             for g in units[i:j]:
+                if getattr(g, "quorum", None):
+                    quorum.add(g.quorum)
+                    continue
                 segs = only.setdefault(g.queue_dir, set() if g.segment is not None else None)
                 if segs is not None and g.segment is not None:
                     segs.add(g.segment)
-        yield (u.node_path, u.node_label), (u.node_path, u.node_label), u.vhost_dir, only, None
+        yield (u.node_path, u.node_label), (u.node_path, u.node_label), u.vhost_dir, only, None, quorum
         i = j
 
 
 def _scans(options, groups, vhosts, queues, cache, cache_scope):
     ns, ns_id = None, None
-    for node_id, node, vhost_dir, only, streams in groups:
+    for node_id, node, vhost_dir, only, streams, quorum in groups:
         key = (cache_scope, *node_id, vhost_dir) if cache is not None and cache_scope is not None \
             and vhost_dir is not None else None
         cached, facts = cache.get(key, (None, {})) if key is not None else (None, {})
@@ -544,6 +555,9 @@ def _scans(options, groups, vhosts, queues, cache, cache_scope):
                     named = {e.path.name for e in ns.streams if e.label in queues}
                     dirs = named if dirs is None else dirs & named
                 vs.stream_dirs = dirs
+            if vs is not base:
+                vs.quorum_names = queues
+                vs.quorum_uids = frozenset(quorum) if quorum is not None else None
             try:
                 yield vs
             finally:

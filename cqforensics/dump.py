@@ -13,7 +13,7 @@ import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from cqforensics import fastpath
+from cqforensics import fastpath, message, rabbit_fifo
 from cqforensics.errors import OperationalError, UsageError
 from cqforensics.readers import registry
 from cqforensics.readers.files import file_type, read_bytes
@@ -38,6 +38,36 @@ def _message(raw) -> dict:
             "body_sha256": hashlib.sha256(body).hexdigest(), "body_preview": body[:64]}
 
 
+def _ra_entry(raw) -> dict:
+    """A Ra log entry (WAL record, segment entry): its command, and the message an enqueue carries."""
+    try:
+        entry = rabbit_fifo.decode(raw)
+    except Exception as e:
+        return {"decode_error": f"{type(e).__name__}: {e}"[:200]}
+    out = {"entry": entry.kind}
+    cmd = entry.command
+    if cmd is not None:
+        out["command"] = cmd.name
+        if cmd.msg is not None:
+            try:
+                m = message.normalise_checked(cmd.msg)
+            except Exception as e:
+                out["decode_error"] = f"{type(e).__name__}: {e}"[:200]
+                return out
+            body = m["body"]
+            out.update({"term_format": m["term_format"], "exchange": m["exchange"], "routing_keys": m["routing_keys"],
+                        "message_id": m["properties"].get("message_id"), "headers": m["headers"],
+                        "body_size": len(body), "body_sha256": hashlib.sha256(body).hexdigest(),
+                        "body_preview": body[:64]})
+    elif entry.machine_version is not None:
+        out["machine_version"] = entry.machine_version
+    return out
+
+
+#: kinds whose located terms are Ra log entries (a rabbit_fifo command), not stored messages
+RA_LOG_KINDS = ("ra_wal", "ra_segment", "ra_compacting")
+
+
 def dump(path: Path | str, deep: bool = False, segment_entry_count: int = 16384) -> Iterator[dict]:
     """One dict per entry (and per hole), in file order."""
     path = Path(path)
@@ -56,7 +86,8 @@ def dump(path: Path | str, deep: bool = False, segment_entry_count: int = 16384)
                 if source not in sources:
                     sources[source] = read_bytes(source)
                 source = sources[source]
-            row.update(_message(source[start:start + length]))
+            raw = source[start:start + length]
+            row.update(_ra_entry(raw) if reader.kind in RA_LOG_KINDS else _message(raw))
         yield row
 
 

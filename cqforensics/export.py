@@ -28,6 +28,7 @@ never be or lie inside an input, nor inside RabbitMQ data.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -41,12 +42,12 @@ import pyarrow as pa
 from cqforensics import driver, fastpath, jsonout, provenance
 from cqforensics.model.options import make_options
 from cqforensics.outputs import PARTIAL, Staging, check_output
-from cqforensics.errors import OperationalError, UsageError, display
+from cqforensics.errors import FormatError, OperationalError, UsageError, display
 from cqforensics.codes import AckEvidence, Location, StoreStatus
 from cqforensics.model.vhost import NodeScan, VhostScan
 from cqforensics.readers import qs as r_qs
 from cqforensics.schema import SCHEMAS
-from cqforensics.tables import messages_batches, stream_messages_batches
+from cqforensics.tables import classic_messages_batches, quorum_messages_batches, stream_messages_batches
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +177,48 @@ def _store_rows(vs: VhostScan, node: str, vhost: str | None) -> Iterator[dict]:
                        _STORE_SOURCE.get(int(status[i]), "duplicate"), st.e_id[i].tobytes(), "shared_store")
 
 
+def _quorum_log_rows(vs: VhostScan, node: str, vhost: str | None, seen: set) -> Iterator[dict]:
+    """Messages a quorum queue's log still holds that its state no longer does (``raft_log``:
+    consumed, acked or purged, until Ra truncates the log below its snapshot): every enqueue
+    entry copy, recovered or not, whose bytes no row emitted yet."""
+    from cqforensics import message, rabbit_fifo
+
+    bodies = vs.node._quorum_bodies if vs.quorum_queues else None
+    for q in vs.quorum_queues:
+        if vs.quorum_names is not None and q.name not in vs.quorum_names:
+            continue
+        entries = q.file_entries()
+        for idx in sorted(entries):
+            e = entries[idx]
+            key = (display(e.file), e.data_offset)
+            if key in seen:
+                continue
+            try:
+                cmd = rabbit_fifo.decode(e.data(bodies)).command
+            except FormatError:
+                continue
+            if cmd is None or cmd.name not in ("enqueue", "requeue") or cmd.msg is None:
+                continue
+            row = {"node": node, "vhost": q.vhost if q.vhost is not None else vhost, "queue": q.label,
+                   "priority": None, "file": display(e.file), "offset": e.offset, "seq_id": None,
+                   "location": e.source, "store_file": display(e.file), "store_offset": e.data_offset,
+                   "survives_restart": False, "drop_reason": "not_in_any_index", "source": "raft_log",
+                   "queue_type": "quorum", "raft_index": idx, "raft_term": e.term}
+            try:
+                m = message.normalise_checked(cmd.msg)
+            except FormatError as err:
+                row["decode_error"] = err.message
+                yield row
+                continue
+            props = dict(m["properties"])
+            props["timestamp"] = m["timestamp_ms"] * 1000 if m["timestamp_ms"] is not None else None
+            mid = m["msg_id"]
+            row.update(msg_id=mid if isinstance(mid, bytes) and len(mid) == 16 else None, exchange=m["exchange"], routing_keys=m["routing_keys"], properties=props,
+                       headers=m["headers"], annotations=m["annotations"], body=m["body"], body_size=len(m["body"]),
+                       term_format=m["term_format"])
+            yield row
+
+
 def _row(node, vhost, queue, priority, file, offset, raw, source, msg_id, location, seq=None) -> dict:
     row = {"node": node, "vhost": vhost, "queue": queue, "priority": priority, "file": file, "offset": offset,
            "seq_id": seq, "msg_id": msg_id, "location": location, "store_file": file, "store_offset": offset,
@@ -217,7 +260,7 @@ def export_batches(paths, everything: bool = False, vhosts=None, queues=None, pr
     progress = driver.Progress.of(progress)
 
     def part(vs: VhostScan) -> Iterator[pa.RecordBatch]:
-        for b in messages_batches(vs):
+        for b in classic_messages_batches(vs):  # a big vhost's in ranges (jobs > 1): quorum and streams in tail
             yield pa.RecordBatch.from_arrays(b.columns + [pa.repeat(pa.scalar("index"), b.num_rows)], schema=SCHEMA)
 
     def see(seen: set, b) -> None:  # stored entries already emitted in this vhost
@@ -225,6 +268,10 @@ def export_batches(paths, everything: bool = False, vhosts=None, queues=None, pr
             seen.update(b.stored if isinstance(b, Lines) else stored(b))
 
     def tail(vs: VhostScan, seen: set) -> Iterator[pa.RecordBatch]:
+        for b in quorum_messages_batches(vs):  # quorum queues' messages, as the messages table has them
+            b = pa.RecordBatch.from_arrays(b.columns + [pa.repeat(pa.scalar("index"), b.num_rows)], schema=SCHEMA)
+            see(seen, b)  # a message the queue's state holds is not listed again from its log (--all)
+            yield b
         for b in stream_messages_batches(vs):  # a stream's records, as the messages table has them (once per vhost)
             yield pa.RecordBatch.from_arrays(b.columns + [pa.repeat(pa.scalar("stream"), b.num_rows)], schema=SCHEMA)
         if not everything:
@@ -239,10 +286,8 @@ def export_batches(paths, everything: bool = False, vhosts=None, queues=None, pr
                     seen.add(key)
                     yield row
 
-        extra = _ghost_rows(vs, node, vhost)
+        extra = itertools.chain(_ghost_rows(vs, node, vhost), _quorum_log_rows(vs, node, vhost, seen))
         if queues is None:
-            import itertools
-
             extra = itertools.chain(extra, _store_rows(vs, node, vhost))
         yield from _batched(once(extra), opts.batch_rows, opts.batch_bytes)
 
@@ -389,6 +434,7 @@ def fate(row: dict) -> str:
     return {"ghost": "dropped by an earlier recovery (slot left in the index)",
             "orphan": "acked or deleted (no index holds it)",
             "duplicate": "second copy (no index uses it)",
+            "raft_log": "consumed, acked or purged (a quorum queue's log still holds it)",
             "corrupt": "damaged copy"}.get(src, src)
 
 

@@ -74,10 +74,33 @@ CODES: dict[str, tuple[str, str]] = {
                                    "file the broker writes (.config, clean.dot, cluster_nodes.config, ...) holds "
                                    "NUL bytes, unreadable terms or terms of another shape than its writer's"),
     "storage-not-read": (WARNING, "the node holds queues of a kind of storage cqforensics does not read yet "
-                                  "(quorum queues, streams): named, their messages are in no count; fsck's check "
+                                  "(streams): named, their messages are in no count; fsck's check "
                                   "is incomplete (exit bit 2)"),
     "index-size-mismatch": (WARNING, "--deep: an index entry's size field is not the size of the body it "
                                      "refers to (a damaged size field, or body)"),
+    "quorum-wal-refused": (ERROR, "a quorum queue WAL (quorum/<node>/*.wal) the next boot's Ra refuses: a record failing "
+                                  "its checksum with records after it (wal_checksum_validation_failure), a writer "
+                                  "reference no record named (Ra < 2.16), or no WAL header: the node does not start"),
+    "quorum-wal-entries-lost": (WARNING, "quorum queue WAL records the next boot's Ra recovery silently drops: after a "
+                                         "torn record, a zero-filled tail or a last record failing its checksum (the "
+                                         "entries there, publishes and acks, are lost: acked messages come back), or "
+                                         "records of writers it skips (info)"),
+    "quorum-segment-damaged": (ERROR, "a Ra segment its server cannot open (header, torn index) or an entry failing its "
+                                      "CRC or cut by the end of the file: the queue crashes when it recovers"),
+    "quorum-log-gap": (ERROR, "log entries of a quorum queue in no segment and no WAL (a segment file lost): right "
+                              "after its snapshot the queue crashes when it recovers; further on the next boot "
+                              "skips them silently (what they enqueued is lost, what they settled comes back)"),
+    "quorum-snapshot-damaged": (WARNING, "a Ra snapshot that fails its CRC or format check: the next boot deletes it "
+                                         "and starts from an older one, or from the log alone"),
+    "quorum-queue-unavailable": (ERROR, "a quorum queue whose Ra server gets no leader at the next boot: its data dir "
+                                        "not registered in names.dets (up to 4.2), or nothing of its log left after "
+                                        "recovery (Ra takes it for a new member): every command to it times out"),
+    "quorum-dead-letter-pending": (INFO, "quorum queue messages waiting in its at-least-once dead-letter state: the "
+                                         "next boot's dead-letter worker republishes them, this queue never delivers them"),
+    "quorum-delivery-limit": (INFO, "quorum queue messages checked out at the stop whose return at the next boot passes "
+                                    "the queue's delivery limit: dead-lettered (or dropped) instead of delivered again"),
+    "quorum-state-unmodelled": (WARNING, "a quorum queue log entry the replay does not apply: the predicted state of "
+                                         "that queue may differ from the broker's"),
     "persistence-mismatch": (WARNING, "an index entry's persistent flag is not its message's: a transient entry of a "
                                       "durable queue whose body is in the persistent shared store, or (--deep) a "
                                       "stored message whose own persistence is not the index's (a flipped flag)"),

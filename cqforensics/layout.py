@@ -156,10 +156,12 @@ class StorageKind:
 
 
 #: the kinds of queue storage (rabbit_queue_type: classic, quorum, stream); ``read`` says which
-#: cqforensics reads (streams: readers/osiris.py, docs/streams.md).
+#: cqforensics reads: classic queues; quorum queues (their Ra logs, docs/quorum.md) and streams
+#: (osiris, docs/streams.md) in every front end (tables, fsck, report, export, audit, republish,
+#: Spark; compact and rebuild carry quorum/ and stream/ over as they are).
 STORAGE_KINDS: dict[str, StorageKind] = {k.name: k for k in (
     StorageKind("classic", "rabbit_classic_queue", "classic queue", True, "msg_stores/vhosts/*/queues/*"),
-    StorageKind("quorum", "rabbit_quorum_queue", "quorum queue", False, "quorum/*/*"),
+    StorageKind("quorum", "rabbit_quorum_queue", "quorum queue", True, "quorum/*/*"),
     StorageKind("stream", "rabbit_stream_queue", "stream", True, "stream/*"),
 )}
 
@@ -173,10 +175,51 @@ def storage_kind(queue_type: str | None) -> StorageKind | None:
 
 
 @dataclass
+class RaSnapshotDir:
+    """One entry of a server's ``snapshots/``, ``checkpoints/`` or ``recovery_checkpoint/``:
+    ``<Term>_<Index>/`` holding ``snapshot.dat`` (and Ra 3's ``indexes``)."""
+
+    kind: str  # snapshot / checkpoint / recovery_checkpoint
+    path: Path
+    snapshot: Path | None = None
+    indexes: Path | None = None
+    others: list[Path] = field(default_factory=list)
+
+
+@dataclass
+class RaServerDir:
+    """A Ra server's data dir ``<system>/<UId>/`` (one per quorum queue member on this node)."""
+
+    path: Path
+    uid: str
+    config: Path | None = None
+    segments: list[tuple[int, Path]] = field(default_factory=list)  # numerically sorted
+    snapshots: list[RaSnapshotDir] = field(default_factory=list)  # snapshots, checkpoints, recovery checkpoints
+    compaction: list[Path] = field(default_factory=list)  # Ra 3 leftovers: .compaction_group, .compacting, .link
+    others: list[Path] = field(default_factory=list)
+
+
+@dataclass
+class RaSystemDir:
+    """A Ra system's dir: ``quorum/<node>/`` (quorum queues; ``coordination/<node>/`` holds
+    Khepri and the stream coordinator and is not read as a queue store)."""
+
+    path: Path
+    wal: list[tuple[int, Path]] = field(default_factory=list)  # numerically sorted (recovery order)
+    names: Path | None = None
+    meta: Path | None = None
+    writers: Path | None = None
+    servers: list[RaServerDir] = field(default_factory=list)
+    others: list[Path] = field(default_factory=list)
+    problems: list[FileProblem] = field(default_factory=list)
+
+
+@dataclass
 class NodeDir:
     path: Path
     node: str  # label: the dir name (rabbit@host), or a relative path when names repeat
     vhosts: list[VhostDir] = field(default_factory=list)
+    quorum: list[RaSystemDir] = field(default_factory=list)  # quorum/<node>/ (normally one)
 
     @property
     def name(self) -> str:
@@ -414,6 +457,67 @@ def read_vhost_dir(path: Path) -> VhostDir:
     return v
 
 
+SNAPSHOT_DIRS = {"snapshots": "snapshot", "checkpoints": "checkpoint", "recovery_checkpoint": "recovery_checkpoint"}
+
+
+def read_ra_server_dir(path: Path, problems: list[FileProblem]) -> RaServerDir:
+    srv = RaServerDir(path=path, uid=path.name)
+    entries = _special(_listdir(path), problems)
+    files = _numbered(entries, "ra_server")
+    srv.segments = files["ra_segment"]
+    numbered = {p for k, v in files.items() if k != "ra_segment" for _, p in v}
+    srv.compaction = sorted(numbered)
+    for e in entries:
+        p = Path(e.path)
+        kind = registry.kind_of(e.name, "ra_server")
+        if kind == "ra_config":
+            srv.config = p
+        elif e.name in SNAPSHOT_DIRS and _is_dir(e):
+            for se in _special(_listdir(p), problems):
+                sp = Path(se.path)
+                if not _is_dir(se):
+                    srv.others.append(sp)
+                    continue
+                snap = RaSnapshotDir(SNAPSHOT_DIRS[e.name], sp)
+                for f in _special(_listdir(sp), problems):
+                    fk = registry.kind_of(f.name, "ra_snapshot")
+                    if fk == "ra_snapshot":
+                        snap.snapshot = Path(f.path)
+                    elif fk == "ra_indexes":
+                        snap.indexes = Path(f.path)
+                    else:
+                        snap.others.append(Path(f.path))
+                srv.snapshots.append(snap)
+        elif e.name.endswith(".link"):
+            srv.compaction.append(p)
+        elif p not in numbered and p not in {q for _, q in srv.segments}:
+            srv.others.append(p)
+    return srv
+
+
+def read_ra_system_dir(path: Path) -> RaSystemDir:
+    """The files of ``quorum/<node>/``, listed and classified (nothing is read)."""
+    ra = RaSystemDir(path=path)
+    entries = _special(_listdir(path), ra.problems)
+    files = _numbered(entries, "ra_system")
+    ra.wal = files["ra_wal"]
+    known = {p for _, p in ra.wal}
+    for e in entries:
+        p = Path(e.path)
+        kind = registry.kind_of(e.name, "ra_system")
+        if kind == "ra_names":
+            ra.names = p
+        elif kind == "ra_meta":
+            ra.meta = p
+        elif kind == "ra_writers":
+            ra.writers = p
+        elif kind == "ra_marker" or p in known:
+            continue
+        elif _is_dir(e):
+            ra.servers.append(read_ra_server_dir(p, ra.problems))
+        else:
+            ra.others.append(p)
+    return ra
 def list_node_dir(path: Path) -> NodeDir:
     """A node dir's vhost and queue dirs by their dir names only, nothing read: what a writer
     asks of the dirs it has just written."""
@@ -432,6 +536,9 @@ def read_node_dir(path: Path, label: str | None = None) -> NodeDir:
     for e in _listdir(path / "msg_stores" / "vhosts"):
         if _is_dir(e):
             node.vhosts.append(read_vhost_dir(Path(e.path)))
+    for e in _listdir(path / "quorum"):
+        if _is_dir(e):
+            node.quorum.append(read_ra_system_dir(Path(e.path)))
     return node
 
 

@@ -597,6 +597,13 @@ def normalise(term) -> dict:
 def decode_stored(raw) -> dict:
     """Stored term bytes (ETF) -> normalised dict."""
     term, _ = etf.decode(raw)
+    return normalise_checked(term)
+
+
+def normalise_checked(term) -> dict:
+    """``normalise`` of a decoded term, with its texts checked as valid UTF-8 and any surprise
+    in a term of a shape no broker writes turned into a FormatError (a quorum queue's log entry
+    carries the message as a decoded part of a larger term)."""
     try:
         out = normalise(term)
         for k in ("headers", "annotations"):  # must be valid UTF-8 text (no lone surrogates)

@@ -153,7 +153,7 @@ class QueueRow:
     reasons: Counter = field(default_factory=Counter)
     crash: str | None = None
     bounds: tuple[int, int] | None = None  # (at least, at most) when the vhost's store can crash while serving
-    queue_type: str = "classic"
+    queue_type: str = "classic"  # classic / quorum / stream
     amqp091_lost: int = 0  # stream records kept that an AMQP 0-9-1 consumer is not served
 
 
@@ -251,11 +251,11 @@ def gather(paths, broker_version=None, as_of=None, vhosts=None, progress=None,
         sf = node(n).vhost(vh).files.setdefault(file, StoreFile(file))
         sf.store = sf.store or store
         StoreFile._add(sf.holes, offset or 0, length or 0, kind or "garbage")
-    for n, vh, q, index_version, durable_known, name_source, messages, nbytes, qtype in batches(
+    for n, vh, q, index_version, durable_known, name_source, messages, nbytes, queue_type in batches(
             "queues", ["node", "vhost", "queue", "index_version", "durable_known", "name_source", "messages",
                        "bytes", "queue_type"]):
         row = node(n).vhost(vh).queues.setdefault(q, QueueRow(q))
-        row.queue_type = qtype or "classic"
+        row.queue_type = queue_type or row.queue_type
         row.levels += 1
         row.index_versions.add(index_version)
         row.durable_known = row.durable_known and bool(durable_known)
@@ -399,7 +399,7 @@ def _queue_section(v: Vhost) -> str:
         notes = []
         if not q.durable_known:
             notes.append("not in the durable-queue metadata (deleted at boot)")
-        if q.name_sources - {".queue_name"}:
+        if q.name_sources - {".queue_name", "ra_config"}:
             notes.append("name from " + ", ".join(sorted(str(s) for s in q.name_sources if s)))
         if q.crash:
             notes.append(f'<span class="crash">crash: {text(q.crash)}</span>')
@@ -408,9 +408,10 @@ def _queue_section(v: Vhost) -> str:
                          "store can crash while it serves (store-crash)")
         if q.amqp091_lost:
             notes.append(f"{num(q.amqp091_lost)} not served to an AMQP 0-9-1 consumer (see stream-not-served)")
-        versions = "stream" if q.queue_type == "stream" else \
-            ", ".join(f"v{x}" for x in sorted(i for i in q.index_versions if i is not None))
-        rows.append(f'<tr class="queue-row" data-queue="{text(q.queue)}"><td class="qname mono">{text(q.queue)}</td>'
+        versions = ", ".join(f"v{x}" for x in sorted(i for i in q.index_versions if i is not None))
+        if q.queue_type != "classic":
+            versions = q.queue_type + (" (Ra log)" if q.queue_type == "quorum" else "")
+        rows.append(f'<tr class="queue-row" data-queue="{text(q.queue)}" data-type="{text(q.queue_type)}"><td class="qname mono">{text(q.queue)}</td>'
                     f'<td>{text(versions)}{" · " + str(q.levels) + " levels" if q.levels > 1 else ""}</td>'
                     f'<td class="n messages">{num(held)}</td><td class="n delivered">{num(q.predicted)}</td>'
                     f'<td class="n dropped">{num(q.dropped)}</td><td>{bar}</td><td class="reasons">{reasons}'

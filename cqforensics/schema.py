@@ -43,6 +43,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         # appended for quorum queues and streams (one convention: classic / quorum / stream)
         _f("queue_type", pa.string()), _f("stream_offset", pa.int64()), _f("chunk_id", pa.int64()),
         _f("chunk_timestamp", TS), _f("epoch", pa.int64()), _f("amqp091_drop_reason", pa.string()),
+        _f("raft_index", pa.int64()), _f("raft_term", pa.int64()), _f("delivery_count", pa.int64()),
+        _f("checked_out", pa.bool_()),
     ]),
     "index": pa.schema(WHERE + QUEUE + AT + [
         _f("index_version", pa.int32()), _f("kind", pa.string()), _f("seq_id", pa.int64()),
@@ -82,6 +84,12 @@ SCHEMAS: dict[str, pa.Schema] = {
     "stream_tracking": pa.schema(WHERE + [_f("queue", pa.string())] + AT + [
         _f("chunk_id", pa.int64()), _f("source", pa.string()), _f("kind", pa.string()), _f("reference", pa.string()),
         _f("value", pa.int64()), _f("sequence_chunk_id", pa.int64()), _f("current", pa.bool_()),
+    ]),
+    "raft_log": pa.schema(WHERE + [_f("queue", pa.string())] + AT + [
+        _f("source", pa.string()), _f("raft_index", pa.int64()), _f("raft_term", pa.int64()),
+        _f("entry", pa.string()), _f("command", pa.string()), _f("entry_size", pa.int64()),
+        _f("body_size", pa.int64()), _f("checksum", pa.string()), _f("recovered", pa.bool_()),
+        _f("timestamp", TS), _f("status", pa.string()),
     ]),
     "findings": pa.schema(WHERE + QUEUE + AT + [
         _f("code", pa.string(), False), _f("severity", pa.string(), False), _f("message", pa.string()),

@@ -7,6 +7,7 @@ bodies) loops per message, to slice and decode bodies. Batches are capped by row
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cqforensics import core, fastpath
+from cqforensics import core, fastpath, message, rabbit_fifo
 from cqforensics.checks import check_vhost
 from cqforensics.errors import FormatError, display
 from cqforensics.findings import Finding
@@ -23,6 +24,8 @@ from cqforensics.grammar import qs as c_qs
 from cqforensics.codes import (FATE_LABELS, LOCATION_LABELS, AckEvidence, Fate, Location, RecordKind,
                                RefcountStatus, StoreStatus)
 from cqforensics.codes import labels as code_labels
+from cqforensics.model import fifo as m_fifo
+from cqforensics.model import quorum as m_quorum
 from cqforensics.model.index import OFFSET_OUT_OF_RANGE, IndexChunk
 from cqforensics.model.options import DECODED_COLUMNS
 from cqforensics.model import recovery
@@ -544,6 +547,13 @@ def _terms(vs: VhostScan, res, rows) -> list:
 
 
 def messages_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
+    """The ``messages`` rows of the vhost's classic queues (``classic_messages_batches``), then
+    those of its quorum queues."""
+    yield from classic_messages_batches(vs)
+    yield from quorum_messages_batches(vs)
+
+
+def classic_messages_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     """Live index entries joined to their bodies and decoded, in delivery-listing order. A batch
     takes the live entries of consecutive chunks up to ``batch_rows`` rows and (roughly)
     ``batch_bytes`` of bodies: a read in shares has a few hundred of a chunk's entries, and a
@@ -627,9 +637,209 @@ def _messages_batch(vs: VhostScan, pieces: list[tuple], node: str, vhost: str | 
         "size": pa.array(index_col("size")), "expiry": ts_array(index_col("expiry")),
         "survives_restart": pa.array(fate == Fate.DELIVERED),
         "drop_reason": names_array(FATE_LABELS[1:], fate - 1, fate == Fate.DELIVERED),
+        "queue_type": repeat("classic", m), "raft_index": pa.nulls(m, pa.int64()), "raft_term": pa.nulls(m, pa.int64()),
+        "delivery_count": pa.nulls(m, pa.int64()), "checked_out": pa.nulls(m, pa.bool_()),
         **_arrays(dec),
     }
     return batch("messages", cols)
+
+
+# -- quorum queues -----------------------------------------------------------------------------------
+
+class _QuorumRows:
+    """The ``messages`` columns of quorum rows, gathered row by row (a quorum queue's messages
+    are decoded from its log entries one at a time)."""
+
+    def __init__(self):
+        self.cols = {f.name: [] for f in SCHEMAS["messages"]}
+        self.props: list = []
+
+    def add(self, where: dict, entry, m, fate, count, held, fields, error, queue_type="quorum", location=None,
+            persistent=True):
+        c = self.cols
+        for k in ("node", "vhost", "queue"):
+            c[k].append(where[k])
+        c["priority"].append(None)
+        c["file"].append(display(entry.file) if entry else None)
+        c["offset"].append(entry.offset if entry else None)
+        c["seq_id"].append(None)
+        c["index_version"].append(None)
+        c["delivered"].append(None)
+        c["persistent"].append(persistent)  # a quorum queue keeps every message in its log, whatever its delivery mode
+        c["location"].append(location or (entry.source if entry else None))
+        c["store_file"].append(display(entry.file) if entry else None)
+        c["store_offset"].append(entry.data_offset if entry else None)
+        c["size"].append(m.header.get("size"))
+        exp = m.header.get("expiry") if queue_type == "quorum" else None
+        c["expiry"].append(exp * 1000 if isinstance(exp, int) and TS_MIN_US <= exp * 1000 <= TS_MAX_US else None)
+        c["survives_restart"].append(fate == Fate.DELIVERED)
+        c["drop_reason"].append(Fate(fate).reason)
+        c["queue_type"].append(queue_type)
+        c["raft_index"].append(m.index)
+        c["raft_term"].append(entry.term if entry else None)
+        c["delivery_count"].append(count)
+        c["checked_out"].append(held)
+        if fields is not None:
+            mid = fields["msg_id"]
+            c["msg_id"].append(mid if isinstance(mid, bytes) and len(mid) == 16 else None)  # 3.10 stores <<>>
+            c["exchange"].append(fields["exchange"])
+            c["routing_keys"].append(fields["routing_keys"])
+            p = dict(fields["properties"])
+            ts = fields["timestamp_ms"]
+            p["timestamp"] = ts * 1000 if isinstance(ts, int) else None
+            self.props.append(p)
+            c["headers"].append(fields["headers"])
+            c["annotations"].append(fields["annotations"])
+            c["body"].append(fields["body"] if where.get("bodies", True) else None)
+            c["body_size"].append(len(fields["body"]))
+            c["term_format"].append(fields["term_format"])
+        else:
+            for k in ("msg_id", "exchange", "routing_keys", "headers", "annotations", "body_size", "term_format"):
+                c[k].append(None)
+            c["body"].append(None)
+            self.props.append(None)
+        c["decode_error"].append(error)
+
+    def batches(self, batch_rows: int) -> Iterator[pa.RecordBatch]:
+        n = len(self.cols["node"])
+        if not n:
+            return
+        sch = SCHEMAS["messages"]
+        arrays = {}
+        for f in sch:
+            if f.name == "properties":
+                arrays[f.name] = _properties(self.props, self.cols["decode_error"])
+            elif f.name in ("body", "msg_id"):
+                arrays[f.name] = binary_array(self.cols[f.name])
+            else:
+                arrays[f.name] = pa.array(self.cols[f.name], f.type)
+        whole = pa.RecordBatch.from_arrays([arrays[f.name] for f in sch], schema=sch)
+        for start in range(0, n, batch_rows):
+            yield whole.slice(start, batch_rows)
+
+
+def quorum_messages_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
+    """The ``messages`` rows of the vhost's quorum queues (``VhostScan.quorum_queues``), queue by
+    queue: one per message the queue's replayed state holds, in the order the next boot
+    delivers them, then the messages the queue dead-letters at most once at the next boot into
+    other queues (``NodeScan.boot_dead_letters``, by target queue). A read of one queue's
+    planned unit thus yields exactly that queue's part of a whole read."""
+    node, vhost = _where(vs)
+    for q in vs.quorum_queues:
+        if vs.quorum_names is None or q.name in vs.quorum_names:
+            yield from _quorum_rows(vs, q, node, vhost).batches(vs.options.batch_rows)
+        yield from _dead_letter_rows(vs, q, node).batches(vs.options.batch_rows)
+
+
+def _quorum_rows(vs: VhostScan, q, node: str, vhost: str | None) -> _QuorumRows:
+    bodies = vs.node._quorum_bodies
+    rows = _QuorumRows()
+    where = {"node": node, "vhost": q.vhost if q.vhost is not None else vhost, "queue": q.label,
+             "bodies": vs.options.bodies}
+    for m, fate, d, count, held in q.messages():
+        e = q.entry_of(m.index)
+        rep = q.replay if q.log.entries.get(m.index) is not None else (q.data_replay or q.replay)
+        term = m_quorum.message_term(rep, m.index, bodies) if e is not None else None
+        fields, error = None, None
+        if term is not None and vs.options.decode:
+            try:
+                fields = m_quorum.delivered_view(message.normalise_checked(term), m, vs.node.model.version)
+            except FormatError as err:
+                error = err.message
+        elif e is None:
+            error = "no log entry holds this message (below the snapshot, or lost)"
+        rows.add(where, e, m, fate, count, bool(held), fields, error)
+    return rows
+
+
+def _dead_letter_rows(vs: VhostScan, source, node: str) -> _QuorumRows:
+    """The rows ``source`` adds to other queues at the next boot (location ``dead_letter_replay``)."""
+    rows = _QuorumRows()
+    meta = vs.node.metadata
+    for (vh, name), items in sorted(vs.node.boot_dead_letters.items()):
+        items = [it for it in items if it[0] is source]
+        if not items or (vs.quorum_names is not None and name not in vs.quorum_names):
+            continue
+        rec = meta.queues.get((vh.encode(), name.encode()))
+        qtype = "quorum" if rec is not None and rec.type == "rabbit_quorum_queue" else "classic"
+        where = {"node": node, "vhost": vh, "queue": name, "bodies": vs.options.bodies}
+        for q, reason, m, fields, exchange, rk in items:
+            view = m_quorum.dead_letter_view(fields, reason, q.log.resource, exchange, rk, vs.options.now_ms(),
+                                             vs.node.model.version) if vs.options.decode else None
+            rows.add(where, q.entry_of(m.index), m, Fate.DELIVERED, 0, False, view, None, qtype,
+                     "dead_letter_replay", True if qtype == "quorum" else fields["persistent"])
+    return rows
+
+
+def quorum_summaries(vs: VhostScan) -> Iterator[tuple]:
+    """Per quorum queue of the vhost: (queue, counts) of what its state holds and the boot keeps."""
+    meta = vs.node.metadata
+    for q in vs.quorum_queues:
+        if vs.quorum_names is not None and q.name not in vs.quorum_names:
+            continue
+        counts = {"messages": 0, "bytes": 0, "persistent": 0, "kept": 0,
+                  "known": None if meta.kind is None or q.log.resource is None else meta.knows(*q.log.resource)}
+        for m, fate, _, _, _ in q.messages():
+            counts["messages"] += 1
+            counts["bytes"] += int(m.header.get("size", 0) or 0)
+            counts["kept"] += fate == Fate.DELIVERED
+        counts["persistent"] = counts["messages"]  # a quorum queue keeps every message on disk
+        yield q, counts
+
+
+def raft_log_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
+    """One row per log entry copy of the vhost's quorum queues (WAL records and segment
+    entries), in file order: its index and term, the command, and whether the next boot uses it."""
+    node, vhost = _where(vs)
+    rows = Rows("raft_log", vs.options.batch_rows)
+    bodies = vs.node._quorum_bodies if vs.quorum_queues else None
+    for q in vs.quorum_queues:
+        if vs.quorum_names is not None and q.name not in vs.quorum_names:
+            continue
+        vh = q.vhost if q.vhost is not None else vhost
+        used = {(e.file, e.offset) for e in q.log.entries.values()}
+        uid = q.log.uid.encode()
+        copies = []
+        for sf in q.system.segments.get(q.log.uid, []):
+            seg = sf.seg
+            for i in range(len(seg)):
+                st = int(seg.status[i])
+                copies.append((sf.path, int(seg.offset[i]), int(seg.offset[i]), int(seg.length[i]), int(seg.index[i]),
+                               int(seg.term[i]), "segment", r_seg_labels[st], None))
+        for scan, rec in q.system.wal:
+            kept = set(rec.kept)
+            for i in range(len(scan)):
+                if scan.uid(i) != uid:
+                    continue
+                copies.append((scan.path, int(scan.offset[i]), int(scan.data_offset[i]), int(scan.length[i]),
+                               int(scan.index[i]), int(scan.term[i]), "wal",
+                               ("ok", "bad", "not_computed")[int(scan.checksum[i])],
+                               "recovered" if i in kept else "not_recovered"))
+        for path, off, data_off, length, idx, term, source, check, wal_status in copies:
+            recovered = (path, off) in used
+            entry, command, ts, body_size = None, None, None, None
+            try:
+                e = rabbit_fifo.decode(bodies.read(path, data_off, length))
+                entry, ts = e.kind, e.ts
+                command = e.command.name if e.command else ("noop" if e.kind == "noop" else None)
+                if e.command is not None and e.command.msg is not None:
+                    body_size = m_fifo.message_facts(e.command.msg, e.command.size).size
+            except (FormatError, ValueError):
+                entry = "undecodable"
+            status = "used" if recovered else (wal_status or ("superseded" if idx in q.log.entries else "unused"))
+            b = rows.add({"node": node, "vhost": vh, "queue": q.label, "file": display(path), "offset": off,
+                          "source": source, "raft_index": idx, "raft_term": term, "entry": entry, "command": command,
+                          "entry_size": length, "body_size": body_size, "checksum": check, "recovered": recovered,
+                          "timestamp": ts * 1000 if isinstance(ts, int) and TS_MIN_US <= ts * 1000 <= TS_MAX_US
+                          else None, "status": status})
+            if b is not None:
+                yield b
+    b = rows.flush()
+    if b is not None:
+        yield b
+
+
+r_seg_labels = ("ok", "crc_mismatch", "past_eof", "not_computed", "inside_index")
 
 
 # -- queues / files / findings ---------------------------------------------------------------------
@@ -676,14 +886,31 @@ def queue_summaries(vs: VhostScan) -> Iterator[dict]:
 def queues_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     node, vhost = _where(vs)
     rows = []
+    extra = {name: len(items) for (vh, name), items in vs.node.boot_dead_letters.items()
+             if vh == vs.vhost.name and (vs.share is None or vs.share.k == 0)}
     for s in queue_summaries(vs):
         q = s["qdir"]
+        if q.name in extra and (q.priority is None or q.priority == 0):  # quorum dead letters the boot republishes
+            s["messages"] += extra[q.name]
+            s["kept"] += extra.pop(q.name)
         rows.append({"node": node, "vhost": vhost, "queue": q.label, "priority": q.priority,
                      "queue_dir": display(q.path), "name_source": q.name_source, "durable_known": vs.queue_known(q),
                      "index_version": s["version"], "segments": s["segments"], "messages": s["messages"],
                      "bytes": s["bytes"], "persistent": s["persistent"], "predicted_after_restart": s["kept"],
                      "predicted_min": s["min"], "predicted_max": s["max"], "dropped": s["messages"] - s["kept"],
                      "queue_type": "classic"})
+    for q, counts in quorum_summaries(vs):
+        if q.name in extra:
+            counts["messages"] += extra[q.name]
+            counts["kept"] += extra.pop(q.name)
+        rows.append({"node": node, "vhost": q.vhost if q.vhost is not None else vhost, "queue": q.label,
+                     "priority": None, "queue_dir": display(q.log.path), "name_source": "ra_config",
+                     "durable_known": counts["known"], "index_version": None,
+                     "segments": len(q.system.segments.get(q.log.uid, [])), "messages": counts["messages"],
+                     "bytes": counts["bytes"], "persistent": counts["persistent"],
+                     "predicted_after_restart": counts["kept"], "predicted_min": counts["kept"],
+                     "predicted_max": counts["kept"], "dropped": counts["messages"] - counts["kept"],
+                     "queue_type": "quorum"})
     if rows:
         yield pa.RecordBatch.from_pylist(rows, schema=SCHEMAS["queues"])
 
@@ -765,9 +992,55 @@ def file_rows(vs: VhostScan) -> Iterator[dict]:
             yield {**row(p, registry.other_kind(p, "queue")), **qb}
 
 
+def quorum_file_rows(vs: VhostScan) -> Iterator[dict]:
+    """The Ra files: each quorum queue's (config, segments, snapshots) with its vhost; the
+    system's own (WAL, names.dets, meta.dets, ...) once per node, with its first vhost."""
+    node, vhost = _where(vs)
+
+    def row(path: Path, kind: str, queue=None, vh=vhost, **kw) -> dict:
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = None
+        return {"node": node, "vhost": vh, "queue": queue, "file": display(path), "kind": kind, "size": size, **kw}
+
+    for q in vs.quorum_queues:
+        srv = next((s for s in q.system.dir.servers if s.uid == q.log.uid), None)
+        if srv is None:
+            continue
+        vh = q.vhost if q.vhost is not None else vhost
+        if srv.config is not None:
+            yield row(srv.config, "ra_config", q.label, vh)
+        for sf in q.system.segments.get(q.log.uid, []):
+            seg = sf.seg
+            yield row(sf.path, "ra_segment", q.label, vh, header_ok=seg.header == "ok",
+                      from_seq_id=seg.range[0] if seg.range else None, to_seq_id=seg.range[1] if seg.range else None,
+                      entries=len(seg), live_entries=int((seg.status == 0).sum()) if len(seg) else 0)
+        for snap in srv.snapshots:
+            for f, kind in ((snap.snapshot, "ra_snapshot"), (snap.indexes, "ra_indexes")):
+                if f is not None:
+                    yield row(f, kind, q.label, vh)
+            for f in snap.others:
+                yield row(f, "unknown", q.label, vh)
+        for f in srv.compaction:
+            yield row(f, registry.kind_of(f, "ra_server") or "ra_compaction_link", q.label, vh)
+        for f in srv.others:
+            yield row(f, registry.other_kind(f, "ra_server"), q.label, vh)
+    if vs.node.vhosts and vs.vhost.dir_name == vs.node.vhosts[0].vhost.dir_name and vs.share is None \
+            and vs.only is None:
+        for ra in vs.node.node.quorum:
+            for _, path in ra.wal:
+                yield row(path, "ra_wal", vh=None)
+            for path, kind in ((ra.names, "ra_names"), (ra.meta, "ra_meta"), (ra.writers, "ra_writers")):
+                if path is not None:
+                    yield row(path, kind, vh=None)
+            for path in ra.others:
+                yield row(path, registry.other_kind(path, "ra_system"), vh=None)
+
+
 def files_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     rows = Rows("files", vs.options.batch_rows)
-    for r in file_rows(vs):
+    for r in itertools.chain(file_rows(vs), quorum_file_rows(vs)):
         b = rows.add(r)
         if b is not None:
             yield b
@@ -815,7 +1088,7 @@ INDEXED_TABLES = frozenset({"messages", "store", "refcounts", "holes"})
 BUILDERS = {
     "messages": messages_batches, "index": index_batches, "acks": acks_batches, "store": store_batches,
     "refcounts": refcounts_batches, "holes": holes_batches, "files": files_batches, "queues": queues_batches,
-    "findings": findings_batches,
+    "findings": findings_batches, "raft_log": raft_log_batches,
 }
 BUILDERS = {name: in_shares(build) if name in INDEXED_TABLES else build for name, build in BUILDERS.items()}
 
@@ -942,6 +1215,7 @@ def _no_rows(vs: VhostScan) -> Iterator[pa.RecordBatch]:
 BUILDERS["stream_tracking"] = _no_rows
 #: tables whose rows a read with jobs > 1 may split by ranges of the listing, then the rows that
 #: come once per vhost after them: (the ranges' builder, the vhost's last rows)
-SPLIT_WITH_TAIL = {"messages": (BUILDERS["messages"], stream_messages_batches)}
+SPLIT_WITH_TAIL = {"messages": (in_shares(classic_messages_batches), lambda vs: itertools.chain(
+    quorum_messages_batches(vs), stream_messages_batches(vs)))}
 BUILDERS = {name: with_streams(name, build) if name in ("messages", "queues", "stream_tracking")
             else build for name, build in BUILDERS.items()}

@@ -99,7 +99,7 @@ _TOKEN = re.compile(rb"""
     \s+ | %[^\n]*                                   # whitespace, comments
   | (?P<bin><<)  | (?P<ebin>>>)
   | (?P<map>\#\{) | (?P<arrow>=>)
-  | (?P<punct>[{}\[\],.|])
+  | (?P<punct>[{}\[\],.|/])
   | (?P<float>-?\d+\.\d+(?:[eE][-+]?\d+)?)
   | (?P<int>-?\d+)
   | (?P<str>"(?:[^"\\]|\\.)*")
@@ -125,7 +125,8 @@ MAX_DIGITS = 1000  # digits of one number (Python refuses int/str conversions pa
 
 def consult(text: bytes) -> list:
     """The terms of an Erlang text file (tuples, lists, maps ``#{K => V}``, atoms, integers,
-    floats, strings, binaries ``<<1,2>>``/``<<"s">>``), each ended by a full stop."""
+    floats, strings, binaries ``<<1,2>>``/``<<"s">>``/``<<"s"/utf8>>``), each ended by a full
+    stop."""
     toks = list(_tokens(text))
     out, i = [], 0
 
@@ -156,7 +157,11 @@ def consult(text: bytes) -> list:
                         raise FormatError(f"number of {len(v)} digits in binary", offset=o)
                     data.append(int(v) & 0xFF)
                 elif k == "str":
-                    data += _unescape(v[1:-1])
+                    chars = _unescape(v[1:-1])
+                    if toks[i + 1][:2] == ("punct", b"/") and toks[i + 2][:2] == ("atom", b"utf8"):
+                        i += 2  # <<"..."/utf8>>: the characters' UTF-8 bytes (as ~p prints them)
+                        chars = chars.decode("utf-8", "replace").encode("utf-8")
+                    data += chars
                 elif not (k == "punct" and v == b","):
                     raise FormatError(f"unexpected {v!r} in binary", offset=o)
                 i += 1

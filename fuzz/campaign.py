@@ -85,18 +85,23 @@ SAMPLES = ROOT / "sample_data"
 DATASETS = ("3.10.8-clean", "3.10.8-kill", "3.10.8-segments", "4.0.5-clean", "4.0.5-kill", "4.3.6-clean",
             "4.3.6-kill", "4.3.6-rolled", "3.12.14-clean", "3.13.7-clean", "4.1.8-clean", "4.2.2-clean",
             "3.10.8-proto-clean", "3.10.8-proto-kill", "4.0.5-proto-clean", "4.0.5-proto-kill",
-            "4.3.6-proto-clean", "4.3.6-proto-kill")
+            "4.3.6-proto-clean", "4.3.6-proto-kill", "3.10.8-quorum-clean", "3.10.8-quorum-kill",
+            "4.0.5-quorum-clean", "4.0.5-quorum-kill", "4.3.6-quorum-clean", "4.3.6-quorum-kill")
 #: samples holding streams (osiris segments and indexes): the osiris mutations are made on these
 STREAM_DATASETS = ("3.10.8-streams-clean", "3.10.8-streams-kill", "4.0.5-streams-clean", "4.0.5-streams-kill",
                    "4.3.6-streams-clean", "4.3.6-streams-kill")
 DATASETS = DATASETS + STREAM_DATASETS
-TABLES = ("messages", "index", "acks", "store", "refcounts", "holes", "files", "queues", "findings", "stream_tracking")
+TABLES = ("messages", "index", "acks", "store", "refcounts", "holes", "files", "queues", "findings", "stream_tracking",
+          "raft_log")
 EXIT_CODES = frozenset({0, 1, 2, 4, 6, 8, 16})  # 2: fsck incomplete (storage not read), with 4: 6
 WALL_LIMIT = 60.0  # seconds per run
 AS_LIMIT = 1536 << 20  # address space a run may add to the process it forks from (its RLIMIT_AS, bytes)
 RSS_BOUND = 1536 << 20  # peak RSS a run may reach (bytes)
 DATA_SUFFIXES = (b".qi", b".qs", b".rdq", b".idx", b".jif", b".ets", b".dets", b".DCD", b".DCL", b".LOG",
-                 b".queue_name", b".vhost", b".config", b".dot", b".segment", b".index")
+                 b".queue_name", b".vhost", b".config", b".dot", b".index",
+                 # Ra (quorum queues): WAL, segments, snapshots (and Ra 3's indexes), each server's config;
+                 # .segment: Ra's and osiris'
+                 b".wal", b".segment", b"snapshot.dat", b"/indexes", b"/config", b"writers.snapshot")
 
 
 # -- inputs ------------------------------------------------------------------------------------------
@@ -191,6 +196,36 @@ def m_delete(rng, node):
     p = rng.choice(_files(node))
     os.unlink(p)
     return "deleted", p
+
+
+def m_ra_entry(rng, node):
+    """A Ra log entry's payload changed in place (structure-aware: the framing stays valid, so the
+    WAL record's or segment entry's checksum is what must catch it): bits flipped inside one
+    record of a quorum WAL or one entry of a segment (a node without quorum queue entries: its
+    ``coordination/`` Ra system's, Khepri's and the stream coordinator's)."""
+    from cqforensics.readers import ra_segment, ra_wal
+
+    files = _data_files(node, (b".wal", b".segment"))
+    rng.shuffle(files)
+    files.sort(key=lambda p: b"/quorum/" not in p)  # quorum files first, in a seeded order
+    for p in files:
+        path = Path(os.fsdecode(p))
+        if p.endswith(b".wal"):
+            scan = ra_wal.walk(path)
+            spans = [(int(scan.data_offset[i]), int(scan.length[i])) for i in range(len(scan))]
+        else:
+            seg = ra_segment.read_segment(path)
+            spans = [(int(seg.offset[i]), int(seg.length[i])) for i in range(len(seg))]
+        spans = [s for s in spans if s[1] > 0]
+        if not spans:
+            continue
+        start, length = rng.choice(spans)
+        data = bytearray(_read(p))
+        pos = start + rng.randrange(length)
+        data[pos] ^= 1 << rng.randrange(8)
+        _write(p, bytes(data))
+        return f"a bit flipped in the entry at {start} (byte {pos})", p
+    return "no Ra log entry", None
 
 
 def m_swap(rng, node):
@@ -783,7 +818,8 @@ MUTATIONS = {"bitflip": m_bitflip, "truncate": m_truncate, "zero": m_zero, "junk
              "swap": m_swap, "dup_record": m_dup_record, "hostile_term": m_hostile_term, "fifo": m_fifo,
              "odd_name": m_odd_name, "odd_value": m_odd_value, "amqp10": m_amqp10, "long_name": m_long_name,
              "bitflip1": m_bitflip1, "osiris_chunk": m_osiris_chunk, "osiris_entry": m_osiris_entry,
-             "osiris_tracking": m_osiris_tracking, "osiris_index": m_osiris_index, "osiris_files": m_osiris_files}
+             "osiris_tracking": m_osiris_tracking, "osiris_index": m_osiris_index, "osiris_files": m_osiris_files,
+             "ra_entry": m_ra_entry}
 
 
 def _unpacked(dataset: str) -> None:
@@ -1012,7 +1048,7 @@ def run_seed(seed: int, work: Path, commands=COMMANDS, dataset: str | None = Non
 #: mutations that change the bytes of one data file: fsck should name that file (a hostile term is
 #: only decoded by ``--deep``, whose findings the decode tests pin, so it is not counted here)
 DAMAGING = frozenset({"bitflip", "truncate", "zero", "junk", "swap", "dup_record", "odd_value", "amqp10", "long_name",
-                      "bitflip1", "osiris_chunk", "osiris_entry", "osiris_tracking", "osiris_index"})
+                      "bitflip1", "osiris_chunk", "osiris_entry", "osiris_tracking", "osiris_index", "ra_entry"})
 
 
 def _reported(inp: dict, out: Path, runs: list[dict]) -> bool | None:

@@ -65,6 +65,13 @@ DATASETS = {
     "4.0.5-streams-kill": ("4.0.5", "kill", "streams"),
     "4.3.6-streams-clean": ("4.3.6", "clean", "streams"),
     "4.3.6-streams-kill": ("4.3.6", "kill", "streams"),
+    # quorum queues beside classic ones (committed as an archive, see ARCHIVED)
+    "3.10.8-quorum-clean": ("3.10.8", "clean", "quorum"),
+    "3.10.8-quorum-kill": ("3.10.8", "kill", "quorum"),
+    "4.0.5-quorum-clean": ("4.0.5", "clean", "quorum"),
+    "4.0.5-quorum-kill": ("4.0.5", "kill", "quorum"),
+    "4.3.6-quorum-clean": ("4.3.6", "clean", "quorum"),
+    "4.3.6-quorum-kill": ("4.3.6", "kill", "quorum"),
 }
 #: rabbit application settings per profile (advanced.config)
 SETTINGS = {
@@ -75,21 +82,30 @@ SETTINGS = {
     "segments": {"queue_index_segment_entry_count": 32, "classic_queue_index_v2_segment_entry_count": 32},
     "protocols": {},
     "streams": {},
+    # a small Ra WAL (ra app env, the rabbitmq.conf key raft.wal_max_size_bytes) and small segments
+    # (raft.segment_max_entries): the WAL rolls over during the churn, so segments, a snapshot and
+    # a WAL holding the rest are all on disk at the stop
+    "quorum": {"ra.wal_max_size_bytes": 1048576, "ra.segment_max_entries": 1024},
 }
 #: protocol plugins enabled per profile (a broker booting such a sample needs them: manifest "plugins")
 PLUGINS = {"protocols": ["rabbitmq_mqtt", "rabbitmq_stomp"], "streams": ["rabbitmq_stream"]}
 #: profiles committed as ``<dataset>/rabbit.tar.gz`` + ``manifest.json.gz`` (unpacked by the tests
 #: into the gitignored ``<dataset>/mnesia/``) instead of an unpacked node dir
-ARCHIVED = {"protocols", "streams"}
+ARCHIVED = {"protocols", "streams", "quorum"}
 ARCHIVE = "rabbit.tar.gz"
 QUEUE_TTL_MS = 4000
 
 
 def advanced_config(settings: dict) -> str | None:
+    """advanced.config of a profile's settings: ``key`` is a rabbit application setting,
+    ``app.key`` one of another application (``ra.wal_max_size_bytes``)."""
     if not settings:
         return None
-    items = ", ".join(f"{{{k}, {v}}}" for k, v in settings.items())
-    return f"[{{rabbit, [{items}]}}].\n"
+    apps: dict[str, list[str]] = {}
+    for k, v in settings.items():
+        app, _, key = k.rpartition(".")
+        apps.setdefault(app or "rabbit", []).append(f"{{{key}, {v}}}")
+    return "[" + ", ".join(f"{{{app}, [{', '.join(items)}]}}" for app, items in apps.items()) + "].\n"
 
 
 def body(tag: str, n: int) -> bytes:
@@ -160,6 +176,9 @@ class Scenario:
             return
         if self.profile == "protocols":
             self.protocols()
+            return
+        if self.profile == "quorum":
+            self.quorum()
             return
         conn, ch = self.channel("/")
         self.orders(ch, "orders.v2", 2)
@@ -488,6 +507,109 @@ class Scenario:
     def session_queue(self, name):
         self.queues[("/", name)] = {"vhost": "/", "name": name, "drain": "amqp091", "created_by": "mqtt"}
 
+    # -- quorum queues (profile quorum) ------------------------------------------------------
+
+    def declare_quorum(self, ch, name, **args):
+        arguments = {"x-queue-type": "quorum", **args}
+        ch.queue_declare(name, durable=True, arguments=arguments)
+        self.queues[("/", name)] = {"vhost": "/", "name": name, "queue_type": "quorum", "arguments": arguments,
+                                    "drain": "amqp091"}
+
+    def quorum(self):
+        """Quorum queues beside classic ones. ``qq.orders``: a churn of 2,500 messages published,
+        2,000 consumed and 500 purged (the log passes Ra's snapshot interval of 4,096 entries and
+        rolls the small WAL over, and 4.x snapshots at a purge, so snapshots and segments exist),
+        then bodies of 0 B to 150 kB with every
+        property and header type (priorities 0-9: 4.x quorum queues deliver priorities above 4
+        first), one transient; 2 acked, 2 returned (nack, requeue), 3 checked out (basic.get, no
+        ack) at the stop. ``qq.work``: delivery limit 2, dead-lettered at least once
+        (``x-dead-letter-strategy``, which needs ``x-overflow`` reject-publish) to the quorum queue
+        ``qq.dead``: 2 rejected, one returned until it passes the limit, one returned once, 2
+        held by a consumer (prefetch 2) at the stop. ``qq.amo``: dead-lettered at most once (the
+        default) to the classic queue ``cq.dead``: 2 rejected. ``cq.side``: a classic queue."""
+        conn, ch = self.channel("/")
+        self.declare(ch, "/", "cq.side", 2)
+        for i, n in enumerate([10, 5000, 300]):
+            self.publish(ch, "", "cq.side", body(f"side#{i}", n),
+                         pika.BasicProperties(delivery_mode=2, message_id=f"side-{i}"))
+        self.declare_quorum(ch, "qq.orders")
+        for i in range(2500):
+            self.publish(ch, "", "qq.orders", body(f"churn#{i}", 3000 if i % 50 == 0 else 40),
+                         pika.BasicProperties(delivery_mode=2))
+        for _ in range(2000):
+            method, _, _ = ch.basic_get("qq.orders", auto_ack=True)
+            assert method is not None
+        ch.queue_purge("qq.orders")  # the other 500 (4.x: a purge forces a snapshot)
+        sizes = [0, 1, 16, 700, 4096, 20_000, 70_000, 150_000, 50, 5000, 300, 12, 9000, 100, 64, 2000]
+        for i, n in enumerate(sizes):
+            if i % 3 == 0:
+                props = full_props(i)
+            elif i == 4:
+                props = pika.BasicProperties(delivery_mode=1, message_id=f"qq.orders-{i}")  # transient
+            else:
+                props = pika.BasicProperties(delivery_mode=2, message_id=f"qq.orders-{i}", priority=i % 10,
+                                             headers={"i": i, "q": "qq.orders"} if i % 3 == 1 else None)
+            self.publish(ch, "", "qq.orders", body(f"qq.orders#{i}", n), props)
+        for _ in range(2):
+            method, _, _ = ch.basic_get("qq.orders", auto_ack=False)
+            ch.basic_ack(method.delivery_tag)
+        for _ in range(2):
+            method, _, _ = ch.basic_get("qq.orders", auto_ack=False)
+            ch.basic_nack(method.delivery_tag, requeue=True)
+
+        ch.exchange_declare("qdlx", "direct", durable=True)
+        self.declare_quorum(ch, "qq.dead")
+        ch.queue_bind("qq.dead", "qdlx", routing_key="dead")
+        self.declare(ch, "/", "cq.dead", 2)
+        ch.queue_bind("cq.dead", "qdlx", routing_key="amo")
+        self.declare_quorum(ch, "qq.work", **{"x-delivery-limit": 2, "x-dead-letter-exchange": "qdlx",
+                                              "x-dead-letter-routing-key": "dead",
+                                              "x-dead-letter-strategy": "at-least-once",
+                                              "x-overflow": "reject-publish"})
+        for i in range(10):
+            props = full_props(200 + i) if i == 0 else pika.BasicProperties(
+                delivery_mode=2, message_id=f"work-{i}", headers={"attempt": i})
+            self.publish(ch, "", "qq.work", body(f"work#{i}", 6000 if i % 3 == 0 else 120), props)
+        for _ in range(2):  # rejected: dead-lettered (reason rejected) into qq.dead
+            method, _, _ = ch.basic_get("qq.work", auto_ack=False)
+            ch.basic_reject(method.delivery_tag, requeue=False)
+        first = None
+        for _ in range(8):  # returned until it passes the delivery limit: dead-lettered (delivery_limit)
+            method, props, _ = ch.basic_get("qq.work", auto_ack=False)
+            if first is None:
+                first = props.message_id
+            elif props.message_id != first:
+                ch.basic_nack(method.delivery_tag, requeue=True)  # the next one, returned once
+                break
+            ch.basic_nack(method.delivery_tag, requeue=True)
+        self.declare_quorum(ch, "qq.amo", **{"x-dead-letter-exchange": "qdlx", "x-dead-letter-routing-key": "amo"})
+        for i in range(4):
+            self.publish(ch, "", "qq.amo", body(f"amo#{i}", 80 if i % 2 else 4500),
+                         pika.BasicProperties(delivery_mode=2, message_id=f"amo-{i}"))
+        for _ in range(2):  # rejected: dead-lettered at most once into cq.dead
+            method, _, _ = ch.basic_get("qq.amo", auto_ack=False)
+            ch.basic_reject(method.delivery_tag, requeue=False)
+        deadline = time.time() + 30
+        while time.time() < deadline:  # the at-least-once dead-letter worker has moved them
+            if ch.queue_declare("qq.dead", passive=True).method.message_count >= 3:
+                break
+            time.sleep(0.2)
+        conn.close()
+        self.hold_unacked("/", "qq.orders", 3)
+        self.hold_consumed("/", "qq.work", 2)
+
+    def hold_consumed(self, vhost, q, n):
+        """A consumer (prefetch n, manual acks) that has received n messages and never acks."""
+        conn, ch = self.channel(vhost)
+        ch.basic_qos(prefetch_count=n)
+        got = []
+        ch.basic_consume(q, lambda c, m, p, b: got.append(m.delivery_tag), auto_ack=False)
+        deadline = time.time() + 30
+        while len(got) < n and time.time() < deadline:
+            conn.process_data_events(time_limit=0.2)
+        assert len(got) == n, got
+        self.held.append(conn)
+
     def rolled_store(self):
         """Many 64 KiB .rdq files; one queue's messages are all consumed so the broker compacts
         the files (zero-filling the holes it cannot fill with moved messages).
@@ -515,6 +637,45 @@ class Scenario:
 
 
 # -- running a dataset ---------------------------------------------------------------------
+
+
+def wait_ra_registered(broker: Broker, timeout: float = 30.0) -> None:
+    """Wait until Ra's directory (``quorum/<node>/names.dets``) registers every quorum queue's
+    server (a data dir with a ``config``): the table is written by DETS's auto-save, and a node
+    killed before it holds a server's name cannot restart that server (its queue then answers
+    no leader, for ever). A kill -9 should hit messages, not this."""
+    from cqforensics.readers.terms import read_dets_objects
+
+    system = broker.node_dir / "quorum" / broker.nodename
+    deadline = time.monotonic() + timeout
+    while True:
+        uids = {p.parent.name.encode() for p in system.glob("*/config")}
+        try:
+            known = {o[1] for o in read_dets_objects(system / "names.dets") if isinstance(o, tuple) and len(o) == 2}
+        except Exception:  # written while we read: look again
+            known = set()
+        if uids <= known:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"names.dets still lacks {sorted(uids - known)} after {timeout:.0f}s")
+        time.sleep(0.2)
+
+
+def settle_quorum(broker: Broker, queues: dict, timeout: float = 60.0) -> None:
+    """Wait until the quorum queues hold no message checked out by a consumer of before the
+    stop: after the boot each queue's leader sees those consumers gone and returns their
+    messages, a moment after the node accepts connections; draining before that would see
+    them come back in the middle."""
+    names = {name for (vhost, name), q in queues.items() if q.get("queue_type") == "quorum"}
+    deadline = time.monotonic() + timeout
+    while True:
+        out = broker.ctl("list_queues", "-p", "/", "name", "messages_unacknowledged", "--formatter", "json", "-q")
+        rows = {r["name"]: r for r in json.loads(out or "[]")}
+        if all(rows.get(n, {}).get("messages_unacknowledged") == 0 for n in names):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"quorum queues still hold checked-out messages after {timeout:.0f}s: {rows}")
+        time.sleep(0.5)
 
 
 def package_versions(broker: Broker) -> dict:
@@ -548,11 +709,13 @@ def generate(name: str, out: Path, work: Path) -> dict:
         # a kill -9 should hit messages, not declarations: wait until the metadata files hold every
         # durable declaration the way the next boot recovers it (Broker.wait_durable)
         durable: dict[str, list[str]] = {}
-        for (vhost, name), q in sc.queues.items():
+        for (vhost, qname), q in sc.queues.items():
             if not q.get("exclusive"):
-                durable.setdefault(vhost, []).append(name)
+                durable.setdefault(vhost, []).append(qname)
         for vhost, names in durable.items():
             b.wait_durable(*names, vhost=vhost)
+        if profile == "quorum":
+            wait_ra_registered(b)
         stopped_at = now_ms()
         if stop == "clean":
             b.stop()
@@ -570,6 +733,8 @@ def generate(name: str, out: Path, work: Path) -> dict:
         time.sleep(max(0.0, sc.ttl_published_at + QUEUE_TTL_MS / 1000 + 1 - time.monotonic()))
         b.start()
         restarted_at = now_ms()
+        if profile == "quorum":
+            settle_quorum(b, sc.queues)
         queues = drain_all(b, ["/", VHOST2], sc.queues)
         drained_at = now_ms()
         b.stop()
@@ -753,6 +918,23 @@ version. The manifest's `published` lists what each MQTT/STOMP publisher sent (t
 destination, QoS, retain, MQTT 5.0 properties, STOMP headers, body sha256). These datasets are
 committed as `rabbit.tar.gz` (the node dir, node `rabbit@localhost`) and `manifest.json.gz`,
 unpacked by the tests like the imported ones below.
+
+Profile `quorum` (3.10.8, 4.0.5, 4.3.6; committed as archives the same way): quorum queues beside
+classic ones, with Ra settings that put every file kind on disk (a 1 MiB WAL and 1,024-entry
+segments: `raft.wal_max_size_bytes`, `raft.segment_max_entries`, recorded as the manifest's
+`settings`). `qq.orders`: a churn of 2,500 messages (2,000 consumed, 500 purged: the log passes
+Ra's snapshot interval, the WAL rolls over into segments, 4.x snapshots at the purge), then 16
+messages of 0 B to 150 kB with every property and header type and priorities 0-9 (one
+transient), 2 acked, 2 returned (nack, requeue), 3 checked out by basic.get at the stop;
+`qq.work`: `x-delivery-limit` 2, dead-lettered at least once (`x-dead-letter-strategy`
+at-least-once, `x-overflow` reject-publish) to the quorum queue `qq.dead` through the direct
+exchange `qdlx`: 2 rejected, one returned until it passed the limit, one returned once, 2 held
+by a consumer with prefetch 2 at the stop; `qq.amo`: dead-lettered at most once (the default) to
+the classic queue `cq.dead`; `cq.side`: a classic queue. 3.10 stores `#basic_message`, 4.x
+`#mc`. Before a kill -9 the generator waits for `names.dets` to register every queue's Ra
+server (DETS auto-save; a kill before it loses the registration and the queue answers "leader
+not known" for ever, seen on 3.10.8); after the restart it waits until the leaders have
+returned the messages of the consumers gone with the old node before draining.
 
 ## Datasets
 

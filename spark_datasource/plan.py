@@ -4,6 +4,10 @@ A unit is what one task can read on its own and get exactly the rows the embedde
 
 * queue-level tables (messages, index, acks): one CQv2 ``.qi`` segment, or one CQv1 queue. A
   task that reads several units of one vhost builds that vhost's shared-store index once.
+  ``messages`` also has one unit per quorum queue member (a Ra server of ``quorum/<node>/``,
+  by uid): its messages and the dead letters its next boot republishes, with the vhost its
+  config names (the node's first vhost for a vhost without a dir). A task reading quorum units
+  of a node reads the node's WAL once.
 * vhost-level tables (store, refcounts, holes, files, queues, findings): a whole vhost, since
   their statuses and checks need every queue of the vhost and its whole shared store.
 * a stream (``messages``): one unit per stream dir of the node (``stream``), placed right after
@@ -29,7 +33,8 @@ from pathlib import Path
 from cqforensics import driver
 from cqforensics.driver import QUEUE_LEVEL
 from cqforensics.model.options import make_options
-from cqforensics.errors import UsageError
+from cqforensics.errors import CQError, UsageError
+from cqforensics.readers.ra_system import read_config
 from cqforensics.model.store import shares_for
 from cqforensics.tables import SHARED_TABLES
 from cqforensics.schema import SCHEMAS
@@ -49,6 +54,7 @@ class Unit:
     share: int | None = None  # the message-id share of the vhost it reads (None: all ids)
     shares: int = 1  # of how many
     stream: str | None = None  # a stream dir (under the node's stream/) whose records this unit yields
+    quorum: str | None = None  # a quorum queue member: its Ra server uid (then queue_dir is None)
 
 
 def _size(p: Path) -> int:
@@ -75,12 +81,18 @@ def plan_units(paths, table: str, vhosts=None, queues=None) -> list[Unit]:
     nodes = driver.discovered(list(paths), make_options(bodies=False, decode=False), driver.names(vhosts, "vhosts"),
                               driver.names(queues, "queues"))
     for node in (ns.node for ns in nodes):
+        vhost_list = sorted(node.vhosts, key=lambda v: (v.name is None, v.label))
         streams = _streams(node, queues) if table == "messages" else {}
-        for v in sorted(node.vhosts, key=lambda v: (v.name is None, v.label)):
+        quorum_units = _quorum_units(node, vhost_list) if table == "messages" else {}
+        for v in vhost_list:
             if vhosts is not None and v.name not in vhosts:
                 continue
             base = {"node_path": str(node.path), "node_label": node.node, "vhost_dir": v.dir_name, "vhost": v.name}
-            out += _vhost_units(v, base, table, queues)
+            units = _vhost_units(v, base, table, queues)
+            out += units
+            if table in QUEUE_LEVEL and all(u.share is None for u in units):
+                # after the classic queues, in the order a whole read yields them (``tables.messages_batches``)
+                out += [Unit(**base, **u) for u in quorum_units.get(v.dir_name, ())]
             out += [Unit(**base, stream=d.name, weight=_tree_size(d), files=tuple(str(p) for p in sorted(d.iterdir())))
                     for d in streams.get(v.dir_name, [])]
     return out
@@ -100,6 +112,33 @@ def _streams(node, queues) -> dict[str, list[Path]]:
         home = stream_home(vhost, node.vhosts)
         if home is not None and (queues is None or (name if name is not None else d.name) in queues):
             out.setdefault(home, []).append(d)
+    return out
+
+
+def _quorum_units(node, vhost_list) -> dict[str, list[dict]]:
+    """vhost dir name -> the quorum units of its quorum queue members (fields of ``Unit``),
+    weighed by their server dir's bytes and their share of the WAL. Every quorum queue is
+    listed, whatever the ``queues`` option: a queue's dead letters land in other queues."""
+    if not vhost_list:
+        return {}
+    by_name = {v.name: v.dir_name for v in vhost_list}
+    out: dict[str, list[dict]] = {}
+    for ra in node.quorum:
+        wal = sum(_size(p) for _, p in ra.wal) // max(1, len(ra.servers))
+        for srv in ra.servers:
+            vhost = name = None
+            if srv.config is not None:
+                try:
+                    res = read_config(srv.config).queue_resource
+                except (CQError, OSError):
+                    res = None
+                if res is not None:
+                    vhost, name = (x.decode("utf-8", "replace") for x in res)
+            dir_name = by_name.get(vhost, vhost_list[0].dir_name)
+            out.setdefault(dir_name, []).append({"queue": name, "quorum": srv.uid,
+                                                 "weight": _tree_size(srv.path) + wal})
+    for units in out.values():
+        units.sort(key=lambda u: u["quorum"])  # as model.quorum.read_system lists the servers
     return out
 
 

@@ -158,9 +158,26 @@ def compare_deliveries(queues: list[dict], rows: list[dict], recorded: list[str]
                          if props.get(k) != e["properties"].get(k)}
                 diffs.append(f"{where}: properties differ {delta}")
             headers = json.loads(a["headers"]) if a["headers"] else None
+            if a.get("location") == "dead_letter_replay" and headers and e["headers"]:
+                headers = _boot_time(headers, e["headers"])
             if headers != e["headers"]:
                 diffs.append(f"{where}: headers differ:\n  got  {headers}\n  want {e['headers']}")
     return diffs
+
+
+def _boot_time(got: dict, want: dict, slack: int = 10) -> dict:
+    """A message a quorum queue dead-letters again at the boot carries the boot's clock in its
+    x-death ``time``, which the prediction can only place at ``as_of``: within ``slack``
+    seconds of the broker's it counts as the broker's."""
+    try:
+        g = got["x-death"]["value"][0]["value"]["time"]
+        w = want["x-death"]["value"][0]["value"]["time"]
+    except (KeyError, IndexError, TypeError):
+        return got
+    if abs(g["value"] - w["value"]) <= slack:
+        got = json.loads(json.dumps(got))
+        got["x-death"]["value"][0]["value"]["time"] = w
+    return got
 
 
 __all__ = ["archived", "compare", "compare_deliveries", "datasets", "delivered_counts", "extract_archives", "manifest", "SAMPLES",

@@ -126,3 +126,118 @@ SCENARIOS = {
     "v1_segment_truncated": v1_segment_truncated, "v1_journal_torn": v1_journal_torn,
 }
 V1_ONLY = {"v1_segment_truncated", "v1_journal_torn"}
+
+
+# -- quorum queues (Ra files under quorum/<node>/) ---------------------------------------------------
+# Used by tests/test_quorum_brokers.py (the real broker boots on each damaged copy) and
+# tests/test_quorum_damage.py (readers and findings, no broker).
+
+
+def _ra(node: Path) -> Path:
+    return node / "quorum" / node.name
+
+
+def _wal(node: Path) -> Path:
+    return max(_ra(node).glob("*.wal"), key=lambda p: int(p.stem))
+
+
+def _wal_records(node: Path, queue: bytes = b"qq.orders"):
+    """(scan, rows of ``queue``'s server) of the newest WAL."""
+    from cqforensics.readers import ra_wal
+
+    uid = _server(node, queue).name.encode()
+    scan = ra_wal.walk(_wal(node))
+    return scan, [i for i in range(len(scan)) if scan.uid(i) == uid]
+
+
+def _server(node: Path, queue: bytes) -> Path:
+    from cqforensics.readers.ra_system import read_config
+
+    for cfg in sorted(_ra(node).glob("*/config")):
+        if read_config(cfg).queue_resource == (b"/", queue):
+            return cfg.parent
+    raise LookupError(queue)
+
+
+def wal_torn(node: Path) -> str:
+    """Cut the WAL at 60% of its length (a crash mid-write, or a lost tail): the records past the
+    cut are lost, acks and settles among them too."""
+    wal = _wal(node)
+    return damage.truncate(wal, wal.stat().st_size * 6 // 10)
+
+
+def wal_zeroed_tail(node: Path) -> str:
+    """Zero the WAL's last 40% (a preallocated or unwritten tail): recovery stops at the zeros."""
+    wal = _wal(node)
+    size = wal.stat().st_size
+    return damage.zero(wal, size * 6 // 10, size - size * 6 // 10)
+
+
+def wal_bad_checksum(node: Path) -> str:
+    """Flip a byte in the data of a record in the middle of the WAL (not the last record):
+    ``wal_checksum_validation_failure``."""
+    scan, rows = _wal_records(node)
+    i = rows[len(rows) // 2]
+    return damage.flip(_wal(node), int(scan.data_offset[i]) + int(scan.length[i]) // 2)
+
+
+def wal_bad_last_record(node: Path) -> str:
+    """Flip a byte in the data of the WAL's last record: Ra drops that record and goes on."""
+    from cqforensics.readers import ra_wal
+
+    wal = _wal(node)
+    scan = ra_wal.walk(wal)
+    i = len(scan) - 1
+    return damage.flip(wal, int(scan.data_offset[i]) + int(scan.length[i]) // 2)
+
+
+def _segments(node: Path, queue: bytes = b"qq.orders") -> list[Path]:
+    return sorted(_server(node, queue).glob("*.segment"), key=lambda p: int(p.stem))
+
+
+def segment_bad_crc(node: Path) -> str:
+    """Flip a byte in an entry in the middle of a quorum queue's second segment."""
+    from cqforensics.readers import ra_segment
+
+    seg = _segments(node)[1]
+    s = ra_segment.read_segment(seg)
+    i = len(s) // 2
+    return damage.flip(seg, int(s.offset[i]) + int(s.length[i]) // 2)
+
+
+def segment_truncated(node: Path) -> str:
+    """Cut a quorum queue's last segment in the middle of its data."""
+    seg = _segments(node)[-1]
+    return damage.truncate(seg, seg.stat().st_size // 2)
+
+
+def segment_missing(node: Path) -> str:
+    """Delete a quorum queue's second segment (a gap in its log)."""
+    return damage.remove(_segments(node)[1])
+
+
+def snapshot_damaged(node: Path) -> str:
+    """Flip a byte in a quorum queue's snapshot (past its header: the checksum fails)."""
+    snap = next(_server(node, b"qq.orders").glob("snapshots/*/snapshot.dat"))
+    return damage.flip(snap, snap.stat().st_size - 20)
+
+
+def meta_missing(node: Path) -> str:
+    """Delete meta.dets (every server's term, vote and last applied index)."""
+    return damage.remove(_ra(node) / "meta.dets")
+
+
+def names_missing(node: Path) -> str:
+    """Delete names.dets (the registry of the node's Ra servers)."""
+    return damage.remove(_ra(node) / "names.dets")
+
+
+QUORUM_SCENARIOS = {
+    "wal_torn": wal_torn, "wal_zeroed_tail": wal_zeroed_tail, "wal_bad_checksum": wal_bad_checksum,
+    "wal_bad_last_record": wal_bad_last_record, "segment_bad_crc": segment_bad_crc,
+    "segment_truncated": segment_truncated, "segment_missing": segment_missing, "snapshot_damaged": snapshot_damaged,
+    "meta_missing": meta_missing, "names_missing": names_missing,
+}
+#: scenarios that need a sample whose quorum queue has segments (4.0.5) or a snapshot (3.10.8, 4.3.6)
+SEGMENT_SCENARIOS = {"segment_bad_crc", "segment_truncated", "segment_missing"}
+SNAPSHOT_SCENARIOS = {"snapshot_damaged"}

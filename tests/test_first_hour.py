@@ -166,30 +166,31 @@ def test_audit_of_a_fleet_names_each_node_and_narrows_to_vhosts_and_queues(capsy
 # -- 2e. storage that is not read ----------------------------------------------------------------
 
 
-def _with_quorum_dir(tmp_path) -> Path:
-    """CRAFTED: a copy of 4.3.6-kill with an empty Ra server dir under quorum/<node>/ (the dir a
-    quorum queue member has; no broker wrote this one). The real thing: test_first_hour_brokers."""
+def _with_stream_dir(tmp_path) -> Path:
+    """CRAFTED: a copy of 4.3.6-kill with an empty stream dir under stream/ (the dir an osiris
+    stream member has; no broker wrote this one). Quorum queues are read (docs/quorum.md); streams
+    are not yet. The real thing: test_first_hour_brokers."""
     node = copy_node("4.3.6-kill", tmp_path / "mnesia")
-    (node / "quorum" / "rabbit@localhost" / "2F_QQCRAFTED00001").mkdir()
+    (node / "stream" / "__st.crafted_1700000000000000000").mkdir(parents=True)
     return node
 
 
 def test_a_node_holding_queue_storage_not_read_says_so_and_fsck_exits_2(capsys, tmp_path, caplog):
-    """Before: fsck exit 0, and nothing named the quorum data."""
-    node = _with_quorum_dir(tmp_path)
+    """Before: fsck exit 0, and nothing named the stream data."""
+    node = _with_stream_dir(tmp_path)
     code, out, _ = run(capsys, "fsck", node)
     assert code == 2, out
-    assert "NOT READ: 0 quorum queues (1 data dir, " in out and "check incomplete" in out
+    assert "NOT READ: 0 streams (1 data dir, " in out and "check incomplete" in out
     assert "WARNING storage-not-read (1)" in out
     code, out, _ = run(capsys, "fsck", "--json", node)
     doc = json.loads(out)
-    assert doc["exit_code"] == 2 and doc["summary"]["not_read"] == ["quorum"]
+    assert doc["exit_code"] == 2 and doc["summary"]["not_read"] == ["stream"]
     assert doc["nodes"][0]["not_read"][0]["data_dirs"] == 1
     # a node-level finding is kept when the node's first vhost is filtered out
     code, out, _ = run(capsys, "fsck", node, "--vhost", "staging/ü")
     assert code == 2 and "storage-not-read" in out
     t = cqforensics.read_table(node, "findings", columns=["code", "file"])
-    assert [r for r in t.to_pylist() if r["code"] == "storage-not-read"][0]["file"].endswith("/quorum")
+    assert [r for r in t.to_pylist() if r["code"] == "storage-not-read"][0]["file"].endswith("/stream")
     for kw in ({"vhosts": "staging/ü"}, {"queues": "events"}):  # once, whatever the read leaves out
         t = cqforensics.read_table(node, "findings", columns=["code"], **kw)
         assert t.column("code").to_pylist().count("storage-not-read") == 1, kw

@@ -1,7 +1,8 @@
-"""Queue storage cqforensics does not read yet, on nodes real brokers wrote (issue 28): a node
-holding quorum queues and a stream beside its classic queues. Until a kind is read (streams are:
-docs/streams.md), every front end names its queues, and fsck's exit code says its check is
-incomplete (bit 2).
+"""Queue storage on nodes real brokers wrote (issues 28, 30, 31): a node holding quorum queues and
+a stream beside its classic queues. Every kind is read by every front end: its queues and messages
+are listed, nothing is named as not read, and fsck's check is complete (no exit bit 2). The
+mechanism that names a kind not read (``layout.STORAGE_KINDS``) is tested on a crafted kind in
+tests/test_first_hour.py.
 
 One broker per version writes the node (module fixture: booted once, queues declared, messages
 published with confirms, stopped cleanly); every case reads a copy of it."""
@@ -70,50 +71,53 @@ def run(capsys, *argv) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_fsck_names_the_quorum_queues_and_exits_2(capsys, node):
+def test_fsck_reads_every_kind_and_its_check_is_complete(capsys, node):
     code, out, _ = run(capsys, "fsck", node)
-    assert code == 2, out
-    assert "NOT READ: 2 quorum queues: 'qq.a' (vhost '/'), 'qq.dlx' (vhost '/')" in out
-    assert "NOT READ: 1 stream" not in out and "st.a" in out  # streams are read
+    assert code == 0, out
+    assert "NOT READ" not in out and "st.a" in out and "qq.dlx" in out
     assert "exit 2: no errors; check incomplete" in out
     code, out, _ = run(capsys, "fsck", "--json", node)
     doc = json.loads(out)
     kinds = {u["kind"]: u for u in doc["nodes"][0]["not_read"]}
-    assert set(kinds) == {"quorum"} and doc["exit_code"] == 2
-    assert {q["queue"] for q in kinds["quorum"]["queues"]} == set(QUORUM) and kinds["quorum"]["data_dirs"] == 2
-    assert {(f["code"], f["details"]["kind"]) for f in doc["findings"] if f["code"] == "storage-not-read"} == \
-        {("storage-not-read", "quorum")}
-    assert {q["queue"]: q["messages"] for q in doc["queues"]} == {**{q: 7 for q in CLASSIC}, "st.a": 7}  # read
+    assert not kinds and doc["exit_code"] == 0
+    assert not [f for f in doc["findings"] if f["code"] == "storage-not-read"]
+    # every message predicted to come back, whatever the kind of queue
+    assert {q["queue"]: (q["messages"], q["predicted_after_restart"], q["queue_type"]) for q in doc["queues"]} == \
+        {**{q: (7, 7, "classic") for q in CLASSIC}, **{q: (7, 7, "quorum") for q in QUORUM}, "st.a": (7, 7, "stream")}
 
 
-def test_a_filter_naming_a_quorum_queue_says_it_is_not_read_and_a_stream_reads(capsys, node):
-    code, _, err = run(capsys, "read", node, "--queue", "qq.a")
-    assert code == 16 and "queue 'qq.a' is a quorum queue" in err and "does not read quorum queues" in err
+def test_a_filter_naming_a_quorum_queue_or_a_stream_reads_it(capsys, node):
+    code, out, err = run(capsys, "read", node, "--queue", "qq.a", "--columns", "queue,queue_type,body")
+    assert code == 0, err
+    assert out.count("qq.a") == 7 and "quorum" in out
     code, out, err = run(capsys, "fsck", node, "--queue", "st.a")
-    assert code in (0, 2) and "st.a" in out and "is a stream" not in err
+    assert code == 0 and "st.a" in out, err
 
 
-def test_the_tables_say_what_they_leave_out(node, caplog, monkeypatch):
+def test_the_tables_hold_every_kind_and_leave_nothing_out(node, caplog, monkeypatch):
     from cqforensics import driver
 
     monkeypatch.setattr(driver, "_WARNED", set())
     with caplog.at_level(logging.WARNING, logger="cqforensics.driver"):
-        t = cqforensics.read_table(node, "messages", columns=["queue"])
-    assert set(t.column("queue").to_pylist()) == set(CLASSIC) | {"st.a"}
+        t = cqforensics.read_table(node, "messages", columns=["queue", "queue_type", "body"]).to_pylist()
+    assert {r["queue"] for r in t} == set(CLASSIC + QUORUM) | {"st.a"}
+    assert sorted(r["body"] for r in t if r["queue"] == "qq.dlx") == [b"m%d" % i for i in range(7)]
     said = " ".join(r.getMessage() for r in caplog.records)
-    assert "2 quorum queues not read: 'qq.a' (vhost '/'), 'qq.dlx' (vhost '/')" in said and "'st.a'" not in said
+    assert "not read" not in said
     f = cqforensics.read_table(node, "findings", columns=["code", "details"]).to_pylist()
-    assert sorted(json.loads(r["details"])["kind"] for r in f if r["code"] == "storage-not-read") == ["quorum"]
+    assert not [r for r in f if r["code"] == "storage-not-read"]
 
 
-def test_audit_export_and_report_name_them(capsys, node, tmp_path):
+def test_audit_export_and_report_read_every_kind(capsys, node, tmp_path):
     code, out, _ = run(capsys, "audit", "--json", node)
-    assert {u["kind"] for u in json.loads(out)["nodes"][0]["not_read"]} == {"quorum"}
+    assert json.loads(out)["nodes"][0]["not_read"] == []
     code, out, _ = run(capsys, "audit", node)
-    assert "NOT READ on rabbit@localhost: 2 quorum queues: 'qq.a'" in out
+    assert "NOT READ" not in out
     code, _, err = run(capsys, "export", node, "--format", "jsonl", "--out", tmp_path / "x")
-    assert code == 0 and "NOT READ on rabbit@localhost: 2 quorum queues: 'qq.a'" in err and "7 stream" in err
+    assert code == 0 and "NOT READ" not in err and "7 stream" in err
+    lines = [json.loads(line) for p in sorted((tmp_path / "x").rglob("*.jsonl")) for line in p.read_text().splitlines()]
+    assert sum(1 for r in lines if r.get("queue") in QUORUM) == 14
     code, _, _ = run(capsys, "report", node, "--html", tmp_path / "r.html")
     page = (tmp_path / "r.html").read_text()
-    assert 'class="meta not-read" data-kind="quorum"' in page and 'data-kind="stream"' not in page
-    assert "qq.dlx" in page and 'class="meta crash incomplete"' in page
+    assert "not-read" not in page
+    assert 'data-queue="qq.dlx" data-type="quorum"' in page and 'data-queue="st.a" data-type="stream"' in page

@@ -87,6 +87,8 @@ def test_qs_and_rdq_twins_equal_grammar():
     assert n > 200
     for path in files("queues/*/*.qs"):
         data = path.read_bytes()
+        if not data:  # created, nothing written yet at a kill -9 (3.10.8-quorum-kill's cq.dead)
+            continue
         assert c_qs.header.parse(data[:64]).magic == c_qs.MAGIC
         qi = path.with_suffix(".qi")
         if not qi.exists():

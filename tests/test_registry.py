@@ -73,6 +73,13 @@ KINDS = [
     ("12.idx", "queue", "idx"), ("journal.jif", "queue", "jif"),
     ("00000000000000000000.segment", "stream", "osiris_segment"),
     ("00000000000000004096.index", "stream", "osiris_index"),
+    ("00000003.wal", "ra_system", "ra_wal"), ("0000000000000001.wal", "ra_system", "ra_wal"),
+    ("names.dets", "ra_system", "ra_names"), ("meta.dets", "ra_system", "ra_meta"),
+    ("writers.snapshot", "ra_system", "ra_writers"), ("segment_name_upgrade_marker", "ra_system", "ra_marker"),
+    ("config", "ra_server", "ra_config"), ("00000005.segment", "ra_server", "ra_segment"),
+    ("0000000000000005.segment", "ra_server", "ra_segment"), ("0000000000000007.compacting", "ra_server", "ra_compacting"),
+    ("0000000000000007.compaction_group", "ra_server", "ra_compaction_group"),
+    ("snapshot.dat", "ra_snapshot", "ra_snapshot"), ("indexes", "ra_snapshot", "ra_indexes"),
 ]
 
 
@@ -91,13 +98,13 @@ def test_every_kind_is_covered():
 
 @pytest.mark.parametrize("name,kind", [
     ("rabbit_durable_queue.DCD", "disk_log"), ("rabbit_durable_queue.DCL", "disk_log"), ("LATEST.LOG", "disk_log"),
-    ("names.dets", "dets"), ("copy-of.rdq", "rdq"), ("x.qi", "qi"), ("old.jif", "jif"), ("t.ets", "ets"),
+    ("names.dets", "ra_names"), ("other.dets", "dets"), ("copy-of.rdq", "rdq"), ("x.qi", "qi"), ("old.jif", "jif"), ("t.ets", "ets"),
 ])
 def test_lone_files_are_known_by_extension(name, kind):
     assert registry.kind_of(name) == kind
 
 
-@pytest.mark.parametrize("name", ["schema.DAT", "README", "0.wal", "a.rdq.bak", "cluster_nodes.config", ".rdq",
+@pytest.mark.parametrize("name", ["schema.DAT", "README", "0.walx", "a.rdq.bak", "cluster_nodes.config", ".rdq",
                                   "rdq", "0.RDQ", ""])
 def test_unknown_names(name):
     assert registry.kind_of(name) is None
@@ -127,9 +134,9 @@ def test_fixed_names_keep_registry_order():
 
 
 def test_dump_lists_what_the_registry_can_dump():
-    assert registry.dumpable() == [".DCD", ".DCL", ".LOG", ".dets", ".ets", ".idx", ".index", ".jif", ".qi", ".qs",
-                                   ".rdq", ".segment"]
-    with pytest.raises(UsageError, match=r"known: \.DCD, \.DCL, \.LOG, \.dets"):
+    assert registry.dumpable() == [".DCD", ".DCL", ".LOG", ".compacting", ".compaction_group", ".dets", ".ets", ".idx",
+                                   ".index", ".jif", ".qi", ".qs", ".rdq", ".segment", ".wal"]
+    with pytest.raises(UsageError, match=r"known: \.DCD, \.DCL, \.LOG, \.compacting"):
         dump_mod.kind_of(Path("clean.dot"))  # a kind with no dump
     with pytest.raises(UsageError):
         list(dump_mod.dump(SAMPLES / "3.10.8-kill" / "mnesia" / "rabbit@localhost" / "schema.DAT"))

@@ -165,9 +165,13 @@ def _cli(*args, **kw):
 
 
 @pytest.mark.broker
-@pytest.mark.parametrize("version", ["4.3.6", "3.10.8"])
-def test_republish_delivers_the_manifest(version, broker_dir, tmp_path):
-    dataset = f"{version}-kill"
+@pytest.mark.parametrize("dataset", ["4.3.6-kill", "3.10.8-kill",
+                                     # 285 s once on a loaded shared machine (not profiled yet)
+                                     pytest.param("4.3.6-quorum-kill", marks=pytest.mark.slow)])
+def test_republish_delivers_the_manifest(dataset, broker_dir, tmp_path):
+    """Every message the sample's broker delivered after its restart (classic queues; quorum
+    queues and their dead-letter queues in the quorum sample) arrives, once, in order."""
+    version = dataset.split("-")[0]
     need_broker(version)
     from cqforensics.broker import Broker
 

@@ -38,8 +38,9 @@ def test_bad_options_are_usage_errors(options, message):
 
 def test_globs_expand_sorted():
     s = opt.parse({"path": str(SAMPLES / "4.*-clean")})
-    assert s.paths == tuple(str(SAMPLES / d) for d in ("4.0.5-clean", "4.0.5-proto-clean", "4.0.5-streams-clean",
-                                                       "4.1.8-clean", "4.2.2-clean", "4.3.6-clean", "4.3.6-proto-clean",
+    assert s.paths == tuple(str(SAMPLES / d) for d in ("4.0.5-clean", "4.0.5-proto-clean", "4.0.5-quorum-clean",
+                                                       "4.0.5-streams-clean", "4.1.8-clean", "4.2.2-clean",
+                                                       "4.3.6-clean", "4.3.6-proto-clean", "4.3.6-quorum-clean",
                                                        "4.3.6-streams-clean"))
 
 
@@ -53,6 +54,33 @@ def test_units_per_segment_and_per_vhost():
     assert [u.queue_dir for u in v] == [None, None]  # two vhosts
     with pytest.raises(OperationalError):
         plan.plan_units(["/no/such"], "messages")
+
+
+def test_quorum_units_read_what_a_whole_read_reads():
+    """``messages`` gets one unit per quorum queue member; reading the units one by one (as
+    separate tasks would) gives exactly the rows of one whole read: each quorum message once,
+    and the dead letters a boot republishes into a classic queue once."""
+    from cqforensics import driver
+    from cqforensics.model.options import Options
+
+    path = str(SAMPLES / "4.0.5-quorum-kill")
+    units = plan.plan_units([path], "messages")
+    quorum = [u for u in units if u.quorum]
+    assert sorted(u.queue for u in quorum) == ["qq.amo", "qq.dead", "qq.orders", "qq.work"] and all(u.queue_dir is None for u in quorum)
+    assert not [u for u in plan.plan_units([path], "index") if u.quorum]  # classic-only tables have none
+    cols = ["queue", "queue_type", "raft_index", "location", "body"]
+
+    def rows(batches):
+        return sorted(tuple(r.values()) for b in batches for r in b.to_pylist())
+
+    whole = rows(driver.read("messages", Options(), paths=[path], columns=cols))
+    one_by_one = rows(b for u in units for b in driver.read("messages", Options(), units=[u], columns=cols))
+    assert whole == one_by_one
+    assert {r[1] for r in whole} == {"classic", "quorum"}
+    assert any(r[3] == "dead_letter_replay" and r[1] == "classic" for r in whole)  # cq.dead's, from qq.orders
+    named = rows(b for u in plan.plan_units([path], "messages", queues={"qq.orders"})
+                 for b in driver.read("messages", Options(), units=[u], columns=cols, queues={"qq.orders"}))
+    assert named == [r for r in whole if r[0] == "qq.orders"] and named
 
 
 def test_pack_is_deterministic_and_respects_targets():

@@ -464,11 +464,12 @@ def node_findings(ns: NodeScan) -> list[Finding]:
                 for f in _node_file_findings(node, p)]
     for d in NODE_DIRS:
         for system in sorted((node / d).glob("*/names.dets")) if (node / d).is_dir() else ():
-            out += ra_directory_findings(system.parent)
+            # quorum/: an unregistered server dir is quorum-queue-unavailable (checks.quorum), with its fate
+            out += ra_directory_findings(system.parent, unregistered=d != "quorum")
     return out
 
 
-def ra_directory_findings(system: Path) -> list[Finding]:
+def ra_directory_findings(system: Path, unregistered: bool = True) -> list[Finding]:
     """``term-file-damaged`` for a Ra system dir (``coordination/<node>``: Khepri;
     ``quorum/<node>``: quorum queues) whose directory table ``names.dets`` (``{ServerName, UId}``
     per server, ra_directory) and server data dirs (``<UId>/`` holding ``config``) disagree:
@@ -487,7 +488,7 @@ def ra_directory_findings(system: Path) -> list[Finding]:
     except OSError:
         return []
     out = []
-    for uid in sorted(dirs - registered):
+    for uid in sorted(dirs - registered) if unregistered else ():
         out.append(Finding("term-file-damaged", f"Ra server data dir {uid.decode('utf-8', 'replace')} is not "
                            "registered in names.dets: Ra finds a server's data by the UId its name is registered "
                            "under, so this data is not what it restarts (a damaged or replaced names.dets)",
@@ -566,8 +567,8 @@ def _node_file_findings(node: Path, p: Path) -> list[Finding]:
         out += _safe(r_terms.disk_log_findings, p)
     elif (name.endswith((".dets", ".DAT")) and p.parent == node) or (in_coord and name.endswith(".dets")):
         out += _safe(r_terms.dets_findings, p)
-    elif in_coord and name.endswith(".wal"):
-        out += _safe(r_terms.wal_findings, p)
+    elif in_coord and name.endswith(".wal") and "quorum" not in p.relative_to(node).parts:
+        out += _safe(r_terms.wal_findings, p)  # quorum/: checks.quorum (what the quorum system's recovery does)
     elif in_coord and name == "config" and p.parent.parent.parent.name in NODE_DIRS:  # <system>/<UId>/config
         out += _safe(r_terms.ra_config_findings, p)
     elif in_coord and name == "writers.snapshot":

@@ -21,6 +21,7 @@ from cqforensics.checks.integrity import (CopyCheck, QueueIntegrity, node_findin
                                           vhost_file_findings)
 from cqforensics.checks.layout import (OrphanTally, lost_queue_findings, queue_dir_findings, unread_storage_findings,
                                        vhost_dir_findings)
+from cqforensics.checks.quorum import quorum_checks, system_findings
 from cqforensics.checks.store import StoreCheck
 from cqforensics.checks.streams import stream_findings, stream_verdict
 
@@ -41,7 +42,7 @@ class QueueVerdict:
     recovery: str = "dirty"
     index_version: int | None = None
     dirs: int = 0
-    queue_type: str = "classic"  # or "stream"
+    queue_type: str = "classic"  # or "quorum", "stream"
 
     @property
     def dropped(self) -> int:
@@ -131,10 +132,28 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
     if vs.node.boot_hangs:
         for v in verdicts.values():
             v.crash = "node"
+    q_verdicts, q_findings = quorum_checks(vs)
+    for (vh, name), items in vs.node.boot_dead_letters.items():  # republished into this vhost's queues at boot
+        if vh == vs.vhost.name and vs.share is None or vh == vs.vhost.name and vs.share.k == 0:
+            v = verdicts.get(name) or next((x for x in q_verdicts if x["queue"] == name), None)
+            if isinstance(v, QueueVerdict):
+                v.messages += len(items)
+                v.predicted_after_restart += len(items)
+            elif v is not None:
+                v["messages"] += len(items)
+                v["kept"] += len(items)
+    out = list(verdicts.values())
+    for qv in q_verdicts:
+        out.append(QueueVerdict(display(node), display(qv["vhost"] if qv["vhost"] is not None else vhost), qv["queue"],
+                                qv["messages"], qv["kept"], qv["drops"], qv["crash"], "quorum", queue_type="quorum"))
     scoped = [f.scoped(node=node, vhost=vhost) for f in findings]
+    scoped += [f.scoped(node=node, vhost=f.vhost or vhost) for f in q_findings]
+    if vs.node.boot_hangs:  # a quorum WAL the boot refuses keeps the node down: every queue with it
+        for v in out:
+            v.crash = "node"
     if vs.node.carries_node_findings(vs):  # the node's own files: once per node, with its first vhost read
         scoped += [f.scoped(node=node) for f in node_level_findings(vs.node)]
-    return list(verdicts.values()), scoped
+    return out, scoped
 
 
 @dataclass
@@ -219,7 +238,7 @@ def _check_range(sub: VhostScan, only: dict | None, first: bool, deep: bool) -> 
 
 
 def node_level_findings(ns: NodeScan) -> list[Finding]:
-    """The findings about the node as a whole (its own files, the storage it holds that is not
-    read): ``check_vhost`` adds them to those of the node's first vhost; a check that leaves that
-    vhost out asks for them here."""
-    return node_findings(ns) + unread_storage_findings(ns)
+    """The findings about the node as a whole (its own files, its quorum queues' shared WAL, the
+    storage it holds that is not read): ``check_vhost`` adds them to those of the node's first
+    vhost; a check that leaves that vhost out asks for them here."""
+    return node_findings(ns) + system_findings(ns) + unread_storage_findings(ns)

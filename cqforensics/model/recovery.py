@@ -15,7 +15,7 @@ Version behaviour is asked of ``BrokerModel`` properties (``model.versions``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -1094,7 +1094,8 @@ def first_of(conditions: list, choices: list, default: int, n: int) -> np.ndarra
 SALVAGEABLE = frozenset({Fate.DELIVERED, Fate.EXPIRED, Fate.BODY_UNREACHABLE, Fate.SEGMENT_DELETED,
                          Fate.BAD_INDEX_ENTRY, Fate.QUEUE_CRASH, Fate.BOOT_HANG, Fate.V1_UNSUPPORTED,
                          Fate.DELIVERY_CRASH, Fate.VHOST_CRASH, Fate.NOT_IN_RECOVERY_TERMS,
-                         Fate.NOT_IN_STORE_INDEX})
+                         Fate.NOT_IN_STORE_INDEX, Fate.DELIVERY_LIMIT, Fate.DEAD_LETTERED, Fate.LOG_LOST,
+                         Fate.QUEUE_UNAVAILABLE})
 #: readable but not deliverable, or not trustworthy: rebuild puts them in lost+found with the bytes
 QUARANTINED = frozenset({Fate.TRANSIENT, Fate.QUEUE_DELETED, Fate.QS_BAD_CRC, Fate.QS_BAD_SIZE})
 #: dropped by design, not by damage (compact drops them; they make no rebuild exit 1)
@@ -1115,6 +1116,8 @@ FINDING_OF_FATE = {
     Fate.STREAM_CHUNK_CUT: "stream-boot-loss", Fate.STREAM_NOT_STARTED: "stream-boot-loss",
     Fate.STREAM_UNREACHED: "osiris-chunk-id-gap", Fate.STREAM_COMPRESSED_SKIPPED: "stream-not-served",
     Fate.STREAM_READ_FAILS: "stream-not-served",
+    Fate.DELIVERY_LIMIT: "quorum-delivery-limit", Fate.DEAD_LETTERED: "quorum-dead-letter-pending",
+    Fate.LOG_LOST: "quorum-wal-entries-lost", Fate.QUEUE_UNAVAILABLE: "quorum-queue-unavailable",
 }
 
 
@@ -1401,3 +1404,97 @@ class _NoChunks:
 
 
 _EMPTY = _NoChunks()
+
+
+# -- Ra (quorum queues): what the next boot recovers of each server's log ---------------------------------
+#
+# Sources: WAL = ra_log_wal.erl, SEG = ra_log_segment.erl, RSNAP = ra_snapshot.erl, LOG = ra_log.erl
+# at the Ra version each broker ships (BrokerModel.ra_version; docs/formats/quorum.md sections 3-5).
+
+#: what a damage does to the node or a queue at the next boot
+RA_OK, RA_NODE_REFUSES, RA_QUEUE_CRASH, RA_QUEUE_UNAVAILABLE = "ok", "node_refuses_start", "queue_crash", "unavailable"
+
+
+@dataclass
+class WalRecovery:
+    """What Ra's WAL recovery does with one ``.wal`` (WAL recover_records/5): the records it
+    recovers (``kept``: rows of the scan), where it stops and why, and whether the WAL
+    process then refuses to start (taking the Ra system and the node down)."""
+
+    path: Path
+    kept: list[int]
+    skipped: list[int]  # rows Ra 2.16+ skips as damage or leftovers (unknown writer reference, unregistered UId)
+    stop_offset: int | None
+    stop: str  # eof / zeroed / torn / bad_checksum_forgiven / bad_checksum / unknown_reference / bad_header
+    outcome: str = RA_OK
+    detail: str = ""
+    below_snapshot: list[int] = field(default_factory=list)  # rows Ra 2.16+ skips as already snapshotted (normal)
+
+
+def wal_recovery(scan, model: BrokerModel, registered: set[bytes] | None = None,
+                 snapshot_index: dict[bytes, int] | None = None) -> WalRecovery:
+    """Apply the version's WAL recovery rules to a scanned WAL (``readers.ra_wal.walk``):
+
+    * no header: the WAL process exits (``unknown_wal_file_format``; an empty or short file has
+      no clause in open_at_first_record/1): the node does not start;
+    * an all-zero record or a torn record ends the file silently;
+    * a bad checksum ends the file when fewer than 13 bytes, or 13 zero bytes, follow the record
+      (is_last_record/2), else ``wal_checksum_validation_failure``: the node does not start;
+    * a writer reference no earlier record named: Ra < 2.16 crashes (a badmatch in
+      recover_records/5: the node does not start), Ra 2.16+ skips it;
+    * Ra 2.16+ skip the records of a UId ``names.dets`` does not register (``registered``),
+      without checking them, and those at or below the server's snapshot index."""
+    from cqforensics.readers import ra_wal as r_wal
+
+    ra = model.ra_version
+    if not scan.header_ok:
+        return WalRecovery(scan.path, [], [], 0, "bad_header", RA_NODE_REFUSES, scan.end.detail)
+    kept, skipped, below = [], [], []
+    modern = ra >= (2, 16, 0)
+    for i in range(len(scan)):
+        off = int(scan.offset[i])
+        if not scan.known[i]:
+            if not modern:
+                return WalRecovery(scan.path, kept, skipped, off, "unknown_reference", RA_NODE_REFUSES,
+                                   f"writer reference {int(scan.ref[i])} was never named in this file")
+            skipped.append(i)
+            continue
+        uid = scan.uid(i)
+        if modern and registered is not None and uid not in registered:
+            skipped.append(i)
+            continue
+        if scan.checksum[i] == r_wal.CHECK_BAD:
+            if scan.bad_is_last(i):
+                return WalRecovery(scan.path, kept, skipped, off, "bad_checksum_forgiven", RA_OK,
+                                   "the last record fails its checksum: dropped")
+            return WalRecovery(scan.path, kept, skipped, off, "bad_checksum", RA_NODE_REFUSES,
+                               "wal_checksum_validation_failure")
+        if modern and snapshot_index is not None and int(scan.index[i]) <= snapshot_index.get(uid, -1):
+            below.append(i)
+            continue
+        kept.append(i)
+    end = scan.end
+    return WalRecovery(scan.path, kept, skipped, end.offset if end.kind != "eof" else None, end.kind,
+                       below_snapshot=below)
+
+
+def ra_segment_usable(seg, model: BrokerModel) -> tuple[bool, str]:
+    """Whether a server can open the segment at boot (SEG open/2 from recover_range/3): a header
+    it refuses (missing, wrong magic, version above 2, version 0) and, before Ra 3, a file
+    ending inside its index (no clause for the partial record) crash the server."""
+    from cqforensics.readers import ra_segment as r_seg
+
+    if seg.header != r_seg.HEADER_OK:
+        return False, f"segment header {seg.header}"
+    if seg.torn_index and model.ra_version < (3, 0, 0):
+        return False, "the file ends inside an index record (parse_index_data has no clause for it)"
+    return True, ""
+
+
+def choose_snapshot(snapshots) -> tuple[object, list]:
+    """RSNAP find_snapshots/1: of a server's snapshot dirs (``readers.ra_snapshot.Snapshot``
+    with their dir), the newest by name that validates; every other one is deleted at boot.
+    Returns (chosen or None, the ones deleted)."""
+    ordered = sorted(snapshots, key=lambda s: s.path.parent.name, reverse=True)
+    chosen = next((s for s in ordered if s.ok), None)
+    return chosen, [s for s in ordered if s is not chosen]

@@ -206,6 +206,29 @@ class BrokerModel:
     def stream_deletes_orphan_segments(self) -> bool:
         """The next boot deletes segments whose index is missing (osiris orphaned_segments/1)."""
         return self._answer("stream_deletes_orphan_segments")
+    def ra_version(self) -> tuple[int, int, int]:
+        """The Ra library the version ships (quorum queue storage: WAL, segments, snapshots)."""
+        return self._answer("ra_version")
+
+    @property
+    def qq_empty_member_elected(self) -> bool:
+        """A quorum queue member that recovers nothing of its log (no snapshot, no entry: every
+        WAL record of it lost) is elected at boot and comes up empty; else it waits for an
+        election nobody calls (Ra: ra_server:is_new/1, ra_server_proc follower(enter)) and the
+        queue gets no leader."""
+        return self._answer("qq_empty_member_elected")
+
+    @property
+    def qq_recover_elects_new_member(self) -> bool:
+        """At boot, a quorum queue member names.dets does not register is started afresh under
+        the uid the queue record names (its own dir) and an election is triggered; before, it
+        is started under a new uid (an empty dir) and nobody triggers its election."""
+        return self._answer("qq_recover_elects_new_member")
+
+    @property
+    def fifo_machine_version(self) -> int:
+        """The rabbit_fifo machine version its quorum queues run."""
+        return self._answer("fifo_machine_version")
 
     def __str__(self) -> str:
         return self.label
@@ -406,6 +429,36 @@ BEHAVIOURS: dict[str, tuple[dict[str, object], str]] = {
         {"3.10": False, "3.11": False, "3.12": False, "3.13.0": True, "3.13.1+": True,
          "4.0": True, "4.1": True, "4.2": True, "4.3": True},
         "osiris_log:maybe_fix_corrupted_files/1 deletes orphaned_segments/1 from osiris 1.8.3 (3.13) on"),
+    "ra_version": (
+        {"3.10": (2, 2, 0), "3.11": (2, 6, 3), "3.12": (2, 6, 3), "3.13.0": (2, 9, 1), "3.13.1+": (2, 13, 5),
+         "4.0": (2, 14, 0), "4.1": (2, 16, 13), "4.2": (2, 17, 1), "4.3": (3, 1, 10)},
+        "rabbitmq-components.mk dep_ra at v3.10.8 (2.2.0; installed 3.10.8 ships plugins/ra-2.2.0), v3.11.28 "
+        "and v3.12.14 (2.6.3), v3.13.0 (2.9.1), v3.13.7 (2.13.5), v4.0.5 (2.14.0; installed ra-2.14.0), "
+        "v4.1.8 (2.16.13), v4.2.2 (2.17.1), v4.3.5 (3.1.10; installed 4.3.6 ships ra-3.1.10): the newest "
+        "patch release of each series read (docs/formats/quorum.md section 1)"),
+    "qq_empty_member_elected": (
+        {"3.10": True, "3.11": True, "3.12": True, "3.13.0": True, "3.13.1+": True, "4.0": False, "4.1": False,
+         "4.2": False, "4.3": False},
+        "observed on real brokers booted on the quorum kill samples with their WAL cut at 60% (every record of "
+        "three queues lost): 3.10.8 elects the three at boot and they deliver nothing; 4.0.5 and 4.3.6 never do "
+        "(basic.get times out; 4.3.6's debug log: ra_log:init recovered last_index_term {0,0}, then no "
+        "election timer: ra_server_proc follower(enter) sets none when ra_server:is_new/1, next_index =:= 1, "
+        "after ra_log maybe_append_first_entry/1 wrote the {0, 0} entry). Ra's code for this is the same "
+        "from 2.2.0 to 3.1.10, so what makes 3.10.8 elect them is not identified; 3.11-3.13 (Ra 2.6-2.13) are "
+        "taken as 3.10, 4.1-4.2 (Ra 2.16-2.17) as 4.0 and 4.3, unverified"),
+    "qq_recover_elects_new_member": (
+        {"3.10": False, "3.11": False, "3.12": False, "3.13.0": False, "3.13.1+": False, "4.0": False, "4.1": False,
+         "4.2": False, "4.3": True},
+        "deps/rabbit/src/rabbit_quorum_queue.erl recover/2: on {error, name_not_registered} from "
+        "ra:restart_server it starts the member with start_server(make_ra_conf(Q, ServerId)); make_ra_conf "
+        "takes a fresh ra:new_uid/1 up to v4.2.2, the uid of the queue record's type state at v4.3.5, which "
+        "then calls ra:trigger_election/1 (v3.10.8 .. v4.2.2 trigger none). Seen on 4.3.6 with names.dets "
+        "removed: every quorum queue elected, its WAL entries skipped"),
+    "fifo_machine_version": (
+        {"3.10": 2, "3.11": 3, "3.12": 3, "3.13.0": 3, "3.13.1+": 3, "4.0": 5, "4.1": 7, "4.2": 7, "4.3": 8},
+        "deps/rabbit/src/rabbit_fifo.erl version/0: 2 at v3.10.0-v3.10.8, 3 at v3.11.0-v3.13.7, 5 at "
+        "v4.0.5, 7 at v4.1.8 and v4.2.2, 8 at v4.3.5 (the machine version a queue's leader runs and writes "
+        "into its log's noop entries)"),
 }
 
 #: Settings every version shares (the writers and the layout readers use them): the RabbitMQ
@@ -510,6 +563,14 @@ class VersionRange:
         return f"{self.label} ({self.why})"
 
 
+#: rabbit_fifo machine version -> the RabbitMQ releases that run it (deps/rabbit/src/rabbit_fifo.erl
+#: version/0 at every tag: 2 from v3.10.0, 3 from v3.11.0, 4 from v4.0.0, 5 from v4.0.3, 6 at v4.1.1,
+#: 7 from v4.1.2, 8 from v4.3.0)
+MACHINE_VERSION_RANGE = {2: ((3, 10, 0), (3, 10, 999)), 3: ((3, 11, 0), (3, 13, 999)), 4: ((4, 0, 0), (4, 0, 2)),
+                         5: ((4, 0, 3), (4, 1, 0)), 6: ((4, 1, 1), (4, 1, 1)), 7: ((4, 1, 2), (4, 2, 999)),
+                         8: ((4, 3, 0), (4, 3, 999))}
+
+
 @dataclass
 class Evidence:
     """Facts about the data that narrow down which version wrote it."""
@@ -528,6 +589,9 @@ class Evidence:
     stream_msg_record: bool = False  # stream records converted by rabbit_msg_record (<= 3.12)
     stream_mc: bool = False  # stream records converted by mc_amqpl (3.13+)
     feature_flags: tuple[str, ...] = ()  # enabled flags listed in <node>-feature_flags
+    fifo_machine_version: int | None = None  # the newest rabbit_fifo machine version a quorum log's noop names
+    ra_wal_digits: int | None = None  # 8 (Ra < 2.16) or 16 (Ra 2.16+) digits in the quorum WAL's name
+    ra_writers_snapshot: bool = False  # quorum/<node>/writers.snapshot: Ra 3 (4.3+)
 
     def constraints(self) -> list[tuple[tuple, tuple, str]]:
         """(low, high, reason) per piece of evidence, strongest first: files every stop
@@ -537,6 +601,16 @@ class Evidence:
         if known:
             since, flag = max(known)
             out.append((since, NEWEST, f"feature flag {flag} is enabled (defined from {_fmt(since, False)})"))
+        if self.fifo_machine_version in MACHINE_VERSION_RANGE:
+            lo, hi = MACHINE_VERSION_RANGE[self.fifo_machine_version]
+            out.append((lo, hi, f"quorum queue logs run rabbit_fifo machine version {self.fifo_machine_version} "
+                                 f"({_fmt(lo, False)} - {_fmt(hi, True)}): each boot's leader writes its own"))
+        if self.ra_writers_snapshot:
+            out.append(((4, 3, 0), NEWEST, "quorum WAL writers.snapshot (Ra 3: 4.3+)"))
+        if self.ra_wal_digits == 16:
+            out.append(((4, 1, 0), NEWEST, "16-digit quorum WAL name (Ra 2.16+: 4.1+)"))
+        if self.ra_wal_digits == 8:
+            out.append((OLDEST, (4, 0, 999), "8-digit quorum WAL name (Ra before 2.16: up to 4.0; later ones rename it)"))
         if self.redeliver_seq_id:
             out.append(((4, 3, 0), NEWEST, "recovery terms carry redeliver_seq_id (4.3+)"))
         if self.next_deliver_seq_id:

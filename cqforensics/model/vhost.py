@@ -15,6 +15,7 @@ time); bytes are read through ``Bodies``, only a couple of files mapped at once.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -29,6 +30,7 @@ from cqforensics.errors import CQError, display, plural
 from cqforensics.findings import Finding
 from cqforensics.layout import (STORAGE_KINDS, NodeDir, QueueDir, StorageKind, VhostDir, read_name_file, storage_kind,
                                 tree_bytes)
+from cqforensics.model import quorum as m_quorum
 from cqforensics.model import recovery, versions
 from cqforensics.model.bodies import Bodies
 from cqforensics.model.index import ID, IndexChunk, Records, iter_chunks
@@ -154,6 +156,11 @@ class VhostScan:
         #: lists every queue (``only`` is None), else none
         self.stream_dirs: set[str] | None = None
         self.bodies = Bodies()  # the one accessor of stored bytes
+        #: quorum queues read (by name; None: all). A scan restricted to queue dirs (``only``) reads none
+        #: unless the driver names them here
+        self.quorum_names: frozenset[str] | None = None
+        #: quorum queue members (Ra server uids) of planned units (None: by vhost, see quorum_queues)
+        self.quorum_uids: frozenset[str] | None = None
         #: rebuild: a renamed queue dir counts as its queue's own dir (it is written back there)
         self.keep_renamed = False
         facts = facts or {}
@@ -179,6 +186,7 @@ class VhostScan:
         self.spills  # one dict, shared with every share's scan: the indexes and stores are walked once
         sub = VhostScan(self.node, self.vhost, self.only, self.vhost_facts(), Share(k, parts))
         sub.keep_renamed = self.keep_renamed
+        sub.quorum_names, sub.quorum_uids = self.quorum_names, self.quorum_uids
         return sub
 
     def each_share(self) -> Iterator["VhostScan"]:
@@ -652,6 +660,24 @@ class VhostScan:
             out += lost.get(None, [])
         return out
 
+    @property
+    def quorum_queues(self) -> list["m_quorum.QuorumQueue"]:
+        """The node's quorum queues of this vhost (by the vhost their config names); the node's
+        first vhost also gets those of no vhost dir here (a vhost deleted, or a config unread),
+        so every quorum queue is listed once. A scan of planned units (``quorum_uids``) reads
+        the members its units name; a scan restricted to classic queue dirs (``only``) reads
+        none unless the driver names queues (``quorum_names``); an id share other than the
+        first reads none (quorum rows come once, with share 0)."""
+        if self.share is not None and self.share.k != 0:
+            return []
+        if self.quorum_uids is not None:
+            return [q for q in self.node.quorum if q.log.uid in self.quorum_uids]
+        if self.only is not None and self.quorum_names is None:
+            return []
+        names = {v.vhost.name for v in self.node.vhosts}
+        first = bool(self.node.vhosts) and self.vhost.dir_name == self.node.vhosts[0].vhost.dir_name
+        return [q for q in self.node.quorum if q.vhost == self.vhost.name or (first and q.vhost not in names)]
+
     def queue_known(self, qdir: QueueDir) -> bool | None:
         """Whether the dir is an index dir of a durable queue of the metadata, by its dir name
         (the broker keeps only those dirs, whatever their ``.queue_name`` says: a renamed dir is
@@ -727,9 +753,68 @@ class NodeScan:
                     out += [f for f in causes if f.code.startswith("v1-")]
         return out
 
+    @cached_property
+    def quorum_refusal(self) -> tuple[str, Path, int | None] | None:
+        """(why, file, offset) of a quorum WAL the version's Ra refuses (``model.quorum.refusal``):
+        the Ra system of quorum queues does not start, nor does the node (the checks' finding:
+        ``quorum-wal-refused``)."""
+        return next((r for r in map(m_quorum.refusal, self.quorum_systems) if r is not None), None)
+
     @property
     def boot_hangs(self) -> bool:
-        return bool(self.hang_causes)
+        """Whether the next boot never completes: it hangs (``hang_causes``) or the node exits
+        (``quorum_refusal``)."""
+        return bool(self.hang_causes) or self.quorum_refusal is not None
+
+    @cached_property
+    def quorum_systems(self) -> list["m_quorum.System"]:
+        """The node's Ra systems of quorum queues (``quorum/<node>/``: normally one), their WAL
+        files walked and recovered as the next boot of ``model`` does."""
+        return [m_quorum.read_system(ra, self.model) for ra in self.node.quorum]
+
+    @cached_property
+    def quorum(self) -> list["m_quorum.QuorumQueue"]:
+        """Every quorum queue member of the node (``quorum/<node>/``), replayed, with what the
+        next boot of ``model`` does (``model.quorum.node_quorum``)."""
+        meta = self.metadata
+        known = None if meta.kind is None else set(meta.queues)
+        self._quorum_bodies = Bodies()
+        return m_quorum.node_quorum(self.quorum_systems, self.model, self.options.now_ms(), self._quorum_bodies, known)
+
+    @cached_property
+    def boot_dead_letters(self) -> dict[tuple[str, str], list[tuple]]:
+        """(vhost, queue) -> the messages quorum queues dead-letter at most once at the next boot
+        (``QuorumQueue.boot_dead_letters``), routed through the metadata's durable bindings from
+        the queue's dead-letter exchange: [(source QuorumQueue, reason, Msg, term, exchange, rk)].
+        A message whose route cannot be told is left out (the finding says so)."""
+        from cqforensics import message as m_message
+        from cqforensics.model.routing import Router
+
+        out: dict[tuple[str, str], list[tuple]] = {}
+        qs = [q for q in self.quorum if q.boot_dead_letters]
+        if not qs or self.metadata.kind is None:
+            return out
+        router = Router(self.metadata)
+        for q in qs:
+            target = q.replay.fifo.cfg.dlx_target if q.replay.fifo is not None else None
+            if target is None or q.log.resource is None:
+                continue
+            vhost = q.log.resource[0]
+            exchange, rk = target
+            for reason, m in q.boot_dead_letters:
+                term = m_quorum.message_term(q.replay, m.index, self._quorum_bodies)
+                if term is None:
+                    continue
+                try:
+                    fields = m_message.normalise_checked(term)
+                except CQError:
+                    continue
+                keys = [rk] if rk is not None else [k.encode() for k in fields["routing_keys"] if k is not None]
+                queues = router.route(vhost, exchange, keys, json.loads(fields["headers"]) if fields["headers"] else None)
+                for name in sorted(queues or ()):
+                    out.setdefault((vhost.decode("utf-8", "replace"), name.decode("utf-8", "replace")), []).append(
+                        (q, reason, m, fields, exchange, rk))
+        return out
 
     @cached_property
     def streams(self) -> list["StreamEntry"]:
@@ -770,6 +855,26 @@ class NodeScan:
         queue's dir name, stored name, priority level); None for any other dir."""
         self.vhosts  # names (and finds renamed dirs) once
         return self.renamed.get((vhost.dir_name, qdir.dir_name))
+
+    @cached_property
+    def quorum_names(self) -> set[tuple[str, str]]:
+        """(vhost, queue) of every quorum queue member's Ra server dir, by the queue resource its
+        ``config`` names (read alone: no log is replayed). A member whose config is unreadable
+        names nothing (its queue still shows, under its data dir's name, when read)."""
+        from cqforensics.readers.ra_system import read_config
+
+        out = set()
+        for ra in self.node.quorum:
+            for srv in ra.servers:
+                if srv.config is None:
+                    continue
+                try:
+                    res = read_config(srv.config).queue_resource
+                except (CQError, OSError):
+                    continue
+                if res is not None:
+                    out.add(tuple(x.decode("utf-8", "replace") for x in res))
+        return out
 
     @cached_property
     def unread_storage(self) -> list["UnreadStorage"]:
@@ -1038,6 +1143,11 @@ def collect_evidence(ns: NodeScan) -> versions.Evidence:
         for d in sorted(p for p in root.iterdir() if p.is_dir())[:3]:
             for raw in r_osiris.head_records(d):
                 versions.stream_record_evidence(raw, ev)
+    for ra in ns.node.quorum:
+        ev.ra_writers_snapshot |= ra.writers is not None
+        for _, p in ra.wal[-1:]:
+            ev.ra_wal_digits = len(p.stem)
+        ev.fifo_machine_version = m_quorum.newest_machine_version(ra) or ev.fifo_machine_version
     return ev
 
 

@@ -9,7 +9,10 @@ line here.
 
 Places (``where``): ``store`` (``msg_store_persistent`` / ``msg_store_transient``), ``queue``
 (a queue dir), ``vhost`` (a vhost dir), ``node`` (the node dir's Mnesia files), ``stream`` (a
-stream dir ``<node dir>/stream/<name>/``, whose files osiris names with 20 digits).
+stream dir ``<node dir>/stream/<name>/``, whose files osiris names with 20 digits); Ra's (quorum
+queues, ``quorum/<node>/``): ``ra_system`` (the system dir: WAL, directory and meta tables),
+``ra_server`` (a server's ``<UId>/`` dir: config, segments, compaction files) and ``ra_snapshot``
+(a ``snapshots/``, ``checkpoints/`` or ``recovery_checkpoint/`` entry of a server).
 
 ``dump`` callables take ``(path, segment_entry_count)`` and yield ``(row, term)`` pairs in file
 order: ``row`` is the listing dict, ``term`` is ``None`` or ``(source, start, length)`` locating
@@ -26,14 +29,19 @@ from pathlib import Path
 from cqforensics.readers import osiris as r_osiris
 from cqforensics.readers import qi as r_qi
 from cqforensics.readers import qs as r_qs
+from cqforensics.readers import ra_segment as r_ra_segment
+from cqforensics.readers import ra_snapshot as r_ra_snapshot
+from cqforensics.readers import ra_system as r_ra_system
+from cqforensics.readers import ra_wal as r_ra_wal
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers import terms as r_terms
 from cqforensics.readers import v1 as r_v1
 
-PLACES = ("node", "vhost", "store", "queue", "stream")
-_DIGITS = re.compile(r"[0-9]{1,15}")  # ASCII digits only (Erlang's list_to_integer); at most 15 of them:
-# every number a broker gives a file is far below 10^15, and N * segment size then fits an int64
-# (a longer number is an unknown file, never a number that overflows the columns)
+PLACES = ("node", "vhost", "store", "queue", "stream", "ra_system", "ra_server", "ra_snapshot")
+_DIGITS = {15: re.compile(r"[0-9]{1,15}"), 16: re.compile(r"[0-9]{1,16}")}  # ASCII digits only (Erlang's
+# list_to_integer); at most 15 of them: every number a broker gives a classic-queue file is far below
+# 10^15, and N * segment size then fits an int64 (a longer number is an unknown file, never a number that
+# overflows the columns). Ra names its files with 16 digits (ra_lib zpad_filename; 8 before Ra 2.16).
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,7 @@ class Reader:
     names: tuple[str, ...] = ()  # fixed names the broker gives the file at ``where``
     ext: str | None = None  # the ``<N><ext>`` extension when ``numbered``
     numbered: bool = False
+    digits: int = 15  # the most digits of ``<N>`` (16: Ra's zero-padded names)
     suffixes: tuple[str, ...] = ()  # extensions a lone file is known by (besides ``ext``)
     read: Callable | None = None  # the reader's entry point
     dump: Callable | None = None  # (path, segment_entry_count) -> Iterator[(row, term)]
@@ -62,7 +71,7 @@ class Reader:
             digits = name[:-len(self.ext)]
             if self.width:
                 return len(digits) == self.width and digits.isascii() and digits.isdigit()
-            return bool(_DIGITS.fullmatch(digits))
+            return bool(_DIGITS[self.digits].fullmatch(digits))
         return False
 
 
@@ -91,6 +100,30 @@ READERS: dict[str, Reader] = {r.kind: r for r in (
            width=20, read=r_osiris.read_index, dump=r_osiris.dump_index),
     Reader("disk_log", "node", "Mnesia disk_log (table dump, table log, transaction log)",
            suffixes=(".DCD", ".DCL", ".LOG"), read=r_terms.read_disk_log, dump=r_terms.dump_disk_log),
+    Reader("ra_wal", "ra_system", "Ra write-ahead log (every quorum queue's recent log entries)", ext=".wal",
+           numbered=True, digits=16, read=r_ra_wal.walk, dump=r_ra_wal.dump_rows),
+    Reader("ra_names", "ra_system", "Ra directory: server name -> UId (DETS)", names=("names.dets",),
+           read=r_ra_system.read_names, dump=r_ra_system.dump_dets_records),
+    Reader("ra_meta", "ra_system", "Ra servers' current term, vote and last applied index (DETS)",
+           names=("meta.dets",), read=r_ra_system.read_meta, dump=r_ra_system.dump_dets_records),
+    Reader("ra_writers", "ra_system", "Ra 3 WAL writers' last indexes", names=("writers.snapshot",),
+           read=r_ra_system.read_writers, dump=r_ra_system.dump_term_file),
+    Reader("ra_marker", "ra_system", "Ra 2.16+ marker: WAL and segment names upgraded to 16 digits",
+           names=("segment_name_upgrade_marker",)),
+    Reader("ra_config", "ra_server", "Ra server config (the quorum queue's settings)", names=("config",),
+           read=r_ra_system.read_config, dump=r_ra_system.dump_config),
+    Reader("ra_segment", "ra_server", "Ra log segment (entries flushed from the WAL)", ext=".segment",
+           numbered=True, digits=16, read=r_ra_segment.read_segment, dump=r_ra_segment.dump_rows),
+    Reader("ra_compacting", "ra_server", "Ra 3 segment being compacted (a leftover: its compaction did not "
+           "finish)", ext=".compacting", numbered=True, digits=16, read=r_ra_segment.read_segment,
+           dump=r_ra_segment.dump_rows),
+    Reader("ra_compaction_group", "ra_server", "Ra 3 compaction in progress: the segments it merges",
+           ext=".compaction_group", numbered=True, digits=16, read=r_ra_system.read_term_file,
+           dump=r_ra_system.dump_term_file),
+    Reader("ra_snapshot", "ra_snapshot", "Ra snapshot (a machine state at an index; also checkpoints)",
+           names=("snapshot.dat",), read=r_ra_snapshot.read_snapshot, dump=r_ra_snapshot.dump_rows),
+    Reader("ra_indexes", "ra_snapshot", "Ra 3 live indexes kept below a snapshot", names=("indexes",),
+           read=r_ra_snapshot.read_indexes),
 )}
 
 

@@ -230,8 +230,11 @@ DETS_SHAPES = {
                       lambda o: len(o) == 2 and _is_text(o[0]) and isinstance(o[1], list) and _proplist(o[1])),
     "schema.DAT": (DETS_SET, 2, "{schema, Table, Cs}",
                    lambda o: len(o) == 3 and o[0] == "schema" and isinstance(o[1], etf.Atom)),
+    # a field never stored is the atom undefined (ra_log_meta handle_batch/2 starts a record as
+    # {Id, undefined, undefined, undefined}): seen for LastApplied on a 3.10.8 node killed early
     "meta.dets": (DETS_SET, 1, "{UId, CurrentTerm, VotedFor, LastApplied}",
-                  lambda o: len(o) == 4 and isinstance(o[0], bytes) and isinstance(o[1], int) and isinstance(o[3], int)),
+                  lambda o: len(o) == 4 and isinstance(o[0], bytes) and (isinstance(o[1], int) or o[1] == "undefined")
+                  and (isinstance(o[3], int) or o[3] == "undefined")),
     "names.dets": (DETS_SET, 1, "{ServerName, UId}", lambda o: len(o) == 2 and isinstance(o[0], etf.Atom)
                    and isinstance(o[1], bytes)),
     "mqtt_retained_*.dets": (DETS_SET, 2, "#retained_message{topic, mqtt_msg}",

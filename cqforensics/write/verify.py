@@ -38,6 +38,9 @@ BREAKS = frozenset({"orphan-message", "duplicate-copy", "transient-dropped"})
 #: delivered twice; the writers keep both copies as the source index holds them)
 CARRIED_OVER = frozenset({"term-file-damaged", "index-duplicate-entry"}
                          | {c for c in CODES if c.startswith(("osiris-", "stream-"))})
+#: quorum queues' Ra data (``quorum/<node>/``) is copied by the writers as it is (they rewrite
+#: ``msg_stores/vhosts`` only): what is found there, and what its next boot drops, is carried over
+CARRIED_OVER |= {code for code in CODES if code.startswith("quorum-")}
 #: a vhost dir's ``.vhost`` missing, damaged or naming another vhost: the broker never reads it (it
 #: writes it at every recovery of the vhost, rabbit_vhost:recover/1) and finds a vhost's store by
 #: its name's dir, so the next boot is the same; a dir under another name than its vhost's shows
