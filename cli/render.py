@@ -318,7 +318,7 @@ def rewrite_text(result, out=None) -> None:
         per: dict = {}
         for r in restored:
             per[(r["vhost"], r["queue"])] = per.get((r["vhost"], r["queue"]), 0) + 1
-        out.write(f"  orphans restored (--restore-orphans; listed in lost+found with reason 'restored'): "
+        out.write("  orphans restored (--restore-orphans; listed in lost+found with reason 'restored'): "
                   + ", ".join(f"{q!r} ({v}) {n}" for (v, q), n in sorted(per.items(), key=str)) + "\n")
     g = result.garbage
     if g:

@@ -259,7 +259,7 @@ def _worker(tasks: list, work: Callable, task_r: int, out: socket.socket) -> Non
         try:
             for item in work(tasks[k]):
                 _send(out, k, _ITEM, item)
-        except BaseException as e:  # noqa: BLE001: every failure goes back to the caller
+        except BaseException as e:  # noqa: BLE001 (every failure goes back to the caller)
             _send(out, k, _ERROR, _describe(e))
         out.sendall(_FRAME.pack(k, _DONE, 0))
 
@@ -302,7 +302,7 @@ def _describe(e: BaseException) -> tuple:
     if isinstance(e, CQError):
         try:
             return ("cq", pickle.dumps(e, protocol=pickle.HIGHEST_PROTOCOL))
-        except Exception:  # noqa: BLE001: an error that does not pickle goes as its text
+        except Exception:  # noqa: BLE001 (an error that does not pickle goes as its text)
             return ("text", str(e), e.exit_code)
     return ("bug", type(e).__qualname__, " ".join(str(e).split()), "".join(traceback.format_exception(e)))
 

@@ -622,7 +622,6 @@ def _messages_batch(vs: VhostScan, pieces: list[tuple], node: str, vhost: str | 
     priority = np.array([q.priority if q.priority is not None else 0 for q in queues], np.int32)[per_piece]
     no_priority = np.array([q.priority is None for q in queues])[per_piece]
     delivered, loc, fate = index_col("delivered"), index_col("loc"), res.fate
-    sch = SCHEMAS["messages"]
     cols = {
         "node": repeat(node, m), "vhost": repeat(vhost, m), "queue": names_array([q.name for q in queues], per_piece),
         "priority": pa.array(priority, pa.int32(), mask=no_priority),

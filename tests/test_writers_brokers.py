@@ -247,7 +247,6 @@ def test_rebuild_after_damage_at_many_offsets_delivers_everything_with_bytes_lef
     delivers every message the undamaged sample delivers whose stored bytes the damage did not
     touch (none lost), and nothing else but altered copies of touched ones (the shared store has
     no checksum: a message whose body bytes were zeroed is delivered as it now reads)."""
-    import hashlib
     import shutil
     from collections import Counter
 
