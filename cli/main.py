@@ -1049,6 +1049,14 @@ def run() -> None:
     if "pandas" not in sys.modules:
         sys.meta_path.insert(0, _NoPandas())
 
+    def unraisable(u) -> None:
+        # an interrupt raised where Python cannot raise it (a finally of the logging module, a
+        # generator closed by the collector) is reported as "Exception ignored" with a traceback;
+        # it is raised again (SIGALRM) until main catches it, so it is dropped, never shown
+        if not (_interrupted and isinstance(u.exc_value, KeyboardInterrupt)):
+            sys.__unraisablehook__(u)
+
+    sys.unraisablehook = unraisable
     try:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM):
             signal.signal(sig, _on_interrupt)

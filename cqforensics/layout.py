@@ -518,6 +518,8 @@ def read_ra_system_dir(path: Path) -> RaSystemDir:
         else:
             ra.others.append(p)
     return ra
+
+
 def list_node_dir(path: Path) -> NodeDir:
     """A node dir's vhost and queue dirs by their dir names only, nothing read: what a writer
     asks of the dirs it has just written."""

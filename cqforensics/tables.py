@@ -710,6 +710,8 @@ class _QuorumRows:
                 arrays[f.name] = _properties(self.props, self.cols["decode_error"])
             elif f.name in ("body", "msg_id"):
                 arrays[f.name] = binary_array(self.cols[f.name])
+            elif not self.cols[f.name]:  # a column of another kind of queue (a stream's offset): null
+                arrays[f.name] = pa.nulls(n, f.type)
             else:
                 arrays[f.name] = pa.array(self.cols[f.name], f.type)
         whole = pa.RecordBatch.from_arrays([arrays[f.name] for f in sch], schema=sch)
@@ -1156,7 +1158,7 @@ def stream_queue_row(vs: VhostScan, e) -> dict:
     return {"node": node, "vhost": vhost, "queue": e.label, "queue_dir": display(e.path), "name_source": e.name_source,
             "durable_known": e.name_source == "metadata", "segments": len(e.scan.segments), "messages": len(user),
             "bytes": sum(len(r.body) for r in user if r.body is not None), "persistent": len(user),
-            "predicted_after_restart": kept, "dropped": len(user) - kept, "queue_type": "stream"}
+            "predicted_after_restart": kept, "predicted_min": kept, "predicted_max": kept, "dropped": len(user) - kept, "queue_type": "stream"}
 
 
 def stream_tracking_rows(vs: VhostScan, e) -> list[dict]:

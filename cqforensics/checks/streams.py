@@ -70,6 +70,7 @@ def stream_verdict(vs, e, verdict_type):
             v.drops[f.reason] = v.drops.get(f.reason, 0) + 1
     if e.fate.outcome == "fails":
         v.crash = "stream"
+    v.predicted_min = v.predicted_max = v.predicted_after_restart  # no store behind a stream that could crash
     return v
 
 

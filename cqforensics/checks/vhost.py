@@ -145,7 +145,9 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
     out = list(verdicts.values())
     for qv in q_verdicts:
         out.append(QueueVerdict(display(node), display(qv["vhost"] if qv["vhost"] is not None else vhost), qv["queue"],
-                                qv["messages"], qv["kept"], qv["drops"], qv["crash"], "quorum", queue_type="quorum"))
+                                messages=qv["messages"], predicted_after_restart=qv["kept"], predicted_min=qv["kept"],
+                                predicted_max=qv["kept"], drops=qv["drops"], crash=qv["crash"], recovery="quorum",
+                                queue_type="quorum"))
     scoped = [f.scoped(node=node, vhost=vhost) for f in findings]
     scoped += [f.scoped(node=node, vhost=f.vhost or vhost) for f in q_findings]
     if vs.node.boot_hangs:  # a quorum WAL the boot refuses keeps the node down: every queue with it

@@ -206,6 +206,8 @@ class BrokerModel:
     def stream_deletes_orphan_segments(self) -> bool:
         """The next boot deletes segments whose index is missing (osiris orphaned_segments/1)."""
         return self._answer("stream_deletes_orphan_segments")
+
+    @property
     def ra_version(self) -> tuple[int, int, int]:
         """The Ra library the version ships (quorum queue storage: WAL, segments, snapshots)."""
         return self._answer("ra_version")

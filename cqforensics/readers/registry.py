@@ -162,7 +162,7 @@ def placed(name: str, where: str) -> tuple[str, int | None] | None:
     dot = name.rfind(".")
     if dot > 0:
         kind = by_ext.get((where, name[dot:]))
-        if kind is not None and _DIGITS.fullmatch(name, 0, dot):
+        if kind is not None and READERS[kind].matches(name):  # its digits as the kind names them
             return kind, int(name[:dot])
     return None
 
@@ -232,7 +232,7 @@ def file_name(kind: str, number: int | None = None) -> str:
 
 def dumpable() -> list[str]:
     """The extensions ``dump`` accepts, sorted."""
-    return sorted(s for r in READERS.values() if r.dump is not None for s in r.lone_suffixes)
+    return sorted({s for r in READERS.values() if r.dump is not None for s in r.lone_suffixes})
 
 
 def reader(kind: str) -> Reader:
