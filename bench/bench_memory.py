@@ -46,111 +46,23 @@ import argparse
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from make_store import CACHE, build, node_dir  # noqa: E402
+from make_store import CACHE, _link_tree, build, build_clean, build_scaled, node_dir  # noqa: E402
 
 TABLES = ("refcounts", "store", "messages")  # the default
 WRITERS = ("compact", "rebuild")
 METADATA = ("coordination", "rabbitmq_metadata")  # what writer_node leaves out
 ALL_TABLES = ("refcounts", "store", "messages", "index", "acks", "holes", "files", "queues", "findings")
-QI_HEADER, QI_ENTRY = 64, 32
-
-
-def _link_tree(src: Path, dst: Path, skip: Path | None = None) -> None:
-    for dirpath, dirnames, filenames in os.walk(src):
-        d = Path(dirpath)
-        if d == skip:
-            dirnames[:] = []
-            continue
-        (dst / d.relative_to(src)).mkdir(parents=True, exist_ok=True)
-        for f in filenames:
-            os.link(d / f, dst / d.relative_to(src) / f)
-
-
-def _rewrite_rdq(src: Path, dst: Path, k: int) -> int:
-    """Copy ``src`` to ``dst`` with every entry's msg_id (header and term) changed by copy ``k``;
-    stops rewriting at the first thing that is not a whole entry (the rest is copied as is)."""
-    data = src.read_bytes()
-    out, off, n = [], 0, 0
-    while off + 24 <= len(data):
-        size = struct.unpack_from(">Q", data, off)[0]
-        end = off + 8 + size + 1
-        if size < 16 or end > len(data) or data[end - 1] != 0xFF:
-            break
-        mid = data[off + 8:off + 24]
-        new = bytes([mid[0] ^ k]) + mid[1:]
-        out.append(data[off:end].replace(mid, new))
-        off, n = end, n + 1
-    out.append(data[off:])
-    dst.write_bytes(b"".join(out))
-    return n
-
-
-def _rewrite_qi(src: Path, dst: Path, k: int) -> None:
-    buf = bytearray(src.read_bytes())
-    whole = (len(buf) - QI_HEADER) // QI_ENTRY if len(buf) > QI_HEADER else 0
-    if whole:
-        e = np.frombuffer(buf, np.uint8, whole * QI_ENTRY, QI_HEADER).reshape(whole, QI_ENTRY)
-        shared = (e[:, 0] != 0) & (e[:, 3] == 1)  # a live entry located in the shared store
-        e[shared, 4] ^= k
-    dst.write_bytes(bytes(buf))
-
-
-def build_scaled(copies: int) -> Path:
-    """The 1x store's content ``copies`` times in its one vhost (see the module doc)."""
-    from cqforensics import textfiles
-
-    out = CACHE / f"store-1-x{copies}-onevhost"
-    node = out / "run" / "mnesia" / "rabbit@localhost"
-    if (out / "DONE").exists():
-        return node
-    src = node_dir(1.0)
-    shutil.rmtree(out, ignore_errors=True)
-    t0 = time.monotonic()
-    vhosts = sorted((src / "msg_stores" / "vhosts").iterdir())
-    assert len(vhosts) == 1, vhosts
-    vsrc = vhosts[0]
-    vdst = node / "msg_stores" / "vhosts" / vsrc.name
-    _link_tree(src, node, skip=vsrc / "queues")  # copy 0 of everything, hardlinked
-    (vdst / "queues").mkdir(parents=True, exist_ok=True)
-    vhost = (vsrc / ".vhost").read_bytes()
-    rdqs = sorted((int(p.stem), p) for p in (vsrc / "msg_store_persistent").glob("*.rdq"))
-    stride = rdqs[-1][0] + 1
-    for qsrc in sorted((vsrc / "queues").iterdir()):
-        _link_tree(qsrc, vdst / "queues" / qsrc.name, skip=qsrc / "__none__")
-    for k in range(1, copies):
-        for n, p in rdqs:
-            _rewrite_rdq(p, vdst / "msg_store_persistent" / f"{n + k * stride}.rdq", k)
-        for qsrc in sorted((vsrc / "queues").iterdir()):
-            qn = textfiles.parse_queue_name((qsrc / ".queue_name").read_bytes(), vhost)
-            name = qn.name + f"~{k}".encode()
-            qdst = vdst / "queues" / textfiles.queue_dir_name(vhost, name)
-            qdst.mkdir()
-            stub = b"VHOST: " + vhost + b"\nQUEUE: " + name + b"\n" + (b"INDEX: v2\n" if qn.index == "v2" else b"")
-            (qdst / ".queue_name").write_bytes(stub)
-            for f in sorted(qsrc.iterdir()):
-                if f.name == ".queue_name":
-                    continue
-                if f.suffix == ".qi":
-                    _rewrite_qi(f, qdst / f.name, k)
-                else:
-                    os.link(f, qdst / f.name)
-        print(f"  x{copies}: copy {k} written ({time.monotonic() - t0:.0f}s)", flush=True)
-    total = sum(p.stat().st_size for p in node.rglob("*") if p.is_file())
-    (out / "DONE").write_text(f"{copies} copies of {src} in one vhost; {total} bytes; {time.monotonic() - t0:.0f}s\n")
-    return node
 
 
 def writer_node(node: Path) -> Path:

@@ -165,6 +165,80 @@ class IdSet:
 
 
 @dataclass
+class Recorded:
+    """What a clean stop recorded of one store's messages (``msg_store_index.ets``'s
+    ``#msg_location{msg_id, ref_count, file, offset, total_size}`` records), keyed by id: the
+    last record of an id wins, as ``ets:file2tab``'s inserts into the set table do. Records of
+    16-byte ids with integer fields are columns (``ids`` sorted, the fields aligned with it);
+    any other (a damaged dump: another key, a field that is no integer of 64 bits) is in
+    ``others``, key -> (ref_count, file, offset, total)."""
+
+    ids: IdSet
+    ref_count: np.ndarray  # int64
+    file: np.ndarray
+    offset: np.ndarray
+    total: np.ndarray
+    others: dict
+
+    @classmethod
+    def build(cls, rows: np.ndarray, others: list[tuple[int, object, tuple]] = (),
+              positions: np.ndarray | None = None, share: Share | None = None) -> "Recorded":
+        """From ``LOCATION`` rows in file order, and the other records with their positions among
+        all (``readers.terms.RecordedLocations``); ``share``: only the records of its ids."""
+        if share is not None and share.parts > 1:
+            keep = share.holds(np.ascontiguousarray(rows["id"]))
+            rows, positions = rows[keep], positions[keep] if positions is not None else None
+            others = [o for o in others if _hashable(o[1]) and share.holds_key(o[1])]
+        if others:  # a damaged dump: every record in order, the last of each key kept
+            merged: dict = {}
+            pos = positions.tolist() if positions is not None else list(range(len(rows)))
+            events = sorted([(p, j) for j, p in enumerate(pos)] + [(p, -1 - i) for i, (p, _, _) in enumerate(others)])
+            for _, j in events:
+                if j >= 0:
+                    merged[rows[j]["id"].tobytes()] = ("row", j)
+                else:
+                    _, key, rec = others[-1 - j]
+                    if _hashable(key):
+                        merged[key] = ("other", rec)
+            take = [v[1] for v in merged.values() if v[0] == "row"]
+            rows = rows[np.array(sorted(take), np.int64)] if take else rows[:0]
+            others = {k: v[1] for k, v in merged.items() if v[0] == "other"}
+        else:
+            others = {}
+        ids = np.ascontiguousarray(rows["id"])[::-1]  # the last record of an id first
+        idset, _, firsts = IdSet.build(ids)
+        firsts = len(rows) - 1 - firsts
+        return cls(idset, *(np.ascontiguousarray(rows[c][firsts]) for c in ("ref_count", "file", "offset", "total")),
+                   others)
+
+    def __len__(self) -> int:
+        return len(self.ids) + len(self.others)
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        """Position of each 16-byte id among the columns, -1 when they hold none (``others`` may)."""
+        return self.ids.lookup(ids)
+
+    def other_ids(self) -> dict[bytes, tuple]:
+        """The records in ``others`` keyed by a 16-byte id."""
+        return {k: v for k, v in self.others.items() if isinstance(k, bytes) and len(k) == 16}
+
+    def items(self):
+        """(key, (ref_count, file, offset, total)) of every record (Python objects: for tests
+        and the rare caller that needs them all)."""
+        for j, raw in enumerate(self.ids.ids.tobytes()[i:i + 16] for i in range(0, 16 * len(self.ids), 16)):
+            yield raw, (int(self.ref_count[j]), int(self.file[j]), int(self.offset[j]), int(self.total[j]))
+        yield from self.others.items()
+
+
+def _hashable(key) -> bool:
+    try:
+        hash(key)
+    except TypeError:
+        return False
+    return True
+
+
+@dataclass
 class StoreIndex:
     """One shared store: every entry of every file (numpy arrays, ~70 bytes each), and per
     distinct message id its copies, the first copy, and the copy the target version's
@@ -183,9 +257,11 @@ class StoreIndex:
     first: np.ndarray  # per distinct id: first entry in file order
     claim: np.ndarray  # per distinct id: the entry recovery uses, -1 when the scanner reaches none
     bad: list[tuple[int, int, int, bytes]]  # (file pos, offset, total, id): entries without a 255 marker
-    recorded: dict[bytes, tuple] | None  # msg_store_index.ets: id -> (refcount, file, offset, total)
+    recorded: Recorded | None  # msg_store_index.ets as read (up to any damage); None: no such file
     clean: bool  # clean.dot + index files present (the broker skips the scan on a clean start)
     share: Share | None = None  # the ids it holds the entries of (None: all)
+    #: msg_store_index.ets as ets:file2tab loads it for a clean start (None: it cannot)
+    loaded: Recorded | None = None
 
     def path(self, e: int) -> Path:
         """The file holding entry ``e``."""

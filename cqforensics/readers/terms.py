@@ -9,12 +9,15 @@ DETS v9 is not specified publicly; objects are found heuristically by their
 
 from __future__ import annotations
 
+import mmap
 import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cqforensics import etf, textfiles
+import numpy as np
+
+from cqforensics import core, etf, textfiles
 from cqforensics.errors import FormatError
 from cqforensics.grammar import disklog as c_disklog
 from cqforensics.findings import Finding
@@ -95,6 +98,395 @@ def read_ets(path: Path, log: TermLog | None = None) -> EtsTable:
     for it in items:
         table.objects += it if isinstance(it, list) else [it]  # tab2file writes lists of objects
     return table
+
+
+#: a ``#msg_location{msg_id, ref_count, file, offset, total_size}`` record of a store's message
+#: index (rabbit_msg_store.hrl) whose id is a 16-byte binary and whose fields are integers of 64
+#: bits: every record of an undamaged ``msg_store_index.ets``
+LOCATION = np.dtype([("id", "V16"), ("ref_count", np.int64), ("file", np.int64), ("offset", np.int64),
+                     ("total", np.int64)])
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _location_row(term) -> tuple | None:
+    """``term`` as a ``LOCATION`` row, when it is such a record (else None)."""
+    if type(term) is tuple and len(term) == 6 and isinstance(term[0], etf.Atom) and term[0] == "msg_location" \
+            and type(term[1]) is bytes and len(term[1]) == 16 \
+            and all(type(v) is int and _INT64[0] <= v <= _INT64[1] for v in term[2:]):
+        return term[1:]
+    return None
+
+
+@dataclass
+class LogItems:
+    """A disk_log's items as one walk finds them (``disk_log_walk``), decoded: the items that
+    are ``LOCATION`` records as rows of columns (no Python object each: a store's index dump
+    holds one item per stored message), kept here or handed to a sink as they come, and every
+    other item as its term."""
+
+    n: int  # items found
+    offsets: dict[int, int]  # item -> where its header starts: every item not a row, each one after such an item, the first two and the last
+    n_rows: int  # items that are rows
+    rows: np.ndarray | None  # LOCATION, in file order (None: handed to the walk's sink)
+    row_items: np.ndarray | None  # int64: the item each row is
+    terms: dict[int, object]  # item -> its term, for every other item
+    error: FormatError | None = None  # a strict walk: where it stopped early
+    md5_items: bool = False  # an item long enough to carry an md5 was met
+
+    def __len__(self) -> int:
+        return self.n
+
+    def is_row(self, k: int) -> bool:
+        return 0 <= k < self.n and k not in self.terms
+
+    def term(self, k: int):
+        """Item ``k``'s term (a row as the tuple its decode gives; rows kept)."""
+        if k in self.terms:
+            return self.terms[k]
+        row = self.rows[int(np.searchsorted(self.row_items, k))]
+        return (etf.Atom("msg_location"), row["id"].tobytes(), *(int(row[c]) for c in LOCATION.names[1:]))
+
+
+def _rows(found: dict, at: np.ndarray) -> np.ndarray:
+    out = np.empty(len(at), LOCATION)
+    for name, col in zip(LOCATION.names, ("ids", "ref_counts", "files", "locations", "totals")):
+        out[name] = found[col][at]
+    return out
+
+
+#: items a call of the compiled walk decodes at most (its columns about 3 MB)
+WALK_ITEMS = 1 << 16
+
+
+def disk_log_walk(data, lenient: bool, path: Path = Path("-"), sink=None) -> LogItems:
+    """The items of a disk_log's bytes: strictly (``lenient`` False), item after item from the
+    header on, each term filling its item, stopping at the first that is not whole (as
+    ``read_disk_log``); or as ``ets:file2tab/1`` loads them (``file2tab_objects``). ``sink``:
+    called with each run of ``LOCATION`` rows (and their item numbers) as they are decoded,
+    which are then not kept. The compiled core (``core.disk_log_items``) frames the items and
+    decodes the rows, ``WALK_ITEMS`` at a time (the pages of a map behind it dropped); the
+    reference (``disk_log_walk_reference``) decodes every item here. Both give the same."""
+    if core.native() is None:
+        out = disk_log_walk_reference(data, lenient, path)
+        if sink is not None and out.n_rows:
+            sink(out.rows, out.row_items)
+            out.rows = out.row_items = None
+        return out
+    out = LogItems(0, {}, 0, None, None, {})
+    kept: list[tuple[np.ndarray, np.ndarray]] = []
+    start = c_disklog.HEADER_SIZE
+    while start is not None:
+        found = core.disk_log_items(data, lenient, start, WALK_ITEMS)
+        base = out.n
+        offsets, decoded = found["offsets"], found["decoded"].astype(bool)
+        keep = np.ones(len(offsets), bool)
+        stopped = False
+        for k in np.flatnonzero(~decoded).tolist():  # the table info, the end marker, anything else
+            term = _item_term(data, int(found["starts"][k]), int(found["lengths"][k]), lenient, path)
+            if isinstance(term, FormatError):
+                keep[k] = False
+                if lenient:  # file2tab loses the item
+                    continue
+                keep[k + 1:] = False  # a strict read stops at it
+                out.error, stopped = term, True
+                break
+            row = _location_row(term)
+            if row is None:
+                out.terms[base + int(keep[:k].sum())] = term
+            else:  # a record in an encoding the core leaves to the reference
+                decoded[k] = True
+                (found["ids"][k], found["ref_counts"][k], found["files"][k], found["locations"][k],
+                 found["totals"][k]) = row
+        at = np.flatnonzero(decoded & keep)
+        items = base + (np.cumsum(keep) - 1)[at] if not keep.all() else base + at
+        offsets = offsets[keep]
+        if len(offsets):  # the offsets an answer may name: the first two, the last, those by other items
+            named = {0, 1, base + len(offsets) - 1} | {j for k in out.terms for j in (k, k + 1)}
+            out.offsets.update((j, int(offsets[j - base])) for j in named if base <= j < base + len(offsets))
+        out.n += len(offsets)
+        if len(at):
+            rows = _rows(found, at)
+            out.n_rows += len(rows)
+            if sink is not None:
+                sink(rows, items.astype(np.int64))
+            else:
+                kept.append((rows, items.astype(np.int64)))
+        out.md5_items |= bool(found["md5_items"])
+        if stopped:
+            break
+        if found["stop"] is not None:
+            out.error = _stop_error(data, *found["stop"], path)
+        start = found["next"]
+        if start is not None and isinstance(data, mmap.mmap):
+            data.madvise(mmap.MADV_DONTNEED, 0, start - start % mmap.PAGESIZE)  # pages behind the walk
+    named = {0, 1, out.n - 1} | {j for k in out.terms for j in (k, k + 1)}
+    out.offsets = {k: o for k, o in out.offsets.items() if k in named}
+    if sink is None:
+        out.rows = np.concatenate([r for r, _ in kept]) if kept else np.zeros(0, LOCATION)
+        out.row_items = np.concatenate([i for _, i in kept]) if kept else np.zeros(0, np.int64)
+    return out
+
+
+def _stop_error(data, code: int, at: int, path: Path) -> FormatError:
+    """The strict walk's framing stop as the reference words it."""
+    if code == 1:
+        return FormatError(f"log ends inside an item header ({len(data) - at} bytes)", str(path), at)
+    if code == 2:
+        return FormatError(f"bad item magic {bytes(data[at:at + 4]).hex()}", str(path), at)
+    (length,) = struct.unpack_from(">I", data, at)
+    return FormatError(f"item of {length} bytes runs past the end of the log", str(path), at)
+
+
+def _item_term(data, start: int, length: int, lenient: bool, path: Path):
+    """The term of the item at ``start``, or the FormatError that loses it: strictly it must fill
+    the item; file2tab decodes the item's bytes alone (binary_to_term ignores what follows)."""
+    try:
+        if lenient:
+            return etf.decode(bytes(data[start:start + length]))[0]
+        term, used = etf.decode(data, offset=start)
+    except etf.EtfError as e:
+        return FormatError(f"undecodable item: {e.message}", str(path), e.offset)
+    if used != start + length:  # disk_log wrote term_to_binary of the item: it fills the item
+        return FormatError(f"item of {length} bytes holds a term of {used - start}: damaged inside", str(path), used)
+    return term
+
+
+def disk_log_walk_reference(data, lenient: bool, path: Path = Path("-")) -> LogItems:
+    """``disk_log_walk`` in Python, the specification the core is tested against: strictly as
+    ``read_disk_log``, or as OTP's ``disk_log_1:handle_chunk_ro`` reads for ``ets:file2tab``
+    (a byte at a time past anything that is not an item header, an item whose md5 fails
+    skipped, an undecodable one lost, the walk ended at a torn last item)."""
+    import hashlib
+
+    offsets, terms, error, md5_items = [], [], None, False
+    o, end = c_disklog.HEADER_SIZE, len(data)
+    if data[:4] == c_disklog.FILE_MAGIC:
+        while o < end:
+            if o + 8 > end:
+                if not lenient:
+                    error = _stop_error(data, 1, o, path)
+                break
+            length, magic = _ITEM_HEAD(data, o)
+            if magic != c_disklog.ITEM_MAGIC:
+                if lenient:
+                    o += 1
+                    continue
+                error = _stop_error(data, 2, o + 4, path)
+                break
+            start = o + 8
+            if length >= c_disklog.MIN_MD5_TERM:
+                md5_items = True
+                if lenient:
+                    if start + 16 > end:
+                        break
+                    if data[start:start + 16] != hashlib.md5(data[o:o + 4]).digest():
+                        o = start + 17
+                        continue
+                start += 16
+            if start + length > end:
+                if not lenient:
+                    error = _stop_error(data, 3, o, path)
+                break
+            term = _item_term(data, start, length, lenient, path)
+            if isinstance(term, FormatError):
+                if not lenient:
+                    error = term
+                    break
+            else:
+                offsets.append(o)
+                terms.append(term)
+            o = start + length
+    rows = [(k, r) for k, r in ((k, _location_row(t)) for k, t in enumerate(terms)) if r is not None]
+    out = np.zeros(len(rows), LOCATION)
+    for j, (_, r) in enumerate(rows):
+        out[j] = r
+    odd = {k: t for k, t in enumerate(terms) if _location_row(t) is None}
+    named = {0, 1, len(offsets) - 1} | set(odd) | {k + 1 for k in odd}
+    return LogItems(len(offsets), {k: offsets[k] for k in sorted(named) if 0 <= k < len(offsets)}, len(rows), out,
+                    np.array([k for k, _ in rows], np.int64), odd, error, md5_items)
+
+
+def _is_end(item) -> bool:
+    return isinstance(item, list) and bool(item) and item[0] == "$end_of_table"
+
+
+@dataclass
+class RecordedLocations:
+    """The ``#msg_location{}`` records of a dump's objects, in order: those that are ``LOCATION``
+    rows as columns, and any other (a key that is no 16-byte binary, a field that is no integer
+    of 64 bits) as ``(position among all records, key, (ref_count, file, offset, total))``."""
+
+    rows: np.ndarray  # LOCATION
+    row_positions: np.ndarray  # int64: each row's position among all records
+    others: list[tuple[int, object, tuple]]
+
+    def __len__(self) -> int:
+        return len(self.rows) + len(self.others)
+
+
+@dataclass
+class EtsDump:
+    """An ``ets:tab2file`` dump (``msg_store_index.ets``, ``file_summary.ets``), decoded once: its
+    items as a strict read finds them (``items``: what the file says, up to any damage) and as
+    ``ets:file2tab/1`` loads them for the broker (``loaded_items``: the same walk unless the
+    strict one stopped early or met an item carrying an md5, which file2tab checks)."""
+
+    path: Path
+    status: bytes | None  # the header's status word (None: no disk_log header)
+    items: LogItems
+    loaded_items: LogItems
+    unreadable: FormatError | None = None  # the file could not be read (not a regular file, ...)
+
+    @property
+    def closed(self) -> bool | None:
+        return None if self.status is None else self.status == c_disklog.CLOSED
+
+    @property
+    def error(self) -> FormatError | None:
+        return self.items.error
+
+    def end_marker(self):
+        """The last item when it is the ``'$end_of_table'`` marker (strict walk), else None."""
+        n = len(self.items)
+        last = self.items.terms.get(n - 1) if n > 1 else None
+        return last if _is_end(last) else None
+
+    @property
+    def complete(self) -> bool:
+        """The strict walk met no damage and the end marker's count is the objects' (as ``read_ets``)."""
+        end = self.end_marker()
+        if end is None:
+            return False
+        counts = textfiles.proplist(end[1]) if len(end) > 1 else {}
+        return self.items.error is None and counts.get("count", len(self.items) - 2) == len(self.items) - 2
+
+    def _object_items(self, loaded: bool) -> np.ndarray | None:
+        """The items that hold the table's objects: strictly every item after the table info
+        but a last end marker (``read_ets``); as file2tab loads them every item after the table
+        info but any end marker (None: file2tab fails, for want of a header or a table info
+        item: ``file2tab_objects``)."""
+        items = self.loaded_items if loaded else self.items
+        n = len(items)
+        if not loaded:
+            return np.arange(1, max(1, n - (self.end_marker() is not None)), dtype=np.int64)
+        if self.status is None or not n or not (items.is_row(0) or isinstance(items.terms[0], (list, tuple))):
+            return None
+        ends = [k for k, t in items.terms.items() if _is_end(t)]
+        return np.setdiff1d(np.arange(1, n, dtype=np.int64), ends) if ends else np.arange(1, n, dtype=np.int64)
+
+    def rows_are_records(self, loaded: bool = False) -> bool:
+        """Whether the walk's ``LOCATION`` rows are exactly the table's objects (no other object,
+        no row outside them): so in an undamaged store index, whose records can then be taken
+        from the rows alone (those a sink was handed, too)."""
+        items = self.loaded_items if loaded else self.items
+        ks = self._object_items(loaded)
+        return ks is not None and items.n_rows == len(ks) and not np.isin(ks, list(items.terms)).any()
+
+    def _objects_of(self, items: LogItems, ks: np.ndarray):
+        """(item, object) of the objects items ``ks`` hold (an item is one object, or a list of them)."""
+        for k in ks.tolist():
+            t = items.term(k)
+            for o in (t if isinstance(t, list) else [t]):
+                yield k, o
+
+    def objects(self, loaded: bool = False) -> list | None:
+        """Every object, as Python terms (for small dumps; ``locations`` for a store's index)."""
+        ks = self._object_items(loaded)
+        if ks is None:
+            return None
+        return [o for _, o in self._objects_of(self.loaded_items if loaded else self.items, ks)]
+
+    def other_objects(self, loaded: bool = False):
+        """The objects that are not ``LOCATION`` rows, in order (none in an undamaged index)."""
+        items = self.loaded_items if loaded else self.items
+        ks = self._object_items(loaded)
+        if ks is not None and items.terms:
+            yield from (o for _, o in self._objects_of(items, ks[np.isin(ks, list(items.terms))]))
+
+    def locations(self, loaded: bool = False) -> RecordedLocations | None:
+        """The dump's ``#msg_location{}`` records (``RecordedLocations``): strictly, or as
+        file2tab loads them (None: it fails). Needs the rows kept (no sink)."""
+        ks = self._object_items(loaded)
+        if ks is None:
+            return None
+        items = self.loaded_items if loaded else self.items
+        if self.rows_are_records(loaded):  # no Python object per record
+            return RecordedLocations(items.rows, np.arange(len(ks), dtype=np.int64), [])
+        rows, positions, others = [], [], []
+        for k, o in self._objects_of(items, ks):
+            if not (isinstance(o, tuple) and len(o) == 6 and o[0] == "msg_location"):
+                continue
+            r = _location_row(o)
+            if r is None:
+                others.append((len(rows) + len(others), o[1], tuple(o[2:])))
+            else:
+                positions.append(len(rows) + len(others))
+                rows.append(r)
+        out = np.zeros(len(rows), LOCATION)
+        for j, r in enumerate(rows):
+            out[j] = r
+        return RecordedLocations(out, np.array(positions, np.int64), others)
+
+
+def read_ets_dump(path: Path, sink=None) -> EtsDump:
+    """An ets dump decoded once (``EtsDump``): the strict walk, and file2tab's when it differs.
+    ``sink``: called with the ``LOCATION`` rows, ``(rows, items)`` a run at a time as they are
+    decoded, which are then not kept (``items.rows`` is None): so when they are exactly the
+    dump's records both ways (``rows_are_records``, an undamaged index); otherwise (damage) the
+    rows are kept after all (the file is walked again) and the caller drops what its sink was
+    handed. A file that cannot be read has no items."""
+    try:
+        data = map_file(path)
+    except FormatError as e:  # NotRegularFile, unreadable: never read
+        none = LogItems(0, {}, 0, np.zeros(0, LOCATION), np.zeros(0, np.int64), {}, e)
+        return EtsDump(path, None, none, none, e)
+    try:
+        status = bytes(data[4:8]) if data[:4] == c_disklog.FILE_MAGIC else None
+        items = disk_log_walk(data, False, path, sink)
+        if status is None:
+            items.error = FormatError("not a disk_log file", str(path), 0)
+        same = status is not None and items.error is None and not items.md5_items
+        # file2tab finds exactly the strict walk's items when it has no damage (none skipped, none
+        # whose md5 fails)
+        dump = EtsDump(path, status, items, items if same else disk_log_walk(data, True, path))
+        if items.rows is None and not (same and dump.rows_are_records()):
+            dump.items = disk_log_walk(data, False, path)
+            if same:
+                dump.loaded_items = dump.items
+            if status is None:
+                dump.items.error = items.error
+        return dump
+    finally:
+        if isinstance(data, mmap.mmap):
+            data.close()
+
+
+class TermFiles:
+    """The term files of one read (a vhost's ``recovery.dets``, its stores' ``clean.dot`` and ets
+    dumps), each decoded once however many parts of the model and the checks ask: made per read
+    (``model.vhost.VhostScan.term_files``) and dropped with it, so a file changed between reads
+    is read afresh."""
+
+    def __init__(self):
+        self._memo: dict = {}
+
+    def _get(self, key, make):
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
+    def recovery_terms(self, path: Path) -> dict[str, dict]:
+        return self._get(("recovery", path), lambda: recovery_terms(path))
+
+    def clean_dot(self, path: Path) -> dict | None:
+        return self._get(("clean.dot", path), lambda: clean_dot(path))
+
+    def ets(self, path: Path, sink=None) -> EtsDump:
+        """``read_ets_dump`` of ``path``; ``sink`` serves the first call only (it decodes)."""
+        return self._get(("ets", path), lambda: read_ets_dump(path, sink))
+
+    def file_summary(self, path: Path) -> dict[int, tuple]:
+        return self._get(("file_summary", path), lambda: file_summary_records(path, self.ets(path)))
 
 
 def read_dets_objects(path: Path, data=None, end: int | None = None) -> list:
@@ -406,55 +798,86 @@ ETS_RECORDS = {"file_summary.ets": "file_summary", "msg_store_index.ets": "msg_l
 ETS_NAMES = {"file_summary.ets": "rabbit_msg_store_file_summary", "msg_store_index.ets": "rabbit_msg_store_ets_index"}
 
 
-def file_summary_records(path: Path) -> dict[int, tuple]:
+def file_summary_records(path: Path, dump: EtsDump | None = None) -> dict[int, tuple]:
     """A ``file_summary.ets`` dump's ``#file_summary{file, valid_total_size, ..., file_size}``
-    records: file number -> (valid_total_size, file_size) (objects of another shape left out)."""
-    return {o[1]: (o[2], o[5]) for o in read_ets(path).objects
+    records: file number -> (valid_total_size, file_size) (objects of another shape left out);
+    ``dump``: the file decoded already."""
+    dump = read_ets_dump(path) if dump is None else dump
+    return {o[1]: (o[2], o[5]) for o in dump.objects()
             if isinstance(o, tuple) and len(o) >= 6 and isinstance(o[1], int) and isinstance(o[5], int)}
 
 
-def ets_findings(path: Path) -> list[Finding]:
+def file2tab_objects(path: Path) -> list | None:
+    """The objects ``ets:file2tab/1`` loads from an ``ets:tab2file`` dump, as the broker calls it
+    (rabbit_msg_store index_recover / recover_file_summary: no ``verify``): OTP opens the
+    disk_log read-only and reads it with ``disk_log_1:handle_chunk_ro``, which skips a byte at a
+    time past anything that is not an item header, drops an item whose md5 (items of 65528 bytes
+    and more) fails, and ends the table at a torn last item; the end marker's object count is
+    not checked. An item whose term does not decode is left out. None when file2tab fails: no
+    log header, or no table-info item. (Checked against OTP 25's file2tab on flipped and
+    truncated dumps, and against 3.10.8 and 4.3.6 boots, tests/test_recovery_state_brokers.py.)
+    ``EtsDump.locations(loaded=True)`` gives a store index's records without a Python object each."""
+    return read_ets_dump(path).objects(loaded=True)
+
+
+def ets_findings(path: Path, dump: EtsDump | None = None) -> list[Finding]:
     """``term-file-damaged`` for an ``ets:tab2file`` dump (``file_summary.ets``,
     ``msg_store_index.ets``): damaged items, and an end marker whose count differs from the
-    objects found (an item lost or added); no end marker at all is a torn dump."""
-    data = map_file(path)
-    out = disk_log_findings(path, data, table_dump=False)
-    log = read_disk_log(path, data)
-    if log.error is not None or log.closed is None:
+    objects found (an item lost or added); no end marker at all is a torn dump. ``dump``: the
+    file decoded already (``read_ets_dump``)."""
+    dump = read_ets_dump(path) if dump is None else dump
+    log = dump.items
+    out = []
+    if dump.status is not None and dump.status not in (c_disklog.CLOSED, c_disklog.OPENED):
+        # disk_log_1 is_head: a status word that is neither ?CLOSED nor ?OPENED is no log header
+        out.append(_damaged(f"header status {dump.status.hex()} is neither closed ({c_disklog.CLOSED.hex()}) "
+                            f"nor open ({c_disklog.OPENED.hex()}): OTP's disk_log refuses the file as no log "
+                            "(its items are read here all the same)", path, 4))
+    if dump.unreadable is not None:
+        raise dump.unreadable
+    if log.error is not None:
+        out.append(_damaged(f"{log.error.message}: the items after it are lost", path, log.error.offset))
+    if log.error is not None or dump.status is None:
         return out
-    items = log.items[1:]
-
-    def is_end(item) -> bool:
-        return isinstance(item, list) and bool(item) and item[0] == "$end_of_table"
-
-    if not (items and is_end(items[-1])):
-        marker = next((k for k, it in enumerate(items) if is_end(it)), None)
+    n = len(log)
+    if dump.end_marker() is None:
+        marker = next((k for k in sorted(log.terms) if k >= 1 and _is_end(log.terms[k])), None)
         if marker is not None:  # items after the end marker: appended (ets:file2tab rejects the file)
-            out.append(_damaged(f"{len(items) - marker - 1} items after the '$end_of_table' marker: extra items",
-                                path, log.offsets[marker + 2], extra_items=len(items) - marker - 1))
+            out.append(_damaged(f"{n - marker - 1} items after the '$end_of_table' marker: extra items",
+                                path, log.offsets[marker + 1], extra_items=n - marker - 1))
         else:
             out.append(_damaged("no '$end_of_table' marker: the dump is torn (the broker rebuilds from the files)",
-                                path, log.offsets[-1] if log.offsets else 0))
+                                path, log.offsets[n - 1] if n else 0))
         return out
-    info = log.items[0] if log.items and isinstance(log.items[0], tuple) else ()
+    info = log.term(0) if n and (not log.is_row(0) or log.rows is not None) else ()
+    info = info if isinstance(info, tuple) else ()
     name = next((kv[1] for kv in info if isinstance(kv, tuple) and len(kv) == 2 and kv[0] == "name"), None)
     if path.name in ETS_NAMES and name != ETS_NAMES[path.name]:
         out.append(_damaged(f"its table info names table {name}, not {ETS_NAMES[path.name]}: another table's dump, "
-                            "or a damaged one", path, log.offsets[0] if log.offsets else 0,
+                            "or a damaged one", path, log.offsets.get(0, 0),
                             expected=ETS_NAMES[path.name], found=str(name)))
-    table = read_ets(path, log)
     tag = ETS_RECORDS.get(path.name)
-    other = next((o for o in table.objects if not (isinstance(o, tuple) and o and o[0] == tag)), None)
-    if tag is not None and other is not None:
-        found = other[0] if isinstance(other, tuple) and other else type(other).__name__
-        out.append(_damaged(f"holds {found} objects, not the #{tag}{{}} records this dump holds: another table's "
-                            "dump in its place (swapped or copied)", path, log.offsets[1] if len(log.offsets) > 1 else 0,
-                            expected=str(tag), found=str(found)))
-    if not table.complete:
-        counts = textfiles.proplist(items[-1][1]) if len(items[-1]) > 1 else {}
-        out.append(_damaged(f"the end marker records {counts.get('count')} objects, {len(table.objects)} are "
-                            "found: an item is missing or extra", path, log.offsets[-1],
-                            recorded=counts.get("count"), found=len(table.objects)))
+    ks = dump._object_items(False)
+    if tag is not None:
+        other = next(((k, o) for k, o in dump._objects_of(log, ks[np.isin(ks, list(log.terms))])
+                      if not (isinstance(o, tuple) and o and o[0] == tag)), None)
+        first_row = next((k for k in ks.tolist() if log.is_row(k)), None) if tag != "msg_location" else None
+        if first_row is not None and (other is None or first_row < other[0]):
+            other = (first_row, (etf.Atom("msg_location"),))
+        if other is not None:
+            found = other[1][0] if isinstance(other[1], tuple) and other[1] else type(other[1]).__name__
+            out.append(_damaged(f"holds {found} objects, not the #{tag}{{}} records this dump holds: another table's "
+                                "dump in its place (swapped or copied)", path, log.offsets.get(1, 0) if n > 1 else 0,
+                                expected=str(tag), found=str(found)))
+    if not dump.complete:
+        end = dump.end_marker()
+        counts = textfiles.proplist(end[1]) if len(end) > 1 else {}
+        odd = np.isin(ks, list(log.terms))
+        objects = int((~odd).sum()) + sum(len(t) if isinstance(t, list) else 1
+                                          for t in (log.terms[k] for k in ks[odd].tolist()))
+        out.append(_damaged(f"the end marker records {counts.get('count')} objects, {objects} are "
+                            "found: an item is missing or extra", path, log.offsets[n - 1],
+                            recorded=counts.get("count"), found=objects))
     return out
 
 
