@@ -8,8 +8,11 @@ table with ``--tables``), and of the writers ``compact`` and ``rebuild`` (``--wr
     python bench/bench_memory.py --tables findings files queues index acks holes
     python bench/bench_memory.py --tables --writers compact rebuild   # the writers only
 
+Every size is read as the killed store and as its cleanly stopped twin (``--kinds``; a real
+broker booted on a copy and stopped it: make_store.build_clean), side by side.
+
 0.1x and 1x are the broker-made bench stores (bench/make_store.py). 3x and 10x are made without
-a broker, from the 1x store, as ONE vhost holding N copies of its content (the vhost-wide state
+a broker, from the 1x store (make_store.build_scaled), as ONE vhost holding N copies of its content (the vhost-wide state
 is what has to stay bounded; copies in separate vhosts would be read one vhost at a time and
 prove nothing about it):
 
@@ -57,7 +60,8 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from make_store import CACHE, _link_tree, build, build_clean, build_scaled, node_dir  # noqa: E402
+from make_store import (CACHE, _link_tree, build, build_clean, build_scaled, node_dir, scaled_dir,  # noqa: E402
+                        store_dir)
 
 TABLES = ("refcounts", "store", "messages")  # the default
 WRITERS = ("compact", "rebuild")
@@ -167,16 +171,23 @@ def main() -> None:
     ap.add_argument("--entries-per-share", type=int, default=0,
                     help="stored messages a pass may hold (default: cqforensics.model.store.ENTRIES_PER_SHARE; "
                          "a huge number reads every vhost whole, as before shares)")
+    ap.add_argument("--kinds", nargs="+", default=["killed", "clean"], choices=["killed", "clean"],
+                    help="the killed stores, their cleanly stopped twins (make_store.build_clean), or both")
     args = ap.parse_args()
     nodes = {}
     for s in args.sizes:
         if s in (0.1, 1):
             build(s)
-            nodes[s] = node_dir(s)
+            killed = node_dir(s)
+            clean = build_clean(store_dir(s)) if "clean" in args.kinds else None
         elif s == int(s) and s > 1:
-            nodes[s] = build_scaled(int(s))
+            killed = build_scaled(int(s))
+            clean = build_clean(scaled_dir(int(s)), copies=int(s)) if "clean" in args.kinds else None
         else:
             raise SystemExit(f"size {s}: only 0.1, 1 and whole multiples of 1 can be made")
+        for kind, node in (("killed", killed), ("clean", clean)):
+            if kind in args.kinds:
+                nodes[(s, kind)] = node
     base = float(subprocess.run([sys.executable, "-c", BASELINE, str(ROOT)], capture_output=True, text=True,
                                 check=True).stdout)
     core = "off (CQF_CORE=0)" if os.environ.get("CQF_CORE") == "0" else "default"
@@ -184,9 +195,9 @@ def main() -> None:
     print(f"peak RSS (MB) per read or write, each in a fresh process (wall and CPU seconds); interpreter + "
           f"libraries {base:.0f} MB; core {core}")
     columns = args.tables + args.writers
-    print("| size | stored messages | bytes | " + " | ".join(columns) + " |")
-    print("|" + "---|" * (3 + len(columns)))
-    for s, node in nodes.items():
+    print("| size | store | stored messages | bytes | " + " | ".join(columns) + " |")
+    print("|" + "---|" * (4 + len(columns)))
+    for (s, kind), node in nodes.items():
         size = sum(p.stat().st_size for p in node.rglob("*") if p.is_file())
         msgs = stored_messages(node)
         row = {"node": str(node), "bytes": size, "index_rows": msgs, "tables": {}, "writers": {}}
@@ -197,8 +208,8 @@ def main() -> None:
         for w in args.writers:
             row["writers"][w] = r = measure_writer(node, w, s)
             cells.append(_cell(r))
-        results["sizes"][f"{s:g}x"] = row
-        print(f"| {s:g}x | {msgs:,} | {size / 1e9:.2f} GB | " + " | ".join(cells) + " |", flush=True)
+        results["sizes"][f"{s:g}x" + ("" if kind == "killed" else " clean")] = row
+        print(f"| {s:g}x | {kind} | {msgs:,} | {size / 1e9:.2f} GB | " + " | ".join(cells) + " |", flush=True)
     (HERE / "results").mkdir(exist_ok=True)
     name = "memory.json" if args.tables else "memory-writers.json"  # a writers-only run keeps the readers' figures
     (HERE / "results" / name).write_text(json.dumps(results, indent=1))

@@ -362,7 +362,7 @@ def test_store_index_is_read_as_file2tab_loads_it(tmp_path):
     from conftest import copy_node
 
     from cqforensics import fsck
-    from cqforensics.model.recovery import file2tab_objects
+    from cqforensics.readers.terms import file2tab_objects
 
     node = copy_node("4.3.6-clean", tmp_path / "a")
     ets = root_vhost(node) / "msg_store_persistent" / "msg_store_index.ets"

@@ -218,7 +218,7 @@ def _recovery_terms(vs: VhostScan) -> dict:
     cached = vs.__dict__.get("_integrity_recovery_terms")
     if cached is None:
         try:
-            cached = r_terms.recovery_terms(vs.vhost.recovery_dets)
+            cached = vs.term_files.recovery_terms(vs.vhost.recovery_dets)
         except CQError:
             cached = {}
         vs.__dict__["_integrity_recovery_terms"] = cached
@@ -275,9 +275,9 @@ def vhost_file_findings(vs: VhostScan) -> list[Finding]:
     for kind, st in vs.vhost.stores.items():
         for p in (st.file_summary, st.msg_store_index):
             if r_files.is_regular(p):
-                out += _safe(r_terms.ets_findings, p)
+                out += _safe(lambda p: r_terms.ets_findings(p, vs.term_files.ets(p)), p)
         if r_files.is_regular(st.file_summary) and st.clean_dot.exists():
-            out += _safe(lambda p: file_summary_findings(p, st.rdq, kind), st.file_summary)
+            out += _safe(lambda p: file_summary_findings(p, st.rdq, kind, vs.term_files), st.file_summary)
         out += _safe(lambda p: r_terms.text_findings(p, f"clean.dot:{kind}"), st.clean_dot)
     return out
 
@@ -300,14 +300,15 @@ def recovery_terms_findings(vs: VhostScan) -> list[Finding]:
                     "queues recover dirty)", str(vs.vhost.recovery_dets), details={"queue_dirs": missing[:64]})]
 
 
-def file_summary_findings(path: Path, rdq: list[tuple[int, Path]], kind: str = "persistent") -> list[Finding]:
+def file_summary_findings(path: Path, rdq: list[tuple[int, Path]], kind: str = "persistent",
+                          files: r_terms.TermFiles | None = None) -> list[Finding]:
     """``term-file-damaged`` for a clean stop's ``file_summary.ets`` that does not describe its
     store's files: a clean stop dumps one ``#file_summary{file, valid_total_size, ..., file_size}``
     per ``.rdq`` file, whose file_size is that file's size (so on every sample); another set of
     files or sizes is a stale, swapped or damaged dump, which the next clean start trusts. Either
     side may be the damaged one, so each ``.rdq`` of another size than recorded is named too
     (``rdq-garbage`` where the two part: info in the transient store, which every boot deletes)."""
-    recorded = r_terms.file_summary_records(path)
+    recorded = files.file_summary(path) if files is not None else r_terms.file_summary_records(path)
     actual = {}
     for number, p in rdq:
         try:

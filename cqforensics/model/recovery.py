@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from cqforensics.codes import Fate, Location, QsStatus, RecordKind
+from cqforensics.model.index import ID
 from cqforensics.model.versions import BrokerModel
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
@@ -82,11 +83,14 @@ def mode(vhost, assume_dirty: bool, model: BrokerModel | None = None) -> str:
     return clean_state(vhost, assume_dirty, model)[0]
 
 
-def clean_state(vhost, assume_dirty: bool, model: BrokerModel | None = None) -> tuple[str, str, Path]:
+def clean_state(vhost, assume_dirty: bool, model: BrokerModel | None = None,
+                files: r_terms.TermFiles | None = None) -> tuple[str, str, Path]:
     """``(mode, why, file)``: 'clean' or 'dirty' (see ``mode``), the reason, and the file it
     rests on. Clean needs the persistent store's clean.dot, file_summary.ets and
     msg_store_index.ets intact and recovery terms whose persistent_refs are exactly clean.dot's
-    client_refs (MS build_index / recover_index_terms)."""
+    client_refs (MS build_index / recover_index_terms). ``files``: the read's term files
+    (``readers.terms.TermFiles``: each decoded once)."""
+    files = files if files is not None else r_terms.TermFiles()
     st = vhost.stores.get("persistent")
     if assume_dirty:
         return "dirty", "--assume-dirty", vhost.path
@@ -95,16 +99,16 @@ def clean_state(vhost, assume_dirty: bool, model: BrokerModel | None = None) -> 
     if st.rdt and (model is None or model.appends_rdt):  # only <= 3.12 writes them
         return "dirty", (f"{st.rdt[0][1].name} (an interrupted file combine): the store trusts neither "
                          "file_summary nor its index"), st.rdt[0][1]
-    dot = r_terms.clean_dot(st.clean_dot)
+    dot = files.clean_dot(st.clean_dot)
     if not dot:
         return "dirty", "clean.dot is unreadable", st.clean_dot
-    terms = r_terms.recovery_terms(vhost.recovery_dets)
+    terms = files.recovery_terms(vhost.recovery_dets)
     if not terms:
         return "dirty", "recovery.dets records no queue's recovery terms", vhost.recovery_dets
     for ets in (st.file_summary, st.msg_store_index):  # ets:file2tab must load them (not verify them)
-        if not ets.exists() or file2tab_objects(ets) is None:
+        if not ets.exists() or not files.ets(ets).loads():
             return "dirty", f"{ets.name} is missing or ets:file2tab cannot load it", ets
-        if model is not None and not model.store_index_loaded_unverified and not r_terms.read_ets(ets).complete:
+        if model is not None and not model.store_index_loaded_unverified and not files.ets(ets).complete:
             return "dirty", f"{ets.name} fails ets:file2tab's verification", ets
     refs = sorted(t.get("persistent_ref") for t in terms.values() if isinstance(t.get("persistent_ref"), bytes))
     client = dot.get("client_refs")
@@ -118,105 +122,103 @@ def clean_state(vhost, assume_dirty: bool, model: BrokerModel | None = None) -> 
 # -- what a clean start reads of its recorded state ------------------------------------------------------
 
 
-def file2tab_objects(path: Path) -> list | None:
-    """The objects ``ets:file2tab/1`` loads from an ``ets:tab2file`` dump, as the broker calls it
-    (rabbit_msg_store index_recover / recover_file_summary: no ``verify``): OTP opens the
-    disk_log read-only and reads it with ``disk_log_1:handle_chunk_ro``, which skips a byte at a
-    time past anything that is not an item header, drops an item whose md5 (items of 65528 bytes
-    and more) fails, and ends the table at a torn last item; the end marker's object count is
-    not checked. An item whose term does not decode is left out. None when file2tab fails: no
-    log header, or no table-info item. (Checked against OTP 25's file2tab on flipped and
-    truncated dumps, and against 3.10.8 and 4.3.6 boots, tests/test_recovery_state_brokers.py.)"""
-    import hashlib
-
-    from cqforensics import etf
-    from cqforensics.errors import CQError
-    from cqforensics.grammar import disklog as c_disklog
-    from cqforensics.readers.files import read_bytes
-
-    try:
-        data = bytes(read_bytes(path))
-    except (CQError, OSError):
-        return None
-    if data[:4] != c_disklog.FILE_MAGIC:
-        return None
-    items, o, end = [], c_disklog.HEADER_SIZE, len(data)
-    while o + 8 <= end:
-        size, magic = c_disklog.ITEM_HEAD.unpack_from(data, o)
-        if magic != c_disklog.ITEM_MAGIC:
-            o += 1
-            continue
-        start = o + 8
-        if size >= c_disklog.MIN_MD5_TERM:
-            if start + 16 > end:
-                break
-            if data[start:start + 16] != hashlib.md5(data[o:o + 4]).digest():
-                o = start + 17
-                continue
-            start += 16
-        if start + size > end:
-            break
-        try:
-            items.append(etf.decode(data[start:start + size])[0])
-        except etf.EtfError:  # binary_to_term fails on it: the item is lost
-            pass
-        o = start + size
-    if not items or not isinstance(items[0], (list, tuple)):  # the table info file2tab reads first
-        return None
-    out = []
-    for it in items[1:]:
-        if isinstance(it, list) and it and it[0] == "$end_of_table":
-            continue
-        out += it if isinstance(it, list) else [it]
-    return out
-
-
-def recorded_index(st) -> dict[bytes, tuple] | None:
-    """The shared store's message index a clean start trusts (``file2tab_objects`` of
-    ``msg_store_index.ets``): id -> (refcount, file, offset, total size); None without one."""
-    if st is None:
-        return None
-    cache = st.__dict__.setdefault("_broker_recorded", {})
-    if "index" not in cache:
-        objs = file2tab_objects(st.store.msg_store_index) if st.store.msg_store_index.exists() else None
-        share = getattr(st, "share", None)  # a scan of one id share needs that share's records only
-        cache["index"] = None if objs is None else {
-            o[1]: (o[2], o[3], o[4], o[5]) for o in objs
-            if isinstance(o, tuple) and len(o) == 6 and o[0] == "msg_location" and isinstance(o[1], bytes)
-            and (share is None or share.holds_key(o[1]))}
-    return cache["index"]
+def recorded_index(st):
+    """The shared store's message index a clean start trusts: ``msg_store_index.ets`` as
+    ``ets:file2tab`` loads it (``model.store.Recorded``, the records of the scan's share;
+    ``readers.terms.EtsDump``); None without one."""
+    return None if st is None else st.loaded
 
 
 def recorded_has(st, ids: np.ndarray) -> np.ndarray:
-    """Clean recovery: whether the trusted index records each id at all (wherever it says)."""
+    """Clean recovery: whether the trusted index records each id at all (wherever it says).
+    rabbit_msg_store read/contains: index_lookup_positive_ref_count (a count of 0 is not found)."""
     recorded = recorded_index(st)
     if recorded is None:
         return np.zeros(len(ids), bool)
-    raw = ids.tobytes()
-    # rabbit_msg_store read/contains: index_lookup_positive_ref_count (a count of 0 is not found)
-    return np.array([(rec := recorded.get(raw[i:i + 16])) is not None and isinstance(rec[0], int) and rec[0] > 0
-                     for i in range(0, 16 * len(ids), 16)], bool)
+    pos = recorded.lookup(ids)
+    out = pos >= 0
+    out[out] = recorded.ref_count[pos[out]] > 0
+    for k, rec in _other_hits(recorded, ids, pos):
+        out[k] = isinstance(rec[0], int) and rec[0] > 0
+    return out
 
 
-def recorded_ok(st, ids: np.ndarray) -> np.ndarray:
-    """Clean recovery: whether msg_store_index.ets places each id on a valid entry holding it."""
-    out = np.zeros(len(ids), bool)
+def _other_hits(recorded, ids: np.ndarray, pos: np.ndarray):
+    """(row, record) of the ids only a damaged dump's other records hold."""
+    others = recorded.other_ids()
+    if not others:
+        return
+    keys = np.frombuffer(b"".join(others), ID)
+    for k in np.flatnonzero((pos < 0) & np.isin(ids, keys)).tolist():
+        yield k, others[ids[k].tobytes()]
+
+
+_PLACE = 1 << 40  # (file number, offset) as one sortable integer: offsets below 2^40, numbers below 2^23
+
+
+def recorded_ok(st, ids: np.ndarray, groups: np.ndarray | None = None) -> np.ndarray:
+    """Clean recovery: whether msg_store_index.ets places each id on a valid entry holding it.
+    ``groups``: the ids' positions among the store's distinct ids (``distinct.lookup``), when
+    looked up already."""
     recorded = recorded_index(st)
     if recorded is None:
-        return out
-    numbers = np.array([f.number for f in st.files] or [0], np.int64)
-    keys = numbers[st.e_file] * (1 << 40) + st.e_offset if len(st.e_file) else np.zeros(0, np.int64)
-    order = np.argsort(keys)
-    keys = keys[order]
-    for k, raw in enumerate(ids.tobytes()[i:i + 16] for i in range(0, 16 * len(ids), 16)):
-        rec = recorded.get(raw)
-        if rec is None or not isinstance(rec[0], int) or rec[0] <= 0 or not isinstance(rec[1], int) \
-                or not isinstance(rec[2], int):
-            continue
-        j = np.searchsorted(keys, rec[1] * (1 << 40) + rec[2])
-        out[k] = j < len(keys) and keys[j] == rec[1] * (1 << 40) + rec[2] and \
-            st.e_id[order[j]].tobytes() == raw and int(st.e_total[order[j]]) == rec[3]
+        return np.zeros(len(ids), bool)
+    g = st.distinct.lookup(ids) if groups is None else groups
+    ok = _recorded_ok_groups(st)
+    out = np.where(g >= 0, ok[np.maximum(g, 0)], False) if len(ok) else np.zeros(len(ids), bool)
+    if recorded.others:
+        for k, rec in _other_hits(recorded, ids, recorded.lookup(ids)):
+            out[k] = _other_ok(st, ids[k].tobytes(), rec)
     return out
+
+
+def _store_places(st) -> tuple[np.ndarray, np.ndarray]:
+    """Every entry of the store as (file number, offset) in one sorted integer, and the entries
+    in that order (made once per store index)."""
+    cache = st.__dict__.setdefault("_recorded_places", {})
+    if "places" not in cache:
+        numbers = np.array([f.number for f in st.files] or [0], np.int64)
+        keys = numbers[st.e_file] * _PLACE + st.e_offset if len(st.e_file) else np.zeros(0, np.int64)
+        order = np.argsort(keys)
+        cache["places"] = keys[order], order
+    return cache["places"]
+
+
+def _recorded_ok_groups(st) -> np.ndarray:
+    """Per distinct id of the store: whether the trusted index records it (a count above 0) on a
+    valid entry holding it, the id and total size there (every record checked at once, once per
+    store index)."""
+    cache = st.__dict__.setdefault("_recorded_places", {})
+    if "ok" in cache:
+        return cache["ok"]
+    recorded = recorded_index(st)
+    out = np.zeros(len(st.distinct), bool)
+    keys, order = _store_places(st)
+    if recorded is not None and len(keys) and len(recorded.ids):
+        f, o = recorded.file, recorded.offset
+        valid = (recorded.ref_count > 0) & (f >= 0) & (f < 1 << 23) & (o >= 0) & (o < _PLACE)
+        place = np.where(valid, f * _PLACE + o, -1)
+        by_place = np.argsort(place)  # searched in order: consecutive searches share the cache
+        j = np.empty(len(place), np.int64)
+        j[by_place] = np.minimum(np.searchsorted(keys, place[by_place]), len(keys) - 1)
+        e = order[j]
+        match = valid & (keys[j] == place) & (st.e_total[e] == recorded.total)
+        match &= (st.e_id[e].view(">u8").reshape(-1, 2) == recorded.ids.ids.view(">u8").reshape(-1, 2)).all(axis=1)
+        out[st.e_group[e[match]]] = True
+    cache["ok"] = out
+    return out
+
+
+def _other_ok(st, raw: bytes, rec: tuple) -> bool:
+    """``recorded_ok`` of one record a damaged dump holds apart (``Recorded.others``)."""
+    if not (isinstance(rec[0], int) and rec[0] > 0 and isinstance(rec[1], int) and isinstance(rec[2], int)):
+        return False
+    if not (0 <= rec[1] < 1 << 23 and 0 <= rec[2] < _PLACE):
+        return False
+    keys, order = _store_places(st)
+    i = int(np.searchsorted(keys, rec[1] * _PLACE + rec[2]))
+    return i < len(keys) and int(keys[i]) == rec[1] * _PLACE + rec[2] and \
+        st.e_id[order[i]].tobytes() == raw and int(st.e_total[order[i]]) == rec[3]
 
 
 @dataclass(frozen=True)
@@ -248,7 +250,7 @@ def queue_starts(vs) -> dict[str, QueueStart]:
     from cqforensics.model.versions import CONSTANTS
 
     seg = CONSTANTS["classic_queue_index_v2_segment_entry_count"][0]
-    terms = r_terms.recovery_terms(vs.vhost.recovery_dets)
+    terms = vs.term_files.recovery_terms(vs.vhost.recovery_dets)
     out = {}
     for q in vs.all_queue_dirs:
         t = terms.get(q.dir_name)
@@ -282,7 +284,7 @@ def queue_starts(vs) -> dict[str, QueueStart]:
 def clean_crashes(vs) -> tuple[set[str], bool]:
     """Clean recovery trusts the shutdown state, so a damaged message is only found when it is
     read for delivery, and that read crashes: (queues that crash, whether the whole vhost does)."""
-    if vs.recovery != "clean":
+    if vs.recovery != "clean" or not _may_crash(vs):
         return set(), False
     queues, vhost = set(), False
     for qx in vs.live_chunks(whole=True):
@@ -294,6 +296,37 @@ def clean_crashes(vs) -> tuple[set[str], bool]:
             shared = qx.rec.loc[qx.live] == Location.SHARED_STORE
             vhost |= bool((crashed & shared).any()) and vs.model.shared_read_crash_takes_vhost
     return queues, vhost
+
+
+def _refs_placed(vs) -> bool:
+    """Whether the trusted index places every persistent shared-store message the scan's
+    indexes hold right (``recorded_ok``): then none of them is missing from it or crashes its
+    read (no ``DELIVERY_CRASH``, ``NOT_IN_STORE_INDEX``, nor a failed read of an expired one)."""
+    if "_refs_placed" not in vs.__dict__:
+        st, refs = vs.stores.get("persistent"), vs.references.get("persistent")
+        vs.__dict__["_refs_placed"] = st is None or refs is None or not len(refs.ids) or \
+            bool(recorded_ok(st, refs.ids.ids).all())
+    return vs.__dict__["_refs_placed"]
+
+
+def _may_crash(vs) -> bool:
+    """Clean start: whether any held message could crash its read (``clean_crashes``), False
+    when none can: every persistent shared-store reference is placed right by the trusted
+    index (``recorded_ok``: no ``DELIVERY_CRASH``) and every ``.qs`` entry checks (no
+    ``crash_once``). The common case, proved without resolving every entry."""
+    if not _refs_placed(vs):
+        return True
+    for qx in vs.live_chunks(whole=True):
+        r, live = qx.rec, qx.live
+        in_qs = live[r.loc[live] == _QSTORE]
+        files = r.file[in_qs]
+        for f in np.unique(files).tolist():
+            sel = in_qs[files == f]
+            qs_path = qx.qs_of(f)
+            qs = vs.qs_files.get(qs_path) if qs_path is not None else None
+            if qs is None or (vs.bodies.qs_entries(qs, r.store_offset[sel], r.store_size[sel]) != QsStatus.OK).any():
+                return True
+    return False
 
 
 def lost_on_read(vs) -> set[str]:
@@ -326,6 +359,8 @@ def clean_restarts(vs) -> dict[str, list[str]]:
              if starts.get(q.dir_name) is not None and starts[q.dir_name].kind == "restart"}
     why: dict[str, str] = {}  # dir name -> its first reason found
     for sub in vs.each_share():
+        if _refs_placed(sub):  # no message of this share is missing from the trusted index
+            continue
         for qx in sub.live_chunks(whole=True):
             name = qx.qdir.dir_name
             if name in inits or name in why:
@@ -443,17 +478,19 @@ def shared_copies(st, kind: str, ids: np.ndarray, clean: bool) -> tuple[np.ndarr
     the body causes (-1: none). A dirty start scans the store: no copy its scan reaches loses the
     message (unreachable when the bytes are there). A clean start (``reads_clean``) trusts
     msg_store_index.ets, which must place each persistent id on a valid entry holding it."""
-    cp, ap = st.locate(ids)
+    g = st.distinct.lookup(ids)
+    cp, ap = st.locate_groups(g)
     problem = np.full(len(ids), -1, np.int8)
     if not clean:
         miss = cp < 0
         problem[miss] = np.where(ap[miss] >= 0, Fate.BODY_UNREACHABLE, Fate.BODY_MISSING)
     elif kind == "persistent":
-        bad = ~recorded_ok(st, ids)
+        bad = ~recorded_ok(st, ids, g)
         # an id it does not record at all: the read crashes the queue (541), and its restart
         # (a dirty index recovery asking the store, rabbit_msg_store:contains) drops it;
         # a restart after an init crash drops it without reading it
-        problem[bad] = np.where(recorded_has(st, ids)[bad], Fate.DELIVERY_CRASH, Fate.NOT_IN_STORE_INDEX)
+        if bad.any():
+            problem[bad] = np.where(recorded_has(st, ids[bad]), Fate.DELIVERY_CRASH, Fate.NOT_IN_STORE_INDEX)
     return cp, ap, problem
 
 

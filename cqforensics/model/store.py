@@ -22,7 +22,6 @@ from cqforensics.model.index import ID
 from cqforensics.model.versions import BrokerModel
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers import registry
-from cqforensics.readers import terms as r_terms
 
 #: stored entries a vhost's state may hold per pass: a vhost with more is read in id shares
 ENTRIES_PER_SHARE = 250_000
@@ -205,7 +204,7 @@ class Recorded:
             others = {k: v[1] for k, v in merged.items() if v[0] == "other"}
         else:
             others = {}
-        ids = np.ascontiguousarray(rows["id"])[::-1]  # the last record of an id first
+        ids = np.ascontiguousarray(rows["id"][::-1])  # the last record of an id first
         idset, _, firsts = IdSet.build(ids)
         firsts = len(rows) - 1 - firsts
         return cls(idset, *(np.ascontiguousarray(rows[c][firsts]) for c in ("ref_count", "file", "offset", "total")),
@@ -273,11 +272,14 @@ class StoreIndex:
 
     def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For ids: (claimed entry, first entry); -1 where none."""
-        g = self.distinct.lookup(ids)
+        return self.locate_groups(self.distinct.lookup(ids))
+
+    def locate_groups(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``locate`` of ids already looked up among the distinct ones (``distinct.lookup``)."""
         found = g >= 0
         gg = np.maximum(g, 0)
         if not len(self.claim):
-            return np.full(len(ids), -1, np.int64), np.full(len(ids), -1, np.int64)
+            return np.full(len(g), -1, np.int64), np.full(len(g), -1, np.int64)
         return np.where(found, self.claim[gg], -1), np.where(found, self.first[gg], -1)
 
 
@@ -362,10 +364,11 @@ def walk_positions(files: list[r_rdq.RdqFile]) -> tuple[np.ndarray, np.ndarray]:
     return joined, base
 
 
-def walk_store(store: StoreDir, model: BrokerModel, referenced: r_rdq.Referenced | None, parts: int) -> WalkedStore:
-    """Walk every file of the store once (trusting ``referenced``, see ``scan_store``) and sort
-    its entries out by share."""
-    referenced = _pinned(referenced, _recorded(store, Share(0, 1))[2])
+def walk_store(store: StoreDir, model: BrokerModel, referenced: r_rdq.Referenced | None, parts: int,
+               pinned: np.ndarray | None = None) -> WalkedStore:
+    """Walk every file of the store once (trusting ``referenced`` and ``pinned``, see
+    ``scan_store``) and sort its entries out by share."""
+    referenced = _pinned(referenced, pinned)
     out = WalkedStore([], Spill(ENTRY, parts), [[] for _ in range(parts)])
     for fi, f, reach in walk_files(store, model, referenced):
         rec = np.empty(len(f), ENTRY)
@@ -379,42 +382,48 @@ def walk_store(store: StoreDir, model: BrokerModel, referenced: r_rdq.Referenced
     return out
 
 
-def _recorded(store: StoreDir, share: Share | None) -> tuple[dict | None, bool, list[bytes]]:
-    """msg_store_index.ets: (its records of the share's ids, whether the stop was clean, every
-    16-byte id it records)."""
-    if not store.msg_store_index.exists():
-        return None, False, []
-    table = r_terms.read_ets(store.msg_store_index)
-    recorded, pinned = {}, []
-    for obj in table.objects:
-        if isinstance(obj, tuple) and len(obj) == 6 and obj[0] == "msg_location":
-            if isinstance(obj[1], bytes) and len(obj[1]) == 16:
-                pinned.append(obj[1])
-            if share is None or share.holds_key(obj[1]):
-                recorded[obj[1]] = (obj[2], obj[3], obj[4], obj[5])
-    clean = table.complete and store.clean_dot.exists() and store.file_summary.exists()
-    return recorded, clean, pinned
+@dataclass
+class StoreRecord:
+    """What a clean stop recorded of one store (``msg_store_index.ets``), for one scan: the
+    records of its share's ids as read (``recorded``: up to any damage) and as ets:file2tab
+    loads them for a clean start (``loaded``; the same object when the dump is undamaged),
+    whether the stop left a complete record (``clean``), and every 16-byte id recorded
+    (``pinned``: a walk trusts them). ``exists`` False: no such file (a killed store)."""
+
+    recorded: Recorded | None = None
+    loaded: Recorded | None = None
+    clean: bool = False
+    pinned: np.ndarray | None = None
 
 
-def _pinned(referenced: r_rdq.Referenced | None, pinned: list[bytes]) -> r_rdq.Referenced | None:
+def _pinned(referenced: r_rdq.Referenced | None, pinned: np.ndarray | None) -> r_rdq.Referenced | None:
     """The ids a walk trusts: ``referenced`` and ``pinned``, the ids msg_store_index.ets records
     (None: none)."""
-    if pinned:
-        extra = np.frombuffer(b"".join(pinned), ID)
-        referenced = r_rdq.Referenced(extra if referenced is None else
-                                      np.concatenate([np.frombuffer(referenced.sorted, ID), extra]))
+    if pinned is not None and len(pinned):
+        if referenced is None or not len(referenced):
+            referenced = r_rdq.Referenced(pinned)
+        else:  # only the ids not referenced already (after a clean stop, nearly none): no sort of them all
+            have = np.frombuffer(referenced.sorted, ID)
+            (hi, lo), (phi, plo) = id_halves(have), id_halves(np.ascontiguousarray(pinned))
+            i = np.minimum(_search(hi, phi), len(hi) - 1)
+            extra = pinned[~((hi[i] == phi) & (lo[i] == plo))]  # a high half shared: added, then deduplicated
+            if len(extra):
+                referenced = r_rdq.Referenced(np.concatenate([have, extra]))
     return referenced if referenced is not None and len(referenced) else None
 
 
 def scan_store(store: StoreDir, model: BrokerModel, refs: "References | None" = None, share: Share | None = None,
-               referenced: r_rdq.Referenced | None = None, walked: WalkedStore | None = None) -> StoreIndex:
+               referenced: r_rdq.Referenced | None = None, walked: WalkedStore | None = None,
+               record: StoreRecord | None = None) -> StoreIndex:
     """Walk every file of the store. The walk trusts (readers.rdq, "which candidates become
     entries") the ids the queue indexes reference into this store (``referenced``, else those
     of ``refs``) and those msg_store_index.ets records after a clean stop; the rest must earn
     their place. ``share``: keep only the entries (and records) of the share's ids, from the
     store ``walked`` once for every share (``walk_store``), else from a walk of its own; either
-    walk trusts every referenced id, so a share's entries are exactly those of the whole walk."""
-    recorded, clean, pinned = _recorded(store, share)
+    walk trusts every referenced id, so a share's entries are exactly those of the whole walk.
+    ``record``: the store's clean-shutdown record (``StoreRecord``, of the share's ids)."""
+    record = record or StoreRecord()
+    recorded, clean, pinned = record.recorded, record.clean, record.pinned
     if walked is not None and share is not None:
         files, bad = walked.files, walked.bad[share.k]
         rec = walked.entries.load(share.k)
@@ -442,7 +451,7 @@ def scan_store(store: StoreDir, model: BrokerModel, refs: "References | None" = 
     joined, base = walk_positions(files)  # an appended .rdt's entries follow its .rdq's, in that file
     claim = recovery.claims(joined[e_file], e_offset + base[e_file], reach, group, len(distinct), model)
     return StoreIndex(store, files, e_file, e_offset, e_total, e_id, reach, group, distinct, copies, first, claim,
-                      bad, recorded, clean, share)
+                      bad, recorded, clean, share, record.loaded)
 
 
 @dataclass

@@ -189,6 +189,8 @@ def disk_log_walk(data, lenient: bool, path: Path = Path("-"), sink=None) -> Log
                     continue
                 keep[k + 1:] = False  # a strict read stops at it
                 out.error, stopped = term, True
+                # the items the core walked past it are not read: only those up to it count
+                found["md5_items"] = bool((found["lengths"][:k + 1] >= c_disklog.MIN_MD5_TERM).any())
                 break
             row = _location_row(term)
             if row is None:
@@ -371,8 +373,13 @@ class EtsDump:
             return np.arange(1, max(1, n - (self.end_marker() is not None)), dtype=np.int64)
         if self.status is None or not n or not (items.is_row(0) or isinstance(items.terms[0], (list, tuple))):
             return None
-        ends = [k for k, t in items.terms.items() if _is_end(t)]
-        return np.setdiff1d(np.arange(1, n, dtype=np.int64), ends) if ends else np.arange(1, n, dtype=np.int64)
+        keep = np.ones(n, bool)
+        keep[[0] + [k for k, t in items.terms.items() if _is_end(t)]] = False
+        return np.flatnonzero(keep).astype(np.int64)
+
+    def loads(self) -> bool:
+        """Whether ``ets:file2tab`` loads the dump (a header and a table info item)."""
+        return self._object_items(True) is not None
 
     def rows_are_records(self, loaded: bool = False) -> bool:
         """Whether the walk's ``LOCATION`` rows are exactly the table's objects (no other object,
@@ -469,6 +476,10 @@ class TermFiles:
 
     def __init__(self):
         self._memo: dict = {}
+        #: path -> the sink its dump's rows go to (``read_ets_dump``), set before it is read, and
+        #: whatever the sink keeps them in (the caller's)
+        self.sinks: dict = {}
+        self.spills: dict = {}
 
     def _get(self, key, make):
         if key not in self._memo:
@@ -481,9 +492,9 @@ class TermFiles:
     def clean_dot(self, path: Path) -> dict | None:
         return self._get(("clean.dot", path), lambda: clean_dot(path))
 
-    def ets(self, path: Path, sink=None) -> EtsDump:
-        """``read_ets_dump`` of ``path``; ``sink`` serves the first call only (it decodes)."""
-        return self._get(("ets", path), lambda: read_ets_dump(path, sink))
+    def ets(self, path: Path) -> EtsDump:
+        """``read_ets_dump`` of ``path``, its rows handed to ``sinks[path]`` when there is one."""
+        return self._get(("ets", path), lambda: read_ets_dump(path, self.sinks.get(path)))
 
     def file_summary(self, path: Path) -> dict[int, tuple]:
         return self._get(("file_summary", path), lambda: file_summary_records(path, self.ets(path)))
