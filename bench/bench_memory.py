@@ -66,7 +66,7 @@ from make_store import (CACHE, _link_tree, build, build_clean, build_scaled, nod
 TABLES = ("refcounts", "store", "messages")  # the default
 WRITERS = ("compact", "rebuild")
 METADATA = ("coordination", "rabbitmq_metadata")  # what writer_node leaves out
-ALL_TABLES = ("refcounts", "store", "messages", "index", "acks", "holes", "files", "queues", "findings")
+ALL_TABLES = ("refcounts", "store", "messages", "index", "acks", "holes", "files", "queues", "findings", "fsck")
 
 
 def writer_node(node: Path) -> Path:
@@ -96,8 +96,12 @@ from cqforensics.model import store
 store.ENTRIES_PER_SHARE = int(sys.argv[4]) or store.ENTRIES_PER_SHARE
 t0 = time.perf_counter()
 rows = 0
-for b in cqforensics.iter_batches(sys.argv[2], sys.argv[3]):
-    rows += b.num_rows
+if sys.argv[3] == "fsck":  # the checks of the fsck command: rows are the messages checked
+    from cqforensics import fsck
+    rows = sum(q.messages for q in fsck.run([sys.argv[2]]).queues)
+else:
+    for b in cqforensics.iter_batches(sys.argv[2], sys.argv[3]):
+        rows += b.num_rows
 dt = time.perf_counter() - t0
 ru = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"rows": rows, "seconds": dt, "cpu_seconds": ru.ru_utime + ru.ru_stime, "peak_rss_mb": ru.ru_maxrss / 1024}))
