@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 
 from cqforensics.codes import Fate, Location, QsStatus, RecordKind
-from cqforensics.model.index import ID
 from cqforensics.model.versions import BrokerModel
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
@@ -148,7 +147,7 @@ def _other_hits(recorded, ids: np.ndarray, pos: np.ndarray):
     others = recorded.other_ids()
     if not others:
         return
-    keys = np.frombuffer(b"".join(others), ID)
+    keys = np.frombuffer(b"".join(others), ids.dtype)
     for k in np.flatnonzero((pos < 0) & np.isin(ids, keys)).tolist():
         yield k, others[ids[k].tobytes()]
 
