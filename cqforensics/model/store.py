@@ -393,7 +393,13 @@ class StoreRecord:
     recorded: Recorded | None = None
     loaded: Recorded | None = None
     clean: bool = False
-    pinned: np.ndarray | None = None
+    pinned_ids: object = None  # an array, or what makes it when first asked (``pinned``)
+
+    @property
+    def pinned(self) -> np.ndarray | None:
+        if callable(self.pinned_ids):
+            self.pinned_ids = self.pinned_ids()
+        return self.pinned_ids
 
 
 def _pinned(referenced: r_rdq.Referenced | None, pinned: np.ndarray | None) -> r_rdq.Referenced | None:
@@ -423,7 +429,7 @@ def scan_store(store: StoreDir, model: BrokerModel, refs: "References | None" = 
     walk trusts every referenced id, so a share's entries are exactly those of the whole walk.
     ``record``: the store's clean-shutdown record (``StoreRecord``, of the share's ids)."""
     record = record or StoreRecord()
-    recorded, clean, pinned = record.recorded, record.clean, record.pinned
+    recorded, clean = record.recorded, record.clean
     if walked is not None and share is not None:
         files, bad = walked.files, walked.bad[share.k]
         rec = walked.entries.load(share.k)
@@ -432,7 +438,7 @@ def scan_store(store: StoreDir, model: BrokerModel, refs: "References | None" = 
     else:
         if referenced is None and refs is not None and len(refs.ids):
             referenced = r_rdq.Referenced(refs.ids.ids)
-        referenced = _pinned(referenced, pinned)
+        referenced = _pinned(referenced, record.pinned)
         files, parts, bad = [], [], []
         for fi, f, reach in walk_files(store, model, referenced):
             keep = share.holds(f.msg_ids) if share is not None else slice(None)

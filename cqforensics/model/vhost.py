@@ -311,6 +311,18 @@ class VhostScan:
                     lambda rows, _, spill=spill: spill.add(rows, id_share(np.ascontiguousarray(rows["id"]), parts))
         return files
 
+    def recorded_ids(self, kind: str) -> np.ndarray | None:
+        """Every 16-byte id store ``kind``'s ``msg_store_index.ets`` records (every share's: a
+        walk trusts them), without building its records."""
+        st = self.vhost.stores[kind]
+        if not st.msg_store_index.exists():
+            return None
+        dump = self.term_files.ets(st.msg_store_index)
+        if dump.items.rows is None:  # sorted out by share: a share's rows at a time, only the ids kept
+            spill = self.term_files.spills[st.msg_store_index]
+            return np.concatenate([np.ascontiguousarray(spill.load(k)["id"]) for k in range(spill.parts)])
+        return self.store_record(kind).pinned
+
     def store_record(self, kind: str) -> StoreRecord:
         """The clean-shutdown record of store ``kind`` (``model.store.StoreRecord``): its
         ``msg_store_index.ets`` decoded once per read (``term_files``), the records of this
@@ -325,8 +337,7 @@ class VhostScan:
             rows = spill.load(self.share.k) if self.share is not None else \
                 np.concatenate([spill.load(k) for k in range(spill.parts)])
             recorded = Recorded.build(rows)
-            pinned = np.concatenate([spill.load(k)["id"] for k in range(spill.parts)])
-            return StoreRecord(recorded, recorded, clean, pinned)
+            return StoreRecord(recorded, recorded, clean, lambda: self.recorded_ids(kind))
         locs = dump.locations()
         recorded = Recorded.build(locs.rows, locs.others, locs.row_positions, self.share)
         loaded = recorded
@@ -357,7 +368,7 @@ class VhostScan:
         if what in ("refs", "live"):  # one pass over the indexes makes both when both are wanted
             self._spill_indexes(parts, refs=("refs", parts) not in self.spills, live=what == "live")
             return self.spills[key]
-        out = {kind: walk_store(st, self.model, self.trusted(kind), parts, self.store_record(kind).pinned)
+        out = {kind: walk_store(st, self.model, self.trusted(kind), parts, self.recorded_ids(kind))
                for kind, st in sorted(self.vhost.stores.items())}
         self.spills[key] = out
         return out
