@@ -1,5 +1,5 @@
 """e2fsck-style exit codes (bits): ``cqforensics.exitcodes``, re-exported."""
 
-from cqforensics.exitcodes import ERRORS_LEFT, FIXED, INTERRUPTED, OK, OPERATIONAL, USAGE
+from cqforensics.exitcodes import ERRORS_LEFT, FIXED, INCOMPLETE, INTERRUPTED, OK, OPERATIONAL, USAGE
 
-__all__ = ["OK", "FIXED", "ERRORS_LEFT", "OPERATIONAL", "USAGE", "INTERRUPTED"]
+__all__ = ["OK", "FIXED", "INCOMPLETE", "ERRORS_LEFT", "OPERATIONAL", "USAGE", "INTERRUPTED"]

@@ -17,7 +17,22 @@ log = logging.getLogger("cqforensics.cli")
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # usage errors: one line, exit 16 (not argparse's usage block and 2)
-        self.exit(exitcodes.USAGE, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+        self.exit(exitcodes.USAGE, f"{self.prog}: error: {' '.join(message.split())}{did_you_mean(message)} "
+                                   f"(see {self.prog} --help)\n")
+
+
+def did_you_mean(message: str) -> str:
+    """``; did you mean 'fsck'?`` for argparse's "invalid choice" of a command or an option value
+    (the close choices), else ''."""
+    import difflib
+    import re
+
+    m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message, re.S)
+    if not m:
+        return ""
+    choices = re.findall(r"'([^']*)'", m.group(2))
+    close = difflib.get_close_matches(m.group(1), choices, n=3, cutoff=0.5)
+    return f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
 
 
 def _int_at_least(low: int):
@@ -58,7 +73,12 @@ def _as_of(text: str) -> int:
 
 def add_force(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--force", action="store_true",
-                   help=f"overwrite {what} if it exists (never allowed: an output inside an input)")
+                   help=f"replace {what} if it is a previous output of cqforensics, unchanged since written "
+                        "(never anything else: an input, RabbitMQ data, a file cqforensics did not write)")
+
+
+def add_quiet(p: argparse.ArgumentParser, text: str = "no progress on stderr (shown only on a terminal)") -> None:
+    p.add_argument("-q", "--quiet", action="store_true", help=text)
 
 
 def add_read_options(p: argparse.ArgumentParser) -> None:
@@ -100,10 +120,11 @@ def read_options(args) -> dict:
 
 def cmd_read(args) -> int:
     """Print or save one table (see README: Tables), streamed: rows are printed or written as
-    they are read, so the first rows show at once and memory stays flat. --out FILE: not inside
-    an input, not an existing file unless --force; written under a temporary name and renamed
-    when complete (removed on an error or Ctrl-C). Parquet is written in row groups of up to
-    64k rows / about 64 MB."""
+    they are read, so the first rows show at once and memory stays flat. --out FILE: an output
+    (``cqforensics.outputs``: never inside an input or RabbitMQ data; an existing file only with
+    --force and only if cqforensics wrote it); written under a temporary name and renamed when
+    complete (removed on an error or Ctrl-C), with its manifest beside it. Parquet is written in
+    row groups of up to 64k rows / about 64 MB."""
     import cqforensics
 
     columns = args.columns.split(",") if args.columns else None
@@ -117,20 +138,32 @@ def cmd_read(args) -> int:
 
         raise UsageError("--format parquet needs --out FILE")
     else:
-        return _read_rows(args, columns, opts, sys.stdout)
-    from cqforensics.export import ParquetSink, staged_file
+        _say_expired(_read_rows(args, columns, opts, sys.stdout)[1], opts)
+        return exitcodes.OK
+    from cqforensics.errors import plural
+    from cqforensics.export import ParquetSink
+    from cqforensics.outputs import staged_file
 
-    with staged_file(target, "wb" if args.format == "parquet" else "w") as out:
-        if args.format == "parquet":
-            from cqforensics.driver import check_columns
+    progress = _shown(args)
+    opts["progress"] = progress
+    try:
+        with staged_file(target, "wb" if args.format == "parquet" else "w", replace=args.force, command="read",
+                         inputs=args.paths) as out:
+            if args.format == "parquet":
+                from cqforensics.driver import check_columns
 
-            with ParquetSink(out, check_columns(args.table, columns)) as sink:
-                for batch in _limited(cqforensics.iter_batches(args.paths, args.table, columns=columns, **opts),
-                                      args.limit):
-                    sink.write(batch)
-            print(f"{sink.num_rows} rows -> {target}", file=sys.stderr)
-        else:
-            _read_rows(args, columns, opts, out)
+                with ParquetSink(out, check_columns(args.table, columns)) as sink:
+                    for batch in _limited(cqforensics.iter_batches(args.paths, args.table, columns=columns, **opts),
+                                          args.limit):
+                        sink.write(batch)
+                rows, expired = sink.num_rows, 0
+            else:
+                rows, expired = _read_rows(args, columns, opts, out)
+    finally:
+        if progress:
+            progress.close()
+    print(f"{plural(rows, 'row')} -> {target}", file=sys.stderr)
+    _say_expired(expired, opts)
     return exitcodes.OK
 
 
@@ -148,17 +181,27 @@ def _limited(batches, limit: int | None):
             break
 
 
-def _read_rows(args, columns, opts, out) -> int:
-    """Rows as JSON lines or an aligned text table, written (and flushed) batch by batch."""
+def _read_rows(args, columns, opts, out) -> tuple[int, int]:
+    """Rows as JSON lines or an aligned text table, written (and flushed) batch by batch; the
+    number of rows, and of those the clock judged expired. The text table of a wide table shows
+    its main columns (``render.TEXT_COLUMNS``; a terminal is told so)."""
     import cqforensics
     from cli import render
 
     table = None
     if args.format == "table":
-        cols = columns or [c for c in cqforensics.schema(args.table).names if c not in ("body",)]
+        cols = columns or render.TEXT_COLUMNS.get(args.table) or [
+            c for c in cqforensics.schema(args.table).names if c not in ("body",)]
+        if not columns and args.table in render.TEXT_COLUMNS and sys.stderr.isatty():
+            print(f"cqforensics: the {args.table} table's main columns; --columns A,B or --format jsonl for others",
+                  file=sys.stderr)
         table = render.TextTable(cols, out)
+    n = expired = 0
     for batch in _limited(cqforensics.iter_batches(args.paths, args.table, columns=columns, **opts), args.limit):
         rows = batch.to_pylist()
+        n += len(rows)
+        if "drop_reason" in batch.schema.names:
+            expired += batch.column("drop_reason").to_pylist().count("expired")
         if table is not None:
             table.write(rows)
         else:
@@ -166,37 +209,81 @@ def _read_rows(args, columns, opts, out) -> int:
             out.flush()
     if table is not None:
         table.close()
-    return exitcodes.OK
+    return n, expired
 
 
-def _progress(enabled: bool):
-    """The progress callback of a long command: ``(text, done_bytes, total_bytes)`` per vhost.
-    On a terminal, a tqdm bar with bytes, rate and ETA (one per node); elsewhere, one line per step."""
-    if not enabled:
-        return None
-    if not sys.stderr.isatty():
-        def line(text: str, done: int | None = None, total: int | None = None) -> None:
-            sys.stderr.write(f"{text}\n")
-            sys.stderr.flush()
+def _say_expired(expired: int, opts: dict) -> None:
+    """On stderr: how many rows the clock's time made expired (when --as-of named no time)."""
+    if expired and not opts.get("as_of"):
+        from cli import render
+        from cqforensics.provenance import iso, now_ms
 
-        return line
-    from tqdm import tqdm
+        print(f"cqforensics: {render.ttl_line({'expired': expired, 'ttls_judged_at': iso(now_ms())})}",
+              file=sys.stderr)
 
-    bar = None
 
-    def show(text: str, done: int | None = None, total: int | None = None) -> None:
-        nonlocal bar
-        if bar is None or (total is not None and bar.total != total) or (done is not None and done < bar.n):
-            if bar is not None:
-                bar.close()
-            bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr, leave=False,
-                       dynamic_ncols=True)
-        bar.set_description_str(text, refresh=False)
-        if done is not None:
-            bar.update(done - bar.n)
-        bar.refresh()
+class ProgressDisplay:
+    """Where a long command shows how far it is, on stderr: ``(text, done, total)`` per step
+    (``cqforensics.driver.Progress`` makes them). On a terminal, one tqdm bar: bytes done and in
+    all, rate and time left, the step's text (``node 8 of 30: ...``); elsewhere (``--progress``
+    with stderr piped), one line each time the text changes. ``close`` clears the bar;
+    ``suspended`` clears it while the command writes to a terminal it shares."""
 
-    return show
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.bar = None
+        self.last = None
+
+    def __call__(self, text: str, done: int | None = None, total: int | None = None) -> None:
+        if not self.tty:
+            if text != self.last:
+                self.stream.write(f"{text}\n")
+                self.stream.flush()
+            self.last = text
+            return
+        from tqdm import tqdm
+
+        if self.bar is None or (total is not None and self.bar.total != total):
+            if self.bar is not None:
+                self.bar.close()
+            self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, file=self.stream,
+                            leave=False, dynamic_ncols=True, mininterval=0.2)
+        if text != self.last:
+            self.bar.set_description_str(text, refresh=False)
+            self.last = text
+        if done is not None and done != self.bar.n:
+            self.bar.update(done - self.bar.n)  # tqdm redraws at most every mininterval
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def suspended(self):
+        """A context in which the bar is cleared (and redrawn after): for output to the terminal."""
+        import contextlib
+
+        if self.bar is None:
+            return contextlib.nullcontext()
+        from tqdm import tqdm
+
+        return tqdm.external_write_mode(file=self.stream)
+
+
+def _progress(enabled: bool) -> ProgressDisplay | None:
+    """The progress display of a long command when ``enabled`` (see ``ProgressDisplay``)."""
+    return ProgressDisplay() if enabled else None
+
+
+def _shown(args, *exclusive: str) -> ProgressDisplay | None:
+    """Progress for a command that shows it on a terminal: stderr is one, and neither -q nor an
+    option in ``exclusive`` (a machine output on stdout: --json) is given; ``--progress``
+    (where the command has it) shows it whatever stderr is."""
+    on = getattr(args, "progress", False) or (
+        sys.stderr.isatty() and not getattr(args, "quiet", False) and not any(getattr(args, o, False)
+                                                                              for o in exclusive))
+    return _progress(on)
 
 
 def cmd_fsck(args) -> int:
@@ -210,16 +297,18 @@ def cmd_fsck(args) -> int:
         from cqforensics.errors import UsageError
 
         raise UsageError("--json and --jsonl exclude each other")
-    progress = _progress(args.progress or (sys.stderr.isatty() and not (args.quiet or args.json or args.jsonl)))
+    progress = _shown(args, "json", "jsonl")
     report = None
-    for item in fsck_mod.fsck(args.paths, deep=args.deep, assume_dirty=args.assume_dirty, progress=progress, jobs=args.jobs,
-                              **read_options(args), **filters(args)):
-        if isinstance(item, fsck_mod.Report):
-            report = item
-        elif args.jsonl:
-            render.write_jsonl([item.to_dict()])
-    if progress and sys.stderr.isatty():
-        sys.stderr.write("\r\x1b[K")
+    try:
+        for item in fsck_mod.fsck(args.paths, deep=args.deep, assume_dirty=args.assume_dirty, progress=progress,
+                                  jobs=args.jobs, **read_options(args), **filters(args)):
+            if isinstance(item, fsck_mod.Report):
+                report = item
+            elif args.jsonl:
+                render.write_jsonl([item.to_dict()])
+    finally:
+        if progress:
+            progress.close()
     for n in report.nodes:
         for w in n.warnings:
             print(f"cqforensics: warning: {n.path}: {w}", file=sys.stderr)
@@ -254,12 +343,25 @@ def cmd_export(args) -> int:
     """Recover the messages the indexes hold (properties, typed headers, bodies) into
     DIR/messages.jsonl or DIR/messages.parquet; --all adds acked and dropped messages whose
     bodies are still readable."""
+    from cli import render
     from cqforensics.export import export
 
-    result = export(args.paths, args.format, args.out, everything=args.all, force=args.force, **read_options(args),
-                    **filters(args))
-    counts = ", ".join(f"{n} {k}" for k, n in sorted(result["rows"].items())) or "no rows"
+    progress = _shown(args)
+    try:
+        result = export(args.paths, args.format, args.out, everything=args.all, force=args.force, progress=progress,
+                        **read_options(args), **filters(args))
+    finally:
+        if progress:
+            progress.close()
+    counts = ", ".join(f"{n:,} {k}" for k, n in sorted(result["rows"].items())) or "no rows"
     print(f"{result['file']}: {counts}", file=sys.stderr)
+    ttl = render.ttl_line({"expired": result["expired"], "ttls_judged_at": result["as_of"],
+                           "ttls_judged_by": "as_of" if result["as_of_given"] else "clock"})
+    if ttl:
+        print(ttl, file=sys.stderr)
+    for node, kinds in result["not_read"].items():
+        for u in kinds:
+            print(f"NOT READ on {node}: {render.not_read_line(u)}: not in the export", file=sys.stderr)
     return exitcodes.OK
 
 
@@ -270,7 +372,10 @@ def cmd_find(args) -> int:
     hit: where its bytes are (file, offset), its queue and index entry, and its fate.
 
     Exit: 0 (also when nothing is found: "0 hit(s)" on stderr), 8 operational error, 16 usage."""
+    import contextlib
+
     from cli import render
+    from cqforensics.errors import plural
     from cqforensics.export import find
 
     body = args.body.encode() if args.body is not None else None
@@ -281,68 +386,103 @@ def cmd_find(args) -> int:
             from cqforensics.errors import UsageError
 
             raise UsageError(f"--body-hex: not hex: {args.body_hex!r}") from None
+    progress = _shown(args)
     hits = find(args.paths, msg_ids=args.msg_id or (), body=body or None, message_ids=args.message_id or (),
-                **read_options(args), **filters(args))
+                progress=progress, **read_options(args), **filters(args))
     table = None if args.jsonl else render.TextTable(
         ["vhost", "queue", "source", "fate", "msg_id", "file", "offset", "index"], sys.stdout, max_width=80)
     n = 0
-    for h in hits:
-        n += 1
-        if table is None:
-            render.write_jsonl([{**h, "msg_id": h["msg_id"].hex() if h["msg_id"] is not None else None}])
-            sys.stdout.flush()
-            continue
-        bytes_at = (h["store_file"], h["store_offset"]) if h["store_file"] else (h["file"], h["offset"])
-        index = f"{h['file']}@{h['offset']}" if h["store_file"] and h["file"] != h["store_file"] else None
-        queue = h["queue"] if h["priority"] is None else f"{h['queue']} [p{h['priority']}]"
-        table.write([{**h, "queue": queue, "file": bytes_at[0], "offset": bytes_at[1], "index": index}])
+    try:
+        for h in hits:
+            n += 1
+            with progress.suspended() if progress else contextlib.nullcontext():
+                if table is None:
+                    render.write_jsonl([{**h, "msg_id": h["msg_id"].hex() if h["msg_id"] is not None else None}])
+                    sys.stdout.flush()
+                    continue
+                bytes_at = (h["store_file"], h["store_offset"]) if h["store_file"] else (h["file"], h["offset"])
+                index = f"{h['file']}@{h['offset']}" if h["store_file"] and h["file"] != h["store_file"] else None
+                queue = h["queue"] if h["priority"] is None else f"{h['queue']} [p{h['priority']}]"
+                table.write([{**h, "queue": queue, "file": bytes_at[0], "offset": bytes_at[1], "index": index}])
+    finally:
+        if progress:
+            progress.close()
     if table is not None and n:
         table.close()
-    print(f"{n} hit(s)", file=sys.stderr)
+    print(plural(n, "hit"), file=sys.stderr)
     return exitcodes.OK
 
 
 def cmd_audit(args) -> int:
     """Orphaned messages and their bytes, the queues the orphans would have reached (the metadata's
     bindings), duplicates (by message id and by content) across queues,
-    reference counts against a clean shutdown's recorded index, live vs garbage bytes per file
-    and what a compaction would reclaim."""
+    reference counts against a clean shutdown's recorded index (problems as fsck counts them),
+    live vs garbage bytes per file and what a compaction would reclaim; every row names its
+    node. --vhost/--queue narrow it."""
     import json
 
     from cli import render
     from cqforensics.audit import audit
+    from cqforensics.errors import plural
 
-    a = audit(args.paths, **read_options(args))
+    progress = _shown(args, "json")
+    try:
+        a = audit(args.paths, progress=progress, **read_options(args), **filters(args))
+    finally:
+        if progress:
+            progress.close()
     if args.json:
         print(json.dumps(render.jsonable(a), ensure_ascii=False, sort_keys=True, indent=1))
         return exitcodes.OK
     out = sys.stdout
+    fleet = len(a["nodes"]) > 1
+    where = ["node"] if fleet else []  # a fleet's rows name their node
+
+    def table(rows, columns, **kw):
+        render.text_table(rows, where + columns, out, **kw)
+
+    narrowed = [f"{k[:-1]} {', '.join(map(repr, v))}" for k, v in a["filters"].items() if v]
+    out.write(f"audit of {plural(len(a['nodes']), 'node')}" + (f", narrowed to {'; '.join(narrowed)}" if narrowed
+                                                               else "") + "\n")
+    if a["filters"]["queues"]:
+        out.write("  (with --queue: shared-store files are left out, and the store entries but for the orphans "
+                  "that would have reached those queues)\n")
+    for n in a["nodes"]:
+        for u in n["not_read"]:
+            out.write(f"  NOT READ on {n['node']}: {render.not_read_line(u)}\n")
     c = a["compaction"]
-    out.write(f"store files: {c['store_bytes']} bytes, {c['reclaimable_bytes']} reclaimable by compaction "
+    what = "their .qs files" if a["filters"]["queues"] else "store files"
+    out.write(f"\n{what}: {plural(c['store_bytes'], 'byte')}, {c['reclaimable_bytes']:,} reclaimable by compaction "
               f"({100 * c['reclaimable_ratio']:.0f}%)\n\n")
     if a["orphans"]:
         out.write("orphaned / duplicate / corrupt shared-store entries:\n")
-        render.text_table(a["orphans"], ["vhost", "file", "status", "entries", "bytes"], out, max_width=90)
+        table(a["orphans"], ["vhost", "file", "status", "entries", "bytes"], max_width=90)
         out.write("\n")
     if a["orphans_by_queue"]:
         out.write("orphaned entries by the queue their exchange and routing keys reach (- none, ? unknown):\n")
         rows = [{**g, "queue": g["queue"] or ("?" if g["queue"] is None else "-")} for g in a["orphans_by_queue"]]
-        render.text_table(rows, ["vhost", "queue", "entries", "bytes"], out, max_width=90)
+        table(rows, ["vhost", "queue", "entries", "bytes"], max_width=90)
         out.write("\n")
     for key, label in (("duplicates_by_message_id", "message_id"), ("duplicates_by_content", "body_sha256")):
         groups = a[key]
-        out.write(f"{key.replace('_', ' ')}: {len(groups)} groups\n")
+        out.write(f"{key.replace('_', ' ')}: {plural(len(groups), 'group')}\n")
         rows = [{**g, "queues": ",".join(g["queues"])} for g in groups[:20]]
         if rows:
-            render.text_table(rows, ["vhost", label, "copies", "kind", "queues"], out, max_width=60)
+            table(rows, ["vhost", label, "copies", "kind", "queues"], max_width=60)
         out.write("\n")
-    out.write(f"reference count problems: {len(a['refcount_problems'])}\n")
-    if a["refcount_problems"]:
-        render.text_table(a["refcount_problems"][:20], ["vhost", "msg_id", "copies", "computed_refs",
-                                                         "recorded_refs", "status"], out)
+    problems = a["refcount_problems"]
+    out.write(f"reference count problems: {len(problems)} (as fsck counts them: a persistent message's body in no "
+              "store file, msg-missing; a recorded count the indexes contradict, refcount-mismatch)\n")
+    if problems:
+        table(problems[:20], ["vhost", "msg_id", "copies", "computed_refs", "recorded_refs", "status"])
+        if len(problems) > 20:
+            out.write(f"... and {len(problems) - 20:,} more (--json lists them all)\n")
+    for t in a["transient_bodies_missing"]:
+        out.write(f"  not a problem: {'node ' + t['node'] + ' ' if fleet else ''}vhost {t['vhost']!r}: "
+                  f"{plural(t['entries'], 'transient message')} whose body is in no transient-store file (the next "
+                  "boot drops transient messages whatever, and deletes that store)\n")
     out.write("\nfiles (live vs garbage):\n")
-    render.text_table(a["files"], ["vhost", "queue", "file", "kind", "size", "live_bytes", "garbage_bytes"], out,
-                      max_width=90)
+    table(a["files"], ["vhost", "queue", "file", "kind", "size", "live_bytes", "garbage_bytes"], max_width=90)
     return exitcodes.OK
 
 
@@ -350,7 +490,7 @@ def _rewrite(args, command: str) -> int:
     from cli import render
     from cqforensics.write import salvage
 
-    progress = _progress(args.progress or (sys.stderr.isatty() and not (args.quiet or args.json)))
+    progress = _shown(args, "json")
     kw = {"broker_version": args.broker_version} if args.broker_version else {}
     if args.source_version:
         kw["source_version"] = args.source_version
@@ -371,8 +511,8 @@ def _report(result, as_json: bool, as_text, progress) -> int:
 
     from cli import render
 
-    if progress and sys.stderr.isatty():
-        sys.stderr.write("\r\x1b[K")
+    if progress:
+        progress.close()
     if as_json:
         print(json.dumps(render.jsonable(result.to_dict()), ensure_ascii=False, sort_keys=True, indent=1))
     else:
@@ -387,7 +527,9 @@ def cmd_compact(args) -> int:
     broker rebuilds its indexes at the next boot. SRC is never modified; DST must not exist (or
     be empty); the output is verified before it is renamed into place.
 
-    Exit: 0 done, 4 SRC is damaged (use rebuild; nothing written), 8 operational error, 16 usage."""
+    Exit: 0 done, 4 SRC is damaged (use rebuild; nothing written) or the output is written but the
+    --broker-version cannot boot it as it is (the report says why: use --template), 8 operational
+    error, 16 usage (an output path the rule of every output refuses: README, docs/evidence.md)."""
     return _rewrite(args, "compact")
 
 
@@ -397,7 +539,8 @@ def cmd_rebuild(args) -> int:
     failed CRC, undecodable, unreferenced) goes to DST/lost+found/ with the reason; the report
     says what was salvaged, quarantined and lost, queue by queue.
 
-    Exit: 0 nothing needed repair, 1 damage repaired (see the report), 8 operational, 16 usage."""
+    Exit: 0 nothing needed repair, 1 damage repaired (see the report), +4 the output is written
+    but the --broker-version cannot boot it as it is (use --template), 8 operational, 16 usage."""
     return _rewrite(args, "rebuild")
 
 
@@ -435,17 +578,22 @@ def cmd_report(args) -> int:
     """Write one self-contained HTML page (no network, no script) to look at: per node and vhost,
     a map of the shared-store files (live / orphan / garbage / hole byte ranges), the queues with
     what the next boot delivers and drops and why, the findings grouped by code with file and
-    offset, and a fleet summary for a folder of many nodes. --html FILE: not an existing file
-    unless --force, never inside an input.
+    offset, and a fleet summary for a folder of many nodes. --html FILE: an output
+    (``cqforensics.outputs``: never inside an input or RabbitMQ data; an existing file only with
+    --force and only if cqforensics wrote it).
 
     Exit: 0 written, 8 operational error, 16 usage."""
-    from cqforensics.export import staged_file
-    from cqforensics.outputs import check_output
+    from cqforensics.outputs import check_output, staged_file
     from cqforensics.report import render
 
     target = check_output(args.html, args.paths, force=args.force)
-    page = render(args.paths, **read_options(args), **filters(args))
-    with staged_file(target, "w") as out:
+    progress = _shown(args)
+    try:
+        page = render(args.paths, progress=progress, **read_options(args), **filters(args))
+    finally:
+        if progress:
+            progress.close()
+    with staged_file(target, "w", replace=args.force, command="report", inputs=args.paths) as out:
         out.write(page)
     print(f"report -> {target}", file=sys.stderr)
     return exitcodes.OK
@@ -457,6 +605,7 @@ def cmd_republish(args) -> int:
     messages over AMQP 1.0), one confirmed publish at a time, recorded in a journal so that a
     rerun after an interruption neither loses nor duplicates a message. By default what the next
     boot would deliver; --only-dropped: what it would drop but is still readable."""
+    from cqforensics.errors import plural, queue_ref
     from cqforensics.model.options import parse_as_of
     from cqforensics.republish import read_ids, republish
 
@@ -476,12 +625,13 @@ def cmd_republish(args) -> int:
     else:
         verb = "would send" if report.dry_run else "sent"
         n = report.planned - report.already if report.dry_run else report.sent
-        print(f"{verb} {n} publish(es) ({report.copies} queue copies planned in all); "
-              f"{report.already} confirmed by an earlier run; {len(report.failed)} failed; journal {report.journal}")
+        print(f"{verb} {plural(n, 'publish')} ({plural(report.copies, 'queue copy')} planned in all); "
+              f"{report.already:,} confirmed by an earlier run; {len(report.failed):,} failed; journal {report.journal}")
         for q, k in sorted(report.by_queue.items()):
             print(f"  {q}: {k}")
         for f in report.failed:
-            print(f"  FAILED {f['vhost']}/{','.join(f['queues'])} msg_id={f['msg_id']}: {f['why']}")
+            print(f"  FAILED {', '.join(queue_ref(f['vhost'], q) for q in f['queues'])} msg_id={f['msg_id']}: "
+                  f"{f['why']}")
         for k, v in sorted(report.skipped.items()):
             print(f"  not sent: {v} ({k})")
         for k, v in sorted(report.in_doubt.items()):
@@ -537,9 +687,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--format", required=True, choices=("jsonl", "parquet"),
                    help="DIR/messages.jsonl (bodies base64) or DIR/messages.parquet")
     e.add_argument("--out", required=True, metavar="DIR",
-                   help="output dir (must not exist or be empty, unless --force; never inside an input)")
+                   help="output dir (must not exist or be empty; --force replaces a previous output of cqforensics; "
+                        "never inside an input or RabbitMQ data)")
     e.add_argument("--all", action="store_true", help="also acked/dropped messages still readable on disk")
-    add_force(e, "a non-empty DIR's messages file")
+    add_force(e, "DIR (replaced whole, atomically, once the export is complete)")
+    add_quiet(e)
     add_read_options(e)
     add_filters(e, "only this queue's messages (repeatable; leaves out the store entries no queue holds)")
     e.set_defaults(func=cmd_export)
@@ -555,6 +707,7 @@ def build_parser() -> argparse.ArgumentParser:
     body.add_argument("--body", metavar="TEXT", help="bodies containing this text (UTF-8)")
     body.add_argument("--body-hex", metavar="HEX", help="bodies containing these bytes, given in hex")
     fd.add_argument("--jsonl", action="store_true", help="one JSON object per hit")
+    add_quiet(fd)
     add_read_options(fd)
     add_filters(fd)
     fd.set_defaults(func=cmd_find)
@@ -563,14 +716,18 @@ def build_parser() -> argparse.ArgumentParser:
                        description=cmd_audit.__doc__)
     a.add_argument("paths", nargs="+", help="node dir, mnesia base, or a folder of node backups")
     a.add_argument("--json", action="store_true", help="print one JSON document")
+    add_quiet(a)
     add_read_options(a)
+    add_filters(a, "only this queue's messages, reference counts, .qs files and the orphans routed to it "
+                   "(repeatable)")
     a.set_defaults(func=cmd_audit)
 
     for name, func, what in (("compact", cmd_compact, "write a compacted copy of a node dir"),
                              ("rebuild", cmd_rebuild, "salvage a damaged node dir into a consistent copy")):
         w = sub.add_parser(name, help=what, description=func.__doc__)
         w.add_argument("src", help="node dir or mnesia base to read (never modified)")
-        w.add_argument("dst", help="output dir: must not exist or be empty (unless --force); never inside SRC")
+        w.add_argument("dst", help="output dir: must not exist or be empty (--force: a previous output of "
+                                   "cqforensics); never inside SRC or RabbitMQ data")
         w.add_argument("--dry-run", action="store_true", help="show the plan and the byte counts, write nothing")
         w.add_argument("--broker-version", metavar="V",
                        help="the version that will boot DST: its index versions, stored message shapes and atom "
@@ -627,6 +784,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write to this file instead of stdout (not an existing file unless --force; "
                         "never inside an input)")
     add_force(r, "FILE")
+    add_quiet(r, "with --out: no progress on stderr (shown only on a terminal)")
     add_read_options(r)
     add_filters(r, "only this queue (repeatable; queue-level tables: messages, index, acks, queues, files "
                    "and holes of .qs files)")
@@ -670,6 +828,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_read_options(rp)
     rp.add_argument("--vhost", action="append", metavar="NAME", dest="vhosts",
                     help="only this vhost (repeatable; default: every vhost)")
+    add_quiet(rp)
     rp.set_defaults(func=cmd_report)
     add_docgen_parsers(sub)  # last: completion and man page cover every command above
     return p
@@ -799,7 +958,7 @@ _interrupted = False
 
 def _on_interrupt(signum, frame):
     """SIGINT and SIGTERM: KeyboardInterrupt, so the writers remove their partial output on the
-    way out (their cleanup holds further signals until it is done: ``export.signals_held``).
+    way out (their cleanup holds further signals until it is done: ``outputs.signals_held``).
 
     numpy swallows an exception raised while it probes an operand's attributes, so one
     KeyboardInterrupt can be lost; until ``main`` has caught one, it is raised again every half

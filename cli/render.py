@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import sys
 
-from cqforensics.errors import display
+from cqforensics.errors import display, plural
 
 
 def jsonable(v):
@@ -46,18 +47,49 @@ PATH_COLUMNS = frozenset({"file", "store_file", "path", "source", "output"})
 
 def fit(s: str, width: int, tail: bool = False) -> str:
     """``s`` cut to ``width`` characters with an ellipsis: its head, or with ``tail`` (paths) its
-    end, where the file name is."""
+    end, where the file name is. Text is cut after a whole word (or a comma, a slash) when one
+    ends in the last half of the width, never mid-word."""
     if len(s) <= width:
         return s
-    return "…" + s[len(s) - width + 1:] if tail else s[:width - 1] + "…"
+    if tail:
+        return "…" + s[len(s) - width + 1:]
+    head = s[:width - 1]
+    cut = max(head.rfind(" "), head.rfind(","), head.rfind("/"))
+    if cut >= width // 2:
+        head = head[:cut + (s[cut] != " ")].rstrip(" ,")
+    return head + "…"
 
 
-def _cell(v, column: str, max_width: int) -> str:
+#: the columns a text table of a wide table shows (``read --format table`` without --columns)
+TEXT_COLUMNS = {
+    "messages": ["node", "vhost", "queue", "seq_id", "msg_id", "location", "size", "expiry", "exchange",
+                 "routing_keys", "survives_restart", "drop_reason"],
+    "index": ["node", "vhost", "queue", "priority", "file", "offset", "kind", "seq_id", "persistent", "location",
+              "msg_id", "size", "status"],
+}
+
+
+def cell_text(v) -> str:
+    """A value as a text cell: bytes as hex, lists and structs as compact JSON (null fields left
+    out), never a Python repr."""
     if v is None:
         return "-"
     if isinstance(v, (bytes, bytearray)):
-        v = bytes(v).hex()
-    s = str(v)
+        return bytes(v).hex()
+    if isinstance(v, dict):
+        v = {k: x for k, x in v.items() if x is not None}
+    if isinstance(v, (dict, list, tuple)):
+        return json.dumps(jsonable(v), ensure_ascii=False, separators=(",", ":"))
+    if isinstance(v, dt.datetime):  # ISO 8601 in UTC, to the millisecond
+        v = v.astimezone(dt.timezone.utc) if v.tzinfo else v
+        return v.isoformat(timespec="milliseconds" if v.microsecond else "seconds").replace("+00:00", "") + "Z"
+    if v == "":  # an empty name (the default exchange), not a missing one
+        return '""'
+    return str(v)
+
+
+def _cell(v, column: str, max_width: int) -> str:
+    s = cell_text(v)
     return fit(s, max_width, tail=column in PATH_COLUMNS or s.startswith(("/", "./", "../")))
 
 
@@ -106,9 +138,10 @@ def fsck_text(report, out=None, show_all: bool = False) -> None:
     out = out or sys.stdout
     for n in report.nodes:
         out.write(f"node {n.node}  ({n.path})\n")
-        out.write(f"  next boot: RabbitMQ {n.broker_version}  [{n.version_source}]\n")
-        if n.written_by and not n.version_source.startswith("inferred"):
-            out.write(f"  data written by: RabbitMQ {n.written_by['label']}  [{'; '.join(n.written_by['why'])}]\n")
+        for line in version_lines(n):
+            out.write(f"  {line}\n")
+        for u in n.not_read:
+            out.write(f"  NOT READ: {not_read_line(u)}\n")
         for vhost, mode in n.vhost_recovery.items():
             what = "clean recovery: the broker trusts the shutdown state" if mode == "clean" else \
                 "dirty recovery: the broker rebuilds the indexes from the files"
@@ -123,17 +156,28 @@ def fsck_text(report, out=None, show_all: bool = False) -> None:
             why = ", ".join(f"{k} {v}" for k, v in sorted(q.drops.items()))
             if q.crash:
                 why = f"CRASH ({q.crash}); " + why if why else f"CRASH ({q.crash})"
+            after = q.predicted_after_restart
+            if (q.predicted_min, q.predicted_max) != (after, after):  # the store may crash: bounds
+                after = f"{after} ({q.predicted_min}-{q.predicted_max})"
             rows.append({"vhost": q.vhost, "queue": q.queue, "messages": q.messages,
-                         "after restart": q.predicted_after_restart, "dropped": q.dropped, "why": why})
+                         "after restart": after, "dropped": q.dropped, "why": why})
         if rows:
             text_table(rows, ["vhost", "queue", "messages", "after restart", "dropped", "why"], out, max_width=70)
             out.write("\n")
     s = report.summary()
     c = s["findings"]
-    out.write(f"{s['messages']} messages in {s['queues']} queues: {s['predicted_after_restart']} delivered after "
-              f"the next boot, {s['dropped']} dropped" + (f"; crashes: {', '.join(s['crashes'])}" if s["crashes"] else "")
-              + "\n")
-    out.write(f"findings: {c['error']} errors, {c['warning']} warnings, {c['info']} info\n")
+    bounds = (f" (whatever the timing, at least {s['predicted_min']:,} and at most {s['predicted_max']:,}: see "
+              "store-crash)" if (s["predicted_min"], s["predicted_max"]) != (s["predicted_after_restart"],) * 2 else "")
+    out.write(f"{plural(s['messages'], 'message')} in {plural(s['queues'], 'queue')}: "
+              f"{s['predicted_after_restart']:,} delivered after the next boot{bounds}, {s['dropped']:,} dropped"
+              + (f"; crashes: {', '.join(s['crashes'])}" if s["crashes"] else "") + "\n")
+    if s["not_read"]:
+        out.write(f"not read: {' and '.join(_kind(k).noun + 's' for k in s['not_read'])} (storage-not-read): "
+                  "their messages are in none of these counts\n")
+    ttl = ttl_line(s)
+    if ttl:
+        out.write(ttl + "\n")
+    out.write(f"findings: {plural(c['error'], 'error')}, {plural(c['warning'], 'warning')}, {c['info']:,} info\n")
     groups: dict = {}
     for f in report.findings:
         groups.setdefault((f.severity, f.code), []).append(f)
@@ -143,12 +187,63 @@ def fsck_text(report, out=None, show_all: bool = False) -> None:
         for f in fs if show_all else fs[:5]:
             where = _where(f)
             scope = " ".join(f"{k} {v!r}" for k, v in (("vhost", f.vhost), ("queue", f.queue)) if v is not None)
-            out.write(f"  [{scope}] {f.message}" + (f"\n    at {where}" if where else "") + "\n")
+            out.write(f"  [{scope or 'node ' + repr(f.node)}] {f.message}" + (f"\n    at {where}" if where else "") + "\n")
         if not show_all and len(fs) > 5:
             out.write(f"  ... and {len(fs) - 5} more (--all-findings)\n")
     code = report.exit_code
-    out.write(f"\nexit {code}: " + ("no errors" if code == 0 else "errors found and left (fsck repairs nothing; "
-                                     "see cqforensics rebuild)") + "\n")
+    what = ["errors found and left (fsck repairs nothing; see cqforensics rebuild)" if code & 4 else "no errors"]
+    if code & 2:
+        what.append("check incomplete: queue storage not read (see NOT READ)")
+    out.write(f"\nexit {code}: {'; '.join(what)}\n")
+
+
+def _kind(name: str):
+    from cqforensics.layout import STORAGE_KINDS, StorageKind
+
+    return STORAGE_KINDS.get(name) or StorageKind(name, name, f"{name} queue", False, name)
+
+
+def version_lines(n) -> list[str]:
+    """What a node's data was written by, and which version the next boot is predicted for: named
+    (``--broker-version``), or inferred from the data, and then whether it is an assumption (the
+    data allows more than one series: the newest is taken) and how to name the real one."""
+    wb = n.written_by or {}
+    out = []
+    if wb:
+        out.append(f"data written by: RabbitMQ {wb['label']} (inferred: {'; '.join(wb['why']) or 'no evidence'})")
+    if not n.version_inferred:
+        out.append(f"next boot predicted for: RabbitMQ {n.broker_version} (named by --broker-version)")
+    elif n.broker_version_assumed:
+        out.append(f"next boot predicted for: RabbitMQ {n.broker_version}, ASSUMED: the newest version that could "
+                   f"have written the data; if another will boot it, name it (e.g. --broker-version "
+                   f"{wb.get('low', '3.10')})")
+    else:
+        out.append(f"next boot predicted for: RabbitMQ {n.broker_version} (the series that wrote the data; "
+                   "--broker-version names another)")
+    return out
+
+
+def not_read_line(u: dict) -> str:
+    """One kind of queue storage a node holds that is not read (``fsck`` NodeVerdict.not_read)."""
+    names = ", ".join(f"{q['queue']!r} (vhost {q['vhost']!r})" for q in u["queues"][:8])
+    more = f" and {len(u['queues']) - 8} more" if len(u["queues"]) > 8 else ""
+    return (f"{plural(len(u['queues']), _kind(u['kind']).noun)}"
+            + (f": {names}{more}" if names else "")
+            + f" ({plural(u['data_dirs'], 'data dir')}, {u['bytes']:,} bytes under {u['path']})")
+
+
+def ttl_line(summary: dict) -> str | None:
+    """When TTLs were judged, said when it decides something: messages past their TTL at the
+    clock's time of the run (``--as-of`` judges them at another), or at the time given."""
+    n, when = summary.get("expired", 0), summary.get("ttls_judged_at")
+    when = when.split(".")[0] + "Z" if when and "." in when else when
+    if summary.get("ttls_judged_by") == "as_of":
+        return f"TTLs judged at {when} (--as-of): {plural(n, 'message')} past {'its' if n == 1 else 'their'} TTL"
+    if not n:
+        return None
+    return (f"TTLs judged by the clock: {plural(n, 'message')} {'is' if n == 1 else 'are'} past "
+            f"{'its' if n == 1 else 'their'} TTL at {when} (now) and counted as dropped (expired); "
+            "--as-of TIME judges TTLs at another time (e.g. when the node stopped)")
 
 
 def _counts(d: dict) -> str:
@@ -159,7 +254,7 @@ def rewrite_text(result, out=None) -> None:
     """compact/rebuild report: per queue what was written, and where the rest went."""
     out = out or sys.stdout
     rebuild = result.command == "rebuild"
-    verb = "would write" if result.dry_run else "wrote"
+    verb = "to be written" if result.dry_run else "written"
     out.write(f"{result.command} {result.source}\n  -> {result.output}"
               + ("  (dry run: nothing written)" if result.dry_run else "") + "\n")
     source = getattr(result, "source_version", "")
@@ -200,10 +295,10 @@ def rewrite_text(result, out=None) -> None:
     g = result.garbage
     if g:
         out.write("shared-store entries no index holds (not written): "
-                  + ", ".join(f"{k} {n} ({b} bytes)" for k, (n, b) in sorted(g.items())) + "\n")
+                  + ", ".join(f"{k} {n} ({plural(b, 'byte')})" for k, (n, b) in sorted(g.items())) + "\n")
     out.write(f"message store bytes: {result.bytes_before} before, {result.bytes_after} after "
               f"({result.bytes_before - result.bytes_after} reclaimed); {result.store_entries_written} shared-store "
-              f"entries in {result.store_files_written} files\n")
+              f"entries in {plural(result.store_files_written, 'file')}\n")
     files = getattr(result, "store_files", None)
     if result.threshold is not None and files:
         for action in ("rewritten", "kept"):
@@ -212,24 +307,30 @@ def rewrite_text(result, out=None) -> None:
                       f"{result.threshold:g}%" + (" or not keepable" if action == "rewritten" else "")
                       + f"): {len(picked)}\n")
             for f in picked:
-                out.write(f"  {f['file']}: {f['size']} bytes, {100 * f['garbage_ratio']:.1f}% garbage"
+                out.write(f"  {f['file']}: {plural(f['size'], 'byte')}, {100 * f['garbage_ratio']:.1f}% garbage"
                           + (f" ({f['why']})" if f.get("why") else "") + "\n")
     if result.lost_found:
         where = result.lost_found_path or "lost+found/"
-        out.write(f"lost+found: {result.lost_found} items ({where})\n")
+        out.write(f"lost+found: {plural(result.lost_found, 'item')} ({where})\n")
     for n in result.notes:
         out.write(f"note: {display(n)}\n")  # notes may quote non-UTF-8 names
+    for n in result.cannot_boot:
+        out.write(f"ERROR: the output cannot boot: {display(n)}\n")
     if not result.dry_run:
         out.write(f"verify: {'consistent' if result.verified else 'not run'}\n")
     code = result.exit_code
-    out.write(f"\nexit {code}: " + ("damage repaired (see above)" if code == 1 else "done") + "\n")
+    said = ["damage repaired (see above)"] if code & 1 else []
+    if code & 4:
+        said.append(f"{'would be ' if result.dry_run else ''}written, but RabbitMQ {result.broker_version} cannot "
+                    "boot it as it is (see ERROR above)")
+    out.write(f"\nexit {code}: " + ("; ".join(said) or "done") + "\n")
 
 
 def verify_text(result, out=None) -> None:
     out = out or sys.stdout
     out.write(f"verify {result.path}  (RabbitMQ {result.broker_version})\n")
-    out.write(f"  {result.nodes} node(s), {result.vhosts} vhost(s), {result.queues} queue dirs, "
-              f"{result.messages} messages, {result.store_entries} shared-store entries\n")
+    out.write(f"  {plural(result.nodes, 'node')}, {plural(result.vhosts, 'vhost')}, {plural(result.queues, 'queue dir')}, "
+              f"{plural(result.messages, 'message')}, {plural(result.store_entries, 'shared-store entry')}\n")
     for f in result.violations:
         scope = " ".join(f"{k} {v!r}" for k, v in (("vhost", f.vhost), ("queue", f.queue)) if v is not None)
         where = _where(f)
@@ -237,4 +338,4 @@ def verify_text(result, out=None) -> None:
     for f in result.notes:
         out.write(f"  note: {f.code}: {f.message}\n")
     out.write(f"\nexit {result.exit_code}: " + ("consistent" if result.consistent else
-                                               f"{len(result.violations)} violations") + "\n")
+                                               f"{plural(len(result.violations), 'violation')}") + "\n")

@@ -25,7 +25,7 @@ import json
 import math
 import struct
 
-from cqforensics.errors import FormatError
+from cqforensics.errors import FormatError, plural
 
 #: The 14 basic properties in wire order (flag bit 15 down to bit 2).
 PROPERTIES = ("content_type", "content_encoding", "headers", "delivery_mode", "priority", "correlation_id",
@@ -100,7 +100,7 @@ def _value(buf, o: int, depth: int) -> tuple[str, int]:
     (n,) = _U32.unpack_from(buf, o)
     start, end = o + 4, o + 4 + n
     if end > len(buf):
-        raise FormatError(f"{name} of {n} bytes runs past the end of its table", offset=o)
+        raise FormatError(f"{name} of {plural(n, 'byte')} runs past the end of its table", offset=o)
     if kind in ("S", "x"):
         return f'{{"type":"{name}",{_text_json(bytes(buf[start:end]))}}}', end
     if kind == "F":
@@ -127,7 +127,7 @@ def _table(buf, o: int, end: int, depth: int = 0) -> str:
         if kind == 83:  # 'S', the most common: inline
             (ln,) = _U32.unpack_from(buf, o + 1)
             if o + 5 + ln > end:
-                raise FormatError(f"longstr of {ln} bytes runs past the end of its table", offset=o)
+                raise FormatError(f"longstr of {plural(ln, 'byte')} runs past the end of its table", offset=o)
             out[key] = f'{{"type":"longstr",{_text_json(bytes(buf[o + 5:o + 5 + ln]))}}}'
             o += 5 + ln
         elif kind == 73:  # 'I'
@@ -210,52 +210,97 @@ def properties_json(raw: bytes) -> tuple[dict, str | None]:
 # -- Erlang decoded form -> typed JSON -----------------------------------------------------------
 
 
+#: the range of each integer field type (rabbit_binary_generator writes them in these widths)
+_INT_RANGES = {"byte": (-(1 << 7), (1 << 7) - 1), "unsignedbyte": (0, (1 << 8) - 1), "short": (-(1 << 15), (1 << 15) - 1),
+               "unsignedshort": (0, (1 << 16) - 1), "signedint": (-(1 << 31), (1 << 31) - 1),
+               "unsignedint": (0, (1 << 32) - 1), "long": (-(1 << 63), (1 << 63) - 1), "timestamp": (0, (1 << 64) - 1)}
+
+
 def _erl_value(type_atom: str, v, depth: int = 0) -> dict:
+    """A decoded field value ``{Type, Value}`` -> typed JSON; a value of another kind than its
+    type (or out of its type's range) is damage: FormatError, never some text made of it."""
     t = str(type_atom)
     if depth > 100:
         raise FormatError("field tables nested deeper than 100")
+    ok = True
     if t in ("longstr", "binary"):
-        return {"type": t, **_text(bytes(v) if isinstance(v, (bytes, bytearray)) else str(v).encode())}
-    if t == "table":
+        if isinstance(v, (bytes, bytearray)):
+            return {"type": t, **_text(bytes(v))}
+        ok = False
+    elif t == "table":
         return {"type": t, "value": erlang_table(v, depth + 1)}
-    if t == "array":
-        return {"type": t, "value": [_erl_value(a, x, depth + 1) for a, x in v]}
-    if t == "decimal":
-        return {"type": t, "value": {"scale": v[0], "value": v[1]}}
-    if t == "bool":
-        return {"type": t, "value": v == "true" or v is True}
-    if t == "void":
+    elif t == "array":
+        if isinstance(v, list) and all(isinstance(x, tuple) and len(x) == 2 for x in v):
+            return {"type": t, "value": [_erl_value(a, x, depth + 1) for a, x in v]}
+        ok = False
+    elif t == "decimal":
+        if isinstance(v, tuple) and len(v) == 2 and all(isinstance(x, int) for x in v):
+            return {"type": t, "value": {"scale": v[0], "value": v[1]}}
+        ok = False
+    elif t == "bool":
+        if v in ("true", "false") or isinstance(v, bool):
+            return {"type": t, "value": v == "true" or v is True}
+        ok = False
+    elif t == "void":
         return {"type": t, "value": None}
-    if t in ("float", "double"):
-        return {"type": t, "value": _float(float(v))}
-    if t in TYPE_NAMES:
-        return {"type": t, "value": v}
-    raise FormatError(f"unknown field type {t!r}")
+    elif t in ("float", "double"):
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            try:
+                return {"type": t, "value": _float(float(v))}
+            except OverflowError:
+                pass
+        ok = False
+    elif t in _INT_RANGES:
+        lo, hi = _INT_RANGES[t]
+        if isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi:
+            return {"type": t, "value": v}
+        ok = False
+    if not ok:
+        raise FormatError(f"a {t[:20]} field holds a value of another kind or range")
+    raise FormatError(f"unknown field type {t[:40]!r}")
 
 
 def erlang_table(rows, depth: int = 0) -> dict:
     """``[{Name, TypeAtom, Value}]`` (rabbit_binary_parser output) -> typed JSON object."""
+    if not isinstance(rows, list):
+        raise FormatError("a field table is not a list")
     out = {}
-    for row in rows if isinstance(rows, list) else []:
+    for row in rows:
+        if not (isinstance(row, tuple) and len(row) == 3 and isinstance(row[0], (bytes, bytearray))):
+            raise FormatError("a field table entry is not {Name, Type, Value}")
         name, t, v = row
-        key = bytes(name).decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
-        out[key] = _erl_value(t, v, depth)
+        out[bytes(name).decode("utf-8", "replace")] = _erl_value(t, v, depth)
     return out
 
 
-def p_basic(t: tuple) -> tuple[dict, dict | None]:
-    """A decoded ``'P_basic'`` tuple -> ({13 scalar properties}, typed headers or None)."""
+def p_basic(t: tuple, marks: list | None = None) -> tuple[dict, dict | None]:
+    """A decoded ``'P_basic'`` tuple -> ({13 scalar properties}, typed headers or None). A field
+    of another kind than rabbit_framing_amqp_0_9_1 decodes (a string property that is no binary,
+    headers that are no field table) is null, and ``"name=value (...)"`` is added to ``marks``
+    (an octet or timestamp of another kind is left for the column's range check)."""
+    if len(t) != len(PROPERTIES) + 1:
+        raise FormatError(f"a 'P_basic' record of {len(t) - 1} fields, not {len(PROPERTIES)}")
     props = {}
     headers = None
     for name, v in zip(PROPERTIES, t[1:]):
         if v == "undefined":
             v = None
         if name == "headers":
-            headers = None if v is None else erlang_table(v)
+            try:
+                headers = None if v is None else erlang_table(v)
+            except FormatError as e:
+                if marks is None:
+                    raise
+                marks.append(f"headers={type(v).__name__} of {len(v) if isinstance(v, list) else 1} ({e.message})")
         elif v is None or name in _OCTET or name == "timestamp":
             props[name] = v
+        elif isinstance(v, (bytes, bytearray)):
+            props[name] = bytes(v).decode("utf-8", "replace")
         else:
-            props[name] = bytes(v).decode("utf-8", "replace") if isinstance(v, (bytes, bytearray)) else str(v)
+            if marks is not None:
+                marks.append(f"{name}={str(v)[:40] if isinstance(v, (int, str)) else type(v).__name__} "
+                             "(not a binary)")
+            props[name] = None
     return props, headers
 
 
@@ -263,10 +308,18 @@ def p_basic(t: tuple) -> tuple[dict, dict | None]:
 
 
 def _raw_of(entry: dict) -> bytes:
+    """A typed-JSON string's bytes; a value of another kind (an integer: ``bytes(N)`` would make N
+    zero bytes) is damage."""
     if "base64" in entry:
         return base64.b64decode(entry["base64"])
     v = entry["value"]
-    return v.encode("utf-8") if isinstance(v, str) else bytes(v)
+    if isinstance(v, str):
+        return v.encode("utf-8")
+    if isinstance(v, (bytes, bytearray)):
+        return bytes(v)
+    if isinstance(v, list) and all(isinstance(x, int) and 0 <= x < 256 for x in v):
+        return bytes(v)
+    raise FormatError(f"a {str(entry.get('type'))[:20]} value that is no text ({type(v).__name__})")
 
 
 def _unfloat(v) -> float:
@@ -281,7 +334,10 @@ def _encode_value(entry: dict, out: bytearray) -> None:
     out += kind.encode()
     fx = _FIXED.get(kind)
     if fx is not None:
-        out += fx.pack(_unfloat(entry["value"]) if kind in "fd" else int(entry["value"]))
+        try:
+            out += fx.pack(_unfloat(entry["value"]) if kind in "fd" else int(entry["value"]))
+        except (struct.error, TypeError, ValueError, OverflowError):
+            raise FormatError(f"a {t} value its wire type cannot hold: {str(entry['value'])[:40]}") from None
     elif kind == "t":
         out.append(1 if entry["value"] else 0)
     elif kind == "D":
@@ -322,10 +378,11 @@ def encode_properties(props: dict, headers: dict | None) -> bytes:
         if name == "headers":
             t = encode_table(v)
             body += _U32.pack(len(t)) + t
-        elif name in _OCTET:
-            body.append(int(v))
-        elif name == "timestamp":
-            body += struct.pack(">Q", int(v))
+        elif name in _OCTET or name == "timestamp":
+            try:
+                body += struct.pack(">B" if name in _OCTET else ">Q", int(v))
+            except (struct.error, TypeError, ValueError, OverflowError):
+                raise FormatError(f"{name} {str(v)[:40]} does not fit its wire type") from None
         else:
             raw = v.encode("utf-8") if isinstance(v, str) else bytes(v)
             if len(raw) > 255:

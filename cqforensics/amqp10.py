@@ -17,7 +17,7 @@ import math
 import struct
 import uuid as _uuid
 
-from cqforensics.errors import FormatError
+from cqforensics.errors import FormatError, plural
 
 
 def _char(v) -> str:
@@ -54,6 +54,14 @@ _FIXED = {
 _FIXED = {k: (n, struct.Struct(f)) for k, (n, f) in _FIXED.items()}
 MAX_DEPTH = 100
 
+#: constructors of an array's elements (amqp10_binary_parser parse_constructor) and the fewest
+#: bytes each element takes: its fixed width, or its size field. The constants null, true,
+#: false, uint0 and ulong0 take one byte each in an array (parse_array_primitive), not none.
+_UNIT = frozenset({0x40, 0x41, 0x42, 0x43, 0x44})
+_ARRAY_WIDTH = {**{c: st.size for c, (_, st) in _FIXED.items()}, **dict.fromkeys(_UNIT, 1), 0x56: 1, 0x98: 16,
+                0x74: 4, 0x84: 8, 0x94: 16, 0xA0: 1, 0xA1: 1, 0xA3: 1, 0xB0: 4, 0xB1: 4, 0xB3: 4,
+                0xC0: 2, 0xC1: 2, 0xD0: 8, 0xD1: 8, 0xE0: 3, 0xF0: 9}
+
 
 def _num(v):
     return v if not isinstance(v, float) or math.isfinite(v) else repr(v)
@@ -68,7 +76,7 @@ class Decoder:
 
     def need(self, o: int, n: int) -> None:
         if o + n > self.end:
-            raise FormatError(f"AMQP value needs {n} bytes, {self.end - o} left", offset=o)
+            raise FormatError(f"AMQP value needs {plural(n, 'byte')}, {self.end - o} left", offset=o)
 
     def value(self, o: int, depth: int = 0, code: int | None = None) -> tuple[dict, int]:
         if depth > MAX_DEPTH:
@@ -128,7 +136,7 @@ class Decoder:
             body = o + (4 if wide else 1)
             o += 8 if wide else 2
             if body + size > self.end or count > size:
-                raise FormatError(f"compound of {size} bytes / {count} items does not fit", offset=body)
+                raise FormatError(f"compound of {plural(size, 'byte')} / {plural(count, 'item')} does not fit", offset=body)
             items = []
             for _ in range(count):
                 v, o = self.value(o, depth + 1)
@@ -146,16 +154,27 @@ class Decoder:
             size, count = struct.unpack_from(">II" if wide else ">BB", buf, o)
             body = o + (4 if wide else 1)
             o += 8 if wide else 2
-            if body + size > self.end:
-                raise FormatError("array does not fit", offset=body)
-            self.need(o, 1)
+            if body + size > self.end or size < (5 if wide else 2):
+                raise FormatError(f"array of {size} bytes does not fit", offset=body)
             elem, o = buf[o], o + 1
             if elem == 0x00:
                 raise FormatError("described array elements are not supported", offset=o - 1)
+            end = body + size
+            width = _ARRAY_WIDTH.get(elem)
+            if width is None:
+                raise FormatError(f"{elem:#04x} is no array element constructor", offset=o - 1)
+            # checked before anything is built: every element takes at least ``width`` bytes
+            if count * width > end - o:
+                raise FormatError(f"array of {count} elements does not fit its {end - o} bytes", offset=body)
             items = []
             for _ in range(count):
-                v, o = self.value(o, depth + 1, code=elem)
+                if elem in _UNIT:  # amqp10_binary_parser parse_array_primitive: one byte each
+                    v, o = self.value(o + 1, depth + 1, code=elem)
+                else:
+                    v, o = self.value(o, depth + 1, code=elem)
                 items.append(v)
+            if o != end:
+                raise FormatError("array elements do not fill its size", offset=o)
             return {"type": "array", "value": items}, o
         raise FormatError(f"unknown AMQP 1.0 type code {code:#04x}", offset=o - 1)
 
@@ -214,6 +233,14 @@ def map_object(map_value: dict | None) -> dict:
 _ERL_NUMERIC = {"ubyte", "ushort", "uint", "ulong", "byte", "short", "int", "long", "timestamp"}
 
 
+def _bin(t: tuple) -> bytes:
+    """The binary of a tagged value ``{Tag, Bin}``: anything else is damage (never ``bytes(N)``,
+    which would allocate N bytes)."""
+    if len(t) < 2 or not isinstance(t[1], (bytes, bytearray)):
+        raise FormatError(f"AMQP 1.0 {str(t[0])[:20]} value holds no binary")
+    return bytes(t[1])
+
+
 def erlang_value(t) -> dict:
     """An amqp10_binary_parser term ({utf8, Bin}, {ulong, N}, {map, [...]}, null, ...) -> typed JSON."""
     if t == "null" or t is None or t == "undefined":
@@ -223,12 +250,14 @@ def erlang_value(t) -> dict:
     if isinstance(t, tuple) and t:
         tag = str(t[0])
         if tag == "utf8":
-            return {"type": "string", "value": bytes(t[1]).decode("utf-8", "replace")}
+            return {"type": "string", "value": _bin(t).decode("utf-8", "replace")}
         if tag == "symbol":
-            return {"type": "symbol", "value": bytes(t[1]).decode("utf-8", "replace")}
+            return {"type": "symbol", "value": _bin(t).decode("utf-8", "replace")}
         if tag == "binary":
-            return {"type": "binary", "base64": base64.b64encode(bytes(t[1])).decode()}
+            return {"type": "binary", "base64": base64.b64encode(_bin(t)).decode()}
         if tag in _ERL_NUMERIC:
+            if len(t) < 2 or not isinstance(t[1], int) or isinstance(t[1], bool):
+                raise FormatError(f"AMQP 1.0 {tag} value holds no integer")
             return {"type": tag, "value": t[1]}
         if tag in ("float", "double"):
             return {"type": tag, "value": _num(float(t[1]))}
@@ -237,7 +266,7 @@ def erlang_value(t) -> dict:
         if tag == "char":
             return {"type": "char", "value": _char(t[1])}
         if tag == "uuid":
-            return {"type": "uuid", "value": str(_uuid.UUID(bytes=bytes(t[1])))}
+            return {"type": "uuid", "value": str(_uuid.UUID(bytes=_bin(t)))}
         if tag == "list":
             return {"type": "list", "value": [erlang_value(x) for x in t[1]]}
         if tag == "map":
@@ -247,7 +276,7 @@ def erlang_value(t) -> dict:
         if tag == "described":
             return {"type": "described", "descriptor": erlang_value(t[1]), "value": erlang_value(t[2])}
         if tag.startswith("decimal"):
-            return {"type": tag, "base64": base64.b64encode(bytes(t[1])).decode()}
+            return {"type": tag, "base64": base64.b64encode(_bin(t)).decode()}
     if isinstance(t, bytes):
         return {"type": "binary", "base64": base64.b64encode(t).decode()}
-    raise FormatError(f"unknown AMQP 1.0 term {t!r:.80}")
+    raise FormatError(f"unknown AMQP 1.0 term ({type(t).__name__})")

@@ -23,23 +23,26 @@ _OPTIONS = frozenset(inspect.signature(make_options).parameters)
 
 
 def iter_batches(path, table: str = "messages", *, columns: list[str] | None = None, vhosts=None, queues=None,
-                 **options) -> Iterator[pa.RecordBatch]:
+                 progress=None, **options) -> Iterator[pa.RecordBatch]:
     """Stream one table of every node dir under ``path`` (a path or a list of paths).
 
     ``columns`` projects (leaving out ``body`` skips reading bodies); ``vhosts`` restricts the
     vhosts read, ``queues`` the queues of the queue-level tables (messages, index, acks,
-    queues, files, holes of .qs files); each is one name (a str) or a list of names. Other
-    keywords: see ``make_options``.
+    queues, files, holes of .qs files); each is one name (a str) or a list of names, and a name
+    that matches nothing is a ``UsageError`` naming the close names that exist. ``progress``: a
+    ``driver.Progress`` told of every vhost read. Other keywords: see ``make_options``.
 
     Raises only ``cqforensics.errors`` types: ``UsageError`` (bad arguments), ``OperationalError``
     (missing or unreadable input, naming the path); damage in the files is reported in the rows
-    (the ``findings`` table), not raised."""
+    (the ``findings`` table), not raised. Queues of a kind of storage cqforensics does not read
+    (quorum queues, streams) are named in a warning (logger ``cqforensics.driver``) and in the
+    ``findings`` table (``storage-not-read``)."""
     driver.check_columns(table, columns)
     unknown = sorted(set(options) - _OPTIONS)
     if unknown:
         raise UsageError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(_OPTIONS))}")
     opts = make_options(**{**needs(table, columns), **options})
-    yield from driver.read(table, opts, paths=path, columns=columns, vhosts=vhosts, queues=queues)
+    yield from driver.read(table, opts, paths=path, columns=columns, vhosts=vhosts, queues=queues, progress=progress)
 
 
 def read_table(path, table: str = "messages", **kwargs) -> pa.Table:

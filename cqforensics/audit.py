@@ -1,14 +1,28 @@
 """Audits as queries over the tables (the same ones Spark users run in SQL): orphaned messages
 and their bytes, the queues the orphans would have reached, duplicates by message id and by content across queues, reference counts
 against a clean shutdown's recorded index, live vs garbage bytes per file and what compaction
-would reclaim."""
+would reclaim.
+
+Every row names its node, so a fleet's audit tells the nodes apart, and the audit can be
+narrowed to vhosts and queues (names that match nothing are a usage error, as everywhere).
+Reference counts are judged by fsck's model: a problem is what fsck reports as one (a persistent
+message's body in no store file: ``msg-missing``; a recorded count the indexes contradict:
+``refcount-mismatch``). A transient message whose body is not on disk is none: the broker
+deletes the transient store at every boot and drops transient messages whatever (after a kill
+-9 their bodies were never written); those are counted apart."""
 
 from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
 
+from cqforensics import driver
 from cqforensics.api import iter_batches
+from cqforensics.errors import display
+from cqforensics.model.options import make_options
+
+#: the tables an audit reads, each once (a progress display counts them as passes)
+TABLES = ("store", "messages", "refcounts", "files")
 
 
 def _rows(paths, table, columns, **kw):
@@ -16,28 +30,40 @@ def _rows(paths, table, columns, **kw):
         yield from b.to_pylist()
 
 
-def audit(paths, **options) -> dict:
+def audit(paths, vhosts=None, queues=None, progress=None, **options) -> dict:
+    """The audit document (``cqforensics-audit/1``) of every node dir under ``paths``, narrowed
+    to ``vhosts`` and ``queues`` (names; None: all). With ``queues``, what belongs to no queue is
+    left out but for the orphans whose exchange and routing keys reach one of them, and the
+    files are those queues' ``.qs`` files. ``progress``: a display ``(text, done, total)``."""
+    want_v, want_q = driver.names(vhosts, "vhosts"), driver.names(queues, "queues")
+    nodes = driver.discovered(paths, make_options(**{k: v for k, v in options.items() if k == "broker_version"},
+                                                  bodies=False, decode=False), want_v, want_q)
+    progress = driver.Progress.of(progress, passes=len(TABLES))
+    kw = {**options, "vhosts": vhosts, "progress": progress}
     orphans = defaultdict(lambda: {"entries": 0, "bytes": 0})
     # orphans by the queues their exchange and routing keys reach under the metadata's bindings
     # (the store table's routes_to): where a lost queue's messages went, and what rebuild
     # --restore-orphans would give back
     routed = defaultdict(lambda: {"entries": 0, "bytes": 0})
-    for r in _rows(paths, "store", ["node", "vhost", "store", "file", "total_size", "status", "routes_to"],
-                   **options):
+    for r in _rows(paths, "store", ["node", "vhost", "store", "file", "total_size", "status", "routes_to"], **kw):
+        dest = r["routes_to"]
+        if want_q is not None and not (dest and want_q & set(dest)):
+            continue
         if r["status"] in ("orphan", "duplicate", "corrupt"):
             o = orphans[(r["node"], r["vhost"], r["file"], r["status"])]
             o["entries"] += 1
             o["bytes"] += r["total_size"]
         if r["status"] == "orphan":
-            dest = r["routes_to"]
             for q in (dest if dest else [None if dest is None else ""]):
+                if want_q is not None and q not in want_q:
+                    continue
                 g = routed[(r["node"], r["vhost"], q)]
                 g["entries"] += 1
                 g["bytes"] += r["total_size"]
     by_message_id = defaultdict(list)
     by_content = defaultdict(list)
     for r in _rows(paths, "messages", ["node", "vhost", "queue", "priority", "seq_id", "msg_id", "properties", "body",
-                                       "store_file", "store_offset", "survives_restart"], **options):
+                                       "store_file", "store_offset", "survives_restart"], queues=queues, **kw):
         where = {"node": r["node"], "vhost": r["vhost"], "queue": r["queue"], "seq_id": r["seq_id"],
                  "store_file": r["store_file"], "store_offset": r["store_offset"] if r["store_file"] else None}
         mid = (r["properties"] or {}).get("message_id")
@@ -59,16 +85,28 @@ def audit(paths, **options) -> dict:
                         else "separately stored copies", "where": members})
         return out
 
-    refs = [r for r in _rows(paths, "refcounts", ["node", "vhost", "store", "msg_id", "copies", "computed_refs",
-                                                  "recorded_refs", "status", "file"], **options)
-            if r["status"] in ("mismatch", "missing")]
+    refs, transient = [], defaultdict(int)
+    for r in _rows(paths, "refcounts", ["node", "vhost", "store", "msg_id", "copies", "computed_refs",
+                                        "recorded_refs", "status", "file", "queues"], **kw):
+        if r["status"] not in ("mismatch", "missing") or want_q is not None and not want_q & set(r["queues"] or ()):
+            continue
+        if r["store"] == "persistent":
+            refs.append({k: v for k, v in r.items() if k != "queues"})
+        elif r["status"] == "missing":  # a transient message's body: dropped at boot whatever (fsck: no error)
+            transient[(r["node"], r["vhost"])] += 1
     files = [r for r in _rows(paths, "files", ["node", "vhost", "queue", "file", "kind", "size", "live_bytes",
-                                               "garbage_bytes", "garbage_ratio"], **options)
-             if r["kind"] in ("rdq", "qs")]
+                                               "garbage_bytes", "garbage_ratio"], queues=queues, **kw)
+             if r["kind"] == "qs" or r["kind"] == "rdq" and want_q is None]
+    if want_q is not None:
+        files = [r for r in files if r["queue"] in want_q]
     reclaim = sum(r["garbage_bytes"] or 0 for r in files)
     total = sum(r["size"] or 0 for r in files)
     return {
         "format": "cqforensics-audit/1",
+        "nodes": [{"node": display(ns.node.node), "path": display(ns.node.path),
+                   "not_read": [u.to_dict() for u in ns.unread_storage]} for ns in nodes],
+        "filters": {"vhosts": sorted(want_v) if want_v is not None else None,
+                    "queues": sorted(want_q) if want_q is not None else None},
         "orphans": [{"node": k[0], "vhost": k[1], "file": k[2], "status": k[3], **v} for k, v in sorted(orphans.items())],
         # queue: a queue name; "" routed to no queue; None not known (undecodable, unknown exchange)
         "orphans_by_queue": [{"node": k[0], "vhost": k[1], "queue": k[2], **v}
@@ -76,6 +114,7 @@ def audit(paths, **options) -> dict:
         "duplicates_by_message_id": groups(by_message_id, "message_id"),
         "duplicates_by_content": groups(by_content, "body_sha256"),
         "refcount_problems": [{**r, "msg_id": r["msg_id"].hex()} for r in refs],
+        "transient_bodies_missing": [{"node": k[0], "vhost": k[1], "entries": n} for k, n in sorted(transient.items())],
         "files": files,
         "compaction": {"store_bytes": total, "reclaimable_bytes": reclaim,
                        "reclaimable_ratio": reclaim / total if total else 0.0},

@@ -109,15 +109,15 @@ def read_spans(sources: list, file_ix: np.ndarray, starts: np.ndarray, lengths: 
 # -- disk_log items ---------------------------------------------------------------------------------
 
 
-def disk_log_items(data, lenient: bool, start: int = 8, max_items: int = 1 << 62) -> dict:
-    """The items of a disk_log's bytes (readers.terms.disk_log_walk), strictly or as
-    ``ets:file2tab`` finds them (``lenient``), from ``start``, at most ``max_items``: numpy
+def disk_log_items(data, start: int = 8, max_items: int = 1 << 62) -> dict:
+    """The items of a disk_log's bytes (readers.terms.disk_log_walk, strictly), from ``start``,
+    at most ``max_items``: numpy
     arrays ``offsets``, ``starts``, ``lengths`` (int64), ``decoded`` (uint8: 1 where the item is
     a ``#msg_location{}`` record decoded into ``ids`` (V16), ``ref_counts``, ``files``,
     ``locations``, ``totals`` (int64)), ``stop`` (None or the strict walk's ``(code, offset)``:
     1 inside an item header, 2 bad magic, 3 past the end), ``md5_items`` and ``next`` (where to
     go on from; None: done)."""
-    out = _native.disk_log_items(data, lenient, start, max_items)
+    out = _native.disk_log_items(data, start, max_items)
     for k in ("offsets", "starts", "lengths", "ref_counts", "files", "locations", "totals"):
         out[k] = np.frombuffer(out[k], np.int64)
     out["decoded"] = np.frombuffer(out["decoded"], np.uint8)

@@ -36,6 +36,32 @@ def display(value) -> str | None:
     return raw.decode("utf-8", "backslashreplace")
 
 
+#: nouns whose plural is not noun + "s"
+_PLURALS = {"entry": "entries", "body": "bodies", "copy": "copies", "index": "indexes", "hit": "hits",
+            "byte": "bytes", "is": "are", "was": "were", "has": "have"}
+
+
+def plural(n: int, noun: str, many: str | None = None) -> str:
+    """``n`` and ``noun``, the noun in the plural unless ``n`` is 1 (``1 queue``, ``2 queues``,
+    ``1,024 entries``): the one way every text output counts. ``many``: an irregular plural.
+    Only the last word of ``noun`` is inflected (``1 transient message``)."""
+    if n == 1:
+        return f"1 {noun}"
+    head, _, last = noun.rpartition(" ")
+    if many is None:
+        many = _PLURALS.get(last) or (last[:-1] + "ies" if last.endswith("y") and last[-2:-1] not in "aeiou"
+                                      else last + ("es" if last.endswith(("s", "x", "sh", "ch")) else "s"))
+        many = f"{head} {many}" if head else many
+    return f"{n:,} {many}" if isinstance(n, int) or hasattr(n, "__index__") else f"{n} {many}"
+
+
+def queue_ref(vhost, queue) -> str:
+    """A queue named with its vhost, as RabbitMQ names it (``'orders' in vhost '/'``): never
+    ``vhost/queue``, which reads ``//orders`` for the default vhost and is ambiguous when a
+    name holds a slash. Bytes and undecodable names go through ``display``."""
+    return f"{display(queue)!r} in vhost {display(vhost)!r}"
+
+
 def display_all(value):
     """``value`` (a JSON-like tree: dicts, lists, tuples, strings) with every string passed through
     ``display``; dict keys too."""

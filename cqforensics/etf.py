@@ -39,7 +39,7 @@ import threading
 import zlib
 from dataclasses import dataclass
 
-from cqforensics.errors import FormatError
+from cqforensics.errors import FormatError, plural
 
 VERSION = 131
 NEW_FLOAT, BIT_BINARY, COMPRESSED = 70, 77, 80
@@ -114,8 +114,8 @@ class _Budget:
         b = self
         while b is not None:
             if n > b.left:
-                raise EtfError(f"compressed term claims {n} bytes, over the decompression limit ({b.left} of "
-                               f"the budget of {b.limit} bytes left)", offset=offset)
+                raise EtfError(f"compressed term claims {plural(n, 'byte')}, over the decompression limit ({b.left} of "
+                               f"the budget of {plural(b.limit, 'byte')} left)", offset=offset)
             b = b.parent
         b = self
         while b is not None:
@@ -149,7 +149,7 @@ class _Decoder:
 
     def need(self, pos: int, n: int, what: str) -> None:
         if n < 0 or pos + n > self.end:
-            raise EtfError(f"{what} needs {n} bytes, {max(0, self.end - pos)} left", offset=pos)
+            raise EtfError(f"{what} needs {plural(n, 'byte')}, {max(0, self.end - pos)} left", offset=pos)
 
     def atom(self, pos: int, n: int, utf8: bool) -> Atom:
         self.need(pos, n, "atom")
@@ -254,7 +254,7 @@ class _Decoder:
                 self.need(p, 5, "big integer header")
                 (n,), p = _u32(buf, p), p + 4
             if n > MAX_BIG_BYTES:
-                raise EtfError(f"big integer of {n} bytes (more than {MAX_BIG_BYTES})", offset=p)
+                raise EtfError(f"big integer of {plural(n, 'byte')} (more than {MAX_BIG_BYTES})", offset=p)
             sign = buf[p]
             self.need(p + 1, n, "big integer")
             v = int.from_bytes(buf[p + 1:p + 1 + n], "little")
@@ -302,7 +302,7 @@ class _Decoder:
         except zlib.error as e:
             raise EtfError(f"bad zlib data: {str(e)[:80]}", offset=p + 4) from None
         if got != size or not z.eof:
-            raise EtfError(f"compressed term inflates to {'more than ' if got > size else ''}{got} bytes, "
+            raise EtfError(f"compressed term inflates to {'more than ' if got > size else ''}{plural(got, 'byte')}, "
                            f"header says {size}", offset=p)
         data = b"".join(parts)
         del parts
@@ -340,6 +340,8 @@ class _Decoder:
             self.need(p, 4, "fun free vars")
             (nfree,) = _u32(buf, p)
             p += 4
+            if 4 + nfree > self.end - p:  # every term takes a byte at least
+                raise EtfError(f"fun with {nfree} free variables exceeds the remaining bytes", offset=p - 4)
             for _ in range(4 + nfree):  # pid, module, index, uniq, free vars
                 _, p = self.term(p, depth + 1)
             return p
@@ -589,6 +591,19 @@ def _opaque_text(o: Opaque) -> str:
     except (EtfError, struct.error, TypeError):
         pass
     return f"#Fun<{o.raw.hex()}>" if o.tag in (NEW_FUN, FUN) else f"#Opaque<{o.tag}:{o.raw.hex()}>"
+
+
+def opaque_node(t) -> str | None:
+    """The node a decoded pid, port or reference names (``rabbit@host``), None when ``t`` is none
+    of these or unreadable."""
+    if not isinstance(t, Opaque) or t.tag not in (NEW_PID, PID, NEW_PORT, PORT, V4_PORT, REFERENCE, NEWER_REFERENCE,
+                                                   NEW_REFERENCE):
+        return None
+    try:
+        node, _ = _Decoder(t.raw, 0).term(3 if t.tag in (NEWER_REFERENCE, NEW_REFERENCE) else 1, 0)
+    except (EtfError, struct.error, IndexError):
+        return None
+    return str(node) if isinstance(node, Atom) else None
 
 
 def pid_node(t) -> str | None:

@@ -3,6 +3,7 @@
 
 OK = 0  # no errors
 FIXED = 1  # errors found and fixed (repair commands)
+INCOMPLETE = 2  # fsck: the node holds queue storage not read (quorum queues, streams): the check is incomplete
 ERRORS_LEFT = 4  # errors found and left
 OPERATIONAL = 8  # the tool could not do its job (unreadable input, bug)
 USAGE = 16  # bad command line

@@ -15,12 +15,12 @@ Memory: rows are streamed, vhost by vhost, in batches of ``batch_rows`` rows / a
 stored entries already emitted. Parquet is written in row groups of ``ROW_GROUP_ROWS`` rows or
 about ``ROW_GROUP_BYTES`` bytes (``ParquetSink``), not one per batch.
 
-Files are written under a temporary name (``staged_file``: ``.<name>.cqf-partial-<pid>``
-beside the target) and renamed when complete; an error or Ctrl-C removes the partial file, and
-a partial file left by a killed run (its process gone) is removed by the next run for the same
-target. The output dir must not exist or be empty (``force``: it may, and
-DIR/messages.<format> is replaced), and may not lie inside an input
-(``cqforensics.outputs.check_output``).
+The output dir is written as every output dir is (``cqforensics.outputs``: the rule and
+``Staging``): built as ``.<DIR>.cqf-partial-<pid>`` beside DIR and renamed into place when
+complete, with its manifest; an error or Ctrl-C removes the partial dir, and one left by a killed
+run (its process gone) is removed by the next run for the same DIR. DIR must not exist or be
+empty; with ``force`` it may be a previous output of cqforensics, replaced whole at commit. It may
+never be or lie inside an input, nor inside RabbitMQ data.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from cqforensics import driver, fastpath, jsonout, layout, provenance
+from cqforensics import driver, fastpath, jsonout, provenance
 from cqforensics.model.options import make_options
-from cqforensics.outputs import check_output
+from cqforensics.outputs import PARTIAL, Staging, check_output
 from cqforensics.errors import OperationalError, UsageError, display
 from cqforensics.codes import AckEvidence, Location, StoreStatus
 from cqforensics.model.vhost import NodeScan, VhostScan
@@ -53,110 +53,10 @@ SCHEMA = SCHEMAS["messages"].append(pa.field("source", pa.string(), False))
 ROW_GROUP_ROWS = 64 * 1024
 ROW_GROUP_BYTES = 64 << 20
 
-#: a file or dir being written is named ``.<target name>.cqf-partial-<pid>`` beside its target
-PARTIAL = ".cqf-partial-"
-
 _STORE_SOURCE = {StoreStatus.ORPHAN: "orphan", StoreStatus.DUPLICATE: "duplicate", StoreStatus.CORRUPT: "corrupt"}
 
 
-# -- writing files: staged, in sized row groups --------------------------------------------------
-
-
-def process_gone(pid: int) -> bool:
-    """Whether no process ``pid`` exists (a partial output of such a run is stale)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
-def partial_name(target: Path, pid: int | None = None) -> Path:
-    return target.parent / f".{target.name}{PARTIAL}{os.getpid() if pid is None else pid}"
-
-
-def partials(target: Path) -> list[tuple[Path, int]]:
-    """Partial outputs of ``target`` (files or dirs named by ``partial_name``) with their pid."""
-    prefix = f".{target.name}{PARTIAL}"
-    out = []
-    try:
-        names = os.listdir(target.parent)
-    except OSError:
-        return out
-    for name in names:
-        if name.startswith(prefix) and name[len(prefix):].isdigit():
-            out.append((target.parent / name, int(name[len(prefix):])))
-    return sorted(out)
-
-
-def remove_stale_partials(target: Path) -> list[Path]:
-    """Remove the partial outputs of ``target`` left by runs whose process is gone (a kill -9);
-    returns them. Partial outputs of live processes are left alone."""
-    import shutil
-
-    removed = []
-    for p, pid in partials(target):
-        if pid == os.getpid() or not process_gone(pid):
-            continue
-        try:
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p)
-            else:
-                p.unlink()
-        except FileNotFoundError:
-            continue
-        except OSError as e:
-            raise OperationalError(f"{p}: a partial output of an interrupted run (pid {pid}) cannot be removed: "
-                                   f"{e.strerror}; remove it by hand (rm -r '{p}')") from e
-        log.warning("removed %s, the partial output of an interrupted run (pid %d)", display(p), pid)
-        removed.append(p)
-    return removed
-
-
-@contextlib.contextmanager
-def signals_held():
-    """Hold SIGINT, SIGTERM and SIGALRM (delivered when the block ends) while a partial output
-    is removed or committed, so a second Ctrl-C cannot leave it half done."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    held = {signal.SIGINT, signal.SIGTERM, signal.SIGALRM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-@contextlib.contextmanager
-def staged_file(target: Path, mode: str = "wb"):
-    """Open a partial file for ``target`` (``partial_name``) and yield it; when the block ends
-    normally the file is flushed, fsynced and renamed to ``target``; on any exception (Ctrl-C
-    included) it is removed. Stale partial files of killed runs are removed first."""
-    remove_stale_partials(target)
-    tmp = partial_name(target)
-    try:
-        fh = open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
-    except OSError as e:
-        raise OperationalError(f"{tmp}: cannot create: {e.strerror}") from e
-    done = False
-    try:
-        with fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        with signals_held():
-            os.replace(tmp, target)  # a half-written output never has the final name
-            done = True
-    finally:
-        if not done:
-            with signals_held(), contextlib.suppress(OSError):
-                tmp.unlink()
+# -- writing files: in sized row groups ----------------------------------------------------------
 
 
 class ParquetSink:
@@ -292,11 +192,14 @@ def _batched(rows: Iterator[dict], max_rows: int, max_bytes: int) -> Iterator[pa
         yield pa.RecordBatch.from_pylist(buf, schema=SCHEMA)
 
 
-def export_batches(paths, everything: bool = False, vhosts=None, queues=None, **options) -> Iterator[pa.RecordBatch]:
+def export_batches(paths, everything: bool = False, vhosts=None, queues=None, progress=None,
+                   **options) -> Iterator[pa.RecordBatch]:
     """The export rows (the ``messages`` schema plus ``source``) as batches; ``vhosts``/``queues``
     restrict them by name (a queue restriction leaves out the store rows, which belong to no
-    queue)."""
+    queue; a name that matches nothing is a ``UsageError``). ``progress``: a ``driver.Progress``
+    or a display ``(text, done, total)``."""
     opts = make_options(**options)
+    progress = driver.Progress.of(progress)
 
     def build(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         node = display(vs.node.node.node)
@@ -325,7 +228,7 @@ def export_batches(paths, everything: bool = False, vhosts=None, queues=None, **
         yield from _batched(once(extra), opts.batch_rows, opts.batch_bytes)
 
     # the one read driver
-    yield from driver.read("messages", opts, paths=paths, build=build, vhosts=vhosts, queues=queues)
+    yield from driver.read("messages", opts, paths=paths, build=build, vhosts=vhosts, queues=queues, progress=progress)
 
 
 def _jsonl_line(row: dict) -> str:
@@ -334,18 +237,20 @@ def _jsonl_line(row: dict) -> str:
     return jsonout.dumps(row)
 
 
-def _provenance(paths, options: dict) -> dict:
-    """The export's provenance record and the one instant its TTLs are judged at."""
+def _provenance(paths, options: dict, nodes: list[NodeScan]) -> dict:
+    """The export's provenance record and the one instant its TTLs are judged at (``nodes``:
+    the scans of the nodes exported)."""
     from cqforensics.model.options import parse_as_of
 
     as_of_ms = parse_as_of(options.get("as_of"))
+    given = as_of_ms is not None
     if as_of_ms is None:
         as_of_ms = provenance.now_ms()
     version = options.get("broker_version")
     if not version:  # the version each node's next boot is predicted for (inferred)
-        opts = make_options(broker_version=None, bodies=False, decode=False)
-        version = ", ".join(sorted({NodeScan(n, opts).model.label for n in layout.discover(paths)})) or None
-    return {"as_of_ms": as_of_ms, "record": provenance.record("export", paths, version, as_of_ms)}
+        version = ", ".join(sorted({ns.model.label for ns in nodes})) or None
+    return {"as_of_ms": as_of_ms, "as_of_given": given,
+            "record": provenance.record("export", paths, version, as_of_ms)}
 
 
 def _stale_note(out: Path) -> str:
@@ -358,50 +263,55 @@ def _stale_note(out: Path) -> str:
 
 
 def export(paths, fmt: str, out: Path | str, everything: bool = False, force: bool = False, vhosts=None,
-           queues=None, **options) -> dict:
-    """Write DIR/messages.jsonl or DIR/messages.parquet; returns counts per source. ``force``:
-    DIR may exist and hold files (an existing messages file is replaced). A partial file a
-    killed run left in DIR is removed first (it would make DIR non-empty)."""
+           queues=None, progress=None, **options) -> dict:
+    """Write DIR/messages.jsonl or DIR/messages.parquet; returns counts per source, the messages
+    past their TTL (``expired``; ``as_of``: when TTLs were judged, ``as_of_given``: not by the
+    clock) and the storage not read (``not_read``, per node). ``force``: DIR may be a previous
+    output of cqforensics, replaced whole when the export is complete (the rule of every output,
+    cqforensics.outputs). ``progress``: a display ``(text, done, total)``."""
     if fmt not in ("jsonl", "parquet"):
         raise UsageError(f"unknown format {fmt!r}: jsonl or parquet")
-    out = check_output(out, paths, directory=True, force=True)  # never inside an input: checked first
-    target = out / f"messages.{fmt}"
-    removed = remove_stale_partials(target) if out.is_dir() else []
+    nodes = driver.discovered(paths, make_options(options.get("broker_version"), bodies=False, decode=False),
+                              driver.names(vhosts, "vhosts"), driver.names(queues, "queues"))
+    out = Path(out).absolute()
     try:
-        out = check_output(out, paths, directory=True, force=force)
+        check_output(out, paths, directory=True, force=force, deep=False)
     except UsageError as e:
         raise UsageError(str(e) + _stale_note(out)) from None
-    if target.is_dir():
-        raise UsageError(f"{target}: is a directory (the output is a file)")
-    created = not out.exists()
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise OperationalError(f"{out}: cannot create: {e.strerror}") from e
+        raise OperationalError(f"{out.parent}: cannot create: {e.strerror}") from e
     counts: dict[str, int] = {}
-    prov = _provenance(paths, options)
+    expired = 0
+    prov = _provenance(paths, options, nodes)
     options = {**options, "as_of": prov["as_of_ms"]}
-    prov = prov["record"]
-    try:
-        with staged_file(target, "w" if fmt == "jsonl" else "wb") as fh:
+    as_of_ms, as_of_given, prov = prov["as_of_ms"], prov["as_of_given"], prov["record"]
+    with Staging(out, paths, replace=force, command="export") as staging:
+        target = staging.path / f"messages.{fmt}"
+        with open(target, "w" if fmt == "jsonl" else "wb", **({"encoding": "utf-8"} if fmt == "jsonl" else {})) as fh:
             sink = ParquetSink(fh, SCHEMA.with_metadata({provenance.METADATA_KEY: json.dumps(prov, sort_keys=True)})) \
                 if fmt == "parquet" else None
             with sink if sink is not None else contextlib.nullcontext():
-                for b in export_batches(paths, everything, vhosts=vhosts, queues=queues, **options):
+                for b in export_batches(paths, everything, vhosts=vhosts, queues=queues, progress=progress,
+                                        **options):
                     for s in b.column("source").to_pylist():
                         counts[s] = counts.get(s, 0) + 1
+                    expired += b.column("drop_reason").to_pylist().count("expired")
                     if sink is not None:
                         sink.write(b)
                     else:
                         fh.write("".join(_jsonl_line(row) + "\n" for row in b.to_pylist()))
+            fh.flush()
+            os.fsync(fh.fileno())
         if fmt == "jsonl":  # the sidecar: written once the export is complete
-            with staged_file(out / f"messages.{fmt}.provenance.json", "w") as fh:
-                fh.write(provenance.to_json(prov))
-    finally:
-        if created and not target.exists():  # a failed export leaves nothing behind
-            with signals_held(), contextlib.suppress(OSError):
-                out.rmdir()
-    return {"file": display(target), "rows": counts, "removed_partials": [display(p) for p in removed]}
+            (staging.path / f"messages.{fmt}.provenance.json").write_text(provenance.to_json(prov), encoding="utf-8")
+        staging.commit()
+    return {"file": display(out / f"messages.{fmt}"), "rows": counts,
+            "removed_partials": [display(p) for p in staging.removed_stale],
+            "expired": expired, "as_of": provenance.iso(as_of_ms), "as_of_given": as_of_given,
+            "not_read": {display(ns.node.node): [u.to_dict() for u in ns.unread_storage] for ns in nodes
+                         if ns.unread_storage}}
 
 
 # -- find -------------------------------------------------------------------------------------------
@@ -421,13 +331,13 @@ def fate(row: dict) -> str:
             "corrupt": "damaged copy"}.get(src, src)
 
 
-def find(paths, msg_ids=(), body: bytes | None = None, message_ids=(), vhosts=None, queues=None,
+def find(paths, msg_ids=(), body: bytes | None = None, message_ids=(), vhosts=None, queues=None, progress=None,
          **options) -> Iterator[dict]:
     """Every message under ``paths`` (what ``export --all`` would emit: index rows, ghosts,
     orphans, duplicates) whose ``msg_id`` starts with one of ``msg_ids`` (hex), whose AMQP
     ``message_id`` property is one of ``message_ids``, or whose body contains ``body``; one dict
     per hit: where it is (node, vhost, queue, file and offset of the index entry and of the
-    stored bytes), ``source`` and ``fate``."""
+    stored bytes), ``source`` and ``fate``. ``progress``: a display ``(text, done, total)``."""
     prefixes = []
     for m in msg_ids:
         h = m.lower().removeprefix("0x")
@@ -437,7 +347,7 @@ def find(paths, msg_ids=(), body: bytes | None = None, message_ids=(), vhosts=No
     message_ids = set(message_ids)
     if not (prefixes or body or message_ids):
         raise UsageError("find: give a msg_id, a message id or a body text to look for")
-    for b in export_batches(paths, True, vhosts=vhosts, queues=queues, **options):
+    for b in export_batches(paths, True, vhosts=vhosts, queues=queues, progress=progress, **options):
         hit = np.zeros(b.num_rows, bool)
         if prefixes:
             ids = [None if v is None else v.hex() for v in b.column("msg_id").to_pylist()]
@@ -453,6 +363,5 @@ def find(paths, msg_ids=(), body: bytes | None = None, message_ids=(), vhosts=No
             yield row
 
 
-__all__ = ["SCHEMA", "export", "export_batches", "find", "fate", "ParquetSink", "staged_file",
-           "remove_stale_partials", "partials", "process_gone", "partial_name", "signals_held", "PARTIAL",
+__all__ = ["SCHEMA", "export", "export_batches", "find", "fate", "ParquetSink",
            "ROW_GROUP_ROWS", "ROW_GROUP_BYTES"]

@@ -160,6 +160,8 @@ def _mc_amqpl(raw: bytes, lay: dict) -> dict | None:
     anns, end = _map(raw, p)
     props, headers = _PROPS.get(props_bin)
     props = props.copy()
+    marks: list[str] = []
+    common = message._mc_common(anns, marks)
     if anns.keys() <= _PLAIN_ANNS:  # nothing for the 0-9-1 view to apply (mc_amqpl:protocol_state)
         rts = anns.get("rts")
         annotations = None if rts is None else f'{{"rts":{rts}}}' if type(rts) is int \
@@ -168,18 +170,12 @@ def _mc_amqpl(raw: bytes, lay: dict) -> dict | None:
             props["delivery_mode"] = 2
         ts = None if props["timestamp"] is None else props["timestamp"] * 1000
     else:
-        props, headers, ts = message._amqpl_view(props, headers, anns)
+        props, headers, ts = message._amqpl_view(props, headers, anns, marks)
         if ts is None and props["timestamp"] is not None:
             ts = props["timestamp"] * 1000
         annotations = message._annotations_json(anns)
-    x, rk = anns.get("x"), anns.get("rk")
-    msg_id = anns.get("id")
-    return {"msg_id": msg_id if type(msg_id) is bytes else None, "persistent": anns.get("d") != "false",
-            "exchange": x.decode("utf-8", "replace") if type(x) is bytes else message._s(x),
-            "routing_keys": [k.decode("utf-8", "replace") if type(k) is bytes else message._s(k) for k in rk]
-            if type(rk) is list else [],
-            "properties": props, "timestamp_ms": ts, "headers": headers,
-            "annotations": annotations, "body": body, "term_format": "mc_amqpl"}
+    return {**common, "properties": props, "timestamp_ms": ts, "headers": headers,
+            "annotations": annotations, "body": body, "term_format": "mc_amqpl", "marks": marks}
 
 
 def _basic_message(raw: bytes, lay: dict) -> dict | None:
@@ -189,7 +185,7 @@ def _basic_message(raw: bytes, lay: dict) -> dict | None:
     x, p = _binary(raw, p + len(lay["exchange"]))
     rks, p = etf.decode_at(raw, p)
     c = _content(raw, p, lay)
-    if c is None or not isinstance(rks, list):
+    if c is None:
         return None
     props_bin, body, p = c
     if raw[p:p + 5] != b"m\x00\x00\x00\x10":
@@ -203,7 +199,8 @@ def _basic_message(raw: bytes, lay: dict) -> dict | None:
     else:
         return None
     props, headers = message.props_from_bin(props_bin)
+    marks: list[str] = []
     return {"msg_id": msg_id, "persistent": persistent, "exchange": x.decode("utf-8", "replace"),
-            "routing_keys": [message._s(k) for k in rks], "properties": props,
+            "routing_keys": message._texts(marks, "routing_keys", rks), "properties": props,
             "timestamp_ms": None if props["timestamp"] is None else props["timestamp"] * 1000,
-            "headers": headers, "annotations": None, "body": body, "term_format": "basic_message"}
+            "headers": headers, "annotations": None, "body": body, "term_format": "basic_message", "marks": marks}

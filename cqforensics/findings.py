@@ -41,10 +41,12 @@ CODES: dict[str, tuple[str, str]] = {
     "unknown-queue": (WARNING, "a queue dir not in the durable-queue metadata: the broker deletes it at boot"),
     "unknown-file": (INFO, "a file the broker does not use in this place"),
     "not-regular-file": (WARNING, "a FIFO, socket, device or unfollowable symlink where a file is expected; never read"),
-    "value-out-of-range": (WARNING, "a decoded number does not fit its column (e.g. an expiry past 2^63 or year 9999); "
-                                    "shown as null"),
+    "value-out-of-range": (WARNING, "a decoded value does not fit its column: a number past its range (e.g. an "
+                                    "expiry past 2^63 or year 9999) or, in a message term (--deep), a value of "
+                                    "another kind than the broker writes there; shown as null"),
     "v1-journal-torn": (WARNING, "a CQv1 journal ends in a partial or invalid record"),
-    "v1-segment-truncated": (ERROR, "a CQv1 segment ends inside a record"),
+    "v1-segment-truncated": (ERROR, "a CQv1 segment ends inside a record, or holds one the broker cannot load "
+                                    "(a record prefix 00, a RelSeq past the segment entry count)"),
     "v1-orphan-ack": (WARNING, "a CQv1 deliver/ack record for a message that was never published"),
     "unclean-shutdown": (INFO, "the node was not stopped cleanly: the next boot rebuilds its indexes"),
     "fragmented-file": (INFO, "a shared-store file is mostly garbage; compaction would reclaim it"),
@@ -55,6 +57,10 @@ CODES: dict[str, tuple[str, str]] = {
                                 "recovery.dets): the queue crashes at init and restarts, or never reads some messages"),
     "store-index-mismatch": (ERROR, "clean start: the trusted msg_store_index.ets lacks messages queues hold: "
                              "reading one crashes the queue (541), its restart drops them"),
+    "store-crash": (ERROR, "clean start: the vhost's message store can crash while it serves (a remove or read of a "
+                           "message its recorded index lacks or misplaces, its garbage collector, an ack repeated by a "
+                           "restarted queue); the vhost restarts, clean or dirty: the prediction is given as bounds (a "
+                           "warning when the crash depends on timing)"),
     "index-duplicate-entry": (WARNING, "two index entries of one queue (.qi slots or CQv1 records) hold the same "
                                        "seq id, message id or .qs location: one is a copy of the other"),
     "segment-misplaced": (WARNING, "an index segment holds the seq ids (or the messages) of another segment "
@@ -67,8 +73,14 @@ CODES: dict[str, tuple[str, str]] = {
                                    "that are no item, or holds more or fewer items than it records; or a text "
                                    "file the broker writes (.config, clean.dot, cluster_nodes.config, ...) holds "
                                    "NUL bytes, unreadable terms or terms of another shape than its writer's"),
+    "storage-not-read": (WARNING, "the node holds queues of a kind of storage cqforensics does not read yet "
+                                  "(quorum queues, streams): named, their messages are in no count; fsck's check "
+                                  "is incomplete (exit bit 2)"),
     "index-size-mismatch": (WARNING, "--deep: an index entry's size field is not the size of the body it "
                                      "refers to (a damaged size field, or body)"),
+    "persistence-mismatch": (WARNING, "an index entry's persistent flag is not its message's: a transient entry of a "
+                                      "durable queue whose body is in the persistent shared store, or (--deep) a "
+                                      "stored message whose own persistence is not the index's (a flipped flag)"),
     "message-copies-differ": (WARNING, "two copies of one message embedded in CQv1 indexes (one message id routed "
                                        "to two queues) hold different bytes: one is damaged"),
 }

@@ -14,14 +14,14 @@ it reads a damaged message; fsck names those queues and says how to force a dirt
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cqforensics import exitcodes, layout, provenance
 from cqforensics.errors import display
 from cqforensics.model.options import make_options, parse_as_of
-from cqforensics.checks import QueueVerdict, check_vhost
+from cqforensics.checks import QueueVerdict, check_vhost, node_level_findings
 from cqforensics.findings import ERROR, SEVERITY_RANK, Finding
 from cqforensics.model.vhost import NodeScan
 
@@ -36,10 +36,19 @@ class NodeVerdict:
     boot: str  # "ok" or "hangs"
     warnings: list[str] = field(default_factory=list)
     written_by: dict = field(default_factory=dict)  # the inferred VersionRange (low, high, label, why)
+    #: the version predicted for is an assumption: inferred from data that more than one series
+    #: of the version table could have written (the newest of them is taken), not named
+    broker_version_assumed: bool = False
+    not_read: list[dict] = field(default_factory=list)  # model.vhost.UnreadStorage.to_dict of each kind
+
+    @property
+    def version_inferred(self) -> bool:
+        return self.version_source.startswith("inferred")
 
     def to_dict(self) -> dict:
         return {"node": self.node, "path": self.path, "broker_version": self.broker_version,
                 "version_source": self.version_source, "written_by": self.written_by,
+                "broker_version_assumed": self.broker_version_assumed, "not_read": self.not_read,
                 "recovery": self.vhost_recovery, "boot": self.boot, "warnings": self.warnings}
 
 
@@ -49,11 +58,20 @@ class Report:
     queues: list[QueueVerdict] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     provenance: dict | None = None  # cqforensics.provenance.record: tool, core, inputs' sha256, version, as_of
+    as_of_ms: int | None = None  # when TTLs were judged
+    as_of_given: bool = False  # by the caller (--as-of), not the clock
+
+    @property
+    def incomplete(self) -> bool:
+        """Whether a node holds queue storage fsck does not read (``storage-not-read``)."""
+        return any(f.code == "storage-not-read" for f in self.findings)
 
     @property
     def exit_code(self) -> int:
-        """e2fsck style: 4 when errors are left (fsck fixes nothing), else 0."""
-        return exitcodes.ERRORS_LEFT if any(f.severity == ERROR for f in self.findings) else exitcodes.OK
+        """e2fsck style, bits: 4 when errors are left (fsck fixes nothing), 2 when the check is
+        incomplete (queue storage not read: quorum queues, streams); 0 when neither."""
+        return (exitcodes.ERRORS_LEFT if any(f.severity == ERROR for f in self.findings) else exitcodes.OK) \
+            | (exitcodes.INCOMPLETE if self.incomplete else exitcodes.OK)
 
     def to_dict(self) -> dict:
         return {"format": "cqforensics-fsck/1", "nodes": [n.to_dict() for n in self.nodes],
@@ -61,11 +79,20 @@ class Report:
                 "summary": self.summary(), "exit_code": self.exit_code, "provenance": self.provenance}
 
     def summary(self) -> dict:
+        """Counts, and when TTLs were judged: ``expired`` messages are past their TTL at
+        ``ttls_judged_at``, the clock's time of the run (``ttls_judged_by`` "clock") or the one
+        given (``--as-of``: "as_of")."""
         counts = {s: sum(1 for f in self.findings if f.severity == s) for s in SEVERITY_RANK}
         return {"findings": counts, "queues": len(self.queues), "messages": sum(q.messages for q in self.queues),
                 "predicted_after_restart": sum(q.predicted_after_restart for q in self.queues),
+                "predicted_min": sum(q.predicted_min for q in self.queues),
+                "predicted_max": sum(q.predicted_max for q in self.queues),
                 "dropped": sum(q.dropped for q in self.queues),
-                "crashes": sorted({q.crash for q in self.queues if q.crash})}
+                "crashes": sorted({q.crash for q in self.queues if q.crash}),
+                "expired": sum(q.drops.get("expired", 0) for q in self.queues),
+                "ttls_judged_at": provenance.iso(self.as_of_ms) if self.as_of_ms is not None else None,
+                "ttls_judged_by": "as_of" if self.as_of_given else "clock",
+                "not_read": sorted({u["kind"] for n in self.nodes for u in n.not_read})}
 
 
 def running_broker(node_dir: Path) -> str | None:
@@ -95,27 +122,37 @@ def running_broker(node_dir: Path) -> str | None:
 
 
 def fsck(paths, broker_version: str | None = None, as_of=None, deep: bool = False, assume_dirty: bool = False,
-         progress: Callable[[str], None] | None = None, vhosts=None, queues=None, jobs: int = 1) -> Iterator:
+         progress=None, vhosts=None, queues=None, jobs: int = 1) -> Iterator:
     """Check every node dir under ``paths``. Yields findings as they are found and, last, the
     Report (whose findings list holds them all). ``vhosts`` (names) checks only those vhosts;
     ``queues`` (names) keeps only those queues' verdicts and findings, and the findings that
     name no queue (store-wide: a vhost's checks need all of it, so it is still read whole).
     ``jobs``: nodes checked at once, each in its own process (a folder of backups); the report
-    is the same, in the same order, whatever ``jobs`` is."""
-    from cqforensics.driver import names
+    is the same, in the same order, whatever ``jobs`` is. A vhost or queue name that matches
+    nothing is a ``UsageError`` naming the close names that exist. ``progress``: a
+    ``driver.Progress``, or a display ``(text, done, total)`` one is made for."""
+    from cqforensics.driver import Progress, check_names, names
 
     vhosts, queues = names(vhosts, "vhosts"), names(queues, "queues")
     as_of_ms = parse_as_of(as_of)
+    given = as_of_ms is not None
     if as_of_ms is None:  # judged at one instant, the one the provenance records
         as_of_ms = provenance.now_ms()
     options = make_options(broker_version, as_of_ms, bodies=False, decode=False, assume_dirty=assume_dirty)
-    report = Report()
+    report = Report(as_of_ms=as_of_ms, as_of_given=given)
     nodes = layout.discover(paths)
     work = (bool(broker_version), deep, vhosts, queues)
     if jobs > 1 and len(nodes) > 1:
+        if vhosts is not None or queues is not None:
+            check_names([NodeScan(n, options) for n in nodes], vhosts, queues)
         results = _parallel(nodes, options, work, jobs, progress)
     else:
-        results = (_check_node(node, options, work, progress) for node in nodes)
+        scans = [NodeScan(n, options) for n in nodes]
+        check_names(scans, vhosts, queues)
+        progress = Progress.of(progress)
+        if progress is not None:
+            progress.plan(scans, vhosts)
+        results = _each_node(scans, options, work, progress)
     for nv, verdicts, findings in results:
         report.nodes.append(nv)
         report.queues += verdicts
@@ -128,23 +165,31 @@ def fsck(paths, broker_version: str | None = None, as_of=None, deep: bool = Fals
 
 
 def _check_node(node, options, work, progress=None) -> tuple[NodeVerdict, list[QueueVerdict], list[Finding]]:
-    """One node's verdict, queue verdicts and findings (in report order)."""
+    """One node's verdict, queue verdicts and findings (in report order). ``node``: its
+    ``NodeScan`` or ``NodeDir``; ``progress``: a ``driver.Progress`` (planned)."""
     forced, deep, vhosts, queues = work
-    ns = NodeScan(node, options)
+    ns = node if isinstance(node, NodeScan) else NodeScan(node, options)
+    node = ns.node
     source = "--broker-version" if forced else f"inferred: {ns.inferred[1]}"
     scans = [vs for vs in ns.vhosts if vhosts is None or vs.vhost.name in vhosts]
     nv = NodeVerdict(display(node.node), display(node.path), ns.model.label, source, {}, "hangs" if ns.boot_hangs else "ok",
-                     written_by=ns.version_range.to_dict())
+                     written_by=ns.version_range.to_dict(),
+                     broker_version_assumed=not forced and not ns.version_range.one_series,
+                     not_read=[u.to_dict() for u in ns.unread_storage])
     live = running_broker(node.path)
     if live:
         nv.warnings.append(f"a broker appears to be running on this node dir ({live}): its files change "
                            "under fsck, results may be inconsistent")
     all_verdicts, all_findings = [], []
-    sizes = [layout.tree_bytes(vs.vhost.path) for vs in scans] if progress else []
-    for k, vs in enumerate(scans, 1):
-        if progress:
-            progress(f"{display(node.node)}: vhost {display(vs.vhost.label)} ({k}/{len(scans)})",
-                     sum(sizes[:k - 1]), sum(sizes))
+    if scans:  # the first vhost checked makes the findings about the node as a whole
+        ns.node_level_vhost = scans[0].vhost.dir_name
+    else:
+        all_findings += sorted((f.scoped(node=node.node) for f in node_level_findings(ns)), key=_order)
+    if progress is not None:
+        progress.attach(ns)
+    for vs in scans:
+        if progress is not None:
+            progress.vhost(ns, vs, "fsck" if progress.passes > 1 else "")
         nv.vhost_recovery[vs.vhost.label] = vs.recovery
         verdicts, findings = check_vhost(vs, deep)
         vs.close()
@@ -153,7 +198,16 @@ def _check_node(node, options, work, progress=None) -> tuple[NodeVerdict, list[Q
             findings = [f for f in findings if f.queue is None or f.queue in queues]
         all_verdicts += verdicts
         all_findings += sorted(findings, key=_order)
+    if progress is not None:
+        progress.end()
     return nv, all_verdicts, all_findings
+
+
+def _each_node(scans: list[NodeScan], options, work, progress):
+    """``_check_node`` of each node in turn, letting go of each node's scan once it is checked."""
+    for k in range(len(scans)):
+        ns, scans[k] = scans[k], None
+        yield _check_node(ns, options, work, progress)
 
 
 def _parallel(nodes, options, work, jobs: int, progress):
@@ -167,7 +221,8 @@ def _parallel(nodes, options, work, jobs: int, progress):
         futures = [pool.submit(_check_node, node, options, work) for node in nodes]
         for k, fut in enumerate(futures):
             if progress:
-                progress(f"{display(nodes[k].node)} ({k + 1}/{len(nodes)}, {jobs} at once)", sum(sizes[:k]), sum(sizes))
+                progress(f"node {k + 1} of {len(nodes)}: {display(nodes[k].node)} ({jobs} at once)", sum(sizes[:k]),
+                     sum(sizes))
             yield fut.result()
 
 

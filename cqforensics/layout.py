@@ -96,7 +96,8 @@ class VhostDir:
     path: Path
     dir_name: str
     name: str | None = None
-    name_raw: bytes | None = None
+    name_raw: bytes | None = None  # the vhost's name: its .vhost when that names this dir, else the metadata's
+    stored_name: bytes | None = None  # what its .vhost holds (read_name_file: None when absent or too long)
     segment_entry_count: int = LEGACY_SEGMENT_ENTRY_COUNT  # CQv1 only (VH read_config)
     stores: dict[str, StoreDir] = field(default_factory=dict)
     queues: list[QueueDir] = field(default_factory=list)
@@ -112,6 +113,54 @@ class VhostDir:
         return self.path / "recovery.dets"
 
 
+@dataclass(frozen=True)
+class StorageKind:
+    """A kind of queue storage a RabbitMQ node dir can hold, and whether cqforensics reads it.
+
+    Every front end says which queues of a kind it does not read exist (fsck's exit code says
+    its check is incomplete): nothing about them is a silent all-clear. A reader of a new kind
+    flips its ``read`` to True (``STORAGE_KINDS``) once its queues are in the tables."""
+
+    name: str  # "classic", "quorum", "stream"
+    queue_type: str  # the type field of the queue's #amqqueue{} record in the metadata store
+    noun: str  # one queue of the kind, in text ("quorum queue")
+    read: bool  # whether cqforensics reads its messages
+    #: the kind's per-queue data dirs under the node dir (a glob): a classic queue's index dir; a
+    #: quorum queue member's Ra server dir (ra_env:server_data_dir of the quorum_queues Ra system);
+    #: a stream's osiris dir. Ra's system files beside the server dirs (WAL, DETS tables) hold no
+    #: queue by themselves: a node that never had a quorum queue has them too.
+    data: str
+
+    @property
+    def root(self) -> str:
+        """The dir under the node dir that holds the kind's data."""
+        return self.data.split("/*", 1)[0]
+
+    def data_dirs(self, node_path: Path) -> list[Path]:
+        """The kind's per-queue data dirs on this node (never following a symlink)."""
+        try:
+            return sorted(p for p in node_path.glob(self.data) if p.is_dir() and not p.is_symlink())
+        except OSError:
+            return []
+
+
+#: the kinds of queue storage (rabbit_queue_type: classic, quorum, stream); ``read`` says which
+#: cqforensics reads. The quorum and stream readers set theirs to True.
+STORAGE_KINDS: dict[str, StorageKind] = {k.name: k for k in (
+    StorageKind("classic", "rabbit_classic_queue", "classic queue", True, "msg_stores/vhosts/*/queues/*"),
+    StorageKind("quorum", "rabbit_quorum_queue", "quorum queue", False, "quorum/*/*"),
+    StorageKind("stream", "rabbit_stream_queue", "stream", False, "stream/*"),
+)}
+
+
+def storage_kind(queue_type: str | None) -> StorageKind | None:
+    """The kind of a queue whose metadata record has ``queue_type`` (None: a record older than
+    queue types, a classic queue); None for a type no kind names (a plugin's)."""
+    if queue_type is None:
+        return STORAGE_KINDS["classic"]
+    return next((k for k in STORAGE_KINDS.values() if k.queue_type == str(queue_type)), None)
+
+
 @dataclass
 class NodeDir:
     path: Path
@@ -121,6 +170,37 @@ class NodeDir:
     @property
     def name(self) -> str:
         return self.path.name
+
+    def unread_storage(self) -> dict[str, list[Path]]:
+        """Kind name -> the data dirs of each kind cqforensics does not read (``STORAGE_KINDS``)
+        that this node holds; kinds without any are left out."""
+        out = {}
+        for kind in STORAGE_KINDS.values():
+            if not kind.read:
+                dirs = kind.data_dirs(self.path)
+                if dirs:
+                    out[kind.name] = dirs
+        return out
+
+
+#: the most bytes a name file (``.vhost``, ``.queue_name``) may hold: the broker writes a name
+#: (plus two labels for a queue), and no vhost or queue name comes near this; a longer file is
+#: damage, read only this far and named by nothing
+NAME_FILE_LIMIT = 1 << 20
+
+
+def read_name_file(path: Path, problems: list[FileProblem], what: str) -> bytes | None:
+    """The bytes of a name file (``what``: ``.vhost`` or ``.queue_name``), the one reading of it
+    every layer uses; None when absent, not a regular file, or longer than ``NAME_FILE_LIMIT``
+    (then a ``missing-queue-name`` problem: what it holds is no name, the start of it is not one
+    either)."""
+    raw = _read_small(path, problems, NAME_FILE_LIMIT + 1)
+    if raw is not None and len(raw) > NAME_FILE_LIMIT:
+        problems.append(FileProblem("missing-queue-name", path, f"{what} holds more than {NAME_FILE_LIMIT} bytes: "
+                                    "longer than any name the broker writes there (damaged); no name is read from it",
+                                    NAME_FILE_LIMIT))
+        return None
+    return raw
 
 
 def _read_small(path: Path, problems: list[FileProblem], limit: int = 1 << 20) -> bytes | None:
@@ -199,7 +279,7 @@ def read_queue_dir(path: Path, vhost_raw: bytes | None, problems: list[FileProbl
             q.journal = p
         elif kind != "queue_name" and p not in known:
             q.others.append(p)
-    raw = _read_small(path / ".queue_name", problems)
+    raw = read_name_file(path / ".queue_name", problems, ".queue_name")
     if raw is None and not any(p.path == path / ".queue_name" for p in problems):
         problems.append(FileProblem("missing-queue-name", path / ".queue_name", "queue dir has no .queue_name"))
         return q
@@ -228,14 +308,16 @@ def read_queue_dir(path: Path, vhost_raw: bytes | None, problems: list[FileProbl
 
 def read_vhost_dir(path: Path) -> VhostDir:
     v = VhostDir(path=path, dir_name=path.name)
-    raw = _read_small(path / ".vhost", v.problems)
+    raw = read_name_file(path / ".vhost", v.problems, ".vhost")
+    v.stored_name = raw
     if raw is None and v.problems:
         pass
     elif raw is None:
         v.problems.append(FileProblem("missing-queue-name", path / ".vhost", "vhost dir has no .vhost"))
     elif textfiles.vhost_dir_name(raw) != path.name:
         v.problems.append(FileProblem("queue-dir-mismatch", path / ".vhost",
-                                      f".vhost says {raw!r}, whose dir would be {textfiles.vhost_dir_name(raw)}"))
+                                      f".vhost says {raw[:200]!r}{'...' if len(raw) > 200 else ''} ({len(raw)} "
+                                      f"bytes), whose dir would be {textfiles.vhost_dir_name(raw)}"))
     else:
         v.name_raw, v.name = raw, raw.decode("utf-8", "replace")
     cfg = _read_small(path / ".config", v.problems)

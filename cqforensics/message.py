@@ -46,6 +46,99 @@ def _s(v) -> str | None:
     return str(v)
 
 
+# -- values a column shows: as the broker writes them, or null with a mark -----------------------
+#
+# A stored field of the kind its broker writes there is shown; one of another kind (an integer
+# where a binary belongs, an atom for a list of routing keys) is shown as null, never as some
+# text made of it, and named in the message's ``marks`` ("name=value (what it is)"): the row's
+# ``decode_error`` and ``fsck --deep``'s ``value-out-of-range`` finding say it (schema.value_marks).
+
+
+def short(v, n: int = 40) -> str:
+    """A bounded text of a decoded value for a mark or an error (never a repr of a whole huge or
+    deeply nested term)."""
+    if isinstance(v, etf.Atom):
+        text = str(v)
+    elif isinstance(v, bool) or isinstance(v, int):
+        text = str(v) if v.bit_length() < 200 else f"an integer of {v.bit_length()} bits"
+    elif isinstance(v, (bytes, bytearray)):
+        text = repr(bytes(v[:n]))
+    elif isinstance(v, float):
+        text = repr(v)
+    elif isinstance(v, (list, tuple, dict)):
+        text = f"{type(v).__name__} of {len(v)}"
+    else:
+        text = type(v).__name__
+    return text if len(text) <= n else text[:n] + "..."
+
+
+def _kind(v) -> str:
+    if isinstance(v, etf.Atom):
+        return "an atom"
+    if isinstance(v, bool) or isinstance(v, int):
+        return "an integer"
+    return {bytes: "a binary", float: "a float", list: "a list", tuple: "a tuple", dict: "a map",
+            etf.ImproperList: "an improper list", etf.BitBinary: "a bit string"}.get(type(v), "a pid, port, ref or fun")
+
+
+def mark(marks: list, name: str, v, want: str) -> None:
+    """Record that the field ``name`` holds ``v``, not ``want``: the column shows null."""
+    marks.append(f"{name}={short(v)} ({_kind(v)}, not {want})")
+
+
+def _absent(v) -> bool:
+    return v is None or (isinstance(v, etf.Atom) and v == "undefined")
+
+
+def _binary(marks: list, name: str, v, want: str = "a binary") -> bytes | None:
+    """``v`` when it is a binary; None when absent (undefined) or, marked, of another kind."""
+    if isinstance(v, bytes):
+        return v
+    if not _absent(v):
+        mark(marks, name, v, want)
+    return None
+
+
+def _text(marks: list, name: str, v) -> str | None:
+    b = _binary(marks, name, v)
+    return None if b is None else b.decode("utf-8", "replace")
+
+
+def _texts(marks: list, name: str, v) -> list[str] | None:
+    """A list of binaries (routing keys) as text; anything else null and marked."""
+    if isinstance(v, list) and all(isinstance(k, bytes) for k in v):
+        return [k.decode("utf-8", "replace") for k in v]
+    if not _absent(v):
+        mark(marks, name, v, "a list of binaries")
+    return None
+
+
+def _guid(marks: list, v) -> bytes | None:
+    """A message id: the 16-byte guid the broker gives every message (rabbit_guid)."""
+    if isinstance(v, bytes) and len(v) == 16:
+        return v
+    if not _absent(v):
+        mark(marks, "msg_id", v, "a 16-byte binary")
+    return None
+
+
+def _flag(marks: list, name: str, v, default: bool | None) -> bool | None:
+    """An Erlang boolean (the atoms true and false); absent: ``default``."""
+    if isinstance(v, etf.Atom) and v in ("true", "false"):
+        return v == "true"
+    if not _absent(v):
+        mark(marks, name, v, "true or false")
+    return default
+
+
+def _integer(marks: list, name: str, v) -> int | None:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if not _absent(v):
+        mark(marks, name, v, "an integer")
+    return None
+
+
 def to_json_value(v):
     """An Erlang term -> something json.dumps accepts (atoms and UTF-8 binaries as strings)."""
     if isinstance(v, (bool, int, float)) or v is None:
@@ -93,8 +186,9 @@ def props_from_bin(encoded: bytes) -> tuple[dict, str | None]:
     return dict(props), headers
 
 
-def _content_props(content: tuple) -> tuple[dict, str | None]:
-    """(13 scalar properties, headers JSON) of a #content{} (encoded form preferred)."""
+def _content_props(content: tuple, marks: list) -> tuple[dict, str | None]:
+    """(13 scalar properties, headers JSON) of a #content{} (encoded form preferred; the
+    decoded ``'P_basic'`` record's fields of another kind are marked)."""
     if not (isinstance(content, tuple) and len(content) == 6 and content[0] == "content"):
         raise FormatError("not a #content{} record")
     decoded, encoded = content[2], content[3]
@@ -102,8 +196,10 @@ def _content_props(content: tuple) -> tuple[dict, str | None]:
         props, headers = _PROPS_CACHE.get(encoded)
         return dict(props), headers
     if isinstance(decoded, tuple) and decoded and decoded[0] == "P_basic":
-        props, headers = amqp091.p_basic(decoded)
+        props, headers = amqp091.p_basic(decoded, marks)
         return props, amqp091.headers_json(headers)
+    # rabbit_binary_parser keeps one of the two: an encoded list (a binary) or the record
+    mark(marks, "properties", encoded if not _absent(encoded) else decoded, "a binary or a 'P_basic' record")
     return dict(_EMPTY_PROPS), None
 
 
@@ -119,6 +215,10 @@ def _deaths(deaths) -> tuple[list[dict], list]:
     out, tables = [], []
     for (queue, reason), death in recs:
         _, exchange, rks, count, anns = death
+        if not (isinstance(queue, bytes) and isinstance(reason, etf.Atom) and isinstance(exchange, bytes)
+                and isinstance(rks, list) and all(isinstance(k, bytes) for k in rks) and isinstance(count, int)
+                and isinstance(anns, dict) and all(isinstance(anns.get(k, 0), int) for k in ("first_time", "last_time"))):
+            raise FormatError("a dead-letter record (#death{}) holds values of another kind than the broker writes")
         ttl = anns.get("ttl")
         out.append({"queue": _s(queue), "reason": _s(reason), "exchange": _s(exchange),
                     "routing_keys": [_s(k) for k in rks], "count": count,
@@ -139,8 +239,9 @@ def _deaths(deaths) -> tuple[list[dict], list]:
     return out, tables
 
 
-def _amqpl_view(props: dict, headers_json: str | None, anns: dict) -> tuple[dict, str | None, int | None]:
-    """Apply mc_amqpl:protocol_state: what an AMQP 0-9-1 consumer receives."""
+def _amqpl_view(props: dict, headers_json: str | None, anns: dict, marks: list) -> tuple[dict, str | None, int | None]:
+    """Apply mc_amqpl:protocol_state: what an AMQP 0-9-1 consumer receives (the annotations
+    that fill a property, of another kind than the broker writes, are marked and not applied)."""
     extra = {}
     if "deaths" in anns:
         _, tables = _deaths(anns["deaths"])
@@ -162,15 +263,17 @@ def _amqpl_view(props: dict, headers_json: str | None, anns: dict) -> tuple[dict
         headers_json = amqp091.headers_json(dict(sorted(merged.items())))
     ttl = anns.get("ttl", ...)
     if ttl is not ...:
-        props["expiration"] = None if ttl == "undefined" else str(ttl)
-    if props["priority"] is None and isinstance(anns.get("p"), int):
-        props["priority"] = anns["p"]
+        ttl = _integer(marks, "expiration", ttl)
+        props["expiration"] = None if ttl is None else str(ttl)
+    p = _integer(marks, "priority", anns.get("p"))
+    if props["priority"] is None and p is not None:
+        props["priority"] = p
     if props["delivery_mode"] is None:
         props["delivery_mode"] = None if anns.get("d") == "false" else 2
-    ts = anns.get("ts")
-    if isinstance(ts, int):
+    ts = _integer(marks, "timestamp", anns.get("ts"))
+    if ts is not None:
         props["timestamp"] = ts // 1000
-    return props, headers_json, ts if isinstance(ts, int) else None
+    return props, headers_json, ts
 
 
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
@@ -242,8 +345,10 @@ def _amqp10_records(msg: tuple) -> tuple[dict, str | None, dict, bytes]:
     parts, section, value = [], None, None
     for d in data if isinstance(data, list) else [data]:
         if isinstance(d, tuple) and d and d[0] == "v1_0.data":
+            if not (len(d) == 2 and isinstance(d[1], bytes)):
+                raise FormatError("a 'v1_0.data' section holds no binary")
             section = "data"
-            parts.append(bytes(d[1]))
+            parts.append(d[1])
         elif isinstance(d, tuple) and d and d[0] == "v1_0.amqp_value":
             section, value = "amqp-value", amqp10.erlang_value(d[1])
         elif isinstance(d, tuple) and d and d[0] == "v1_0.amqp_sequence":
@@ -259,7 +364,7 @@ def _amqp10_records(msg: tuple) -> tuple[dict, str | None, dict, bytes]:
     return detail, amqp091.headers_json(app_obj) if app_obj else None, p, b"".join(parts)
 
 
-def _amqp10_props(p10: dict, anns: dict) -> tuple[dict, int | None]:
+def _amqp10_props(p10: dict, anns: dict, marks: list) -> tuple[dict, int | None]:
     """AMQP 1.0 properties (+ annotations p/d/ttl) -> the 13 AMQP 0-9-1 properties."""
     def text(name):
         v = p10.get(name)
@@ -268,14 +373,17 @@ def _amqp10_props(p10: dict, anns: dict) -> tuple[dict, int | None]:
         pv = amqp10.plain(v)
         return pv.decode("utf-8", "replace") if isinstance(pv, bytes) else str(pv)
 
-    created = amqp10.plain(p10.get("creation_time")) if p10.get("creation_time") else None
-    ttl = anns.get("ttl")
+    created = p10.get("creation_time")
+    if created is not None:
+        created = amqp10.plain(created) if created.get("type") == "timestamp" else \
+            mark(marks, "timestamp", created.get("type"), "an AMQP 1.0 timestamp")
+    ttl = _integer(marks, "expiration", anns.get("ttl"))
     props = {
         "content_type": text("content_type"), "content_encoding": text("content_encoding"),
         "delivery_mode": 1 if anns.get("d") == "false" else 2,
-        "priority": anns.get("p") if isinstance(anns.get("p"), int) else None,
+        "priority": _integer(marks, "priority", anns.get("p")),
         "correlation_id": text("correlation_id"), "reply_to": text("reply_to"),
-        "expiration": str(ttl) if isinstance(ttl, int) else None, "message_id": text("message_id"),
+        "expiration": None if ttl is None else str(ttl), "message_id": text("message_id"),
         "timestamp": created // 1000 if isinstance(created, int) else None, "type": text("subject"),
         "user_id": text("user_id"), "app_id": None, "cluster_id": None,
     }
@@ -320,27 +428,42 @@ def _mqtt_json(v):
     return to_json_value(v)
 
 
-def _bool(v):
-    return v is True or v == "true" if isinstance(v, (bool, str)) else to_json_value(v)
+#: the MQTT 5.0 properties the conversion to AMQP 0-9-1 reads, and the kind each holds
+_MQTT_KINDS = {"Content-Type": (bytes, "a binary"), "Correlation-Data": (bytes, "a binary"),
+               "Response-Topic": (bytes, "a binary"), "Message-Expiry-Interval": (int, "an integer"),
+               "User-Property": (list, "a list of {Name, Value} binaries")}
 
 
-def _mqtt(data) -> tuple[dict, dict, str | None, bytes]:
+def _mqtt(data, marks: list) -> tuple[dict, dict, str | None, bytes]:
     """#mqtt_msg{} -> (the MQTT view for annotations, the 13 properties and the headers JSON an
-    AMQP 0-9-1 consumer gets before mc_amqpl:protocol_state, body)."""
+    AMQP 0-9-1 consumer gets before mc_amqpl:protocol_state, body). Fields of another kind than
+    mc_mqtt writes are marked (``mqtt.<field>``) and shown as null."""
     if not (isinstance(data, tuple) and len(data) >= 8 and data[0] == "mqtt_msg"):
         raise FormatError("unknown mc_mqtt state")
     _, retain, qos, topic, dup, packet_id, payload, mprops = data[:8]
     if not isinstance(mprops, dict):
         raise FormatError("mc_mqtt properties are not a map")
     if qos not in (0, 1):
-        raise FormatError(f"mc_mqtt QoS {qos!r} is not 0 or 1")
+        raise FormatError(f"mc_mqtt QoS {short(qos)} is not 0 or 1")
     named = {str(k): v for k, v in mprops.items()}
+    for name, (kind, want) in _MQTT_KINDS.items():
+        v = named.get(name)
+        if v is None:
+            continue
+        ok = isinstance(v, kind) and not isinstance(v, bool)
+        if ok and name == "User-Property":
+            ok = all(isinstance(kv, tuple) and len(kv) == 2 and all(isinstance(x, bytes) for x in kv) for kv in v)
+        if not ok:
+            mark(marks, f"mqtt.{name}", v, want)
+            del named[name]
     order = {n: i for i, n in enumerate(_MQTT_PROPERTY_NAMES)}
-    view = {"topic": _s(topic), "qos": qos, "retain": _bool(retain), "dup": _bool(dup),
-            "packet_id": packet_id if isinstance(packet_id, int) else None,
+    view = {"topic": _text(marks, "mqtt.topic", topic), "qos": qos, "retain": _flag(marks, "mqtt.retain", retain, None),
+            "dup": _flag(marks, "mqtt.dup", dup, None), "packet_id": _integer(marks, "mqtt.packet_id", packet_id),
             "properties": {k: _mqtt_json(named[k]) for k in sorted(named, key=lambda k: (order.get(k, 99), k))}}
-    if len(data) > 8 and isinstance(data[8], int):
-        view["timestamp"] = data[8]
+    if len(data) > 8:
+        ts = _integer(marks, "mqtt.timestamp", data[8])
+        if ts is not None:
+            view["timestamp"] = ts
     # mc_mqtt:convert_to(mc_amqpl, ...)
     props = dict(_EMPTY_PROPS)
     props["delivery_mode"] = 1 if qos == 0 else 2
@@ -406,52 +529,69 @@ def _iodata(v) -> bytes:
     raise FormatError("payload is not iodata")
 
 
+def _mc_common(anns: dict, marks: list) -> dict:
+    """The columns every ``#mc{}`` takes from its annotations: the message id (``id``), whether
+    it is persistent (``d``), the exchange (``x``) and the routing keys (``rk``)."""
+    return {"msg_id": _guid(marks, anns.get("id")), "persistent": _flag(marks, "persistent", anns.get("d"), True),
+            "exchange": _text(marks, "exchange", anns.get("x")), "routing_keys": _texts(marks, "routing_keys", anns.get("rk", []))}
+
+
 def normalise(term) -> dict:
-    """A decoded stored term -> dict with ``FIELDS``. Raises FormatError on an unknown shape."""
+    """A decoded stored term -> dict with ``FIELDS`` and ``marks`` (the fields of another kind
+    than the broker writes, shown as null). Raises FormatError on an unknown shape."""
     if not isinstance(term, tuple) or not term:
         raise FormatError(f"stored term is not a record: {type(term).__name__}")
     tag = term[0]
+    marks: list[str] = []
     if tag == "basic_message" and len(term) == 6:
         _, xres, rks, content, msg_id, persistent = term
-        props, headers = _content_props(content)
-        return {"msg_id": msg_id if isinstance(msg_id, bytes) else None, "persistent": persistent == "true",
-                "exchange": _s(xres[3]) if isinstance(xres, tuple) and len(xres) == 4 else None,
-                "routing_keys": [_s(k) for k in rks] if isinstance(rks, list) else [],
+        props, headers = _content_props(content, marks)
+        if isinstance(xres, tuple) and len(xres) == 4 and xres[0] == "resource":
+            exchange = _text(marks, "exchange", xres[3])
+        else:
+            exchange = None
+            mark(marks, "exchange", xres, "an exchange's #resource{}")
+        return {"msg_id": _guid(marks, msg_id), "persistent": _flag(marks, "persistent", persistent, False),
+                "exchange": exchange, "routing_keys": _texts(marks, "routing_keys", rks),
                 "properties": props, "timestamp_ms": None if props["timestamp"] is None else props["timestamp"] * 1000,
-                "headers": headers, "annotations": None, "body": _body(content), "term_format": "basic_message"}
+                "headers": headers, "annotations": None, "body": _body(content), "term_format": "basic_message",
+                "marks": marks}
     if tag == "mc" and len(term) == 4:
         _, proto, data, anns = term
         if not isinstance(anns, dict):
             raise FormatError("#mc{} annotations are not a map")
-        msg_id = anns.get("id")  # a guid; any other term (hostile bytes) is no id
-        common = {"msg_id": msg_id if isinstance(msg_id, bytes) else None, "persistent": anns.get("d") != "false",
-                  "exchange": _s(anns.get("x")), "routing_keys": [_s(k) for k in anns.get("rk", [])]}
+        common = _mc_common(anns, marks)
         if proto == "mc_amqpl":
-            props, headers = _content_props(data)
-            props, headers, ts = _amqpl_view(props, headers, anns)
+            props, headers = _content_props(data, marks)
+            props, headers, ts = _amqpl_view(props, headers, anns, marks)
             if ts is None and props["timestamp"] is not None:
                 ts = props["timestamp"] * 1000
             return {**common, "properties": props, "timestamp_ms": ts, "headers": headers,
-                    "annotations": _annotations_json(anns), "body": _body(data), "term_format": "mc_amqpl"}
+                    "annotations": _annotations_json(anns), "body": _body(data), "term_format": "mc_amqpl",
+                    "marks": marks}
         if proto == "mc_amqp":
             if isinstance(data, tuple) and data and data[0] == "v1":
+                if not isinstance(data[2], bytes):
+                    raise FormatError("the AMQP 1.0 message (#v1{}) holds no binary of its sections")
                 detail, headers, p10, body = _amqp10_bare(data[2], data[1])
                 fmt = "mc_amqp"
             elif isinstance(data, tuple) and data and data[0] == "msg":
                 detail, headers, p10, body = _amqp10_records(data)
                 fmt = "mc_amqp_3.13"
             else:
-                raise FormatError(f"unknown mc_amqp state {(str(data[0]) if isinstance(data, tuple) else repr(data))[:40]!r}")
-            props, created = _amqp10_props(p10, anns)
+                raise FormatError(f"unknown mc_amqp state {short(data[0] if isinstance(data, tuple) and data else data)!r}")
+            props, created = _amqp10_props(p10, anns, marks)
             return {**common, "properties": props, "timestamp_ms": created, "headers": headers,
-                    "annotations": _annotations_json(anns, {"amqp10": detail}), "body": body, "term_format": fmt}
+                    "annotations": _annotations_json(anns, {"amqp10": detail}), "body": body, "term_format": fmt,
+                    "marks": marks}
         if proto == "mc_mqtt":
-            mqtt, props, headers, body = _mqtt(data)
-            props, headers, ts = _amqpl_view(props, headers, anns)
+            mqtt, props, headers, body = _mqtt(data, marks)
+            props, headers, ts = _amqpl_view(props, headers, anns, marks)
             return {**common, "properties": props, "timestamp_ms": ts, "headers": headers,
-                    "annotations": _annotations_json(anns, {"mqtt": mqtt}), "body": body, "term_format": "mc_mqtt"}
-        raise FormatError(f"unknown #mc{{}} protocol {str(proto)[:40]!r}")
-    raise FormatError(f"unknown stored term {str(tag)[:40]!r}/{len(term)}")
+                    "annotations": _annotations_json(anns, {"mqtt": mqtt}), "body": body, "term_format": "mc_mqtt",
+                    "marks": marks}
+        raise FormatError(f"unknown #mc{{}} protocol {short(proto)!r}")
+    raise FormatError(f"unknown stored term {short(tag)!r}/{len(term)}")
 
 
 def decode_stored(raw) -> dict:

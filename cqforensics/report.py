@@ -29,7 +29,8 @@ from pathlib import PurePosixPath
 
 from cqforensics import api
 from cqforensics import fsck as fsck_mod
-from cqforensics.errors import display
+from cqforensics.errors import display, plural
+from cqforensics.layout import STORAGE_KINDS
 from cqforensics.findings import CODES, SEVERITY_RANK
 
 BAR_UNITS = 1000  # SVG user units across a bar (the bar is stretched to the page width)
@@ -151,6 +152,7 @@ class QueueRow:
     dropped: int = 0
     reasons: Counter = field(default_factory=Counter)
     crash: str | None = None
+    bounds: tuple[int, int] | None = None  # (at least, at most) when the vhost's store can crash while serving
 
 
 @dataclass
@@ -186,14 +188,24 @@ class Node:
         return max(sev, key=SEVERITY_RANK.__getitem__) if sev else None
 
 
-def gather(paths, broker_version=None, as_of=None, vhosts=None) -> tuple[list[Node], dict]:
+#: what a report reads, each once: fsck, then these tables (a progress display counts passes)
+TABLES = ("files", "store", "holes", "queues", "messages")
+
+
+def gather(paths, broker_version=None, as_of=None, vhosts=None, progress=None) -> tuple[list[Node], dict]:
     """Everything the page shows, read once per table (as_of pinned, so every table and fsck
-    judge TTLs at the same instant)."""
+    judge TTLs at the same instant). ``progress``: a display ``(text, done, total)``."""
+    from cqforensics.driver import Progress
+
+    given = as_of is not None
     if as_of is None:
         as_of = int(dt.datetime.now(dt.timezone.utc).timestamp() * 1000)
     opts = {"as_of": as_of, **({"broker_version": broker_version} if broker_version else {}),
             **({"vhosts": vhosts} if vhosts else {})}
+    if progress is not None:
+        opts["progress"] = Progress.of(progress, passes=1 + len(TABLES))
     report = fsck_mod.run(paths, **{k: v for k, v in opts.items()})
+    report.as_of_given = given
     nodes = {display(n.node): Node(n) for n in report.nodes}
 
     def node(label) -> Node:
@@ -212,9 +224,11 @@ def gather(paths, broker_version=None, as_of=None, vhosts=None) -> tuple[list[No
     for q in report.queues:
         row = node(q.node).vhost(q.vhost).queues.setdefault(display(q.queue), QueueRow(display(q.queue)))
         row.crash = q.crash
+        if (q.predicted_min, q.predicted_max) != (q.predicted_after_restart,) * 2:
+            row.bounds = (q.predicted_min, q.predicted_max)
 
     def batches(table, columns):
-        for b in api.iter_batches(paths, table, columns=columns, **opts):
+        for b in api.iter_batches(paths, table, columns=columns, **opts):  # progress: one pass each
             d = b.to_pydict()
             yield from zip(*(d[c] for c in columns))
 
@@ -252,7 +266,8 @@ def gather(paths, broker_version=None, as_of=None, vhosts=None) -> tuple[list[No
         else:
             row.dropped += 1
             row.reasons[reason or "unknown"] += 1
-    meta = {"as_of": as_of, "broker_version": broker_version, "paths": paths, "summary": report.summary()}
+    meta = {"as_of": as_of, "broker_version": broker_version, "paths": paths, "summary": report.summary(),
+            "exit_code": report.exit_code}
     return list(nodes.values()), meta
 
 
@@ -383,6 +398,9 @@ def _queue_section(v: Vhost) -> str:
             notes.append("name from " + ", ".join(sorted(str(s) for s in q.name_sources if s)))
         if q.crash:
             notes.append(f'<span class="crash">crash: {text(q.crash)}</span>')
+        if q.bounds is not None:
+            notes.append(f"delivers {num(q.bounds[0])} to {num(q.bounds[1])}, depending on timing: the vhost's message "
+                         "store can crash while it serves (store-crash)")
         versions = ", ".join(f"v{x}" for x in sorted(i for i in q.index_versions if i is not None))
         rows.append(f'<tr class="queue-row" data-queue="{text(q.queue)}"><td class="qname mono">{text(q.queue)}</td>'
                     f'<td>{text(versions)}{" · " + str(q.levels) + " levels" if q.levels > 1 else ""}</td>'
@@ -437,15 +455,45 @@ def _fleet(nodes: list[Node]) -> str:
         f = t["findings"]
         rows.append(f'<tr class="fleet-row" data-node="{text(v.node)}"><td><a href="#node-{i}" class="mono">'
                     f'{text(v.node)}</a></td><td class="version">{text(wb.get("label") or v.broker_version)}</td>'
-                    f'<td>{text(v.broker_version)}</td><td>{text(v.boot)}</td>'
+                    f'<td class="predicted-for">{text(v.broker_version)}'
+                    f'{" (assumed)" if getattr(v, "broker_version_assumed", False) else ""}</td><td>{text(v.boot)}</td>'
                     f'<td class="n messages">{num(t["messages"])}</td><td class="n delivered">{num(t["predicted"])}</td>'
                     f'<td class="n dropped">{num(t["dropped"])}</td><td class="worst">{_sev(n.worst())}</td>'
-                    f'<td class="n">{num(f["error"])} / {num(f["warning"])} / {num(f["info"])}</td></tr>')
+                    f'<td class="n">{num(f["error"])} / {num(f["warning"])} / {num(f["info"])}</td>'
+                    f'<td class="not-read">{text(", ".join(u["kind"] for u in getattr(v, "not_read", ())))}</td></tr>')
     return ('<section id="fleet"><h2>Fleet summary</h2><table class="fleet"><thead><tr><th>node</th>'
             '<th>written by (inferred)</th><th>predicted for</th><th>boot</th><th class="n">messages</th>'
             '<th class="n">delivered at next boot</th><th class="n">predicted drops</th><th>worst</th>'
-            '<th class="n">errors / warnings / info</th></tr></thead><tbody>' + "".join(rows)
+            '<th class="n">errors / warnings / info</th><th>not read</th></tr></thead><tbody>' + "".join(rows)
             + '</tbody></table></section>')
+
+
+def _predicted_for(v) -> str:
+    """Which version the next boot is predicted for, and on what ground: named, inferred, or
+    assumed (the data allows more than one series) with how to name the real one."""
+    wb = v.written_by or {}
+    if not getattr(v, "version_inferred", True):
+        return "named by --broker-version"
+    if getattr(v, "broker_version_assumed", False):
+        return (f'<span class="assumed">assumed</span>: the newest version that could have written the data; if '
+                f'another will boot it, name it (<code>--broker-version {text(wb.get("low") or "3.10")}</code>)')
+    return "the series that wrote the data (inferred)"
+
+
+def _not_read(v) -> str:
+    """The kinds of queue storage the node holds that were not read, with their queues."""
+    out = []
+    for u in getattr(v, "not_read", ()):
+        names = ", ".join(f'<span class="mono">{text(q["queue"])}</span> (vhost <span class="mono">'
+                          f'{text(q["vhost"])}</span>)' for q in u["queues"][:50])
+        more = f" and {num(len(u['queues']) - 50)} more" if len(u["queues"]) > 50 else ""
+        kind = STORAGE_KINDS.get(u["kind"])
+        out.append(f'<p class="meta not-read" data-kind="{text(u["kind"])}"><b class="crash">not read</b>: '
+                   f'{text(plural(len(u["queues"]), kind.noun if kind else u["kind"]))}'
+                   f'{": " + names + more if names else ""} ({text(plural(u["data_dirs"], "data dir"))}, '
+                   f'{num(u["bytes"])} bytes under <span class="mono">{text(u["path"])}</span>): cqforensics does not '
+                   'read them yet; their messages are in none of these counts</p>')
+    return "".join(out)
 
 
 def _node(i: int, n: Node) -> str:
@@ -456,10 +504,10 @@ def _node(i: int, n: Node) -> str:
            f'{text(v.node)}</span> {_sev(n.worst())}</h2>',
            f'<p class="meta">path <span class="mono">{text(v.path)}</span></p>',
            f'<p class="meta">written by <b>{text(wb.get("label") or "?")}</b>'
-           f'{" <span class=dim>(" + text(why) + ")</span>" if why else ""}</p>',
-           f'<p class="meta">next boot predicted for <b>{text(v.broker_version)}</b> ({text(v.version_source.split(":")[0])})'
-           f' · boot <b>{text(v.boot)}</b> · {num(t["messages"])} messages, {num(t["predicted"])} delivered, '
-           f'<b>{num(t["dropped"])}</b> dropped</p>']
+           f'{" <span class=dim>(inferred: " + text(why) + ")</span>" if why else ""}</p>',
+           f'<p class="meta predicted-for">next boot predicted for <b>{text(v.broker_version)}</b> ({_predicted_for(v)})'
+           f' · boot <b>{text(v.boot)}</b> · {text(plural(t["messages"], "message"))}, {num(t["predicted"])} delivered, '
+           f'<b>{num(t["dropped"])}</b> dropped</p>', _not_read(v)]
     for w in v.warnings:
         out.append(f'<p class="meta crash">{text(w)}</p>')
     for name, vh in sorted(n.vhosts.items(), key=lambda kv: (kv[0] is None, kv[0] or "")):
@@ -478,15 +526,26 @@ def _node(i: int, n: Node) -> str:
     return "".join(out)
 
 
-def render(paths, broker_version: str | None = None, as_of=None, vhosts=None) -> str:
-    """The report of every node dir under ``paths``, as one self-contained HTML page."""
+def _ttls(meta: dict) -> str:
+    """When TTLs were judged, and how many messages that made expired."""
+    s = meta["summary"]
+    when = dt.datetime.fromtimestamp(meta["as_of"] / 1000, dt.timezone.utc).isoformat(timespec="seconds")
+    n = s.get("expired", 0)
+    if s.get("ttls_judged_by") == "as_of":
+        return f'TTLs judged at {text(when)} (--as-of): {num(n)} expired'
+    return (f'TTLs judged by the clock, at {text(when)} (now): <b class="expired">{num(n)}</b> expired by it'
+            + (' (<code>--as-of TIME</code> judges them at another time, e.g. when the node stopped)' if n else ""))
+
+
+def render(paths, broker_version: str | None = None, as_of=None, vhosts=None, progress=None) -> str:
+    """The report of every node dir under ``paths``, as one self-contained HTML page.
+    ``progress``: a display ``(text, done, total)``."""
     from cqforensics import __version__
     from cqforensics.model.options import parse_as_of
 
-    nodes, meta = gather(paths, broker_version, parse_as_of(as_of, "as_of"), vhosts)
+    nodes, meta = gather(paths, broker_version, parse_as_of(as_of, "as_of"), vhosts, progress)
     shown = [paths] if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__") else list(paths)
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    as_of_text = dt.datetime.fromtimestamp(meta["as_of"] / 1000, dt.timezone.utc).isoformat(timespec="seconds")
     s = meta["summary"]
     head = ('<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; style-src \'unsafe-inline\'">'
@@ -494,11 +553,15 @@ def render(paths, broker_version: str | None = None, as_of=None, vhosts=None) ->
             '<title>cqforensics report</title><style>' + CSS + '</style></head><body>')
     top = ('<header><h1>cqforensics report</h1><p class="meta">inputs: '
            + ", ".join(f'<span class="mono">{text(display(p))}</span>' for p in shown)
-           + f'</p><p class="meta">{len(nodes)} node(s) · {num(s["queues"])} queues · {num(s["messages"])} messages · '
-           f'<b>{num(s["dropped"])}</b> predicted drops · TTLs judged at {text(as_of_text)} · generated {text(now)} by '
-           f'cqforensics {text(__version__)}'
+           + f'</p><p class="meta">{text(plural(len(nodes), "node"))} · {text(plural(s["queues"], "queue"))} · '
+           f'{text(plural(s["messages"], "message"))} · '
+           f'<b>{num(s["dropped"])}</b> predicted drops · <span class="ttls">{_ttls(meta)}</span> · generated '
+           f'{text(now)} by cqforensics {text(__version__)}'
            + (f' · predicted for {text(broker_version)} (--broker-version)' if broker_version else "")
-           + '</p></header>')
+           + '</p>'
+           + (f'<p class="meta crash incomplete">incomplete: {text(" and ".join(s["not_read"]))} storage not read '
+              '(see each node)</p>' if s.get("not_read") else "")
+           + '</header>')
     body = [_fleet(nodes)] if len(nodes) > 1 else []
     if not nodes:
         body.append('<p>No node dir found.</p>')

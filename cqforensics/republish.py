@@ -45,6 +45,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import time
 import urllib.parse
 from collections.abc import Iterable, Iterator
@@ -52,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cqforensics import amqp091
-from cqforensics.errors import OperationalError, UsageError
+from cqforensics.errors import OperationalError, UsageError, queue_ref
 
 log = logging.getLogger("cqforensics.republish")
 
@@ -206,8 +207,22 @@ class Filters:
     until: int | None = None  # epoch seconds, exclusive
     ids: set[str] | None = None  # msg_id hex or AMQP message_id values
     only_dropped: bool = False
+    seen: dict = field(default_factory=lambda: {"vhost": set(), "queue": set()})  # names the sources hold
+
+    def check_names(self) -> None:
+        """A --vhost or --queue name no source row has is a usage error naming the close names
+        that exist (``driver.check_names`` for node dirs; here for exports and lost+found too)."""
+        from cqforensics.driver import unmatched
+
+        for what, asked in (("vhost", self.vhosts), ("queue", self.queues)):
+            missing = sorted(set(asked or ()) - self.seen[what])
+            if missing:
+                raise UsageError(unmatched(what, missing, self.seen[what], "in the messages of the sources read"))
 
     def wanted(self, r: dict) -> bool:
+        self.seen["vhost"].add(r["vhost"])
+        if self.vhosts is None or r["vhost"] in self.vhosts:
+            self.seen["queue"].add(r["queue"])
         if r["source"] == "lost+found":
             pass  # everything a rebuild could not write (LOST_FOUND_SKIP already left out)
         elif r["source"] != "index":
@@ -398,12 +413,40 @@ def keep_queue_order(pubs: list[Publish]) -> list[Publish]:
 # -- journal ------------------------------------------------------------------------------------
 
 
+#: the name of a default journal (``default_journal``)
+_DEFAULT_JOURNAL = re.compile(r"cqforensics-republish-[0-9a-f]{12}\.journal")
+
+
+def journal_problem(path: Path) -> str | None:
+    """Why the existing file ``path`` is not a journal of cqforensics (None: it is, and a run
+    continues it). A journal's first line is its ``start`` record; an empty file is one only
+    under a default journal's name (an older cqforensics left such a file when it could not
+    connect). Anything else is a file cqforensics did not write: never written to."""
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline(1 << 16)
+    except OSError as e:
+        return f"cannot read it: {e.strerror}"
+    if not first:
+        return None if _DEFAULT_JOURNAL.fullmatch(path.name) else "it is an empty file cqforensics did not write"
+    try:
+        rec = json.loads(first)
+    except ValueError:
+        rec = None
+    if isinstance(rec, dict) and rec.get("op") == "start" and rec.get("v") == 1:
+        return None
+    return "it is not a republish journal of cqforensics (its first line is no journal start record)"
+
+
 class Journal:
     """Append-only JSON lines, fsynced per record. ``ok``: keys confirmed; ``doubt``: the last
-    intent of an interrupted run, neither confirmed nor failed."""
+    intent of an interrupted run, neither confirmed nor failed. The file is opened (and made, for
+    a new journal) by the first record written, so a run that stops before sending anything (no
+    client library, no broker) leaves no file behind."""
 
     def __init__(self, path: Path, dry_run: bool = False):
         self.path = path
+        self.dry_run = dry_run
         self.ok: set[str] = set()
         self.failed: dict[str, str] = {}
         self.doubt: list[dict] = []
@@ -432,9 +475,13 @@ class Journal:
                         if i and op == "skip":
                             self.ok.update(i["keys"])
         self.doubt = list(intents.values())
-        self._fh = None if dry_run else open(path, "a", encoding="utf-8")
+        self._fh = None
 
     def write(self, rec: dict) -> None:
+        if self._fh is None:
+            if self.dry_run:
+                raise RuntimeError("a dry run writes no journal")
+            self._fh = open(self.path, "a", encoding="utf-8")
         self._fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())
@@ -652,6 +699,15 @@ class Target:
             return f"channel closed by the broker: {e}"
         return None
 
+    @staticmethod
+    def check_amqp10() -> None:
+        """The AMQP 1.0 client library is there (checked before anything is sent or written)."""
+        try:
+            import rabbitmq_amqp_python_client  # noqa: F401
+        except ImportError:
+            raise OperationalError("republish needs rabbitmq-amqp-python-client for the AMQP 1.0 messages: "
+                                   "python3 -m pip install 'cqforensics[broker]'") from None
+
     def publish_10(self, p: Publish) -> str | None:
         from rabbitmq_amqp_python_client.qpid.proton import Delivery
         from rabbitmq_amqp_python_client.qpid.proton.utils import (
@@ -742,7 +798,9 @@ def republish(paths, url: str, *, journal: str | Path | None = None, vhosts=None
               until=None, ids=None, queue_map=None, rate: float | None = None, dry_run: bool = False,
               only_dropped: bool = False, in_doubt: str | None = None, topology=None, progress=None,
               **options) -> Report:
-    """Send the selected messages of ``paths`` to the broker at ``url``; see the module doc."""
+    """Send the selected messages of ``paths`` to the broker at ``url``; see the module doc. The
+    journal is an output (``cqforensics.outputs``): never inside an input or RabbitMQ data, and an
+    existing file is continued only when it is a journal of cqforensics (``journal_problem``)."""
     from cqforensics.outputs import check_output
 
     if not url.startswith(("amqp://", "amqps://")):
@@ -755,12 +813,13 @@ def republish(paths, url: str, *, journal: str | Path | None = None, vhosts=None
     filters = Filters(list(vhosts) if vhosts else None, list(queues) if queues else None, since, until,
                       set(ids) if ids is not None else None, only_dropped)
     jpath = Path(journal) if journal is not None else default_journal(paths, url)
-    if not dry_run or jpath.exists():
-        check_output(jpath, [p for p in paths if source_kind(Path(p))[0] == "node"] or paths, force=True)
+    if not dry_run or jpath.exists() or jpath.is_symlink():
+        check_output(jpath, paths, continued=journal_problem)
     j = Journal(jpath, dry_run=dry_run)
     report = Report(journal=str(jpath), dry_run=dry_run)
     routers = load_router(list(paths) + list(topology or []))
     pubs, report.stats = plan(read_rows(paths, **options), filters, qmap, routers)
+    filters.check_names()
     report.planned = len(pubs)
     report.copies = sum(len(p.targets) for p in pubs)
     todo = []
@@ -772,30 +831,32 @@ def republish(paths, url: str, *, journal: str | Path | None = None, vhosts=None
     if dry_run:
         for p in todo:
             for q in p.targets:
-                report.by_queue[f"{p.vhost}/{q}"] = report.by_queue.get(f"{p.vhost}/{q}", 0) + 1
+                report.by_queue[queue_ref(p.vhost, q)] = report.by_queue.get(queue_ref(p.vhost, q), 0) + 1
             if progress:
                 progress(f"would send {p.describe()}")
         report.in_doubt = {"pending": len(j.doubt)} if j.doubt else {}
         return report
-    target = Target(url)
+    target = Target(url)  # the client library, the broker and what it lacks: all known before any journal is made
     try:
-        if not j.path.stat().st_size:
-            j.write({"op": "start", "v": 1, "target": redact(url), "inputs": [str(p) for p in paths],
-                     "time": dt.datetime.now(dt.UTC).isoformat()})
         _resolve_doubt(j, target, in_doubt, report)
         todo = [p for p in todo if not all(k in j.ok for k in p.keys)]
         # what the target lacks is refused before anything is sent
         missing = set()
         for vhost, ex in sorted({(p.vhost, p.exchange) for p in todo if not p.direct}):
             if not target.exchange_exists(vhost, ex):
-                missing.add(f"exchange {vhost}/{ex}")
+                missing.add(f"exchange {ex!r} in vhost {vhost!r}")
         for vhost, q in sorted({(p.vhost, q) for p in todo for q in p.targets}):
             if target.depth(vhost, q) is None:
-                missing.add(f"queue {vhost}/{q}")
+                missing.add(f"queue {queue_ref(vhost, q)}")
         if missing:
             raise OperationalError(f"{redact(url)}: the target lacks {', '.join(sorted(missing))}: declare them "
                                    f"(e.g. import the old node's definitions) or --map the queues")
         major = int((target.version or "4").split(".")[0])
+        if major >= 4 and any(p.amqp10 for p in todo):
+            target.check_amqp10()
+        if todo and (not j.path.exists() or not j.path.stat().st_size):
+            j.write({"op": "start", "v": 1, "tool": "cqforensics", "target": redact(url),
+                     "inputs": [str(p) for p in paths], "time": dt.datetime.now(dt.UTC).isoformat()})
         interval = 1.0 / rate if rate else 0.0
         next_at = time.monotonic()
         for p in todo:
@@ -815,7 +876,7 @@ def republish(paths, url: str, *, journal: str | Path | None = None, vhosts=None
                 j.ok.update(p.keys)
                 report.sent += 1
                 for q in p.targets:
-                    report.by_queue[f"{p.vhost}/{q}"] = report.by_queue.get(f"{p.vhost}/{q}", 0) + 1
+                    report.by_queue[queue_ref(p.vhost, q)] = report.by_queue.get(queue_ref(p.vhost, q), 0) + 1
             else:
                 j.write({"op": "fail", "n": n, "why": why})
                 report.failed.append({"vhost": p.vhost, "queues": p.targets, "msg_id": p.row.get("msg_id"),
@@ -837,6 +898,7 @@ __all__ = [
     "amqp10_message",
     "default_journal",
     "journal_key",
+    "journal_problem",
     "plan",
     "read_rows",
     "republish",

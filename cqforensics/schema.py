@@ -71,7 +71,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         _f("queue_dir", pa.string()), _f("name_source", pa.string()), _f("durable_known", pa.bool_()),
         _f("index_version", pa.int32()), _f("segments", pa.int32()), _f("messages", pa.int64()),
         _f("bytes", pa.int64()), _f("persistent", pa.int64()), _f("predicted_after_restart", pa.int64()),
-        _f("dropped", pa.int64()),
+        _f("predicted_min", pa.int64()), _f("predicted_max", pa.int64()), _f("dropped", pa.int64()),
     ]),
     "findings": pa.schema(WHERE + QUEUE + AT + [
         _f("code", pa.string(), False), _f("severity", pa.string(), False), _f("message", pa.string()),
@@ -166,6 +166,34 @@ def fit_struct(values: dict, typ: pa.StructType) -> list[str]:
             bad.append(f"{name}={str(v)[:40]!r}")
             values[name] = None
     return bad
+
+
+KIND_MARKS = "of another kind (shown as null): "
+RANGE_MARKS = "out of range (shown as null): "
+
+
+def properties_row(msg: dict) -> dict:
+    """The ``properties`` struct value of a decoded message (``message.decode_stored``): its 13
+    properties with the timestamp in the column's µs (from ``timestamp_ms``: the annotation a
+    3.13+ broker keeps, else the property)."""
+    p = msg["properties"]
+    ts = msg["timestamp_ms"]
+    p["timestamp"] = ts * 1000 if isinstance(ts, int) and not isinstance(ts, bool) else (None if ts is None else ts)
+    return p
+
+
+def value_marks(msg: dict, properties_fitted: list[str] | None = None) -> str | None:
+    """What a ``messages`` row of the decoded ``msg`` shows as null, as its ``decode_error`` says
+    it and ``fsck --deep`` reports it (``value-out-of-range``): the fields of another kind than
+    the broker writes (``msg["marks"]``) and the properties that do not fit their column (the
+    ``fit_struct`` of its properties, done here unless the caller did it: ``properties_fitted``).
+    None when the row shows every value as stored. The one rule of both."""
+    kinds = msg.get("marks") or []
+    if properties_fitted is None:
+        properties_fitted = fit_struct(properties_row(msg), PROPERTIES)
+    parts = ([KIND_MARKS + ", ".join(kinds)] if kinds else []) + \
+        ([RANGE_MARKS + ", ".join(properties_fitted)] if properties_fitted else [])
+    return "; ".join(parts) if parts else None
 
 
 def binary_array(values: list) -> pa.Array:

@@ -25,13 +25,16 @@ from cqforensics.codes import (FATE_LABELS, LOCATION_LABELS, AckEvidence, Fate, 
 from cqforensics.codes import labels as code_labels
 from cqforensics.model.index import OFFSET_OUT_OF_RANGE, IndexChunk
 from cqforensics.model.options import DECODED_COLUMNS
+from cqforensics.model import recovery
 from cqforensics.model.recovery import Resolved
 from cqforensics.model.store import IdSet, distinct
 from cqforensics.model.vhost import VhostScan, passes
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers import registry
-from cqforensics.schema import SCHEMAS, STRINGS, TS_MAX_US, TS_MIN_US, binary_array, fit_array, fit_struct
+from cqforensics.schema import (SCHEMAS, STRINGS, TS_MAX_US, TS_MIN_US, binary_array, fit_array, fit_struct,
+                                properties_row)
+from cqforensics.schema import value_marks as schema_marks
 
 TS = pa.timestamp("us", tz="UTC")
 
@@ -463,12 +466,13 @@ def decode_reference(terms: list, index_ids: list, bodies: bool) -> dict:
                 msg_id = msg["msg_id"]
             elif msg["msg_id"] is not None and msg["msg_id"] != msg_id:
                 error = "the stored term's message id differs from the index's"
+            kinds = msg.get("marks")
+            if kinds:  # fields of another kind, shown as null (schema.value_marks: with the ranges below)
+                marked = schema_marks(msg, [])
+                error = marked if error is None else f"{error}; {marked}"
             ex.append(msg["exchange"])
             rks.append(msg["routing_keys"])
-            p = msg["properties"]  # a dict of this message's own: the column's timestamp is in µs
-            ts = msg["timestamp_ms"]
-            p["timestamp"] = ts * 1000 if isinstance(ts, int) else None
-            props.append(p)
+            props.append(properties_row(msg))  # a dict of this message's own: the column's timestamp is in µs
             hd.append(msg["headers"])
             an.append(msg["annotations"])
             body = msg["body"]
@@ -506,7 +510,7 @@ def _properties(props: list, errors: list) -> pa.Array:
     for k, p in enumerate(props):
         bad = fit_struct(p, _PROP_TYPE) if p is not None else None
         if bad:
-            errors[k] = (errors[k] + "; " if errors[k] else "") + "out of range (shown as null): " + ", ".join(bad)
+            errors[k] = (errors[k] + "; " if errors[k] else "") + schema_marks({}, bad)
     return pa.array(props, _PROP_TYPE)
 
 
@@ -650,13 +654,18 @@ def queue_summaries(vs: VhostScan) -> Iterator[dict]:
     """Per queue dir: message counts and what the next boot does with them (summed share by
     share for a vhost read in shares)."""
     out = {q.dir_name: {"qdir": q, "version": q.index_version, "messages": 0, "bytes": 0, "persistent": 0,
-                        "kept": 0, "drops": {}, "segments": len(q.qi) + len(q.idx)} for q in vs.queue_dirs}
+                        "kept": 0, "min": 0, "max": 0, "drops": {}, "segments": len(q.qi) + len(q.idx)}
+           for q in vs.queue_dirs}
     for sub in each_share(vs):
         sub.lists_every_index()
         for qx in sub.live_chunks():  # (a pass in shares: from the vhost's one spill)
             s = out[qx.qdir.dir_name]
             r, live = qx.rec, qx.live
-            counts = np.bincount(sub.resolve(qx).fate, minlength=len(Fate))
+            res = sub.resolve(qx)
+            counts = np.bincount(res.fate, minlength=len(Fate))
+            lo, hi = recovery.delivery_bounds(sub, qx, res)
+            s["min"] += int(lo.sum())
+            s["max"] += int(hi.sum())
             s["messages"] += len(live)
             s["bytes"] += int(r.size[live].sum())
             s["persistent"] += int((r.persistent[live] == 1).sum())
@@ -678,7 +687,7 @@ def queues_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
                      "queue_dir": display(q.path), "name_source": q.name_source, "durable_known": vs.queue_known(q),
                      "index_version": s["version"], "segments": s["segments"], "messages": s["messages"],
                      "bytes": s["bytes"], "persistent": s["persistent"], "predicted_after_restart": s["kept"],
-                     "dropped": s["messages"] - s["kept"]})
+                     "predicted_min": s["min"], "predicted_max": s["max"], "dropped": s["messages"] - s["kept"]})
     if rows:
         yield pa.RecordBatch.from_pylist(rows, schema=SCHEMAS["queues"])
 

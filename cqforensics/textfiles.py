@@ -91,6 +91,7 @@ def parse_queue_name(raw: bytes, vhost: bytes | None = None) -> QueueName:
 _TOKEN = re.compile(rb"""
     \s+ | %[^\n]*                                   # whitespace, comments
   | (?P<bin><<)  | (?P<ebin>>>)
+  | (?P<map>\#\{) | (?P<arrow>=>)
   | (?P<punct>[{}\[\],.|])
   | (?P<float>-?\d+\.\d+(?:[eE][-+]?\d+)?)
   | (?P<int>-?\d+)
@@ -116,8 +117,8 @@ MAX_DIGITS = 1000  # digits of one number (Python refuses int/str conversions pa
 
 
 def consult(text: bytes) -> list:
-    """The terms of an Erlang text file (tuples, lists, atoms, integers, floats, strings,
-    binaries ``<<1,2>>``/``<<"s">>``), each ended by a full stop."""
+    """The terms of an Erlang text file (tuples, lists, maps ``#{K => V}``, atoms, integers,
+    floats, strings, binaries ``<<1,2>>``/``<<"s">>``), each ended by a full stop."""
     toks = list(_tokens(text))
     out, i = [], 0
 
@@ -153,6 +154,20 @@ def consult(text: bytes) -> list:
                     raise FormatError(f"unexpected {v!r} in binary", offset=o)
                 i += 1
             return bytes(data), i + 1
+        if kind == "map":
+            out, i = {}, i + 1
+            while not (toks[i][0] == "punct" and toks[i][1] == b"}"):
+                k, i = term(i, depth + 1)
+                if toks[i][0] != "arrow":
+                    raise FormatError("a map key not followed by '=>'", offset=toks[i][2])
+                v, i = term(i + 1, depth + 1)
+                try:
+                    out[k if not isinstance(k, list) else tuple(k)] = v
+                except TypeError:  # a map or tuple of maps as a key: no key any check asks for
+                    pass
+                if toks[i][0] == "punct" and toks[i][1] == b",":
+                    i += 1
+            return out, i + 1
         if kind == "punct" and val in (b"{", b"["):
             close = b"}" if val == b"{" else b"]"
             items, i = [], i + 1
@@ -269,6 +284,8 @@ TEXT_SHAPES = {
     "node-type.txt": _one(lambda t: t in (Atom("disc"), Atom("ram")), "the atom disc or ram"),
     "rabbit_serial": _one(lambda t: isinstance(t, int) and t >= 0, "one non-negative integer"),
     "schema_version": _one(_atoms, "one list of upgrade step names"),
+    "ra-config": _one(lambda t: isinstance(t, dict), "one map (ra_log:write_config writes the server's config "
+                      "as ~p.): Ra cannot restart the server"),
 }
 
 

@@ -20,19 +20,25 @@ peak RSS comes from ``os.wait4``. A run fails when:
 - ``hang``: it ran past the wall-time limit (killed),
 - ``memory``: its peak RSS passed the bound, or it died of the address-space limit,
 - ``modified-input``: the input tree (names, types, bytes) changed,
-- ``exit-code``: an exit code outside the documented set (0, 1, 4, 8, 16),
+- ``exit-code``: an exit code outside the documented set (0, 1, 2, 4, 6, 8, 16),
 - ``writer-refused``: ``rebuild``/``compact`` built output that failed its own verification (a
-  writer must write what it keeps in a form it verifies).
+  writer must write what it keeps in a form it verifies),
+- ``writer-not-refused``: a writer run aimed at evidence (``AIMED``: its own input, a path inside
+  it, another node's data dir, a file another broker wrote; ``--force`` given) was not refused
+  with exit 16 (the rule of every output, ``cqforensics.outputs``). Its target's tree must not
+  change either (``modified-input``: the digest covers the mutated copy, which these runs aim at).
 
 Besides, for each input whose mutation changed a data file's bytes, the summary says whether
 ``fsck --json`` named that file in a finding, or (a file of a queue dir) that queue (``reported``),
 and lists the others as ``silent``
 for triage (a mutation that left the file's bytes as they were is no damage and is not counted;
 one that changed only message bodies in place, framing and decoded structure intact, is listed
-as ``undetectable_payload``: no checksum covers them, see ``_payload_only``; so is one that left
+as ``undetectable`` (``payload``): no checksum covers them, see ``_payload_only``; so is one that left
 what the file says unchanged: a text term file with the same terms, a Mnesia log with the same
-items but for its header's time stamp, see ``_same_content``; and two vhosts' MQTT retained
-stores swapped, whose records do not name their vhost).
+items but for its header's time stamp, see ``_same_content``; two vhosts' MQTT retained
+stores swapped, whose records do not name their vhost; and changed bytes each of a class no
+check can see a change in, ``UNDETECTABLE``: the bit-flip table of docs/hostile.md). A silent
+input none of these explains is an unexplained silence.
 
 The JSON summary lists the runs, seeds, figures (peak RSS, slowest run) and the failures by
 class, each with a reproducer. Failing inputs are kept in ``fuzz/regressions.json``
@@ -66,7 +72,7 @@ import cqforensics  # noqa: E402  (imported before forking: children start warm)
 from cqforensics import textfiles  # noqa: E402
 from cqforensics.errors import CQError  # noqa: E402
 from cli.main import main as cli_main  # noqa: E402
-from cqforensics import etf  # noqa: E402
+from cqforensics import amqp091, etf  # noqa: E402
 from cqforensics.grammar import qi as c_qi  # noqa: E402
 from cqforensics.grammar import rdq as c_rdq  # noqa: E402
 from cqforensics.readers import rdq as r_rdq  # noqa: E402
@@ -79,7 +85,7 @@ DATASETS = ("3.10.8-clean", "3.10.8-kill", "3.10.8-segments", "4.0.5-clean", "4.
             "3.10.8-proto-clean", "3.10.8-proto-kill", "4.0.5-proto-clean", "4.0.5-proto-kill",
             "4.3.6-proto-clean", "4.3.6-proto-kill")
 TABLES = ("messages", "index", "acks", "store", "refcounts", "holes", "files", "queues", "findings")
-EXIT_CODES = frozenset({0, 1, 4, 8, 16})
+EXIT_CODES = frozenset({0, 1, 2, 4, 6, 8, 16})  # 2: fsck incomplete (storage not read), with 4: 6
 WALL_LIMIT = 60.0  # seconds per run
 AS_LIMIT = 1536 << 20  # address space a run may add to the process it forks from (its RLIMIT_AS, bytes)
 RSS_BOUND = 1536 << 20  # peak RSS a run may reach (bytes)
@@ -348,6 +354,63 @@ def m_hostile_term(rng, node):
     return f"entry {i} at {off} replaced by a {name} term of {len(term)} bytes", p
 
 
+# -- a stored message replaced, framed as its store frames it -------------------------------------------
+
+
+def stored_messages(node) -> list[dict]:
+    """The messages the indexes of ``node`` (bytes or str) hold: one dict per live index entry with
+    a stored body (location, the index file and offset, the store file and offset, the term's
+    format), from the ``messages`` table."""
+    t = cqforensics.read_table(os.fsdecode(node), "messages",
+                               columns=["location", "file", "offset", "store_file", "store_offset", "term_format",
+                                        "decode_error", "queue"])
+    return [r for r in t.to_pylist() if r["store_file"] is not None and r["store_offset"] is not None
+            and r["location"] in ("shared_store", "queue_store", "embedded") and r["term_format"] and not r["decode_error"]]
+
+
+def stored_term(row: dict) -> bytes:
+    """The stored term bytes of a ``stored_messages`` row."""
+    data = _read(os.fsencode(row["store_file"]))
+    o = row["store_offset"]
+    if row["location"] == "shared_store":
+        (size,) = struct.unpack_from(">Q", data, o)
+        return data[o + 24:o + 8 + size]
+    if row["location"] == "queue_store":
+        (size,) = struct.unpack_from(">I", data, o)
+        return data[o + 8:o + 8 + size]
+    head = 40 if row["file"].endswith(".jif") else 34  # the record's head before its embedded term
+    (size,) = struct.unpack_from(">I", data, o - 4)
+    assert o - head == row["offset"]
+    return data[o:o + size]
+
+
+def put_term(row: dict, term: bytes) -> str:
+    """``row``'s stored message replaced by ``term``, framed as its store frames an entry, so that
+    only the term is what changed: a shared-store entry rewritten in place (size, id, term, 255;
+    the file's later entries move), a ``.qs`` entry appended to its segment (size, CRC) and its
+    ``.qi`` slot pointed at it, a CQv1 publish record's embedded term and size rewritten (the
+    segment's later records move). Returns the file that holds the term now."""
+    store = os.fsencode(row["store_file"])
+    data = _read(store)
+    o = row["store_offset"]
+    if row["location"] == "shared_store":
+        (size,) = struct.unpack_from(">Q", data, o)
+        msg_id = data[o + 8:o + 24]
+        entry = struct.pack(">Q", len(term) + c_rdq.MSG_ID_SIZE) + msg_id + term + bytes((c_rdq.WRITE_OK_MARKER,))
+        _write(store, data[:o] + entry + data[o + 8 + size + 1:])
+    elif row["location"] == "queue_store":
+        at = len(data)
+        _write(store, data + struct.pack(">IBHB", len(term), 1, zlib.crc32(term) & 0xFFFF, 0) + term)
+        qi = os.fsencode(row["file"])
+        slot = bytearray(_read(qi))
+        struct.pack_into(">QI", slot, row["offset"] + 4, at, len(term))
+        _write(qi, bytes(slot))
+    else:
+        (size,) = struct.unpack_from(">I", data, o - 4)
+        _write(store, data[:o - 4] + struct.pack(">I", len(term)) + term + data[o + size:])
+    return row["store_file"]
+
+
 def m_fifo(rng, node):
     if not hasattr(os, "mkfifo"):
         return "no FIFOs here", None
@@ -382,9 +445,142 @@ def m_odd_name(rng, node):
     return f"stray file {os.path.basename(q)!r}", q
 
 
+def _props_bin(raw: bytes, **changes) -> bytes:
+    """An encoded AMQP 0-9-1 property list with ``changes`` made (a timestamp no column holds)."""
+    props, headers = amqp091.decode_properties(raw)
+    return amqp091.encode_properties({**props, **changes}, headers)
+
+
+#: values a ``messages`` row shows as null: past their column's range, or of another kind than
+#: the broker writes there (issue 33); each (name, the changed term) is made from a real term
+def _odd_values(term) -> list[tuple[str, object]]:
+    A = etf.Atom
+    out = []
+    if term[0] == "mc":
+        anns = dict(term[3])
+        for name, k, v in (("ts-2^70", "ts", 1 << 70), ("priority-2^40", "p", 1 << 40), ("id-integer", "id", 12345),
+                           ("rk-atom", "rk", A("odd")), ("x-integer", "x", 7), ("d-integer", "d", 5),
+                           ("ttl-binary", "ttl", b"60000")):
+            out.append((name, (term[0], term[1], term[2], {**anns, A(k): v})))
+        content = term[2]
+        if term[1] == "mc_amqpl" and isinstance(content[3], bytes):
+            c = list(content)
+            c[3] = _props_bin(content[3], timestamp=(1 << 64) - 1)
+            out.append(("props-timestamp-2^64-1", (term[0], term[1], tuple(c), anns)))
+    elif term[0] == "basic_message":
+        t = list(term)
+        out.append(("rk-atom", tuple(t[:2] + [A("odd")] + t[3:])))
+        out.append(("id-integer", tuple(t[:4] + [12345] + t[5:])))
+        out.append(("exchange-integer", tuple(t[:1] + [(t[1][0], t[1][1], t[1][2], 7)] + t[2:])))
+        content = list(term[3])
+        if isinstance(content[3], bytes):
+            c = list(content)
+            c[3] = _props_bin(content[3], timestamp=(1 << 64) - 1)
+            out.append(("props-timestamp-2^64-1", tuple(t[:3] + [tuple(c)] + t[4:])))
+            props, headers = amqp091.decode_properties(content[3])
+            p_basic = [A("P_basic")] + [A("undefined")] * 14
+            p_basic[1] = 42  # content_type: an integer, not a binary
+            p_basic[5] = 1 << 40  # priority: past an octet and the column
+            for name, rec in (("p_basic-odd", tuple(p_basic)), ("p_basic-short", tuple(p_basic[:6])),
+                              ("p_basic-headers", tuple(p_basic[:3] + [[(b"h", A("longstr"), 5)]] + p_basic[4:]))):
+                c = list(content)
+                c[2], c[3] = rec, A("none")
+                out.append((name, tuple(t[:3] + [tuple(c)] + t[4:])))
+    return out
+
+
+def m_odd_value(rng, node):
+    """A stored message (in a .rdq, a .qs or embedded in a CQv1 index) re-encoded with a value a
+    row shows as null: a timestamp or priority past its column, or a field of another kind."""
+    rows = stored_messages(node)
+    rng.shuffle(rows)
+    for row in rows:
+        term = etf.binary_to_term(stored_term(row))
+        odd = _odd_values(term)
+        if odd:
+            name, new = rng.choice(odd)
+            target = put_term(row, etf.term_to_binary(new))
+            return f"{row['location']} message at {row['store_offset']} given {name}", os.fsencode(target)
+    return "no stored message", None
+
+
+def _hostile_amqp10(rng) -> tuple[str, bytes]:
+    """An AMQP 1.0 application-properties section holding one hostile value (name, bytes)."""
+    def section(value: bytes) -> bytes:  # described 0x74: a map32 of the key "k" and the value
+        items = b"\xa1\x01k" + value
+        return b"\x00\x53\x74\xd1" + struct.pack(">II", len(items) + 4, 2) + items
+    cases = {
+        "array-2^32-1": lambda: b"\xf0" + struct.pack(">II", 5, 0xFFFFFFFF) + b"\x40",
+        "array-2^32-1-ints": lambda: b"\xf0" + struct.pack(">II", 9, 0xFFFFFFFF) + b"\x71\x00\x00\x00\x01",
+        "list-2^32-1": lambda: b"\xd0" + struct.pack(">II", 5, 0xFFFFFFFF) + b"\x40",
+        "map-2^32-1": lambda: b"\xd1" + struct.pack(">II", 5, 0xFFFFFFFF) + b"\x40",
+        "nested-described": lambda: b"\x00\x53\x01" * 100000 + b"\x40",
+        "lone-surrogate": lambda: b"\xa1\x03\xed\xa0\x80",
+    }
+    name = rng.choice(sorted(cases))
+    return name, section(cases[name]())
+
+
+def m_amqp10(rng, node):
+    """A 4.x AMQP 1.0 message (``#mc{mc_amqp}``, in a .rdq or a .qs) given an application-properties
+    section holding a hostile value, the rest of the message intact."""
+    rows = [r for r in stored_messages(node) if r["term_format"] == "mc_amqp"]
+    if not rows:
+        return "no AMQP 1.0 message", None
+    row = rng.choice(rows)
+    term = etf.binary_to_term(stored_term(row))
+    from cqforensics import amqp10
+
+    bare = term[2][2]
+    secs = amqp10.sections(bare)
+    name, extra = _hostile_amqp10(rng)
+    before = [bare[a:b] for code, _, a, b in secs if code == amqp10.PROPERTIES]
+    after = [bare[a:b] for code, _, a, b in secs if code not in (amqp10.PROPERTIES, amqp10.APPLICATION_PROPERTIES)]
+    new_bare = b"".join(before) + extra + b"".join(after)
+    v1 = list(term[2])
+    v1[2] = new_bare
+    target = put_term(row, etf.term_to_binary((term[0], term[1], tuple(v1), term[3])))
+    return f"{row['location']} AMQP 1.0 message at {row['store_offset']} given a {name} value", os.fsencode(target)
+
+
+def m_long_name(rng, node):
+    """A ``.vhost`` or ``.queue_name`` holding its name followed by a long run of one byte (the
+    name of no vhost or queue: 300 bytes to 2 MB)."""
+    names = [p for p in _files(node) if p.endswith((b"/.vhost", b"/.queue_name"))]
+    p = rng.choice(names)
+    n = rng.choice((300, 70000, (1 << 20) + 1, 2 << 20))
+    raw = _read(p)
+    tail = b"V" * n
+    if p.endswith(b".queue_name"):  # VHOST: v\nQUEUE: name\n[INDEX: v2\n]
+        q = raw.index(b"\nQUEUE: ") + 8
+        end = raw.index(b"\n", q)
+        new = raw[:end] + tail + raw[end:]
+    else:
+        new = raw + tail
+    _write(p, new)
+    return f"name followed by {n} bytes", p
+
+
+#: kinds of file whose single-bit flips issue 33 asked about (and every other data file)
+BITFLIP_KINDS = (b".qi", b".idx", b"file_summary.ets", b".config", b".rdq", b"journal.jif")
+
+
+def m_bitflip1(rng, node):
+    """One bit flipped in a file of the kinds issue 33 names (Khepri's files included: the Ra
+    WAL, its meta and names tables, a server's config)."""
+    files = [p for p in _files(node) if p.endswith(BITFLIP_KINDS) or b"/coordination/" in p]
+    p = rng.choice([f for f in files if os.path.getsize(f)])
+    data = bytearray(_read(p))
+    b = rng.randrange(len(data) * 8)
+    data[b // 8] ^= 1 << (b % 8)
+    _write(p, bytes(data))
+    return f"bit {b % 8} of byte {b // 8} flipped", p
+
+
 MUTATIONS = {"bitflip": m_bitflip, "truncate": m_truncate, "zero": m_zero, "junk": m_junk, "delete": m_delete,
              "swap": m_swap, "dup_record": m_dup_record, "hostile_term": m_hostile_term, "fifo": m_fifo,
-             "odd_name": m_odd_name}
+             "odd_name": m_odd_name, "odd_value": m_odd_value, "amqp10": m_amqp10, "long_name": m_long_name,
+             "bitflip1": m_bitflip1}
 
 
 def _unpacked(dataset: str) -> None:
@@ -437,9 +633,14 @@ def _changed(target, base: Path, original: Path) -> bool | None:
 
 # -- commands -------------------------------------------------------------------------------------------
 
+#: writer runs aimed at evidence, each with --force: the mutated copy is the job's input or, for
+#: the runs reading the pristine sample instead, another node's data dir that is no input. Every
+#: one must be refused (exit 16) and leave the copy as it was.
+AIMED = ("aimed:compact-onto-input", "aimed:export-inside-input", "aimed:rebuild-onto-other-node",
+         "aimed:read-over-other-node-file")
 COMMANDS = tuple([f"table:{t}" for t in TABLES] +
                  ["fsck", "fsck --deep --json", "fsck --json", "dump", "dump --deep", "export", "audit", "rebuild",
-                  "compact", "verify"])
+                  "compact", "verify"] + list(AIMED))
 
 
 def argv_of(command: str, inp: dict, out: Path) -> list[str] | None:
@@ -453,6 +654,16 @@ def argv_of(command: str, inp: dict, out: Path) -> list[str] | None:
         return ["export", base, "--all", "--format", "jsonl", "--out", str(out / "export")]
     if command in ("rebuild", "compact"):
         return [command, base, str(out / command)]
+    pristine = str(SAMPLES / inp["dataset"] / "mnesia")
+    if command == "aimed:compact-onto-input":
+        return ["compact", "-q", "--force", base, base]
+    if command == "aimed:export-inside-input":
+        return ["export", base, "--format", "jsonl", "--force", "--out", os.path.join(base, "export")]
+    if command == "aimed:rebuild-onto-other-node":
+        return ["rebuild", "-q", "--force", pristine, base]
+    if command == "aimed:read-over-other-node-file":
+        files = _files(os.fsencode(base))
+        return ["read", pristine, "--format", "jsonl", "--force", "--out", os.fsdecode(files[0])] if files else None
     if command == "audit":
         return ["audit", "--json", base]
     return command.split() + [base]
@@ -566,6 +777,8 @@ def run_one(command: str, inp: dict, out: Path, wall: float = WALL_LIMIT, as_lim
         res["failure"] = "exit-code"
     elif command in ("rebuild", "compact") and "failed verification" in err:
         res["failure"] = "writer-refused"
+    elif command in AIMED and rc != 16:
+        res["failure"] = "writer-not-refused"
     return res
 
 
@@ -581,14 +794,15 @@ def run_seed(seed: int, work: Path, commands=COMMANDS, dataset: str | None = Non
         reported = _reported(inp, out, runs)
         return {"seed": seed, "dataset": inp["dataset"], "mutation": inp["mutation"], "what": inp["what"],
                 "target": inp["target"], "runs": runs, "reported": reported,
-                "payload_only": reported is False and _payload_only(inp)}
+                "undetectable": undetectable(inp) if reported is False else None}
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
 
 #: mutations that change the bytes of one data file: fsck should name that file (a hostile term is
 #: only decoded by ``--deep``, whose findings the decode tests pin, so it is not counted here)
-DAMAGING = frozenset({"bitflip", "truncate", "zero", "junk", "swap", "dup_record"})
+DAMAGING = frozenset({"bitflip", "truncate", "zero", "junk", "swap", "dup_record", "odd_value", "amqp10", "long_name",
+                      "bitflip1"})
 
 
 def _reported(inp: dict, out: Path, runs: list[dict]) -> bool | None:
@@ -629,14 +843,256 @@ def _reported(inp: dict, out: Path, runs: list[dict]) -> bool | None:
     return any(f.get("queue") is not None and f["queue"].split("[p")[0] == name for f in findings)
 
 
+def undetectable(inp: dict) -> str | None:
+    """Why no check can see what the mutation changed, when it is one of the changes documented
+    as undetectable (docs/hostile.md, the bit-flip table; README "What damage does"), else None
+    (then the silence is unexplained). The classes: stored message bodies changed in place
+    (``_payload_only``), a file that still says what it said (``_same_content``), two vhosts'
+    retained stores swapped, and changed bytes each of a kind nothing cross-checks
+    (``_byte_classes``)."""
+    target = inp.get("target")
+    if not target or not os.path.isfile(target):
+        return None
+    original = SAMPLES / inp["dataset"] / "mnesia" / os.path.relpath(target, inp["base"])
+    if _same_content(original, Path(target)):
+        return "same-content"
+    if _payload_only(inp):
+        return "retained-swap" if inp.get("mutation") == "swap" else "payload"
+    try:
+        was, now = original.read_bytes(), Path(target).read_bytes()
+    except OSError:
+        return None
+    if len(was) != len(now):
+        return None
+    changed = [i for i in range(len(was)) if was[i] != now[i]] if len(was) < (64 << 20) else None
+    if not changed:
+        return None
+    classes = _byte_classes(inp["dataset"], original, was, now, changed)
+    if classes and all(c in UNDETECTABLE for c in classes):
+        return "+".join(sorted(set(classes)))
+    return None
+
+
+#: byte classes no check can see a change in, and why (docs/hostile.md has the same table)
+UNDETECTABLE = {
+    "qi.expiry": "a live .qi slot's expiry: an absolute time; nothing records the publish time or TTL it came from "
+                 "(a time already past is found: the message is expired)",
+    "qi.dead": "a .qi slot the broker treats as acked (status 0 with a location: dropped by an earlier recovery) or "
+               "a transient slot's message fields: the next boot reads neither",
+    "qi.amqp10-size": "the size field of an AMQP 1.0 message's slot (the broker's mc:size of its sections, not "
+                      "recomputed here)",
+    "v1.expiry": "a CQv1 publish record's expiry (as a .qi slot's)",
+    "v1.dead": "a CQv1 record of an entry acked since (its publish, deliver and ack records): never used again",
+    "v1.seq": "a CQv1 record's RelSeq (journal: seq id) changed to another free one below the segment entry count: "
+              "the message moves within its queue; a CQv1 index has no checksum",
+    "rdq.dead": "an entry no index refers to (an orphan, or a second copy): nothing reads it, its id included",
+    "ets.info-run": "the id, owner pid or memory words of a dump's table info: the run's own values",
+    "config.count": "a vhost .config's segment entry count changed to another valid count that no CQv1 record "
+                    "contradicts",
+    "wal.trunc": "a Ra WAL record's truncate bit: not covered by its checksum, and as plausible either way",
+    "term.value": "a value inside a DETS table, a Ra server config or a WAL writers snapshot that keeps its writer's "
+                  "shape (a term, a timeout, a name): as plausible as the original",
+}
+
+
+def _live_rows(dataset: str) -> dict:
+    """(index file relative to the mnesia base, offset) -> the ``messages`` row of each live
+    entry of the sample, cached per dataset."""
+    hit = _LIVE.get(dataset)
+    if hit is None:
+        base = SAMPLES / dataset / "mnesia"
+        t = cqforensics.read_table(base, "messages", columns=["file", "offset", "term_format", "persistent"])
+        hit = _LIVE[dataset] = {(os.path.relpath(r["file"], base), r["offset"]): r for r in t.to_pylist()}
+    return hit
+
+
+_LIVE: dict = {}
+
+
+def _byte_classes(dataset: str, original: Path, was: bytes, now: bytes, changed: list[int]) -> list[str] | None:
+    """The class of each changed byte of a file (``UNDETECTABLE`` keys, or a name of a class
+    some check sees: anything else), None when the kind of file has no classes here."""
+    name = original.name
+    rel = os.path.relpath(original, SAMPLES / dataset / "mnesia")
+    live = _live_rows(dataset)
+    if name.endswith(".qi"):
+        out = []
+        for off in changed:
+            if off < c_qi.HEADER_SIZE:
+                out.append("qi.header")
+                continue
+            slot = (off - c_qi.HEADER_SIZE) // c_qi.ENTRY_SIZE
+            at = c_qi.HEADER_SIZE + slot * c_qi.ENTRY_SIZE
+            r = off - at
+            s = was[at:at + c_qi.ENTRY_SIZE]
+            status, flags, kind = s[0], s[1], s[3]
+            row = live.get((rel, at))
+            if status == 0 and kind in (1, 2) and r > 3:
+                out.append("qi.dead")  # a ghost (a location, status 0): dropped by an earlier recovery
+            elif status == 1 and flags == 0 and r >= 4 and not (kind == 2 and 16 <= r < 20):
+                out.append("qi.dead")  # transient: dropped reading its status and flag only
+            elif status == 1 and row is not None and r >= 24:
+                out.append("qi.expiry")
+            elif status == 1 and row is not None and 20 <= r < 24 and (row["term_format"] or "").startswith("mc_amqp"):
+                out.append("qi.amqp10-size")
+            else:
+                out.append("qi.slot")
+        return out
+    if name.endswith(".idx") or name == "journal.jif":
+        return _v1_classes(name, rel, was, now, changed, live)
+    if name.endswith(".rdq"):
+        return _rdq_classes(dataset, original, was, changed)
+    if name.endswith(".ets"):
+        from cqforensics.readers import terms as r_terms
+
+        log = r_terms.read_disk_log(original)
+        if len(log.offsets) < 2:
+            return None
+        info_start, info_end = log.offsets[0] + 8, log.offsets[1]
+        run_words = [i for k in (b"\x5a\x00", b"\x58", b"memory") for i in _spans(was[info_start:info_end], k)]
+        return ["ets.info-run" if info_start <= off < info_end and any(a <= off - info_start < b for a, b in run_words)
+                else "ets" for off in changed]
+    if name == ".config":
+        try:
+            count = textfiles.segment_entry_count(now)
+        except CQError:
+            return ["config"]
+        return ["config.count" if count is not None else "config"] * len(changed)
+    if name.endswith(".wal"):
+        return ["wal.trunc" if _wal_record_start(was, off) and now[off] ^ was[off] == 0x80 else "wal" for off in changed]
+    if name.endswith(".dets") or name == "config" or name == "writers.snapshot":
+        return ["term.value" if _same_shape(original, Path(original), was, now) else "term"] * len(changed)
+    return None
+
+
+def _spans(data: bytes, key: bytes):
+    """(start, end) ranges of the run's own words in a table-info item: a reference (``Z``) or a
+    pid (``X``) term, and the ``memory`` count (the small integer after the atom)."""
+    i = data.find(key)
+    while i >= 0:
+        yield i, i + (40 if key != b"memory" else 16)
+        i = data.find(key, i + 1)
+
+
+def _wal_record_start(data: bytes, off: int) -> bool:
+    """Whether ``off`` is the first byte of a Ra WAL record (its truncate bit is that byte's top bit)."""
+    o = 5
+    while o + 27 <= len(data):
+        if o == off:
+            return True
+        h = int.from_bytes(data[o:o + 3], "big")
+        if h == 0 and not any(data[o:o + 32]):
+            return False
+        p = o + 3
+        if not h >> 22 & 1:
+            p += 2 + int.from_bytes(data[p:p + 2], "big")
+        if p + 24 > len(data):
+            return False
+        (length,) = struct.unpack_from(">I", data, p + 4)
+        o = p + 24 + length
+        if o > off:
+            return False
+    return False
+
+
+def _shape(t):
+    """A decoded term's shape: its kinds and sizes, not its values (binaries and atoms by kind)."""
+    if isinstance(t, tuple):
+        return ("t", tuple(_shape(x) for x in t))
+    if isinstance(t, list):
+        return ("l", len(t))
+    if isinstance(t, dict):
+        return ("m", tuple(sorted(str(k) for k in t)))
+    return type(t).__name__
+
+
+def _same_shape(original: Path, _target: Path, was: bytes, now: bytes) -> bool:
+    """Whether a term file (a DETS table's objects, a Ra config, a writers snapshot) holds terms
+    of the same shapes as before, only values changed."""
+    from cqforensics.readers import terms as r_terms
+
+    try:
+        if original.name.endswith(".dets"):
+            a, b = r_terms.read_dets_objects(original, was), r_terms.read_dets_objects(original, now)
+        elif original.name == "config":
+            a, b = textfiles.consult(was), textfiles.consult(now)
+        else:
+            a, b = [etf.decode(was)[0]], [etf.decode(now)[0]]
+    except (CQError, ValueError, IndexError):
+        return False
+    return len(a) == len(b) and [_shape(x) for x in a] == [_shape(x) for x in b]
+
+
+def _v1_classes(name: str, rel: str, was: bytes, now: bytes, changed: list[int], live: dict) -> list[str]:
+    """Classes of the changed bytes of a CQv1 segment or journal: by record (its head, fields,
+    embedded term) and whether its entry is live (a publish the ``messages`` table lists)."""
+    jif = name == "journal.jif"
+    head = 8 if jif else 2
+    seq_mask = (1 << 62) - 1 if jif else 0x3FFF
+    records = []  # (start, end, kind, live, seq)
+    o = 0
+    while o + head <= len(was):
+        h = int.from_bytes(was[o:o + head], "big")
+        pub = (h >> 62) <= 1 if jif else bool(h & 0x8000)
+        if jif and h == 0 and not any(was[o:o + 40]):
+            break
+        if not pub:
+            records.append((o, o + head, "ack", False, h & seq_mask))
+            o += head
+            continue
+        if o + head + 32 > len(was):
+            break
+        (emb,) = struct.unpack_from(">I", was, o + head + 28)
+        records.append((o, o + head + 32 + emb, "pub", (rel, o) in live, h & seq_mask))
+        o += head + 32 + emb
+    used = {seq for *_, seq in records}
+    out = []
+    for off in changed:
+        rec = next((r for r in records if r[0] <= off < r[1]), None)
+        if rec is None:
+            out.append("v1")
+            continue
+        start, _, kind, is_live, seq = rec
+        r = off - start
+        if kind == "pub" and not is_live and r >= head:
+            out.append("v1.dead")
+        elif kind == "pub" and head + 16 <= r < head + 24:
+            out.append("v1.expiry")
+        elif r < head and not (now[off] ^ was[off]) & ~(0x3F if r == 0 else 0xFF):
+            # only the RelSeq (seq id) bits changed: to a free one below the segment entry count
+            # (2048 on every sample; at or past it is found)
+            new_seq = int.from_bytes(now[start:start + head], "big") & seq_mask
+            out.append("v1.seq" if new_seq not in used and (jif or new_seq < 2048) else "v1")
+        else:
+            out.append("v1")
+    return out
+
+
+def _rdq_classes(dataset: str, original: Path, was: bytes, changed: list[int]) -> list[str]:
+    """``rdq.dead`` for bytes of an entry the ``store`` table of the sample does not call live."""
+    key = ("rdq", dataset)
+    entries = _LIVE.get(key)
+    if entries is None:
+        base = SAMPLES / dataset / "mnesia"
+        t = cqforensics.read_table(base, "store", columns=["file", "offset", "total_size", "status"])
+        entries = _LIVE[key] = [(r["file"], r["offset"], r["total_size"], r["status"]) for r in t.to_pylist()]
+    mine = [(o, o + n, st) for f, o, n, st in entries if f == str(original)]
+    out = []
+    for off in changed:
+        e = next((x for x in mine if x[0] <= off < x[1]), None)
+        out.append("rdq.dead" if e is not None and e[2] != "live" and off >= e[0] + 8 else "rdq")
+    return out
+
+
 def _payload_only(inp: dict) -> bool:
-    """Whether the mutation changed only stored message bodies in place, where no tool can tell
+    """Whether the mutation changed only values inside stored messages, where no tool can tell
     without another copy: a CQv1 index file whose ``dump`` rows (bodies not decoded) are those of
     the sample's file (a CQv1 index has no checksum; a second copy shows as
     ``message-copies-differ``), or a shared-store ``.rdq`` whose ``dump --deep`` rows are the
-    sample's but for the bodies' bytes (the same entries, ids and sizes, each decoding to the
-    same message, properties and body size: ``rabbit_msg_file`` frames an entry with no checksum,
-    and the broker delivers the changed body as stored)."""
+    sample's but for the messages' values (the same entries, ids and sizes, each decoding, with
+    nothing a row would mark, to a message of the same format and body size; its body bytes,
+    header values, message id property, exchange or routing keys may differ: ``rabbit_msg_file``
+    frames an entry with no checksum, and the broker delivers the changed message as stored)."""
     target = inp.get("target")
     if not target or not os.path.isfile(target):
         return False
@@ -655,12 +1111,16 @@ def _payload_only(inp: dict) -> bool:
     def rows(path):
         if v1:
             return list(dump(path))
-        return [{k: v for k, v in row.items() if k not in ("body_sha256", "body_preview")}
-                for row in dump(path, deep=True)]
+        return [{k: v for k, v in row.items() if k not in _VALUES} for row in dump(path, deep=True)]
     try:
         return original.read_bytes() != Path(target).read_bytes() and rows(original) == rows(target)
     except CQError:
         return False
+
+
+#: what a ``dump --deep`` row shows of a stored message's values (a change to them is no change to
+#: the store's structure; ``decode_error`` is kept: a value a row marks is found by ``--deep``)
+_VALUES = frozenset({"body_sha256", "body_preview", "exchange", "routing_keys", "message_id", "headers"})
 
 
 def _same_content(original: Path, target: Path) -> bool:
@@ -679,7 +1139,7 @@ def _same_content(original: Path, target: Path) -> bool:
             def items(log):
                 return [i[:5] if isinstance(i, tuple) and i and i[0] == "log_header" else i for i in log.items]
             return items(a) == items(b)
-        if target.suffix == ".config" or target.name in ("clean.dot", "nodes_running_at_shutdown"):
+        if target.name.endswith(".config") or target.name in ("clean.dot", "nodes_running_at_shutdown"):
             return textfiles.consult(original.read_bytes()) == textfiles.consult(target.read_bytes())
     except (CQError, OSError, ValueError, RecursionError):
         return False
@@ -730,11 +1190,12 @@ def summarize(results: list[dict], elapsed: float) -> dict:
         "operational_errors": _operational(results),
         "silent": [{"seed": r["seed"], "dataset": r["dataset"], "mutation": r["mutation"], "what": r["what"],
                     "target": r["target"]} for r in results
-                   if r.get("reported") is False and not r.get("payload_only")],
-        # silent, but only stored message bodies changed in place (CQv1-embedded, or in an .rdq entry):
-        # no tool can tell without another copy (``_payload_only``)
-        "undetectable_payload": [{"seed": r["seed"], "dataset": r["dataset"], "what": r["what"], "target": r["target"]}
-                                 for r in results if r.get("reported") is False and r.get("payload_only")],
+                   if r.get("reported") is False and not r.get("undetectable")],
+        # silent, but a change documented as undetectable (``undetectable``: message bodies changed in
+        # place, a file that says what it said, bytes of a kind nothing cross-checks), with the class
+        "undetectable": [{"seed": r["seed"], "dataset": r["dataset"], "what": r["what"], "target": r["target"],
+                          "why": r["undetectable"]}
+                         for r in results if r.get("reported") is False and r.get("undetectable")],
         "reported": sum(1 for r in results if r.get("reported")),
         "elapsed_s": round(elapsed, 1), "failed": failures,
     }
@@ -788,8 +1249,8 @@ def regressions() -> list[dict]:
 
 
 def replay(entry: dict, work: Path) -> dict:
-    """One regression case ({dataset, seed, mutation, command?}) run again."""
-    cmds = (entry["command"],) if entry.get("command") else COMMANDS
+    """One regression case ({dataset, seed, mutation, command? or commands?}) run again."""
+    cmds = (entry["command"],) if entry.get("command") else tuple(entry.get("commands") or COMMANDS)
     return run_seed(entry["seed"], work, cmds, dataset=entry["dataset"], mutation=entry["mutation"])
 
 

@@ -11,6 +11,7 @@ except ImportError:
     raise ModuleNotFoundError("the rabbitcq Spark data source needs pyspark, which is not installed: "
                               "pip install 'cqforensics[spark]'", name="pyspark") from None
 
+from spark_datasource.schema import ANNOTATIONS_SCHEMA, DEATHS_SCHEMA, HEADERS_SCHEMA, typed_json
 from spark_datasource.source import RabbitCQDataSource as DefaultSource
 
 
@@ -22,4 +23,4 @@ def register(spark) -> None:
             raise
 
 
-__all__ = ["DefaultSource", "register"]
+__all__ = ["DefaultSource", "register", "typed_json", "HEADERS_SCHEMA", "ANNOTATIONS_SCHEMA", "DEATHS_SCHEMA"]

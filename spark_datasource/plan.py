@@ -23,8 +23,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from cqforensics import layout
+from cqforensics import driver
 from cqforensics.driver import QUEUE_LEVEL
+from cqforensics.model.options import make_options
 from cqforensics.errors import UsageError
 from cqforensics.model.store import shares_for
 from cqforensics.tables import SHARED_TABLES
@@ -62,9 +63,14 @@ def _tree_size(root: Path) -> int:
 
 
 def plan_units(paths, table: str, vhosts=None, queues=None) -> list[Unit]:
-    """Every unit of ``table`` under ``paths``, in listing order."""
+    """Every unit of ``table`` under ``paths``, in listing order. A ``vhosts``/``queues`` name
+    that matches nothing is a ``UsageError`` naming the close names that exist; the queue storage
+    a node holds that is not read (quorum queues, streams) is logged as a warning on the driver
+    (and is in the ``findings`` table: ``storage-not-read``)."""
     out = []
-    for node in layout.discover(list(paths)):
+    nodes = driver.discovered(list(paths), make_options(bodies=False, decode=False), driver.names(vhosts, "vhosts"),
+                              driver.names(queues, "queues"))
+    for node in (ns.node for ns in nodes):
         for v in sorted(node.vhosts, key=lambda v: (v.name is None, v.label)):
             if vhosts is not None and v.name not in vhosts:
                 continue

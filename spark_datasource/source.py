@@ -101,13 +101,13 @@ def read_units(units: list[Unit], s: opt.Settings, columns: list[str]):
     one id share of a big vhost is read by a scan of that share only."""
     options, scope = narrowed(s.options, s.table, columns), _task_scope()
     if all(u.share is None for u in units):
-        yield from driver.read(s.table, options, units=units, columns=columns, queues=s.queues, cache=_VHOST_FACTS,
-                               cache_scope=scope)
+        yield from driver.read(s.table, options, units=units, columns=columns, vhosts=s.vhosts, queues=s.queues,
+                               cache=_VHOST_FACTS, cache_scope=scope)
         return
     for share, run in _share_runs(units):
         build = None if share is None else _share_builder(s.table, *share)
-        yield from driver.read(s.table, options, units=run, columns=columns, queues=s.queues, cache=_VHOST_FACTS,
-                               cache_scope=scope, build=build)
+        yield from driver.read(s.table, options, units=run, columns=columns, vhosts=s.vhosts, queues=s.queues,
+                               cache=_VHOST_FACTS, cache_scope=scope, build=build)
 
 
 def _share_runs(units: list[Unit]):

@@ -87,6 +87,14 @@ def qi_bad_header(node: Path) -> str:
     return damage.zero(_queue_dir(node, b"audit.b") / "0.qi", 0, 8)
 
 
+def qi_bad_header_and_slot(node: Path) -> str:
+    """Zero a .qi segment's magic and set a reserved flag bit in one of its live slots: a dirty
+    start deletes the segment without parsing a slot (no queue crash); a clean one trusts it."""
+    qi, off = _qi_slot(node, b"audit.b")
+    damage.flip(qi, off + 1, 0x04)
+    return damage.zero(qi, 0, 8)
+
+
 def qi_reserved_bit(node: Path) -> str:
     """Set a reserved flag bit in a live .qi slot (the broker's strict parser has no clause for it)."""
     qi, off = _qi_slot(node, b"work")
@@ -113,6 +121,7 @@ def v1_journal_torn(node: Path) -> str:
 SCENARIOS = {
     "rdq_zeroed_range": rdq_zeroed_range, "rdq_truncated": rdq_truncated, "rdq_missing": rdq_missing,
     "rdq_marker_flip": rdq_marker_flip, "qs_crc": qs_crc, "qs_missing": qs_missing, "qi_bad_header": qi_bad_header,
+    "qi_bad_header_and_slot": qi_bad_header_and_slot,
     "qi_reserved_bit": qi_reserved_bit, "queue_name_lost": queue_name_lost,
     "v1_segment_truncated": v1_segment_truncated, "v1_journal_torn": v1_journal_torn,
 }

@@ -68,3 +68,13 @@ def test_wire_L_reads_as_long_like_rabbitmq():
 def test_damaged_tables_raise_format_errors(raw):
     with pytest.raises(FormatError):
         amqp091.decode_table(raw)
+
+
+def test_typed_json_values_the_wire_cannot_hold_are_format_errors():
+    """Issue 33: a typed-JSON string holding an integer (an edited export) made ``bytes(N)``, N
+    zero bytes (a terabyte for 10^12); a number past its wire type's range failed deep in struct.
+    Both are FormatErrors naming the value, before anything is allocated."""
+    for props, headers in [({}, {"h": {"type": "longstr", "value": 10 ** 12}}), ({}, {"h": {"type": "byte", "value": 300}}),
+                           ({"priority": 1 << 40}, None), ({"timestamp": -1}, None)]:
+        with pytest.raises(FormatError):
+            amqp091.encode_properties(props, headers)

@@ -321,14 +321,20 @@ def test_read_out_never_writes_into_the_evidence_nor_over_a_file(capsys, tmp_pat
 
     existing = tmp_path / "rows.jsonl"
     existing.write_text("keep me\n")
-    code, _, err = run(capsys, "read", str(node), "--format", "jsonl", "--out", str(existing))
-    assert code == 16 and "exists" in err and "--force" in err
-    assert existing.read_text() == "keep me\n"
-    code, _, _ = run(capsys, "read", str(node), "--format", "jsonl", "--out", str(existing), "--force")
+    for force in ([], ["--force"]):  # a file cqforensics did not write: never replaced
+        code, _, err = run(capsys, "read", str(node), "--format", "jsonl", "--out", str(existing), *force)
+        assert code == 16 and "exists" in err or "not an output of cqforensics" in err, err
+        assert existing.read_text() == "keep me\n"
+    existing.unlink()
+    code, _, _ = run(capsys, "read", str(node), "--format", "jsonl", "--out", str(existing))
+    code, _, _ = run(capsys, "read", str(node), "--format", "jsonl", "--out", str(existing), "--force")  # its own
     _, stdout, _ = run(capsys, "read", str(node), "--format", "jsonl")
     assert code == 0 and existing.read_text() == stdout and stdout.count("\n") == 93
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "link", "rows.jsonl"]  # no partial file left
-    code, _, err = run(capsys, "read", str(node), "--out", str(tmp_path))
+    # no partial file left; the manifest beside the file says it is cqforensics's own
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".rows.jsonl.cqforensics-output.json", "in", "link",
+                                                          "rows.jsonl"]
+    (tmp_path / "d").mkdir()
+    code, _, err = run(capsys, "read", str(node), "--out", str(tmp_path / "d"))
     assert code == 16 and "is a directory" in err
 
 
@@ -350,12 +356,16 @@ def test_every_output_follows_the_same_rules(capsys, tmp_path):
                  ["compact", str(node), str(full)], ["rebuild", str(node), str(full)]):
         code, _, err = run(capsys, *argv)
         assert code == 16 and "not empty" in err and "--force" in err, (argv, err)
+        code, _, err = run(capsys, *argv, "--force")  # not written by cqforensics: --force does not change that
+        assert code == 16 and "not an output of cqforensics" in err, (argv, err)
         assert [p.name for p in full.iterdir()] == ["keep"]
-    code, _, _ = run(capsys, "export", str(node), "--format", "jsonl", "--out", str(full), "--force")
-    assert code == 0 and sorted(p.name for p in full.iterdir()) == ["keep", "messages.jsonl", "messages.jsonl.provenance.json"]
-    code, _, _ = run(capsys, "compact", str(node), str(full), "--force")
-    assert code == 0 and not (full / "keep").exists() and (full / "msg_stores").is_dir()  # replaced whole
-    assert run(capsys, "verify", str(full))[0] == 0
+    out = tmp_path / "out"
+    code, _, _ = run(capsys, "export", str(node), "--format", "jsonl", "--out", str(out))
+    assert code == 0 and sorted(p.name for p in out.iterdir()) == [".cqforensics-output.json", "messages.jsonl",
+                                                                  "messages.jsonl.provenance.json"]
+    code, _, _ = run(capsys, "compact", str(node), str(out), "--force")  # an output of cqforensics: replaced whole
+    assert code == 0 and not (out / "messages.jsonl").exists() and (out / "msg_stores").is_dir()
+    assert run(capsys, "verify", str(out))[0] == 0
 
 
 def test_one_helper_decides_every_output_path():
@@ -364,12 +374,11 @@ def test_one_helper_decides_every_output_path():
     import inspect
 
     from cli import main as cli_main
-    from cqforensics import export, outputs
-    from cqforensics.write import output, salvage
+    from cqforensics import export, outputs, republish
+    from cqforensics.write import rows, salvage
 
-    for mod in (cli_main, export, output):
+    for mod in (cli_main, export, salvage, rows, republish):
         assert "check_output(" in inspect.getsource(mod), mod.__name__
-    assert "check_destination(" in inspect.getsource(salvage)
     deciders = [p.relative_to(ROOT).as_posix() for top in ("cqforensics", "cli", "spark_datasource")
                 for p in (ROOT / top).rglob("*.py") if "may not be inside" in p.read_text()]
     assert deciders == ["cqforensics/outputs.py"], deciders

@@ -10,6 +10,7 @@ import os
 import random
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -376,6 +377,26 @@ def test_decode_equals_reference_on_damaged_terms():
     _compare_decode(damaged, [None] * len(damaged))
 
 
+def test_decode_equals_reference_on_count_lies():
+    """Issue 33: every count and length field the compiled decode reads (annotation map arity,
+    list counts, binary and table lengths) lying as large as it can: at each of the first 200
+    and last 60 byte positions of one stored term of each layout and atom encoding, 1, 2 and 4
+    bytes of 0xFF (and 0x7FFFFFFF) written over the term. The core falls back or decodes as the
+    reference does, and the whole lot takes seconds (no count is trusted before it is checked)."""
+    by_shape = {}
+    for t in _stored_terms():
+        by_shape.setdefault((t[:12], len(t) < 400), t)
+    lied = []
+    for t in by_shape.values():
+        for k in sorted(set(range(min(200, len(t)))) | set(range(max(0, len(t) - 60), len(t)))):
+            for lie in (b"\xff", b"\xff\xff", b"\xff\xff\xff\xff", b"\x7f\xff\xff\xff"):
+                lied.append(t[:k] + lie + t[k + len(lie):])
+    assert len(by_shape) >= 4 and len(lied) > 4000
+    t0 = time.monotonic()
+    _compare_decode(lied, [None] * len(lied))
+    assert time.monotonic() - t0 < 60
+
+
 def test_decode_equals_reference_on_crafted_annotations():
     """Crafted annotations on a real stored 3.13+ message (re-encoded by our ETF codec): the names
     the 0-9-1 view gives a meaning to, as atoms (UTF-8 and latin-1) and spelled as binaries,
@@ -502,26 +523,34 @@ def _amqpl_term(props: bytes) -> bytes:
 # -- disk_log items (ets dumps) --------------------------------------------------------------------
 
 
-def _same_items(data: bytes, path: Path = Path("x.ets")) -> None:
+def _same_items(data: bytes, path: Path = Path("x.ets")) -> bool:
     """The compiled walk of a disk_log's items (``readers.terms.disk_log_walk``, in runs of a few
     items to cross the resumption points too) and the reference give the same items, rows,
-    terms and stop, both strictly and as ets:file2tab finds them."""
+    terms and stop; and where the walk says ets:file2tab loads every object it found
+    (``loads_whole``, the fast path of an undamaged dump), ``file2tab_load`` (storecrash's model
+    of OTP's file2tab) loads exactly those. Returns whether it did."""
     from cqforensics.readers import terms
 
-    for lenient in (False, True):
-        ref = terms.disk_log_walk_reference(data, lenient, path)
-        for run in (terms.WALK_ITEMS, 3):
-            old, terms.WALK_ITEMS = terms.WALK_ITEMS, run
-            try:
-                new = terms.disk_log_walk(data, lenient, path)
-            finally:
-                terms.WALK_ITEMS = old
-            assert (new.n, new.n_rows, new.md5_items) == (ref.n, ref.n_rows, ref.md5_items)
-            assert new.offsets == ref.offsets
-            assert new.rows.tobytes() == ref.rows.tobytes() and np.array_equal(new.row_items, ref.row_items)
-            assert repr(new.terms) == repr(ref.terms)
-            assert (repr(new.error), getattr(new.error, "offset", None)) == \
-                (repr(ref.error), getattr(ref.error, "offset", None))
+    ref = terms.disk_log_walk_reference(data, path)
+    for run in (terms.WALK_ITEMS, 3):
+        old, terms.WALK_ITEMS = terms.WALK_ITEMS, run
+        try:
+            new = terms.disk_log_walk(data, path)
+        finally:
+            terms.WALK_ITEMS = old
+        assert (new.n, new.n_rows, new.md5_items) == (ref.n, ref.n_rows, ref.md5_items)
+        assert new.offsets == ref.offsets
+        assert new.rows.tobytes() == ref.rows.tobytes() and np.array_equal(new.row_items, ref.row_items)
+        assert repr(new.terms) == repr(ref.terms)
+        assert (repr(new.error), getattr(new.error, "offset", None)) == \
+            (repr(ref.error), getattr(ref.error, "offset", None))
+    status = bytes(data[4:8]) if data[:4] == b"\x01\x02\x03\x04" else None
+    if not terms.loads_whole(status, ref):
+        return False
+    last = ref.n - 1
+    walked = [ref.term(k) for k in range(1, ref.n) if not (k == last and terms._file2tab_end(ref.terms.get(k)))]
+    assert repr(terms.file2tab_load(bytes(data))) == repr(walked)
+    return True
 
 
 def _ets_files() -> list[Path]:
@@ -532,7 +561,7 @@ def test_disk_log_items_equal_reference_on_every_sample_dump():
     files = _ets_files()
     assert len(files) >= 10
     for p in files:
-        _same_items(read_bytes(p), p)
+        assert _same_items(read_bytes(p), p), p  # every sample's dump is whole: the fast path
 
 
 def test_disk_log_items_equal_reference_on_damaged_dumps():
@@ -542,9 +571,11 @@ def test_disk_log_items_equal_reference_on_damaged_dumps():
     from cqforensics import etf
 
     rng = random.Random(32)
+    whole = []
     for p in _ets_files():
         for data in _mutations(read_bytes(p), rng, 12):
-            _same_items(data)
+            whole.append(_same_items(data))
+    assert any(whole) and not all(whole)  # both the fast path and file2tab_load's are met
     head = b"\x01\x02\x03\x04\x63\x58\x4d\x0b"
 
     def item(term: bytes, md5: bytes | None = None) -> bytes:

@@ -190,14 +190,14 @@ def test_sparse_rdq_is_walked_by_its_extents(tmp_path, capsys):
         pytest.skip("this file system does not make sparse files")
     from cqforensics.readers import rdq
 
-    t0 = time.monotonic()
     f = rdq.walk(big, 7)
     assert [h.kind for h in f.holes] == ["zeroed"] and f.holes[0].offset == len(src)
     assert len(f) == 2 * len(rdq.walk(store / "0.rdq", 0))
     rc, out, _ = run_cli(["dump", str(big)], capsys)
     assert rc == 0 and "zeroed" in out
     every_command(node, tmp_path, capsys, tables=("store", "holes", "files"))
-    assert time.monotonic() - t0 < 60
+    # not timed (a loaded CI machine took 72 s): tests/test_scale.py checks the bytes a read of a
+    # hole costs instead
 
 
 # -- 2. malformed but decodable terms ------------------------------------------------------------
@@ -363,3 +363,67 @@ def test_input_under_a_non_utf8_dir_prints_valid_text(tmp_path, capsys):
         assert "\\xffbase" in out or args[0] in ("dump", "audit"), args
     lost = (tmp_path / "rb" / "lost+found" / "lost+found.jsonl").read_text(encoding="utf-8")
     assert "\\\\xffbase" in lost
+
+
+# -- 5. name files the broker never reads: the writers accept their own output --------------------------
+#
+# Issue 33: a .vhost holding a 2 MB name (its vhost's name followed by 2 MB of "V") made rebuild and
+# compact refuse their own output (exit 8): the layout read the first MiB of it, the writers all of
+# it, and took it for a vhost dir renamed away from its own dir. A name file is read one way
+# (layout.read_name_file); a dir that is the own dir of a vhost of the metadata holds that vhost
+# whatever its .vhost says, and is written with the metadata's name.
+
+def _tail(path: Path, n: int) -> None:
+    """Crafted: the name in ``path`` followed by ``n`` bytes of V (a .queue_name keeps its lines)."""
+    raw = path.read_bytes()
+    if path.name == ".queue_name":
+        end = raw.index(b"\n", raw.index(b"\nQUEUE: ") + 8)
+        path.write_bytes(raw[:end] + b"V" * n + raw[end:])
+    else:
+        path.write_bytes(raw + b"V" * n)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name_file, n, command", [(".vhost", 2 << 20, "rebuild"), (".vhost", 2 << 20, "compact"),
+                                                   (".vhost", (1 << 20) + 1, "compact"), (".vhost", 1 << 20, "rebuild"),
+                                                   (".vhost", 300, "compact"), (".queue_name", 2 << 20, "rebuild")])
+def test_writers_accept_their_output_whatever_a_name_file_holds(name_file, n, command, tmp_path, capsys):
+    node = copy_node("4.3.6-clean", tmp_path / "mnesia")
+    vhost_dir = next(p for p in node.glob("msg_stores/vhosts/*") if (p / ".vhost").read_bytes() == "staging/ü".encode())
+    target = vhost_dir / ".vhost" if name_file == ".vhost" else next(vhost_dir.glob("queues/*/.queue_name"))
+    _tail(target, n)
+    code = {"missing-queue-name", "queue-dir-mismatch"}
+    assert any(c in code for c, _ in [(f["code"], 0) for f in cqforensics.read_table(node, "findings").to_pylist()
+                                      if f["file"] in (str(target), str(target.parent))])
+    dst = tmp_path / "out"
+    rc, out, err = run_cli([command, str(node.parent), str(dst)], capsys)
+    assert rc in (0, 1), err  # never 8: damaged input is a salvage (or exit 4), never an operational error
+    written = dst / node.name / "msg_stores" / "vhosts" / vhost_dir.name
+    assert (written / ".vhost").read_bytes() == "staging/ü".encode()  # the metadata's name, afresh
+    assert sorted(p.name for p in (dst / node.name / "msg_stores" / "vhosts").iterdir()) == \
+        sorted(p.name for p in (node / "msg_stores" / "vhosts").iterdir())
+    rc, out, _ = run_cli(["verify", str(dst)], capsys)
+    assert rc == 0, out
+
+
+@pytest.mark.slow
+def test_a_vhost_dir_no_name_is_known_for_is_written_without_its_damaged_name(tmp_path, capsys):
+    """Crafted: a copy of a vhost dir under a dir name no vhost has, its .vhost 2 MB long. No name
+    is known for it (not the metadata's, not its .vhost's): the writers leave the .vhost out (the
+    broker writes it at every recovery of the vhost and never reads it) and say so; verify notes
+    the missing name, as outside its invariants."""
+    import shutil
+
+    node = copy_node("4.3.6-clean", tmp_path / "mnesia")
+    src = next(p for p in node.glob("msg_stores/vhosts/*") if (p / ".vhost").read_bytes() == "staging/ü".encode())
+    copy = src.parent / "ZZZZZZ"
+    shutil.copytree(src, copy)
+    _tail(copy / ".vhost", 2 << 20)
+    for command in ("rebuild", "compact"):
+        dst = tmp_path / command
+        rc, out, err = run_cli([command, str(node.parent), str(dst)], capsys)
+        assert rc in (0, 1), err
+        assert "no name is known for vhost dir ZZZZZZ" in out
+        assert not (dst / node.name / "msg_stores/vhosts/ZZZZZZ/.vhost").exists()
+        rc, out, _ = run_cli(["verify", str(dst)], capsys)
+        assert rc == 0 and "missing-queue-name" in out, out

@@ -78,7 +78,7 @@ def test_a_projection_decides_what_is_read():
 ])
 def test_version_behaviour_is_asked_of_the_model(version, sequential, last_copy, mc, v1, takes_vhost):
     m = versions.model(version)
-    assert (m.sequential_scan, m.last_copy_wins, m.stores_mc, m.reads_v1, m.shared_read_crash_takes_vhost) == \
+    assert (m.sequential_scan, m.last_copy_wins, m.stores_mc, m.reads_v1, m.store_serves_current_file_reads) == \
         (sequential, last_copy, mc, v1, takes_vhost)
 
 

@@ -11,11 +11,21 @@ clean sample that the real broker of its version booted and stopped cleanly itse
 
 fsck predicts, per queue, what the next boot delivers, and whether the queue crashes (a read the
 recorded state misplaces: the consumer gets 541 INTERNAL_ERROR) or hangs; the broker then boots
-and every queue is drained with time limits, recording what it did."""
+and every queue is drained with time limits, recording what it did.
+
+The message store crashing under the running vhost (docs/store-crash.md) is tried on a store of
+many files (64 KiB each) that a broker of each version writes at test time (``STORE_CASES``):
+a middle ``.rdq`` missing (the reading queue crashes at each read from there), and
+``msg_store_index.ets`` cut past its middle, inside the record of an expired message (every queue
+crashes once on what it no longer records, and the one dropping that expired message crashes the
+store: the vhost restarts). There fsck gives bounds, and what each queue delivers must lie
+within them. Each version's broker boots and stops once for all the cases of a kind
+(``stopped``); ``ets:file2tab`` itself is checked against the OTP of each broker."""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import threading
 import time
@@ -209,6 +219,66 @@ def observe(b, vhosts: list[str], amqp10: set, settle: float = 5.0, timeout: flo
     return out
 
 
+#: the store of many files the store-crash cases start from (per version, written at test time)
+STORE_CONFIG = "[{rabbit, [{msg_store_file_size_limit, 65536}]}]."
+BULK = {"bulk.v1": (1, 120), "bulk.v2": (2, 60)}  # queue: (x-queue-version, messages of 5,000 bytes)
+TTL_QUEUE, TTL_MS = "ttl.big", 15000  # 20 messages of 5,000 bytes the next boot finds expired (no DLX)
+
+
+def declare(b, name: str, arguments: dict) -> None:
+    from cqforensics.broker.clients import pika_module
+
+    pika = pika_module()
+    conn = pika.BlockingConnection(pika.URLParameters(b.url))
+    conn.channel().queue_declare(name, durable=True, arguments=arguments)
+    conn.close()
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory):
+    """``stopped(version, kind)``: the mnesia base of the version's clean sample once its own broker
+    has booted it and stopped it cleanly (``kind`` "clean"), or has first written a store of many
+    files to it (``kind`` "store": ``BULK`` queues and ``TTL_QUEUE``, under ``STORE_CONFIG``).
+    Each is made once per module (one boot) and copied by each case that starts from it."""
+    import tempfile
+
+    from cqforensics.broker import Broker
+
+    made: dict[tuple[str, str], Path] = {}
+    bases = []
+
+    def make(version: str, kind: str) -> Path:
+        if (version, kind) in made:
+            return made[(version, kind)]
+        need_broker(version)
+        base = Path(tempfile.mkdtemp(prefix="cqf-broker-"))
+        base.chmod(0o755)
+        bases.append(base)
+        with Broker(version, base / "run", advanced_config=STORE_CONFIG if kind == "store" else None) as b:
+            b.install_node(SAMPLES / f"{version}-clean" / "mnesia")
+            b.start()
+            if kind == "store":
+                from cqforensics.model.versions import model
+
+                for name, (v, n) in BULK.items():  # 4.3 refuses v1 (4.0-4.2 take it and convert it)
+                    declare(b, name, {"x-queue-version": v} if model(version).reads_v1 else {})
+                    publish(b, name, n, 5000, name)
+                declare(b, TTL_QUEUE, {"x-message-ttl": TTL_MS})
+                publish(b, TTL_QUEUE, 20, 5000, TTL_QUEUE)
+                published = time.monotonic()
+            b.stop()  # the broker's own clean stop: its recovery files describe its data
+            if kind == "store":  # the next boot finds them expired, and so does fsck before it
+                time.sleep(max(0.0, TTL_MS / 1000 + 1 - (time.monotonic() - published)))
+                on_disk = len(ids_of(b.node_dir, version, TTL_QUEUE))
+                assert on_disk == 20, f"{on_disk} of the 20 {TTL_QUEUE} messages outlived the clean stop (slow stop?)"
+            made[(version, kind)] = b.mnesia_base
+        return made[(version, kind)]
+
+    yield make
+    for base in bases:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def make_case(b, case: str) -> str:
     """Turn the node dir of ``b`` (stopped cleanly by its own broker just before) into ``case``;
     returns what was done."""
@@ -249,7 +319,47 @@ def make_case(b, case: str) -> str:
     if case == "qs_missing":
         (queue_dir(node, b"orders.v2") / "0.qs").unlink()
         return "removed orders.v2's 0.qs"
+    if case == "rdq_missing_middle":  # a file in the middle of bulk.v1's messages
+        files = sorted({int(Path(f).stem) for f in store_files_of(node, b.version, "bulk.v1")})
+        rdq = store / f"{files[len(files) // 2]}.rdq"
+        rdq.unlink()
+        return f"removed {rdq.name} of {len(list(store.glob('*.rdq'))) + 1} store files"
+    if case == "ets_cut_ttl":  # cut inside the first item of a TTL_QUEUE message past the middle
+        ids, data = ids_of(node, b.version, TTL_QUEUE), ets.read_bytes()
+        at = [o for o, obj in ets_items(ets) if isinstance(obj, tuple) and len(obj) > 1 and obj[1] in ids]
+        cut = next((o for o in at if o >= len(data) // 2), at[-1]) + 10
+        ets.write_bytes(data[:cut])
+        return f"msg_store_index.ets cut to {cut} of {len(data)} bytes (inside an item of a {TTL_QUEUE} message)"
     raise ValueError(case)
+
+
+def ets_items(ets: Path) -> list[tuple[int, object]]:
+    """(offset, term) of each item of an intact ``ets:tab2file`` dump."""
+    from cqforensics import etf
+
+    data, out, o = ets.read_bytes(), [], 8
+    while o + 8 <= len(data):
+        size = int.from_bytes(data[o:o + 4], "big")
+        start = o + 8 + (16 if size >= 65528 else 0)
+        out.append((o, etf.decode(data[start:start + size])[0]))
+        o = start + size
+    return out
+
+
+def _rows(node: Path, version: str, queue: str) -> list[dict]:
+    import cqforensics
+
+    rows = cqforensics.read_table(node, table="messages", broker_version=version,
+                                  columns=["vhost", "queue", "msg_id", "location", "store_file"]).to_pylist()
+    return [r for r in rows if r["vhost"] == "/" and r["queue"] == queue and r["location"] == "shared_store"]
+
+
+def ids_of(node: Path, version: str, queue: str) -> set[bytes]:
+    return {r["msg_id"] for r in _rows(node, version, queue)}
+
+
+def store_files_of(node: Path, version: str, queue: str) -> list[str]:
+    return [r["store_file"] for r in _rows(node, version, queue)]
 
 
 def predicted_bodies(node: Path, version: str) -> tuple[dict, set[str], set[str]]:
@@ -284,7 +394,7 @@ CASES = ("stale", "ets_flipped", "ets_truncated", "rdq_missing", "qs_missing")
 @pytest.mark.broker
 @pytest.mark.parametrize("version, case", [(v, c) for v in VERSIONS for c in CASES],
                          ids=[f"{v}-{c}" for v in VERSIONS for c in CASES])
-def test_clean_start_on_wrong_state_matches_the_real_broker(version, case, broker_dir):
+def test_clean_start_on_wrong_state_matches_the_real_broker(version, case, broker_dir, stopped):
     """Per queue: what the broker delivered (distinct bodies: a queue that crashes loses the
     acks of what it delivered just before, and delivers those again after its restart) equals
     what fsck predicts; a queue predicted to crash on a read got an error (541), one predicted
@@ -297,9 +407,7 @@ def test_clean_start_on_wrong_state_matches_the_real_broker(version, case, broke
     dataset = f"{version}-clean"
     vhosts = manifest(dataset)["vhosts"]
     with Broker(version, broker_dir / "run") as b:
-        b.install_node(SAMPLES / dataset / "mnesia")
-        b.start()
-        b.stop()  # the broker's own clean stop: its recovery files describe its data
+        b.install_node(stopped(version, "clean"))  # booted and stopped cleanly by this broker
         what = make_case(b, case)
         report = fsck.run(b.node_dir, broker_version=version)
         bodies, unrecorded, shared = predicted_bodies(b.node_dir, version)
@@ -400,3 +508,148 @@ def test_recovery_terms_that_disagree_with_the_index_restart_the_queue(tmp_path)
     assert q.messages == q.predicted_after_restart == len(live) - 1
     hit = [f for f in report.findings if f.code == "recovery-terms-mismatch" and f.queue == "audit.b"]
     assert hit and hit[0].severity == "error" and hit[0].details["restarts"]
+
+
+# -- the message store crashing under the running vhost --------------------------------------------
+
+STORE_CASES = ("rdq_missing_middle", "ets_cut_ttl")
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("version, case", [(v, c) for v in VERSIONS for c in STORE_CASES],
+                         ids=[f"{v}-{c}" for v in VERSIONS for c in STORE_CASES])
+def test_store_crash_stays_within_the_predicted_bounds(version, case, broker_dir, stopped):
+    """On a store of many files: each queue delivers (distinct bodies once a crash made it
+    deliver some again) between fsck's ``predicted_min`` and ``predicted_max``, and exactly
+    ``predicted_after_restart`` where those are equal; a queue predicted to crash got errors (541).
+    ``rdq_missing_middle``: the queue reading into the missing file is lost from there, and what
+    precedes it is delivered (3.10-3.12 exactly). ``ets_cut_ttl``: the queue dropping expired
+    messages the cut index lacks crashes the store (the broker's log says so), as the
+    ``store-crash`` finding predicts, and the vhost restarts."""
+    from cqforensics import fsck
+    from cqforensics.broker import Broker
+
+    vhosts = manifest(f"{version}-clean")["vhosts"]
+    with Broker(version, broker_dir / "run", advanced_config=STORE_CONFIG) as b:
+        b.install_node(stopped(version, "store"))
+        what = make_case(b, case)
+        report = fsck.run(b.node_dir, broker_version=version)
+        b.start()
+        got = observe(b, vhosts, amqp10=set(), restart=frozenset(q.vhost for q in report.queues if q.crash == "vhost"))
+        log = b.log_file.read_text(errors="replace")
+        b.kill()
+    problems = compare_bounds(report, got)
+    crash = [f for f in report.findings if f.code == "store-crash"]
+    if case == "ets_cut_ttl":
+        if "rabbit_msg_store,remove_message" not in log:
+            problems.append("the broker's message store did not crash on the remove")
+        if not crash or TTL_QUEUE not in crash[0].details["triggers"].get("remove", []):
+            problems.append(f"no store-crash finding names {TTL_QUEUE} dropping unrecorded messages: {crash}")
+    if case == "rdq_missing_middle":
+        bulk = next(q for q in report.queues if q.queue == "bulk.v1")
+        if bulk.crash != "queue" or not 0 < bulk.predicted_max < bulk.messages:
+            problems.append(f"bulk.v1: predicted {bulk.to_dict()}")
+    assert not problems, f"{what}:\n" + "\n".join(problems)
+
+
+def compare_bounds(report, got: dict) -> list[str]:
+    """What differs between fsck's bounds and what the broker did (``observe``)."""
+    out = []
+    for q in report.queues:
+        key = (q.vhost, q.queue)
+        g = got.get(key)
+        if g is None or "delivered" not in g:
+            if q.predicted_min:
+                out.append(f"{key} not served: {g}, predicted at least {q.predicted_min}")
+            continue
+        # redelivered after a crash: count each body once (else as delivered: bodies may repeat)
+        n = len(set(g["bodies"])) if g["errors"] or g["hang"] else g["delivered"]
+        if not q.predicted_min <= n <= q.predicted_max:
+            out.append(f"{key}: delivered {n}, predicted {q.predicted_after_restart} "
+                       f"({q.predicted_min}..{q.predicted_max}) ({g['events']})")
+        if q.crash == "queue" and not (g["errors"] or g["hang"]):
+            out.append(f"{key}: predicted a crash, the broker delivered {g['delivered']} ({g['events']})")
+    return out
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("version", VERSIONS)
+def test_store_index_is_loaded_as_otp_file2tab_loads_it(version, tmp_path):
+    """``readers.terms.file2tab_load`` against the OTP each broker runs on (25, 27, 29): the
+    same objects (count and keys), the same error, or the same exception, on damaged copies of
+    the samples' ``msg_store_index.ets`` and ``file_summary.ets`` (seeded bit flips, inverted,
+    zeroed and random runs, cuts; written at test time)."""
+    import random
+    import subprocess
+
+    from cqforensics import etf
+    from cqforensics.broker import runtime
+    from cqforensics.readers.terms import RAISES, file2tab_load
+
+    need_broker(version)
+    rt = runtime(version)
+    dumps = sorted(p for ds in ("3.10.8-clean", "4.3.6-clean", "3.12.14-clean")
+                   for p in (SAMPLES / ds / "mnesia").rglob("msg_store_persistent/*.ets"))
+    rnd = random.Random(33)
+    work = Path(tempfile_dir(rt.root)) / f"cqf-file2tab-{os.getpid()}"
+    work.mkdir(parents=True)
+    try:
+        cases = {}
+        for k in range(240):
+            d = bytearray(rnd.choice(dumps).read_bytes())
+            kind = ("flip", "invert", "zero", "junk", "cut")[k % 5]
+            at, n = rnd.randrange(8, len(d)), rnd.randint(1, 128)
+            if kind == "flip":
+                d[at] ^= 1 << rnd.randrange(8)
+            elif kind == "invert":
+                d[at:at + n] = bytes(x ^ 0xFF for x in d[at:at + n])
+            elif kind == "zero":
+                d[at:at + n] = bytes(len(d[at:at + n]))
+            elif kind == "junk":
+                d[at:at + n] = bytes(rnd.randrange(256) for _ in d[at:at + n])
+            else:
+                del d[at:]
+            (work / f"{k}.ets").write_bytes(bytes(d))
+            cases[f"/{(work / f'{k}.ets').relative_to(rt.root)}"] = bytes(d)
+        argv = ["erl", "-noshell", "-eval", ERL_FILE2TAB]
+        if rt.chroot:
+            argv = ["chroot", str(rt.root), *argv]
+        run = subprocess.run(argv, input="\n".join(cases) + "\n", capture_output=True, text=True, timeout=300,
+                             check=False)
+        otp = dict(line.split(" ", 1) for line in run.stdout.splitlines() if " " in line)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    assert len(otp) == len(cases), run.stderr[-2000:]
+    differ = []
+    for name, data in cases.items():
+        objs = file2tab_load(data)
+        if objs is None:
+            mine = "error"
+        elif objs is RAISES:
+            mine = "raises"
+        else:
+            table = {o[1]: o for o in objs}
+            keys = sorted(table, key=etf.term_order_key)
+            mine = f"{len(table)} {hashlib.md5(etf.term_to_binary(keys)).hexdigest()}"
+        if mine != otp[name]:
+            differ.append(f"{name}: model {mine}, OTP {otp[name]}")
+    kinds = {v.split(" ")[0] if v in ("error", "raises") else "loaded" for v in otp.values()}
+    assert not differ and kinds >= {"error", "loaded"}, "\n".join(differ[:10])
+
+
+def tempfile_dir(root: Path) -> str:
+    """A temp dir the runtime rooted at ``root`` sees (its own /tmp for a chroot)."""
+    import tempfile
+
+    return str(root / "tmp") if root != Path("/") else tempfile.gettempdir()
+
+
+#: per file name read from stdin: "<name> <objects> <md5 of the sorted keys' term_to_binary>",
+#: "<name> error" or "<name> raises" (file2tab/1 in a process of its own, 10 s at most)
+ERL_FILE2TAB = (
+    'Loop = fun Loop() -> case io:get_line("") of eof -> ok; Line -> F = string:trim(Line), Self = self(), '
+    'P = spawn(fun() -> R = try ets:file2tab(F) of {ok, T} -> Keys = lists:sort([element(2, O) || '
+    'O <- ets:tab2list(T)]), io_lib:format("~b ~s", [ets:info(T, size), [io_lib:format("~2.16.0b", [X]) || '
+    '<<X>> <= erlang:md5(term_to_binary(Keys))]]); {error, _} -> "error" catch _:_ -> "raises" end, '
+    'Self ! {self(), R} end), receive {P, R} -> io:format("~s ~s~n", [F, R]) after 10000 -> exit(P, kill), '
+    'io:format("~s hangs~n", [F]) end, Loop() end end, Loop(), halt().')

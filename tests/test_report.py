@@ -382,7 +382,11 @@ def test_the_output_follows_the_rules_of_every_output(tmp_path, capsys):
     assert main(["report", str(base), "--html", str(out)]) == 16
     assert out.read_text() == "keep"
     assert "not overwritten without --force" in capsys.readouterr().err
-    assert main(["report", str(base), "--html", str(out), "--force", "--as-of", AS_OF]) == 0
+    assert main(["report", str(base), "--html", str(out), "--force"]) == 16  # not written by cqforensics
+    assert out.read_text() == "keep" and "not an output of cqforensics" in capsys.readouterr().err
+    out.unlink()
+    assert main(["report", str(base), "--html", str(out), "--as-of", AS_OF]) == 0
+    assert main(["report", str(base), "--html", str(out), "--force", "--as-of", AS_OF]) == 0  # its own
     assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
     assert not [p for p in tmp_path.iterdir() if "partial" in p.name]
     assert main(["report", str(tmp_path / "missing"), "--html", str(tmp_path / "m.html")]) == 8

@@ -162,6 +162,27 @@ def test_compact_into_an_empty_dir(tmp_path, capsys):
     assert verify(tmp_path / "out").exit_code == 0
 
 
+# -- an output that cannot boot is not success -------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["compact", "rebuild"])
+def test_an_output_the_target_cannot_boot_exits_4_and_is_kept(command, tmp_path, capsys):
+    """compact --broker-version 3.10 of a 4.3 node exited 0 "done" while saying the output cannot
+    boot (issue 28): exit 4 (errors left), the reason as an ERROR line and in JSON; the output is
+    kept (its stores are right: what --template or a transplant by hand needs)."""
+    out = tmp_path / "out"
+    code, text, _ = run(capsys, command, "-q", "--broker-version", "3.10", str(SAMPLES / "4.3.6-kill"), str(out))
+    assert code & 4 and "ERROR: the output cannot boot" in text and "--template" in text, text
+    assert f"exit {code}: " in text and "cannot boot it" in text.splitlines()[-1]
+    assert (out / "mnesia" / "rabbit@localhost" / "msg_stores").is_dir()  # kept: the stores are right
+    code, doc, _ = run(capsys, command, "-q", "--json", "--dry-run", "--broker-version", "3.10",
+                       str(SAMPLES / "4.3.6-kill"), str(tmp_path / "dry"))
+    assert code & 4 and json.loads(doc)["cannot_boot"] and json.loads(doc)["exit_code"] == code
+    code, text, _ = run(capsys, command, "-q", "--broker-version", "4.3", str(SAMPLES / "4.0.5-kill"),
+                        str(tmp_path / "up"))
+    assert not code & 4 and "cannot boot" not in text  # an upgrade the broker performs itself
+
+
 # -- rebuild ------------------------------------------------------------------------------------
 
 

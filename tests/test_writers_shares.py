@@ -21,9 +21,11 @@ from test_shares import middle_third_of_biggest_rdq
 
 
 def _tree(root: Path) -> dict:
-    """Every file under the output but lost+found: relative path -> sha256."""
+    """Every file under the output but lost+found and the manifest (which says when it was
+    written): relative path -> sha256."""
     return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and "lost+found" not in p.parts}
+            for p in sorted(root.rglob("*")) if p.is_file() and "lost+found" not in p.parts
+            and p.name != ".cqforensics-output.json"}
 
 
 def _lost_found(root: Path) -> Counter:

@@ -1,12 +1,10 @@
 //! The items of an OTP disk_log in its internal format, as `ets:tab2file/2` writes a table
-//! (`msg_store_index.ets`, `file_summary.ets`), found the two ways the Python reference finds
-//! them (`readers.terms.disk_log_walk`):
-//!
-//! * strictly (`read_disk_log`): item after item from the header on, stopping at the first
-//!   one that is not whole (`Stop`);
-//! * as `ets:file2tab/1` loads them (`file2tab_objects`): OTP's `disk_log_1:handle_chunk_ro`
-//!   skips a byte at a time past anything that is not an item header, drops an item whose md5
-//!   (items of `MIN_MD5_TERM` bytes and more) fails, and ends at a torn last item.
+//! (`msg_store_index.ets`, `file_summary.ets`), found as the Python reference finds them
+//! (`readers.terms.disk_log_walk`, `read_disk_log`): strictly, item after item from the header
+//! on, stopping at the first one that is not whole (`Stop`). What `ets:file2tab/1` loads of a
+//! damaged dump is not decided here: `readers.terms.file2tab_load` models it (chunks, skipped
+//! bytes, md5s); an undamaged dump, which it loads whole, is this walk's items
+//! (`readers.terms.loads_whole`).
 //!
 //! Framing: `<<1,2,3,4, Status:4/binary>>`, then items `<<Len:32, "bWLA", [md5(<<Len:32>>)],
 //! Term:Len/binary>>` (OTP lib/kernel/src/disk_log_1.erl, disk_log.hrl).
@@ -44,7 +42,7 @@ pub struct Location {
     pub total: i64,
 }
 
-/// The items a walk found, in file order.
+/// The items the walk found, in file order.
 #[derive(Default, Debug)]
 pub struct Items {
     /// where each item's header starts
@@ -54,7 +52,7 @@ pub struct Items {
     pub lengths: Vec<i64>,
     /// the item's record when it is a `#msg_location{}` decoded here (else the reference's)
     pub records: Vec<Option<Location>>,
-    /// a strict walk: where and why it stopped (None: it reached the end)
+    /// where and why it stopped (None: it reached the end)
     pub stop: Option<(Stop, i64)>,
     /// an item of `MIN_MD5_TERM` bytes or more was met (its md5 is checked by file2tab only)
     pub md5_items: bool,
@@ -62,10 +60,10 @@ pub struct Items {
     pub next: Option<usize>,
 }
 
-/// The items of `data` (a whole file, its header included), strictly or as file2tab finds
-/// them (`lenient`), from offset `from` (`HEADER_SIZE`: the first item; else where an earlier
-/// call said to go on), at most `max_items` of them. A file without the disk_log magic has none.
-pub fn walk(data: &[u8], lenient: bool, from: usize, max_items: usize) -> Items {
+/// The items of `data` (a whole file, its header included), from offset `from`
+/// (`HEADER_SIZE`: the first item; else where an earlier call said to go on), at most
+/// `max_items` of them. A file without the disk_log magic has none.
+pub fn walk(data: &[u8], from: usize, max_items: usize) -> Items {
     let mut out = Items::default();
     if data.len() < 4 || &data[..4] != FILE_MAGIC {
         return out;
@@ -78,48 +76,29 @@ pub fn walk(data: &[u8], lenient: bool, from: usize, max_items: usize) -> Items 
             break;
         }
         if o + 8 > end {
-            if !lenient {
-                out.stop = Some((Stop::InsideHeader, o as i64));
-            }
+            out.stop = Some((Stop::InsideHeader, o as i64));
             break;
         }
         let size = u32::from_be_bytes(data[o..o + 4].try_into().unwrap());
         if &data[o + 4..o + 8] != ITEM_MAGIC {
-            if lenient {
-                o += 1;
-                continue;
-            }
             out.stop = Some((Stop::BadMagic, o as i64 + 4));
             break;
         }
         let mut start = o + 8;
         if size >= MIN_MD5_TERM {
-            out.md5_items = true;
-            if lenient {
-                if start + 16 > end {
-                    break;
-                }
-                if data[start..start + 16] != md5_of(&data[o..o + 4]) {
-                    o = start + 17;
-                    continue;
-                }
-            }
+            out.md5_items = true; // its md5 is file2tab's to check (`readers.terms.file2tab_load`)
             start += 16;
         }
         let size = size as usize;
         if start + size > end {
-            if !lenient {
-                out.stop = Some((Stop::PastEnd, o as i64));
-            }
+            out.stop = Some((Stop::PastEnd, o as i64));
             break;
         }
         out.offsets.push(o as i64);
         out.starts.push(start as i64);
         out.lengths.push(size as i64);
-        // strictly the term must fill its item; file2tab decodes the item's bytes, whatever
-        // follows the term in them
-        out.records
-            .push(location(&data[start..start + size], !lenient));
+        // the term must fill its item
+        out.records.push(location(&data[start..start + size], true));
         o = start + size;
     }
     out
@@ -212,48 +191,6 @@ fn integer(t: &[u8], p: usize) -> Option<(i64, usize)> {
     }
 }
 
-/// MD5 (RFC 1321) of a message of at most 55 bytes (one block): disk_log checks an item's
-/// md5 of its 4-byte length.
-pub fn md5_of(msg: &[u8]) -> [u8; 16] {
-    assert!(msg.len() <= 55);
-    const S: [u32; 64] = [
-        7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22, 5, 9, 14, 20, 5, 9, 14, 20, 5,
-        9, 14, 20, 5, 9, 14, 20, 4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23, 6, 10,
-        15, 21, 6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21,
-    ];
-    let k: Vec<u32> = (0..64)
-        .map(|i| ((i as f64 + 1.0).sin().abs() * 4_294_967_296.0) as u32)
-        .collect();
-    let mut block = [0u8; 64];
-    block[..msg.len()].copy_from_slice(msg);
-    block[msg.len()] = 0x80;
-    block[56..].copy_from_slice(&((msg.len() as u64) * 8).to_le_bytes());
-    let m: Vec<u32> = block
-        .chunks(4)
-        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    let init = [0x67452301u32, 0xefcdab89, 0x98badcfe, 0x10325476];
-    let [mut a, mut b, mut c, mut d] = init;
-    for i in 0..64 {
-        let (f, g) = match i / 16 {
-            0 => ((b & c) | (!b & d), i),
-            1 => ((d & b) | (!d & c), (5 * i + 1) % 16),
-            2 => (b ^ c ^ d, (3 * i + 5) % 16),
-            _ => (c ^ (b | !d), (7 * i) % 16),
-        };
-        let f = f.wrapping_add(a).wrapping_add(k[i]).wrapping_add(m[g]);
-        a = d;
-        d = c;
-        c = b;
-        b = b.wrapping_add(f.rotate_left(S[i]));
-    }
-    let mut out = [0u8; 16];
-    for (j, (v, h)) in [a, b, c, d].iter().zip(init).enumerate() {
-        out[4 * j..4 * j + 4].copy_from_slice(&v.wrapping_add(h).to_le_bytes());
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,19 +209,6 @@ mod tests {
         t.extend_from_slice(&[id; 16]);
         t.extend_from_slice(ints);
         t
-    }
-
-    #[test]
-    fn md5_of_known_messages() {
-        // RFC 1321's test suite
-        assert_eq!(
-            md5_of(b""),
-            *b"\xd4\x1d\x8c\xd9\x8f\x00\xb2\x04\xe9\x80\x09\x98\xec\xf8\x42\x7e"
-        );
-        assert_eq!(
-            md5_of(b"abc"),
-            *b"\x90\x01\x50\x98\x3c\xd2\x4f\xb0\xd6\x96\x3f\x7d\x28\xe1\x7f\x72"
-        );
     }
 
     #[test]
@@ -350,7 +274,7 @@ mod tests {
     }
 
     #[test]
-    fn strict_and_lenient_walks() {
+    fn strict_walks() {
         let ok = record(
             1,
             &[
@@ -369,18 +293,13 @@ mod tests {
         data.extend_from_slice(&item(&ok));
         data.extend_from_slice(b"junk");
         data.extend_from_slice(&item(&ok));
-        let strict = walk(&data, false, HEADER_SIZE, usize::MAX);
+        let strict = walk(&data, HEADER_SIZE, usize::MAX);
         assert_eq!(strict.offsets, vec![8]);
         assert_eq!(
             strict.stop,
             Some((Stop::BadMagic, 8 + 8 + ok.len() as i64 + 4))
         );
-        let lenient = walk(&data, true, HEADER_SIZE, usize::MAX);
-        assert_eq!(
-            walk(&data, true, HEADER_SIZE, 1).next,
-            Some(8 + 8 + ok.len())
-        );
-        assert_eq!(lenient.offsets.len(), 2);
-        assert!(lenient.records.iter().all(|r| r.is_some()));
+        assert_eq!(walk(&data, HEADER_SIZE, 1).next, Some(8 + 8 + ok.len()));
+        assert!(strict.records.iter().all(|r| r.is_some()));
     }
 }

@@ -791,18 +791,16 @@ fn qi_slots<'py>(py: Python<'py>, slots: &Bound<'py, PyAny>, expiry_max: u64) ->
     Ok(out)
 }
 
-/// The items of a disk_log (`ets::walk`), strictly or as `ets:file2tab/1` finds them
-/// (`lenient`): a dict of native-endian arrays as bytes, one row per item (`offsets`, `starts`,
-/// `lengths`; `decoded`: 1 where the item is a `#msg_location{}` record decoded into `ids`
+/// The items of a disk_log (`ets::walk`, strictly): a dict of native-endian arrays as bytes,
+/// one row per item (`offsets`, `starts`, `lengths`; `decoded`: 1 where the item is a `#msg_location{}` record decoded into `ids`
 /// (16 bytes a row), `ref_counts`, `files`, `locations` and `totals`), `stop` (None, or the
 /// strict walk's `(code, offset)`), `md5_items` and `next` (where to go on from after
 /// `max_items` items, from `start`; None: done).
 #[pyfunction]
-#[pyo3(signature = (data, lenient, start=ets::HEADER_SIZE, max_items=usize::MAX))]
+#[pyo3(signature = (data, start=ets::HEADER_SIZE, max_items=usize::MAX))]
 fn disk_log_items<'py>(
     py: Python<'py>,
     data: &Bound<'py, PyAny>,
-    lenient: bool,
     start: usize,
     max_items: usize,
 ) -> PyResult<Bound<'py, PyDict>> {
@@ -810,7 +808,7 @@ fn disk_log_items<'py>(
     let (ptr, len) = (view.ptr, view.len);
     let w = py.detach(move || {
         let bytes: &[u8] = if len == 0 { &[] } else { unsafe { std::slice::from_raw_parts(ptr as *const u8, len) } };
-        ets::walk(bytes, lenient, start, max_items)
+        ets::walk(bytes, start, max_items)
     });
     drop(view);
     let n = w.records.len();

@@ -101,6 +101,10 @@ impl<'a> Bins<'a> {
 fn bin_list(raw: &[u8], p: usize) -> R<(Bins<'_>, usize)> {
     let n = u32_at(raw, p + 1)?;
     let mut q = p + 5;
+    // a count checked against the bytes left before any item is looked at: each takes 5 at least
+    if n > raw.len().saturating_sub(q) / 5 {
+        return Err(Fallback);
+    }
     for _ in 0..n {
         if raw.get(q) != Some(&b'm') {
             return Err(Fallback);
@@ -391,6 +395,9 @@ impl Decoder {
         }
         let n = u32_at(raw, p + 1)?;
         p += 5;
+        if n > raw.len().saturating_sub(p) / 2 {
+            return Err(Fallback); // a count past the bytes left (each key and value takes a byte at least)
+        }
         let mut slots: [Option<usize>; 10] = [None; 10]; // by Special: where its atom is in anns
         // (name, is an atom, value), in map order
         for _ in 0..n {
@@ -415,11 +422,22 @@ impl Decoder {
             p = q;
         }
         let get = |name: Special| slots[name as usize].map(|i| &anns[i].2);
+        // a value of another kind than the broker writes (a guid of another size, a `d` that is
+        // no boolean, a `p` or `ts` that is no integer) is the reference's to mark
         let msg_id = match get(Special::Id) {
             None => None,
-            Some(Val::Bin(b)) => Some(*b),
+            Some(Val::Bin(b)) if b.len() == 16 => Some(*b),
             _ => return Err(Fallback),
         };
+        match get(Special::D) {
+            None => {}
+            Some(Val::Atom(a)) if a == "true" || a == "false" => {}
+            _ => return Err(Fallback),
+        }
+        if matches!(get(Special::P), Some(v) if !matches!(v, Val::Int(_)))
+            || matches!(get(Special::Ts), Some(v) if !matches!(v, Val::Int(_))) {
+            return Err(Fallback);
+        }
         let exchange = match get(Special::X) {
             None => None,
             Some(Val::Bin(b)) => Some(text(b)?),
@@ -578,5 +596,41 @@ impl Decoder {
             body,
             format: Format::BasicMessage,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A crafted 3.13+ `#mc{mc_amqpl}` term (no properties, body "hi") whose annotations map
+    /// is `anns` (its `t` tag and arity included).
+    fn mc(anns: &[u8]) -> Vec<u8> {
+        let a = |n: &[u8]| atom(n, true);
+        cat(&[b"\x83h\x04", &a(b"mc"), &a(b"mc_amqpl"), b"h\x06", &a(b"content"), b"a<", &a(b"none"),
+              b"m\x00\x00\x00\x02\x00\x00", &a(b"rabbit_framing_amqp_0_9_1"), b"l\x00\x00\x00\x01m\x00\x00\x00\x02hij",
+              anns])
+    }
+
+    #[test]
+    fn decodes_the_crafted_term() {
+        let mut s = Scratch::default();
+        let raw = mc(b"t\x00\x00\x00\x01w\x02rkl\x00\x00\x00\x01m\x00\x00\x00\x01kj");
+        let m = Decoder::default().decode(&raw, &mut s).unwrap();
+        assert_eq!(m.body, b"hi");
+        assert_eq!(m.routing_keys.iter().collect::<Vec<_>>(), vec![b"k".as_slice()]);
+    }
+
+    #[test]
+    fn counts_past_the_bytes_left_fall_back_at_once() {
+        let mut s = Scratch::default();
+        let d = Decoder::default();
+        for anns in [&b"t\xff\xff\xff\xffw\x02rkj"[..], b"t\x00\x00\x00\x01w\x02rkl\xff\xff\xff\xffm\x00\x00\x00\x01kj",
+                     b"t\x7f\xff\xff\xff"] {
+            let raw = mc(anns);
+            let t0 = std::time::Instant::now();
+            assert!(d.decode(&raw, &mut s).is_err());
+            assert!(t0.elapsed().as_millis() < 100);
+        }
     }
 }

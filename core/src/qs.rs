@@ -11,7 +11,11 @@ pub const BAD_SIZE: u8 = 5;
 pub const BAD_CRC: u8 = 6;
 
 pub fn check(data: &[u8], offset: i64, size: i64) -> u8 {
-    let end = offset + ENTRY_HEADER_SIZE + size;
+    // any offset and size a caller passes (the index's, damaged or not): no overflow, no panic
+    let end = match offset.checked_add(ENTRY_HEADER_SIZE).and_then(|e| e.checked_add(size)) {
+        Some(end) => end,
+        None => return OUT_OF_RANGE,
+    };
     if offset < HEADER_SIZE || size < 0 || end > data.len() as i64 {
         return OUT_OF_RANGE;
     }
@@ -112,4 +116,18 @@ pub fn garbage_runs(data: &[u8], start: usize, holes: &[(usize, usize)], limit: 
         }
     }
     (out, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn any_offset_and_size_is_judged_without_a_panic() {
+        let data = vec![0u8; 200];
+        for (o, s) in [(i64::MAX, 1), (i64::MAX - 4, 8), (64, i64::MAX), (i64::MIN, 0), (64, -1), (190, 8)] {
+            assert_eq!(check(&data, o, s), OUT_OF_RANGE);
+        }
+        assert_eq!(check(&data, 64, 0), OK); // a zero header's size 0 matches
+    }
 }

@@ -14,6 +14,6 @@ recovery), ``consistency`` (what ``verify`` adds); ``vhost`` puts them together.
 """
 
 from cqforensics.checks.consistency import qs_overlaps, undelivered
-from cqforensics.checks.vhost import QueueVerdict, check_vhost
+from cqforensics.checks.vhost import QueueVerdict, check_vhost, node_level_findings
 
-__all__ = ["QueueVerdict", "check_vhost", "qs_overlaps", "undelivered"]
+__all__ = ["QueueVerdict", "check_vhost", "node_level_findings", "qs_overlaps", "undelivered"]

@@ -3,6 +3,7 @@ and whether it recovers the vhost dirty (rebuilding the indexes from the files).
 
 from __future__ import annotations
 
+from cqforensics.errors import plural
 from cqforensics.findings import Finding
 from cqforensics.model import recovery
 from cqforensics.model.vhost import VhostScan
@@ -36,7 +37,40 @@ def boot_crash_findings(vs: VhostScan) -> tuple[list[Finding], dict[str | None, 
                            "remove clean.dot and recovery.dets from a copy to get the dirty recovery fsck predicts "
                            "with --assume-dirty", None, queue=label))
         crash[label] = "vhost" if crash_vhost else "queue"
-    return out + clean_state_findings(vs), crash
+    if vs.start_crash is not None:
+        _, why, file = vs.recovery_state
+        then = ("it stays down (every queue of it is lost until the file is dealt with)" if vs.start_crash == "every"
+                else "restarted (rabbitmqctl restart_vhost, or the next boot) it recovers dirty (the prediction)")
+        out.append(Finding("boot-crash", f"RabbitMQ {vs.model} cannot start this vhost: {why}; {then}", str(file),
+                           details={"vhost_starts": vs.start_crash != "every"}))
+    return out + clean_state_findings(vs) + store_crash_findings(vs), crash
+
+
+def store_crash_findings(vs: VhostScan) -> list[Finding]:
+    """``store-crash``: what can crash the vhost's message store while a clean start serves it
+    (model.recovery.store_crash), what follows, and that the queues' predictions are bounds."""
+    crash = vs.store_crash
+    if crash is None:
+        return []
+    what = {"read": "a read of a damaged message in its current file (queues {q})",
+            "remove": "expired messages it does not record, which queues {q} drop without reading them",
+            "gc": "its garbage collector meeting files its recorded state does not describe ({q})",
+            "double-ack": "a second ack of a message another queue holds too, by queues {q} after their restart"}
+    causes = "; ".join(what[k].format(q=", ".join(map(str, who))) for k, who in crash.triggers)
+    restart = {"dirty": "its restart recovers the vhost dirty",
+               "either": "its restart recovers the vhost clean or dirty, depending on whether a queue crashed before"}
+    down = (f"; more than {recovery.versions_constant('vhost_restarts')[0]} such crashes within "
+            f"{recovery.versions_constant('vhost_restarts')[1]} s leave the vhost down" if crash.may_stay_down else "")
+    if crash.queues_may_stop:
+        down += ("; a crash while its queues are still starting can leave some recorded as stopped (404, until "
+                 "rabbitmqctl restart_vhost)")
+    return [Finding("store-crash", f"RabbitMQ {vs.model} {'will' if crash.certain else 'can'} crash this vhost's "
+                    f"message store while it serves ({causes}); {restart[crash.restart]}{down}: each queue delivers "
+                    "between predicted_min and predicted_max", str(vs.vhost.stores["persistent"].path)
+                    if "persistent" in vs.vhost.stores else None, severity="error" if crash.certain else "warning",
+                    details={"triggers": {k: list(map(str, who)) for k, who in crash.triggers},
+                             "restart": crash.restart, "may_stay_down": crash.may_stay_down,
+                             "queues_may_stop": crash.queues_may_stop})]
 
 
 def clean_state_findings(vs: VhostScan) -> list[Finding]:
@@ -55,7 +89,7 @@ def clean_state_findings(vs: VhostScan) -> list[Finding]:
         where = {"queue": q.name, "priority": q.priority}
         details = {"persistent_count": st.count, "seq_ids": [st.low, st.end], "found": st.found,
                    "outside": st.outside}
-        terms = f"its recovery terms record {st.count} messages at seq ids {st.low} to {st.end - 1}"
+        terms = f"its recovery terms record {plural(st.count, 'message')} at seq ids {st.low} to {st.end - 1}"
         if st.kind == "restart":
             out.append(Finding("recovery-terms-mismatch", f"{terms}, its index holds {st.found} there: RabbitMQ "
                                f"{vs.model} crashes queue {q.label} at init, and its supervisor restarts it, which "
@@ -63,7 +97,7 @@ def clean_state_findings(vs: VhostScan) -> list[Finding]:
                                str(vs.vhost.recovery_dets), severity="error", **where,
                                details={**details, "restarts": True}))
         elif st.outside:
-            out.append(Finding("recovery-terms-mismatch", f"{st.outside} messages of queue {q.label} lie outside the "
+            out.append(Finding("recovery-terms-mismatch", f"{plural(st.outside, 'message')} of queue {q.label} lie outside the "
                                f"seq ids its recovery terms cover ({st.low} to {st.end - 1}): RabbitMQ {vs.model} "
                                "never reads them, and new publishes reuse their slots (recovery.dets older than "
                                "the index)", str(vs.vhost.recovery_dets), severity="error", **where, details=details))

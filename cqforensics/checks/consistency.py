@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cqforensics.errors import plural
 from cqforensics.codes import Fate, Location
 from cqforensics.findings import Finding
 from cqforensics.model.recovery import FINDING_OF_FATE
@@ -28,16 +29,24 @@ def qs_overlaps(vs: VhostScan) -> list[Finding]:
         bad = np.flatnonzero(off[order][1:] < end[order][:-1])
         if len(bad):
             k = int(order[bad[0] + 1])
-            out.append(Finding("qs-entry-missing", f"{len(bad)} .qs entries overlap the entry before them "
+            out.append(Finding("qs-entry-missing", f"{plural(len(bad), '.qs entry')} overlap the entry before them "
                                f"(first: seq id {int(r.seq[sel[k]])})", str(qx.qdir.qs.get(qx.segment)),
                                int(off[k]), severity="error", queue=qx.qdir.name, priority=qx.qdir.priority))
     return out
 
 
-def undelivered(v: QueueVerdict) -> list[Finding]:
+def undelivered(v: QueueVerdict, named=()) -> list[Finding]:
     """An error per reason the next boot would not deliver some of the queue's messages (TTL
-    expiry excepted: that is the messages' own doing)."""
-    return [Finding(FINDING_OF_FATE[Fate[fate.upper()]], f"{n} messages of queue {v.queue} would not be "
-                    f"delivered after a restart: {fate}", severity="error", node=v.node, vhost=v.vhost,
-                    queue=v.queue)
-            for fate, n in sorted(v.drops.items()) if fate != Fate.EXPIRED.label]
+    expiry excepted: that is the messages' own doing), but for those a finding already names:
+    ``named`` holds the (code, vhost, queue) of the findings made so far, and a reason whose
+    finding (``FINDING_OF_FATE``) names this queue is said once (one cause, one finding)."""
+    out = []
+    for fate, n in sorted(v.drops.items()):
+        if fate == Fate.EXPIRED.label:
+            continue
+        code = FINDING_OF_FATE[Fate[fate.upper()]]
+        if (code, v.vhost, v.queue) in named:
+            continue
+        out.append(Finding(code, f"{plural(n, 'message')} of queue {v.queue} would not be delivered after a restart: "
+                           f"{fate}", severity="error", node=v.node, vhost=v.vhost, queue=v.queue))
+    return out

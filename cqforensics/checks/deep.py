@@ -1,8 +1,17 @@
-"""``--deep``: decode every stored message the index holds (the broker never does at boot)."""
+"""``--deep``: decode every stored message the index holds (the broker never does at boot).
+
+Whatever a ``messages`` row marks is a finding here, with the stored term's file and offset: a
+term that does not decode (``msg-corrupt``, ``qs-entry-undecodable``, as the row's
+``decode_error``), a message id other than the index's, and the values the row shows as null
+(``value-out-of-range``: of another kind than the broker writes, or past their column's range;
+``schema.value_marks``, the rule the row's ``decode_error`` is written by). Only ``--deep``
+makes these: without it no message term is decoded."""
 
 from __future__ import annotations
 
+from cqforensics.errors import plural
 from cqforensics import fastpath
+from cqforensics.schema import value_marks
 from cqforensics.codes import Location
 from cqforensics.findings import Finding
 from cqforensics.model.index import IndexChunk
@@ -17,29 +26,45 @@ def decode_checks(vs: VhostScan, qx: IndexChunk, res: Resolved) -> list[Finding]
     """--deep: decode every stored message the index holds (the broker never does at boot)."""
     out = []
     r = qx.rec
+    has_id = qx.index_ids(qx.live)  # the entries whose index holds the message id (the row compares it too)
+    durable = vs.queue_known(qx.qdir) is True
     for j, i in enumerate(qx.live.tolist()):
         f = int(res.body_file[j])
         if f < 0:
             continue
         start = int(res.body_start[j])
         raw = vs.bodies.read(res.body_files[f], start, int(res.body_len[j]))
+        marked = None
         try:
             msg = fastpath.decode(raw)
             bad = None
-            if r.loc[i] == Location.SHARED_STORE and msg["msg_id"] is not None and msg["msg_id"] != r.msg_id[i].tobytes():
+            if has_id[j] and msg["msg_id"] is not None and msg["msg_id"] != r.msg_id[i].tobytes():
                 bad = "the stored term's message id differs from the index's"
+            marked = value_marks(msg)
+            if durable and bad is None and msg["persistent"] is not None and msg["persistent"] != (r.persistent[i] == 1):
+                # a durable queue's index flag is its message's own persistence (IsPersistent)
+                out.append(Finding("persistence-mismatch", f"the index marks the message {'persistent' if r.persistent[i] == 1 else 'transient'}, its stored term says it is "
+                                   f"{'persistent' if msg['persistent'] else 'transient'}: one of the two was flipped "
+                                   "(the next boot goes by the index)", str(qx.files[int(r.file[i])]) if qx.files else None,
+                                   int(r.offset[i]), queue=qx.qdir.name, priority=qx.qdir.priority,
+                                   details={"seq_id": int(r.seq[i]), "store_file": str(res.body_files[f]),
+                                            "store_offset": int(res.store_offset[j])}))
         except Exception as e:  # any failure to decode is the finding
             bad = f"{type(e).__name__}: {e}"
         if bad is None and msg.get("term_format") in _SIZE_IS_BODY and len(msg["body"]) != int(r.size[i]):
             # the index records the body's size at publish (the stats it recovers): checked on
             # every sample, equal for these formats; a disagreement is a damaged index entry
             out.append(Finding("index-size-mismatch", f"the index records a {int(r.size[i])}-byte message, its "
-                               f"stored body has {len(msg['body'])} bytes: the index entry's size field is damaged "
+                               f"stored body has {plural(len(msg['body']), 'byte')}: the index entry's size field is damaged "
                                "(or the body)", str(qx.files[int(r.file[i])]) if qx.files else None,
                                int(r.offset[i]), queue=qx.qdir.name, priority=qx.qdir.priority,
                                details={"seq_id": int(r.seq[i]), "index_size": int(r.size[i]),
                                         "body_size": len(msg["body"]), "store_file": str(res.body_files[f]),
                                         "store_offset": int(res.store_offset[j])}))
+        if marked:
+            out.append(Finding("value-out-of-range", f"the stored message shows values as null: {marked}",
+                               str(res.body_files[f]), int(res.store_offset[j]), queue=qx.qdir.name,
+                               priority=qx.qdir.priority, details={"seq_id": int(r.seq[i]), "values": marked}))
         if bad:
             qs = r.loc[i] == Location.QUEUE_STORE
             out.append(Finding("qs-entry-undecodable" if qs else "msg-corrupt", bad[:300], str(res.body_files[f]),

@@ -6,15 +6,17 @@ decides when all are in."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from cqforensics.codes import Location, QsStatus
+from cqforensics.errors import plural
 from cqforensics.findings import Finding
 from cqforensics.layout import QueueDir
 from cqforensics.model.index import IndexChunk
+from cqforensics.model import recovery
 from cqforensics.model.recovery import Resolved
 from cqforensics.model.vhost import VhostScan
 from cqforensics.readers import qs as r_qs
@@ -32,9 +34,39 @@ class _Chunk:
     qs_path: Path | None
     bad_qs: list[tuple[int, int, int, int, int]] = field(default_factory=list)  # (j, QsStatus, seq, offset, size)
     missing: list[tuple[int, int, bytes, Path, int]] = field(default_factory=list)  # (j, seq, id, index file, offset)
+    # transient entries of a durable queue whose body is in the persistent store: (j, seq, id, index file, offset)
+    misflagged: list[tuple[int, int, bytes, Path, int]] = field(default_factory=list)
     transient: int = 0  # transient shared-store entries whose body is in no file
     transient_ends: tuple[tuple[int, int], tuple[int, int]] | None = None  # (j, seq) of their first and last
     first_found: int | None = None  # j of the first persistent shared-store entry whose body was found
+
+
+def reader_findings(vs: VhostScan, qx: IndexChunk) -> list[Finding]:
+    """The readers' findings of a chunk as the next boot meets them: one finding per cause. A
+    ``.qi`` segment whose header is bad is deleted whole by a dirty recovery, which never parses
+    its slots (``recovery.unread_slots``): what its slots hold (records the strict parser
+    rejects, numbers out of range, stray bytes; random bytes make all of them) is no cause of its
+    own, so those findings are folded into the segment's ``qi-bad-header`` (counted in its
+    details and message), and none of them says the queue crashes."""
+    skip = recovery.unread_slots(vs, qx)
+    if not skip:
+        return qx.findings
+    out, folded = [], {}
+    for f in qx.findings:
+        if f.file in skip and f.code != "qi-bad-header":
+            folded.setdefault(f.file, {}).setdefault(f.code, 0)
+            folded[f.file][f.code] += 1
+        else:
+            out.append(f)
+    for i, f in enumerate(out):
+        counts = folded.get(f.file) if f.code == "qi-bad-header" else None
+        if counts:
+            n = sum(counts.values())
+            out[i] = replace(f, message=f"{f.message}; its slots are never parsed, so the {plural(n, 'problem')} "
+                                        f"in them ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}) are "
+                                        "part of this one",
+                             details={**f.details, "slot_findings": dict(sorted(counts.items()))})
+    return out
 
 
 class ChunkCheck:
@@ -59,6 +91,13 @@ class ChunkCheck:
         transient = np.flatnonzero(nowhere & (persistent == 0))
         found = np.flatnonzero(shared & (persistent == 1) & (res.body_file >= 0))
         head = len(found) and self.maybe_acked_head(vs, qx.qdir, qx.segment)
+        misflagged = np.zeros(0, np.int64)
+        if len(transient) and vs.queue_known(qx.qdir) and vs.stores.get("persistent") is not None:
+            # a durable queue's message goes to the store of its persistence (rabbit_variable_queue
+            # msg_store_client by IsPersistent), the same for every queue it reaches: a transient
+            # entry whose id is in the persistent store, not the transient one, had its flag flipped
+            cp, ap = vs.stores["persistent"].locate(r.msg_id[live[transient]])
+            misflagged = transient[(cp >= 0) | (ap >= 0)]
         if not (len(bad) or len(missing) or len(transient) or head):
             return
         c = self.chunks.get(key)
@@ -70,6 +109,9 @@ class ChunkCheck:
         i = live[missing]
         c.missing += zip(at[missing].tolist(), r.seq[i].tolist(), (m.tobytes() for m in r.msg_id[i]),
                          (qx.files[f] for f in r.file[i].tolist()), r.offset[i].tolist())
+        i = live[misflagged]
+        c.misflagged += zip(at[misflagged].tolist(), r.seq[i].tolist(), (m.tobytes() for m in r.msg_id[i]),
+                            (qx.files[f] for f in r.file[i].tolist()), r.offset[i].tolist())
         if len(transient):
             c.transient += len(transient)
             ends = [(int(at[k]), int(r.seq[live[k]])) for k in (transient[0], transient[-1])]
@@ -126,7 +168,7 @@ def _chunk_findings(vs: VhostScan, c: _Chunk, maybe_acked: bool) -> list[Finding
                                    details={"seq_id": seq}))
         elif status == QsStatus.OUT_OF_RANGE:
             entry = r_qs.entry_span(off, size)[1]
-            out.append(Finding("qs-entry-missing", f"entry for seq id {seq} ({entry} bytes) lies beyond the "
+            out.append(Finding("qs-entry-missing", f"entry for seq id {seq} ({plural(entry, 'byte')}) lies beyond the "
                                "end of the file", path, off, details={"seq_id": seq, "size": size}))
         else:
             out.append(Finding("qs-entry-crc", f"entry for seq id {seq} fails its "
@@ -147,13 +189,19 @@ def _chunk_findings(vs: VhostScan, c: _Chunk, maybe_acked: bool) -> list[Finding
         for _, seq, mid, file, offset in missing:
             out.append(Finding("msg-missing", f"message {mid.hex()} (seq id {seq}) is in no shared-store file",
                                str(file), offset, details={"msg_id": mid.hex(), "seq_id": seq}))
+    for _, seq, mid, file, offset in sorted(c.misflagged):
+        out.append(Finding("persistence-mismatch", f"the index marks message {mid.hex()} (seq id {seq}) transient, "
+                           "but its body is in the persistent shared store, where the broker writes only "
+                           "persistent messages (and not in the transient one): its persistent flag was flipped; "
+                           "the next boot drops it as transient", str(file), offset,
+                           details={"msg_id": mid.hex(), "seq_id": seq, "index": "transient", "store": "persistent"}))
     st = vs.vhost.stores.get("transient")
     if c.transient and st is not None and st.clean_dot.exists():
         # after a clean stop (the store's clean.dot) its files hold every body its clients wrote;
         # after a kill the unflushed ones were never written. The broker drops transient messages
         # at boot whatever: their bodies are evidence only
         (_, first), (_, last) = c.transient_ends
-        out.append(Finding("msg-missing", f"{c.transient} transient messages the index refers to (seq ids "
+        out.append(Finding("msg-missing", f"{plural(c.transient, 'transient message')} the index refers to (seq ids "
                            f"{first} to {last}) are in no transient-store file: a file of that "
                            "store lost, truncated or swapped (the broker drops them at boot anyway)",
                            str(st.path), severity="info",
@@ -163,7 +211,7 @@ def _chunk_findings(vs: VhostScan, c: _Chunk, maybe_acked: bool) -> list[Finding
         where = ("the segment file was never created" if qs is None else
                  "the segment file was created but never written" if not qs.size else
                  f"the file ends at {qs.size}, where they begin")
-        out.append(Finding("qs-entry-missing", f"{len(tail)} index entries (seq ids {tail[0]} to {tail[-1]}) point past "
+        out.append(Finding("qs-entry-missing", f"{plural(len(tail), 'index entry')} (seq ids {tail[0]} to {tail[-1]}) point past "
                            f"what the .qs segment holds ({where}): the store's write buffer was not flushed yet when "
                            "the broker was killed (the index's was); messages never written, and never confirmed, "
                            "that the next boot drops as this prediction does", path,

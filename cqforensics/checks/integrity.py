@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from cqforensics.codes import Location, RecordKind
-from cqforensics.errors import CQError
+from cqforensics.errors import CQError, plural
 from cqforensics.findings import Finding
 from cqforensics.model.index import IndexChunk
 from cqforensics.model.store import id_halves
@@ -200,12 +200,12 @@ def qs_trailing(qx: IndexChunk) -> list[Finding]:
     out = []
     for off, length in r_qs.garbage_runs(path, 0):
         if off >= last:
-            out.append(Finding("qs-trailing-garbage", f"{length} bytes after the last entry the index refers to are "
+            out.append(Finding("qs-trailing-garbage", f"{plural(length, 'byte')} after the last entry the index refers to are "
                                "no entry (junk appended, or a torn write)", str(path), off, details={"length": length}))
             break
         if ((l_starts < off + length) & (l_ends > off)).any():
             continue
-        out.append(Finding("qs-garbage", f"{length} bytes between entries are neither an entry nor zeros: an entry "
+        out.append(Finding("qs-garbage", f"{plural(length, 'byte')} between entries are neither an entry nor zeros: an entry "
                            "no live index entry refers to was damaged (the broker never reads it)", str(path), off,
                            details={"length": length}))
         if len(out) >= 16:
@@ -282,6 +282,24 @@ def vhost_file_findings(vs: VhostScan) -> list[Finding]:
     return out
 
 
+def segment_count_findings(vs: VhostScan, index_findings: list[Finding]) -> list[Finding]:
+    """``term-file-damaged`` at the vhost's ``.config`` when a CQv1 record of the vhost holds a
+    RelSeq past the segment entry count it records (``v1-segment-truncated`` with a
+    ``segment_entry_count``, from the index findings of the vhost's queues): the count, or the
+    record, is damaged (the broker wrote every record below the count it had)."""
+    over = [f for f in index_findings if f.code == "v1-segment-truncated" and "segment_entry_count" in f.details]
+    if not over:
+        return []
+    top = max(over, key=lambda f: f.details["rel_seq"])
+    return [Finding("term-file-damaged", f"its segment entry count {top.details['segment_entry_count']} is below the "
+                    f"RelSeq {top.details['rel_seq']} of a CQv1 record ({top.file}@{top.offset}) and "
+                    f"{len(over) - 1} more: this count, or those records, were damaged (the broker wrote each record "
+                    "below the count it had); loading the segments crashes their queues",
+                    str(vs.vhost.path / ".config"), None,
+                    details={"segment_entry_count": top.details["segment_entry_count"],
+                             "rel_seq": top.details["rel_seq"], "records": len(over)})]
+
+
 def recovery_terms_findings(vs: VhostScan) -> list[Finding]:
     """``term-file-damaged`` for a clean stop's ``recovery.dets`` without the terms of some queue
     dirs of the vhost: at a clean stop every queue's index stores its terms there (rabbit_queue_index
@@ -295,7 +313,7 @@ def recovery_terms_findings(vs: VhostScan) -> list[Finding]:
     if not missing:
         return []
     return [Finding("term-file-damaged", f"after a clean stop it holds no recovery terms for {len(missing)} of the "
-                    f"vhost's {len(vs.vhost.queues)} queue dirs ({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''})"
+                    f"vhost's {plural(len(vs.vhost.queues), 'queue dir')} ({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''})"
                     ": every queue stores them at a clean stop, so the table is stale, replaced or damaged (those "
                     "queues recover dirty)", str(vs.vhost.recovery_dets), details={"queue_dirs": missing[:64]})]
 
@@ -308,7 +326,9 @@ def file_summary_findings(path: Path, rdq: list[tuple[int, Path]], kind: str = "
     files or sizes is a stale, swapped or damaged dump, which the next clean start trusts. Either
     side may be the damaged one, so each ``.rdq`` of another size than recorded is named too
     (``rdq-garbage`` where the two part: info in the transient store, which every boot deletes)."""
-    recorded = files.file_summary(path) if files is not None else r_terms.file_summary_records(path)
+    files = files if files is not None else r_terms.TermFiles()
+    out = _file_summary_shape(path, files)
+    recorded = files.file_summary(path)
     actual = {}
     for number, p in rdq:
         try:
@@ -319,22 +339,95 @@ def file_summary_findings(path: Path, rdq: list[tuple[int, Path]], kind: str = "
                    if n not in recorded or n not in actual or recorded[n][1] != actual[n]
                    or not isinstance(recorded[n][0], int) or recorded[n][0] > recorded[n][1])
     if not wrong:
-        return []
+        return out
     shown = ", ".join(f"{n}.rdq: {recorded[n][1] if n in recorded else 'not recorded'} vs "
                       f"{actual[n] if n in actual else 'no file'}" for n in wrong[:5])
-    out = [Finding("term-file-damaged", f"file_summary.ets does not describe this store's files after a clean stop "
-                   f"(recorded size vs file: {shown}{', ...' if len(wrong) > 5 else ''}): a stale, swapped or damaged "
-                   "dump, which the next clean start trusts", str(path), details={"files": wrong[:64]})]
+    out.append(Finding("term-file-damaged", f"file_summary.ets does not describe this store's files after a clean "
+                       f"stop (recorded size vs file: {shown}{', ...' if len(wrong) > 5 else ''}): a stale, swapped or "
+                       "damaged dump, which the next clean start trusts", str(path), details={"files": wrong[:64]}))
     paths = dict(rdq)
     for n in wrong[:64]:
         size = recorded[n][1] if n in recorded else None
         if n not in actual or not isinstance(size, int) or size == actual[n]:
             continue
-        out.append(Finding("rdq-garbage", f"{actual[n]} bytes, where the clean stop's file_summary.ets records {size}: "
+        out.append(Finding("rdq-garbage", f"{plural(actual[n], 'byte')}, where the clean stop's file_summary.ets records {size}: "
                            "this file was truncated, extended, swapped or replaced since (or the dump is damaged)",
                            str(paths[n]), min(size, actual[n]), severity="info" if kind == "transient" else None,
                            details={"store": kind, "recorded_size": size, "size": actual[n]}))
     return out
+
+
+def _file_summary_shape(path: Path, files: r_terms.TermFiles) -> list[Finding]:
+    """``term-file-damaged`` for a ``#file_summary{file, valid_total_size, left, right, file_size,
+    locked, readers}`` of a clean stop's dump that is not what MS terminate leaves: ``locked``
+    false, ``readers`` 0 (3.x) or undefined (4.x), ``left``/``right`` the numbers of the files
+    beside it or undefined (3.13+ keeps no links), and ``valid_total_size`` the bytes of the
+    entries ``msg_store_index.ets`` (dumped with it) places in that file with a reference
+    (every clean sample, 3.10.8 to 4.3.6). The dump has no checksum: these are how a flipped bit
+    in it shows; either dump may be the damaged one."""
+    try:
+        log = r_terms.read_disk_log(path)
+    except CQError:
+        return []
+    records = []  # (item offset, record)
+    for off, item in zip(log.offsets[1:], log.items[1:]):
+        for o in item if isinstance(item, list) else [item]:
+            if isinstance(o, tuple) and len(o) == 8 and o[0] == "file_summary" and isinstance(o[1], int):
+                records.append((off, o))
+    numbers = sorted(o[1] for _, o in records)
+    index = path.parent / "msg_store_index.ets"
+    live = _referenced_bytes(index, files) if index.exists() else None
+    out = []
+    for off, (_, number, valid, left, right, _size, locked, readers) in records:
+        k = numbers.index(number)
+        problems = []
+        if locked != "false":
+            problems.append(f"locked is {str(locked)[:20]}, not false")
+        if readers not in (0, "undefined"):
+            problems.append(f"readers is {str(readers)[:20]}, not 0 or undefined")
+        if left != "undefined" and left != (numbers[k - 1] if k else None):
+            problems.append(f"left is {str(left)[:20]}, not the file before it or undefined")
+        if right != "undefined" and right != (numbers[k + 1] if k + 1 < len(numbers) else None):
+            problems.append(f"right is {str(right)[:20]}, not the file after it or undefined")
+        if live is not None and isinstance(valid, int) and valid != live.get(number, 0):
+            problems.append(f"valid_total_size is {valid}, where msg_store_index.ets places {live.get(number, 0)} "
+                            "bytes of referenced entries in the file")
+        if problems:
+            out.append(Finding("term-file-damaged", f"the record of {number}.rdq is not what a clean stop dumps: "
+                               f"{'; '.join(problems)} (a flipped bit in this dump or in msg_store_index.ets; the "
+                               "next clean start trusts both)", str(path), off, details={"file": number}))
+    return out
+
+
+def _referenced_bytes(index: Path, files: r_terms.TermFiles) -> dict[int, int] | None:
+    """File number -> the total size of the ``#msg_location{}`` records of a complete
+    ``msg_store_index.ets`` (strict walk) with a count above 0 placed in it (None: the dump is
+    not complete). Summed over the columns (a read in shares: each share's records in turn), the
+    rare record that is no ``LOCATION`` row one by one."""
+    dump = files.ets(index)
+    if not dump.complete:
+        return None
+    if dump.items.rows is None:  # sorted out by share as it was decoded (readers.terms.TermFiles.sinks)
+        spill = files.spills[index]
+        runs, others = (spill.load(k) for k in range(spill.parts)), []
+    else:
+        locs = dump.locations()
+        runs, others = [locs.rows], locs.others
+    live: dict[int, int] = {}
+    for rows in runs:
+        sel = rows["ref_count"] > 0
+        f, t = rows["file"][sel], rows["total"][sel]
+        if not len(f):
+            continue
+        order = np.argsort(f, kind="stable")
+        f, t = f[order], t[order]
+        starts = np.flatnonzero(np.r_[True, f[1:] != f[:-1]])
+        for n, b in zip(f[starts].tolist(), np.add.reduceat(t, starts).tolist()):
+            live[n] = live.get(n, 0) + b
+    for _, _, (count, number, _, total) in others:
+        if isinstance(count, int) and count > 0 and isinstance(number, int) and isinstance(total, int):
+            live[number] = live.get(number, 0) + total
+    return live
 
 
 def _safe(check, path: Path) -> list[Finding]:
@@ -403,6 +496,20 @@ def ra_directory_findings(system: Path) -> list[Finding]:
         out.append(Finding("term-file-damaged", f"names.dets registers UId {uid.decode('utf-8', 'replace')}, which "
                            "has no data dir here: that server starts with no data (its dir lost, or the UId "
                            "damaged)", str(names), details={"registered_uid": uid.decode("utf-8", "replace")}))
+    for wal in sorted(system.glob("*.wal")):
+        try:
+            introduced = r_terms.wal_uids(wal)
+        except CQError:
+            continue
+        for off, uid in introduced:
+            if uid not in registered:  # ra_log_wal recover_records skips the records of an unregistered UId
+                out.append(Finding("term-file-damaged", f"a WAL record introduces writer UId "
+                                   f"{uid.decode('utf-8', 'replace')!r}, which names.dets does not register: Ra skips "
+                                   "its records (a deleted server's, or the UId damaged: the checksum does not cover "
+                                   "it)", str(wal), off,
+                                   # Khepri's system holds one server, never deleted: its records are the metadata
+                                   severity="warning" if system.parent.name == "coordination" else "info",
+                                   details={"unregistered_uid": uid.decode("utf-8", "replace")}))
     return out + ra_meta_findings(system / "meta.dets", registered & dirs, registered | dirs)
 
 
@@ -461,6 +568,10 @@ def _node_file_findings(node: Path, p: Path) -> list[Finding]:
         out += _safe(r_terms.dets_findings, p)
     elif in_coord and name.endswith(".wal"):
         out += _safe(r_terms.wal_findings, p)
+    elif in_coord and name == "config" and p.parent.parent.parent.name in NODE_DIRS:  # <system>/<UId>/config
+        out += _safe(r_terms.ra_config_findings, p)
+    elif in_coord and name == "writers.snapshot":
+        out += _safe(r_terms.writers_snapshot_findings, p)
     return out
 
 
@@ -481,4 +592,4 @@ def _walk(root: Path) -> list[Path]:
     return out
 
 
-__all__ = ["CopyCheck", "QueueIntegrity", "file_summary_findings", "node_findings", "ra_directory_findings", "ra_meta_findings", "qs_trailing", "v1_swapped", "vhost_file_findings"]
+__all__ = ["CopyCheck", "QueueIntegrity", "file_summary_findings", "node_findings", "ra_directory_findings", "ra_meta_findings", "qs_trailing", "segment_count_findings", "v1_swapped", "vhost_file_findings"]

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cqforensics.errors import plural
 from cqforensics.codes import StoreStatus
 from cqforensics.findings import Finding
 from cqforensics.layout import QueueDir
-from cqforensics.model.vhost import VhostScan
+from cqforensics.model.vhost import NodeScan, VhostScan
 
 
 def vhost_dir_findings(vs: VhostScan) -> list[Finding]:
@@ -18,6 +19,16 @@ def vhost_dir_findings(vs: VhostScan) -> list[Finding]:
     out = [Finding(p.code, p.message, str(p.path), p.offset) for p in vs.vhost.problems]
     out += [Finding("unknown-file", "a file the broker does not use here", str(p)) for p in vs.vhost.others]
     return out
+
+
+def unread_storage_findings(ns: NodeScan) -> list[Finding]:
+    """``storage-not-read``, once per kind of queue storage the node holds that cqforensics does
+    not read (``layout.STORAGE_KINDS``: quorum queues, streams), naming its queues: a check that
+    leaves them out is incomplete, and says so (fsck's exit code too)."""
+    return [Finding("storage-not-read", u.describe(), str(u.root),
+                    details={**u.to_dict(), "queues": u.to_dict()["queues"][:64], "queue_count": len(u.queues),
+                             "place": "node"})
+            for u in ns.unread_storage]
 
 
 def queue_dir_findings(q: QueueDir, known: bool | None, messages: int, drops: dict[str, int]) -> list[Finding]:
@@ -29,15 +40,18 @@ def queue_dir_findings(q: QueueDir, known: bool | None, messages: int, drops: di
            for p in q.others]
     if known is False:
         out.append(Finding("unknown-queue", f"queue dir {q.dir_name} ({q.label}) is not a durable queue in "
-                           f"the metadata: the next boot deletes it and its {messages} messages", str(q.path),
+                           f"the metadata: the next boot deletes it and its {plural(messages, 'message')}", str(q.path),
                            **where, details={"messages": messages}))
     if drops.get("transient"):
-        out.append(Finding("transient-dropped", f"{drops['transient']} transient messages on disk are "
+        n = drops["transient"]
+        out.append(Finding("transient-dropped", f"{plural(n, 'transient message')} on disk {'is' if n == 1 else 'are'} "
                            "dropped by the next boot", str(q.path), **where,
                            details={"messages": drops["transient"]}))
     if drops.get("expired"):
-        out.append(Finding("expired", f"{drops['expired']} messages are past their TTL: the broker drops "
-                           "them when they reach the head of the queue", str(q.path), **where,
+        n = drops["expired"]
+        out.append(Finding("expired", f"{plural(n, 'message')} {'is past its' if n == 1 else 'are past their'} TTL: the "
+                           f"broker drops {'it when it reaches' if n == 1 else 'them when they reach'} the head of the "
+                           "queue", str(q.path), **where,
                            details={"messages": drops["expired"]}))
     return out
 

@@ -9,7 +9,7 @@ import heapq
 import numpy as np
 
 from cqforensics.codes import Fate, StoreStatus
-from cqforensics.errors import CQError
+from cqforensics.errors import CQError, plural
 from cqforensics.findings import Finding
 from cqforensics.model import recovery
 from cqforensics.model.vhost import VhostScan
@@ -81,7 +81,7 @@ def _torn_findings(vs: VhostScan, st, refs) -> list[Finding]:
     referenced = refs.ids.lookup(ids) >= 0
     out = []
     for k, (fi, o, tot, i) in enumerate(st.bad):
-        text = f"entry for {i.hex()} ({tot} bytes) lacks its 255 write marker: a torn write, skipped by every version"
+        text = f"entry for {i.hex()} ({plural(tot, 'byte')}) lacks its 255 write marker: a torn write, skipped by every version"
         details = {"msg_id": i.hex(), "total_size": tot}
         copy = int(claim[k]) if claim[k] >= 0 else int(first[k])
         where = ""
@@ -111,10 +111,10 @@ def _file_findings(vs: VhostScan, kind: str, st, reported: list[tuple[int, int, 
             if h.kind != "zeroed" or (vs.model.sequential_scan and kind == "persistent"):
                 reported.append((f.number, h.offset, h.offset + h.length))
             if h.kind == "truncated_tail":
-                out.append(Finding("rdq-truncated", f"file ends inside an entry ({h.length} bytes)", str(f.path),
+                out.append(Finding("rdq-truncated", f"file ends inside an entry ({plural(h.length, 'byte')})", str(f.path),
                                    h.offset, details={"store": kind, "length": h.length}))
             elif h.kind == "garbage":
-                out.append(Finding("rdq-garbage", f"{h.length} bytes hold no valid entry", str(f.path), h.offset,
+                out.append(Finding("rdq-garbage", f"{plural(h.length, 'byte')} hold no valid entry", str(f.path), h.offset,
                                    details={"store": kind, "length": h.length}))
             elif h.kind == "zeroed" and vs.model.sequential_scan and kind == "persistent":
                 # <= 3.13.0 stops at a zero size field: everything after it in the file is lost
@@ -166,13 +166,13 @@ class _StoreTally:
             for code, label in ((StoreStatus.ORPHAN, "orphan-message"), (StoreStatus.DUPLICATE, "duplicate-copy")):
                 count, nbytes, first = (int(a[fi]) for a in self.counts[code])
                 if count:
-                    what = "no index refers to" if code == StoreStatus.ORPHAN else "are extra copies of"
-                    out.append(Finding(label, f"{count} entries ({nbytes} bytes) {what} messages "
-                                       f"{'(garbage until compaction)' if code == StoreStatus.ORPHAN else 'already stored'}",
+                    what = ("messages no index refers to (garbage until compaction)" if code == StoreStatus.ORPHAN
+                            else "extra copies of messages already stored")
+                    out.append(Finding(label, f"{plural(count, 'entry')} ({plural(nbytes, 'byte')}): {what}",
                                        str(f.path), first, details={"entries": count, "bytes": nbytes}))
             size, live = f.size, int(self.live_bytes[fi])
             if size > (1 << 20) and live * 2 < size:
-                out.append(Finding("fragmented-file", f"{size - live} of {size} bytes are garbage "
+                out.append(Finding("fragmented-file", f"{size - live} of {plural(size, 'byte')} are garbage "
                                    f"({100 * (size - live) // size}%): compaction would reclaim them", str(f.path),
                                    details={"size": size, "live_bytes": live}))
         return out
@@ -221,7 +221,7 @@ class _StoreTally:
             f = self.files[fi]
             there = "no entry" if got is None else f"an entry of {got}"
             out.append(Finding("rdq-garbage", f"the clean stop's msg_store_index.ets records message {raw.hex()} here "
-                               f"({total} bytes), the file holds {there}: the entry was damaged or overwritten"
+                               f"({plural(total, 'byte')}), the file holds {there}: the entry was damaged or overwritten"
                                f"{' (the broker deletes the transient store at boot)' if self.kind == 'transient' else ''}",
                                str(f.path), offset, severity="info" if self.kind == "transient" else None,
                                details={"store": self.kind, "msg_id": raw.hex(), "total_size": total}))
@@ -234,7 +234,7 @@ class _StoreTally:
                       [n for n in self.past if sizes is not None and sizes.get(n) == by_number[n].size])
         if gone:  # another store's dump, or a stale one
             n = sum(self.elsewhere.get(g, 0) + self.past.get(g, 0) for g in gone)
-            out.append(Finding("term-file-damaged", f"the clean stop's msg_store_index.ets places {n} messages where "
+            out.append(Finding("term-file-damaged", f"the clean stop's msg_store_index.ets places {plural(n, 'message')} where "
                                f"this store has no entries (files neither on disk nor in file_summary.ets, or past "
                                f"the end of a file of the size file_summary.ets records: "
                                f"{', '.join(f'{g}.rdq' for g in gone[:5])}{', ...' if len(gone) > 5 else ''}): "
@@ -379,7 +379,7 @@ def _interrupted_combines(vs: VhostScan, t: _StoreTally) -> list[Finding]:
             # killed after the combine extended N.rdq to its final size: the scan stops at the zeros,
             # or at the message it was copying back when killed
             what = (f"the next boot appends it to {num}.rdq, but its scan stops inside {num}.rdq (at zeros or a "
-                    f"message cut short the combine left) and never reaches the {lost} entries appended: messages "
+                    f"message cut short the combine left) and never reaches the {plural(lost, 'entry')} appended: messages "
                     "only they hold are lost (rebuild recovers them)")
             severity = "error"
         elif num in rdq:

@@ -10,13 +10,16 @@ import numpy as np
 from cqforensics.codes import Fate
 from cqforensics.errors import display
 from cqforensics.findings import Finding
-from cqforensics.model.vhost import VhostScan, passes
+from cqforensics.model import recovery
+from cqforensics.model.vhost import NodeScan, VhostScan, passes
 
 from cqforensics.checks.boot import boot_crash_findings, recovery_findings
 from cqforensics.checks.deep import decode_checks
-from cqforensics.checks.index import ChunkCheck
-from cqforensics.checks.integrity import CopyCheck, QueueIntegrity, node_findings, vhost_file_findings
-from cqforensics.checks.layout import OrphanTally, lost_queue_findings, queue_dir_findings, vhost_dir_findings
+from cqforensics.checks.index import ChunkCheck, reader_findings
+from cqforensics.checks.integrity import (CopyCheck, QueueIntegrity, node_findings, segment_count_findings,
+                                          vhost_file_findings)
+from cqforensics.checks.layout import (OrphanTally, lost_queue_findings, queue_dir_findings, unread_storage_findings,
+                                       vhost_dir_findings)
 from cqforensics.checks.store import StoreCheck
 
 
@@ -27,6 +30,10 @@ class QueueVerdict:
     queue: str | None  # priority levels summed
     messages: int = 0  # held by the index (published, not acked)
     predicted_after_restart: int = 0
+    #: what the next boot delivers whatever the timing, and at most (model.recovery.delivery_bounds:
+    #: both predicted_after_restart unless the vhost's message store can crash while it serves)
+    predicted_min: int = 0
+    predicted_max: int = 0
     drops: dict[str, int] = field(default_factory=dict)
     crash: str | None = None  # "queue", "vhost" or "node": the next boot crashes or hangs instead
     recovery: str = "dirty"
@@ -39,7 +46,8 @@ class QueueVerdict:
 
     def to_dict(self) -> dict:
         return {"node": self.node, "vhost": self.vhost, "queue": self.queue, "messages": self.messages,
-                "predicted_after_restart": self.predicted_after_restart, "dropped": self.dropped,
+                "predicted_after_restart": self.predicted_after_restart, "predicted_min": self.predicted_min,
+                "predicted_max": self.predicted_max, "dropped": self.dropped,
                 "drop_reasons": dict(sorted(self.drops.items())), "crash": self.crash, "recovery": self.recovery,
                 "index_version": self.index_version, "queue_dirs": self.dirs}
 
@@ -57,7 +65,9 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
     findings: list[Finding] = []
     chunks, stores, orphans = ChunkCheck(), StoreCheck(), OrphanTally()
     held: dict[str, tuple[int, dict[str, int]]] = {}  # queue dir -> (messages its index holds, drops by reason)
+    bounds: dict[str, list[int]] = {}  # queue dir -> [delivered at least, at most]
     crashes: dict[str | None, str] = {}
+    index_findings: list[Finding] = []  # the readers' findings of the vhost's indexes (first pass)
     for sub in passes(vs):
         sub.lists_every_index()
         first = sub.share is None or sub.share.k == 0
@@ -69,13 +79,17 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
             integrity = QueueIntegrity(sub, first)
             for ci, qx in enumerate(sub.index_of(q, in_share=False)):
                 if first:
-                    findings += [f.scoped(queue=q.name, priority=q.priority) for f in qx.findings]
+                    findings += [f.scoped(queue=q.name, priority=q.priority) for f in reader_findings(sub, qx)]
+                    index_findings += qx.findings
                 integrity.add(qx)
                 copies.add(qx)
                 rows = sub.chunk_rows(qx)  # the pass's share of the live entries (None: all)
                 at = np.arange(len(qx.live)) if rows is None else np.flatnonzero(rows[qx.live])
                 qx.live = qx.live[at]
                 res = sub.resolve(qx)
+                lo, hi = recovery.delivery_bounds(sub, qx, res)
+                b = bounds.setdefault(q.dir_name, [0, 0])
+                b[0], b[1] = b[0] + int(lo.sum()), b[1] + int(hi.sum())
                 chunks.add(sub, (qi, ci), qx, res, at)
                 n_dir += len(qx.live)
                 for code, count in zip(*np.unique(res.fate, return_counts=True)):
@@ -94,6 +108,7 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
             findings += crash_findings
             findings += recovery_findings(sub)
             findings += vhost_file_findings(sub)
+            findings += segment_count_findings(sub, index_findings)
     findings += chunks.findings(vs, stores.intact())
     findings += stores.findings(vs)
     findings += lost_queue_findings(vs, orphans)
@@ -105,18 +120,28 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
         n_dir, per_dir = held.get(q.dir_name, (0, {}))
         v.messages += n_dir
         v.predicted_after_restart += n_dir - sum(per_dir.values())
+        lo, hi = bounds.get(q.dir_name, (0, 0))
+        v.predicted_min += lo
+        v.predicted_max += hi
         for k, c in per_dir.items():
             v.drops[k] = v.drops.get(k, 0) + c
         findings += queue_dir_findings(q, vs.queue_known(q), n_dir, per_dir)
     for label, what in crashes.items():
         verdicts[label].crash = what
-    if vs.clean_crashes[1]:
+    if vs.clean_crashes[1] or vs.start_crash:
         for v in verdicts.values():
             v.crash = v.crash or "vhost"
     if vs.node.boot_hangs:
         for v in verdicts.values():
             v.crash = "node"
     scoped = [f.scoped(node=node, vhost=vhost) for f in findings]
-    if vs.node.vhosts and vs is vs.node.vhosts[0]:  # the node's own files: once per node, with its first vhost
-        scoped += [f.scoped(node=node) for f in node_findings(vs.node)]
+    if vs.node.carries_node_findings(vs):  # the node's own files: once per node, with its first vhost read
+        scoped += [f.scoped(node=node) for f in node_level_findings(vs.node)]
     return list(verdicts.values()), scoped
+
+
+def node_level_findings(ns: NodeScan) -> list[Finding]:
+    """The findings about the node as a whole (its own files, the storage it holds that is not
+    read): ``check_vhost`` adds them to those of the node's first vhost; a check that leaves that
+    vhost out asks for them here."""
+    return node_findings(ns) + unread_storage_findings(ns)

@@ -16,8 +16,10 @@ FILE_MAGIC = b"\x01\x02\x03\x04"  # ?LOGMAGIC
 CLOSED = b"\x63\x58\x4d\x0b"  # ?CLOSED: the log was closed properly
 OPENED = b"\x06\x07\x08\x09"  # ?OPENED: still open (crash) when read
 ITEM_MAGIC = b"bWLA"  # ?BIGMAGICHEAD
+OLD_ITEM_MAGIC = b"\x0c\x21\x2c\x37"  # ?MAGICHEAD: items of logs written before format 2(a), no md5 ever
 MIN_MD5_TERM = 65528  # ?MIN_MD5_TERM
-HEADER_SIZE = 8
+HEADER_SIZE = 8  # the file header (?HEADSZ), and each item's header (?HEADERSZ)
+MAX_CHUNK_SIZE = 65536  # ?MAX_CHUNK_SIZE: what disk_log reads at a time
 
 header = Struct("magic" / Const(FILE_MAGIC), "status" / Bytes(4))
 

@@ -11,6 +11,7 @@ from construct import BitsInteger, BitStruct, Bytes, Const, FixedSized, Flag, In
 MAGIC = b"RCQI"  # IDX2 ?MAGIC 16#52435149
 VERSION = 2  # IDX2 ?VERSION
 HEADER_SIZE = 64  # IDX2 ?HEADER_SIZE
+RESERVED_AT = 4 + 1 + 8 + 8  # the header's <<0:344>>, after magic, version, from and to seq ids
 ENTRY_SIZE = 32  # IDX2 ?ENTRY_SIZE
 DEFAULT_SEGMENT_ENTRY_COUNT = 4096  # classic_queue_index_v2_segment_entry_count
 

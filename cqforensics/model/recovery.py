@@ -20,11 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from cqforensics.codes import Fate, Location, QsStatus, RecordKind
+from cqforensics.codes import Fate, Location, QsStatus, RecordKind, StoreStatus
 from cqforensics.model.versions import BrokerModel
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers import terms as r_terms
+from cqforensics.readers.terms import RAISES
 
 # -- the shared-store scan ---------------------------------------------------------------------------
 
@@ -87,10 +88,16 @@ def clean_state(vhost, assume_dirty: bool, model: BrokerModel | None = None,
     """``(mode, why, file)``: 'clean' or 'dirty' (see ``mode``), the reason, and the file it
     rests on. Clean needs the persistent store's clean.dot, file_summary.ets and
     msg_store_index.ets intact and recovery terms whose persistent_refs are exactly clean.dot's
-    client_refs (MS build_index / recover_index_terms). ``files``: the read's term files
-    (``readers.terms.TermFiles``: each decoded once)."""
+    client_refs (MS build_index / recover_index_and_client_refs). A dump ets:file2tab raises on
+    (``RAISES``) crashes the store's init: file_summary.ets at every start, clean or not (it is
+    read first), msg_store_index.ets at a clean start's first one only (clean.dot is consumed
+    before it): ``start_crash``. ``files``: the read's term files (``readers.terms.TermFiles``:
+    each decoded once; what file2tab loads of a dump is ``readers.terms.file2tab_load``'s)."""
     files = files if files is not None else r_terms.TermFiles()
     st = vhost.stores.get("persistent")
+    if st is not None and st.file_summary.exists() and files.ets(st.file_summary).load_outcome() is RAISES:
+        return "dirty", (f"{st.file_summary.name} makes ets:file2tab raise: the message store's init crashes at "
+                         "every start of the vhost, which stays down"), st.file_summary
     if assume_dirty:
         return "dirty", "--assume-dirty", vhost.path
     if st is None or not st.clean_dot.exists():
@@ -104,18 +111,37 @@ def clean_state(vhost, assume_dirty: bool, model: BrokerModel | None = None,
     terms = files.recovery_terms(vhost.recovery_dets)
     if not terms:
         return "dirty", "recovery.dets records no queue's recovery terms", vhost.recovery_dets
+    raises = None
     for ets in (st.file_summary, st.msg_store_index):  # ets:file2tab must load them (not verify them)
-        if not ets.exists() or not files.ets(ets).loads():
+        outcome = files.ets(ets).load_outcome() if ets.exists() else None
+        if outcome is None:
             return "dirty", f"{ets.name} is missing or ets:file2tab cannot load it", ets
+        if outcome is RAISES:
+            raises = ets
+            continue
         if model is not None and not model.store_index_loaded_unverified and not files.ets(ets).complete:
             return "dirty", f"{ets.name} fails ets:file2tab's verification", ets
     refs = sorted(t.get("persistent_ref") for t in terms.values() if isinstance(t.get("persistent_ref"), bytes))
     client = dot.get("client_refs")
     if isinstance(client, list) and sorted(client) == refs:
+        if raises is not None:
+            return "dirty", (f"{raises.name} makes ets:file2tab raise: the vhost's first start fails (its message "
+                             "store's init crashes, clean.dot already consumed); restarted, it recovers dirty"), raises
         return "clean", "clean shutdown", st.clean_dot
     n = len(client) if isinstance(client, list) else "no"
     return "dirty", (f"clean.dot's client_refs ({n}) are not the persistent_refs of the queues' recovery terms "
                      f"({len(refs)})"), st.clean_dot
+
+
+def start_crash(vs) -> str | None:
+    """The vhost's message store crashes in its init (``clean_state``): "every" start (the vhost
+    stays down: nothing of it is served) or the "first" (a restart, ``rabbitmqctl
+    restart_vhost`` or the next boot, recovers it dirty); None when it starts."""
+    path = vs.recovery_state[2]
+    if path.name in ("file_summary.ets", "msg_store_index.ets") and path.is_file() \
+            and vs.term_files.ets(path).load_outcome() is RAISES:
+        return "every" if path.name == "file_summary.ets" else "first"
+    return None
 
 
 # -- what a clean start reads of its recorded state ------------------------------------------------------
@@ -123,9 +149,57 @@ def clean_state(vhost, assume_dirty: bool, model: BrokerModel | None = None,
 
 def recorded_index(st):
     """The shared store's message index a clean start trusts: ``msg_store_index.ets`` as
-    ``ets:file2tab`` loads it (``model.store.Recorded``, the records of the scan's share;
-    ``readers.terms.EtsDump``); None without one."""
+    ``ets:file2tab`` loads it (``readers.terms.file2tab_load``; ``model.store.Recorded``, the
+    records of the scan's share, made from ``EtsDump.locations(loaded=True)``); None without
+    one, or when file2tab fails or raises on it."""
     return None if st is None else st.loaded
+
+
+def recorded_summary(st) -> dict[int, tuple[int, int]] | None:
+    """The store's file_summary.ets as a clean start loads it (``file2tab_objects``): file
+    number -> (valid_total_size, file_size) (#file_summary{file, valid_total_size, left, right,
+    file_size, locked, readers}, v3.10.0 - v4.3.x); None without one."""
+    if st is None:
+        return None
+    cache = st.__dict__.setdefault("_broker_recorded", {})
+    if "summary" not in cache:
+        path = st.store.file_summary
+        objs = r_terms.file2tab_objects(path) if path.exists() else None
+        cache["summary"] = None if objs is None or objs is RAISES else {
+            o[1]: (o[2], o[5]) for o in objs
+            if isinstance(o, tuple) and len(o) == 8 and o[0] == "file_summary" and isinstance(o[1], int)
+            and isinstance(o[2], int) and isinstance(o[5], int)}
+    return cache["summary"]
+
+
+def current_file(st) -> int | None:
+    """The file a clean start makes the store's current one: the last of file_summary.ets
+    (an ordered_set folded by build_index(true, ...), v3.10.0 - v4.3.x)."""
+    summary = recorded_summary(st)
+    return max(summary) if summary else None
+
+
+def recorded_at(st, ids: np.ndarray) -> np.ndarray:
+    """Clean recovery: per id, what msg_store_index.ets records of it: an (n, 4) int64 array of
+    (count, file, offset, total size), -1 where it records no such id (or no integer from 0 to
+    2^62)."""
+    out = np.full((len(ids), 4), -1, np.int64)
+    recorded = recorded_index(st)
+    if recorded is None or not len(ids):
+        return out
+    pos = recorded.lookup(ids)
+    hit = pos >= 0
+    for j, col in enumerate((recorded.ref_count, recorded.file, recorded.offset, recorded.total)):
+        v = col[pos[hit]]
+        out[hit, j] = np.where((v >= 0) & (v < 1 << 62), v, -1)
+    for k, rec in _other_hits(recorded, ids, pos):
+        out[k] = [v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62 else -1 for v in rec]
+    return out
+
+
+def recorded_files(st, ids: np.ndarray) -> np.ndarray:
+    """Clean recovery: the file number msg_store_index.ets records for each id (-1: none)."""
+    return recorded_at(st, ids)[:, 1]
 
 
 def recorded_has(st, ids: np.ndarray) -> np.ndarray:
@@ -282,18 +356,26 @@ def queue_starts(vs) -> dict[str, QueueStart]:
 
 def clean_crashes(vs) -> tuple[set[str], bool]:
     """Clean recovery trusts the shutdown state, so a damaged message is only found when it is
-    read for delivery, and that read crashes: (queues that crash, whether the whole vhost does)."""
+    read for delivery, and that read crashes: (queues that crash, whether the whole vhost does).
+    The read runs in the queue process, which crashes alone, except up to 3.12 for the store's
+    current file (``store_serves_current_file_reads``): the store process reads it and crashes,
+    taking the vhost with it (rabbit_vhost_sup, one_for_all, intensity 0); the reading queue,
+    waiting on it, crashes too and leaves no recovery terms, so the restart recovers dirty."""
     if vs.recovery != "clean" or not _may_crash(vs):
         return set(), False
     queues, vhost = set(), False
+    st = vs.stores.get("persistent")
+    current = current_file(st) if vs.model.store_serves_current_file_reads else None
     for qx in vs.live_chunks(whole=True):
         res = resolve(vs, qx, propagate=False)
         crashed = res.fate == Fate.DELIVERY_CRASH
         once = res.crash_once if res.crash_once is not None else np.zeros(len(crashed), bool)
         if crashed.any() or (once & np.isin(res.fate, _QS_FATE_CODES[_QS_FATE_CODES >= 0])).any():
             queues.add(qx.qdir.label)
-            shared = qx.rec.loc[qx.live] == Location.SHARED_STORE
-            vhost |= bool((crashed & shared).any()) and vs.model.shared_read_crash_takes_vhost
+            at = np.flatnonzero(crashed & (qx.rec.loc[qx.live] == Location.SHARED_STORE)
+                                & (qx.rec.persistent[qx.live] == 1))
+            if current is not None and len(at):
+                vhost |= bool((recorded_files(st, qx.rec.msg_id[qx.live[at]]) == current).any())
     return queues, vhost
 
 
@@ -328,19 +410,43 @@ def _may_crash(vs) -> bool:
     return False
 
 
-def lost_on_read(vs) -> set[str]:
+def lost_on_read(vs) -> dict[str, tuple[int, int]]:
     """Clean start: queues whose read fails again after every restart (the recorded index
-    places a message on bytes that do not hold it, and still says it has it): what follows
-    that message is lost (``DELIVERY_CRASH``, the rest ``QUEUE_CRASH``). Gathered share by
-    share in a scan of one id share."""
+    places a message on bytes that do not hold it, a missing file among them, and still says it
+    has it; the restarted queue asks the store, which answers it has it): label -> (priority
+    level, -1 for none; seq id) of the first such message in delivery order (the highest level
+    first, then by seq id). From there the queue is lost (``DELIVERY_CRASH``, the rest
+    ``QUEUE_CRASH``; its supervisor gives up after ``CONSTANTS["queue_restarts"]``); what comes
+    before is delivered, up to 3.12 exactly (``read_before_loss``). Gathered share by share in a
+    scan of one id share."""
     if "_lost_on_read" not in vs.__dict__:
-        lost: set[str] = set()
+        lost: dict[str, tuple[int, int]] = {}
         for sub in vs.each_share() if vs.recovery == "clean" else ():
             for qx in sub.live_chunks(whole=True):
-                if qx.qdir.label not in lost and (resolve(sub, qx, propagate=False).fate == Fate.DELIVERY_CRASH).any():
-                    lost.add(qx.qdir.label)
+                bad = resolve(sub, qx, propagate=False).fate == Fate.DELIVERY_CRASH
+                if bad.any():
+                    level = qx.qdir.priority if qx.qdir.priority is not None else -1
+                    at = (level, int(qx.rec.seq[qx.live[bad]].min()))
+                    was = lost.get(qx.qdir.label)
+                    if was is None or (-at[0], at[1]) < (-was[0], was[1]):
+                        lost[qx.qdir.label] = at
         vs.__dict__["_lost_on_read"] = lost
     return vs.__dict__["_lost_on_read"]
+
+
+def read_before_loss(vs, qx) -> np.ndarray | None:
+    """Per live entry of a chunk of a queue ``lost_on_read``: whether it comes before the first
+    message whose read fails for good (None for other queues). Up to 3.12 the queue reads each
+    shared-store body as it delivers it, so it delivers exactly those; from 3.13 it reads
+    them in batches (``store_reads_in_batches``), and a failing batch takes its earlier messages
+    with it: at most those."""
+    at = lost_on_read(vs).get(qx.qdir.label) if vs.recovery == "clean" else None
+    if at is None:
+        return None
+    level = qx.qdir.priority if qx.qdir.priority is not None else -1
+    if level != at[0]:
+        return np.full(len(qx.live), level > at[0])
+    return qx.rec.seq[qx.live] < at[1]
 
 
 def clean_restarts(vs) -> dict[str, list[str]]:
@@ -380,6 +486,262 @@ def clean_restarts(vs) -> dict[str, list[str]]:
             out.setdefault(q.label, []).append(reason)
     vs.__dict__["_clean_restarts"] = out
     return out
+
+
+# -- the message store crashing under a running vhost ----------------------------------------------
+
+
+def versions_constant(name: str):
+    """A setting every version shares (``versions.CONSTANTS``)."""
+    from cqforensics.model.versions import CONSTANTS
+
+    return CONSTANTS[name][0]
+
+
+@dataclass(frozen=True)
+class StoreCrash:
+    """What can crash a vhost's persistent message store while a clean start serves it, and what
+    follows (docs/store-crash.md). In every version the store traps exits, so its terminate/2
+    writes its state as a clean stop would (file_summary.ets, msg_store_index.ets from its
+    in-memory index, clean.dot naming every client ref it knows: rabbit_msg_store terminate);
+    rabbit_vhost_sup (one_for_all, intensity 0) stops every process of the vhost, and the queues
+    write their recovery terms (rabbit_variable_queue:terminate) unless they crashed themselves;
+    rabbit_vhost_sup_wrapper restarts the vhost (``CONSTANTS["vhost_restarts"]``). The restart
+    recovers the store clean when clean.dot's client refs are exactly the ones of the queues'
+    recovery terms (rabbit_msg_store recover_index_and_client_refs): no queue crashed before (a
+    restarted queue takes a new ref, and the store keeps the old one), none died with the store.
+    Else dirty: the files scanned, every queue's index checked against them, so no recorded
+    state is trusted any more and nothing crashes the store again.
+
+    ``triggers``: (kind, queue labels or store files) of each way it can crash: ``remove`` (a
+    queue drops expired messages the recorded index lacks without reading them: remove_message
+    has no clause for ``{false, not_found}``), ``read`` (up to 3.12 a read of the current file
+    the store serves fails: ``store_serves_current_file_reads``), ``gc`` (the garbage collector
+    meets a file its recorded state does not describe: ``store_gc``), ``double-ack`` (a message
+    several queues hold, one of which can crash and be restarted, then deliver again what it had
+    delivered and acked: its second ack takes the message's count to 0 under another holder)."""
+
+    triggers: tuple[tuple[str, tuple[str, ...]], ...]
+    certain: bool  # the crash happens whatever the timing (a ``read``, once that queue is read)
+    restart: str  # "dirty", or "either" (clean or dirty, depending on timing)
+    may_stay_down: bool  # more crashes than the vhost's supervisor restarts: the vhost may stay down
+    #: a crash while the vhost's queues are still starting (``remove``, at boot) on Khepri
+    #: metadata: a queue may be left recorded as stopped (404 "process is stopped by supervisor")
+    #: until the vhost is restarted (seen on 4.3.6, not on 3.10.8 or 4.0.5 with Mnesia)
+    queues_may_stop: bool = False
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(k for k, _ in self.triggers)
+
+
+def dead_letters(vs, qdir) -> bool | None:
+    """Whether the queue dead-letters its expired messages (then it reads them first): True when
+    its arguments name an x-dead-letter-exchange, else None (a policy may still name one; the
+    metadata's policies are not read)."""
+    meta = vs.node.metadata
+    name = qdir.name_raw.split(b"\x00")[0] if qdir.name_raw is not None else None
+    vhost = vs.vhost.name_raw
+    if name is None or vhost is None or meta.kind is None:
+        return None
+    return True if meta.arguments(vhost, name).get("x-dead-letter-exchange") is not None else None
+
+
+def restarting_queues(vs) -> set[str]:
+    """Clean start: the queues that crash while serving and are restarted by their supervisor
+    (a read of a damaged message, recovery terms that disagree with the index): each comes back
+    with a new client ref, and delivers again what it had delivered since its last index flush."""
+    if vs.recovery != "clean":
+        return set()
+    return set(vs.clean_crashes[0]) | set(clean_restarts(vs))
+
+
+def double_ackers(vs) -> set[str]:
+    """The restarting queues (``restarting_queues``) that hold a message another queue holds
+    too: their second ack of it can take its count to 0 (``double_acked``)."""
+    double_acked(vs)
+    return vs.__dict__["_double_ackers"]
+
+
+def double_acked(vs) -> dict[str, set[bytes]]:
+    """Clean start: per queue, the ids of shared-store messages it holds that may be gone when it
+    reads them: another holder of the same stored message can crash, be restarted, and ack it a
+    second time (its first ack reached the store, its index did not record it), taking the
+    count to 0 (seen on 3.10.8 and 4.0.5, tests/test_recovery_state_brokers.py). Gathered share
+    by share (every holder of an id is in that id's share)."""
+    if "_double_acked" in vs.__dict__:
+        return vs.__dict__["_double_acked"]
+    out: dict[str, set[bytes]] = {}
+    ackers: set[str] = set()
+    restarting = restarting_queues(vs)
+    if restarting:
+        for sub in vs.each_share():
+            ids, labels, names = [], [], {}
+            for qx in sub.live_chunks(whole=True):
+                r, live = qx.rec, qx.live
+                sel = live[(r.loc[live] == _SHARED) & (r.persistent[live] == 1)]
+                if len(sel):
+                    ids.append(r.msg_id[sel])
+                    labels.append(np.full(len(sel), names.setdefault(qx.qdir.label, len(names)), np.int32))
+            if not ids:
+                continue
+            ids_all, lab = np.concatenate(ids), np.concatenate(labels)
+            by_name = {v: k for k, v in names.items()}
+            halves = np.frombuffer(ids_all.tobytes(), ">u8").reshape(-1, 2)
+            order = np.lexsort((lab, halves[:, 1], halves[:, 0]))
+            halves, lab, ids_all = halves[order], lab[order], ids_all[order]
+            new = np.r_[True, (halves[1:] != halves[:-1]).any(axis=1)]
+            starts = np.flatnonzero(new)
+            ends = np.r_[starts[1:], len(lab)]
+            many = np.flatnonzero((ends - starts > 1) & (lab[starts] != lab[ends - 1]))
+            for a, b in zip(starts[many].tolist(), ends[many].tolist()):
+                holders = {by_name[int(x)] for x in lab[a:b]}
+                again = holders & restarting
+                ackers |= again
+                for q in holders:
+                    if again - {q}:
+                        out.setdefault(q, set()).add(ids_all[a].tobytes())
+    vs.__dict__["_double_acked"], vs.__dict__["_double_ackers"] = out, ackers
+    return out
+
+
+def _gc_sums(vs, st) -> tuple[dict[int, int], dict[int, int], set[int]]:
+    """Per store file of this scan's share, for ``_gc_hazards``: the bytes of the live entries the
+    index places right there with a count above 0 (their reads succeed: they get acked), the
+    bytes of the entries the GC's scan reaches that the index places right there with a count
+    above 0 (what it finds valid), and the files whose scan meets an entry the index places
+    elsewhere in the same file."""
+    if recorded_index(st) is None or not len(st.e_id):
+        return {}, {}, set()
+    rec = recorded_at(st, st.e_id)
+    numbers = np.array([f.number for f in st.files], np.int64)[st.e_file]
+    here = rec[:, 1] == numbers
+    exact = here & (rec[:, 2] == st.e_offset) & (rec[:, 3] == st.e_total) & (rec[:, 0] > 0)
+    live = vs.store_status["persistent"][0] == StoreStatus.LIVE
+
+    def per_file(sel):
+        files, sums = np.unique(numbers[sel], return_inverse=True)
+        return dict(zip(files.tolist(), np.bincount(sums, weights=st.e_total[sel]).astype(np.int64).tolist()))
+
+    misplaced = here & st.reach & ~((rec[:, 2] == st.e_offset) & (rec[:, 3] == st.e_total))
+    return per_file(exact & live), per_file(exact & st.reach), set(numbers[misplaced].tolist())
+
+
+def _gc_hazards(model, summary: dict[int, tuple[int, int]] | None, on_disk: set[int],
+                sums: tuple[dict[int, int], dict[int, int], set[int]]) -> set[int]:
+    """Clean start: the store files whose garbage collection can crash the store (``store_gc``),
+    from file_summary.ets as loaded and ``_gc_sums`` over the whole vhost. ``combine`` (up to
+    3.12): once the store holds more than 2 files' worth (taken as 3 files or more), two
+    neighbouring non-current files whose valid data fits in one file are merged, and
+    load_and_vacuum_message_file must find each one's file_summary valid_total_size among the
+    entries its scan reaches that the index places there (a missing file is opened and fails):
+    a file is at risk when it is not so, and what can never be acked of it (its valid size less
+    the live entries whose reads succeed) leaves room for a neighbour within the file size limit
+    (a setting: estimated as the median size of the older files, as a file rolls over once it
+    reaches it, and at most the default). ``compact``
+    (3.13+): a file at most half valid once its readable messages are acked is compacted in
+    place, and scan_and_vacuum_message_file has no clause for an entry the index places in that
+    file at another offset or size."""
+    if not summary:
+        return set()
+    removable, matching, misplaced = sums
+    current = max(summary)
+    older = sorted(n for n in summary if n != current)
+    stuck = {n: max(0, summary[n][0] - removable.get(n, 0)) for n in older}
+    if model.store_gc == "compact":
+        return {n for n in older if n in misplaced and stuck[n] * 2 < summary[n][1]}
+    if len(summary) < 3:
+        return set()
+    limit = min(float(np.median([summary[n][1] for n in older])), versions_constant("msg_store_file_size_limit"))
+    out = set()
+    for pos, n in enumerate(older):
+        if n in on_disk and matching.get(n, 0) == summary[n][0]:
+            continue
+        if any(stuck[n] + max(1, stuck[m]) <= limit for m in older[max(0, pos - 1):pos] + older[pos + 1:pos + 2]):
+            out.add(n)
+    return out
+
+
+def store_crash(vs) -> StoreCrash | None:
+    """Clean start: what can crash the vhost's persistent store while it serves (``StoreCrash``),
+    None when nothing can. Gathered share by share in a scan of one id share."""
+    if "_store_crash" in vs.__dict__:
+        return vs.__dict__["_store_crash"]
+    out = None
+    if vs.recovery == "clean":
+        removes, sums, summary, on_disk = set(), ({}, {}, set()), None, set()
+        for sub in vs.each_share():
+            st = sub.stores.get("persistent")
+            if st is None:
+                continue
+            summary, on_disk = recorded_summary(st), {f.number for f in st.files}
+            part = _gc_sums(sub, st)
+            for total, got in zip(sums[:2], part[:2]):
+                for n, b in got.items():
+                    total[n] = total.get(n, 0) + b
+            sums[2].update(part[2])
+            now = sub.options.now_ms() * 1000
+            for qx in sub.live_chunks(whole=True):
+                r, live = qx.rec, qx.live
+                expiry = r.expiry[live]
+                if qx.qdir.label in removes or not ((expiry > 0) & (expiry <= now)).any() \
+                        or dead_letters(sub, qx.qdir):
+                    continue
+                fate = resolve(sub, qx, propagate=False).fate
+                sel = live[(fate == Fate.EXPIRED) & (r.loc[live] == _SHARED) & (r.persistent[live] == 1)]
+                if len(sel) and not recorded_has(st, r.msg_id[sel]).all():
+                    removes.add(qx.qdir.label)
+        files = {f"{n}.rdq" for n in _gc_hazards(vs.model, summary, on_disk, sums)}
+        doubles = double_ackers(vs)
+        triggers = []
+        crash_queues, crash_vhost = vs.clean_crashes
+        if crash_vhost:
+            triggers.append(("read", tuple(sorted(crash_queues, key=str))))
+        if removes:
+            triggers.append(("remove", tuple(sorted(removes, key=str))))
+        if files:
+            triggers.append(("gc", tuple(sorted(files, key=lambda f: int(f.split(".")[0])))))
+        if doubles:
+            triggers.append(("double-ack", tuple(sorted(doubles, key=str))))
+        if triggers:
+            kinds = {k for k, _ in triggers}
+            out = StoreCrash(tuple(triggers), certain="read" in kinds,
+                             restart="either" if kinds & {"remove", "gc"} else "dirty",
+                             may_stay_down="gc" in kinds or len(removes) > versions_constant("vhost_restarts")[0],
+                             queues_may_stop="remove" in kinds and vs.node.metadata.kind == "khepri")
+    vs.__dict__["_store_crash"] = out
+    return out
+
+
+def delivery_bounds(vs, qx, res: Resolved) -> tuple[np.ndarray, np.ndarray]:
+    """Per live entry of a chunk (aligned with ``res``): whether the next boot delivers it
+    whatever the timing (at least), and whether it may (at most). Exact (both ``fate ==
+    DELIVERED``) unless the store can crash under the running vhost (``store_crash``): then a
+    message counts at least when both the clean and the dirty recovery deliver it, at most when
+    either does (what a queue delivers before the crash, and after a restart that recovers
+    dirty); none at least when the vhost may stay down, or a queue may be left stopped. A
+    message another holder may ack twice (``double_acked``) is not counted at least."""
+    now = res.fate == Fate.DELIVERED
+    lo, hi = now.copy(), now.copy()
+    before = read_before_loss(vs, qx)
+    if before is not None and vs.model.store_reads_in_batches:
+        hi |= before & (res.fate == Fate.QUEUE_CRASH)
+    crash = store_crash(vs)
+    if crash is not None:
+        other = "clean" if not reads_clean(vs) else "dirty"
+        alt = resolve(vs, qx, regime=other).fate == Fate.DELIVERED
+        lo &= alt
+        hi |= alt
+        if crash.may_stay_down or crash.queues_may_stop:
+            lo[:] = False
+    acked = double_acked(vs).get(qx.qdir.label) if vs.recovery == "clean" else None
+    if acked and lo.any():
+        r, live = qx.rec, qx.live
+        shared = (r.loc[live] == _SHARED) & (r.persistent[live] == 1)
+        at = np.flatnonzero(lo & shared)
+        raw = r.msg_id[live[at]]
+        lo[at[[raw[k].tobytes() in acked for k in range(len(at))]]] = False
+    return lo, hi
 
 
 # -- the fate of every held message -------------------------------------------------------------------
@@ -445,6 +807,32 @@ def intrinsic_fate(persistent: int, loc: int) -> Fate | None:
     return None
 
 
+def checks_headers(vs) -> bool:
+    """Whether the next boot reads every ``.qi`` segment's header before its slots: a dirty
+    recovery does, and deletes a segment whose header is not valid with its ``.qs``, never
+    parsing a slot of it (rabbit_classic_queue_index_v2:recover_segments/5, v3.10.0 - v4.3.x:
+    "File was either empty or the header was invalid"). A clean start takes its segments from
+    the recovery terms and reads the slots when it delivers them."""
+    return vs.recovery == "dirty"
+
+
+def unread_slots(vs, qx) -> set[str]:
+    """The files of ``qx`` whose slots the next boot never parses (``checks_headers``): its
+    ``.qi`` segments with a bad header. Damage in their slots is no cause of its own: the one
+    cause is the header, and it costs the segment (``Fate.SEGMENT_DELETED``), not the queue."""
+    if not qx.bad_segments or qx.version != 2 or not checks_headers(vs):
+        return set()
+    return {str(qx.files[i]) for i in qx.bad_segments}
+
+
+def crash_causes(vs, qx) -> list:
+    """The reader findings of ``qx`` that crash its queue's recovery (``crashes_queue``), but for
+    those in slots the next boot never parses (``unread_slots``)."""
+    causes = [f for f in qx.findings if f.crashes_queue]
+    skip = unread_slots(vs, qx) if causes else set()
+    return [f for f in causes if f.file not in skip] if skip else causes
+
+
 def queue_fate(vs, qx) -> Fate | None:
     """What happens to the whole queue dir at the next boot, before any entry is looked at."""
     known = vs.queue_known(qx.qdir)
@@ -454,16 +842,22 @@ def queue_fate(vs, qx) -> Fate | None:
         return Fate.V1_UNSUPPORTED
     if vs.node.boot_hangs:
         return Fate.BOOT_HANG
+    if vs.start_crash == "every":
+        return Fate.VHOST_CRASH
     if qx.qdir.label in vs.crashing_queues:
         return Fate.QUEUE_CRASH
     return None
 
 
-def reads_clean(vs, propagate: bool = True) -> bool:
+def reads_clean(vs, propagate: bool = True, regime: str | None = None) -> bool:
     """Whether the next boot reads the vhost's shared stores as a clean start does (trusting
     msg_store_index.ets) rather than by a scan. ``propagate``: a clean start whose damaged
-    message crashes the whole vhost counts as the dirty recovery its restart does."""
+    message crashes the whole vhost counts as the dirty recovery its restart does. ``regime``
+    ("clean" or "dirty"): a clean start's vhost as it serves before its store crashes, or
+    after a restart that recovers it dirty (``delivery_bounds``)."""
     clean = vs.recovery == "clean"
+    if regime is not None:
+        return clean and regime == "clean"
     if clean and propagate and vs.clean_crashes[1]:
         # up to 3.12 the failed read stops the vhost; its supervisor restarts it, and as the first
         # start consumed the clean-shutdown files, the restart recovers the whole vhost dirty
@@ -493,16 +887,16 @@ def shared_copies(st, kind: str, ids: np.ndarray, clean: bool) -> tuple[np.ndarr
     return cp, ap, problem
 
 
-def resolve(vs, qx, propagate: bool = True) -> Resolved:
+def resolve(vs, qx, propagate: bool = True, regime: str | None = None) -> Resolved:
     """Locate every live entry's body (as the target version would) and decide its fate.
     ``propagate``: include the crash a damaged message causes on a clean start (off while
-    computing those crashes). Vectorised: each rule below is one array expression over the
-    chunk's live entries, applied in the broker's order of checks."""
+    computing those crashes). ``regime``: see ``reads_clean``. Vectorised: each rule below is
+    one array expression over the chunk's live entries, applied in the broker's order of checks."""
     r, live = qx.rec, qx.live
     n = len(live)
     loc, persistent, files = r.loc[live], r.persistent[live], r.file[live]
     st_off, st_size = r.store_offset[live], r.store_size[live]
-    clean = reads_clean(vs, propagate)
+    clean = reads_clean(vs, propagate, regime)
     # a clean start reads the queue as its recovery terms say, unless they disagree with its
     # index: then the queue crashes at init and restarts recovering its index from the files
     start = queue_starts(vs).get(qx.qdir.dir_name) if clean else None
@@ -579,10 +973,14 @@ def resolve(vs, qx, propagate: bool = True) -> Resolved:
     at_risk = None  # clean recovery: messages a crash on delivery takes down with it
     if qdrop is None and clean and propagate:
         crash_queues, crash_vhost = vs.clean_crashes
+        crash_vhost = crash_vhost and regime is None  # the clean regime: before the vhost's crash
         # a queue whose read fails again after every restart (the recorded index still places
         # the message on bytes that do not hold it) is lost from there on
-        lost = lost_on_read(vs) if crash_queues else set()
+        lost = lost_on_read(vs) if crash_queues else {}
         at_risk = Fate.VHOST_CRASH if crash_vhost else (Fate.QUEUE_CRASH if qx.qdir.label in lost else None)
+        before = read_before_loss(vs, qx) if at_risk == Fate.QUEUE_CRASH else None
+        if before is not None and not vs.model.store_reads_in_batches:
+            at_risk = np.where(before, Fate.DELIVERED, Fate.QUEUE_CRASH).astype(np.int8)
     bad_segment = np.isin(files, list(qx.bad_segments)) if qx.version == 2 and not trusted and qx.bad_segments \
         else np.zeros(n, bool)
     outside = np.zeros(n, bool)  # seq ids the recovery terms do not cover: never read
@@ -592,7 +990,7 @@ def resolve(vs, qx, propagate: bool = True) -> Resolved:
     intrinsic = np.where(persistent != 1, Fate.TRANSIENT,
                          np.where(loc == Location.MEMORY, Fate.NOT_ON_DISK, Fate.BAD_LOCATION))
     out.fate[:] = first_of(
-        [(r.kind[live] == _BAD) & (qdrop in (None, Fate.QUEUE_CRASH)),
+        [(r.kind[live] == _BAD) & (qdrop in (None, Fate.QUEUE_CRASH)) & ~bad_segment,  # header first
          np.full(n, qdrop is not None),
          bad_segment,
          (persistent != 1) | ~_ON_DISK[loc + 1],
@@ -602,7 +1000,7 @@ def resolve(vs, qx, propagate: bool = True) -> Resolved:
          expired],
         [Fate.BAD_INDEX_ENTRY, qdrop or 0, Fate.SEGMENT_DELETED, intrinsic, Fate.NOT_IN_RECOVERY_TERMS,
          Fate.EXPIRED, problem, Fate.EXPIRED],
-        at_risk or Fate.DELIVERED, n)
+        Fate.DELIVERED if at_risk is None else at_risk, n)
     return out
 
 
@@ -610,7 +1008,7 @@ def first_of(conditions: list, choices: list, default: int, n: int) -> np.ndarra
     """``np.select``: per row, the choice of the first condition that holds (int8). The rules
     are applied last to first, each only where it holds anywhere: in most chunks no rule holds
     at all, and the select costs as much as one comparison."""
-    out = np.full(n, default, np.int8)
+    out = np.array(default, np.int8) if isinstance(default, np.ndarray) else np.full(n, default, np.int8)
     for cond, choice in zip(reversed(conditions), reversed(choices)):
         if cond.any():
             out[cond] = choice[cond] if isinstance(choice, np.ndarray) else choice

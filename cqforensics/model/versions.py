@@ -122,10 +122,24 @@ class BrokerModel:
         return self._answer("index_v2_only")
 
     @property
-    def shared_read_crash_takes_vhost(self) -> bool:
-        """A failed shared-store read on delivery crashes the vhost's message store (every
-        queue of the vhost), not just the reading queue."""
-        return self._answer("shared_read_crash_takes_vhost")
+    def store_serves_current_file_reads(self) -> bool:
+        """A queue's read of a message in the shared store's current file goes to the store
+        process, so a read that fails there crashes the store, and with it the vhost (a read of
+        any other file runs in the queue and crashes only the queue)."""
+        return self._answer("store_serves_current_file_reads")
+
+    @property
+    def store_reads_in_batches(self) -> bool:
+        """A queue reads the shared-store bodies of what it loads from its index in batches
+        (rather than one as it delivers it): a batch whose read fails delivers none of it."""
+        return self._answer("store_reads_in_batches")
+
+    @property
+    def store_gc(self) -> str:
+        """How the shared store collects garbage: ``combine`` (two neighbouring files merged,
+        each checked against file_summary) or ``compact`` (one file compacted in place against
+        the index)."""
+        return self._answer("store_gc")
 
     @property
     def missing_qs_reads_empty(self) -> bool:
@@ -250,14 +264,33 @@ BEHAVIOURS: dict[str, tuple[dict[str, object], str]] = {
         {"3.10": False, "3.11": False, "3.12": False, "3.13.0": False, "3.13.1+": False,
          "4.0": True, "4.1": True, "4.2": True, "4.3": True},
         "rabbit_msg_store:write_message/3, LARGE_MESSAGE_THRESHOLD 4,000,000 bytes (v4.0.0)"),
-    "shared_read_crash_takes_vhost": (
+    "store_serves_current_file_reads": (
         {"3.10": True, "3.11": True, "3.12": True, "3.13.0": False, "3.13.1+": False,
          "4.0": False, "4.1": False, "4.2": False, "4.3": False},
-        "seen on 3.10.8 (vhost) and 4.3.6 (queue) boots, tests/test_predict_brokers.py; 3.11 - 4.2 "
-        "are assumed like their neighbours (not yet checked against their source). The stopped vhost "
-        "is restarted by its supervisor and, the clean-shutdown files consumed by the first start "
-        "(rabbit_msg_store read_recovery_terms deletes clean.dot), recovers dirty: seen on 3.10.8, "
-        "tests/test_recovery_state_brokers.py rdq_missing"),
+        "rabbit_msg_store:read/2 and client_read2/5 (v3.10.0 - v3.12.14): a read of the current file "
+        "(file_summary right = undefined), of a locked file or of an id the client's index lookup does "
+        "not find is deferred to the store process (server_call {read, MsgId}: read_message1, "
+        "read_from_disk, get_read_handle), which crashes when the bytes are not there; other reads run "
+        "in the queue (client_read3). v3.13.0 reads every file in the queue (client_read3, reader_open). "
+        "Seen on 3.10.8: a missing current file crashes the vhost, a missing older one only the reading "
+        "queue, tests/test_recovery_state_brokers.py"),
+    "store_reads_in_batches": (
+        {"3.10": False, "3.11": False, "3.12": False, "3.13.0": True, "3.13.1+": True,
+         "4.0": True, "4.1": True, "4.2": True, "4.3": True},
+        "rabbit_variable_queue:maybe_deltas_to_betas (v3.13.0 - v4.3.x): the shared-store bodies of 10 or "
+        "more messages of 12,000 bytes or less loaded from the index together are read with "
+        "rabbit_msg_store:read_many (SHARED_READ_MANY_COUNT_THRESHOLD, SHARED_READ_MANY_SIZE_THRESHOLD); "
+        "v3.10.0 - v3.12.14 read each body with rabbit_msg_store:read/2 as it is delivered (read_msg)"),
+    "store_gc": (
+        {"3.10": "combine", "3.11": "combine", "3.12": "combine", "3.13.0": "compact", "3.13.1+": "compact",
+         "4.0": "compact", "4.1": "compact", "4.2": "compact", "4.3": "compact"},
+        "rabbit_msg_store maybe_compact/combine_files (v3.10.0 - v3.12.14: once the store holds more than "
+        "2 files' worth and half of it is garbage, two neighbouring non-current files are merged; "
+        "load_and_vacuum_message_file must find each file's file_summary valid_total_size among the "
+        "entries the index places there, else the GC process crashes, and the store with it); "
+        "v3.13.0: compact_file/scan_and_vacuum_message_file compacts one file in place (a file half "
+        "garbage, 15 s after a remove), and crashes on an entry the index places in that file at "
+        "another offset or size"),
     "missing_qs_reads_empty": (
         {"3.10": False, "3.11": False, "3.12": False, "3.13.0": False, "3.13.1+": False,
          "4.0": True, "4.1": True, "4.2": True, "4.3": True},
@@ -294,6 +327,14 @@ CONSTANTS = {
     "queue_index_embed_msgs_below": (4096, "rabbit app env (deps/rabbit/Makefile), v3.10.0 - v4.3.x"),
     "classic_queue_index_v2_segment_entry_count": (
         4096, "rabbit_classic_queue_index_v2:segment_entry_count/0, v3.10.0 - v4.3.x"),
+    "vhost_restarts": (
+        (2, 300), "rabbit_vhost_sup_wrapper:init/1 (v3.10.0 - v4.3.x): one_for_all over rabbit_vhost_sup "
+                  "(itself one_for_all, intensity 0: a crashed message store stops every process of the "
+                  "vhost) and rabbit_vhost_process (recovery), at most 2 restarts in 300 s; a third crash "
+                  "leaves the vhost down (rabbit_vhost_sup_sup: transient child, vhost_restart_strategy continue)"),
+    "queue_restarts": (
+        (5, 10), "rabbit_amqqueue_sup:init/1 (v3.10.0 - v4.3.x): amqqueue_max_restart_intensity {5, 10}: a "
+                 "queue process crashing a 6th time within 10 s is left down"),
     "queue_index_segment_entry_count": (
         2048, "CQv1: rabbit_vhost.erl writes it into the vhost's .config at creation (2048 for a "
               "vhost created on 3.8.17+, 16384 when queues already existed), v3.10.0 - v4.2.x"),
@@ -359,12 +400,23 @@ class VersionRange:
         return model(self.newest)
 
     @property
+    def oldest(self) -> str:
+        """The oldest version of the range, as a model label."""
+        return _fmt(self.low, False)
+
+    @property
+    def one_series(self) -> bool:
+        """Whether every version of the range is one series of the version table (one model):
+        a prediction for ``newest`` then holds for any of them; otherwise it is an assumption."""
+        return model(self.oldest).series == self.model.series
+
+    @property
     def why(self) -> str:
         return "; ".join(self.reasons) if self.reasons else "no version evidence in the data"
 
     def to_dict(self) -> dict:
         return {"low": _fmt(self.low, False), "high": _fmt(self.high, True), "label": self.label,
-                "why": list(self.reasons)}
+                "why": list(self.reasons), "one_series": self.one_series}
 
     def __str__(self) -> str:
         return f"{self.label} ({self.why})"

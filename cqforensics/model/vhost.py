@@ -24,9 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from cqforensics.codes import Location, StoreStatus
-from cqforensics.errors import CQError
+from cqforensics.errors import CQError, display, plural
 from cqforensics.findings import Finding
-from cqforensics.layout import NodeDir, QueueDir, VhostDir
+from cqforensics.layout import (STORAGE_KINDS, NodeDir, QueueDir, StorageKind, VhostDir, read_name_file, storage_kind,
+                                tree_bytes)
 from cqforensics.model import recovery, versions
 from cqforensics.model.bodies import Bodies
 from cqforensics.model.index import ID, IndexChunk, Records, iter_chunks
@@ -119,7 +120,8 @@ class VhostScan:
 
     #: facts about the whole vhost, whatever ``only`` and ``share`` say
     VHOST_WIDE = ("all_queue_dirs", "qs_files", "recovery", "crashing_queues", "clean_crashes", "shares",
-                  "spills", "_lost_on_read", "_queue_starts", "_clean_restarts", "term_files")
+                  "spills", "_lost_on_read", "_queue_starts", "_clean_restarts", "_store_crash", "_double_acked",
+                  "_double_ackers", "start_crash", "term_files")
     #: facts about the vhost's ids of one share (all of them, unshared): store indexes, references
     PER_SHARE = ("stores", "index_pass", "store_status")
 
@@ -262,7 +264,8 @@ class VhostScan:
         (``spill("live")``), instead of reading and decoding every index again for each share.
         ``whole``: every queue dir's, whatever ``only`` says."""
         if self.share is not None and (whole or self.only is None):
-            yield from self.spill("live").share(self.share.k)
+            chunks = self.spill("live").share(self.share.k)
+            yield from self._ticked(chunks) if self.node.progress is not None else chunks
         elif whole:
             for q in self.all_queue_dirs:
                 yield from self.index_of(q, restricted=False)
@@ -275,7 +278,16 @@ class VhostScan:
         segments = self.only.get(q.dir_name) if restricted and self.only else None
         chunks = iter_chunks(q, self.vhost, segments, self.kept_chunks.setdefault(q.dir_name, {}))
         in_share = restricted if in_share is None else in_share
-        return self._in_share(chunks) if in_share and self.share is not None else chunks
+        chunks = self._in_share(chunks) if in_share and self.share is not None else chunks
+        return self._ticked(chunks) if self.node.progress is not None else chunks
+
+    def _ticked(self, chunks: Iterator[IndexChunk]) -> Iterator[IndexChunk]:
+        """``chunks``, telling ``NodeScan.progress`` the bytes of each one's index files once it
+        is done with (a pass of a read in shares counts its part)."""
+        parts = self.share.parts if self.share is not None else 1
+        for qx in chunks:
+            yield qx
+            self.node.progress(sum(_size(f) for f in qx.files) / parts)
 
     def _in_share(self, chunks: Iterator[IndexChunk]) -> Iterator[IndexChunk]:
         for qx in chunks:
@@ -341,7 +353,7 @@ class VhostScan:
         locs = dump.locations()
         recorded = Recorded.build(locs.rows, locs.others, locs.row_positions, self.share)
         loaded = recorded
-        if dump.loaded_items is not dump.items:
+        if dump.loaded is not r_terms.WHOLE:  # file2tab loads other records than the strict walk's (file2tab_load)
             got = dump.locations(loaded=True)
             loaded = None if got is None else Recorded.build(got.rows, got.others, got.row_positions, self.share)
         pinned = np.ascontiguousarray(locs.rows["id"])
@@ -392,7 +404,7 @@ class VhostScan:
                                                  parts))
                 if not refs:
                     continue
-                causes = [f for f in qx.findings if f.crashes_queue]
+                causes = recovery.crash_causes(self, qx)
                 if causes:
                     crashes.setdefault(q.label, []).extend(causes)
                 for kind, flag in (("persistent", 1), ("transient", 0)):
@@ -449,7 +461,7 @@ class VhostScan:
                     if len(sel):
                         ids[kind].append(r.msg_id[sel])
                         queue[kind].append(np.full(len(sel), qi, np.int64))
-                causes = [f for f in qx.findings if f.crashes_queue]
+                causes = recovery.crash_causes(self, qx)
                 if causes:
                     crashes.setdefault(q.label, []).extend(causes)
         out = {}
@@ -483,7 +495,7 @@ class VhostScan:
         crashes: dict[str, list[Finding]] = {}
         for q in self.all_queue_dirs:
             for qx in self.index_of(q, restricted=False):
-                causes = [f for f in qx.findings if f.crashes_queue]
+                causes = recovery.crash_causes(self, qx)
                 if causes:
                     crashes.setdefault(q.label, []).extend(causes)
         return crashes
@@ -498,6 +510,17 @@ class VhostScan:
     def recovery(self) -> str:
         """'clean' or 'dirty': how the next boot recovers this vhost (model.recovery.mode)."""
         return self.recovery_state[0]
+
+    @cached_property
+    def start_crash(self) -> str | None:
+        """"every" or "first": the vhost's message store crashes in its init at every start, or
+        at the first (model.recovery.start_crash); None when it starts."""
+        return recovery.start_crash(self)
+
+    @property
+    def store_crash(self) -> recovery.StoreCrash | None:
+        """What can crash the vhost's store while a clean start serves it (model.recovery.store_crash)."""
+        return recovery.store_crash(self)
 
     @cached_property
     def store_status(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -591,8 +614,30 @@ class VhostScan:
         return qdir.dir_name in dirs.get(self.vhost.dir_name, ())
 
 
+def _size(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
 class NodeScan:
     """One node dir: its metadata, the version model, and a VhostScan per vhost."""
+
+    #: called with the bytes of the index files of each index chunk a listing is done with
+    #: (``VhostScan.index_of``, ``live_chunks``): a long command's progress (``driver.Progress``)
+    progress = None
+    #: the dir name of the vhost whose check also makes the node-level findings (None: the
+    #: node's first vhost); a read restricted to some vhosts names the first it reads
+    node_level_vhost: str | None = None
+
+    def carries_node_findings(self, vs: "VhostScan") -> bool:
+        """Whether the check of ``vs`` makes the findings about the node as a whole (its own
+        files, the storage not read): those of one vhost per node, whatever the read leaves out
+        (a vhost or queue restriction makes scans of its own; a read in shares, one per share)."""
+        if not self.vhosts or (vs.share is not None and vs.share.k != 0):
+            return False
+        return vs.vhost.dir_name == (self.node_level_vhost or self.vhosts[0].vhost.dir_name)
 
     def __init__(self, node: NodeDir, options: Options | None = None):
         self.node = node
@@ -667,6 +712,20 @@ class NodeScan:
         return self.renamed.get((vhost.dir_name, qdir.dir_name))
 
     @cached_property
+    def unread_storage(self) -> list["UnreadStorage"]:
+        """The kinds of queue storage cqforensics does not read (``layout.STORAGE_KINDS``) that
+        this node holds data dirs of, each with the queues of that kind the metadata declares
+        (the metadata is read only when there are such dirs)."""
+        out = []
+        for name, here in self.node.unread_storage().items():
+            kind = STORAGE_KINDS[name]
+            queues = [rec for rec in self.metadata.queues.values() if storage_kind(rec.type) is kind]
+            root = self.node.path / kind.root
+            out.append(UnreadStorage(kind, sorted((display(q.vhost), display(q.name)) for q in queues), here,
+                                     tree_bytes(root), root))
+        return out
+
+    @cached_property
     def lost_queues(self) -> dict[str | None, list["LostQueue"]]:
         """Vhost dir name -> the durable classic queues of that vhost whose index dir is missing
         or unreadable (None: those whose vhost has no dir at all). See ``lost_queues``."""
@@ -714,7 +773,7 @@ def name_from_metadata(v: VhostDir, meta: Metadata) -> dict[str, tuple[str, byte
         if q.name is not None:
             continue
         try:
-            raw = read_optional(q.path / ".queue_name", 1 << 20)
+            raw = read_name_file(q.path / ".queue_name", [], ".queue_name")
             qn = textfiles.parse_queue_name(raw, v.name_raw) if raw is not None else None
         except CQError:  # unreadable, not a regular file, or damaged: nothing to go by
             continue
@@ -727,6 +786,38 @@ def name_from_metadata(v: VhostDir, meta: Metadata) -> dict[str, tuple[str, byte
         q.name_source, q.index_hint = "renamed", qn.index
         renamed[q.dir_name] = (own, qn.name, qn.priority)
     return renamed
+
+
+@dataclass
+class UnreadStorage:
+    """Queues of a kind of storage cqforensics does not read, on one node: named by the metadata
+    (every queue of the kind it declares: a cluster's metadata declares those of every node), and
+    the kind's data dirs this node holds."""
+
+    kind: StorageKind
+    queues: list[tuple[str, str]]  # (vhost, name), display form, sorted
+    dirs: list[Path]  # the kind's per-queue data dirs here (Ra server dirs, stream dirs)
+    bytes: int  # under ``root`` (a Ra system's WAL holds its queues' newest entries), when it holds data dirs
+    root: Path  # where the kind's data lies (quorum/, stream/)
+
+    @property
+    def nouns(self) -> str:
+        return plural(len(self.queues), self.kind.noun) if self.queues else f"no {self.kind.noun} declared"
+
+    def describe(self, limit: int = 8) -> str:
+        """One sentence: which queues exist, where their data is, and that none of it is read."""
+        names = ", ".join(f"{q!r} (vhost {v!r})" for v, q in self.queues[:limit])
+        more = f" and {len(self.queues) - limit} more" if len(self.queues) > limit else ""
+        what = (f"{plural(len(self.queues), self.kind.noun)} not read: {names}{more} (declared in the metadata"
+                if self.queues else f"{self.kind.noun} data not read (the metadata declares no {self.kind.noun}")
+        data = (f"{plural(len(self.dirs), 'data dir')} here, {self.bytes:,} bytes under {display(self.root.name)}/"
+                if self.dirs else f"no data dir here under {display(self.root.name)}/")
+        return (f"{what}; {data}): cqforensics does not read {self.kind.noun}s yet, so their messages are in no "
+                "count, table or verdict here")
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind.name, "queues": [{"vhost": v, "queue": q} for v, q in self.queues],
+                "data_dirs": len(self.dirs), "bytes": self.bytes, "path": display(self.root)}
 
 
 @dataclass

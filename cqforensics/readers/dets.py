@@ -83,6 +83,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cqforensics.errors import plural
 from cqforensics import etf
 from cqforensics.findings import INFO, Finding
 from cqforensics.readers import files
@@ -649,7 +650,7 @@ class _Check:
             off, what = FL_BASE_AT, f"the header's buddy-system base ({h.fl_base}) has a flipped bit"
         else:
             off, what = self.size - 4, f"the size word at the end ({last}) is wrong"
-        self.problem("trailer", f"{what}: size word + base = {last + h.fl_base}, the file has {self.size} bytes; OTP "
+        self.problem("trailer", f"{what}: size word + base = {last + h.fl_base}, the file has {plural(self.size, 'byte')}; OTP "
                      "takes the table for not closed properly and repairs it at open (a full scan)", off,
                      size_word=last, base=h.fl_base)
 
@@ -667,7 +668,7 @@ class _Check:
         if p < BASE:
             return f"it points into the file header (below {BASE})"
         if p + nbytes > end:
-            return f"the {nbytes} bytes it names run past the end of the table's data ({end})"
+            return f"the {plural(nbytes, 'byte')} it names run past the end of the table's data ({end})"
         if (p - BASE) % ALIGN:
             return f"it is not on a {ALIGN}-byte boundary of the buddy system"
         return None
@@ -733,7 +734,7 @@ class _Check:
             elif p:
                 self.problem("unused-pointer", f"part pointer {i} (at byte {at}) is {p:#x}, but the table has {nparts} "
                              f"part(s): OTP writes 0 there and ignores it until the table grows past "
-                             f"{i * SEGPARTSZ * SEGSZP} slots (then overwrites it); a flipped bit", at, pointer=p,
+                             f"{plural(i * SEGPARTSZ * SEGSZP, 'slot')} (then overwrites it); a flipped bit", at, pointer=p,
                              severity=INFO)
         part_addrs = [p for _, p, _ in parts]
         segments = []
@@ -941,7 +942,7 @@ class _Check:
         if word != size:
             if status == ACTIVE and 8 < word <= end - ptr and self.parse(h, ptr, word, end) is None:
                 ref(word, False)
-                return bad(at, f"names {size} bytes, but the block it points at has {word}: a flipped bit in the slot; "
+                return bad(at, f"names {plural(size, 'byte')}, but the block it points at has {word}: a flipped bit in the slot; "
                            "OTP's match on the block header fails, lookups in this slot fail")
             if status == ACTIVE and ptr + size <= end and self.parse(h, ptr, size, end) is None:
                 ref(size, False)
@@ -958,7 +959,7 @@ class _Check:
         limit = self.limit
         if limit is not None and size > limit:
             ref(size, False)
-            return bad(at, f"names {size} bytes, more than the biggest collection the header counts ({limit}): OTP "
+            return bad(at, f"names {plural(size, 'byte')}, more than the biggest collection the header counts ({limit}): OTP "
                        "refuses the read (eof) and marks the table corrupt")
         if status != ACTIVE:
             ref(size, False)
@@ -1004,9 +1005,9 @@ class _Check:
         """The objects of the block at ``ptr`` read in ``size`` bytes as bin2objs does: None
         (whole, not decoded), a ``_Parsed`` (decoded), or (offset, why)."""
         if size < 8 + 4 + 2:
-            return (ptr, f"a block of {size} bytes cannot hold an object")
+            return (ptr, f"a block of {plural(size, 'byte')} cannot hold an object")
         if ptr + size > end:
-            return (ptr, f"the block's {size} bytes run past the end of the table's data ({end})")
+            return (ptr, f"the block's {plural(size, 'byte')} run past the end of the table's data ({end})")
         if decode and (size > MAX_COLLECTION or self.decoded + size > MAX_DECODE_BYTES or self.objects >= MAX_OBJECTS):
             self.complete = False
             decode = False
@@ -1021,7 +1022,7 @@ class _Check:
                     return (ptr + pos - base, "the objects end inside a key's size word")
                 group = _U32(buf, pos)[0]
                 if group < 9 or pos + group > stop:
-                    return (ptr + pos - base, f"a key's objects claim {group} bytes, {stop - pos} are left")
+                    return (ptr + pos - base, f"a key's objects claim {plural(group, 'byte')}, {stop - pos} are left")
                 q, gend = pos + 4, pos + group
             else:
                 q, gend = pos, stop
@@ -1032,7 +1033,7 @@ class _Check:
                     return (ptr + q - base, "the objects end inside an object's size word")
                 osz = _U32(buf, q)[0]
                 if osz < 5 or q + osz > gend:
-                    return (ptr + q - base, f"an object claims {osz} bytes, {gend - q} are left")
+                    return (ptr + q - base, f"an object claims {plural(osz, 'byte')}, {gend - q} are left")
                 if parsed is not None:
                     why = self.term(h, buf, q + 4, ptr, parsed, hash_ok)
                     if why is not None:
@@ -1138,9 +1139,9 @@ class _Check:
         suspicious: set[int] = set()
         aligned = []
         for a, size, at, pos_at in free:
-            it = _Item(a, a + size, f"the free block at {a} ({size} bytes)", at, "free", (pos_at,))
+            it = _Item(a, a + size, f"the free block at {a} ({plural(size, 'byte')})", at, "free", (pos_at,))
             if a < BASE or (a - BASE) % min(size, ALIGN):
-                self.problem("free-lists", f"the free lists give a free block of {size} bytes at {a} (entry at byte {at}),"
+                self.problem("free-lists", f"the free lists give a free block of {plural(size, 'byte')} at {a} (entry at byte {at}),"
                              " which is not on a boundary of its size: a flipped bit in the address or its size class "
                              f"(at byte {pos_at}); OTP would hand out or merge the wrong bytes", at, pointer=a,
                              offsets=[at, pos_at])
@@ -1154,7 +1155,7 @@ class _Check:
                 a, size, at, pos_at = max(aligned)
                 self.problem("free-lists", f"the free blocks do not reach the top of the buddy space (2^31 bytes from "
                              "its base, which lies right after the parts and segments): the last free block "
-                             f"({a}, {size} bytes, entry at byte {at}) has a flipped bit in its address or size "
+                             f"({a}, {plural(size, 'byte')}, entry at byte {at}) has a flipped bit in its address or size "
                              f"class (byte {pos_at}); OTP would hand out the wrong bytes", at, offsets=[at, pos_at])
             return
         top = base + (1 << MAX_LOG)
@@ -1182,7 +1183,7 @@ class _Check:
             effect = "OTP would hand out the wrong bytes" if culprit.kind == "free" else "OTP reads it from the wrong place"
             self.problem("free-lists" if culprit.kind == "free" else "coverage",
                          f"{culprit.what} is named at byte {culprit.at} as {culprit.start}, one flipped bit away from "
-                         f"{g0}, where {g1 - g0} bytes nothing else accounts for lie: {effect}", culprit.at,
+                         f"{g0}, where {plural(g1 - g0, 'byte')} nothing else accounts for lie: {effect}", culprit.at,
                          pointer=culprit.start, was=g0, offsets=[culprit.at, *culprit.extra])
 
         for g0, g1, before in gaps:
@@ -1195,14 +1196,14 @@ class _Check:
                     and _one_bit((g1 - before.start).bit_length(), (before.end - before.start).bit_length()):
                 blamed.add(id(before))  # its size class lost a bit: the block is bigger than the entry says
                 self.problem("free-lists", f"the free-list block at byte {before.extra[0] - 8} says the free block at "
-                             f"{before.start} has {before.end - before.start} bytes, but {g1 - before.start} bytes are "
+                             f"{before.start} has {plural(before.end - before.start, 'byte')}, but {plural(g1 - before.start, 'byte')} are "
                              f"free there: a flipped bit in its size class (byte {before.extra[0]}); OTP would lose or "
                              "hand out the wrong bytes", before.extra[0], offsets=[before.at, *before.extra])
             elif near:
                 blame(near[0], g0, g1)
             else:
                 named = [before.at, *before.extra] if before is not None and before.at is not None else []
-                self.problem("coverage", f"bytes {g0}..{g1} ({g1 - g0} bytes) are neither free nor used by a part, a "
+                self.problem("coverage", f"bytes {g0}..{g1} ({plural(g1 - g0, 'byte')}) are neither free nor used by a part, a "
                              "segment or an object block: a pointer or a free-list entry lost them (a flipped bit)", g0,
                              length=g1 - g0, offsets=named)
         for it in items:
@@ -1228,16 +1229,16 @@ class _Check:
 
     def totals(self, h: Header) -> None:
         if self.found_objects != h.no_objects:
-            self.problem("count", f"the header records {h.no_objects} objects, the slots reach {self.found_objects}", 32,
+            self.problem("count", f"the header records {plural(h.no_objects, 'object')}, the slots reach {self.found_objects}", 32,
                          recorded=h.no_objects, found=self.found_objects)
         if self.found_keys != h.no_keys:
-            self.problem("count", f"the header records {h.no_keys} keys, the slots reach {self.found_keys}", 36,
+            self.problem("count", f"the header records {plural(h.no_keys, 'key')}, the slots reach {self.found_keys}", 36,
                          recorded=h.no_keys, found=self.found_keys)
         if h.has_counters:
             for i, c in enumerate(h.counters):
                 got = self.collections.get(1 << (i + MIN_LOG), 0)
                 if got != c:
-                    self.problem("count", f"the header counts {c} object collections of {1 << (i + MIN_LOG)} bytes, "
+                    self.problem("count", f"the header counts {c} object collections of {plural(1 << (i + MIN_LOG), 'byte')}, "
                                  f"the slots reach {got}: OTP sizes its reads by these counters", COUNTERS_AT + 4 * i,
                                  recorded=c, found=got)
 
@@ -1277,7 +1278,7 @@ class _Check:
         lost = self.explain(self.orphans(h, end))
         if len(lost) > 3:
             shown = ", ".join(str(b.start) for b in lost[:8])
-            self.problem("unreached", f"{len(lost)} object blocks ({shown}{', ...' if len(lost) > 8 else ''}) are "
+            self.problem("unreached", f"{plural(len(lost), 'object block')} ({shown}{', ...' if len(lost) > 8 else ''}) are "
                          "reached by no slot: OTP's lookups never find their objects (a part, segment or slot pointer "
                          "lost them)", lost[0].start, blocks=[b.start for b in lost[:64]])
         else:
@@ -1309,7 +1310,7 @@ def structure_findings(path: Path, data) -> list[Finding]:
     if size < 20 or _U32(data, 4)[0] != COOKIE or _U32(data, 16)[0] != VERSION:
         return []  # no DETS v9 table: dets_findings says so
     if size < HEADSZ:
-        return [Finding("term-file-damaged", f"a DETS table of {size} bytes ends inside its {HEADSZ}-byte header: OTP "
+        return [Finding("term-file-damaged", f"a DETS table of {plural(size, 'byte')} ends inside its {HEADSZ}-byte header: OTP "
                         "cannot open it", str(path), size, details={"check": "truncated"})]
     check = _Check(path, data)
     check.run()

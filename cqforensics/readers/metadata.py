@@ -104,6 +104,9 @@ def queue_record(term, source: str) -> QueueRecord | None:
     qtype = term[19] if len(term) > 19 and isinstance(term[19], str) else None
     args = term[5] if isinstance(term[5], list) else []
     node = etf.pid_node(term[6]) if len(term) > 6 else None
+    if node is None and len(term) > 6 and isinstance(term[6], tuple) and len(term[6]) == 2 \
+            and isinstance(term[6][1], etf.Atom):  # a quorum queue's leader: {RaName, Node}
+        node = str(term[6][1])
     return QueueRecord(vhost, name, term[2] == "true", args, qtype, source, node)
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from construct import ConstructError
 
 from cqforensics.codes import SlotClass
-from cqforensics.errors import FormatError
+from cqforensics.errors import FormatError, plural
 from cqforensics.findings import Finding
 from cqforensics.grammar import qi as c_qi
 from cqforensics import core
@@ -94,6 +94,23 @@ def classify(slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return out, malformed
 
 
+def odd_transient(slots: np.ndarray) -> np.ndarray:
+    """Live transient slots holding bytes IDX2 build_entry never writes: reserved flag bits or
+    byte set, a location kind past 2, a memory location with an id, a ``.qs`` location whose
+    padding is not zeros. A dirty start drops a transient entry reading only its status and flag
+    (recover_segment: ``<<1:8, _:7, 0:1, _/bits>>``), so they change nothing at boot; they are
+    a flipped byte of the file all the same (persistent slots with these are ``BAD`` or
+    malformed: ``classify``)."""
+    if not len(slots):
+        return np.zeros(0, np.int64)
+    w = np.ascontiguousarray(slots).view(_WORDS).reshape(-1, c_qi.ENTRY_SIZE // 8)
+    msg_id_zero = ((w[:, 0] >> np.uint64(32)) | w[:, 1] | (w[:, 2] & np.uint64(0xFFFFFFFF))) == 0
+    kind = slots["loc_kind"]
+    odd = ((slots["flags"] & 0xFE) != 0) | (slots["reserved"] != 0) | (kind > 2) | ((kind == 0) & ~msg_id_zero) \
+        | ((kind == 2) & (slots["loc_pad"] != 0))
+    return np.flatnonzero((slots["status"] == 1) & ((slots["flags"] & 1) == 0) & odd)
+
+
 @dataclass
 class SlotFacts:
     """What the reader makes of a segment's slots (slot positions, in slot order)."""
@@ -164,17 +181,24 @@ def read_qi(path: Path, number: int, segment_entry_count: int = c_qi.DEFAULT_SEG
                                     f"segment number {number}; assuming {segment_entry_count}-entry segments",
                                     str(path), 5, severity="warning",
                                     details={"from_seq_id": h_from, "to_seq_id": h_to}))
+        reserved = bytes(data[c_qi.RESERVED_AT:c_qi.HEADER_SIZE])
+        if any(reserved):  # IDX2 writes <<0:344>> and never reads it: a changed byte, no effect at boot
+            at = c_qi.RESERVED_AT + next(i for i, b in enumerate(reserved) if b)
+            findings.append(Finding("qi-bad-header", f"the header's reserved bytes are not zeros (byte {at} is "
+                                    f"{data[at]:#04x}): the broker writes zeros there and never reads them, so a byte "
+                                    "of this file was flipped or overwritten, with no effect at boot",
+                                    str(path), at, severity="info"))
     else:
         got = data[:5]
-        findings.append(Finding("qi-bad-header", f"bad segment header ({len(data)} bytes, starts {got.hex()}): "
+        findings.append(Finding("qi-bad-header", f"bad segment header ({plural(len(data), 'byte')}, starts {got.hex()}): "
                                 "the broker deletes this segment and its .qs on a dirty start", str(path), 0))
     body_len = max(0, len(data) - c_qi.HEADER_SIZE)  # never sliced: ``data`` may be a map of a huge file
     n = body_len // c_qi.ENTRY_SIZE
     max_slots = to_seq - from_seq
     tail = body_len - n * c_qi.ENTRY_SIZE
     if n > max_slots:
-        findings.append(Finding("unknown-file", f"{body_len - max_slots * c_qi.ENTRY_SIZE} bytes beyond the "
-                                f"segment's {max_slots} slots", str(path),
+        findings.append(Finding("unknown-file", f"{plural(body_len - max_slots * c_qi.ENTRY_SIZE, 'byte')} beyond the "
+                                f"segment's {plural(max_slots, 'slot')}", str(path),
                                 c_qi.HEADER_SIZE + max_slots * c_qi.ENTRY_SIZE))
         n, tail = max_slots, 0
     slots = (np.frombuffer(data, _RAW, count=n, offset=c_qi.HEADER_SIZE).copy().view(c_qi.ENTRY_DTYPE) if n
@@ -193,6 +217,11 @@ def read_qi(path: Path, number: int, segment_entry_count: int = c_qi.DEFAULT_SEG
                                 "or overwritten byte (the broker reads it as acked)", str(path),
                                 c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i, severity="warning",
                                 details={"seq_id": from_seq + i}))
+    for i in odd_transient(slots).tolist():
+        findings.append(Finding("qi-bad-entry", f"transient slot {i} holds bytes the broker never writes there (reserved "
+                                "bits, a location kind or padding): a flipped byte; the next boot drops the entry as "
+                                "transient without reading them", str(path), c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i,
+                                severity="info", details={"seq_id": from_seq + i}))
     for i in facts.qs_range.tolist():
         findings.append(Finding.out_of_range("qs_offset", int(slots["qs_offset"][i]), path,
                                              c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i))

@@ -41,6 +41,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from cqforensics.errors import plural
 from cqforensics import core
 from cqforensics.findings import Finding
 from cqforensics.grammar import rdq as c_rdq
@@ -367,10 +368,10 @@ def rejected_findings(f: RdqFile, store: str) -> list[Finding]:
     out = []
     for o, t, i, why, hidden in f.rejected:
         if why == "hides_referenced":
-            text = (f"candidate entry for {i.hex()} ({t} bytes) is referenced by no index and would hide the "
+            text = (f"candidate entry for {i.hex()} ({plural(t, 'byte')}) is referenced by no index and would hide the "
                     f"referenced entry at {hidden}: not taken")
         else:
-            text = f"candidate entry for {i.hex()} ({t} bytes) is referenced by no index and holds no message term"
+            text = f"candidate entry for {i.hex()} ({plural(t, 'byte')}) is referenced by no index and holds no message term"
         details = {"store": store, "msg_id": i.hex(), "total_size": t, "reason": why}
         if hidden >= 0:
             details["hidden_offset"] = hidden

@@ -10,6 +10,7 @@ DETS v9 is not specified publicly; objects are found heuristically by their
 from __future__ import annotations
 
 import mmap
+import os
 import re
 import struct
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from cqforensics import core, etf, textfiles
-from cqforensics.errors import FormatError
+from cqforensics.errors import FormatError, plural
 from cqforensics.grammar import disklog as c_disklog
 from cqforensics.findings import Finding
 from cqforensics.readers import dets, files
@@ -52,7 +53,7 @@ def read_disk_log(path: Path, data: bytes | None = None) -> TermLog:
     end = len(data)
     while o < end:
         if o + 8 > end:
-            log.error = FormatError(f"log ends inside an item header ({end - o} bytes)", str(path), o)
+            log.error = FormatError(f"log ends inside an item header ({plural(end - o, 'byte')})", str(path), o)
             break
         length, magic = _ITEM_HEAD(data, o)
         if magic != c_disklog.ITEM_MAGIC:
@@ -60,7 +61,7 @@ def read_disk_log(path: Path, data: bytes | None = None) -> TermLog:
             break
         start = o + 8 + (16 if length >= c_disklog.MIN_MD5_TERM else 0)
         if start + length > end:
-            log.error = FormatError(f"item of {length} bytes runs past the end of the log", str(path), o)
+            log.error = FormatError(f"item of {plural(length, 'byte')} runs past the end of the log", str(path), o)
             break
         try:
             term, used = etf.decode(data, offset=start)
@@ -68,7 +69,7 @@ def read_disk_log(path: Path, data: bytes | None = None) -> TermLog:
             log.error = FormatError(f"undecodable item: {e.message}", str(path), e.offset)
             break
         if used != start + length:  # disk_log wrote term_to_binary of the item: it fills the item
-            log.error = FormatError(f"item of {length} bytes holds a term of {used - start}: damaged inside",
+            log.error = FormatError(f"item of {plural(length, 'byte')} holds a term of {used - start}: damaged inside",
                                     str(path), used)
             break
         log.items.append(term)
@@ -119,7 +120,7 @@ def _location_row(term) -> tuple | None:
 
 @dataclass
 class LogItems:
-    """A disk_log's items as one walk finds them (``disk_log_walk``), decoded: the items that
+    """A disk_log's items as a strict walk finds them (``disk_log_walk``), decoded: the items that
     are ``LOCATION`` records as rows of columns (no Python object each: a store's index dump
     holds one item per stored message), kept here or handed to a sink as they come, and every
     other item as its term."""
@@ -130,7 +131,7 @@ class LogItems:
     rows: np.ndarray | None  # LOCATION, in file order (None: handed to the walk's sink)
     row_items: np.ndarray | None  # int64: the item each row is
     terms: dict[int, object]  # item -> its term, for every other item
-    error: FormatError | None = None  # a strict walk: where it stopped early
+    error: FormatError | None = None  # where the walk stopped early
     md5_items: bool = False  # an item long enough to carry an md5 was met
 
     def __len__(self) -> int:
@@ -158,16 +159,16 @@ def _rows(found: dict, at: np.ndarray) -> np.ndarray:
 WALK_ITEMS = 1 << 16
 
 
-def disk_log_walk(data, lenient: bool, path: Path = Path("-"), sink=None) -> LogItems:
-    """The items of a disk_log's bytes: strictly (``lenient`` False), item after item from the
-    header on, each term filling its item, stopping at the first that is not whole (as
-    ``read_disk_log``); or as ``ets:file2tab/1`` loads them (``file2tab_objects``). ``sink``:
-    called with each run of ``LOCATION`` rows (and their item numbers) as they are decoded,
-    which are then not kept. The compiled core (``core.disk_log_items``) frames the items and
-    decodes the rows, ``WALK_ITEMS`` at a time (the pages of a map behind it dropped); the
-    reference (``disk_log_walk_reference``) decodes every item here. Both give the same."""
+def disk_log_walk(data, path: Path = Path("-"), sink=None) -> LogItems:
+    """The items of a disk_log's bytes, strictly: item after item from the header on, each term
+    filling its item, stopping at the first that is not whole (as ``read_disk_log``). What
+    ``ets:file2tab/1`` loads of a dump is ``file2tab_load``'s (``EtsDump``). ``sink``: called
+    with each run of ``LOCATION`` rows (and their item numbers) as they are decoded, which are
+    then not kept. The compiled core (``core.disk_log_items``) frames the items and decodes the
+    rows, ``WALK_ITEMS`` at a time (the pages of a map behind it dropped); the reference
+    (``disk_log_walk_reference``) decodes every item here. Both give the same."""
     if core.native() is None:
-        out = disk_log_walk_reference(data, lenient, path)
+        out = disk_log_walk_reference(data, path)
         if sink is not None and out.n_rows:
             sink(out.rows, out.row_items)
             out.rows = out.row_items = None
@@ -176,31 +177,28 @@ def disk_log_walk(data, lenient: bool, path: Path = Path("-"), sink=None) -> Log
     kept: list[tuple[np.ndarray, np.ndarray]] = []
     start = c_disklog.HEADER_SIZE
     while start is not None:
-        found = core.disk_log_items(data, lenient, start, WALK_ITEMS)
+        found = core.disk_log_items(data, start, WALK_ITEMS)
         base = out.n
         offsets, decoded = found["offsets"], found["decoded"].astype(bool)
         keep = np.ones(len(offsets), bool)
         stopped = False
         for k in np.flatnonzero(~decoded).tolist():  # the table info, the end marker, anything else
-            term = _item_term(data, int(found["starts"][k]), int(found["lengths"][k]), lenient, path)
-            if isinstance(term, FormatError):
-                keep[k] = False
-                if lenient:  # file2tab loses the item
-                    continue
-                keep[k + 1:] = False  # a strict read stops at it
+            term = _item_term(data, int(found["starts"][k]), int(found["lengths"][k]), path)
+            if isinstance(term, FormatError):  # the walk stops at it
+                keep[k:] = False
                 out.error, stopped = term, True
                 # the items the core walked past it are not read: only those up to it count
                 found["md5_items"] = bool((found["lengths"][:k + 1] >= c_disklog.MIN_MD5_TERM).any())
                 break
             row = _location_row(term)
             if row is None:
-                out.terms[base + int(keep[:k].sum())] = term
+                out.terms[base + k] = term
             else:  # a record in an encoding the core leaves to the reference
                 decoded[k] = True
                 (found["ids"][k], found["ref_counts"][k], found["files"][k], found["locations"][k],
                  found["totals"][k]) = row
         at = np.flatnonzero(decoded & keep)
-        items = base + (np.cumsum(keep) - 1)[at] if not keep.all() else base + at
+        items = base + at
         offsets = offsets[keep]
         if len(offsets):  # the offsets an answer may name: the first two, the last, those by other items
             named = {0, 1, base + len(offsets) - 1} | {j for k in out.terms for j in (k, k + 1)}
@@ -230,73 +228,55 @@ def disk_log_walk(data, lenient: bool, path: Path = Path("-"), sink=None) -> Log
 
 
 def _stop_error(data, code: int, at: int, path: Path) -> FormatError:
-    """The strict walk's framing stop as the reference words it."""
+    """The strict walk's framing stop as ``read_disk_log`` words it."""
     if code == 1:
-        return FormatError(f"log ends inside an item header ({len(data) - at} bytes)", str(path), at)
+        return FormatError(f"log ends inside an item header ({plural(len(data) - at, 'byte')})", str(path), at)
     if code == 2:
         return FormatError(f"bad item magic {bytes(data[at:at + 4]).hex()}", str(path), at)
     (length,) = struct.unpack_from(">I", data, at)
-    return FormatError(f"item of {length} bytes runs past the end of the log", str(path), at)
+    return FormatError(f"item of {plural(length, 'byte')} runs past the end of the log", str(path), at)
 
 
-def _item_term(data, start: int, length: int, lenient: bool, path: Path):
-    """The term of the item at ``start``, or the FormatError that loses it: strictly it must fill
-    the item; file2tab decodes the item's bytes alone (binary_to_term ignores what follows)."""
+def _item_term(data, start: int, length: int, path: Path):
+    """The term of the item at ``start``, or the FormatError that stops a strict walk: the term
+    must fill the item (as ``read_disk_log``)."""
     try:
-        if lenient:
-            return etf.decode(bytes(data[start:start + length]))[0]
         term, used = etf.decode(data, offset=start)
     except etf.EtfError as e:
         return FormatError(f"undecodable item: {e.message}", str(path), e.offset)
     if used != start + length:  # disk_log wrote term_to_binary of the item: it fills the item
-        return FormatError(f"item of {length} bytes holds a term of {used - start}: damaged inside", str(path), used)
+        return FormatError(f"item of {plural(length, 'byte')} holds a term of {used - start}: damaged inside",
+                           str(path), used)
     return term
 
 
-def disk_log_walk_reference(data, lenient: bool, path: Path = Path("-")) -> LogItems:
-    """``disk_log_walk`` in Python, the specification the core is tested against: strictly as
-    ``read_disk_log``, or as OTP's ``disk_log_1:handle_chunk_ro`` reads for ``ets:file2tab``
-    (a byte at a time past anything that is not an item header, an item whose md5 fails
-    skipped, an undecodable one lost, the walk ended at a torn last item)."""
-    import hashlib
-
+def disk_log_walk_reference(data, path: Path = Path("-")) -> LogItems:
+    """``disk_log_walk`` in Python, the specification the core is tested against (as
+    ``read_disk_log``)."""
     offsets, terms, error, md5_items = [], [], None, False
     o, end = c_disklog.HEADER_SIZE, len(data)
     if data[:4] == c_disklog.FILE_MAGIC:
         while o < end:
             if o + 8 > end:
-                if not lenient:
-                    error = _stop_error(data, 1, o, path)
+                error = _stop_error(data, 1, o, path)
                 break
             length, magic = _ITEM_HEAD(data, o)
             if magic != c_disklog.ITEM_MAGIC:
-                if lenient:
-                    o += 1
-                    continue
                 error = _stop_error(data, 2, o + 4, path)
                 break
             start = o + 8
             if length >= c_disklog.MIN_MD5_TERM:
                 md5_items = True
-                if lenient:
-                    if start + 16 > end:
-                        break
-                    if data[start:start + 16] != hashlib.md5(data[o:o + 4]).digest():
-                        o = start + 17
-                        continue
                 start += 16
             if start + length > end:
-                if not lenient:
-                    error = _stop_error(data, 3, o, path)
+                error = _stop_error(data, 3, o, path)
                 break
-            term = _item_term(data, start, length, lenient, path)
+            term = _item_term(data, start, length, path)
             if isinstance(term, FormatError):
-                if not lenient:
-                    error = term
-                    break
-            else:
-                offsets.append(o)
-                terms.append(term)
+                error = term
+                break
+            offsets.append(o)
+            terms.append(term)
             o = start + length
     rows = [(k, r) for k, r in ((k, _location_row(t)) for k, t in enumerate(terms)) if r is not None]
     out = np.zeros(len(rows), LOCATION)
@@ -310,6 +290,187 @@ def disk_log_walk_reference(data, lenient: bool, path: Path = Path("-")) -> LogI
 
 def _is_end(item) -> bool:
     return isinstance(item, list) and bool(item) and item[0] == "$end_of_table"
+
+
+# -- what ets:file2tab/1 loads -----------------------------------------------------------------------
+
+
+#: ``file2tab_load``: OTP's file2tab raises (ets:insert of an object that is no tuple of two
+#: elements or more, e.g. a term cut to ``{}`` by zeroed bytes; a table info ets:new or
+#: create_tab refuses with an exception): the message store's init crashes, the vhost does not start
+RAISES = type("File2tabRaises", (), {"__repr__": lambda self: "RAISES"})()
+
+
+def file2tab_objects(path: Path) -> list | None:
+    """The objects ``ets:file2tab/1`` loads from an ``ets:tab2file`` dump, as the broker calls it
+    (rabbit_msg_store index_recover / recover_file_summary: no ``verify``); None when file2tab
+    returns an error (the store then rebuilds its index from the files), ``RAISES`` when it
+    raises. ``file2tab_load`` says how; it is checked against OTP 25, 27 and 29's own file2tab
+    on thousands of damaged dumps (tests/test_recovery_state_brokers.py). A read decodes a dump
+    once (``read_ets_dump``, ``TermFiles``): ``EtsDump.file2tab`` and ``EtsDump.locations``
+    give the same without reading it again, the latter without a Python object per record."""
+    return read_ets_dump(path).file2tab()
+
+
+def file2tab_load(data: bytes) -> list | None:
+    """``ets:file2tab/1`` without ``verify`` on the bytes of a dump (OTP lib/stdlib/src/ets.erl
+    file2tab/2, load_table/3; lib/kernel/src/disk_log.erl chunk/3, ichunk_end; disk_log_1.erl
+    chunk_read_only, handle_chunk_ro; the same in OTP 25 to 29). The log is opened read-only
+    (its header must be a disk_log's, closed or not). The table info is the first chunk of one
+    item: a tuple with the 6 mandatory keys whose values ``ets:new`` accepts, else ``badfile``
+    (None). Then chunks of up to 100 items, each read from a 64 KiB buffer: an item header
+    whose magic is wrong is skipped a byte at a time, and every byte skipped counts against the
+    100; an item of 65528 bytes and more with a wrong md5 is skipped with 17 bytes more; an item
+    cut by the end of the file ends the chunk. A chunk's items are decoded in order: at the first
+    one ``binary_to_term`` refuses, the chunk ends with the ones before it, and the next chunk
+    starts at the end of the 64 KiB buffer minus the bytes of the items after it (wherever that
+    falls, as OTP computes it). Loading stops at the first chunk that yields no object: a chunk
+    that begins with a bad item, with more than 100 bytes to skip, or at a cut item, ends the
+    table there. ``RAISES`` where file2tab raises instead (an object ets:insert refuses, a
+    table info create_tab cannot take apart). (A header of the md5 size cut within its first 17
+    bytes at the end of the file makes OTP read the same bytes forever; taken as the table ending
+    there.) ``EtsDump`` takes a whole dump's objects from its strict walk (``loads_whole``),
+    which this gives too (tests/test_store_crash.py)."""
+    import hashlib
+
+    head = c_disklog.HEADER_SIZE
+    if len(data) < head or data[:4] != c_disklog.FILE_MAGIC or data[4:8] not in (c_disklog.CLOSED,
+                                                                                 c_disklog.OPENED):
+        return None
+    body = memoryview(data)[head:]
+    item_head, big, old = c_disklog.ITEM_HEAD, c_disklog.ITEM_MAGIC, c_disklog.OLD_ITEM_MAGIC
+    min_md5, max_chunk = c_disklog.MIN_MD5_TERM, c_disklog.MAX_CHUNK_SIZE
+
+    def handle(buf, pos: int, n: int):
+        """disk_log_1:handle_chunk_ro: ((next pos, leftover buffer or bytes to read), item
+        binaries, bad bytes); ``pos``: the file position just after ``buf``."""
+        i, items, bad, end = 0, [], 0, len(buf)
+        while True:
+            rem = end - i
+            if n == 0 and rem >= head:
+                return (pos, buf[i:]), items, bad
+            if rem < head:
+                return (pos - rem, None), items, bad
+            size, magic = item_head.unpack_from(buf, i)
+            if magic == big and size < min_md5 or magic == old:
+                if rem - head >= size:
+                    items.append(buf[i + head:i + head + size])
+                    i, n = i + head + size, n - 1
+                    continue
+                return (pos - rem, size + head), items, bad
+            if magic == big:
+                good = bytes(buf[i + head:i + head + 16]) == hashlib.md5(bytes(buf[i:i + 4])).digest()
+                if good and rem == head + 16 + size:
+                    return (pos, None), items + [buf[i + head + 16:]], bad
+                if good:  # read again from its header, exactly its size (always more than 64 KiB)
+                    return (pos - rem, size + head + 16), items, bad
+                if rem - head >= 17:
+                    i, n, bad = i + head + 17, n - 1, bad + 1
+                    continue
+                return (pos - rem, None), items, bad
+            i, n, bad = i + 1, n - 1, bad + 1
+
+    def chunk(pos: int, more, n: int):
+        """disk_log:chunk(Log, Cont, N) in read-only mode: (continuation, terms) or None (eof)."""
+        seen = set()
+        while True:  # disk_log_1:do_chunk_read_only / do_handle_chunk_ro
+            if isinstance(more, memoryview):
+                r = handle(more, pos, n)
+            else:
+                if pos >= len(body):
+                    return None
+                buf = body[pos:pos + (max_chunk if more is None else max(more, max_chunk))]
+                if len(buf) < head or more is not None and len(buf) < more:
+                    return (pos + len(buf), None), []  # cut short: bad bytes, no item
+                r = handle(buf, pos + len(buf), n)
+            (pos, more), items, bad = r
+            if items or bad:
+                break
+            key = (pos, more if not isinstance(more, memoryview) else len(more))
+            if key in seen:  # OTP would read the same bytes forever
+                return (pos, None), []
+            seen.add(key)
+        terms = []
+        for k, raw in enumerate(items):  # disk_log:ichunk_end / ichunk_bad_end (read_only)
+            try:
+                terms.append(etf.decode(raw)[0])
+            except etf.EtfError:
+                return (pos - sum(len(b) + head for b in items[k + 1:]), None), terms
+        return (pos, more), terms
+
+    first = chunk(0, None, 1)  # ets get_header_data: the table info
+    if first is None or len(first[1]) != 1:
+        return None
+    info = _table_info(first[1][0])
+    if not isinstance(info, int):
+        return info
+    cont, out = first[0], []
+    while True:  # ets load_table: until a chunk yields nothing
+        got = chunk(cont[0], cont[1], 100)
+        if got is None or not got[1]:
+            break
+        cont, terms = got
+        last = terms[-1]  # scan_for_endinfo: the end marker only as a chunk's last item
+        if _file2tab_end(last):
+            terms = terms[:-1]
+        if any(not isinstance(t, tuple) or len(t) < info for t in terms):  # ets:insert raises
+            return RAISES
+        out += terms
+    return out
+
+
+def _file2tab_end(term) -> bool:
+    """ets scan_for_endinfo: the end marker file2tab drops (the last item of a chunk)."""
+    return isinstance(term, list) and len(term) == 2 and term[0] == "$end_of_table"
+
+
+def _table_info(info):
+    """ets get_header_data (no verify) and create_tab on the table info: its key position when
+    the tuple names the 6 mandatory keys (name, type, protection, named_table, keypos, size,
+    counted as 2-tuples) and ``ets:new`` accepts what they say; None (``badfile``,
+    ``cannot_create_table``) or ``RAISES`` (a ``lists:keyfind`` match that fails) otherwise."""
+    if not isinstance(info, tuple):
+        return None
+    mandatory = ("name", "type", "protection", "named_table", "keypos", "size")
+    if sum(1 for t in info if isinstance(t, tuple) and len(t) == 2 and t[0] in mandatory) != 6:
+        return None
+    got = {}
+    for t in info:  # lists:keyfind: the first tuple of each key
+        if isinstance(t, tuple) and t and isinstance(t[0], str):
+            got.setdefault(t[0], t)
+    if any(len(got.get(k, ())) != 2 for k in ("name", "type", "protection", "keypos", "size")) \
+            or got["named_table"][1:] not in (("true",), ("false",)) \
+            or "compressed" in got and got["compressed"][1:] not in (("true",), ("false",)):
+        return RAISES  # {Key, V} = lists:keyfind(...) or a case with no clause for it
+    got = {k: t[1] for k, t in got.items() if len(t) == 2}
+    keypos, absent = got.get("keypos"), object()
+    accepted = (isinstance(got.get("name"), etf.Atom)
+                and got.get("type") in ("set", "ordered_set", "bag", "duplicate_bag")
+                and got.get("protection") in ("public", "protected", "private")
+                and isinstance(keypos, int) and not isinstance(keypos, bool) and keypos >= 1
+                and got.get("write_concurrency", absent) in ("true", "false", "auto", absent)
+                and got.get("read_concurrency", absent) in ("true", "false", absent))
+    return keypos if accepted else None
+
+
+def loads_whole(status: bytes | None, items: LogItems) -> bool:
+    """Whether ``ets:file2tab`` loads exactly every object of a dump's strict walk (``items``),
+    as ``file2tab_load`` would find: a disk_log header closed or open; a walk that reaches the
+    end of the file without damage and meets no item long enough to carry an md5 (so none is
+    skipped, none fails ``binary_to_term``, every chunk is whole); a table info ``_table_info``
+    accepts; an end marker, if any, only as the last item (file2tab drops it as the last of the
+    last chunk); and every other item a tuple of at least the key position's elements (none
+    ets:insert refuses). An undamaged dump, the common case, so decided on its columns and its
+    few other items; any other dump is loaded by ``file2tab_load``."""
+    if status not in (c_disklog.CLOSED, c_disklog.OPENED) or items.error is not None or items.md5_items \
+            or not items.n or items.is_row(0):
+        return False
+    keypos = _table_info(items.terms[0])
+    if not isinstance(keypos, int) or items.n_rows and keypos > 6:  # a row is a tuple of 6
+        return False
+    last = items.n - 1
+    return all(isinstance(t, tuple) and len(t) >= keypos for k, t in items.terms.items()
+               if k != 0 and not (k == last and _file2tab_end(t)))
 
 
 @dataclass
@@ -326,17 +487,40 @@ class RecordedLocations:
         return len(self.rows) + len(self.others)
 
 
+def _locations_of(objects) -> RecordedLocations:
+    """``RecordedLocations`` of objects as Python terms (a damaged dump's)."""
+    rows, positions, others = [], [], []
+    for o in objects:
+        if not (isinstance(o, tuple) and len(o) == 6 and o[0] == "msg_location"):
+            continue
+        r = _location_row(o)
+        if r is None:
+            others.append((len(rows) + len(others), o[1], tuple(o[2:])))
+        else:
+            positions.append(len(rows) + len(others))
+            rows.append(r)
+    out = np.zeros(len(rows), LOCATION)
+    for j, r in enumerate(rows):
+        out[j] = r
+    return RecordedLocations(out, np.array(positions, np.int64), others)
+
+
+#: ``EtsDump.loaded`` of a dump ``loads_whole``: every object of its strict walk
+WHOLE = type("File2tabLoadsWhole", (), {"__repr__": lambda self: "WHOLE"})()
+
+
 @dataclass
 class EtsDump:
     """An ``ets:tab2file`` dump (``msg_store_index.ets``, ``file_summary.ets``), decoded once: its
-    items as a strict read finds them (``items``: what the file says, up to any damage) and as
-    ``ets:file2tab/1`` loads them for the broker (``loaded_items``: the same walk unless the
-    strict one stopped early or met an item carrying an md5, which file2tab checks)."""
+    items as a strict read finds them (``items``: what the file says, up to any damage), and
+    what ``ets:file2tab/1`` loads of it for the broker (``loaded``): ``WHOLE`` when that is
+    every object of the strict walk (``loads_whole``: an undamaged dump, whose records then
+    stay columns), else ``file2tab_load``'s answer (its objects, None or ``RAISES``)."""
 
     path: Path
     status: bytes | None  # the header's status word (None: no disk_log header)
     items: LogItems
-    loaded_items: LogItems
+    loaded: object  # WHOLE, or file2tab_load's list of objects, None or RAISES
     unreadable: FormatError | None = None  # the file could not be read (not a regular file, ...)
 
     @property
@@ -362,32 +546,27 @@ class EtsDump:
         counts = textfiles.proplist(end[1]) if len(end) > 1 else {}
         return self.items.error is None and counts.get("count", len(self.items) - 2) == len(self.items) - 2
 
-    def _object_items(self, loaded: bool) -> np.ndarray | None:
-        """The items that hold the table's objects: strictly every item after the table info
-        but a last end marker (``read_ets``); as file2tab loads them every item after the table
-        info but any end marker (None: file2tab fails, for want of a header or a table info
-        item: ``file2tab_objects``)."""
-        items = self.loaded_items if loaded else self.items
-        n = len(items)
-        if not loaded:
-            return np.arange(1, max(1, n - (self.end_marker() is not None)), dtype=np.int64)
-        if self.status is None or not n or not (items.is_row(0) or isinstance(items.terms[0], (list, tuple))):
-            return None
-        keep = np.ones(n, bool)
-        keep[[0] + [k for k, t in items.terms.items() if _is_end(t)]] = False
-        return np.flatnonzero(keep).astype(np.int64)
+    def _object_items(self) -> np.ndarray:
+        """The items that hold the table's objects strictly: every item after the table info but
+        a last end marker (``read_ets``)."""
+        n = len(self.items)
+        return np.arange(1, max(1, n - (self.end_marker() is not None)), dtype=np.int64)
+
+    def load_outcome(self):
+        """What ``ets:file2tab`` does with the dump, without building its objects: True when it
+        loads the table, None when it returns an error, ``RAISES`` when it raises."""
+        return True if self.loaded is WHOLE or isinstance(self.loaded, list) else self.loaded
 
     def loads(self) -> bool:
-        """Whether ``ets:file2tab`` loads the dump (a header and a table info item)."""
-        return self._object_items(True) is not None
+        """Whether ``ets:file2tab`` loads the dump (``load_outcome``)."""
+        return self.load_outcome() is True
 
-    def rows_are_records(self, loaded: bool = False) -> bool:
-        """Whether the walk's ``LOCATION`` rows are exactly the table's objects (no other object,
-        no row outside them): so in an undamaged store index, whose records can then be taken
-        from the rows alone (those a sink was handed, too)."""
-        items = self.loaded_items if loaded else self.items
-        ks = self._object_items(loaded)
-        return ks is not None and items.n_rows == len(ks) and not np.isin(ks, list(items.terms)).any()
+    def rows_are_records(self) -> bool:
+        """Whether the strict walk's ``LOCATION`` rows are exactly the table's objects (no other
+        object, no row outside them): so in an undamaged store index, whose records can then be
+        taken from the rows alone (those a sink was handed, too)."""
+        ks = self._object_items()
+        return self.items.n_rows == len(ks) and not np.isin(ks, list(self.items.terms)).any()
 
     def _objects_of(self, items: LogItems, ks: np.ndarray):
         """(item, object) of the objects items ``ks`` hold (an item is one object, or a list of them)."""
@@ -396,70 +575,51 @@ class EtsDump:
             for o in (t if isinstance(t, list) else [t]):
                 yield k, o
 
-    def objects(self, loaded: bool = False) -> list | None:
-        """Every object, as Python terms (for small dumps; ``locations`` for a store's index)."""
-        ks = self._object_items(loaded)
-        if ks is None:
-            return None
-        return [o for _, o in self._objects_of(self.loaded_items if loaded else self.items, ks)]
+    def objects(self) -> list:
+        """Every object the strict walk finds, as Python terms (for small dumps; ``locations``
+        for a store's index)."""
+        return [o for _, o in self._objects_of(self.items, self._object_items())]
 
-    def other_objects(self, loaded: bool = False):
-        """The objects that are not ``LOCATION`` rows, in order (none in an undamaged index)."""
-        items = self.loaded_items if loaded else self.items
-        ks = self._object_items(loaded)
-        if ks is not None and items.terms:
-            yield from (o for _, o in self._objects_of(items, ks[np.isin(ks, list(items.terms))]))
+    def file2tab(self) -> list | None:
+        """What ``ets:file2tab`` loads (``file2tab_load``): its objects as Python terms, None or
+        ``RAISES`` (for small dumps; ``locations`` for a store's index)."""
+        return self.objects() if self.loaded is WHOLE else self.loaded
 
     def locations(self, loaded: bool = False) -> RecordedLocations | None:
         """The dump's ``#msg_location{}`` records (``RecordedLocations``): strictly, or as
-        file2tab loads them (None: it fails). Needs the rows kept (no sink)."""
-        ks = self._object_items(loaded)
-        if ks is None:
-            return None
-        items = self.loaded_items if loaded else self.items
-        if self.rows_are_records(loaded):  # no Python object per record
-            return RecordedLocations(items.rows, np.arange(len(ks), dtype=np.int64), [])
-        rows, positions, others = [], [], []
-        for k, o in self._objects_of(items, ks):
-            if not (isinstance(o, tuple) and len(o) == 6 and o[0] == "msg_location"):
-                continue
-            r = _location_row(o)
-            if r is None:
-                others.append((len(rows) + len(others), o[1], tuple(o[2:])))
-            else:
-                positions.append(len(rows) + len(others))
-                rows.append(r)
-        out = np.zeros(len(rows), LOCATION)
-        for j, r in enumerate(rows):
-            out[j] = r
-        return RecordedLocations(out, np.array(positions, np.int64), others)
+        file2tab loads them (``loaded``; None when it fails or raises). A whole dump's
+        (``loads_whole``) are the strict walk's, columns without a Python object per record
+        when its rows are its records. Needs the rows kept (no sink)."""
+        if loaded and self.loaded is not WHOLE:
+            return _locations_of(self.loaded) if isinstance(self.loaded, list) else None
+        ks = self._object_items()
+        if self.rows_are_records():  # no Python object per record
+            return RecordedLocations(self.items.rows, np.arange(len(ks), dtype=np.int64), [])
+        return _locations_of(o for _, o in self._objects_of(self.items, ks))
 
 
 def read_ets_dump(path: Path, sink=None) -> EtsDump:
-    """An ets dump decoded once (``EtsDump``): the strict walk, and file2tab's when it differs.
-    ``sink``: called with the ``LOCATION`` rows, ``(rows, items)`` a run at a time as they are
-    decoded, which are then not kept (``items.rows`` is None): so when they are exactly the
-    dump's records both ways (``rows_are_records``, an undamaged index); otherwise (damage) the
+    """An ets dump decoded once (``EtsDump``): the strict walk, and ``file2tab_load`` when
+    file2tab does not load exactly the walk's objects (``loads_whole``). ``sink``: called with
+    the ``LOCATION`` rows, ``(rows, items)`` a run at a time as they are decoded, which are then
+    not kept (``items.rows`` is None): so when they are exactly the dump's records both ways
+    (``rows_are_records`` of a dump ``loads_whole``, an undamaged index); otherwise (damage) the
     rows are kept after all (the file is walked again) and the caller drops what its sink was
-    handed. A file that cannot be read has no items."""
+    handed. A file that cannot be read has no items, and file2tab does not load it."""
     try:
         data = map_file(path)
     except FormatError as e:  # NotRegularFile, unreadable: never read
         none = LogItems(0, {}, 0, np.zeros(0, LOCATION), np.zeros(0, np.int64), {}, e)
-        return EtsDump(path, None, none, none, e)
+        return EtsDump(path, None, none, None, e)
     try:
         status = bytes(data[4:8]) if data[:4] == c_disklog.FILE_MAGIC else None
-        items = disk_log_walk(data, False, path, sink)
+        items = disk_log_walk(data, path, sink)
         if status is None:
             items.error = FormatError("not a disk_log file", str(path), 0)
-        same = status is not None and items.error is None and not items.md5_items
-        # file2tab finds exactly the strict walk's items when it has no damage (none skipped, none
-        # whose md5 fails)
-        dump = EtsDump(path, status, items, items if same else disk_log_walk(data, True, path))
-        if items.rows is None and not (same and dump.rows_are_records()):
-            dump.items = disk_log_walk(data, False, path)
-            if same:
-                dump.loaded_items = dump.items
+        whole = loads_whole(status, items)
+        dump = EtsDump(path, status, items, WHOLE if whole else file2tab_load(bytes(data)))
+        if items.rows is None and not (whole and dump.rows_are_records()):
+            dump.items = disk_log_walk(data, path)
             if status is None:
                 dump.items.error = items.error
         return dump
@@ -684,12 +844,12 @@ def _dets_ends(path: Path, data) -> list[Finding]:
     torn or duplicated)."""
     size = len(data)
     if size < 40:
-        return [_damaged(f"a DETS table of {size} bytes: shorter than its header", path, 0, size=size)]
+        return [_damaged(f"a DETS table of {plural(size, 'byte')}: shorter than its header", path, 0, size=size)]
     fl, cookie, closed, _, version = DETS_HEADER.unpack_from(data, 0)
     if cookie != DETS_COOKIE or version != DETS_VERSION:
         return [_damaged(f"no DETS v9 header (cookie {cookie:#x}, version {version})", path, 4)]
     if fl > size:  # open or closed, the pointer never lies past the end (checked on every sample)
-        return [_damaged(f"the header's free-list pointer {fl} lies past the end of the file ({size} bytes): "
+        return [_damaged(f"the header's free-list pointer {fl} lies past the end of the file ({plural(size, 'byte')}): "
                          "the table is torn", path, 0, free_list_pointer=fl, size=size)]
     if closed != 1:
         return []  # not closed properly: OTP repairs it when it opens it (the state after kill -9)
@@ -699,7 +859,7 @@ def _dets_ends(path: Path, data) -> list[Finding]:
     o = fl
     for _ in range(DETS_MAX_FREE_BLOCKS):
         if o + 12 > size:
-            return [_damaged(f"the file ends inside its free lists at {o} ({size} bytes): the table is torn",
+            return [_damaged(f"the file ends inside its free lists at {o} ({plural(size, 'byte')}): the table is torn",
                              path, o, size=size)]
         block, magic, word = struct.unpack_from(">III", data, o)
         if magic != DETS_FREELIST_MAGIC or block < 8:
@@ -713,7 +873,7 @@ def _dets_ends(path: Path, data) -> list[Finding]:
         return []  # more free-list blocks than any table has: a hostile chain, not followed further
     out = []
     if end < size:
-        out.append(_damaged(f"{size - end} bytes after the end of the table's free lists: junk appended or "
+        out.append(_damaged(f"{plural(size - end, 'byte')} after the end of the table's free lists: junk appended or "
                             "a torn rewrite", path, end, extra_bytes=size - end))
     elif end > size:
         out.append(_damaged("the file ends inside its last free-list block: the table is torn", path, size - 4))
@@ -723,7 +883,7 @@ def _dets_ends(path: Path, data) -> list[Finding]:
     for off, _ in _dets_objects(data, fl, extents):  # counted, not kept
         found, last = found + 1, off
     if found != objects:
-        out.append(_damaged(f"the header records {objects} objects, {found} are found: an object is "
+        out.append(_damaged(f"the header records {plural(objects, 'object')}, {found} are found: an object is "
                             f"{'missing or torn' if found < objects else 'extra (copied or injected)'}",
                             path, last if found > objects else 32, recorded=objects, found=found))
     return out
@@ -807,6 +967,13 @@ def _log_header_problem(item, kind: str) -> str | None:
 ETS_RECORDS = {"file_summary.ets": "file_summary", "msg_store_index.ets": "msg_location"}
 #: the table each dump is of (its table-info item's ``name``; rabbit_msg_store, every version)
 ETS_NAMES = {"file_summary.ets": "rabbit_msg_store_file_summary", "msg_store_index.ets": "rabbit_msg_store_ets_index"}
+#: the options of each dump's table, as its table-info item records them (ets:tab2file of the
+#: table rabbit_msg_store makes: ets:new with these options; the same on every sample, OTP 25 to
+#: 27, 3.10.8 to 4.3.6); ``id``, ``owner`` and ``memory`` are the run's own
+ETS_INFO = {"decentralized_counters": "false", "read_concurrency": "false", "write_concurrency": "false",
+            "compressed": "false", "named_table": "false", "heir": "none", "keypos": 2, "protection": "public",
+            "major_version": 1, "minor_version": 0, "extended_info": ["object_count"]}
+ETS_TYPES = {"file_summary.ets": "ordered_set", "msg_store_index.ets": "set"}
 
 
 def file_summary_records(path: Path, dump: EtsDump | None = None) -> dict[int, tuple]:
@@ -816,19 +983,6 @@ def file_summary_records(path: Path, dump: EtsDump | None = None) -> dict[int, t
     dump = read_ets_dump(path) if dump is None else dump
     return {o[1]: (o[2], o[5]) for o in dump.objects()
             if isinstance(o, tuple) and len(o) >= 6 and isinstance(o[1], int) and isinstance(o[5], int)}
-
-
-def file2tab_objects(path: Path) -> list | None:
-    """The objects ``ets:file2tab/1`` loads from an ``ets:tab2file`` dump, as the broker calls it
-    (rabbit_msg_store index_recover / recover_file_summary: no ``verify``): OTP opens the
-    disk_log read-only and reads it with ``disk_log_1:handle_chunk_ro``, which skips a byte at a
-    time past anything that is not an item header, drops an item whose md5 (items of 65528 bytes
-    and more) fails, and ends the table at a torn last item; the end marker's object count is
-    not checked. An item whose term does not decode is left out. None when file2tab fails: no
-    log header, or no table-info item. (Checked against OTP 25's file2tab on flipped and
-    truncated dumps, and against 3.10.8 and 4.3.6 boots, tests/test_recovery_state_brokers.py.)
-    ``EtsDump.locations(loaded=True)`` gives a store index's records without a Python object each."""
-    return read_ets_dump(path).objects(loaded=True)
 
 
 def ets_findings(path: Path, dump: EtsDump | None = None) -> list[Finding]:
@@ -854,7 +1008,7 @@ def ets_findings(path: Path, dump: EtsDump | None = None) -> list[Finding]:
     if dump.end_marker() is None:
         marker = next((k for k in sorted(log.terms) if k >= 1 and _is_end(log.terms[k])), None)
         if marker is not None:  # items after the end marker: appended (ets:file2tab rejects the file)
-            out.append(_damaged(f"{n - marker - 1} items after the '$end_of_table' marker: extra items",
+            out.append(_damaged(f"{plural(n - marker - 1, 'item')} after the '$end_of_table' marker: extra items",
                                 path, log.offsets[marker + 1], extra_items=n - marker - 1))
         else:
             out.append(_damaged("no '$end_of_table' marker: the dump is torn (the broker rebuilds from the files)",
@@ -867,10 +1021,15 @@ def ets_findings(path: Path, dump: EtsDump | None = None) -> list[Finding]:
         out.append(_damaged(f"its table info names table {name}, not {ETS_NAMES[path.name]}: another table's dump, "
                             "or a damaged one", path, log.offsets.get(0, 0),
                             expected=ETS_NAMES[path.name], found=str(name)))
+    ks = dump._object_items()
+    odd = np.isin(ks, list(log.terms))
+    objects = int((~odd).sum()) + sum(len(t) if isinstance(t, list) else 1
+                                      for t in (log.terms[k] for k in ks[odd].tolist()))
+    if path.name in ETS_TYPES:
+        out += _ets_info_findings(path, info, objects, log.offsets.get(0, 0))
     tag = ETS_RECORDS.get(path.name)
-    ks = dump._object_items(False)
     if tag is not None:
-        other = next(((k, o) for k, o in dump._objects_of(log, ks[np.isin(ks, list(log.terms))])
+        other = next(((k, o) for k, o in dump._objects_of(log, ks[odd])
                       if not (isinstance(o, tuple) and o and o[0] == tag)), None)
         first_row = next((k for k in ks.tolist() if log.is_row(k)), None) if tag != "msg_location" else None
         if first_row is not None and (other is None or first_row < other[0]):
@@ -883,61 +1042,180 @@ def ets_findings(path: Path, dump: EtsDump | None = None) -> list[Finding]:
     if not dump.complete:
         end = dump.end_marker()
         counts = textfiles.proplist(end[1]) if len(end) > 1 else {}
-        odd = np.isin(ks, list(log.terms))
-        objects = int((~odd).sum()) + sum(len(t) if isinstance(t, list) else 1
-                                          for t in (log.terms[k] for k in ks[odd].tolist()))
         out.append(_damaged(f"the end marker records {counts.get('count')} objects, {objects} are "
                             "found: an item is missing or extra", path, log.offsets[n - 1],
                             recorded=counts.get("count"), found=objects))
     return out
 
 
+def _ets_info_findings(path: Path, info: tuple, objects: int, offset: int) -> list[Finding]:
+    """The table-info item of a rabbit_msg_store dump against the table the broker makes: its
+    options (``ETS_INFO``, ``ETS_TYPES``), its ``size`` (the objects it holds, dumped after it),
+    its ``node`` and the node of its ``id`` and ``owner`` (this node, whose dir it is in). The
+    dump has no checksum: a flipped bit in the item shows here, or in nothing (a digit of the
+    table's id, its owner's pid or its memory)."""
+    got = {str(kv[0]): kv[1] for kv in info if isinstance(kv, tuple) and len(kv) == 2}
+    want = {**ETS_INFO, "type": ETS_TYPES[path.name], "size": objects}
+    problems = [f"{k} is {str(got.get(k))[:40]}, not {v}" for k, v in want.items() if got.get(k) != v]
+    # the node it names three times (its own, its table's id, its owner's pid) is one node (a node
+    # dir may be renamed in a backup, so not compared with the dir's name)
+    node = got.get("node")
+    for k in ("id", "owner"):
+        v = got.get(k)
+        if isinstance(node, etf.Atom) and isinstance(v, etf.Opaque) and etf.opaque_node(v) not in (None, str(node)):
+            problems.append(f"its {k} names node {etf.opaque_node(v)[:40]}, its node is {str(node)[:40]}")
+    unknown = sorted(set(got) - set(want) - {"id", "owner", "memory", "node", "name"})
+    if unknown:
+        problems.append(f"keys tab2file does not write: {', '.join(k[:30] for k in unknown[:4])}")
+    if not problems:
+        return []
+    return [_damaged(f"its table info is not the broker's table: {'; '.join(problems[:4])} (a flipped bit: the "
+                     "dump has no checksum; ets:file2tab makes the table with what it says)", path, offset,
+                     problems=problems[:8])]
+
+
 #: Ra WAL (ra_log_wal.erl, checked on every sample): "RAWA", version 1, then records
 #: ``<<Trunc:1, Known:1, IdRef:22, [IdLen:16, UId]?, Adler32:32, Len:32, Idx:64, Term:64, Data:Len>>``
 #: (the UId only where ``Known`` is 0); the checksum is adler32 of ``<<Idx, Term, Data>>``
 RA_WAL_MAGIC = b"RAWA"
+RA_WAL_VERSION = 1  # ra_log_wal ?CURRENT_VERSION: open_existing exits on any other
 
 
 def wal_findings(path: Path, data=None) -> list[Finding]:
-    """``term-file-damaged`` for a Ra write-ahead log (Khepri's metadata, quorum queues): the
-    first record that is torn (runs past the end), fails its checksum, or is no record (junk);
-    Ra's recovery stops there and loses what follows."""
+    """``term-file-damaged`` for a Ra write-ahead log (Khepri's metadata, quorum queues): a
+    version Ra does not read (it exits: the Ra system, so the metadata store, does not start);
+    the first record that is torn (runs past the end), fails its checksum, or is no record
+    (junk): Ra's recovery stops there and loses what follows; and a record of a writer no
+    earlier record of the file introduces (``Known`` set, its ``IdRef`` never seen with a UId):
+    ra_log_wal recover_records takes it for a deleted server's and skips it, losing its entry.
+    The adler32 covers a record's index, term and data, not its header: a flipped bit there
+    shows only as such a writer."""
+    return _wal(path, data)[0]
+
+
+def wal_uids(path: Path, data=None) -> list[tuple[int, bytes]]:
+    """(offset, UId) of each writer a Ra WAL introduces (its ``Known`` = 0 records)."""
+    return _wal(path, data)[1]
+
+
+def _wal(path: Path, data=None) -> tuple[list[Finding], list[tuple[int, bytes]]]:
     import zlib
 
     data = map_file(path) if data is None else data
     size = len(data)
+    uids: list[tuple[int, bytes]] = []
     if size == 0:
-        return []
+        return [], uids
     if data[:4] != RA_WAL_MAGIC:
-        return [_damaged(f"no Ra WAL header (starts {bytes(data[:5]).hex()})", path, 0)]
+        return [_damaged(f"no Ra WAL header (starts {bytes(data[:5]).hex()})", path, 0)], uids
+    if size < 5 or data[4] != RA_WAL_VERSION:
+        got = data[4] if size > 4 else None
+        return [_damaged(f"Ra WAL format version {got}, not {RA_WAL_VERSION}: Ra refuses the file "
+                         "(exit unknown_wal_file_format), so its Ra system does not start", path, 4,
+                         version=got)], uids
     o, n = 5, 0
+    refs: set[int] = set()
+    out: list[Finding] = []
     while o < size:
         if size - o < 3 + 24:
             if any(data[o:size]):
-                return [_damaged(f"the WAL ends inside a record header ({size - o} bytes): torn", path, o,
-                                 records=n)]
+                return out + [_damaged(f"the WAL ends inside a record header ({plural(size - o, 'byte')}): torn", path,
+                                       o, records=n)], uids
             break
         h = int.from_bytes(data[o:o + 3], "big")
         p = o + 3
-        if not h >> 22 & 1:
+        known = h >> 22 & 1
+        ref = h & 0x3FFFFF
+        if not known:
             if h == 0 and not any(data[o:o + 32]):
                 if any(data[o:min(size, o + (1 << 20))]):
-                    return [_damaged("bytes after the zero-filled end of the WAL: junk", path, o, records=n)]
+                    return out + [_damaged("bytes after the zero-filled end of the WAL: junk", path, o,
+                                           records=n)], uids
                 break
             uid_len = int.from_bytes(data[p:p + 2], "big")
+            uids.append((o, bytes(data[p + 2:p + 2 + uid_len])))
+            refs.add(ref)
             p += 2 + uid_len
         if p + 24 > size:
-            return [_damaged("the WAL ends inside a record header: torn", path, o, records=n)]
+            return out + [_damaged("the WAL ends inside a record header: torn", path, o, records=n)], uids
         check, length = struct.unpack_from(">II", data, p)
         if p + 24 + length > size:
-            return [_damaged(f"a record of {length} bytes runs past the end of the WAL: torn (or junk)", path, o,
-                             records=n)]
+            return out + [_damaged(f"a record of {plural(length, 'byte')} runs past the end of the WAL: torn (or junk)",
+                                   path, o, records=n)], uids
         if zlib.adler32(data[p + 8:p + 24 + length]) != check:
-            return [_damaged("a record fails its checksum: damaged, or junk after the last record", path, o,
-                             records=n)]
+            return out + [_damaged("a record fails its checksum: damaged, or junk after the last record", path, o,
+                                   records=n)], uids
+        if known and ref not in refs and len(out) < 16:
+            out.append(_damaged(f"a record of writer ref {ref}, which no earlier record of this WAL introduces: Ra "
+                                "takes it for a deleted server's and skips it, so its entry is lost (its header "
+                                "damaged: the checksum does not cover it)", path, o, writer_ref=ref))
         n += 1
         o = p + 24 + length
-    return []
+    return out, uids
+
+
+#: the keys a Ra server config holds (ra_server.erl ``ra_server_config()``, Ra 2.x to 3.1; and
+#: ``machine_config``, which the Khepri of RabbitMQ 4.x writes too: every sample)
+RA_CONFIG_KEYS = frozenset({
+    "id", "uid", "cluster_name", "log_init_args", "initial_members", "machine", "initial_machine_version",
+    "friendly_name", "metrics_key", "metrics_labels", "broadcast_time", "tick_timeout", "install_snap_rpc_timeout",
+    "await_condition_timeout", "max_pipeline_count", "ra_event_formatter", "counter", "membership", "system_config",
+    "has_changed", "parent", "min_recovery_checkpoint_interval", "machine_config"})
+
+
+def ra_config_findings(path: Path) -> list[Finding]:
+    """``term-file-damaged`` for a Ra server's ``config`` (ra_log:write_config writes its config
+    map as ``~p.``; ra_server_sup_sup:recover_config reads it back at every restart): NUL
+    bytes, terms ``file:consult`` cannot read, not one map, or a map whose ``uid`` (and
+    ``log_init_args``' uid) is not its data dir's name (Ra restarts the server with that UId: its
+    log in another, empty, dir), whose ``id`` is no server id or not its Khepri machine's
+    ``member``; and (info) keys no Ra writes."""
+    raw = read_bytes(path)
+    hit = textfiles.text_damage(raw, "ra-config")
+    if hit is not None:
+        return [_damaged(f"Ra server config: {hit[0]}", path, hit[1])]
+    cfg = textfiles.consult(raw)[0]
+    uid = os.fsencode(path.parent.name)
+    problems = []
+    for where, value in (("uid", cfg.get("uid")), ("log_init_args uid", (cfg.get("log_init_args") or {}).get("uid")
+                                                     if isinstance(cfg.get("log_init_args"), dict) else None)):
+        if value != uid:
+            problems.append(f"its {where} is {value!r:.60}, not its data dir's name {uid.decode('utf-8', 'replace')}: "
+                            "Ra restarts the server on another (empty) data dir")
+    ident = cfg.get("id")
+    if not (isinstance(ident, tuple) and len(ident) == 2 and isinstance(ident[1], etf.Atom)):
+        problems.append(f"its id {str(ident)[:80]} is no {{Name, Node}} server id")
+    else:  # Khepri's machine config names its member: the same server
+        machine = cfg.get("machine")
+        member = machine[2].get("member") if isinstance(machine, tuple) and len(machine) == 3 \
+            and isinstance(machine[2], dict) else None
+        if member is not None and member != ident:
+            problems.append(f"its id {str(ident)[:60]} is not its machine's member {str(member)[:60]}")
+    out = [_damaged(f"Ra server config: {p}", path, None) for p in problems]
+    unknown = sorted(str(k) for k in cfg if str(k) not in RA_CONFIG_KEYS)
+    if unknown:  # Ra ignores a key it does not know (and falls back to the default of the one it lost)
+        keys = ", ".join(k[:40] for k in unknown[:4])
+        out.append(Finding("term-file-damaged", f"Ra server config: keys no Ra writes ({keys}): a flipped bit in a "
+                           "key's name (Ra then uses that setting's default), or a Ra newer than those known here",
+                           str(path), None, severity="info",
+                           details={"unknown_keys": unknown[:16]}))
+    return out
+
+
+def writers_snapshot_findings(path: Path) -> list[Finding]:
+    """``term-file-damaged`` (info) for a Ra WAL's ``writers.snapshot`` that is not the term
+    ra_log_wal persist_writers writes (``term_to_binary`` of a map): recover_writers then warns
+    and starts with no writers (the sequence numbers it checks writes against are lost)."""
+    raw = read_bytes(path)
+    try:
+        term, end = etf.decode(raw)
+        bad = None if isinstance(term, dict) and end == len(raw) else "not one map"
+    except etf.EtfError as e:
+        bad = f"not a term ({e.message})"
+    if bad is None:
+        return []
+    return [Finding("term-file-damaged", f"writers.snapshot is {bad}: Ra warns and starts its WAL with no writers",
+                    str(path), 0, severity="info")]
 
 
 def recovery_terms(path: Path) -> dict[str, dict]:
@@ -989,7 +1267,7 @@ def text_findings(path: Path, shape: str, node: str | None = None) -> list[Findi
     if raw is None:
         return []
     if len(raw) > TEXT_LIMIT:
-        return [_damaged(f"{path.name}: larger than {TEXT_LIMIT} bytes, which no writer of it writes",
+        return [_damaged(f"{path.name}: larger than {plural(TEXT_LIMIT, 'byte')}, which no writer of it writes",
                          path, TEXT_LIMIT)]
     hit = textfiles.text_damage(raw, shape, node)
     return [] if hit is None else [_damaged(f"{path.name}: {hit[0]}", path, hit[1])]

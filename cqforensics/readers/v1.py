@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cqforensics.errors import plural
 from cqforensics.findings import Finding
 from cqforensics.schema import TS, fits
 from cqforensics.grammar import idx as c_idx
@@ -87,6 +88,14 @@ def parse_segment(path: Path, number: int, count: int, data: bytes, out: V1Index
             break
         (head,) = _HEAD(data, o)
         rel = head & 0x3FFF
+        if rel >= count and head & 0xC000:
+            # QI1 segment_new: a fixed array of segment_entry_count entries; array:set past it
+            # fails (badarg), so the queue's recovery crashes on this record
+            out.findings.append(Finding("v1-segment-truncated", f"record for RelSeq {rel}, past the vhost's segment "
+                                        f"entry count {count} (its .config): the broker's segment array has {count} "
+                                        "entries, so loading this segment crashes the queue", str(path), o,
+                                        details={"seq_id": base + rel, "rel_seq": rel, "segment_entry_count": count},
+                                        crashes_queue=True))
         if head & 0x8000:  # publish
             if o + c_idx.PUB_HEAD_SIZE > end:
                 _crash(out, "v1-segment-truncated", path, o, "segment ends inside a publish record")
@@ -137,7 +146,7 @@ def parse_journal(path: Path, count: int, data: bytes, out: V1Index) -> dict[int
     o = 0
     while o < end:
         if o + 8 > end:
-            out.findings.append(Finding("v1-journal-torn", f"journal ends inside a record ({end - o} bytes)",
+            out.findings.append(Finding("v1-journal-torn", f"journal ends inside a record ({plural(end - o, 'byte')})",
                                         str(path), o))
             break
         (word,) = _JHEAD(data, o)

@@ -11,12 +11,14 @@ threshold) and a deliver record for a delivered message.
 from __future__ import annotations
 
 import json
+import struct
 import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from cqforensics import amqp091, etf, message
+from cqforensics.errors import FormatError
 from cqforensics.grammar import idx as c_idx
 from cqforensics.grammar import qi as c_qi
 from cqforensics.grammar import qs as c_qs
@@ -299,3 +301,16 @@ def retarget_term(model: BrokerModel, raw, vhost: bytes, msg_id: bytes | None = 
     rks = [k for k in rks if isinstance(k, bytes)] if isinstance(rks, list) else []
     mid = m["msg_id"] if m["msg_id"] is not None else msg_id
     return stored_term(model, mid, vhost, exchange, rks, props, props_bin, m["body"])
+
+
+def retarget_or_damage(model: BrokerModel, raw, vhost: bytes, msg_id: bytes | None = None) -> bytes:
+    """``retarget_term``, with a message whose values its target's encoding cannot hold (a
+    decoded ``'P_basic'`` priority of 2^40, a value of another kind) as a FormatError: it is
+    damage to quarantine, never a crash of the writer."""
+    try:
+        return retarget_term(model, raw, vhost, msg_id)
+    except FormatError:
+        raise
+    except (ValueError, TypeError, OverflowError, struct.error) as e:
+        raise FormatError(f"cannot be written as RabbitMQ {model} stores messages: {type(e).__name__}: "
+                          f"{str(e)[:120]}") from None

@@ -1,42 +1,20 @@
 """Never in place, never half done: every writer (compact, rebuild, the Spark writer) builds
-its output in a staging dir beside the destination (``Staging``) and moves it into place only
-once it is complete and verified.
-
-The staging dir is ``.<DST name>.cqf-partial-<pid>`` in DST's parent, so the final rename is
-atomic (same filesystem) and a kill at any moment leaves either no DST (or the empty dir it
-was) or the complete one, never something that looks complete. Partial dirs left by killed
-runs are removed by the next run for the same DST. A writer that replaces an existing DST
-(``replace=True``: the Spark writer's overwrite and append) swaps the two trees atomically
-(renameat2 RENAME_EXCHANGE), so DST is at every moment the old tree or the new one; the old
-one then sits in the staging dir's place until it is removed.
+its output in a staging dir beside the destination and moves it into place only once it is
+complete and verified. The staging and commit (``Staging``) and the rule every output follows
+(what a writer may replace: only a previous output of cqforensics, at commit) live in
+``cqforensics.outputs``, shared with export and the file outputs; here: carrying a node dir's
+metadata over (``copy_tree``).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import stat
 from pathlib import Path
 
-from cqforensics.errors import OperationalError, UsageError, display
-from cqforensics.export import PARTIAL, partials, process_gone, signals_held
-from cqforensics.outputs import check_output
-
-log = logging.getLogger(__name__)
-
-
-def check_destination(dst: Path, inputs: list[Path], replace: bool = False) -> Path:
-    """A writer's DST (a dir): ``check_output`` with ``directory=True``; with ``replace`` it may
-    be an existing dir (the output replaces it whole)."""
-    return check_output(dst, inputs, directory=True, force=replace)
-
-
-def stale_partials(dst: Path) -> list[Path]:
-    """Staging dirs of earlier runs for ``dst`` whose process is gone (the one naming and
-    liveness rule of partial outputs, ``cqforensics.export.partials``, as for files)."""
-    return [p for p, pid in partials(dst) if pid != os.getpid() and p.is_dir() and not p.is_symlink()
-            and process_gone(pid)]
+from cqforensics.errors import OperationalError, display
+from cqforensics.outputs import Staging, fsync_tree
 
 
 def copy_tree(src: Path, dst: Path, skip: set[Path]) -> None:
@@ -70,109 +48,4 @@ def copy_tree(src: Path, dst: Path, skip: set[Path]) -> None:
         shutil.copystat(here, target)
 
 
-def fsync_tree(root: Path) -> None:
-    """Make the dir entries durable (files are fsynced as they are closed)."""
-    for dirpath, _, _ in os.walk(root, topdown=False):
-        fd = os.open(dirpath, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two paths atomically (renameat2 RENAME_EXCHANGE); False where that is unsupported."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: not on this filesystem or kernel
-        return False
-    raise OperationalError(f"{b}: cannot swap in the new store: {os.strerror(err)}")
-
-
-class Staging:
-    """``with Staging(dst, inputs) as st: write under st.path; st.commit()``. Leaving the block
-    without ``commit`` (an error) removes the staging dir; a kill leaves it, named partial.
-
-    ``replace``: DST may be an existing dir, which ``commit`` swaps out atomically (see the
-    module doc) and removes; an input may then be DST itself (it is read, never written)."""
-
-    def __init__(self, dst: Path, inputs: list[Path], dry_run: bool = False, replace: bool = False):
-        self.dst = check_destination(dst, inputs, replace)
-        self.dry_run = dry_run
-        self.replace = replace
-        self.path = self.dst.parent / f".{self.dst.name}{PARTIAL}{os.getpid()}"
-        self.removed_stale: list[Path] = []
-        self.committed = False
-
-    def __enter__(self) -> "Staging":
-        if self.dry_run:
-            return self
-        if not self.dst.parent.is_dir():
-            raise UsageError(f"{self.dst.parent}: the output's parent dir does not exist")
-        for p in stale_partials(self.dst):
-            shutil.rmtree(p, ignore_errors=True)
-            log.warning("removed %s, the partial output of an interrupted run", display(p))
-            self.removed_stale.append(p)
-        if self.path.exists():
-            shutil.rmtree(self.path)
-        try:
-            self.path.mkdir()
-        except OSError as e:
-            raise OperationalError(f"{self.path}: cannot create: {e.strerror}") from e
-        return self
-
-    def commit(self) -> None:
-        if self.dry_run:
-            return
-        fsync_tree(self.path)
-        dst = self.dst
-        with signals_held():  # Ctrl-C now lands after the rename(s), never between them
-            if self.replace and dst.is_dir() and any(dst.iterdir()):
-                self._swap()
-                return
-            try:
-                os.rename(self.path, dst)  # replaces an empty dir atomically
-            except OSError as e:
-                raise OperationalError(f"{dst}: cannot rename the finished output into place: {e.strerror}") from e
-            self.committed = True
-        _fsync_dir(dst.parent)
-
-    def _swap(self) -> None:
-        """Make the staging dir the new DST in one step; the old tree takes the staging dir's
-        name (so a kill before it is removed leaves it as a stale partial) and is removed."""
-        dst = self.dst
-        if _exchange(self.path, dst):
-            _fsync_dir(dst.parent)
-            self.committed = True
-            shutil.rmtree(self.path)  # the old DST now
-            return
-        # no renameat2 here: two renames; between them the old tree waits beside DST
-        old = dst.parent / f".{dst.name}.cqf-old-{os.getpid()}"
-        os.rename(dst, old)
-        os.rename(self.path, dst)
-        _fsync_dir(dst.parent)
-        self.committed = True
-        shutil.rmtree(old)
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if not self.committed and not self.dry_run:
-            with signals_held():  # a second Ctrl-C does not cut the removal short
-                shutil.rmtree(self.path, ignore_errors=True)
+__all__ = ["Staging", "copy_tree", "fsync_tree"]

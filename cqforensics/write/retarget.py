@@ -33,7 +33,7 @@ import shutil
 from pathlib import Path
 
 from cqforensics import layout
-from cqforensics.errors import UsageError
+from cqforensics.errors import UsageError, queue_ref
 from cqforensics.model.versions import BrokerModel
 from cqforensics.write import formats
 from cqforensics.write.output import copy_tree
@@ -143,9 +143,13 @@ def definitions(src, target: BrokerModel) -> dict:
 
 
 def write_definitions(src, target: BrokerModel, path) -> dict:
-    """``definitions`` written as JSON to ``path`` (a new file); returns them."""
+    """``definitions`` written as JSON to ``path``, a new file and an output like any other
+    (``cqforensics.outputs``: never inside SRC or RabbitMQ data); returns them."""
+    from cqforensics.outputs import check_output, staged_file
+
+    path = check_output(path, [src])
     defs = definitions(src, target)
-    with open(path, "x", encoding="utf-8") as f:
+    with staged_file(path, "w", command="definitions", inputs=[src]) as f:
         json.dump(defs, f, indent=1, ensure_ascii=False)
         f.write("\n")
     return defs
@@ -211,10 +215,11 @@ def check_written(template, result, target: BrokerModel) -> list[str]:
         parts = []
         if missing:
             parts.append("queues the template does not declare (its boot would delete their dirs): "
-                         + ", ".join(f"{v}/{n}" for v, n in sorted(missing)))
+                         + ", ".join(queue_ref(v, n) for v, n in sorted(missing)))
         if mismatched:
             parts.append("queues the template declares with another x-queue-version than written: "
-                         + ", ".join(f"{v}/{n} (declared v{d}, written v{w})" for v, n, d, w in sorted(mismatched)))
+                         + ", ".join(f"{queue_ref(v, n)} (declared v{d}, written v{w})"
+                                     for v, n, d, w in sorted(mismatched)))
         raise UsageError(f"{template}: " + "; ".join(parts) + ". Declare them on the target node first: "
                          "`cqforensics definitions --broker-version V SRC > defs.json`, then "
                          "`rabbitmqctl import_definitions defs.json` on the node, and stop it")

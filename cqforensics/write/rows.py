@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from cqforensics import amqp091, layout, textfiles
-from cqforensics.errors import OperationalError, UsageError
+from cqforensics.errors import OperationalError, UsageError, queue_ref
 from cqforensics.model import versions
 from cqforensics.write import formats
 
@@ -343,13 +343,40 @@ def write_new_vhost(vhost: bytes, plans: list[QueueRows], out: Path, sources, li
     shared.close()
 
 
+def check_destination(dst: Path, template: Path | None, model: versions.BrokerModel, deep: bool = False) -> Path:
+    """The Spark writer's DST, at planning and again at commit: the rule of every output
+    (``cqforensics.outputs.check_output``): new, empty, or a previous output of cqforensics,
+    whichever the save mode (overwrite and append both replace DST whole at commit); never the
+    template, nor inside or around it. A previous output written for a version whose metadata
+    ``model`` cannot boot is refused too: the output would not boot (``retarget.metadata_gap``)."""
+    from cqforensics.outputs import check_output, manifest_of
+    from cqforensics.write.retarget import metadata_gap
+
+    dst = check_output(dst, [template] if template is not None else [], directory=True, force=True, deep=deep)
+    if not dst.parent.is_dir():
+        raise UsageError(f"rabbitcq writer: {dst.parent}: the destination's parent dir does not exist")
+    before = manifest_of(dst) if dst.is_dir() and any(dst.iterdir()) else None
+    if before is not None and before.get("broker_version"):
+        try:
+            gap = metadata_gap(versions.model(before["broker_version"]), model)
+        except UsageError:
+            gap = None
+        if gap:
+            raise UsageError(f"rabbitcq writer: {dst} holds metadata written for RabbitMQ {before['broker_version']}, "
+                             f"kept by overwrite and append: {gap}; write into a new DST with a template of the "
+                             "target broker")
+    return dst
+
+
 def build(parts: list[PartInfo], dst: Path, model: versions.BrokerModel, mode: str, template: Path | None = None,
           queue_version: int | None = None, file_size_limit: int | None = None) -> BuildResult:
     """Write the parts' rows into ``dst`` (see the module doc). ``mode``: "overwrite" replaces
     DST's message stores, "append" adds the rows after the messages DST holds. A new DST is a
     copy of ``template`` (a node dir: its metadata comes along) with these stores, or a bare
     ``msg_stores`` tree. The result is built beside DST, verified, then swapped in atomically
-    (``output.Staging`` with ``replace``)."""
+    (``output.Staging`` with ``replace``). DST follows the rule of every output
+    (``check_destination``): an existing DST is a previous output of cqforensics, or nothing is
+    written."""
     from cqforensics.fsck import running_broker
     from cqforensics.grammar import rdq as c_rdq
     from cqforensics.write.output import Staging, copy_tree
@@ -357,7 +384,7 @@ def build(parts: list[PartInfo], dst: Path, model: versions.BrokerModel, mode: s
     from cqforensics.write.store import Sources
     from cqforensics.write.verify import verify
 
-    dst = Path(dst).absolute()
+    dst = check_destination(Path(dst), template, model)
     exists = dst.is_dir() and any(dst.iterdir())
     if exists and template is not None:
         raise UsageError(f"rabbitcq writer: {dst} exists; the template option is for a new destination only")
@@ -373,7 +400,8 @@ def build(parts: list[PartInfo], dst: Path, model: versions.BrokerModel, mode: s
     plans = plan_queues(parts, model, _metadata(base), queue_version, existing)
     result = BuildResult(str(dst), mode, model.label)
     limit = file_size_limit or c_rdq.FILE_SIZE_LIMIT
-    with Staging(dst, [template] if template is not None else [], replace=True) as staging:
+    with Staging(dst, [template] if template is not None else [], replace=True, command="spark-write",
+                 broker_version=model.label) as staging:
         sources = Sources()
         try:
             if base is not None:
@@ -405,7 +433,7 @@ def build(parts: list[PartInfo], dst: Path, model: versions.BrokerModel, mode: s
             # broker leaves a declared queue (the output then verifies as a broker's own)
             write_lost_queue_dirs(staging.path, _metadata(staging.path), model)
             for plan in plans.values():
-                result.queues[f"{plan.vhost.decode('utf-8', 'replace')}/{plan.label}"] = plan.count
+                result.queues[queue_ref(plan.vhost, plan.label)] = plan.count
             result.rows = sum(result.queues.values())
         finally:
             sources.close()

@@ -36,7 +36,7 @@ import numpy as np
 
 from cqforensics import exitcodes, fastpath, layout
 from cqforensics.codes import Fate, Location
-from cqforensics.errors import CQError, OperationalError, display, display_all
+from cqforensics.errors import CQError, FormatError, OperationalError, display, display_all, plural, queue_ref
 from cqforensics.grammar import qi as c_qi
 from cqforensics.grammar import rdq as c_rdq
 from cqforensics.model.options import make_options
@@ -56,7 +56,8 @@ from cqforensics.readers import files as r_files
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.write import formats
-from cqforensics.write.output import Staging, check_destination, copy_tree
+from cqforensics.outputs import check_output
+from cqforensics.write.output import Staging, copy_tree
 from cqforensics.write.store import Entry, QueueWriter, SharedStoreWriter, Sources
 
 _KEY = 1 << 40  # a shared-store entry's (file position, offset) as one sortable integer
@@ -121,6 +122,10 @@ class Result:
     store_files: list[dict] = field(default_factory=list)
     # rebuild --restore-orphans: each orphaned message written back (node, vhost, queue, msg_id, file, offset)
     restored: list[dict] = field(default_factory=list)
+    # why the target version cannot boot the output as written (per node): an output that cannot
+    # boot is no success (exit 4); it is kept, since its message stores are right and are what
+    # --template or a hand transplant needs
+    cannot_boot: list[str] = field(default_factory=list)
 
     @property
     def rescued(self) -> int:
@@ -130,13 +135,15 @@ class Result:
 
     @property
     def exit_code(self) -> int:
-        """compact: 0. rebuild (e2fsck style): 1 when SRC was damaged (messages rescued, or lost
-        or quarantined for reasons other than being transient or in a deleted queue), else 0."""
+        """e2fsck style, bits: 1 (rebuild) when SRC was damaged and repaired (messages rescued, or
+        lost or quarantined for reasons other than being transient or in a deleted queue); 4 when
+        the output is written but the target version cannot boot it (``cannot_boot``)."""
+        code = exitcodes.ERRORS_LEFT if self.cannot_boot else exitcodes.OK
         if self.command != "rebuild":
-            return exitcodes.OK
+            return code
         by_design = {f.label for f in BY_DESIGN} | {formats.NOT_REPRESENTABLE}  # not damage of SRC
         damage = any(set(q.lost) - by_design or set(q.quarantined) - by_design for q in self.queues)
-        return exitcodes.FIXED if self.rescued or damage or "torn" in self.garbage else exitcodes.OK
+        return code | (exitcodes.FIXED if self.rescued or damage or "torn" in self.garbage else exitcodes.OK)
 
     def totals(self) -> dict:
         def total(key):
@@ -162,6 +169,7 @@ class Result:
                 "lost_found": {"items": self.lost_found, "path": self.lost_found_path}, "totals": self.totals(),
                 "restored_orphans": display_all(self.restored),
                 "queues": [q.to_dict() for q in self.queues], "notes": display_all(self.notes), "verified": self.verified,
+                "cannot_boot": display_all(self.cannot_boot),
                 "exit_code": self.exit_code}
 
 
@@ -578,12 +586,18 @@ def rewrite_vhost(vs: VhostScan, out: Path, ctx: RewriteContext, extra: dict | N
     if not ctx.dry:
         (out / "queues").mkdir(parents=True)
         (out / "msg_store_transient").mkdir()
-    for name in (".vhost", ".config"):
-        # .vhost holds the name exactly: a damaged one is written afresh from the name the
-        # metadata gives the dir (copied as found only when no name is known)
-        raw = vh.name_raw if name == ".vhost" and vh.name_raw is not None else _read_small(vh.path / name)
-        if raw is not None:
-            _put_file(ctx, out / name, raw)
+    # .vhost holds the name exactly: a damaged one is written afresh from the name the metadata
+    # gives the dir; with no name known it is left out (the broker writes it when it recovers the
+    # vhost, rabbit_vhost:recover/1, and never reads it): a copy of damaged bytes is no name
+    if vh.name_raw is not None:
+        _put_file(ctx, out / ".vhost", vh.name_raw)
+    else:
+        ctx.result.notes.append(f"{display(node)}/{display(vhost_label)}: no name is known for vhost dir "
+                                f"{display(vh.dir_name)} (its .vhost names no vhost, nor does the metadata): "
+                                "written without .vhost, which the broker writes when it recovers the vhost")
+    raw = _read_small(vh.path / ".config")
+    if raw is not None:
+        _put_file(ctx, out / ".config", raw)
     ctx.repaired = {}
     ctx.reterm = Reterms()
     # rebuild: a queue dir renamed away from its queue's own dir (which is missing) is written
@@ -796,7 +810,12 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: RewriteContext,
                 ctx.lost.add(formats.NOT_REPRESENTABLE, place(), full, why)
                 _bump(qr.quarantined, formats.NOT_REPRESENTABLE)
                 return False, None
-            return True, formats.retarget_term(target, full, vhost_raw, msg_id if has_id[j] else None)
+            try:
+                return True, formats.retarget_or_damage(target, full, vhost_raw, msg_id if has_id[j] else None)
+            except FormatError as e:  # values the target's encoding cannot hold: damage, quarantined
+                ctx.lost.add("undecodable", place(), full, e.message)
+                _bump(qr.quarantined, "undecodable")
+                return False, None
 
         b = None
         keep = False
@@ -820,7 +839,7 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: RewriteContext,
                 _bump(qr.lost, why)
                 ctx.damaged += 1
                 if len(ctx.damage) < 5:  # named in the error; the rest counted
-                    ctx.damage.append(f"{qr.vhost}/{qr.queue}: seq id {seqs[j]}: {why}")
+                    ctx.damage.append(f"{queue_ref(qr.vhost, qr.queue)}: seq id {seqs[j]}: {why}")
                 continue
             bad_entry = qs_fate(res.qs_status[j])
             if bad_entry in QUARANTINED:  # expired, so the broker drops it unread, but its .qs entry
@@ -934,7 +953,12 @@ def _orphans_to_restore(vs: VhostScan, queue: bytes, ctx: RewriteContext, refs) 
             continue
         key = (int(st.e_file[e]), int(st.e_offset[e]), int(st.e_total[e]))
         if action != formats.KEEP:
-            ctx.reterm[key[0] * _KEY + key[1]] = (msg_id, formats.retarget_term(target, term, vhost_raw, msg_id))
+            try:
+                ctx.reterm[key[0] * _KEY + key[1]] = (msg_id, formats.retarget_or_damage(target, term, vhost_raw,
+                                                                                         msg_id))
+            except FormatError as e:
+                ctx.result.notes.append(f"orphan {msg_id.hex()} not restored into {queue!r}: {e.message}")
+                continue
         out.append((key, msg_id, size, path))
         rf.append(key[0])
         ro.append(key[1])
@@ -1076,26 +1100,36 @@ def write_lost_queue_dirs(out_node: Path, meta, model: BrokerModel, dry: bool = 
 
 
 
-def _vhosts_under_own_dirs(node, notes: list[str]) -> None:
+def _vhosts_under_own_dirs(node, notes: list[str], meta) -> None:
     """Name the vhost dirs of ``node`` (a layout.NodeDir, before it is scanned) renamed away from
     their own dir: the broker finds a vhost's store only under the dir its name gives (md5, base
     36), so a dir whose ``.vhost`` names another dir is read and written as that dir, named as
     ``.vhost`` holds it. One whose own dir is present too is left out, with a note: the broker
-    reads only that one."""
+    reads only that one.
+
+    A dir is renamed only when it is no vhost's own dir and its ``.vhost`` is a readable name
+    (``VhostDir.stored_name``: present, at most ``layout.NAME_FILE_LIMIT`` bytes) of a vhost the
+    metadata knows (``meta``; any name when the metadata is unreadable). A dir that is the own
+    dir of a vhost of the metadata holds that vhost, whatever its ``.vhost`` says: that file is
+    damaged (the broker writes it at every vhost recovery and never reads it,
+    rabbit_vhost:recover/1), and the writers write it afresh from the metadata's name."""
     from cqforensics import textfiles
 
+    known = set(meta.vhosts) | {vh for vh, _ in meta.queues} if meta.kind is not None else None
+    own_dirs = {textfiles.vhost_dir_name(n) for n in known or ()}
     taken = {v.dir_name for v in node.vhosts}
     for v in list(node.vhosts):
-        raw = _read_small(v.path / ".vhost") if v.name_raw is None else None
-        own = textfiles.vhost_dir_name(raw) if raw else v.dir_name
-        if own == v.dir_name:
+        raw = v.stored_name
+        if v.name_raw is not None or not raw or v.dir_name in own_dirs or (known is not None and raw not in known):
             continue
+        own = textfiles.vhost_dir_name(raw)
+        shown = display(raw[:200]) + ("..." if len(raw) > 200 else "")
         if own in taken:
             node.vhosts.remove(v)
-            notes.append(f"{display(node.node)}: vhost dir {display(v.dir_name)} holds .vhost {raw!r}, whose own "
+            notes.append(f"{display(node.node)}: vhost dir {display(v.dir_name)} holds .vhost {shown!r}, whose own "
                          f"dir {own} is present too (the broker reads only that one): not written")
             continue
-        notes.append(f"{display(node.node)}: vhost dir {display(v.dir_name)} holds .vhost {raw!r}, whose own "
+        notes.append(f"{display(node.node)}: vhost dir {display(v.dir_name)} holds .vhost {shown!r}, whose own "
                      f"dir {own} is missing: written back as {own}")
         taken.add(own)
         v.dir_name, v.name_raw, v.name = own, raw, raw.decode("utf-8", "replace")
@@ -1137,7 +1171,8 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
         raise UsageError("--restore-orphans: for rebuild only")
 
     src = Path(src).absolute()
-    check_destination(Path(dst), [src], replace=force)  # usage errors before the long read (Staging checks again)
+    inputs = [src] + ([Path(template).absolute()] if template is not None else [])
+    check_output(Path(dst), inputs, directory=True, force=force, deep=False)  # refused before the long read
     nodes = layout.discover([src])
     result = Result(command, display(src), display(Path(dst).absolute()), dry_run)
     for node in nodes:
@@ -1149,7 +1184,8 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
     predicted = {}
     if command == "rebuild":  # what SRC's own next boot would deliver, per queue dir
         predicted = _broker_prediction(src, source_version)
-    with Staging(Path(dst), [src], dry_run, replace=force) as staging:
+    with Staging(Path(dst), inputs, dry_run, replace=force, command=command,
+                 broker_version=broker_version) as staging:
         sources = Sources()
         lost = LostFound(None if dry_run else staging.path / "lost+found")
         ctx = RewriteContext(command, result, sources, lost, dry_run, file_size_limit,
@@ -1166,8 +1202,8 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
             for node in nodes:
                 options = make_options(broker_version=source_version, as_of=as_of_ms, bodies=False, decode=False,
                                        assume_dirty=command == "rebuild")
-                _vhosts_under_own_dirs(node, result.notes)
                 ns = NodeScan(node, options)
+                _vhosts_under_own_dirs(node, result.notes, ns.metadata)
                 versions.add(ns.model.label)
                 targets.add((ctx.target or ns.model).label)
                 out_node = staging.path / node.path.relative_to(src)
@@ -1184,13 +1220,13 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
                         vs.close()
                     dropped = len(vs.vhost.others) + sum(len(q.others) for q in vs.vhost.queues)
                     if dropped:
-                        result.notes.append(f"{node.node}/{vs.vhost.label}: {dropped} files the broker does not use "
-                                            "were not carried over")
+                        result.notes.append(f"{node.node}, vhost {vs.vhost.label!r}: {plural(dropped, 'file')} the "
+                                            "broker does not use were not carried over")
                 result.notes += [f"{node.node}: {n}" for n in
                                  write_lost_queue_dirs(out_node, ns.metadata, ctx.target or ns.model, dry_run, node)]
                 if template is None and ctx.target is not None:
                     gap = retarget.carried_metadata_note(ns.model, ctx.target)
-                    result.notes += [f"{node.node}: {gap}"] if gap else []
+                    result.cannot_boot += [f"{node.node}: {gap}"] if gap else []
             if template is not None:
                 retarget.check_written(template, result, ctx.target or ns.model)
             result.source_version = ", ".join(sorted(versions))
@@ -1201,7 +1237,7 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
         if ctx.damage:
             more = ctx.damaged - len(ctx.damage)
             shown = "; ".join(ctx.damage) + (f" (and {more} more)" if more else "")
-            raise DamagedSource(f"{src}: {ctx.damaged} messages the next boot would not deliver as they are "
+            raise DamagedSource(f"{src}: {plural(ctx.damaged, 'message')} the next boot would not deliver as they are "
                                 f"({shown}); compact only rewrites consistent stores: run `cqforensics fsck` to see "
                                 "the damage and `cqforensics rebuild` to salvage")
         for q in result.queues:
@@ -1222,13 +1258,14 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
                 os.fsync(fh.fileno())
         if staging.removed_stale:
             result.notes.append(f"removed {len(staging.removed_stale)} partial output(s) of interrupted runs")
+        staging.broker_version = result.broker_version
         if not dry_run and verify_output:
             from cqforensics.write.verify import verify
 
             check = verify(staging.path, broker_version=broker_version, garbage_allowed_in=ctx.kept_paths)
             result.verified = check.consistent
             if not check.consistent:
-                raise OperationalError(f"the output failed verification ({len(check.violations)} violations, first: "
+                raise OperationalError(f"the output failed verification ({plural(len(check.violations), 'violation')}, first: "
                                        f"{check.violations[0].message}); nothing was written to {dst}")
         staging.commit()
     return result

@@ -33,6 +33,11 @@ BREAKS = frozenset({"orphan-message", "duplicate-copy", "transient-dropped"})
 #: message the index holds twice (a copied slot: every entry still resolves, the message is
 #: delivered twice; the writers keep both copies as the source index holds them)
 CARRIED_OVER = frozenset({"term-file-damaged", "index-duplicate-entry"})
+#: a vhost dir's ``.vhost`` missing, damaged or naming another vhost: the broker never reads it (it
+#: writes it at every recovery of the vhost, rabbit_vhost:recover/1) and finds a vhost's store by
+#: its name's dir, so the next boot is the same; a dir under another name than its vhost's shows
+#: in its queues (``unknown-queue``). Writers leave the file out when no name is known for the dir.
+NAME_NOTES = frozenset({"missing-queue-name", "queue-dir-mismatch"})
 
 
 @dataclass
@@ -64,7 +69,7 @@ class VerifyResult:
 
 
 def verify(paths, broker_version: str | None = None, deep: bool = False,
-           progress: Callable[[str], None] | None = None, garbage_allowed_in=(),
+           progress: Callable[[str, int | None, int | None], None] | None = None, garbage_allowed_in=(),
            allow_garbage: bool = False) -> VerifyResult:
     """``garbage_allowed_in``: shared-store files whose orphans and extra copies are accepted
     (notes, not violations): the files ``compact --threshold`` kept whole; ``allow_garbage``:
@@ -73,15 +78,20 @@ def verify(paths, broker_version: str | None = None, deep: bool = False,
     options = make_options(broker_version=broker_version, bodies=False, decode=False, assume_dirty=True)
     result = VerifyResult(display(paths) if isinstance(paths, (str, Path)) else " ".join(map(display, paths)))
     versions = set()
-    for node in layout.discover(paths):
+    scans = [NodeScan(node, options) for node in layout.discover(paths)]
+    if progress is not None:
+        from cqforensics.driver import Progress
+
+        progress = Progress(progress)
+        progress.plan(scans)
+    for ns in scans:
         result.nodes += 1
-        ns = NodeScan(node, options)
         versions.add(ns.model.label)
-        sizes = [layout.tree_bytes(vs.vhost.path) for vs in ns.vhosts] if progress else []
-        for k, vs in enumerate(ns.vhosts, 1):
-            if progress:
-                progress(f"{display(node.node)}: vhost {display(vs.vhost.label)} ({k}/{len(ns.vhosts)})",
-                         sum(sizes[:k - 1]), sum(sizes))
+        if progress is not None:
+            progress.attach(ns)
+        for vs in ns.vhosts:
+            if progress is not None:
+                progress.vhost(ns, vs)
             result.vhosts += 1
             try:
                 verdicts, findings = check_vhost(vs, deep)
@@ -89,19 +99,23 @@ def verify(paths, broker_version: str | None = None, deep: bool = False,
                 result.store_entries += vs.store_entries()
             finally:
                 vs.close()
+            named = {(f.code, f.vhost, f.queue) for f in findings}
             for v in verdicts:
                 result.queues += 1
                 result.messages += v.messages
-                findings += undelivered(v)
+                findings += undelivered(v, named)
             for f in findings:
                 if f.code in BREAKS and f.code != "transient-dropped" and f.file is not None \
                         and (allow_garbage or os.path.realpath(f.file) in allowed):
                     result.notes.append(f)
-                elif f.code in CARRIED_OVER or f.details.get("place") == "node":
+                elif f.code in CARRIED_OVER or f.details.get("place") == "node" or (
+                        f.code in NAME_NOTES and f.file is not None and os.path.basename(f.file) == ".vhost"):
                     result.notes.append(f)
                 elif f.severity != INFO or f.code in BREAKS:
                     result.violations.append(f)
                 elif f.code not in ("unclean-shutdown", "expired"):
                     result.notes.append(f)
+    if progress is not None:
+        progress.end()
     result.broker_version = ", ".join(sorted(versions))
     return result
