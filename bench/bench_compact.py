@@ -30,7 +30,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
-from make_store import build, node_dir, store_dir  # noqa: E402
+from make_store import build, build_clean, node_dir, store_dir  # noqa: E402
 
 WORK = Path("/var/tmp")
 
@@ -105,13 +105,16 @@ def build_garbage(scale: float = 0.1) -> Path:
 def main() -> None:
     build(1.0)
     node = node_dir(1.0)
-    big = copy_vs_compact(node.parent)
-    gb = big["bytes"] / 1e9
-    print(f"store: {gb:.2f} GB, {big['messages']} messages, no garbage")
-    print(f"cp -r:                 {big['copy_s']:6.2f} s  ({gb / big['copy_s']:.2f} GB/s)")
-    print(f"cqforensics compact:   {big['compact_s']:6.2f} s  ({gb / big['compact_s']:.2f} GB/s, output verified)")
-    print(f"compact takes {big['compact_s'] / big['copy_s']:.2f}x the time of a copy "
-          f"(throughput {big['copy_s'] / big['compact_s']:.2f} of copy)", flush=True)
+    for kind, src in (("killed", node), ("cleanly stopped twin", build_clean(store_dir(1.0)))):
+        got = copy_vs_compact(src.parent)
+        if kind == "killed":
+            big = got
+        gb = got["bytes"] / 1e9
+        print(f"store ({kind}): {gb:.2f} GB, {got['messages']} messages, no garbage")
+        print(f"cp -r:                 {got['copy_s']:6.2f} s  ({gb / got['copy_s']:.2f} GB/s)")
+        print(f"cqforensics compact:   {got['compact_s']:6.2f} s  ({gb / got['compact_s']:.2f} GB/s, output verified)")
+        print(f"compact takes {got['compact_s'] / got['copy_s']:.2f}x the time of a copy "
+              f"(throughput {got['copy_s'] / got['compact_s']:.2f} of copy)", flush=True)
     gnode = build_garbage(0.1)
     fsck_doc = json.loads(timed([sys.executable, "-m", "cqforensics", "audit", "--json", str(gnode)], ok=(0, 4))[1])
     garbage = copy_vs_compact(gnode.parent)

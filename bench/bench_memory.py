@@ -8,8 +8,11 @@ table with ``--tables``), and of the writers ``compact`` and ``rebuild`` (``--wr
     python bench/bench_memory.py --tables findings files queues index acks holes
     python bench/bench_memory.py --tables --writers compact rebuild   # the writers only
 
+Every size is read as the killed store and as its cleanly stopped twin (``--kinds``; a real
+broker booted on a copy and stopped it: make_store.build_clean), side by side.
+
 0.1x and 1x are the broker-made bench stores (bench/make_store.py). 3x and 10x are made without
-a broker, from the 1x store, as ONE vhost holding N copies of its content (the vhost-wide state
+a broker, from the 1x store (make_store.build_scaled), as ONE vhost holding N copies of its content (the vhost-wide state
 is what has to stay bounded; copies in separate vhosts would be read one vhost at a time and
 prove nothing about it):
 
@@ -46,111 +49,24 @@ import argparse
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from make_store import CACHE, build, node_dir  # noqa: E402
+from make_store import (CACHE, _link_tree, build, build_clean, build_scaled, node_dir, scaled_dir,  # noqa: E402
+                        store_dir)
 
 TABLES = ("refcounts", "store", "messages")  # the default
 WRITERS = ("compact", "rebuild")
 METADATA = ("coordination", "rabbitmq_metadata")  # what writer_node leaves out
-ALL_TABLES = ("refcounts", "store", "messages", "index", "acks", "holes", "files", "queues", "findings")
-QI_HEADER, QI_ENTRY = 64, 32
-
-
-def _link_tree(src: Path, dst: Path, skip: Path | None = None) -> None:
-    for dirpath, dirnames, filenames in os.walk(src):
-        d = Path(dirpath)
-        if d == skip:
-            dirnames[:] = []
-            continue
-        (dst / d.relative_to(src)).mkdir(parents=True, exist_ok=True)
-        for f in filenames:
-            os.link(d / f, dst / d.relative_to(src) / f)
-
-
-def _rewrite_rdq(src: Path, dst: Path, k: int) -> int:
-    """Copy ``src`` to ``dst`` with every entry's msg_id (header and term) changed by copy ``k``;
-    stops rewriting at the first thing that is not a whole entry (the rest is copied as is)."""
-    data = src.read_bytes()
-    out, off, n = [], 0, 0
-    while off + 24 <= len(data):
-        size = struct.unpack_from(">Q", data, off)[0]
-        end = off + 8 + size + 1
-        if size < 16 or end > len(data) or data[end - 1] != 0xFF:
-            break
-        mid = data[off + 8:off + 24]
-        new = bytes([mid[0] ^ k]) + mid[1:]
-        out.append(data[off:end].replace(mid, new))
-        off, n = end, n + 1
-    out.append(data[off:])
-    dst.write_bytes(b"".join(out))
-    return n
-
-
-def _rewrite_qi(src: Path, dst: Path, k: int) -> None:
-    buf = bytearray(src.read_bytes())
-    whole = (len(buf) - QI_HEADER) // QI_ENTRY if len(buf) > QI_HEADER else 0
-    if whole:
-        e = np.frombuffer(buf, np.uint8, whole * QI_ENTRY, QI_HEADER).reshape(whole, QI_ENTRY)
-        shared = (e[:, 0] != 0) & (e[:, 3] == 1)  # a live entry located in the shared store
-        e[shared, 4] ^= k
-    dst.write_bytes(bytes(buf))
-
-
-def build_scaled(copies: int) -> Path:
-    """The 1x store's content ``copies`` times in its one vhost (see the module doc)."""
-    from cqforensics import textfiles
-
-    out = CACHE / f"store-1-x{copies}-onevhost"
-    node = out / "run" / "mnesia" / "rabbit@localhost"
-    if (out / "DONE").exists():
-        return node
-    src = node_dir(1.0)
-    shutil.rmtree(out, ignore_errors=True)
-    t0 = time.monotonic()
-    vhosts = sorted((src / "msg_stores" / "vhosts").iterdir())
-    assert len(vhosts) == 1, vhosts
-    vsrc = vhosts[0]
-    vdst = node / "msg_stores" / "vhosts" / vsrc.name
-    _link_tree(src, node, skip=vsrc / "queues")  # copy 0 of everything, hardlinked
-    (vdst / "queues").mkdir(parents=True, exist_ok=True)
-    vhost = (vsrc / ".vhost").read_bytes()
-    rdqs = sorted((int(p.stem), p) for p in (vsrc / "msg_store_persistent").glob("*.rdq"))
-    stride = rdqs[-1][0] + 1
-    for qsrc in sorted((vsrc / "queues").iterdir()):
-        _link_tree(qsrc, vdst / "queues" / qsrc.name, skip=qsrc / "__none__")
-    for k in range(1, copies):
-        for n, p in rdqs:
-            _rewrite_rdq(p, vdst / "msg_store_persistent" / f"{n + k * stride}.rdq", k)
-        for qsrc in sorted((vsrc / "queues").iterdir()):
-            qn = textfiles.parse_queue_name((qsrc / ".queue_name").read_bytes(), vhost)
-            name = qn.name + f"~{k}".encode()
-            qdst = vdst / "queues" / textfiles.queue_dir_name(vhost, name)
-            qdst.mkdir()
-            stub = b"VHOST: " + vhost + b"\nQUEUE: " + name + b"\n" + (b"INDEX: v2\n" if qn.index == "v2" else b"")
-            (qdst / ".queue_name").write_bytes(stub)
-            for f in sorted(qsrc.iterdir()):
-                if f.name == ".queue_name":
-                    continue
-                if f.suffix == ".qi":
-                    _rewrite_qi(f, qdst / f.name, k)
-                else:
-                    os.link(f, qdst / f.name)
-        print(f"  x{copies}: copy {k} written ({time.monotonic() - t0:.0f}s)", flush=True)
-    total = sum(p.stat().st_size for p in node.rglob("*") if p.is_file())
-    (out / "DONE").write_text(f"{copies} copies of {src} in one vhost; {total} bytes; {time.monotonic() - t0:.0f}s\n")
-    return node
+ALL_TABLES = ("refcounts", "store", "messages", "index", "acks", "holes", "files", "queues", "findings", "fsck")
 
 
 def writer_node(node: Path) -> Path:
@@ -180,8 +96,12 @@ from cqforensics.model import store
 store.ENTRIES_PER_SHARE = int(sys.argv[4]) or store.ENTRIES_PER_SHARE
 t0 = time.perf_counter()
 rows = 0
-for b in cqforensics.iter_batches(sys.argv[2], sys.argv[3]):
-    rows += b.num_rows
+if sys.argv[3] == "fsck":  # the checks of the fsck command: rows are the messages checked
+    from cqforensics import fsck
+    rows = sum(q.messages for q in fsck.run([sys.argv[2]]).queues)
+else:
+    for b in cqforensics.iter_batches(sys.argv[2], sys.argv[3]):
+        rows += b.num_rows
 dt = time.perf_counter() - t0
 ru = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"rows": rows, "seconds": dt, "cpu_seconds": ru.ru_utime + ru.ru_stime, "peak_rss_mb": ru.ru_maxrss / 1024}))
@@ -255,16 +175,23 @@ def main() -> None:
     ap.add_argument("--entries-per-share", type=int, default=0,
                     help="stored messages a pass may hold (default: cqforensics.model.store.ENTRIES_PER_SHARE; "
                          "a huge number reads every vhost whole, as before shares)")
+    ap.add_argument("--kinds", nargs="+", default=["killed", "clean"], choices=["killed", "clean"],
+                    help="the killed stores, their cleanly stopped twins (make_store.build_clean), or both")
     args = ap.parse_args()
     nodes = {}
     for s in args.sizes:
         if s in (0.1, 1):
             build(s)
-            nodes[s] = node_dir(s)
+            killed = node_dir(s)
+            clean = build_clean(store_dir(s)) if "clean" in args.kinds else None
         elif s == int(s) and s > 1:
-            nodes[s] = build_scaled(int(s))
+            killed = build_scaled(int(s))
+            clean = build_clean(scaled_dir(int(s)), copies=int(s)) if "clean" in args.kinds else None
         else:
             raise SystemExit(f"size {s}: only 0.1, 1 and whole multiples of 1 can be made")
+        for kind, node in (("killed", killed), ("clean", clean)):
+            if kind in args.kinds:
+                nodes[(s, kind)] = node
     base = float(subprocess.run([sys.executable, "-c", BASELINE, str(ROOT)], capture_output=True, text=True,
                                 check=True).stdout)
     core = "off (CQF_CORE=0)" if os.environ.get("CQF_CORE") == "0" else "default"
@@ -272,9 +199,9 @@ def main() -> None:
     print(f"peak RSS (MB) per read or write, each in a fresh process (wall and CPU seconds); interpreter + "
           f"libraries {base:.0f} MB; core {core}")
     columns = args.tables + args.writers
-    print("| size | stored messages | bytes | " + " | ".join(columns) + " |")
-    print("|" + "---|" * (3 + len(columns)))
-    for s, node in nodes.items():
+    print("| size | store | stored messages | bytes | " + " | ".join(columns) + " |")
+    print("|" + "---|" * (4 + len(columns)))
+    for (s, kind), node in nodes.items():
         size = sum(p.stat().st_size for p in node.rglob("*") if p.is_file())
         msgs = stored_messages(node)
         row = {"node": str(node), "bytes": size, "index_rows": msgs, "tables": {}, "writers": {}}
@@ -285,8 +212,8 @@ def main() -> None:
         for w in args.writers:
             row["writers"][w] = r = measure_writer(node, w, s)
             cells.append(_cell(r))
-        results["sizes"][f"{s:g}x"] = row
-        print(f"| {s:g}x | {msgs:,} | {size / 1e9:.2f} GB | " + " | ".join(cells) + " |", flush=True)
+        results["sizes"][f"{s:g}x" + ("" if kind == "killed" else " clean")] = row
+        print(f"| {s:g}x | {kind} | {msgs:,} | {size / 1e9:.2f} GB | " + " | ".join(cells) + " |", flush=True)
     (HERE / "results").mkdir(exist_ok=True)
     name = "memory.json" if args.tables else "memory-writers.json"  # a writers-only run keeps the readers' figures
     (HERE / "results" / name).write_text(json.dumps(results, indent=1))

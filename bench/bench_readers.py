@@ -16,7 +16,11 @@ Reports, measured in one run on a warm page cache:
   (make_store --compacted: zero-filled holes in every .rdq file), in messages/s, and the
   per-message ratio fresh/compacted (issue 15's goal: within 1.2x);
 * peak RSS of each read, in a fresh process (its imports and a warm-up read of a sample
-  included), on the store and on the 10x smaller one.
+  included), on the store and on the 10x smaller one;
+* every read, and ``fsck``, on both kinds of store side by side: the killed store (what a crash
+  leaves) and its cleanly stopped twin (``make_store.build_clean``: the same messages, with
+  the clean-shutdown files a clean start trusts), each read of one alternating with the other's,
+  and the ratio clean/killed in seconds per row (the goal: at most 1.2).
 Each read is timed as the best of 3 (this VM's timings vary by +-30%), except the reference's
 decode of the compacted store, timed once (it is the slow case the core is there to fix).
 Results: a markdown table on stdout and ``bench/results/readers.json``.
@@ -36,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from make_store import build, build_compacted, node_dir  # noqa: E402
+from make_store import build, build_clean, build_compacted, clean_node_dir, node_dir, store_dir  # noqa: E402
 
 CASES = {
     "index": ("index", None),
@@ -49,6 +53,7 @@ CASES = {
     "queues": ("queues", None),
     "findings": ("findings", None),
     "messages (full decode)": ("messages", None),
+    "fsck": ("fsck", None),
 }
 
 
@@ -128,15 +133,24 @@ import json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 import cqforensics, pyarrow.compute
 table, columns = sys.argv[3], json.loads(sys.argv[4])
+from cqforensics import fsck
 for t in cqforensics.TABLES:  # warm up: one-time imports are not throughput
     cqforensics.read_table(sys.argv[5], t)
-t0 = time.perf_counter()
+fsck.run([sys.argv[5]])
+def cpu():
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+c0, t0 = cpu(), time.perf_counter()
 rows = 0
-for b in cqforensics.iter_batches(sys.argv[2], table, columns=columns):
-    rows += b.num_rows
-dt = time.perf_counter() - t0
+if table == "fsck":  # what the fsck command does, without its start-up: rows are the messages checked
+    rows = sum(q.messages for q in fsck.run([sys.argv[2]]).queues)
+else:
+    for b in cqforensics.iter_batches(sys.argv[2], table, columns=columns):
+        rows += b.num_rows
+dt, dc = time.perf_counter() - t0, cpu() - c0
 from cqforensics import core
-print(json.dumps({"rows": rows, "seconds": dt, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+print(json.dumps({"rows": rows, "seconds": dt, "cpu_seconds": dc,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "core": core.status(), "core_counts": dict(getattr(core, "COUNTS", {}))}))
 """
 
@@ -144,9 +158,22 @@ print(json.dumps({"rows": rows, "seconds": dt, "peak_rss_mb": resource.getrusage
 def run_case(node: Path, table: str, columns, runs: int = 3, core: bool = True) -> dict:
     """Best of ``runs`` reads, each in a fresh process (so peak RSS is that read's alone; import
     time excluded from the timing). This VM's timings vary by +-30% from run to run."""
-    results = [_run_once(node, table, columns, core) for _ in range(runs)]
+    return _best([_run_once(node, table, columns, core) for _ in range(runs)])
+
+
+def _best(results: list[dict]) -> dict:
     best = min(results, key=lambda r: r["seconds"])
     return {**best, "peak_rss_mb": max(r["peak_rss_mb"] for r in results), "all_seconds": [r["seconds"] for r in results]}
+
+
+def run_pair(nodes: list[Path], table: str, columns, runs: int = 3) -> list[dict]:
+    """``run_case`` on each of ``nodes``, their reads alternating (one of each, then again), so a
+    busy moment of the shared machine falls on both kinds alike."""
+    results: list[list[dict]] = [[] for _ in nodes]
+    for _ in range(runs):
+        for got, node in zip(results, nodes):
+            got.append(_run_once(node, table, columns))
+    return [_best(r) for r in results]
 
 
 def _run_once(node: Path, table: str, columns, core: bool = True) -> dict:
@@ -186,16 +213,22 @@ def _fmt_rate(rows: int, seconds: float) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one run per case instead of best of 3")
+    ap.add_argument("--no-compacted", action="store_true", help="leave out the compacted store (its build takes "
+                    "a broker about 10 minutes)")
     args = ap.parse_args()
     runs = 1 if args.quick else 3
     big, small = node_dir(1.0), node_dir(0.1)
     build(1.0)
     build(0.1)
-    compacted = build_compacted()
-    raw_read(big)  # warm the page cache
+    clean, clean_small = build_clean(store_dir(1.0)), build_clean(store_dir(0.1))
+    compacted = None if args.no_compacted else build_compacted()
+    raw_read(clean)  # warm the page cache (the clean twin shares most files with the killed store)
+    raw_read(big)
     raw_s, raw_bytes = min(raw_read(big) for _ in range(runs))
-    raw_read(compacted)
-    craw_s, craw_bytes = min(raw_read(compacted) for _ in range(runs))
+    craw_s, craw_bytes = (1.0, 0)
+    if compacted is not None:
+        raw_read(compacted)
+        craw_s, craw_bytes = min(raw_read(compacted) for _ in range(runs))
     results = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": runs, "store_bytes": raw_bytes, "raw_read_s": raw_s,
                "raw_read_mb_s": raw_bytes / raw_s / 1e6, "compacted_store_bytes": craw_bytes,
                "compacted_raw_read_s": craw_s, "baseline_rss_mb": baseline_rss(), "cases": {}}
@@ -213,19 +246,36 @@ def main() -> None:
           f"must do both reaches at most {raw_s / (walk_s + rdq_s):.2f}x of the raw read with nothing else to do",
           flush=True)
     cases = [(name, big, table, columns) for name, (table, columns) in CASES.items()]
-    cases.append(("messages (full decode), compacted store", compacted, "messages", None))
+    if compacted is not None:
+        cases.append(("messages (full decode), compacted store", compacted, "messages", None))
     head = ("| read | rows | core s | core rate | core vs raw read | pure-Python s | pure-Python rate "
             "| pure-Python vs raw read | core / pure-Python | peak RSS core | peak RSS pure-Python | RSS core, 1/10 store |")
     lines = [head, "|" + "---|" * 12]
+    kinds = ["| read | rows | killed s | killed rate | clean s | clean rate | **clean / killed** per row "
+             "| killed CPU s | clean CPU s | peak RSS killed | peak RSS clean | RSS 1/10 killed | RSS 1/10 clean |",
+             "|" + "---|" * 13]
     print(head)
     print(lines[1], flush=True)
     for name, node, table, columns in cases:
         is_compacted = node == compacted
         raw = craw_s if is_compacted else raw_s
         try:
-            c = run_case(node, table, columns, runs)
+            if is_compacted:
+                c, sm = run_case(node, table, columns, runs), None
+            else:
+                c, cc = run_pair([node, clean], table, columns, runs)
+                sm, csm = run_pair([small, clean_small], table, columns, 1)
+                results.setdefault("clean_cases", {})[name] = {"killed": c, "clean": cc, "killed_small": sm,
+                                                              "clean_small": csm}
+                per = (cc["seconds"] / max(cc["rows"], 1)) / (c["seconds"] / max(c["rows"], 1))
+                kinds.append(f"| {name} | {c['rows']:,} | {c['seconds']:.3f} | {_fmt_rate(c['rows'], c['seconds'])} "
+                             f"| {cc['seconds']:.3f} | {_fmt_rate(cc['rows'], cc['seconds'])} | **{per:.2f}x** "
+                             f"| {c['cpu_seconds']:.3f} | {cc['cpu_seconds']:.3f} | {c['peak_rss_mb']:.0f} MB "
+                             f"| {cc['peak_rss_mb']:.0f} MB | {sm['peak_rss_mb']:.0f} MB | {csm['peak_rss_mb']:.0f} MB |")
+                print("    both kinds: " + kinds[-1], flush=True)
+                if table == "fsck":
+                    continue  # no pure-Python figures for the command: it reads every table's way
             py = run_case(node, table, columns, 1 if is_compacted else runs, core=False)
-            sm = None if is_compacted else run_case(small, table, columns, runs=1)
         except CaseFailed as e:
             results["cases"][name] = {"error": str(e)}
             lines.append(f"| {name} | error: {e} |")
@@ -247,7 +297,8 @@ def main() -> None:
         print(line, flush=True)
         if c.get("core_counts"):
             print(f"    core counts: {c['core_counts']}", flush=True)
-    fresh, comp = results["cases"]["messages (full decode)"], results["cases"]["messages (full decode), compacted store"]
+    fresh = results["cases"]["messages (full decode)"]
+    comp = results["cases"].get("messages (full decode), compacted store", {"error": "left out"})
     per = {}
     for who in (() if "error" in fresh or "error" in comp else ("core", "reference")):
         f_rate = fresh[who]["rows"] / fresh[who]["seconds"]
@@ -269,10 +320,21 @@ def main() -> None:
               f"{ix_s:.3f} s + the compiled decode alone, without bodies, on terms in memory ({dec_s * 1e9:.0f} ns a "
               f"row at the read's batch size) x {n:,} = {floor:.3f} s: at most {n / floor:,.0f} msg/s with nothing "
               "else done (resolving, the columns, moving bodies)", flush=True)
+        got = fresh["core"]["seconds"]
+        results["messages_floor"]["full_decode_of_floor"] = floor / got
+        print(f"the full decode of the killed store: {got:.3f} s, {n / got:,.0f} msg/s: {floor / got:.2f} of the floor "
+              "(goal >= 0.8)", flush=True)
+        nb = results.get("clean_cases", {}).get("messages (full decode)")
+        if nb:
+            print(f"  its cleanly stopped twin: {nb['clean']['seconds']:.3f} s, {floor / nb['clean']['seconds']:.2f} "
+                  "of the floor", flush=True)
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     (out / "readers.json").write_text(json.dumps(results, indent=1))
-    (out / "readers.md").write_text("\n".join(lines) + "\n")
+    (out / "readers.md").write_text("\n".join(lines) + "\n\nKilled store and its cleanly stopped twin, alternating:\n\n"
+                                    + "\n".join(kinds) + "\n")
+    print("\nkilled store and its cleanly stopped twin (the same messages), reads alternating:")
+    print("\n".join(kinds))
     print(f"cores used: 1 (embedded reader); cpu count {os.cpu_count()}")
 
 

@@ -46,7 +46,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from make_store import build, node_dir, store_dir  # noqa: E402
+from make_store import build, build_clean, clean_node_dir, node_dir, store_dir  # noqa: E402
+
+SCALE = [1.0]  # the store's scale (main sets it)
 
 MODES = {"local1": "local[1]", "local2": "local[2]", "standalone": "standalone (2 workers x 1 core)"}
 WORKERS, WORKER_MEMORY, EXECUTOR_MEMORY = 2, "3g", "2g"
@@ -55,6 +57,7 @@ CHILD = r"""
 import glob, json, os, shutil, sys, time
 master, node, parquet, runs, stats_dir = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 conf = json.loads(sys.argv[6])
+clean_node = sys.argv[7]  # the store's cleanly stopped twin (make_store.build_clean)
 import pyarrow as pa, pyarrow.parquet as pq
 from pyspark.sql import SparkSession, functions as F
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -109,13 +112,17 @@ NARROW = "vhost STRING, queue STRING, seq_id BIGINT, size BIGINT, survives_resta
 sources = {"rabbitcq": lambda: spark.read.format("rabbitcq").load(node),
            "rabbitcq narrowed": lambda: spark.read.format("rabbitcq").schema(NARROW).load(node),
            "parquet": lambda: spark.read.parquet(parquet),
-           "arrow source": lambda: spark.read.format("arrowsource").load(parquet)}
+           "arrow source": lambda: spark.read.format("arrowsource").load(parquet),
+           "rabbitcq, cleanly stopped": lambda: spark.read.format("rabbitcq").load(clean_node),
+           "rabbitcq narrowed, cleanly stopped": lambda: spark.read.format("rabbitcq").schema(NARROW).load(clean_node)}
 queries = {"count": lambda df: df.count(),
            "sum(length(body))": lambda df: df.agg(F.sum(F.length("body"))).collect()[0][0],
            "sum(size)": lambda df: df.agg(F.sum("size")).collect()[0][0]}
 # which queries each source runs: the narrowed read has no body column
 wanted = {"rabbitcq": ("count", "sum(length(body))"), "rabbitcq narrowed": ("count", "sum(size)"),
-          "parquet": ("count", "sum(length(body))", "sum(size)"), "arrow source": ("count", "sum(length(body))")}
+          "parquet": ("count", "sum(length(body))", "sum(size)"), "arrow source": ("count", "sum(length(body))"),
+          "rabbitcq, cleanly stopped": ("count", "sum(length(body))"),
+          "rabbitcq narrowed, cleanly stopped": ("count", "sum(size)")}
 # warm up every executor's Python worker (the imports) and the JVM's Arrow and Parquet paths
 sources["rabbitcq"]().count()
 sources["parquet"]().count()
@@ -262,7 +269,8 @@ def run(master: str, node: Path, parquet: Path, runs: int, conf: dict | None = N
                CQF_SPARK_TASK_STATS=str(stats))
     try:
         out = subprocess.run([sys.executable, "-c", CHILD, master, str(node), str(parquet), str(runs),
-                              str(stats), json.dumps(conf)], env=env, capture_output=True, text=True)
+                              str(stats), json.dumps(conf), str(clean_node_dir(SCALE[0]))], env=env,
+                             capture_output=True, text=True)
     finally:
         shutil.rmtree(stats, ignore_errors=True)
     if out.returncode:
@@ -305,6 +313,12 @@ def report(results: dict, embedded: float) -> str:
                 lines.append(f"| {src} / parquet, {q} | " + " | ".join(
                     f"{results[m][f'{src} {q}']['seconds'] / results[m][f'parquet {q}']['seconds']:.1f}x"
                     for m in modes) + " |")
+    for src in ("rabbitcq", "rabbitcq narrowed"):
+        for q in ("count", "sum(length(body))", "sum(size)"):
+            if f"{src}, cleanly stopped {q}" in first:
+                lines.append(f"| {src}: cleanly stopped / killed, {q} | " + " | ".join(
+                    f"{results[m][f'{src}, cleanly stopped {q}']['seconds'] / results[m][f'{src} {q}']['seconds']:.2f}x"
+                    for m in modes) + " |")
     lines += ["", f"The same full messages read without Spark (Python API, one process): {embedded:.2f} s.", "",
               ("The Python sources' tasks in the full read, sum(length(body)), last run; seconds summed over "
                "tasks. reader: making the batches (rabbitcq: scan, core decode, Arrow columns; arrow source: "
@@ -333,6 +347,8 @@ def main() -> None:
     args = ap.parse_args()
     runs = 1 if args.quick else 3
     build(args.scale)
+    build_clean(store_dir(args.scale))
+    SCALE[0] = args.scale
     node, parquet = node_dir(args.scale), store_dir(args.scale) / "messages.parquet"
     results = {m: run_mode(m, node, parquet, runs) for m in args.modes}
     for m, r in results.items():  # every mode and source answers the same

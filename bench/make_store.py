@@ -4,10 +4,20 @@
     python bench/make_store.py                 # 200k x 5 KB + 200k x 200 B  (~1.1 GB)
     python bench/make_store.py --scale 0.1     # the 10x smaller store
     python bench/make_store.py --compacted     # a store the broker has compacted (holed files)
+    python bench/make_store.py --scale 10      # 10 copies of the 1x store in its one vhost
+    python bench/make_store.py --scale 1 --clean   # the 1x store, cleanly stopped (and the killed one)
 
 The broker is killed (-9) once every message is on disk, as a crashed node would leave it.
 The store lands in ``$CQF_BENCH_CACHE/store-<scale>/`` (default /var/cache/cqforensics/bench);
-an existing store is reused.
+an existing store is reused. Scales above 1 are whole multiples of the 1x store, made without a
+broker (``build_scaled``: ``store-1-x<N>-onevhost/``).
+
+Every store has a cleanly stopped twin (``--clean``; ``<store>-clean/``, ``build_clean``): the
+same messages after a real 4.3.6 broker booted on a copy of the killed store and stopped with
+``rabbitmqctl shutdown``, so it holds the clean-shutdown files (``clean.dot``,
+``msg_store_index.ets``, ``file_summary.ets``, ``recovery.dets``) a clean start trusts and
+every reader reads. RabbitMQ's backup guide has a node stopped before its messages are copied,
+so a stopped store is the common kind of evidence; a killed one is what a crash leaves.
 
 The compacted store (``store-compacted/``): 4 publishers each send 60k persistent messages of
 4.2-8 KB (uniformly drawn, seeded; all above the 4 KB embedding threshold, so every body is in
@@ -30,9 +40,12 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
+import struct
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -99,6 +112,216 @@ def build(scale: float, version: str = "4.3.6") -> Path:
 
 def node_dir(scale: float) -> Path:
     return store_dir(scale) / "run" / "mnesia" / "rabbit@localhost"
+
+
+# -- the 3x and 10x stores, made without a broker ------------------------------------------
+
+QI_HEADER, QI_ENTRY = 64, 32
+
+
+def _link_tree(src: Path, dst: Path, skip: Path | None = None) -> None:
+    for dirpath, dirnames, filenames in os.walk(src):
+        d = Path(dirpath)
+        if d == skip:
+            dirnames[:] = []
+            continue
+        (dst / d.relative_to(src)).mkdir(parents=True, exist_ok=True)
+        for f in filenames:
+            os.link(d / f, dst / d.relative_to(src) / f)
+
+
+def _rewrite_rdq(src: Path, dst: Path, k: int) -> int:
+    """Copy ``src`` to ``dst`` with every entry's msg_id (header and term) changed by copy ``k``;
+    stops rewriting at the first thing that is not a whole entry (the rest is copied as is)."""
+    data = src.read_bytes()
+    out, off, n = [], 0, 0
+    while off + 24 <= len(data):
+        size = struct.unpack_from(">Q", data, off)[0]
+        end = off + 8 + size + 1
+        if size < 16 or end > len(data) or data[end - 1] != 0xFF:
+            break
+        mid = data[off + 8:off + 24]
+        new = bytes([mid[0] ^ k]) + mid[1:]
+        out.append(data[off:end].replace(mid, new))
+        off, n = end, n + 1
+    out.append(data[off:])
+    dst.write_bytes(b"".join(out))
+    return n
+
+
+def _rewrite_qi(src: Path, dst: Path, k: int) -> None:
+    buf = bytearray(src.read_bytes())
+    whole = (len(buf) - QI_HEADER) // QI_ENTRY if len(buf) > QI_HEADER else 0
+    if whole:
+        e = np.frombuffer(buf, np.uint8, whole * QI_ENTRY, QI_HEADER).reshape(whole, QI_ENTRY)
+        shared = (e[:, 0] != 0) & (e[:, 3] == 1)  # a live entry located in the shared store
+        e[shared, 4] ^= k
+    dst.write_bytes(bytes(buf))
+
+
+def scaled_dir(copies: int) -> Path:
+    return CACHE / f"store-1-x{copies}-onevhost"
+
+
+def build_scaled(copies: int) -> Path:
+    """The killed 1x store's content ``copies`` times in its one vhost, made without a broker
+    (see the module doc: copy k's files renumbered, its ids rewritten, its queues ``Q~k``)."""
+    from cqforensics import textfiles
+
+    out = scaled_dir(copies)
+    node = out / "run" / "mnesia" / "rabbit@localhost"
+    if (out / "DONE").exists():
+        return node
+    src = node_dir(1.0)
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.monotonic()
+    vhosts = sorted((src / "msg_stores" / "vhosts").iterdir())
+    assert len(vhosts) == 1, vhosts
+    vsrc = vhosts[0]
+    vdst = node / "msg_stores" / "vhosts" / vsrc.name
+    _link_tree(src, node, skip=vsrc / "queues")  # copy 0 of everything, hardlinked
+    (vdst / "queues").mkdir(parents=True, exist_ok=True)
+    vhost = (vsrc / ".vhost").read_bytes()
+    rdqs = sorted((int(p.stem), p) for p in (vsrc / "msg_store_persistent").glob("*.rdq"))
+    stride = rdqs[-1][0] + 1
+    for qsrc in sorted((vsrc / "queues").iterdir()):
+        _link_tree(qsrc, vdst / "queues" / qsrc.name, skip=qsrc / "__none__")
+    for k in range(1, copies):
+        for n, p in rdqs:
+            _rewrite_rdq(p, vdst / "msg_store_persistent" / f"{n + k * stride}.rdq", k)
+        for qsrc in sorted((vsrc / "queues").iterdir()):
+            qn = textfiles.parse_queue_name((qsrc / ".queue_name").read_bytes(), vhost)
+            name = qn.name + f"~{k}".encode()
+            qdst = vdst / "queues" / textfiles.queue_dir_name(vhost, name)
+            qdst.mkdir()
+            stub = b"VHOST: " + vhost + b"\nQUEUE: " + name + b"\n" + (b"INDEX: v2\n" if qn.index == "v2" else b"")
+            (qdst / ".queue_name").write_bytes(stub)
+            for f in sorted(qsrc.iterdir()):
+                if f.name == ".queue_name":
+                    continue
+                if f.suffix == ".qi":
+                    _rewrite_qi(f, qdst / f.name, k)
+                else:
+                    os.link(f, qdst / f.name)
+        print(f"  x{copies}: copy {k} written ({time.monotonic() - t0:.0f}s)", flush=True)
+    total = sum(p.stat().st_size for p in node.rglob("*") if p.is_file())
+    (out / "DONE").write_text(f"{copies} copies of {src} in one vhost; {total} bytes; {time.monotonic() - t0:.0f}s\n")
+    return node
+
+
+# -- cleanly stopped stores -------------------------------------------------------------------
+
+CLEAN_FILES = ("clean.dot", "msg_store_index.ets", "file_summary.ets", "recovery.dets")
+
+
+def clean_dir(src: Path) -> Path:
+    """Where the cleanly stopped twin of the killed store ``src`` (a ``store-*`` dir) goes."""
+    return src.with_name(src.name + "-clean")
+
+
+def clean_node_dir(scale: float) -> Path:
+    return clean_dir(store_dir(scale)) / "run" / "mnesia" / "rabbit@localhost"
+
+
+def clean_scaled_node_dir(copies: int) -> Path:
+    return clean_dir(scaled_dir(copies)) / "run" / "mnesia" / "rabbit@localhost"
+
+
+def _queue_counts(b) -> dict[str, int]:
+    out = {}
+    for line in b.ctl("list_queues", "-q", "--no-table-headers", "name", "messages").splitlines():
+        name, _, n = line.rpartition("\t")
+        if name:
+            out[name] = int(n)
+    return out
+
+
+def build_clean(src: Path, copies: int = 1, version: str = "4.3.6", timeout: float = 3600.0) -> Path:
+    """The same messages as the killed store ``src`` (a ``store-*`` dir), cleanly stopped: a real
+    broker boots on a copy of its run dir (recovering it as after a crash), then stops with
+    ``rabbitmqctl shutdown``, which writes the clean-shutdown files (clean.dot,
+    msg_store_index.ets, file_summary.ets, recovery.dets) a clean start trusts. The copy is
+    full (the broker writes into it); once stopped, every file equal to the killed store's is
+    hardlinked to it. A store of ``copies`` > 1 (``build_scaled``) holds queues ``Q~k`` its
+    metadata does not know, which a boot would delete: the broker first boots on its metadata
+    alone, declares them (durable, as the originals), and stops, so that its second boot keeps
+    them. Every queue must then hold what the killed store's index holds (checked against
+    ``rabbitmqctl list_queues``)."""
+    from cqforensics.broker import Broker
+
+    out = clean_dir(src)
+    node = out / "run" / "mnesia" / "rabbit@localhost"
+    if (out / "DONE").exists():
+        return node
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    out.chmod(0o755)
+    t0 = time.monotonic()
+    src_node = src / "run" / "mnesia" / "rabbit@localhost"
+    want = _index_counts(src_node)
+    shutil.copytree(src / "run" / "mnesia", out / "run" / "mnesia", symlinks=True)  # no hardlink kept
+    print(f"  {out.name}: copied ({time.monotonic() - t0:.0f}s)", flush=True)
+    if copies > 1:
+        aside = out / "stores-aside"
+        (node / "msg_stores").rename(aside)
+        with Broker(version, out / "run") as b:
+            b.start(timeout=timeout)
+            declare = [q for q in want if q not in _queue_counts(b)]
+            from cqforensics.broker.clients import pika_module
+
+            pika = pika_module()
+            conn = pika.BlockingConnection(pika.URLParameters(b.url))
+            ch = conn.channel()
+            for q in declare:
+                ch.queue_declare(q, durable=True)
+            conn.close()
+            b.wait_durable(*declare)
+            b.stop(timeout=timeout)
+        shutil.rmtree(node / "msg_stores")
+        aside.rename(node / "msg_stores")
+        print(f"  {out.name}: {len(declare)} queues declared ({time.monotonic() - t0:.0f}s)", flush=True)
+    with Broker(version, out / "run") as b:
+        b.start(timeout=timeout)
+        got = _queue_counts(b)
+        print(f"  {out.name}: booted, {sum(got.values())} messages ({time.monotonic() - t0:.0f}s)", flush=True)
+        if got != want:
+            raise SystemExit(f"{out}: the broker holds {got}, the killed store's index {want}")
+        b.stop(timeout=timeout)
+    missing = [f for f in CLEAN_FILES if not any(node.rglob(f))]
+    if missing:
+        raise SystemExit(f"{out}: the clean stop wrote no {', '.join(missing)}")
+    linked = _link_same(src_node, node)
+    total = sum(p.stat().st_size for p in node.rglob("*") if p.is_file())
+    (out / "DONE").write_text(f"{src.name} booted by RabbitMQ {version} and stopped cleanly; {sum(want.values())} "
+                              f"messages; {total} bytes ({linked} hardlinked to {src.name}); "
+                              f"{time.monotonic() - t0:.0f}s\n")
+    return node
+
+
+def _index_counts(node: Path) -> dict[str, int]:
+    """Messages per queue as the reader finds them in a node dir's indexes (what a boot
+    recovers from a killed store: every queue, no damage)."""
+    import cqforensics
+
+    t = cqforensics.read_table(node, "queues", columns=["queue", "messages"]).to_pylist()
+    return {r["queue"]: r["messages"] for r in t}
+
+
+def _link_same(src: Path, dst: Path) -> int:
+    """Hardlink every file of ``dst`` to the file of the same path under ``src`` when their bytes
+    are equal (the broker left most of the store as it found it); returns the bytes linked."""
+    import filecmp
+
+    linked = 0
+    for p in dst.rglob("*"):
+        q = src / p.relative_to(dst)
+        if p.is_file() and not p.is_symlink() and q.is_file() and p.stat().st_size == q.stat().st_size \
+                and filecmp.cmp(p, q, shallow=False):
+            tmp = p.with_name(p.name + ".link")
+            os.link(q, tmp)
+            os.replace(tmp, p)
+            linked += q.stat().st_size
+    return linked
 
 
 # -- the compacted store ------------------------------------------------------------------
@@ -236,8 +459,21 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--compacted", action="store_true", help="the store a broker has compacted")
+    ap.add_argument("--clean", action="store_true", help="also its cleanly stopped twin")
     args = ap.parse_args()
-    node = build_compacted() if args.compacted else (build(args.scale), node_dir(args.scale))[1]
+    if args.compacted:
+        node = build_compacted()
+    elif args.scale > 1:
+        if args.scale != int(args.scale):
+            raise SystemExit("scales above 1 are whole multiples of the 1x store")
+        build(1.0)
+        node = build_scaled(int(args.scale))
+        if args.clean:
+            node = build_clean(scaled_dir(int(args.scale)), copies=int(args.scale))
+    else:
+        node = (build(args.scale), node_dir(args.scale))[1]
+        if args.clean:
+            node = build_clean(store_dir(args.scale))
     total = sum(p.stat().st_size for p in node.rglob("*") if p.is_file())
     print(f"{node}: {total / 1e9:.2f} GB")
     if args.compacted:

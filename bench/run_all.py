@@ -7,7 +7,8 @@ one run: this VM's speed varies between days by 2x), collated in ``bench/results
 
 Runs bench_readers (every table, core and pure-Python reference, ratio to the raw read, the
 compacted store), bench_holes (holed against rewritten), bench_memory (peak RSS, 0.1x to 10x)
-and bench_spark (local and standalone cluster against Parquet). Each writes its own results
+and bench_spark (local and standalone cluster against Parquet), each on the killed stores and
+on their cleanly stopped twins side by side (make_store.build_clean). Each writes its own results
 in ``bench/results/``; this script adds their stdout, under one date, to the summary.
 """
 

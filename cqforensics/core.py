@@ -5,6 +5,9 @@ reference implementations, which stay the specification the core is tested again
 
 * ``walk_rdq``: the shared-store walk with resynchronisation (``readers.rdq.walk``);
 * ``check_qs``: the checks of the ``.qs`` entries an index points at (``readers.qs.check_entry``);
+* ``disk_log_items``: the items of an ``ets:tab2file`` dump, strictly or as ``ets:file2tab``
+  finds them, the store index's ``#msg_location{}`` records decoded into columns
+  (``readers.terms.disk_log_walk``);
 * ``decode_messages``: the two stored layouts that make up almost every store (``fastpath``)
   decoded straight into Arrow columns. A row the core does not handle (another shape, a float
   header, damage) is marked for the reference to decode; ``COUNTS`` keeps the tally.
@@ -26,7 +29,7 @@ import pyarrow as pa
 
 from cqforensics.schema import PROPERTIES, STRINGS
 
-ABI = 12  # must equal the core's ABI (core/src/lib.rs)
+ABI = 13  # must equal the core's ABI (core/src/lib.rs)
 log = logging.getLogger("cqforensics.core")
 
 try:
@@ -103,6 +106,25 @@ def read_spans(sources: list, file_ix: np.ndarray, starts: np.ndarray, lengths: 
     n = len(file_ix)
     return pa.Array.from_buffers(pa.binary(), n, [pa.py_buffer(bits) if nulls else None, pa.py_buffer(offsets), data],
                                  null_count=nulls)
+
+
+# -- disk_log items ---------------------------------------------------------------------------------
+
+
+def disk_log_items(data, start: int = 8, max_items: int = 1 << 62) -> dict:
+    """The items of a disk_log's bytes (readers.terms.disk_log_walk, strictly), from ``start``,
+    at most ``max_items``: numpy
+    arrays ``offsets``, ``starts``, ``lengths`` (int64), ``decoded`` (uint8: 1 where the item is
+    a ``#msg_location{}`` record decoded into ``ids`` (V16), ``ref_counts``, ``files``,
+    ``locations``, ``totals`` (int64)), ``stop`` (None or the strict walk's ``(code, offset)``:
+    1 inside an item header, 2 bad magic, 3 past the end), ``md5_items`` and ``next`` (where to
+    go on from; None: done)."""
+    out = _native.disk_log_items(data, start, max_items)
+    for k in ("offsets", "starts", "lengths", "ref_counts", "files", "locations", "totals"):
+        out[k] = np.frombuffer(out[k], np.int64)
+    out["decoded"] = np.frombuffer(out["decoded"], np.uint8)
+    out["ids"] = np.frombuffer(out["ids"], "V16")
+    return out
 
 
 # -- message decode --------------------------------------------------------------------------------
@@ -210,4 +232,4 @@ def decode_messages(sources: list, file_ix: np.ndarray, starts: np.ndarray, leng
     return status, cols
 
 
-__all__ = ["ABI", "COUNTS", "FALLBACK", "NO_TERM", "check_qs", "decode_messages", "qs_garbage", "read_spans", "native", "status", "walk_rdq"]
+__all__ = ["ABI", "COUNTS", "FALLBACK", "NO_TERM", "check_qs", "decode_messages", "disk_log_items", "qs_garbage", "read_spans", "native", "status", "walk_rdq"]

@@ -315,8 +315,7 @@ def refcounts_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         queues = pa.ListArray.from_arrays(pa.array(offsets), names_array(names, (pairs % nn)[order]))
         recorded = None
         if st.recorded is not None:
-            rec = st.recorded
-            recorded = np.array([rec[i][0] if i in rec else 0 for i in (x.tobytes() for x in ids.ids)], np.int32)
+            recorded = recorded_refs(st.recorded, ids.ids)
         status = np.full(n, RefcountStatus.OK, np.int8)
         status[copies > 1] = RefcountStatus.DUPLICATE
         status[(computed == 0) & (copies > 0)] = RefcountStatus.ORPHAN
@@ -336,6 +335,17 @@ def refcounts_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
                 "recorded_refs": pa.array(recorded[e], pa.int32()) if recorded is not None else pa.nulls(m, pa.int32()),
                 "queues": queues.slice(e.start, m), "status": names_array(code_labels(RefcountStatus), status[e]),
             })
+
+
+def recorded_refs(rec, ids: np.ndarray) -> np.ndarray:
+    """The reference count msg_store_index.ets records for each id (int32; 0: none recorded, or
+    a count that is no integer; one beyond int32 clipped to it)."""
+    g = rec.lookup(ids)
+    out = np.where(g >= 0, rec.ref_count[np.maximum(g, 0)], 0) if len(rec.ref_count) else np.zeros(len(ids), np.int64)
+    for raw, r in rec.other_ids().items():
+        hit = np.flatnonzero(ids == np.frombuffer(raw, ids.dtype)[0])
+        out[hit] = r[0] if isinstance(r[0], int) and -(1 << 31) <= r[0] < 1 << 31 else 0
+    return np.clip(out, -(1 << 31), (1 << 31) - 1).astype(np.int32)
 
 
 def holes_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:

@@ -520,6 +520,111 @@ def _amqpl_term(props: bytes) -> bytes:
 # -- whole tables ----------------------------------------------------------------------------------
 
 
+# -- disk_log items (ets dumps) --------------------------------------------------------------------
+
+
+def _same_items(data: bytes, path: Path = Path("x.ets")) -> bool:
+    """The compiled walk of a disk_log's items (``readers.terms.disk_log_walk``, in runs of a few
+    items to cross the resumption points too) and the reference give the same items, rows,
+    terms and stop; and where the walk says ets:file2tab loads every object it found
+    (``loads_whole``, the fast path of an undamaged dump), ``file2tab_load`` (storecrash's model
+    of OTP's file2tab) loads exactly those. Returns whether it did."""
+    from cqforensics.readers import terms
+
+    ref = terms.disk_log_walk_reference(data, path)
+    for run in (terms.WALK_ITEMS, 3):
+        old, terms.WALK_ITEMS = terms.WALK_ITEMS, run
+        try:
+            new = terms.disk_log_walk(data, path)
+        finally:
+            terms.WALK_ITEMS = old
+        assert (new.n, new.n_rows, new.md5_items) == (ref.n, ref.n_rows, ref.md5_items)
+        assert new.offsets == ref.offsets
+        assert new.rows.tobytes() == ref.rows.tobytes() and np.array_equal(new.row_items, ref.row_items)
+        assert repr(new.terms) == repr(ref.terms)
+        assert (repr(new.error), getattr(new.error, "offset", None)) == \
+            (repr(ref.error), getattr(ref.error, "offset", None))
+    status = bytes(data[4:8]) if data[:4] == b"\x01\x02\x03\x04" else None
+    if not terms.loads_whole(status, ref):
+        return False
+    last = ref.n - 1
+    walked = [ref.term(k) for k in range(1, ref.n) if not (k == last and terms._file2tab_end(ref.terms.get(k)))]
+    assert repr(terms.file2tab_load(bytes(data))) == repr(walked)
+    return True
+
+
+def _ets_files() -> list[Path]:
+    return sorted(p for ds in datasets() for p in (SAMPLES / ds / "mnesia").rglob("*.ets") if p.is_file())
+
+
+def test_disk_log_items_equal_reference_on_every_sample_dump():
+    files = _ets_files()
+    assert len(files) >= 10
+    for p in files:
+        assert _same_items(read_bytes(p), p), p  # every sample's dump is whole: the fast path
+
+
+def test_disk_log_items_equal_reference_on_damaged_dumps():
+    """Damaged copies of every sample's dumps (zeroed ranges, bit flips, cuts, junk, duplicated
+    slices), crafted records in every integer encoding and beyond 64 bits, items long enough
+    to carry an md5 (right and wrong), and random bytes."""
+    from cqforensics import etf
+
+    rng = random.Random(32)
+    whole = []
+    for p in _ets_files():
+        for data in _mutations(read_bytes(p), rng, 12):
+            whole.append(_same_items(data))
+    assert any(whole) and not all(whole)  # both the fast path and file2tab_load's are met
+    head = b"\x01\x02\x03\x04\x63\x58\x4d\x0b"
+
+    def item(term: bytes, md5: bytes | None = None) -> bytes:
+        import hashlib
+
+        size = len(term).to_bytes(4, "big")
+        return size + b"bWLA" + ((md5 if md5 is not None else hashlib.md5(size).digest())
+                                 if len(term) >= 65528 else b"") + term
+
+    ints = [0, 1, 255, 256, -1, -(1 << 31), (1 << 31) - 1, 1 << 40, (1 << 63) - 1, -(1 << 63), 1 << 63, 1 << 64, 2.5]
+    for k in range(200):
+        vals = [rng.choice(ints) for _ in range(4)]
+        key = rng.choice([rng.randbytes(16), rng.randbytes(15), "id", 7])
+        tag = rng.choice([etf.Atom("msg_location"), etf.Atom("msg_location", False), etf.Atom("file_summary")])
+        term = etf.term_to_binary((tag, key, *vals), utf8_atoms=rng.random() < 0.5)
+        data = head + item(etf.term_to_binary([etf.Atom("info")])) + item(term)
+        data += item(etf.term_to_binary([etf.Atom("$end_of_table"), [(etf.Atom("count"), 1)]]))
+        _same_items(data)
+        _same_items(data + bytes(rng.randrange(9)))
+    big = etf.term_to_binary([(etf.Atom("msg_location"), bytes(16), 1, 2, 3, 4)] * 3000)
+    assert len(big) >= 65528
+    for md5 in (None, bytes(16)):
+        _same_items(head + item(etf.term_to_binary([])) + item(big, md5) + item(etf.term_to_binary(1)))
+    for _ in range(200):
+        _same_items(head + bytes(rng.choice((0, 0, 98, 87, 76, 65, 131, 104, 6, 119, rng.randrange(256)))
+                                 for _ in range(rng.randrange(400))))
+
+
+def test_store_index_dumps_of_the_fuzz_corpus_read_as_reference(tmp_path):
+    """Every ets dump of the kept fuzz cases (fuzz/regressions.json) and of a campaign's damaged
+    clean stops: the compiled walk equals the reference."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from fuzz import campaign
+
+    cases = {(e["dataset"], e["seed"], e["mutation"]) for e in campaign.regressions()}
+    cases |= {(ds, seed, m) for seed in range(4) for ds in ("4.3.6-clean", "3.10.8-clean")
+              for m in ("bitflip", "truncate", "zero", "junk", "swap") }
+    dumps = 0
+    for ds, seed, mutation in sorted(cases):
+        inp = campaign.prepare(seed, tmp_path / f"{ds}-{seed}-{mutation}", ds, mutation)
+        for p in Path(inp["base"]).rglob("*.ets"):
+            if p.is_file():
+                _same_items(read_bytes(p), p)
+                dumps += 1
+    assert dumps >= 40
+
+
 def _tables_equal(path: Path) -> None:
     for table in cqforensics.TABLES:
         os.environ["CQF_CORE"] = "0"

@@ -470,7 +470,7 @@ def test_store_index_is_read_as_file2tab_loads_it(tmp_path):
     from conftest import copy_node
 
     from cqforensics import fsck
-    from cqforensics.model.recovery import file2tab_objects
+    from cqforensics.readers.terms import file2tab_objects
 
     node = copy_node("4.3.6-clean", tmp_path / "a")
     ets = root_vhost(node) / "msg_store_persistent" / "msg_store_index.ets"
@@ -575,7 +575,7 @@ def compare_bounds(report, got: dict) -> list[str]:
 @pytest.mark.broker
 @pytest.mark.parametrize("version", VERSIONS)
 def test_store_index_is_loaded_as_otp_file2tab_loads_it(version, tmp_path):
-    """``model.recovery.file2tab_load`` against the OTP each broker runs on (25, 27, 29): the
+    """``readers.terms.file2tab_load`` against the OTP each broker runs on (25, 27, 29): the
     same objects (count and keys), the same error, or the same exception, on damaged copies of
     the samples' ``msg_store_index.ets`` and ``file_summary.ets`` (seeded bit flips, inverted,
     zeroed and random runs, cuts; written at test time)."""
@@ -584,7 +584,7 @@ def test_store_index_is_loaded_as_otp_file2tab_loads_it(version, tmp_path):
 
     from cqforensics import etf
     from cqforensics.broker import runtime
-    from cqforensics.model.recovery import RAISES, file2tab_load
+    from cqforensics.readers.terms import RAISES, file2tab_load
 
     need_broker(version)
     rt = runtime(version)

@@ -12,7 +12,7 @@ from test_recovery_state_brokers import ets_items, root_vhost
 
 import cqforensics
 from cqforensics import fsck
-from cqforensics.model.recovery import RAISES, file2tab_load
+from cqforensics.readers.terms import RAISES, file2tab_load
 
 
 def _dump(tmp_path):

@@ -4,6 +4,7 @@
 
 pub mod amqp091;
 pub mod columns;
+pub mod ets;
 pub mod message;
 pub mod qi;
 pub mod qs;
@@ -17,7 +18,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 /// Bumped whenever a function's arguments or results change: the Python side refuses a core
 /// built from other sources (a stale build) and says how to rebuild.
-pub const ABI: u32 = 12;
+pub const ABI: u32 = 13;
 
 /// Row status of `decode_messages`.
 const DECODED: u8 = 0;
@@ -790,6 +791,54 @@ fn qi_slots<'py>(py: Python<'py>, slots: &Bound<'py, PyAny>, expiry_max: u64) ->
     Ok(out)
 }
 
+/// The items of a disk_log (`ets::walk`, strictly): a dict of native-endian arrays as bytes,
+/// one row per item (`offsets`, `starts`, `lengths`; `decoded`: 1 where the item is a `#msg_location{}` record decoded into `ids`
+/// (16 bytes a row), `ref_counts`, `files`, `locations` and `totals`), `stop` (None, or the
+/// strict walk's `(code, offset)`), `md5_items` and `next` (where to go on from after
+/// `max_items` items, from `start`; None: done).
+#[pyfunction]
+#[pyo3(signature = (data, start=ets::HEADER_SIZE, max_items=usize::MAX))]
+fn disk_log_items<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyAny>,
+    start: usize,
+    max_items: usize,
+) -> PyResult<Bound<'py, PyDict>> {
+    let view = View::new(data)?;
+    let (ptr, len) = (view.ptr, view.len);
+    let w = py.detach(move || {
+        let bytes: &[u8] = if len == 0 { &[] } else { unsafe { std::slice::from_raw_parts(ptr as *const u8, len) } };
+        ets::walk(bytes, start, max_items)
+    });
+    drop(view);
+    let n = w.records.len();
+    let mut decoded = vec![0u8; n];
+    let mut ids = vec![0u8; 16 * n];
+    let mut ints = [vec![0i64; n], vec![0i64; n], vec![0i64; n], vec![0i64; n]];
+    for (k, r) in w.records.iter().enumerate() {
+        if let Some(r) = r {
+            decoded[k] = 1;
+            ids[16 * k..16 * k + 16].copy_from_slice(&r.id);
+            for (col, v) in ints.iter_mut().zip([r.ref_count, r.file, r.offset, r.total]) {
+                col[k] = v;
+            }
+        }
+    }
+    let out = PyDict::new(py);
+    for (name, v) in [("offsets", &w.offsets), ("starts", &w.starts), ("lengths", &w.lengths)] {
+        out.set_item(name, PyBytes::new(py, as_bytes(v)))?;
+    }
+    out.set_item("decoded", PyBytes::new(py, &decoded))?;
+    out.set_item("ids", PyBytes::new(py, &ids))?;
+    for (name, v) in ["ref_counts", "files", "locations", "totals"].iter().zip(ints.iter()) {
+        out.set_item(*name, PyBytes::new(py, as_bytes(v)))?;
+    }
+    out.set_item("stop", w.stop.map(|(why, at)| (why as u8, at)))?;
+    out.set_item("md5_items", w.md5_items)?;
+    out.set_item("next", w.next)?;
+    Ok(out)
+}
+
 #[pymodule]
 fn cqforensics_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ABI", ABI)?;
@@ -799,5 +848,6 @@ fn cqforensics_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(qs_garbage, m)?)?;
     m.add_function(wrap_pyfunction!(qi_slots, m)?)?;
     m.add_function(wrap_pyfunction!(read_spans, m)?)?;
+    m.add_function(wrap_pyfunction!(disk_log_items, m)?)?;
     Ok(())
 }

@@ -241,7 +241,7 @@ def _recovery_terms(vs: VhostScan) -> dict:
     cached = vs.__dict__.get("_integrity_recovery_terms")
     if cached is None:
         try:
-            cached = r_terms.recovery_terms(vs.vhost.recovery_dets)
+            cached = vs.term_files.recovery_terms(vs.vhost.recovery_dets)
         except CQError:
             cached = {}
         vs.__dict__["_integrity_recovery_terms"] = cached
@@ -298,9 +298,9 @@ def vhost_file_findings(vs: VhostScan) -> list[Finding]:
     for kind, st in vs.vhost.stores.items():
         for p in (st.file_summary, st.msg_store_index):
             if r_files.is_regular(p):
-                out += _safe(r_terms.ets_findings, p)
+                out += _safe(lambda p: r_terms.ets_findings(p, vs.term_files.ets(p)), p)
         if r_files.is_regular(st.file_summary) and st.clean_dot.exists():
-            out += _safe(lambda p: file_summary_findings(p, st.rdq, kind), st.file_summary)
+            out += _safe(lambda p: file_summary_findings(p, st.rdq, kind, vs.term_files), st.file_summary)
         out += _safe(lambda p: r_terms.text_findings(p, f"clean.dot:{kind}"), st.clean_dot)
     return out
 
@@ -341,15 +341,17 @@ def recovery_terms_findings(vs: VhostScan) -> list[Finding]:
                     "queues recover dirty)", str(vs.vhost.recovery_dets), details={"queue_dirs": missing[:64]})]
 
 
-def file_summary_findings(path: Path, rdq: list[tuple[int, Path]], kind: str = "persistent") -> list[Finding]:
+def file_summary_findings(path: Path, rdq: list[tuple[int, Path]], kind: str = "persistent",
+                          files: r_terms.TermFiles | None = None) -> list[Finding]:
     """``term-file-damaged`` for a clean stop's ``file_summary.ets`` that does not describe its
     store's files: a clean stop dumps one ``#file_summary{file, valid_total_size, ..., file_size}``
     per ``.rdq`` file, whose file_size is that file's size (so on every sample); another set of
     files or sizes is a stale, swapped or damaged dump, which the next clean start trusts. Either
     side may be the damaged one, so each ``.rdq`` of another size than recorded is named too
     (``rdq-garbage`` where the two part: info in the transient store, which every boot deletes)."""
-    out = _file_summary_shape(path)
-    recorded = r_terms.file_summary_records(path)
+    files = files if files is not None else r_terms.TermFiles()
+    out = _file_summary_shape(path, files)
+    recorded = files.file_summary(path)
     actual = {}
     for number, p in rdq:
         try:
@@ -378,7 +380,7 @@ def file_summary_findings(path: Path, rdq: list[tuple[int, Path]], kind: str = "
     return out
 
 
-def _file_summary_shape(path: Path) -> list[Finding]:
+def _file_summary_shape(path: Path, files: r_terms.TermFiles) -> list[Finding]:
     """``term-file-damaged`` for a ``#file_summary{file, valid_total_size, left, right, file_size,
     locked, readers}`` of a clean stop's dump that is not what MS terminate leaves: ``locked``
     false, ``readers`` 0 (3.x) or undefined (4.x), ``left``/``right`` the numbers of the files
@@ -396,18 +398,8 @@ def _file_summary_shape(path: Path) -> list[Finding]:
             if isinstance(o, tuple) and len(o) == 8 and o[0] == "file_summary" and isinstance(o[1], int):
                 records.append((off, o))
     numbers = sorted(o[1] for _, o in records)
-    live: dict[int, int] | None = None
     index = path.parent / "msg_store_index.ets"
-    try:
-        table = r_terms.read_ets(index) if index.exists() else None
-    except CQError:
-        table = None
-    if table is not None and table.complete:
-        live = {}
-        for m in table.objects:
-            if isinstance(m, tuple) and len(m) == 6 and m[0] == "msg_location" and isinstance(m[2], int) and m[2] > 0 \
-                    and isinstance(m[3], int) and isinstance(m[5], int):
-                live[m[3]] = live.get(m[3], 0) + m[5]
+    live = _referenced_bytes(index, files) if index.exists() else None
     out = []
     for off, (_, number, valid, left, right, _size, locked, readers) in records:
         k = numbers.index(number)
@@ -428,6 +420,37 @@ def _file_summary_shape(path: Path) -> list[Finding]:
                                f"{'; '.join(problems)} (a flipped bit in this dump or in msg_store_index.ets; the "
                                "next clean start trusts both)", str(path), off, details={"file": number}))
     return out
+
+
+def _referenced_bytes(index: Path, files: r_terms.TermFiles) -> dict[int, int] | None:
+    """File number -> the total size of the ``#msg_location{}`` records of a complete
+    ``msg_store_index.ets`` (strict walk) with a count above 0 placed in it (None: the dump is
+    not complete). Summed over the columns (a read in shares: each share's records in turn), the
+    rare record that is no ``LOCATION`` row one by one."""
+    dump = files.ets(index)
+    if not dump.complete:
+        return None
+    if dump.items.rows is None:  # sorted out by share as it was decoded (readers.terms.TermFiles.sinks)
+        spill = files.spills[index]
+        runs, others = (spill.load(k) for k in range(spill.parts)), []
+    else:
+        locs = dump.locations()
+        runs, others = [locs.rows], locs.others
+    live: dict[int, int] = {}
+    for rows in runs:
+        sel = rows["ref_count"] > 0
+        f, t = rows["file"][sel], rows["total"][sel]
+        if not len(f):
+            continue
+        order = np.argsort(f, kind="stable")
+        f, t = f[order], t[order]
+        starts = np.flatnonzero(np.r_[True, f[1:] != f[:-1]])
+        for n, b in zip(f[starts].tolist(), np.add.reduceat(t, starts).tolist()):
+            live[n] = live.get(n, 0) + b
+    for _, _, (count, number, _, total) in others:
+        if isinstance(count, int) and count > 0 and isinstance(number, int) and isinstance(total, int):
+            live[number] = live.get(number, 0) + total
+    return live
 
 
 def _safe(check, path: Path) -> list[Finding]:

@@ -78,10 +78,13 @@ class OrphanTally:
             self.orphan_bytes += int(st.e_total[hit].sum())
         if st is not None and st.recorded is not None:
             refs = vs.references["persistent"]
-            unheld = 0
-            for raw, rec in st.recorded.items():
+            rec = st.recorded
+            g = refs.ids.lookup(rec.ids.ids)
+            held = np.where(g >= 0, refs.count[np.maximum(g, 0)], 0) if len(refs.count) else np.zeros(len(g), int)
+            unheld = int((rec.ref_count > held).sum())
+            for raw, r in rec.others.items():
                 g = refs.ids.lookup(np.frombuffer(raw, "V16"))[0] if isinstance(raw, bytes) and len(raw) == 16 else -1
-                if isinstance(rec[0], int) and rec[0] > (int(refs.count[g]) if g >= 0 else 0):
+                if isinstance(r[0], int) and r[0] > (int(refs.count[g]) if g >= 0 else 0):
                     unheld += 1
             self.unheld = (self.unheld or 0) + unheld
         routed = _routed_orphans(vs, lost)

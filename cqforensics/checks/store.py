@@ -32,6 +32,7 @@ class StoreCheck:
             t = self.tallies.get(kind)
             if t is None:
                 t = self.tallies[kind] = _StoreTally(kind, st.store, st.files)
+            t.term_files = vs.term_files
             if vs.share is not None:
                 t.walked = vs.spill("walks")[kind]
             if first:
@@ -133,6 +134,7 @@ class _StoreTally:
     def __init__(self, kind: str, store, files: list) -> None:
         self.kind, self.store, self.files = kind, store, files
         self.walked = None  # a read in shares: the store's one walk (``model.store.WalkedStore``)
+        self.term_files = None  # the read's (``readers.terms.TermFiles``)
         self.reported: list[tuple[int, int, int]] = []  # (file number, start, end) of holes reported
         n = len(files)
         self.unreached = np.zeros(n, np.int64)  # entries the version's scan does not reach, per file
@@ -177,17 +179,25 @@ class _StoreTally:
 
     def add_refcounts(self, st, refs) -> None:
         """Recorded reference counts (msg_store_index.ets) against what the indexes hold."""
-        for raw, rec in st.recorded.items():
-            g = refs.ids.lookup(np.frombuffer(raw, "V16"))[0] if _is_id(raw) else -1
-            computed = int(refs.count[g]) if g >= 0 else 0
-            if rec[0] != computed:
+        rec = st.recorded
+        g = refs.ids.lookup(rec.ids.ids)
+        computed = np.where(g >= 0, refs.count[np.maximum(g, 0)], 0) if len(refs.count) else np.zeros(len(g), int)
+        bad = np.flatnonzero(rec.ref_count != computed)
+        self.refcount_bad += len(bad)
+        found = [(_key(rec.ids.ids[j].tobytes()), rec.ids.ids[j].tobytes(), int(rec.ref_count[j]), int(computed[j]))
+                 for j in bad[:MAX_EXAMPLES].tolist()]  # ids sorted bytewise: the smallest keys first
+        for raw, r in rec.others.items():
+            k = refs.ids.lookup(np.frombuffer(raw, "V16"))[0] if _is_id(raw) else -1
+            n = int(refs.count[k]) if k >= 0 else 0
+            if r[0] != n:
                 self.refcount_bad += 1
-                key = _key(raw)
-                if len(self.refcount_examples) < MAX_EXAMPLES or key < self.refcount_examples[-1][0]:
-                    ex = {"msg_id": raw.hex() if isinstance(raw, bytes) else repr(raw), "recorded": rec[0],
-                          "computed": computed}
-                    self.refcount_examples = sorted(self.refcount_examples + [(key, ex)],
-                                                    key=lambda kv: kv[0])[:MAX_EXAMPLES]
+                found.append((_key(raw), raw, r[0], n))
+        for key, raw, recorded, n in found:
+            if len(self.refcount_examples) < MAX_EXAMPLES or key < self.refcount_examples[-1][0]:
+                ex = {"msg_id": raw.hex() if isinstance(raw, bytes) else repr(raw), "recorded": recorded,
+                      "computed": n}
+                self.refcount_examples = sorted(self.refcount_examples + [(key, ex)],
+                                                key=lambda kv: kv[0])[:MAX_EXAMPLES]
 
     def add_recorded(self, st) -> None:
         cands, elsewhere, past = recorded_mismatches(st, self.reported)
@@ -218,7 +228,7 @@ class _StoreTally:
         if not (self.elsewhere or self.past):
             return out
         by_number = {f.number: f for f in self.files if f.path.suffix == ".rdq"}
-        sizes = _summary_sizes(self.store.file_summary)
+        sizes = _summary_sizes(self.store.file_summary, self.term_files)
         # files neither on disk nor in file_summary.ets, or past the end of a file of the size it records
         gone = sorted([n for n in self.elsewhere if sizes is not None and n not in sizes] +
                       [n for n in self.past if sizes is not None and sizes.get(n) == by_number[n].size])
@@ -243,33 +253,80 @@ def recorded_mismatches(st, reported: list[tuple[int, int, int]]) -> tuple[list[
     show (zeros are a normal hole); not where a hole is reported already (``reported``). Returns
     the first ``MAX_RECORDED`` of them by place, ``(file position, offset, id, total, what the
     file holds there: None (no entry of the scan's), "another id" or "another size")``, and per
-    file number the records placed in no file of the store, or past its end."""
-    if not st.clean or not st.recorded:
+    file number the records placed in no file of the store, or past its end. The records held
+    as columns are checked as arrays, any other (a damaged dump) one by one."""
+    rec = st.recorded
+    if not st.clean or not rec:
         return [], {}, {}
-    by_number = {f.number: fi for fi, f in enumerate(st.files) if f.path.suffix == ".rdq"}  # not an appended .rdt
-    rdq = [f.path.suffix == ".rdq" for f in st.files]
-    held = {(int(st.files[int(fi)].number), int(o)): (i.tobytes(), int(t))
-            for fi, o, t, i in zip(st.e_file.tolist(), st.e_offset.tolist(), st.e_total.tolist(), st.e_id)
-            if rdq[fi]}
-    out = []
+    rdq = [f.path.suffix == ".rdq" for f in st.files]  # not an appended .rdt
+    by_number = {f.number: fi for fi, f in enumerate(st.files) if rdq[fi]}
+    numbers = np.array(sorted(by_number), np.int64)
+    positions = np.array([by_number[n] for n in numbers.tolist()], np.int64)
+    sizes = np.array([st.files[fi].size for fi in positions.tolist()], np.int64)
     elsewhere: dict[int, int] = {}
     past: dict[int, int] = {}
-    for msg_id, rec in st.recorded.items():
-        _, number, offset, total = rec
+    # the columns: where each record's file is among the store's
+    f, o, t = rec.file, rec.offset, rec.total
+    i = np.minimum(np.searchsorted(numbers, f), max(0, len(numbers) - 1))
+    known = (numbers[i] == f) if len(numbers) else np.zeros(len(f), bool)
+    for n, c in zip(*np.unique(f[~known], return_counts=True)):
+        elsewhere[int(n)] = int(c)
+    # offset + total > size, in Python where a damaged dump's values could overflow 64 bits
+    size = sizes[i] if len(sizes) else np.zeros(len(f), np.int64)
+    huge = (o >= 1 << 61) | (o <= -(1 << 61)) | (t >= 1 << 61) | (t <= -(1 << 61))
+    beyond = known & ~huge & (np.where(huge, 0, o) + np.where(huge, 0, t) > size)
+    for k in np.flatnonzero(known & huge).tolist():
+        beyond[k] = int(o[k]) + int(t[k]) > int(size[k])
+    for n, c in zip(*np.unique(f[beyond], return_counts=True)):
+        past[int(n)] = int(c)
+    check = np.flatnonzero(known & ~beyond)
+    held = np.zeros(0, np.int64)
+    e_rdq = np.array(rdq, bool)[st.e_file] if len(st.e_file) else np.zeros(0, bool)
+    e_numbers = np.array([g.number for g in st.files] or [0], np.int64)[st.e_file[e_rdq]] if len(st.e_file) else held
+    held = e_numbers * (1 << 40) + st.e_offset[e_rdq] if len(st.e_file) else held
+    order = np.argsort(held)
+    held = held[order]
+    e_of = np.flatnonzero(e_rdq)[order] if len(st.e_file) else held
+    place = f[check] * (1 << 40) + o[check]
+    j = np.minimum(np.searchsorted(held, place), max(0, len(held) - 1))
+    at = ((held[j] == place) & (o[check] >= 0) & (o[check] < 1 << 40)) if len(held) else np.zeros(len(check), bool)
+    e = e_of[j] if len(held) else j
+    same_id = at & ((st.e_id[e].view(">u8").reshape(-1, 2) == rec.ids.ids[check].view(">u8").reshape(-1, 2)).all(axis=1)
+                    if len(held) else at)
+    same = same_id & (st.e_total[e] == t[check] if len(held) else at)
+    miss = np.flatnonzero(~same)
+    hidden = np.zeros(len(miss), bool)
+    for number, a, b in reported:  # a hole reported already says it
+        hidden |= (f[check[miss]] == number) & (o[check[miss]] >= a) & (o[check[miss]] < b)
+    miss = miss[~hidden]
+    rows = check[miss]
+    fi = positions[i[rows]]
+    ids = rec.ids.ids[rows]
+    halves = ids.view(">u8").reshape(-1, 2)
+    first = np.lexsort((t[rows], halves[:, 1], halves[:, 0], o[rows], fi))[:MAX_RECORDED]
+    out = [(int(fi[k]), int(o[rows[k]]), ids[k].tobytes(), int(t[rows[k]]),
+            None if not at[miss[k]] else "another id" if not same_id[miss[k]] else "another size")
+           for k in first.tolist()]
+    # the other records, one by one
+    keys = {(int(n), int(x)): (st.e_id[k].tobytes(), int(st.e_total[k]))
+            for n, x, k in zip(e_numbers.tolist(), st.e_offset[e_rdq].tolist(), np.flatnonzero(e_rdq).tolist())} \
+        if rec.others else {}
+    for msg_id, r in rec.others.items():
+        _, number, offset, total = r
         if not (isinstance(number, int) and isinstance(offset, int) and isinstance(total, int)):
             continue  # not a #msg_location{}: the dump's own finding (terms.ets_findings)
-        fi = by_number.get(number)
-        if fi is None:
+        pos = by_number.get(number)
+        if pos is None:
             elsewhere[number] = elsewhere.get(number, 0) + 1
             continue
-        if offset + total > st.files[fi].size:
+        if offset + total > st.files[pos].size:
             past[number] = past.get(number, 0) + 1
             continue
-        got = held.get((number, offset))
+        got = keys.get((number, offset))
         if got == (msg_id, total) or not isinstance(msg_id, bytes) or \
                 any(n == number and a <= offset < b for n, a, b in reported):
             continue
-        out.append((fi, offset, msg_id, total, None if got is None else
+        out.append((pos, offset, msg_id, total, None if got is None else
                     "another id" if got[0] != msg_id else "another size"))
     return heapq.nsmallest(MAX_RECORDED, out), elsewhere, past
 
@@ -297,11 +354,11 @@ def _key(key) -> tuple:
     return (0, key, "") if isinstance(key, bytes) else (1, b"", repr(key))
 
 
-def _summary_sizes(path) -> dict[int, int] | None:
+def _summary_sizes(path, files: r_terms.TermFiles) -> dict[int, int] | None:
     """File number -> file size, as a clean stop's file_summary.ets records them (None: none to
     go by)."""
     try:
-        return {n: size for n, (_, size) in r_terms.file_summary_records(path).items()}
+        return {n: size for n, (_, size) in files.file_summary(path).items()}
     except (CQError, OSError):  # missing or unreadable: its own findings
         return None
 

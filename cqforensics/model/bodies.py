@@ -29,9 +29,15 @@ class Bodies:
     #: store of a few GiB, so each is opened once per read, not once per queue that uses it
     MAX_OPEN = 128
 
+    #: bytes of ``.qs`` checks kept for asking again (a clean start's crash check and the listing
+    #: after it check the same entries: each is checked once)
+    QS_CHECKED_BYTES = 32 << 20
+
     def __init__(self):
         self._maps: dict[Path, object] = {}
         self._open: dict[Path, object] = {}  # path -> file object, most recent last
+        self._qs_checked: dict[tuple, np.ndarray] = {}
+        self._qs_room = self.QS_CHECKED_BYTES
 
     def _data(self, path: Path):
         m = self._maps.pop(path, None)
@@ -83,8 +89,18 @@ class Bodies:
         return len(self._data(path))
 
     def qs_entries(self, qs: r_qs.QsFile, offsets, sizes) -> np.ndarray:
-        """``qs_entry`` (trusting the file header) of many entries: int8 QsStatus codes."""
-        return qs.check_many(self._data(qs.path), offsets, sizes)
+        """``qs_entry`` (trusting the file header) of many entries: int8 QsStatus codes (read-only;
+        kept, up to ``QS_CHECKED_BYTES``, for the same entries asked again)."""
+        key = (qs.path, np.ascontiguousarray(offsets).tobytes(), np.ascontiguousarray(sizes).tobytes())
+        got = self._qs_checked.get(key)
+        if got is None:
+            got = qs.check_many(self._data(qs.path), offsets, sizes)
+            cost = len(key[1]) + len(key[2]) + len(got)
+            if cost <= self._qs_room:
+                got.flags.writeable = False
+                self._qs_checked[key] = got
+                self._qs_room -= cost
+        return got
 
     def qs_entry(self, qs: r_qs.QsFile, offset: int, size: int, trust_header: bool = True) -> QsStatus:
         """The check of the ``.qs`` entry an index places at ``offset`` with term ``size``;
@@ -93,6 +109,8 @@ class Bodies:
         return (qs.check(data, offset, size) if trust_header else r_qs.check_entry(data, offset, size))[0]
 
     def close(self) -> None:
+        self._qs_checked.clear()
+        self._qs_room = self.QS_CHECKED_BYTES
         for m in self._maps.values():
             if hasattr(m, "close"):
                 m.close()

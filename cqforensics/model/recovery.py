@@ -25,6 +25,7 @@ from cqforensics.model.versions import BrokerModel
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers import terms as r_terms
+from cqforensics.readers.terms import RAISES
 
 # -- the shared-store scan ---------------------------------------------------------------------------
 
@@ -82,16 +83,19 @@ def mode(vhost, assume_dirty: bool, model: BrokerModel | None = None) -> str:
     return clean_state(vhost, assume_dirty, model)[0]
 
 
-def clean_state(vhost, assume_dirty: bool, model: BrokerModel | None = None) -> tuple[str, str, Path]:
+def clean_state(vhost, assume_dirty: bool, model: BrokerModel | None = None,
+                files: r_terms.TermFiles | None = None) -> tuple[str, str, Path]:
     """``(mode, why, file)``: 'clean' or 'dirty' (see ``mode``), the reason, and the file it
     rests on. Clean needs the persistent store's clean.dot, file_summary.ets and
     msg_store_index.ets intact and recovery terms whose persistent_refs are exactly clean.dot's
     client_refs (MS build_index / recover_index_and_client_refs). A dump ets:file2tab raises on
     (``RAISES``) crashes the store's init: file_summary.ets at every start, clean or not (it is
     read first), msg_store_index.ets at a clean start's first one only (clean.dot is consumed
-    before it): ``start_crash``."""
+    before it): ``start_crash``. ``files``: the read's term files (``readers.terms.TermFiles``:
+    each decoded once; what file2tab loads of a dump is ``readers.terms.file2tab_load``'s)."""
+    files = files if files is not None else r_terms.TermFiles()
     st = vhost.stores.get("persistent")
-    if st is not None and st.file_summary.exists() and file2tab_objects(st.file_summary) is RAISES:
+    if st is not None and st.file_summary.exists() and files.ets(st.file_summary).load_outcome() is RAISES:
         return "dirty", (f"{st.file_summary.name} makes ets:file2tab raise: the message store's init crashes at "
                          "every start of the vhost, which stays down"), st.file_summary
     if assume_dirty:
@@ -101,21 +105,21 @@ def clean_state(vhost, assume_dirty: bool, model: BrokerModel | None = None) -> 
     if st.rdt and (model is None or model.appends_rdt):  # only <= 3.12 writes them
         return "dirty", (f"{st.rdt[0][1].name} (an interrupted file combine): the store trusts neither "
                          "file_summary nor its index"), st.rdt[0][1]
-    dot = r_terms.clean_dot(st.clean_dot)
+    dot = files.clean_dot(st.clean_dot)
     if not dot:
         return "dirty", "clean.dot is unreadable", st.clean_dot
-    terms = r_terms.recovery_terms(vhost.recovery_dets)
+    terms = files.recovery_terms(vhost.recovery_dets)
     if not terms:
         return "dirty", "recovery.dets records no queue's recovery terms", vhost.recovery_dets
     raises = None
     for ets in (st.file_summary, st.msg_store_index):  # ets:file2tab must load them (not verify them)
-        objs = file2tab_objects(ets) if ets.exists() else None
-        if objs is None:
+        outcome = files.ets(ets).load_outcome() if ets.exists() else None
+        if outcome is None:
             return "dirty", f"{ets.name} is missing or ets:file2tab cannot load it", ets
-        if objs is RAISES:
+        if outcome is RAISES:
             raises = ets
             continue
-        if model is not None and not model.store_index_loaded_unverified and not r_terms.read_ets(ets).complete:
+        if model is not None and not model.store_index_loaded_unverified and not files.ets(ets).complete:
             return "dirty", f"{ets.name} fails ets:file2tab's verification", ets
     refs = sorted(t.get("persistent_ref") for t in terms.values() if isinstance(t.get("persistent_ref"), bytes))
     client = dot.get("client_refs")
@@ -135,7 +139,7 @@ def start_crash(vs) -> str | None:
     restart_vhost`` or the next boot, recovers it dirty); None when it starts."""
     path = vs.recovery_state[2]
     if path.name in ("file_summary.ets", "msg_store_index.ets") and path.is_file() \
-            and file2tab_objects(path) is RAISES:
+            and vs.term_files.ets(path).load_outcome() is RAISES:
         return "every" if path.name == "file_summary.ets" else "first"
     return None
 
@@ -143,182 +147,12 @@ def start_crash(vs) -> str | None:
 # -- what a clean start reads of its recorded state ------------------------------------------------------
 
 
-#: ``file2tab_load``: OTP's file2tab raises (ets:insert of an object that is no tuple of two
-#: elements or more, e.g. a term cut to ``{}`` by zeroed bytes; a table info ets:new or
-#: create_tab refuses with an exception): the message store's init crashes, the vhost does not start
-RAISES = type("File2tabRaises", (), {"__repr__": lambda self: "RAISES"})()
-
-
-def file2tab_objects(path: Path) -> list | None:
-    """The objects ``ets:file2tab/1`` loads from an ``ets:tab2file`` dump, as the broker calls it
-    (rabbit_msg_store index_recover / recover_file_summary: no ``verify``); None when file2tab
-    returns an error (the store then rebuilds its index from the files), ``RAISES`` when it
-    raises. ``file2tab_load`` says how; it is checked against OTP 25, 27 and 29's own file2tab
-    on thousands of damaged dumps (tests/test_recovery_state_brokers.py)."""
-    from cqforensics.errors import CQError
-    from cqforensics.readers.files import read_bytes
-
-    try:
-        data = bytes(read_bytes(path))
-    except (CQError, OSError):
-        return None
-    return file2tab_load(data)
-
-
-def file2tab_load(data: bytes) -> list | None:
-    """``ets:file2tab/1`` without ``verify`` on the bytes of a dump (OTP lib/stdlib/src/ets.erl
-    file2tab/2, load_table/3; lib/kernel/src/disk_log.erl chunk/3, ichunk_end; disk_log_1.erl
-    chunk_read_only, handle_chunk_ro; the same in OTP 25 to 29). The log is opened read-only
-    (its header must be a disk_log's, closed or not). The table info is the first chunk of one
-    item: a tuple with the 6 mandatory keys whose values ``ets:new`` accepts, else ``badfile``
-    (None). Then chunks of up to 100 items, each read from a 64 KiB buffer: an item header
-    whose magic is wrong is skipped a byte at a time, and every byte skipped counts against the
-    100; an item of 65528 bytes and more with a wrong md5 is skipped with 17 bytes more; an item
-    cut by the end of the file ends the chunk. A chunk's items are decoded in order: at the first
-    one ``binary_to_term`` refuses, the chunk ends with the ones before it, and the next chunk
-    starts at the end of the 64 KiB buffer minus the bytes of the items after it (wherever that
-    falls, as OTP computes it). Loading stops at the first chunk that yields no object: a chunk
-    that begins with a bad item, with more than 100 bytes to skip, or at a cut item, ends the
-    table there. ``RAISES`` where file2tab raises instead (an object ets:insert refuses, a
-    table info create_tab cannot take apart). (A header of the md5 size cut within its first 17
-    bytes at the end of the file makes OTP read the same bytes forever; taken as the table ending
-    there.)"""
-    import hashlib
-
-    from cqforensics import etf
-    from cqforensics.grammar import disklog as c_disklog
-
-    head = c_disklog.HEADER_SIZE
-    if len(data) < head or data[:4] != c_disklog.FILE_MAGIC or data[4:8] not in (c_disklog.CLOSED,
-                                                                                 c_disklog.OPENED):
-        return None
-    body = memoryview(data)[head:]
-    item_head, big, old = c_disklog.ITEM_HEAD, c_disklog.ITEM_MAGIC, c_disklog.OLD_ITEM_MAGIC
-    min_md5, max_chunk = c_disklog.MIN_MD5_TERM, c_disklog.MAX_CHUNK_SIZE
-
-    def handle(buf, pos: int, n: int):
-        """disk_log_1:handle_chunk_ro: ((next pos, leftover buffer or bytes to read), item
-        binaries, bad bytes); ``pos``: the file position just after ``buf``."""
-        i, items, bad, end = 0, [], 0, len(buf)
-        while True:
-            rem = end - i
-            if n == 0 and rem >= head:
-                return (pos, buf[i:]), items, bad
-            if rem < head:
-                return (pos - rem, None), items, bad
-            size, magic = item_head.unpack_from(buf, i)
-            if magic == big and size < min_md5 or magic == old:
-                if rem - head >= size:
-                    items.append(buf[i + head:i + head + size])
-                    i, n = i + head + size, n - 1
-                    continue
-                return (pos - rem, size + head), items, bad
-            if magic == big:
-                good = bytes(buf[i + head:i + head + 16]) == hashlib.md5(bytes(buf[i:i + 4])).digest()
-                if good and rem == head + 16 + size:
-                    return (pos, None), items + [buf[i + head + 16:]], bad
-                if good:  # read again from its header, exactly its size (always more than 64 KiB)
-                    return (pos - rem, size + head + 16), items, bad
-                if rem - head >= 17:
-                    i, n, bad = i + head + 17, n - 1, bad + 1
-                    continue
-                return (pos - rem, None), items, bad
-            i, n, bad = i + 1, n - 1, bad + 1
-
-    def chunk(pos: int, more, n: int):
-        """disk_log:chunk(Log, Cont, N) in read-only mode: (continuation, terms) or None (eof)."""
-        seen = set()
-        while True:  # disk_log_1:do_chunk_read_only / do_handle_chunk_ro
-            if isinstance(more, memoryview):
-                r = handle(more, pos, n)
-            else:
-                if pos >= len(body):
-                    return None
-                buf = body[pos:pos + (max_chunk if more is None else max(more, max_chunk))]
-                if len(buf) < head or more is not None and len(buf) < more:
-                    return (pos + len(buf), None), []  # cut short: bad bytes, no item
-                r = handle(buf, pos + len(buf), n)
-            (pos, more), items, bad = r
-            if items or bad:
-                break
-            key = (pos, more if not isinstance(more, memoryview) else len(more))
-            if key in seen:  # OTP would read the same bytes forever
-                return (pos, None), []
-            seen.add(key)
-        terms = []
-        for k, raw in enumerate(items):  # disk_log:ichunk_end / ichunk_bad_end (read_only)
-            try:
-                terms.append(etf.decode(raw)[0])
-            except etf.EtfError:
-                return (pos - sum(len(b) + head for b in items[k + 1:]), None), terms
-        return (pos, more), terms
-
-    first = chunk(0, None, 1)  # ets get_header_data: the table info
-    if first is None or len(first[1]) != 1:
-        return None
-    info = _table_info(first[1][0])
-    if not isinstance(info, int):
-        return info
-    cont, out = first[0], []
-    while True:  # ets load_table: until a chunk yields nothing
-        got = chunk(cont[0], cont[1], 100)
-        if got is None or not got[1]:
-            break
-        cont, terms = got
-        last = terms[-1]  # scan_for_endinfo: the end marker only as a chunk's last item
-        if isinstance(last, list) and len(last) == 2 and last[0] == "$end_of_table":
-            terms = terms[:-1]
-        if any(not isinstance(t, tuple) or len(t) < info for t in terms):  # ets:insert raises
-            return RAISES
-        out += terms
-    return out
-
-
-def _table_info(info):
-    """ets get_header_data (no verify) and create_tab on the table info: its key position when
-    the tuple names the 6 mandatory keys (name, type, protection, named_table, keypos, size,
-    counted as 2-tuples) and ``ets:new`` accepts what they say; None (``badfile``,
-    ``cannot_create_table``) or ``RAISES`` (a ``lists:keyfind`` match that fails) otherwise."""
-    from cqforensics import etf
-
-    if not isinstance(info, tuple):
-        return None
-    mandatory = ("name", "type", "protection", "named_table", "keypos", "size")
-    if sum(1 for t in info if isinstance(t, tuple) and len(t) == 2 and t[0] in mandatory) != 6:
-        return None
-    got = {}
-    for t in info:  # lists:keyfind: the first tuple of each key
-        if isinstance(t, tuple) and t and isinstance(t[0], str):
-            got.setdefault(t[0], t)
-    if any(len(got.get(k, ())) != 2 for k in ("name", "type", "protection", "keypos", "size")) \
-            or got["named_table"][1:] not in (("true",), ("false",)) \
-            or "compressed" in got and got["compressed"][1:] not in (("true",), ("false",)):
-        return RAISES  # {Key, V} = lists:keyfind(...) or a case with no clause for it
-    got = {k: t[1] for k, t in got.items() if len(t) == 2}
-    keypos, absent = got.get("keypos"), object()
-    accepted = (isinstance(got.get("name"), etf.Atom)
-                and got.get("type") in ("set", "ordered_set", "bag", "duplicate_bag")
-                and got.get("protection") in ("public", "protected", "private")
-                and isinstance(keypos, int) and not isinstance(keypos, bool) and keypos >= 1
-                and got.get("write_concurrency", absent) in ("true", "false", "auto", absent)
-                and got.get("read_concurrency", absent) in ("true", "false", absent))
-    return keypos if accepted else None
-
-
-def recorded_index(st) -> dict[bytes, tuple] | None:
-    """The shared store's message index a clean start trusts (``file2tab_objects`` of
-    ``msg_store_index.ets``): id -> (refcount, file, offset, total size); None without one."""
-    if st is None:
-        return None
-    cache = st.__dict__.setdefault("_broker_recorded", {})
-    if "index" not in cache:
-        objs = file2tab_objects(st.store.msg_store_index) if st.store.msg_store_index.exists() else None
-        share = getattr(st, "share", None)  # a scan of one id share needs that share's records only
-        cache["index"] = None if objs is None or objs is RAISES else {
-            o[1]: (o[2], o[3], o[4], o[5]) for o in objs
-            if isinstance(o, tuple) and len(o) == 6 and o[0] == "msg_location" and isinstance(o[1], bytes)
-            and (share is None or share.holds_key(o[1]))}
-    return cache["index"]
+def recorded_index(st):
+    """The shared store's message index a clean start trusts: ``msg_store_index.ets`` as
+    ``ets:file2tab`` loads it (``readers.terms.file2tab_load``; ``model.store.Recorded``, the
+    records of the scan's share, made from ``EtsDump.locations(loaded=True)``); None without
+    one, or when file2tab fails or raises on it."""
+    return None if st is None else st.loaded
 
 
 def recorded_summary(st) -> dict[int, tuple[int, int]] | None:
@@ -330,7 +164,7 @@ def recorded_summary(st) -> dict[int, tuple[int, int]] | None:
     cache = st.__dict__.setdefault("_broker_recorded", {})
     if "summary" not in cache:
         path = st.store.file_summary
-        objs = file2tab_objects(path) if path.exists() else None
+        objs = r_terms.file2tab_objects(path) if path.exists() else None
         cache["summary"] = None if objs is None or objs is RAISES else {
             o[1]: (o[2], o[5]) for o in objs
             if isinstance(o, tuple) and len(o) == 8 and o[0] == "file_summary" and isinstance(o[1], int)
@@ -347,21 +181,19 @@ def current_file(st) -> int | None:
 
 def recorded_at(st, ids: np.ndarray) -> np.ndarray:
     """Clean recovery: per id, what msg_store_index.ets records of it: an (n, 4) int64 array of
-    (count, file, offset, total size), -1 where it records no such id (or no integer)."""
-    cache = st.__dict__.setdefault("_broker_recorded", {})
-    if "arrays" not in cache:
-        recorded = recorded_index(st) or {}
-        keys = np.frombuffer(b"".join(recorded), "V16") if recorded else np.zeros(0, "V16")
-        values = np.array([[v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62 else -1
-                            for v in rec] for rec in recorded.values()], np.int64).reshape(-1, 4)
-        order = np.argsort(keys)  # distinct ids (dict keys): sorted bytewise
-        cache["arrays"] = (keys[order], values[order])
-    keys, values = cache["arrays"]
+    (count, file, offset, total size), -1 where it records no such id (or no integer from 0 to
+    2^62)."""
     out = np.full((len(ids), 4), -1, np.int64)
-    if len(keys) and len(ids):
-        at = np.minimum(np.searchsorted(keys, ids), len(keys) - 1)
-        hit = keys[at] == ids
-        out[hit] = values[at[hit]]
+    recorded = recorded_index(st)
+    if recorded is None or not len(ids):
+        return out
+    pos = recorded.lookup(ids)
+    hit = pos >= 0
+    for j, col in enumerate((recorded.ref_count, recorded.file, recorded.offset, recorded.total)):
+        v = col[pos[hit]]
+        out[hit, j] = np.where((v >= 0) & (v < 1 << 62), v, -1)
+    for k, rec in _other_hits(recorded, ids, pos):
+        out[k] = [v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62 else -1 for v in rec]
     return out
 
 
@@ -371,35 +203,95 @@ def recorded_files(st, ids: np.ndarray) -> np.ndarray:
 
 
 def recorded_has(st, ids: np.ndarray) -> np.ndarray:
-    """Clean recovery: whether the trusted index records each id at all (wherever it says)."""
+    """Clean recovery: whether the trusted index records each id at all (wherever it says).
+    rabbit_msg_store read/contains: index_lookup_positive_ref_count (a count of 0 is not found)."""
     recorded = recorded_index(st)
     if recorded is None:
         return np.zeros(len(ids), bool)
-    raw = ids.tobytes()
-    # rabbit_msg_store read/contains: index_lookup_positive_ref_count (a count of 0 is not found)
-    return np.array([(rec := recorded.get(raw[i:i + 16])) is not None and isinstance(rec[0], int) and rec[0] > 0
-                     for i in range(0, 16 * len(ids), 16)], bool)
+    pos = recorded.lookup(ids)
+    out = pos >= 0
+    out[out] = recorded.ref_count[pos[out]] > 0
+    for k, rec in _other_hits(recorded, ids, pos):
+        out[k] = isinstance(rec[0], int) and rec[0] > 0
+    return out
 
 
-def recorded_ok(st, ids: np.ndarray) -> np.ndarray:
-    """Clean recovery: whether msg_store_index.ets places each id on a valid entry holding it."""
-    out = np.zeros(len(ids), bool)
+def _other_hits(recorded, ids: np.ndarray, pos: np.ndarray):
+    """(row, record) of the ids only a damaged dump's other records hold."""
+    others = recorded.other_ids()
+    if not others:
+        return
+    keys = np.frombuffer(b"".join(others), ids.dtype)
+    for k in np.flatnonzero((pos < 0) & np.isin(ids, keys)).tolist():
+        yield k, others[ids[k].tobytes()]
+
+
+_PLACE = 1 << 40  # (file number, offset) as one sortable integer: offsets below 2^40, numbers below 2^23
+
+
+def recorded_ok(st, ids: np.ndarray, groups: np.ndarray | None = None) -> np.ndarray:
+    """Clean recovery: whether msg_store_index.ets places each id on a valid entry holding it.
+    ``groups``: the ids' positions among the store's distinct ids (``distinct.lookup``), when
+    looked up already."""
     recorded = recorded_index(st)
     if recorded is None:
-        return out
-    numbers = np.array([f.number for f in st.files] or [0], np.int64)
-    keys = numbers[st.e_file] * (1 << 40) + st.e_offset if len(st.e_file) else np.zeros(0, np.int64)
-    order = np.argsort(keys)
-    keys = keys[order]
-    for k, raw in enumerate(ids.tobytes()[i:i + 16] for i in range(0, 16 * len(ids), 16)):
-        rec = recorded.get(raw)
-        if rec is None or not isinstance(rec[0], int) or rec[0] <= 0 or not isinstance(rec[1], int) \
-                or not isinstance(rec[2], int):
-            continue
-        j = np.searchsorted(keys, rec[1] * (1 << 40) + rec[2])
-        out[k] = j < len(keys) and keys[j] == rec[1] * (1 << 40) + rec[2] and \
-            st.e_id[order[j]].tobytes() == raw and int(st.e_total[order[j]]) == rec[3]
+        return np.zeros(len(ids), bool)
+    g = st.distinct.lookup(ids) if groups is None else groups
+    ok = _recorded_ok_groups(st)
+    out = np.where(g >= 0, ok[np.maximum(g, 0)], False) if len(ok) else np.zeros(len(ids), bool)
+    if recorded.others:
+        for k, rec in _other_hits(recorded, ids, recorded.lookup(ids)):
+            out[k] = _other_ok(st, ids[k].tobytes(), rec)
     return out
+
+
+def _store_places(st) -> tuple[np.ndarray, np.ndarray]:
+    """Every entry of the store as (file number, offset) in one sorted integer, and the entries
+    in that order (made once per store index)."""
+    cache = st.__dict__.setdefault("_recorded_places", {})
+    if "places" not in cache:
+        numbers = np.array([f.number for f in st.files] or [0], np.int64)
+        keys = numbers[st.e_file] * _PLACE + st.e_offset if len(st.e_file) else np.zeros(0, np.int64)
+        order = np.argsort(keys)
+        cache["places"] = keys[order], order
+    return cache["places"]
+
+
+def _recorded_ok_groups(st) -> np.ndarray:
+    """Per distinct id of the store: whether the trusted index records it (a count above 0) on a
+    valid entry holding it, the id and total size there (every record checked at once, once per
+    store index)."""
+    cache = st.__dict__.setdefault("_recorded_places", {})
+    if "ok" in cache:
+        return cache["ok"]
+    recorded = recorded_index(st)
+    out = np.zeros(len(st.distinct), bool)
+    keys, order = _store_places(st)
+    if recorded is not None and len(keys) and len(recorded.ids):
+        f, o = recorded.file, recorded.offset
+        valid = (recorded.ref_count > 0) & (f >= 0) & (f < 1 << 23) & (o >= 0) & (o < _PLACE)
+        place = np.where(valid, f * _PLACE + o, -1)
+        by_place = np.argsort(place)  # searched in order: consecutive searches share the cache
+        j = np.empty(len(place), np.int64)
+        j[by_place] = np.minimum(np.searchsorted(keys, place[by_place]), len(keys) - 1)
+        e = order[j]
+        match = valid & (keys[j] == place) & (st.e_total[e] == recorded.total)
+        match &= (st.e_id[e].view(">u8").reshape(-1, 2) == recorded.ids.ids.view(">u8").reshape(-1, 2)).all(axis=1)
+        out[st.e_group[e[match]]] = True
+    cache["ok"] = out
+    return out
+
+
+def _other_ok(st, raw: bytes, rec: tuple) -> bool:
+    """``recorded_ok`` of one record a damaged dump holds apart (``Recorded.others``)."""
+    if not (isinstance(rec[0], int) and rec[0] > 0 and isinstance(rec[1], int) and isinstance(rec[2], int)):
+        return False
+    if not (0 <= rec[1] < 1 << 23 and 0 <= rec[2] < _PLACE):
+        return False
+    keys, order = _store_places(st)
+    i = int(np.searchsorted(keys, rec[1] * _PLACE + rec[2]))
+    return i < len(keys) and int(keys[i]) == rec[1] * _PLACE + rec[2] and \
+        st.e_id[order[i]].tobytes() == raw and int(st.e_total[order[i]]) == rec[3]
 
 
 @dataclass(frozen=True)
@@ -431,7 +323,7 @@ def queue_starts(vs) -> dict[str, QueueStart]:
     from cqforensics.model.versions import CONSTANTS
 
     seg = CONSTANTS["classic_queue_index_v2_segment_entry_count"][0]
-    terms = r_terms.recovery_terms(vs.vhost.recovery_dets)
+    terms = vs.term_files.recovery_terms(vs.vhost.recovery_dets)
     out = {}
     for q in vs.all_queue_dirs:
         t = terms.get(q.dir_name)
@@ -469,7 +361,7 @@ def clean_crashes(vs) -> tuple[set[str], bool]:
     current file (``store_serves_current_file_reads``): the store process reads it and crashes,
     taking the vhost with it (rabbit_vhost_sup, one_for_all, intensity 0); the reading queue,
     waiting on it, crashes too and leaves no recovery terms, so the restart recovers dirty."""
-    if vs.recovery != "clean":
+    if vs.recovery != "clean" or not _may_crash(vs):
         return set(), False
     queues, vhost = set(), False
     st = vs.stores.get("persistent")
@@ -485,6 +377,37 @@ def clean_crashes(vs) -> tuple[set[str], bool]:
             if current is not None and len(at):
                 vhost |= bool((recorded_files(st, qx.rec.msg_id[qx.live[at]]) == current).any())
     return queues, vhost
+
+
+def _refs_placed(vs) -> bool:
+    """Whether the trusted index places every persistent shared-store message the scan's
+    indexes hold right (``recorded_ok``): then none of them is missing from it or crashes its
+    read (no ``DELIVERY_CRASH``, ``NOT_IN_STORE_INDEX``, nor a failed read of an expired one)."""
+    if "_refs_placed" not in vs.__dict__:
+        st, refs = vs.stores.get("persistent"), vs.references.get("persistent")
+        vs.__dict__["_refs_placed"] = st is None or refs is None or not len(refs.ids) or \
+            bool(recorded_ok(st, refs.ids.ids).all())
+    return vs.__dict__["_refs_placed"]
+
+
+def _may_crash(vs) -> bool:
+    """Clean start: whether any held message could crash its read (``clean_crashes``), False
+    when none can: every persistent shared-store reference is placed right by the trusted
+    index (``recorded_ok``: no ``DELIVERY_CRASH``) and every ``.qs`` entry checks (no
+    ``crash_once``). The common case, proved without resolving every entry."""
+    if not _refs_placed(vs):
+        return True
+    for qx in vs.live_chunks(whole=True):
+        r, live = qx.rec, qx.live
+        in_qs = live[r.loc[live] == _QSTORE]
+        files = r.file[in_qs]
+        for f in np.unique(files).tolist():
+            sel = in_qs[files == f]
+            qs_path = qx.qs_of(f)
+            qs = vs.qs_files.get(qs_path) if qs_path is not None else None
+            if qs is None or (vs.bodies.qs_entries(qs, r.store_offset[sel], r.store_size[sel]) != QsStatus.OK).any():
+                return True
+    return False
 
 
 def lost_on_read(vs) -> dict[str, tuple[int, int]]:
@@ -541,6 +464,8 @@ def clean_restarts(vs) -> dict[str, list[str]]:
              if starts.get(q.dir_name) is not None and starts[q.dir_name].kind == "restart"}
     why: dict[str, str] = {}  # dir name -> its first reason found
     for sub in vs.each_share():
+        if _refs_placed(sub):  # no message of this share is missing from the trusted index
+            continue
         for qx in sub.live_chunks(whole=True):
             name = qx.qdir.dir_name
             if name in inits or name in why:
@@ -946,17 +871,19 @@ def shared_copies(st, kind: str, ids: np.ndarray, clean: bool) -> tuple[np.ndarr
     the body causes (-1: none). A dirty start scans the store: no copy its scan reaches loses the
     message (unreachable when the bytes are there). A clean start (``reads_clean``) trusts
     msg_store_index.ets, which must place each persistent id on a valid entry holding it."""
-    cp, ap = st.locate(ids)
+    g = st.distinct.lookup(ids)
+    cp, ap = st.locate_groups(g)
     problem = np.full(len(ids), -1, np.int8)
     if not clean:
         miss = cp < 0
         problem[miss] = np.where(ap[miss] >= 0, Fate.BODY_UNREACHABLE, Fate.BODY_MISSING)
     elif kind == "persistent":
-        bad = ~recorded_ok(st, ids)
+        bad = ~recorded_ok(st, ids, g)
         # an id it does not record at all: the read crashes the queue (541), and its restart
         # (a dirty index recovery asking the store, rabbit_msg_store:contains) drops it;
         # a restart after an init crash drops it without reading it
-        problem[bad] = np.where(recorded_has(st, ids)[bad], Fate.DELIVERY_CRASH, Fate.NOT_IN_STORE_INDEX)
+        if bad.any():
+            problem[bad] = np.where(recorded_has(st, ids[bad]), Fate.DELIVERY_CRASH, Fate.NOT_IN_STORE_INDEX)
     return cp, ap, problem
 
 

@@ -24,7 +24,6 @@ from cqforensics.model.index import ID
 from cqforensics.model.versions import BrokerModel
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers import registry
-from cqforensics.readers import terms as r_terms
 
 #: stored entries a vhost's state may hold per pass: a vhost with more is read in id shares
 ENTRIES_PER_SHARE = 250_000
@@ -167,6 +166,80 @@ class IdSet:
 
 
 @dataclass
+class Recorded:
+    """What a clean stop recorded of one store's messages (``msg_store_index.ets``'s
+    ``#msg_location{msg_id, ref_count, file, offset, total_size}`` records), keyed by id: the
+    last record of an id wins, as ``ets:file2tab``'s inserts into the set table do. Records of
+    16-byte ids with integer fields are columns (``ids`` sorted, the fields aligned with it);
+    any other (a damaged dump: another key, a field that is no integer of 64 bits) is in
+    ``others``, key -> (ref_count, file, offset, total)."""
+
+    ids: IdSet
+    ref_count: np.ndarray  # int64
+    file: np.ndarray
+    offset: np.ndarray
+    total: np.ndarray
+    others: dict
+
+    @classmethod
+    def build(cls, rows: np.ndarray, others: list[tuple[int, object, tuple]] = (),
+              positions: np.ndarray | None = None, share: Share | None = None) -> "Recorded":
+        """From ``LOCATION`` rows in file order, and the other records with their positions among
+        all (``readers.terms.RecordedLocations``); ``share``: only the records of its ids."""
+        if share is not None and share.parts > 1:
+            keep = share.holds(np.ascontiguousarray(rows["id"]))
+            rows, positions = rows[keep], positions[keep] if positions is not None else None
+            others = [o for o in others if _hashable(o[1]) and share.holds_key(o[1])]
+        if others:  # a damaged dump: every record in order, the last of each key kept
+            merged: dict = {}
+            pos = positions.tolist() if positions is not None else list(range(len(rows)))
+            events = sorted([(p, j) for j, p in enumerate(pos)] + [(p, -1 - i) for i, (p, _, _) in enumerate(others)])
+            for _, j in events:
+                if j >= 0:
+                    merged[rows[j]["id"].tobytes()] = ("row", j)
+                else:
+                    _, key, rec = others[-1 - j]
+                    if _hashable(key):
+                        merged[key] = ("other", rec)
+            take = [v[1] for v in merged.values() if v[0] == "row"]
+            rows = rows[np.array(sorted(take), np.int64)] if take else rows[:0]
+            others = {k: v[1] for k, v in merged.items() if v[0] == "other"}
+        else:
+            others = {}
+        ids = np.ascontiguousarray(rows["id"][::-1])  # the last record of an id first
+        idset, _, firsts = IdSet.build(ids)
+        firsts = len(rows) - 1 - firsts
+        return cls(idset, *(np.ascontiguousarray(rows[c][firsts]) for c in ("ref_count", "file", "offset", "total")),
+                   others)
+
+    def __len__(self) -> int:
+        return len(self.ids) + len(self.others)
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        """Position of each 16-byte id among the columns, -1 when they hold none (``others`` may)."""
+        return self.ids.lookup(ids)
+
+    def other_ids(self) -> dict[bytes, tuple]:
+        """The records in ``others`` keyed by a 16-byte id."""
+        return {k: v for k, v in self.others.items() if isinstance(k, bytes) and len(k) == 16}
+
+    def items(self):
+        """(key, (ref_count, file, offset, total)) of every record (Python objects: for tests
+        and the rare caller that needs them all)."""
+        for j, raw in enumerate(self.ids.ids.tobytes()[i:i + 16] for i in range(0, 16 * len(self.ids), 16)):
+            yield raw, (int(self.ref_count[j]), int(self.file[j]), int(self.offset[j]), int(self.total[j]))
+        yield from self.others.items()
+
+
+def _hashable(key) -> bool:
+    try:
+        hash(key)
+    except TypeError:
+        return False
+    return True
+
+
+@dataclass
 class StoreIndex:
     """One shared store: every entry of every file (numpy arrays, ~70 bytes each), and per
     distinct message id its copies, the first copy, and the copy the target version's
@@ -185,9 +258,11 @@ class StoreIndex:
     first: np.ndarray  # per distinct id: first entry in file order
     claim: np.ndarray  # per distinct id: the entry recovery uses, -1 when the scanner reaches none
     bad: list[tuple[int, int, int, bytes]]  # (file pos, offset, total, id): entries without a 255 marker
-    recorded: dict[bytes, tuple] | None  # msg_store_index.ets: id -> (refcount, file, offset, total)
+    recorded: Recorded | None  # msg_store_index.ets as read (up to any damage); None: no such file
     clean: bool  # clean.dot + index files present (the broker skips the scan on a clean start)
     share: Share | None = None  # the ids it holds the entries of (None: all)
+    #: msg_store_index.ets as ets:file2tab loads it for a clean start (None: it cannot)
+    loaded: Recorded | None = None
 
     def path(self, e: int) -> Path:
         """The file holding entry ``e``."""
@@ -199,11 +274,14 @@ class StoreIndex:
 
     def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For ids: (claimed entry, first entry); -1 where none."""
-        g = self.distinct.lookup(ids)
+        return self.locate_groups(self.distinct.lookup(ids))
+
+    def locate_groups(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``locate`` of ids already looked up among the distinct ones (``distinct.lookup``)."""
         found = g >= 0
         gg = np.maximum(g, 0)
         if not len(self.claim):
-            return np.full(len(ids), -1, np.int64), np.full(len(ids), -1, np.int64)
+            return np.full(len(g), -1, np.int64), np.full(len(g), -1, np.int64)
         return np.where(found, self.claim[gg], -1), np.where(found, self.first[gg], -1)
 
 
@@ -313,10 +391,10 @@ def walk_positions(files: list[r_rdq.RdqFile]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def walk_store(store: StoreDir, model: BrokerModel, referenced: r_rdq.Referenced | None, parts: int,
-               jobs: int = 1) -> WalkedStore:
-    """Walk every file of the store once (trusting ``referenced``, see ``scan_store``) and sort
-    its entries out by share (``jobs``: see ``walk_files``)."""
-    referenced = _pinned(referenced, _recorded(store, Share(0, 1))[2])
+               pinned: np.ndarray | None = None, jobs: int = 1) -> WalkedStore:
+    """Walk every file of the store once (trusting ``referenced`` and ``pinned``, see
+    ``scan_store``) and sort its entries out by share (``jobs``: see ``walk_files``)."""
+    referenced = _pinned(referenced, pinned)
     out = WalkedStore([], Spill(ENTRY, parts), [[] for _ in range(parts)])
     for fi, f, reach in walk_files(store, model, referenced, jobs):
         rec = np.empty(len(f), ENTRY)
@@ -330,43 +408,54 @@ def walk_store(store: StoreDir, model: BrokerModel, referenced: r_rdq.Referenced
     return out
 
 
-def _recorded(store: StoreDir, share: Share | None) -> tuple[dict | None, bool, list[bytes]]:
-    """msg_store_index.ets: (its records of the share's ids, whether the stop was clean, every
-    16-byte id it records)."""
-    if not store.msg_store_index.exists():
-        return None, False, []
-    table = r_terms.read_ets(store.msg_store_index)
-    recorded, pinned = {}, []
-    for obj in table.objects:
-        if isinstance(obj, tuple) and len(obj) == 6 and obj[0] == "msg_location":
-            if isinstance(obj[1], bytes) and len(obj[1]) == 16:
-                pinned.append(obj[1])
-            if share is None or share.holds_key(obj[1]):
-                recorded[obj[1]] = (obj[2], obj[3], obj[4], obj[5])
-    clean = table.complete and store.clean_dot.exists() and store.file_summary.exists()
-    return recorded, clean, pinned
+@dataclass
+class StoreRecord:
+    """What a clean stop recorded of one store (``msg_store_index.ets``), for one scan: the
+    records of its share's ids as read (``recorded``: up to any damage) and as ets:file2tab
+    loads them for a clean start (``loaded``; the same object when the dump is undamaged),
+    whether the stop left a complete record (``clean``), and every 16-byte id recorded
+    (``pinned``: a walk trusts them). ``exists`` False: no such file (a killed store)."""
+
+    recorded: Recorded | None = None
+    loaded: Recorded | None = None
+    clean: bool = False
+    pinned_ids: object = None  # an array, or what makes it when first asked (``pinned``)
+
+    @property
+    def pinned(self) -> np.ndarray | None:
+        if callable(self.pinned_ids):
+            self.pinned_ids = self.pinned_ids()
+        return self.pinned_ids
 
 
-def _pinned(referenced: r_rdq.Referenced | None, pinned: list[bytes]) -> r_rdq.Referenced | None:
+def _pinned(referenced: r_rdq.Referenced | None, pinned: np.ndarray | None) -> r_rdq.Referenced | None:
     """The ids a walk trusts: ``referenced`` and ``pinned``, the ids msg_store_index.ets records
     (None: none)."""
-    if pinned:
-        extra = np.frombuffer(b"".join(pinned), ID)
-        referenced = r_rdq.Referenced(extra if referenced is None else
-                                      np.concatenate([np.frombuffer(referenced.sorted, ID), extra]))
+    if pinned is not None and len(pinned):
+        if referenced is None or not len(referenced):
+            referenced = r_rdq.Referenced(pinned)
+        else:  # only the ids not referenced already (after a clean stop, nearly none): no sort of them all
+            have = np.frombuffer(referenced.sorted, ID)
+            (hi, lo), (phi, plo) = id_halves(have), id_halves(np.ascontiguousarray(pinned))
+            i = np.minimum(_search(hi, phi), len(hi) - 1)
+            extra = pinned[~((hi[i] == phi) & (lo[i] == plo))]  # a high half shared: added, then deduplicated
+            if len(extra):
+                referenced = r_rdq.Referenced(np.concatenate([have, extra]))
     return referenced if referenced is not None and len(referenced) else None
 
 
 def scan_store(store: StoreDir, model: BrokerModel, refs: "References | None" = None, share: Share | None = None,
                referenced: r_rdq.Referenced | None = None, walked: WalkedStore | None = None,
-               jobs: int = 1) -> StoreIndex:
+               record: StoreRecord | None = None, jobs: int = 1) -> StoreIndex:
     """Walk every file of the store. The walk trusts (readers.rdq, "which candidates become
     entries") the ids the queue indexes reference into this store (``referenced``, else those
     of ``refs``) and those msg_store_index.ets records after a clean stop; the rest must earn
     their place. ``share``: keep only the entries (and records) of the share's ids, from the
     store ``walked`` once for every share (``walk_store``), else from a walk of its own; either
-    walk trusts every referenced id, so a share's entries are exactly those of the whole walk."""
-    recorded, clean, pinned = _recorded(store, share)
+    walk trusts every referenced id, so a share's entries are exactly those of the whole walk.
+    ``record``: the store's clean-shutdown record (``StoreRecord``, of the share's ids)."""
+    record = record or StoreRecord()
+    recorded, clean = record.recorded, record.clean
     if walked is not None and share is not None:
         files, bad = walked.files, walked.bad[share.k]
         rec = walked.entries.load(share.k)
@@ -375,7 +464,7 @@ def scan_store(store: StoreDir, model: BrokerModel, refs: "References | None" = 
     else:
         if referenced is None and refs is not None and len(refs.ids):
             referenced = r_rdq.Referenced(refs.ids.ids)
-        referenced = _pinned(referenced, pinned)
+        referenced = _pinned(referenced, record.pinned)
         files, parts, bad = [], [], []
         for fi, f, reach in walk_files(store, model, referenced, jobs):
             keep = share.holds(f.msg_ids) if share is not None else slice(None)
@@ -394,7 +483,7 @@ def scan_store(store: StoreDir, model: BrokerModel, refs: "References | None" = 
     joined, base = walk_positions(files)  # an appended .rdt's entries follow its .rdq's, in that file
     claim = recovery.claims(joined[e_file], e_offset + base[e_file], reach, group, len(distinct), model)
     return StoreIndex(store, files, e_file, e_offset, e_total, e_id, reach, group, distinct, copies, first, claim,
-                      bad, recorded, clean, share)
+                      bad, recorded, clean, share, record.loaded)
 
 
 @dataclass

@@ -36,8 +36,8 @@ from cqforensics.model.bodies import Bodies
 from cqforensics.model.index import ID, IndexChunk, Records, iter_chunks
 from cqforensics.model.options import Options, make_options
 from cqforensics.model.recovery import Resolved
-from cqforensics.model.store import (REFERENCE, IdSet, References, Share, Spill, StoreIndex, id_share, scan_store,
-                                     shares_for, walk_store)
+from cqforensics.model.store import (REFERENCE, IdSet, Recorded, References, Share, Spill, StoreIndex, StoreRecord,
+                                     id_share, scan_store, shares_for, walk_store)
 from cqforensics.readers import terms as r_terms
 from cqforensics.readers.metadata import Metadata, QueueRecord, read_metadata
 from cqforensics.readers import qs as r_qs
@@ -136,7 +136,7 @@ class VhostScan:
     #: facts about the whole vhost, whatever ``only`` and ``share`` say
     VHOST_WIDE = ("all_queue_dirs", "qs_files", "recovery", "crashing_queues", "clean_crashes", "shares",
                   "spills", "_lost_on_read", "_queue_starts", "_clean_restarts", "_store_crash", "_double_acked",
-                  "_double_ackers", "start_crash")
+                  "_double_ackers", "start_crash", "term_files")
     #: facts about the vhost's ids of one share (all of them, unshared): store indexes, references
     PER_SHARE = ("stores", "index_pass", "store_status")
 
@@ -184,6 +184,7 @@ class VhostScan:
         this scan's ``only`` and every vhost-wide fact computed so far; the caller closes it."""
         parts = parts or self.shares
         self.spills  # one dict, shared with every share's scan: the indexes and stores are walked once
+        self.term_files  # likewise: each term file is decoded once
         sub = VhostScan(self.node, self.vhost, self.only, self.vhost_facts(), Share(k, parts))
         sub.keep_renamed = self.keep_renamed
         sub.quorum_names, sub.quorum_uids = self.quorum_names, self.quorum_uids
@@ -337,11 +338,65 @@ class VhostScan:
     def stores(self) -> dict[str, StoreIndex]:
         if self.share is not None:  # from the one walk of each store, sorted out by share
             walks = self.spill("walks")
-            return {kind: scan_store(st, self.model, share=self.share, walked=walks[kind])
+            return {kind: scan_store(st, self.model, share=self.share, walked=walks[kind],
+                                     record=self.store_record(kind))
                     for kind, st in sorted(self.vhost.stores.items())}
         refs = self.references  # the walk trusts the ids the indexes reference (readers.rdq)
-        return {kind: scan_store(st, self.model, refs.get(kind), jobs=self.options.jobs)
+        return {kind: scan_store(st, self.model, refs.get(kind), record=self.store_record(kind), jobs=self.options.jobs)
                 for kind, st in sorted(self.vhost.stores.items())}
+
+    @cached_property
+    def term_files(self) -> r_terms.TermFiles:
+        """The vhost's term files, each decoded once for the whole read (every share's scan).
+        A vhost read in shares sorts its stores' message-index records out by share as they are
+        decoded (``TermFiles.spills``), so no pass holds them all."""
+        files = r_terms.TermFiles()
+        parts = self.share.parts if self.share is not None else self.shares
+        if parts > 1:
+            for st in self.vhost.stores.values():
+                spill = files.spills[st.msg_store_index] = Spill(r_terms.LOCATION, parts)
+                files.sinks[st.msg_store_index] = \
+                    lambda rows, _, spill=spill: spill.add(rows, id_share(np.ascontiguousarray(rows["id"]), parts))
+        return files
+
+    def recorded_ids(self, kind: str) -> np.ndarray | None:
+        """Every 16-byte id store ``kind``'s ``msg_store_index.ets`` records (every share's: a
+        walk trusts them), without building its records."""
+        st = self.vhost.stores[kind]
+        if not st.msg_store_index.exists():
+            return None
+        dump = self.term_files.ets(st.msg_store_index)
+        if dump.items.rows is None:  # sorted out by share: a share's rows at a time, only the ids kept
+            spill = self.term_files.spills[st.msg_store_index]
+            return np.concatenate([np.ascontiguousarray(spill.load(k)["id"]) for k in range(spill.parts)])
+        return self.store_record(kind).pinned
+
+    def store_record(self, kind: str) -> StoreRecord:
+        """The clean-shutdown record of store ``kind`` (``model.store.StoreRecord``): its
+        ``msg_store_index.ets`` decoded once per read (``term_files``), the records of this
+        scan's share."""
+        st = self.vhost.stores[kind]
+        if not st.msg_store_index.exists():
+            return StoreRecord()
+        dump = self.term_files.ets(st.msg_store_index)
+        clean = dump.complete and st.clean_dot.exists() and st.file_summary.exists()
+        if dump.items.rows is None:  # undamaged, sorted out by share as it was decoded
+            spill = self.term_files.spills[st.msg_store_index]
+            rows = spill.load(self.share.k) if self.share is not None else \
+                np.concatenate([spill.load(k) for k in range(spill.parts)])
+            recorded = Recorded.build(rows)
+            return StoreRecord(recorded, recorded, clean, lambda: self.recorded_ids(kind))
+        locs = dump.locations()
+        recorded = Recorded.build(locs.rows, locs.others, locs.row_positions, self.share)
+        loaded = recorded
+        if dump.loaded is not r_terms.WHOLE:  # file2tab loads other records than the strict walk's (file2tab_load)
+            got = dump.locations(loaded=True)
+            loaded = None if got is None else Recorded.build(got.rows, got.others, got.row_positions, self.share)
+        pinned = np.ascontiguousarray(locs.rows["id"])
+        extra = [k for _, k, _ in locs.others if isinstance(k, bytes) and len(k) == 16]
+        if extra:
+            pinned = np.concatenate([pinned, np.frombuffer(b"".join(extra), ID)])
+        return StoreRecord(recorded, loaded, clean, pinned)
 
     @cached_property
     def spills(self) -> dict:
@@ -361,7 +416,7 @@ class VhostScan:
         if what in ("refs", "live"):  # one pass over the indexes makes both when both are wanted
             self._spill_indexes(parts, refs=("refs", parts) not in self.spills, live=what == "live")
             return self.spills[key]
-        out = {kind: walk_store(st, self.model, self.trusted(kind), parts, self.options.jobs)
+        out = {kind: walk_store(st, self.model, self.trusted(kind), parts, self.recorded_ids(kind), self.options.jobs)
                for kind, st in sorted(self.vhost.stores.items())}
         self.spills[key] = out
         return out
@@ -509,7 +564,7 @@ class VhostScan:
     def recovery_state(self) -> tuple[str, str, Path]:
         """``(mode, why, file)``: how the next boot recovers this vhost and why
         (model.recovery.clean_state)."""
-        return recovery.clean_state(self.vhost, self.options.assume_dirty, self.model)
+        return recovery.clean_state(self.vhost, self.options.assume_dirty, self.model, self.term_files)
 
     @property
     def recovery(self) -> str:
@@ -1111,12 +1166,14 @@ def collect_evidence(ns: NodeScan) -> versions.Evidence:
     clean.dot, and the first bytes of a few stored terms."""
     ev = versions.Evidence(khepri=ns.metadata.kind == "khepri", mnesia=ns.metadata.kind == "mnesia",
                            feature_flags=feature_flags(ns.node.path))
+    scans = {vs.vhost.path: vs for vs in ns.vhosts}  # their term files, decoded once per read
     for v in ns.node.vhosts:
-        for terms in r_terms.recovery_terms(v.recovery_dets).values():
+        files = scans[v.path].term_files if v.path in scans else r_terms.TermFiles()
+        for terms in files.recovery_terms(v.recovery_dets).values():
             ev.redeliver_seq_id |= "redeliver_seq_id" in terms
             ev.next_deliver_seq_id |= "next_deliver_seq_id" in terms
         for st in v.stores.values():
-            dot = r_terms.clean_dot(st.clean_dot)
+            dot = files.clean_dot(st.clean_dot)
             ev.index_module |= bool(dot and "index_module" in dot)
             ev.clean_dot_without_index_module |= bool(dot is not None and "index_module" not in dot)
         seen = 0

@@ -9,13 +9,16 @@ DETS v9 is not specified publicly; objects are found heuristically by their
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cqforensics import etf, textfiles
+import numpy as np
+
+from cqforensics import core, etf, textfiles
 from cqforensics.errors import FormatError, plural
 from cqforensics.grammar import disklog as c_disklog
 from cqforensics.findings import Finding
@@ -96,6 +99,565 @@ def read_ets(path: Path, log: TermLog | None = None) -> EtsTable:
     for it in items:
         table.objects += it if isinstance(it, list) else [it]  # tab2file writes lists of objects
     return table
+
+
+#: a ``#msg_location{msg_id, ref_count, file, offset, total_size}`` record of a store's message
+#: index (rabbit_msg_store.hrl) whose id is a 16-byte binary and whose fields are integers of 64
+#: bits: every record of an undamaged ``msg_store_index.ets``
+LOCATION = np.dtype([("id", "V16"), ("ref_count", np.int64), ("file", np.int64), ("offset", np.int64),
+                     ("total", np.int64)])
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _location_row(term) -> tuple | None:
+    """``term`` as a ``LOCATION`` row, when it is such a record (else None)."""
+    if type(term) is tuple and len(term) == 6 and isinstance(term[0], etf.Atom) and term[0] == "msg_location" \
+            and type(term[1]) is bytes and len(term[1]) == 16 \
+            and all(type(v) is int and _INT64[0] <= v <= _INT64[1] for v in term[2:]):
+        return term[1:]
+    return None
+
+
+@dataclass
+class LogItems:
+    """A disk_log's items as a strict walk finds them (``disk_log_walk``), decoded: the items that
+    are ``LOCATION`` records as rows of columns (no Python object each: a store's index dump
+    holds one item per stored message), kept here or handed to a sink as they come, and every
+    other item as its term."""
+
+    n: int  # items found
+    offsets: dict[int, int]  # item -> where its header starts: every item not a row, each one after such an item, the first two and the last
+    n_rows: int  # items that are rows
+    rows: np.ndarray | None  # LOCATION, in file order (None: handed to the walk's sink)
+    row_items: np.ndarray | None  # int64: the item each row is
+    terms: dict[int, object]  # item -> its term, for every other item
+    error: FormatError | None = None  # where the walk stopped early
+    md5_items: bool = False  # an item long enough to carry an md5 was met
+
+    def __len__(self) -> int:
+        return self.n
+
+    def is_row(self, k: int) -> bool:
+        return 0 <= k < self.n and k not in self.terms
+
+    def term(self, k: int):
+        """Item ``k``'s term (a row as the tuple its decode gives; rows kept)."""
+        if k in self.terms:
+            return self.terms[k]
+        row = self.rows[int(np.searchsorted(self.row_items, k))]
+        return (etf.Atom("msg_location"), row["id"].tobytes(), *(int(row[c]) for c in LOCATION.names[1:]))
+
+
+def _rows(found: dict, at: np.ndarray) -> np.ndarray:
+    out = np.empty(len(at), LOCATION)
+    for name, col in zip(LOCATION.names, ("ids", "ref_counts", "files", "locations", "totals")):
+        out[name] = found[col][at]
+    return out
+
+
+#: items a call of the compiled walk decodes at most (its columns about 3 MB)
+WALK_ITEMS = 1 << 16
+
+
+def disk_log_walk(data, path: Path = Path("-"), sink=None) -> LogItems:
+    """The items of a disk_log's bytes, strictly: item after item from the header on, each term
+    filling its item, stopping at the first that is not whole (as ``read_disk_log``). What
+    ``ets:file2tab/1`` loads of a dump is ``file2tab_load``'s (``EtsDump``). ``sink``: called
+    with each run of ``LOCATION`` rows (and their item numbers) as they are decoded, which are
+    then not kept. The compiled core (``core.disk_log_items``) frames the items and decodes the
+    rows, ``WALK_ITEMS`` at a time (the pages of a map behind it dropped); the reference
+    (``disk_log_walk_reference``) decodes every item here. Both give the same."""
+    if core.native() is None:
+        out = disk_log_walk_reference(data, path)
+        if sink is not None and out.n_rows:
+            sink(out.rows, out.row_items)
+            out.rows = out.row_items = None
+        return out
+    out = LogItems(0, {}, 0, None, None, {})
+    kept: list[tuple[np.ndarray, np.ndarray]] = []
+    start = c_disklog.HEADER_SIZE
+    while start is not None:
+        found = core.disk_log_items(data, start, WALK_ITEMS)
+        base = out.n
+        offsets, decoded = found["offsets"], found["decoded"].astype(bool)
+        keep = np.ones(len(offsets), bool)
+        stopped = False
+        for k in np.flatnonzero(~decoded).tolist():  # the table info, the end marker, anything else
+            term = _item_term(data, int(found["starts"][k]), int(found["lengths"][k]), path)
+            if isinstance(term, FormatError):  # the walk stops at it
+                keep[k:] = False
+                out.error, stopped = term, True
+                # the items the core walked past it are not read: only those up to it count
+                found["md5_items"] = bool((found["lengths"][:k + 1] >= c_disklog.MIN_MD5_TERM).any())
+                break
+            row = _location_row(term)
+            if row is None:
+                out.terms[base + k] = term
+            else:  # a record in an encoding the core leaves to the reference
+                decoded[k] = True
+                (found["ids"][k], found["ref_counts"][k], found["files"][k], found["locations"][k],
+                 found["totals"][k]) = row
+        at = np.flatnonzero(decoded & keep)
+        items = base + at
+        offsets = offsets[keep]
+        if len(offsets):  # the offsets an answer may name: the first two, the last, those by other items
+            named = {0, 1, base + len(offsets) - 1} | {j for k in out.terms for j in (k, k + 1)}
+            out.offsets.update((j, int(offsets[j - base])) for j in named if base <= j < base + len(offsets))
+        out.n += len(offsets)
+        if len(at):
+            rows = _rows(found, at)
+            out.n_rows += len(rows)
+            if sink is not None:
+                sink(rows, items.astype(np.int64))
+            else:
+                kept.append((rows, items.astype(np.int64)))
+        out.md5_items |= bool(found["md5_items"])
+        if stopped:
+            break
+        if found["stop"] is not None:
+            out.error = _stop_error(data, *found["stop"], path)
+        start = found["next"]
+        if start is not None and isinstance(data, mmap.mmap):
+            data.madvise(mmap.MADV_DONTNEED, 0, start - start % mmap.PAGESIZE)  # pages behind the walk
+    named = {0, 1, out.n - 1} | {j for k in out.terms for j in (k, k + 1)}
+    out.offsets = {k: o for k, o in out.offsets.items() if k in named}
+    if sink is None:
+        out.rows = np.concatenate([r for r, _ in kept]) if kept else np.zeros(0, LOCATION)
+        out.row_items = np.concatenate([i for _, i in kept]) if kept else np.zeros(0, np.int64)
+    return out
+
+
+def _stop_error(data, code: int, at: int, path: Path) -> FormatError:
+    """The strict walk's framing stop as ``read_disk_log`` words it."""
+    if code == 1:
+        return FormatError(f"log ends inside an item header ({plural(len(data) - at, 'byte')})", str(path), at)
+    if code == 2:
+        return FormatError(f"bad item magic {bytes(data[at:at + 4]).hex()}", str(path), at)
+    (length,) = struct.unpack_from(">I", data, at)
+    return FormatError(f"item of {plural(length, 'byte')} runs past the end of the log", str(path), at)
+
+
+def _item_term(data, start: int, length: int, path: Path):
+    """The term of the item at ``start``, or the FormatError that stops a strict walk: the term
+    must fill the item (as ``read_disk_log``)."""
+    try:
+        term, used = etf.decode(data, offset=start)
+    except etf.EtfError as e:
+        return FormatError(f"undecodable item: {e.message}", str(path), e.offset)
+    if used != start + length:  # disk_log wrote term_to_binary of the item: it fills the item
+        return FormatError(f"item of {plural(length, 'byte')} holds a term of {used - start}: damaged inside",
+                           str(path), used)
+    return term
+
+
+def disk_log_walk_reference(data, path: Path = Path("-")) -> LogItems:
+    """``disk_log_walk`` in Python, the specification the core is tested against (as
+    ``read_disk_log``)."""
+    offsets, terms, error, md5_items = [], [], None, False
+    o, end = c_disklog.HEADER_SIZE, len(data)
+    if data[:4] == c_disklog.FILE_MAGIC:
+        while o < end:
+            if o + 8 > end:
+                error = _stop_error(data, 1, o, path)
+                break
+            length, magic = _ITEM_HEAD(data, o)
+            if magic != c_disklog.ITEM_MAGIC:
+                error = _stop_error(data, 2, o + 4, path)
+                break
+            start = o + 8
+            if length >= c_disklog.MIN_MD5_TERM:
+                md5_items = True
+                start += 16
+            if start + length > end:
+                error = _stop_error(data, 3, o, path)
+                break
+            term = _item_term(data, start, length, path)
+            if isinstance(term, FormatError):
+                error = term
+                break
+            offsets.append(o)
+            terms.append(term)
+            o = start + length
+    rows = [(k, r) for k, r in ((k, _location_row(t)) for k, t in enumerate(terms)) if r is not None]
+    out = np.zeros(len(rows), LOCATION)
+    for j, (_, r) in enumerate(rows):
+        out[j] = r
+    odd = {k: t for k, t in enumerate(terms) if _location_row(t) is None}
+    named = {0, 1, len(offsets) - 1} | set(odd) | {k + 1 for k in odd}
+    return LogItems(len(offsets), {k: offsets[k] for k in sorted(named) if 0 <= k < len(offsets)}, len(rows), out,
+                    np.array([k for k, _ in rows], np.int64), odd, error, md5_items)
+
+
+def _is_end(item) -> bool:
+    return isinstance(item, list) and bool(item) and item[0] == "$end_of_table"
+
+
+# -- what ets:file2tab/1 loads -----------------------------------------------------------------------
+
+
+#: ``file2tab_load``: OTP's file2tab raises (ets:insert of an object that is no tuple of two
+#: elements or more, e.g. a term cut to ``{}`` by zeroed bytes; a table info ets:new or
+#: create_tab refuses with an exception): the message store's init crashes, the vhost does not start
+RAISES = type("File2tabRaises", (), {"__repr__": lambda self: "RAISES"})()
+
+
+def file2tab_objects(path: Path) -> list | None:
+    """The objects ``ets:file2tab/1`` loads from an ``ets:tab2file`` dump, as the broker calls it
+    (rabbit_msg_store index_recover / recover_file_summary: no ``verify``); None when file2tab
+    returns an error (the store then rebuilds its index from the files), ``RAISES`` when it
+    raises. ``file2tab_load`` says how; it is checked against OTP 25, 27 and 29's own file2tab
+    on thousands of damaged dumps (tests/test_recovery_state_brokers.py). A read decodes a dump
+    once (``read_ets_dump``, ``TermFiles``): ``EtsDump.file2tab`` and ``EtsDump.locations``
+    give the same without reading it again, the latter without a Python object per record."""
+    return read_ets_dump(path).file2tab()
+
+
+def file2tab_load(data: bytes) -> list | None:
+    """``ets:file2tab/1`` without ``verify`` on the bytes of a dump (OTP lib/stdlib/src/ets.erl
+    file2tab/2, load_table/3; lib/kernel/src/disk_log.erl chunk/3, ichunk_end; disk_log_1.erl
+    chunk_read_only, handle_chunk_ro; the same in OTP 25 to 29). The log is opened read-only
+    (its header must be a disk_log's, closed or not). The table info is the first chunk of one
+    item: a tuple with the 6 mandatory keys whose values ``ets:new`` accepts, else ``badfile``
+    (None). Then chunks of up to 100 items, each read from a 64 KiB buffer: an item header
+    whose magic is wrong is skipped a byte at a time, and every byte skipped counts against the
+    100; an item of 65528 bytes and more with a wrong md5 is skipped with 17 bytes more; an item
+    cut by the end of the file ends the chunk. A chunk's items are decoded in order: at the first
+    one ``binary_to_term`` refuses, the chunk ends with the ones before it, and the next chunk
+    starts at the end of the 64 KiB buffer minus the bytes of the items after it (wherever that
+    falls, as OTP computes it). Loading stops at the first chunk that yields no object: a chunk
+    that begins with a bad item, with more than 100 bytes to skip, or at a cut item, ends the
+    table there. ``RAISES`` where file2tab raises instead (an object ets:insert refuses, a
+    table info create_tab cannot take apart). (A header of the md5 size cut within its first 17
+    bytes at the end of the file makes OTP read the same bytes forever; taken as the table ending
+    there.) ``EtsDump`` takes a whole dump's objects from its strict walk (``loads_whole``),
+    which this gives too (tests/test_store_crash.py)."""
+    import hashlib
+
+    head = c_disklog.HEADER_SIZE
+    if len(data) < head or data[:4] != c_disklog.FILE_MAGIC or data[4:8] not in (c_disklog.CLOSED,
+                                                                                 c_disklog.OPENED):
+        return None
+    body = memoryview(data)[head:]
+    item_head, big, old = c_disklog.ITEM_HEAD, c_disklog.ITEM_MAGIC, c_disklog.OLD_ITEM_MAGIC
+    min_md5, max_chunk = c_disklog.MIN_MD5_TERM, c_disklog.MAX_CHUNK_SIZE
+
+    def handle(buf, pos: int, n: int):
+        """disk_log_1:handle_chunk_ro: ((next pos, leftover buffer or bytes to read), item
+        binaries, bad bytes); ``pos``: the file position just after ``buf``."""
+        i, items, bad, end = 0, [], 0, len(buf)
+        while True:
+            rem = end - i
+            if n == 0 and rem >= head:
+                return (pos, buf[i:]), items, bad
+            if rem < head:
+                return (pos - rem, None), items, bad
+            size, magic = item_head.unpack_from(buf, i)
+            if magic == big and size < min_md5 or magic == old:
+                if rem - head >= size:
+                    items.append(buf[i + head:i + head + size])
+                    i, n = i + head + size, n - 1
+                    continue
+                return (pos - rem, size + head), items, bad
+            if magic == big:
+                good = bytes(buf[i + head:i + head + 16]) == hashlib.md5(bytes(buf[i:i + 4])).digest()
+                if good and rem == head + 16 + size:
+                    return (pos, None), items + [buf[i + head + 16:]], bad
+                if good:  # read again from its header, exactly its size (always more than 64 KiB)
+                    return (pos - rem, size + head + 16), items, bad
+                if rem - head >= 17:
+                    i, n, bad = i + head + 17, n - 1, bad + 1
+                    continue
+                return (pos - rem, None), items, bad
+            i, n, bad = i + 1, n - 1, bad + 1
+
+    def chunk(pos: int, more, n: int):
+        """disk_log:chunk(Log, Cont, N) in read-only mode: (continuation, terms) or None (eof)."""
+        seen = set()
+        while True:  # disk_log_1:do_chunk_read_only / do_handle_chunk_ro
+            if isinstance(more, memoryview):
+                r = handle(more, pos, n)
+            else:
+                if pos >= len(body):
+                    return None
+                buf = body[pos:pos + (max_chunk if more is None else max(more, max_chunk))]
+                if len(buf) < head or more is not None and len(buf) < more:
+                    return (pos + len(buf), None), []  # cut short: bad bytes, no item
+                r = handle(buf, pos + len(buf), n)
+            (pos, more), items, bad = r
+            if items or bad:
+                break
+            key = (pos, more if not isinstance(more, memoryview) else len(more))
+            if key in seen:  # OTP would read the same bytes forever
+                return (pos, None), []
+            seen.add(key)
+        terms = []
+        for k, raw in enumerate(items):  # disk_log:ichunk_end / ichunk_bad_end (read_only)
+            try:
+                terms.append(etf.decode(raw)[0])
+            except etf.EtfError:
+                return (pos - sum(len(b) + head for b in items[k + 1:]), None), terms
+        return (pos, more), terms
+
+    first = chunk(0, None, 1)  # ets get_header_data: the table info
+    if first is None or len(first[1]) != 1:
+        return None
+    info = _table_info(first[1][0])
+    if not isinstance(info, int):
+        return info
+    cont, out = first[0], []
+    while True:  # ets load_table: until a chunk yields nothing
+        got = chunk(cont[0], cont[1], 100)
+        if got is None or not got[1]:
+            break
+        cont, terms = got
+        last = terms[-1]  # scan_for_endinfo: the end marker only as a chunk's last item
+        if _file2tab_end(last):
+            terms = terms[:-1]
+        if any(not isinstance(t, tuple) or len(t) < info for t in terms):  # ets:insert raises
+            return RAISES
+        out += terms
+    return out
+
+
+def _file2tab_end(term) -> bool:
+    """ets scan_for_endinfo: the end marker file2tab drops (the last item of a chunk)."""
+    return isinstance(term, list) and len(term) == 2 and term[0] == "$end_of_table"
+
+
+def _table_info(info):
+    """ets get_header_data (no verify) and create_tab on the table info: its key position when
+    the tuple names the 6 mandatory keys (name, type, protection, named_table, keypos, size,
+    counted as 2-tuples) and ``ets:new`` accepts what they say; None (``badfile``,
+    ``cannot_create_table``) or ``RAISES`` (a ``lists:keyfind`` match that fails) otherwise."""
+    if not isinstance(info, tuple):
+        return None
+    mandatory = ("name", "type", "protection", "named_table", "keypos", "size")
+    if sum(1 for t in info if isinstance(t, tuple) and len(t) == 2 and t[0] in mandatory) != 6:
+        return None
+    got = {}
+    for t in info:  # lists:keyfind: the first tuple of each key
+        if isinstance(t, tuple) and t and isinstance(t[0], str):
+            got.setdefault(t[0], t)
+    if any(len(got.get(k, ())) != 2 for k in ("name", "type", "protection", "keypos", "size")) \
+            or got["named_table"][1:] not in (("true",), ("false",)) \
+            or "compressed" in got and got["compressed"][1:] not in (("true",), ("false",)):
+        return RAISES  # {Key, V} = lists:keyfind(...) or a case with no clause for it
+    got = {k: t[1] for k, t in got.items() if len(t) == 2}
+    keypos, absent = got.get("keypos"), object()
+    accepted = (isinstance(got.get("name"), etf.Atom)
+                and got.get("type") in ("set", "ordered_set", "bag", "duplicate_bag")
+                and got.get("protection") in ("public", "protected", "private")
+                and isinstance(keypos, int) and not isinstance(keypos, bool) and keypos >= 1
+                and got.get("write_concurrency", absent) in ("true", "false", "auto", absent)
+                and got.get("read_concurrency", absent) in ("true", "false", absent))
+    return keypos if accepted else None
+
+
+def loads_whole(status: bytes | None, items: LogItems) -> bool:
+    """Whether ``ets:file2tab`` loads exactly every object of a dump's strict walk (``items``),
+    as ``file2tab_load`` would find: a disk_log header closed or open; a walk that reaches the
+    end of the file without damage and meets no item long enough to carry an md5 (so none is
+    skipped, none fails ``binary_to_term``, every chunk is whole); a table info ``_table_info``
+    accepts; an end marker, if any, only as the last item (file2tab drops it as the last of the
+    last chunk); and every other item a tuple of at least the key position's elements (none
+    ets:insert refuses). An undamaged dump, the common case, so decided on its columns and its
+    few other items; any other dump is loaded by ``file2tab_load``."""
+    if status not in (c_disklog.CLOSED, c_disklog.OPENED) or items.error is not None or items.md5_items \
+            or not items.n or items.is_row(0):
+        return False
+    keypos = _table_info(items.terms[0])
+    if not isinstance(keypos, int) or items.n_rows and keypos > 6:  # a row is a tuple of 6
+        return False
+    last = items.n - 1
+    return all(isinstance(t, tuple) and len(t) >= keypos for k, t in items.terms.items()
+               if k != 0 and not (k == last and _file2tab_end(t)))
+
+
+@dataclass
+class RecordedLocations:
+    """The ``#msg_location{}`` records of a dump's objects, in order: those that are ``LOCATION``
+    rows as columns, and any other (a key that is no 16-byte binary, a field that is no integer
+    of 64 bits) as ``(position among all records, key, (ref_count, file, offset, total))``."""
+
+    rows: np.ndarray  # LOCATION
+    row_positions: np.ndarray  # int64: each row's position among all records
+    others: list[tuple[int, object, tuple]]
+
+    def __len__(self) -> int:
+        return len(self.rows) + len(self.others)
+
+
+def _locations_of(objects) -> RecordedLocations:
+    """``RecordedLocations`` of objects as Python terms (a damaged dump's)."""
+    rows, positions, others = [], [], []
+    for o in objects:
+        if not (isinstance(o, tuple) and len(o) == 6 and o[0] == "msg_location"):
+            continue
+        r = _location_row(o)
+        if r is None:
+            others.append((len(rows) + len(others), o[1], tuple(o[2:])))
+        else:
+            positions.append(len(rows) + len(others))
+            rows.append(r)
+    out = np.zeros(len(rows), LOCATION)
+    for j, r in enumerate(rows):
+        out[j] = r
+    return RecordedLocations(out, np.array(positions, np.int64), others)
+
+
+#: ``EtsDump.loaded`` of a dump ``loads_whole``: every object of its strict walk
+WHOLE = type("File2tabLoadsWhole", (), {"__repr__": lambda self: "WHOLE"})()
+
+
+@dataclass
+class EtsDump:
+    """An ``ets:tab2file`` dump (``msg_store_index.ets``, ``file_summary.ets``), decoded once: its
+    items as a strict read finds them (``items``: what the file says, up to any damage), and
+    what ``ets:file2tab/1`` loads of it for the broker (``loaded``): ``WHOLE`` when that is
+    every object of the strict walk (``loads_whole``: an undamaged dump, whose records then
+    stay columns), else ``file2tab_load``'s answer (its objects, None or ``RAISES``)."""
+
+    path: Path
+    status: bytes | None  # the header's status word (None: no disk_log header)
+    items: LogItems
+    loaded: object  # WHOLE, or file2tab_load's list of objects, None or RAISES
+    unreadable: FormatError | None = None  # the file could not be read (not a regular file, ...)
+
+    @property
+    def closed(self) -> bool | None:
+        return None if self.status is None else self.status == c_disklog.CLOSED
+
+    @property
+    def error(self) -> FormatError | None:
+        return self.items.error
+
+    def end_marker(self):
+        """The last item when it is the ``'$end_of_table'`` marker (strict walk), else None."""
+        n = len(self.items)
+        last = self.items.terms.get(n - 1) if n > 1 else None
+        return last if _is_end(last) else None
+
+    @property
+    def complete(self) -> bool:
+        """The strict walk met no damage and the end marker's count is the objects' (as ``read_ets``)."""
+        end = self.end_marker()
+        if end is None:
+            return False
+        counts = textfiles.proplist(end[1]) if len(end) > 1 else {}
+        return self.items.error is None and counts.get("count", len(self.items) - 2) == len(self.items) - 2
+
+    def _object_items(self) -> np.ndarray:
+        """The items that hold the table's objects strictly: every item after the table info but
+        a last end marker (``read_ets``)."""
+        n = len(self.items)
+        return np.arange(1, max(1, n - (self.end_marker() is not None)), dtype=np.int64)
+
+    def load_outcome(self):
+        """What ``ets:file2tab`` does with the dump, without building its objects: True when it
+        loads the table, None when it returns an error, ``RAISES`` when it raises."""
+        return True if self.loaded is WHOLE or isinstance(self.loaded, list) else self.loaded
+
+    def loads(self) -> bool:
+        """Whether ``ets:file2tab`` loads the dump (``load_outcome``)."""
+        return self.load_outcome() is True
+
+    def rows_are_records(self) -> bool:
+        """Whether the strict walk's ``LOCATION`` rows are exactly the table's objects (no other
+        object, no row outside them): so in an undamaged store index, whose records can then be
+        taken from the rows alone (those a sink was handed, too)."""
+        ks = self._object_items()
+        return self.items.n_rows == len(ks) and not np.isin(ks, list(self.items.terms)).any()
+
+    def _objects_of(self, items: LogItems, ks: np.ndarray):
+        """(item, object) of the objects items ``ks`` hold (an item is one object, or a list of them)."""
+        for k in ks.tolist():
+            t = items.term(k)
+            for o in (t if isinstance(t, list) else [t]):
+                yield k, o
+
+    def objects(self) -> list:
+        """Every object the strict walk finds, as Python terms (for small dumps; ``locations``
+        for a store's index)."""
+        return [o for _, o in self._objects_of(self.items, self._object_items())]
+
+    def file2tab(self) -> list | None:
+        """What ``ets:file2tab`` loads (``file2tab_load``): its objects as Python terms, None or
+        ``RAISES`` (for small dumps; ``locations`` for a store's index)."""
+        return self.objects() if self.loaded is WHOLE else self.loaded
+
+    def locations(self, loaded: bool = False) -> RecordedLocations | None:
+        """The dump's ``#msg_location{}`` records (``RecordedLocations``): strictly, or as
+        file2tab loads them (``loaded``; None when it fails or raises). A whole dump's
+        (``loads_whole``) are the strict walk's, columns without a Python object per record
+        when its rows are its records. Needs the rows kept (no sink)."""
+        if loaded and self.loaded is not WHOLE:
+            return _locations_of(self.loaded) if isinstance(self.loaded, list) else None
+        ks = self._object_items()
+        if self.rows_are_records():  # no Python object per record
+            return RecordedLocations(self.items.rows, np.arange(len(ks), dtype=np.int64), [])
+        return _locations_of(o for _, o in self._objects_of(self.items, ks))
+
+
+def read_ets_dump(path: Path, sink=None) -> EtsDump:
+    """An ets dump decoded once (``EtsDump``): the strict walk, and ``file2tab_load`` when
+    file2tab does not load exactly the walk's objects (``loads_whole``). ``sink``: called with
+    the ``LOCATION`` rows, ``(rows, items)`` a run at a time as they are decoded, which are then
+    not kept (``items.rows`` is None): so when they are exactly the dump's records both ways
+    (``rows_are_records`` of a dump ``loads_whole``, an undamaged index); otherwise (damage) the
+    rows are kept after all (the file is walked again) and the caller drops what its sink was
+    handed. A file that cannot be read has no items, and file2tab does not load it."""
+    try:
+        data = map_file(path)
+    except FormatError as e:  # NotRegularFile, unreadable: never read
+        none = LogItems(0, {}, 0, np.zeros(0, LOCATION), np.zeros(0, np.int64), {}, e)
+        return EtsDump(path, None, none, None, e)
+    try:
+        status = bytes(data[4:8]) if data[:4] == c_disklog.FILE_MAGIC else None
+        items = disk_log_walk(data, path, sink)
+        if status is None:
+            items.error = FormatError("not a disk_log file", str(path), 0)
+        whole = loads_whole(status, items)
+        dump = EtsDump(path, status, items, WHOLE if whole else file2tab_load(bytes(data)))
+        if items.rows is None and not (whole and dump.rows_are_records()):
+            dump.items = disk_log_walk(data, path)
+            if status is None:
+                dump.items.error = items.error
+        return dump
+    finally:
+        if isinstance(data, mmap.mmap):
+            data.close()
+
+
+class TermFiles:
+    """The term files of one read (a vhost's ``recovery.dets``, its stores' ``clean.dot`` and ets
+    dumps), each decoded once however many parts of the model and the checks ask: made per read
+    (``model.vhost.VhostScan.term_files``) and dropped with it, so a file changed between reads
+    is read afresh."""
+
+    def __init__(self):
+        self._memo: dict = {}
+        #: path -> the sink its dump's rows go to (``read_ets_dump``), set before it is read, and
+        #: whatever the sink keeps them in (the caller's)
+        self.sinks: dict = {}
+        self.spills: dict = {}
+
+    def _get(self, key, make):
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
+    def recovery_terms(self, path: Path) -> dict[str, dict]:
+        return self._get(("recovery", path), lambda: recovery_terms(path))
+
+    def clean_dot(self, path: Path) -> dict | None:
+        return self._get(("clean.dot", path), lambda: clean_dot(path))
+
+    def ets(self, path: Path) -> EtsDump:
+        """``read_ets_dump`` of ``path``, its rows handed to ``sinks[path]`` when there is one."""
+        return self._get(("ets", path), lambda: read_ets_dump(path, self.sinks.get(path)))
+
+    def file_summary(self, path: Path) -> dict[int, tuple]:
+        return self._get(("file_summary", path), lambda: file_summary_records(path, self.ets(path)))
 
 
 def read_dets_objects(path: Path, data=None, end: int | None = None) -> list:
@@ -417,57 +979,75 @@ ETS_INFO = {"decentralized_counters": "false", "read_concurrency": "false", "wri
 ETS_TYPES = {"file_summary.ets": "ordered_set", "msg_store_index.ets": "set"}
 
 
-def file_summary_records(path: Path) -> dict[int, tuple]:
+def file_summary_records(path: Path, dump: EtsDump | None = None) -> dict[int, tuple]:
     """A ``file_summary.ets`` dump's ``#file_summary{file, valid_total_size, ..., file_size}``
-    records: file number -> (valid_total_size, file_size) (objects of another shape left out)."""
-    return {o[1]: (o[2], o[5]) for o in read_ets(path).objects
+    records: file number -> (valid_total_size, file_size) (objects of another shape left out);
+    ``dump``: the file decoded already."""
+    dump = read_ets_dump(path) if dump is None else dump
+    return {o[1]: (o[2], o[5]) for o in dump.objects()
             if isinstance(o, tuple) and len(o) >= 6 and isinstance(o[1], int) and isinstance(o[5], int)}
 
 
-def ets_findings(path: Path) -> list[Finding]:
+def ets_findings(path: Path, dump: EtsDump | None = None) -> list[Finding]:
     """``term-file-damaged`` for an ``ets:tab2file`` dump (``file_summary.ets``,
     ``msg_store_index.ets``): damaged items, and an end marker whose count differs from the
-    objects found (an item lost or added); no end marker at all is a torn dump."""
-    data = map_file(path)
-    out = disk_log_findings(path, data, table_dump=False)
-    log = read_disk_log(path, data)
-    if log.error is not None or log.closed is None:
+    objects found (an item lost or added); no end marker at all is a torn dump. ``dump``: the
+    file decoded already (``read_ets_dump``)."""
+    dump = read_ets_dump(path) if dump is None else dump
+    log = dump.items
+    out = []
+    if dump.status is not None and dump.status not in (c_disklog.CLOSED, c_disklog.OPENED):
+        # disk_log_1 is_head: a status word that is neither ?CLOSED nor ?OPENED is no log header
+        out.append(_damaged(f"header status {dump.status.hex()} is neither closed ({c_disklog.CLOSED.hex()}) "
+                            f"nor open ({c_disklog.OPENED.hex()}): OTP's disk_log refuses the file as no log "
+                            "(its items are read here all the same)", path, 4))
+    if dump.unreadable is not None:
+        raise dump.unreadable
+    if log.error is not None:
+        out.append(_damaged(f"{log.error.message}: the items after it are lost", path, log.error.offset))
+    if log.error is not None or dump.status is None:
         return out
-    items = log.items[1:]
-
-    def is_end(item) -> bool:
-        return isinstance(item, list) and bool(item) and item[0] == "$end_of_table"
-
-    if not (items and is_end(items[-1])):
-        marker = next((k for k, it in enumerate(items) if is_end(it)), None)
+    n = len(log)
+    if dump.end_marker() is None:
+        marker = next((k for k in sorted(log.terms) if k >= 1 and _is_end(log.terms[k])), None)
         if marker is not None:  # items after the end marker: appended (ets:file2tab rejects the file)
-            out.append(_damaged(f"{plural(len(items) - marker - 1, 'item')} after the '$end_of_table' marker: extra items",
-                                path, log.offsets[marker + 2], extra_items=len(items) - marker - 1))
+            out.append(_damaged(f"{plural(n - marker - 1, 'item')} after the '$end_of_table' marker: extra items",
+                                path, log.offsets[marker + 1], extra_items=n - marker - 1))
         else:
             out.append(_damaged("no '$end_of_table' marker: the dump is torn (the broker rebuilds from the files)",
-                                path, log.offsets[-1] if log.offsets else 0))
+                                path, log.offsets[n - 1] if n else 0))
         return out
-    info = log.items[0] if log.items and isinstance(log.items[0], tuple) else ()
+    info = log.term(0) if n and (not log.is_row(0) or log.rows is not None) else ()
+    info = info if isinstance(info, tuple) else ()
     name = next((kv[1] for kv in info if isinstance(kv, tuple) and len(kv) == 2 and kv[0] == "name"), None)
     if path.name in ETS_NAMES and name != ETS_NAMES[path.name]:
         out.append(_damaged(f"its table info names table {name}, not {ETS_NAMES[path.name]}: another table's dump, "
-                            "or a damaged one", path, log.offsets[0] if log.offsets else 0,
+                            "or a damaged one", path, log.offsets.get(0, 0),
                             expected=ETS_NAMES[path.name], found=str(name)))
-    table = read_ets(path, log)
+    ks = dump._object_items()
+    odd = np.isin(ks, list(log.terms))
+    objects = int((~odd).sum()) + sum(len(t) if isinstance(t, list) else 1
+                                      for t in (log.terms[k] for k in ks[odd].tolist()))
     if path.name in ETS_TYPES:
-        out += _ets_info_findings(path, info, len(table.objects), log.offsets[0] if log.offsets else 0)
+        out += _ets_info_findings(path, info, objects, log.offsets.get(0, 0))
     tag = ETS_RECORDS.get(path.name)
-    other = next((o for o in table.objects if not (isinstance(o, tuple) and o and o[0] == tag)), None)
-    if tag is not None and other is not None:
-        found = other[0] if isinstance(other, tuple) and other else type(other).__name__
-        out.append(_damaged(f"holds {found} objects, not the #{tag}{{}} records this dump holds: another table's "
-                            "dump in its place (swapped or copied)", path, log.offsets[1] if len(log.offsets) > 1 else 0,
-                            expected=str(tag), found=str(found)))
-    if not table.complete:
-        counts = textfiles.proplist(items[-1][1]) if len(items[-1]) > 1 else {}
-        out.append(_damaged(f"the end marker records {counts.get('count')} objects, {len(table.objects)} are "
-                            "found: an item is missing or extra", path, log.offsets[-1],
-                            recorded=counts.get("count"), found=len(table.objects)))
+    if tag is not None:
+        other = next(((k, o) for k, o in dump._objects_of(log, ks[odd])
+                      if not (isinstance(o, tuple) and o and o[0] == tag)), None)
+        first_row = next((k for k in ks.tolist() if log.is_row(k)), None) if tag != "msg_location" else None
+        if first_row is not None and (other is None or first_row < other[0]):
+            other = (first_row, (etf.Atom("msg_location"),))
+        if other is not None:
+            found = other[1][0] if isinstance(other[1], tuple) and other[1] else type(other[1]).__name__
+            out.append(_damaged(f"holds {found} objects, not the #{tag}{{}} records this dump holds: another table's "
+                                "dump in its place (swapped or copied)", path, log.offsets.get(1, 0) if n > 1 else 0,
+                                expected=str(tag), found=str(found)))
+    if not dump.complete:
+        end = dump.end_marker()
+        counts = textfiles.proplist(end[1]) if len(end) > 1 else {}
+        out.append(_damaged(f"the end marker records {counts.get('count')} objects, {objects} are "
+                            "found: an item is missing or extra", path, log.offsets[n - 1],
+                            recorded=counts.get("count"), found=objects))
     return out
 
 
