@@ -40,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from make_store import build, build_clean, build_compacted, clean_node_dir, node_dir, store_dir  # noqa: E402
+from make_store import build, build_clean, build_compacted, node_dir, store_dir  # noqa: E402
 
 CASES = {
     "index": ("index", None),
