@@ -166,18 +166,24 @@ def test_audit_of_a_fleet_names_each_node_and_narrows_to_vhosts_and_queues(capsy
 # -- 2e. storage that is not read ----------------------------------------------------------------
 
 
-def _with_stream_dir(tmp_path) -> Path:
+def _with_stream_dir(tmp_path, monkeypatch) -> Path:
     """CRAFTED: a copy of 4.3.6-kill with an empty stream dir under stream/ (the dir an osiris
-    stream member has; no broker wrote this one). Quorum queues are read (docs/quorum.md); streams
-    are not yet. The real thing: test_first_hour_brokers."""
+    stream member has; no broker wrote this one), and the stream kind taken as one cqforensics does
+    not read (every kind a node holds is read now: classic, quorum, stream; the mechanism stays for
+    the next kind). A node of every kind, read: test_first_hour_brokers."""
+    import dataclasses
+
+    from cqforensics import layout
+
+    monkeypatch.setitem(layout.STORAGE_KINDS, "stream", dataclasses.replace(layout.STORAGE_KINDS["stream"], read=False))
     node = copy_node("4.3.6-kill", tmp_path / "mnesia")
     (node / "stream" / "__st.crafted_1700000000000000000").mkdir(parents=True)
     return node
 
 
-def test_a_node_holding_queue_storage_not_read_says_so_and_fsck_exits_2(capsys, tmp_path, caplog):
+def test_a_node_holding_queue_storage_not_read_says_so_and_fsck_exits_2(capsys, tmp_path, caplog, monkeypatch):
     """Before: fsck exit 0, and nothing named the stream data."""
-    node = _with_stream_dir(tmp_path)
+    node = _with_stream_dir(tmp_path, monkeypatch)
     code, out, _ = run(capsys, "fsck", node)
     assert code == 2, out
     assert "NOT READ: 0 streams (1 data dir, " in out and "check incomplete" in out

@@ -1022,7 +1022,10 @@ SALVAGEABLE = frozenset({Fate.DELIVERED, Fate.EXPIRED, Fate.BODY_UNREACHABLE, Fa
                          Fate.BAD_INDEX_ENTRY, Fate.QUEUE_CRASH, Fate.BOOT_HANG, Fate.V1_UNSUPPORTED,
                          Fate.DELIVERY_CRASH, Fate.VHOST_CRASH, Fate.NOT_IN_RECOVERY_TERMS,
                          Fate.NOT_IN_STORE_INDEX, Fate.DELIVERY_LIMIT, Fate.DEAD_LETTERED, Fate.LOG_LOST,
-                         Fate.QUEUE_UNAVAILABLE})
+                         Fate.QUEUE_UNAVAILABLE,
+                         # a stream's records: its dir is carried over by the writers as it is
+                         Fate.STREAM_CHUNK_CUT, Fate.STREAM_NOT_STARTED, Fate.STREAM_UNREACHED,
+                         Fate.STREAM_COMPRESSED_SKIPPED, Fate.STREAM_READ_FAILS})
 #: readable but not deliverable, or not trustworthy: rebuild puts them in lost+found with the bytes
 QUARANTINED = frozenset({Fate.TRANSIENT, Fate.QUEUE_DELETED, Fate.QS_BAD_CRC, Fate.QS_BAD_SIZE})
 #: dropped by design, not by damage (compact drops them; they make no rebuild exit 1)

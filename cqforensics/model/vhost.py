@@ -824,7 +824,10 @@ class NodeScan:
     @cached_property
     def quorum_systems(self) -> list["m_quorum.System"]:
         """The node's Ra systems of quorum queues (``quorum/<node>/``: normally one), their WAL
-        files walked and recovered as the next boot of ``model`` does."""
+        files walked and recovered as the next boot of ``model`` does; none while the quorum
+        kind is not read (``layout.STORAGE_KINDS``)."""
+        if not STORAGE_KINDS["quorum"].read:
+            return []
         return [m_quorum.read_system(ra, self.model) for ra in self.node.quorum]
 
     @cached_property
@@ -874,8 +877,9 @@ class NodeScan:
     @cached_property
     def streams(self) -> list["StreamEntry"]:
         """The node's streams (``<node dir>/stream/<name>/``), read, each with its owner and its
-        next boot's fate (``stream_entries``)."""
-        return stream_entries(self)
+        next boot's fate (``stream_entries``); none while the stream kind is not read
+        (``layout.STORAGE_KINDS``: a kind not read is named, never half read)."""
+        return stream_entries(self) if STORAGE_KINDS["stream"].read else []
 
     def stream_home(self, e: "StreamEntry") -> str | None:
         """The vhost dir name whose tables list stream ``e`` (``stream_home``)."""
