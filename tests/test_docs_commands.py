@@ -29,12 +29,9 @@ SETUP = ("cp ", "chmod ", "mkdir ")
 #: shown on purpose, not run here: they send to a live broker (tests/test_republish.py replays the
 #: samples into real 3.10.8 and 4.3.6 brokers, journal and kills included)
 SKIPPED = {
-    "cqforensics republish broken/rabbit@host amqp://user:pass@new-host:5672/ --rate 500 --journal replay.journal":
-        "publishes to a running broker",
-    "cqforensics republish export-dir/ amqp://... --topology broken/rabbit@host --queue orders --map orders=orders.replayed":
-        "publishes to a running broker (amqp://... stands for its URL)",
-    "cqforensics republish rescued/rabbit@host/lost+found amqp://... --since 2026-11-20T00:00:00Z --ids ids.txt":
-        "publishes to a running broker (amqp://... stands for its URL)",
+    "cqforensics republish broken/rabbit@host amqp://user:pass@new-host:5672/ --rate 500 --journal replay.journal": "publishes to a running broker",
+    "cqforensics republish export-dir/ amqp://... --topology broken/rabbit@host --queue orders --map orders=orders.replayed": "publishes to a running broker (amqp://... stands for its URL)",
+    "cqforensics republish rescued/rabbit@host/lost+found amqp://... --since 2026-11-20T00:00:00Z --ids ids.txt": "publishes to a running broker (amqp://... stands for its URL)",
 }
 
 
@@ -68,10 +65,15 @@ def _shell_line(line: str, tmp: Path) -> str:
 
 
 def _run(line: str, tmp: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HOME=str(tmp / "home"), PYTHONPATH=os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    script = (f"set -o pipefail\ncqforensics() {{ {shlex.quote(sys.executable)} -m cli.main \"$@\"; }}\n"
-              f"{_shell_line(line, tmp)}\n")
+    env = dict(
+        os.environ,
+        HOME=str(tmp / "home"),
+        PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    )
+    script = (
+        f'set -o pipefail\ncqforensics() {{ {shlex.quote(sys.executable)} -m cli.main "$@"; }}\n'
+        f"{_shell_line(line, tmp)}\n"
+    )
     return subprocess.run(["bash", "-c", script], cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
 
 

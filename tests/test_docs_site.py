@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 from conftest import ROOT, skip_or_fail
 
@@ -27,8 +26,23 @@ def test_the_site_builds_strict(tmp_path):
         import mkdocs  # noqa: F401
     except ImportError:
         skip_or_fail("mkdocs is not installed (the `test` extra has it: pip install '.[test]')")
-    p = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
-                        "-d", str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "-f",
+            str(ROOT / "mkdocs.yml"),
+            "-d",
+            str(tmp_path / "site"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     site = tmp_path / "site"
     assert (site / "index.html").is_file()
