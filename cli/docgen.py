@@ -123,7 +123,7 @@ def manpage(parser: argparse.ArgumentParser, version: str = "") -> str:
                                                                          if a.choices else a.dest.upper())) + "\\fR"
             out += [".TP", "\\fB" + ", ".join(_roff(o) for o in a.option_strings) + "\\fR" + meta, _roff(a.help)]
     out += [".SH EXIT STATUS", "0 no errors; 1 errors found and fixed; 4 errors found and left; 8 operational "
-            "error; 16 usage error; 32 interrupted.", ".SH SEE ALSO", "README.md of the cqforensics sources."]
+            "error; 16 usage error; 32 interrupted.", ".SH SEE ALSO", "docs/ of the cqforensics sources (mkdocs build), and docs/reference/cli.md."]
     return "\n".join(out) + "\n"
 
 

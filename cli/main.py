@@ -132,7 +132,7 @@ def read_options(args) -> dict:
 
 
 def cmd_read(args) -> int:
-    """Print or save one table (see README: Tables), streamed: rows are printed or written as
+    """Print or save one table (see docs/tables.md), streamed: rows are printed or written as
     they are read, so the first rows show at once and memory stays flat. --out FILE: an output
     (``cqforensics.outputs``: never inside an input or RabbitMQ data; an existing file only with
     --force and only if cqforensics wrote it); written under a temporary name and renamed when
@@ -567,7 +567,7 @@ def cmd_compact(args) -> int:
 
     Exit: 0 done, 4 SRC is damaged (use rebuild; nothing written) or the output is written but the
     --broker-version cannot boot it as it is (the report says why: use --template), 8 operational
-    error, 16 usage (an output path the rule of every output refuses: README, docs/evidence.md)."""
+    error, 16 usage (an output path the rule of every output refuses: docs/commands.md, docs/evidence.md)."""
     return _rewrite(args, "compact")
 
 
@@ -586,7 +586,7 @@ def cmd_definitions(args) -> int:
     """Print, as JSON for `rabbitmqctl import_definitions`, SRC's vhosts, durable exchanges,
     classic queues (with the x-queue-version their written dirs need on 3.x) and bindings: import
     them into a fresh, stopped-after node of the target version, then pass that node dir to
-    compact/rebuild --template (README: Moving to another release series).
+    compact/rebuild --template (docs/commands.md: Moving to another release series).
 
     Exit: 0 done, 8 operational error, 16 usage."""
     import json

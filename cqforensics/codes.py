@@ -2,7 +2,7 @@
 
 Readers, the model, checks and tables store these codes in numpy arrays (one byte each); their
 ``label`` is the public spelling used in tables, findings and reports (part of the API, listed
-in README.md). No bare integer stands for any of them anywhere else.
+in docs/tables.md). No bare integer stands for any of them anywhere else.
 
 ``labels(E)`` lists the labels of the non-negative members in value order, the dictionary
 ``tables.names_array`` expands codes with.

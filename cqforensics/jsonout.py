@@ -1,4 +1,4 @@
-"""The one JSON convention of every output document and line (README: "JSON output").
+"""The one JSON convention of every output document and line (docs/commands.md, "JSON output").
 
 * a 16-byte id (``msg_id``, and any key ending in ``msg_id``): lowercase hex, 32 digits;
 * any other binary value under key ``k``: standard base64 (with padding) under ``k_base64``

@@ -1091,7 +1091,7 @@ def _reported(inp: dict, out: Path, runs: list[dict]) -> bool | None:
 
 def undetectable(inp: dict) -> str | None:
     """Why no check can see what the mutation changed, when it is one of the changes documented
-    as undetectable (docs/hostile.md, the bit-flip table; README "What damage does"), else None
+    as undetectable (docs/hostile.md, the bit-flip table; docs/findings.md "What damage does"), else None
     (then the silence is unexplained). The classes: stored message bodies changed in place
     (``_payload_only``), a file that still says what it said (``_same_content``), two vhosts'
     retained stores swapped, and changed bytes each of a kind nothing cross-checks

@@ -51,7 +51,7 @@ def arrow_schema(schema: StructType) -> pa.Schema:
         return to_arrow_schema(schema)  # 4.0/4.1: timestamp[us, tz=UTC] by default
 
 
-#: Spark DDL of the ``headers`` column's JSON (typed AMQP 0-9-1 headers, README "Tables"): per
+#: Spark DDL of the ``headers`` column's JSON (typed AMQP 0-9-1 headers, docs/tables.md): per
 #: header name its AMQP type and its value; ``value`` holds the JSON text of a number, a decimal
 #: ``{"scale", "value"}``, a nested table or array (parse it again with ``from_json`` and a schema
 #: of its own), ``base64`` the bytes of a binary or non-UTF-8 string

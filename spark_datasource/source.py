@@ -53,7 +53,7 @@ class UnitsPartition(InputPartition):
 
 
 class RabbitCQDataSource(DataSource):
-    """RabbitMQ classic-queue storage as tables. Options (strings; see README):
+    """RabbitMQ classic-queue storage as tables. Options (strings; see docs/spark.md):
     table, maxPartitionBytes, minPartitions, brokerVersion, asOf, vhosts, queues, batchRows,
     batchBytes; paths via load(path) or load([p1, p2]), globs allowed."""
 

@@ -1,4 +1,4 @@
-"""The layers of README.md "Architecture", checked by import-linter (contracts in pyproject.toml)."""
+"""The layers of docs/architecture.md, checked by import-linter (contracts in pyproject.toml)."""
 
 from __future__ import annotations
 

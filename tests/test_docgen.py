@@ -78,3 +78,14 @@ def test_man_page_renders(capsys, tmp_path):
     p = subprocess.run(["groff", "-man", "-Tutf8", "-ww", str(tmp_path / "cqforensics.1")], capture_output=True,
                        text=True)
     assert p.returncode == 0 and "compact" in p.stdout and not p.stderr.strip(), p.stderr[:500]
+
+
+def test_command_reference_page_is_current():
+    """docs/reference/cli.md is generated from the parser (``python3 -m cli.docgen >
+    docs/reference/cli.md``): a command or option changed without regenerating it fails here."""
+    from conftest import ROOT
+
+    page = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    assert page == docgen.markdown(build_parser()), "regenerate it: python3 -m cli.docgen > docs/reference/cli.md"
+    for name in docgen._subparsers(build_parser()):
+        assert f"\n## {name}\n" in page, name

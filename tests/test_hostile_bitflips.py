@@ -1,7 +1,7 @@
 """Issue 33: single-bit flips, both ways. For each kind of file the issue names (``.qi``, ``.idx``,
 ``journal.jif``, ``file_summary.ets``, a vhost ``.config``, Khepri's files, ``.rdq``) and each
 kind of byte in it, either a cross-check sees a flipped bit (a finding naming the file, or the
-queue) or nothing can, and the README's "What damage does" table and docs/hostile.md (the
+queue) or nothing can, and docs/findings.md's "What damage does" table and docs/hostile.md (the
 bit-flip table) say why; the fuzz campaign then counts such a flip as ``undetectable``, with its
 class, never as an unexplained silence.
 

@@ -21,7 +21,7 @@ CASES = [("3.10.8-kill", "4.0.5"), ("3.10.8-clean", "4.3.6"), ("4.3.6-clean", "3
 
 def _template(b, src, target: str) -> list[str]:
     """Boot ``b`` on an empty node dir, import the definitions SRC needs, let guest into every
-    vhost, stop it cleanly: the operator's steps before writing (README)."""
+    vhost, stop it cleanly: the operator's steps before writing (docs/commands.md)."""
     from cqforensics.model.versions import model
     from cqforensics.write import retarget
 

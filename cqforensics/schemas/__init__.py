@@ -1,5 +1,5 @@
 """JSON Schemas (draft 2020-12) of every JSON document and line cqforensics writes, in the one
-convention of ``cqforensics.jsonout`` (README: "JSON output").
+convention of ``cqforensics.jsonout`` (docs/commands.md, "JSON output").
 
 Shipped as package data (``cqforensics/schemas/*.json``): ``fsck.json`` (``cqforensics-fsck/1``,
 ``fsck --json``), ``finding.json`` (a finding: ``fsck --jsonl`` lines and ``fsck --json``'s

@@ -233,7 +233,7 @@ def carried_metadata_note(source: BrokerModel, target: BrokerModel) -> str | Non
         return None
     return (f"the metadata, feature flags and recovery files were copied from SRC as they are: {gap}. "
             "To boot the output, write it with --template (a node dir of the target broker in which the "
-            "queues were declared; see README 'Moving to another release series')")
+            "queues were declared; see docs/commands.md, 'Moving to another release series')")
 
 
 __all__ = [
