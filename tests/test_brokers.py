@@ -66,9 +66,12 @@ def boot_and_drain(dataset: str, run_dir, node_dir=None) -> list[dict]:
     need_broker(version)
     settings = m.get("settings") or {}
     adv = None
-    if settings:
-        items = ", ".join(f"{{{k}, {v}}}" for k, v in settings.items())
-        adv = f"[{{rabbit, [{items}]}}].\n"
+    if settings:  # ``key``: a rabbit setting; ``app.key``: another application's (ra.wal_max_size_bytes)
+        apps: dict[str, list[str]] = {}
+        for k, v in settings.items():
+            app, _, key = k.rpartition(".")
+            apps.setdefault(app or "rabbit", []).append(f"{{{key}, {v}}}")
+        adv = "[" + ", ".join(f"{{{app}, [{', '.join(items)}]}}" for app, items in apps.items()) + "].\n"
     known = {(q["vhost"], q["name"]): {k: v for k, v in q.items() if k in ("vhost", "name", "drain", "index_version",
                                                                          "arguments")}
              for q in m["queues"] if q.get("exists_after_restart", True)}
@@ -82,7 +85,11 @@ def boot_and_drain(dataset: str, run_dir, node_dir=None) -> list[dict]:
 
 # the imported datasets (3.12.14, 3.13.7, 4.1.8, 4.2.2) were written by brokers no runtime here
 # provides: they are proven by reading (tests/test_oracle.py), never booted
-BOOTED = [d for d in datasets() if manifest(d)["broker"]["rabbitmq"] in VERSIONS]
+# (the streams and quorum samples are booted by their own tests, on the samples and on damaged
+# copies: tests/test_streams_brokers.py, tests/test_quorum_brokers.py; a drain of their queues is
+# not what their ground truth records: records served from first, dead letters timed by the boot)
+BOOTED = [d for d in datasets() if manifest(d)["broker"]["rabbitmq"] in VERSIONS
+          and "-streams-" not in d and "-quorum-" not in d]
 
 
 @pytest.mark.parametrize("dataset", BOOTED)
