@@ -508,11 +508,15 @@ class _StoreKeys(Spill):
         super().__init__(KEY_RECORD, parts)
 
     def put(self, k: int, rec: np.ndarray) -> None:
-        """The share's records, replacing any it had."""
-        f = self.files[k]
-        f.seek(0)
-        f.truncate()
-        f.write(rec.tobytes())
+        """The share's records, replacing any it had (written as ``Spill.add`` writes: by
+        ``pwrite``, its size kept, which ``load`` reads by)."""
+        self.files[k].truncate(0)
+        self.sizes[k] = 0
+        data = memoryview(rec.tobytes())
+        while data:
+            n = os.pwrite(self.files[k].fileno(), data, self.sizes[k])
+            self.sizes[k] += n
+            data = data[n:]
 
     def load(self, k: int) -> np.ndarray:
         return super().load(k).copy()  # writable
