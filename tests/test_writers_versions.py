@@ -37,9 +37,13 @@ def _key(r) -> tuple:
 
 def _kept(path, version: str | None = None) -> dict[tuple, dict]:
     """The messages a boot delivers or expires, by (vhost, queue, priority, seq id)."""
-    rows = cqforensics.read_table(path, "messages", columns=COLUMNS,
+    rows = cqforensics.read_table(path, "messages", columns=[*COLUMNS, "queue_type", "location"],
                                   **({"broker_version": version} if version else {})).to_pylist()
-    return {_key(r): r for r in rows if r["survives_restart"] or r["drop_reason"] == "expired"}
+    # the classic queues' stored messages: what compact re-encodes for a version (a stream's dir and a
+    # quorum queue's Ra data are carried over as they are; a quorum queue's dead letters replayed into a
+    # classic queue at the boot are predicted, not stored)
+    return {_key(r): r for r in rows if (r["survives_restart"] or r["drop_reason"] == "expired")
+            and r["queue_type"] == "classic" and r["location"] != "dead_letter_replay"}
 
 
 @functools.lru_cache(maxsize=None)
