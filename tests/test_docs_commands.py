@@ -57,8 +57,9 @@ def _shell_line(line: str, tmp: Path) -> str:
     """The line as it runs here: comments dropped, the samples named from the checkout, /tmp/ and
     ~ inside the test's dir, and the parent dir of a redirection's target made first."""
     line = re.sub(r"\s+#\s.*$", "", line)
+    # /tmp/ and ~ first: the checkout itself may lie under /tmp (a CI clone)
+    line = re.sub(r"(?<![\w/.])/tmp/", f"{tmp}/", line).replace("~/", f"{tmp}/home/")
     line = re.sub(r"(?<![\w/.])sample_data/", f"{ROOT}/sample_data/", line)
-    line = line.replace("/tmp/", f"{tmp}/").replace("~/", f"{tmp}/home/")
     for target in re.findall(r"(?<![<2&])>\s*(\S+)", line):
         (tmp / target).parent.mkdir(parents=True, exist_ok=True)  # an absolute target wins the join
     return line
