@@ -651,7 +651,7 @@ def test_every_table_equals_reference_on_damaged_copies(tmp_path):
     from fuzz import campaign
 
     done = 0
-    for seed in range(6):
+    for seed in range(3):  # every mutation on each of the three datasets once (282 s with 6 seeds in CI)
         for mutation in sorted(campaign.MUTATIONS):
             if mutation == "fifo":
                 continue
