@@ -1138,25 +1138,6 @@ def _vhosts_under_own_dirs(node, notes: list[str], meta) -> None:
         v.dir_name, v.name_raw, v.name = own, raw, raw.decode("utf-8", "replace")
 
 
-def _tree_bytes(path: Path) -> int:
-    """The bytes of every file under ``path`` (links not followed), from the listings."""
-    total, stack = 0, [path]
-    while stack:
-        try:
-            with os.scandir(stack.pop()) as it:
-                for e in it:
-                    try:
-                        if e.is_dir(follow_symlinks=False):
-                            stack.append(e.path)
-                        elif not (e.is_symlink() and e.is_dir()):  # a link to a dir is not walked, nor counted
-                            total += e.stat(follow_symlinks=False).st_size
-                    except OSError:
-                        pass
-        except OSError:
-            pass
-    return total
-
-
 def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: bool = False,
             file_size_limit: int = c_rdq.FILE_SIZE_LIMIT, progress: Callable[[str], None] | None = None,
             verify_output: bool = True, source_version: str | None = None, force: bool = False,
@@ -1218,7 +1199,7 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
                 versions.add(ns.model.label)
                 targets.add((ctx.target or ns.model).label)
                 out_node = staging.path / node.path.relative_to(src)
-                result.bytes_before += _tree_bytes(node.path / "msg_stores" / "vhosts")
+                result.bytes_before += layout.tree_bytes(node.path / "msg_stores" / "vhosts")
                 vhosts = ns.vhosts
                 sizes = [layout.tree_bytes(vs.vhost.path) for vs in vhosts] if progress else []
                 for k, vs in enumerate(vhosts, 1):
