@@ -40,8 +40,9 @@ def _int_or_none(v):
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def read_meta(path: Path) -> Table:
-    """``meta.dets``: one MetaRecord per server (the last one stored wins, as the set holds one)."""
+def _dets_table(path: Path, record) -> Table:
+    """A DETS table's objects as records: ``record(object, offset)`` makes one, or None for an
+    object of another shape (counted in ``other``); a table that cannot be read is its error."""
     out = Table()
     try:
         objects = r_terms.read_dets_objects_at(path)
@@ -49,12 +50,19 @@ def read_meta(path: Path) -> Table:
         out.error = getattr(e, "message", str(e))
         return out
     for off, o in objects:
-        if isinstance(o, tuple) and len(o) == 4 and isinstance(o[0], bytes):
-            voted = o[2] if o[2] != "undefined" else None
-            out.records.append(MetaRecord(o[0], _int_or_none(o[1]), voted, _int_or_none(o[3]), off))
-        else:
+        r = record(o, off)
+        if r is None:
             out.other += 1
+        else:
+            out.records.append(r)
     return out
+
+
+def read_meta(path: Path) -> Table:
+    """``meta.dets``: one MetaRecord per server (the last one stored wins, as the set holds one)."""
+    return _dets_table(path, lambda o, off: MetaRecord(o[0], _int_or_none(o[1]), o[2] if o[2] != "undefined" else None,
+                                                      _int_or_none(o[3]), off)
+                       if isinstance(o, tuple) and len(o) == 4 and isinstance(o[0], bytes) else None)
 
 
 @dataclass(frozen=True)
@@ -67,18 +75,9 @@ class NameRecord:
 
 
 def read_names(path: Path) -> Table:
-    out = Table()
-    try:
-        objects = r_terms.read_dets_objects_at(path)
-    except CQError as e:
-        out.error = getattr(e, "message", str(e))
-        return out
-    for off, o in objects:
-        if isinstance(o, tuple) and len(o) == 2 and isinstance(o[0], str) and isinstance(o[1], bytes):
-            out.records.append(NameRecord(str(o[0]), o[1], off))
-        else:
-            out.other += 1
-    return out
+    """``names.dets``: one NameRecord per registered server."""
+    return _dets_table(path, lambda o, off: NameRecord(str(o[0]), o[1], off) if isinstance(o, tuple) and len(o) == 2
+                       and isinstance(o[0], str) and isinstance(o[1], bytes) else None)
 
 
 CONFIG_LIMIT = 1 << 20  # a server's config is a few KB
