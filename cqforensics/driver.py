@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from cqforensics import layout, parallel
-from cqforensics.layout import storage_kind
+from cqforensics.layout import STORAGE_KINDS, storage_kind
 from cqforensics.errors import OperationalError, UsageError, display
 from cqforensics.model.options import Options
 from cqforensics.model.vhost import NodeScan, VhostScan, passes
@@ -184,7 +184,7 @@ def check_names(scans, vhosts, queues) -> None:
     if kinds:
         raise UsageError("; ".join(f"queue {q!r} is a {unread[q]}" for q in kinds) + ": cqforensics does not read "
                          + " or ".join(sorted({unread[q] + "s" for q in kinds}))
-                         + " yet (it reads classic and quorum queues)")
+                         + " yet (it reads " + " and ".join(k.noun + "s" for k in STORAGE_KINDS.values() if k.read) + ")")
     if missing:
         if vhosts is not None:
             where = f"in vhost {' or '.join(map(repr, sorted(vhosts)))} {where}"

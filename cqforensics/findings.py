@@ -73,9 +73,9 @@ CODES: dict[str, tuple[str, str]] = {
                                    "that are no item, or holds more or fewer items than it records; or a text "
                                    "file the broker writes (.config, clean.dot, cluster_nodes.config, ...) holds "
                                    "NUL bytes, unreadable terms or terms of another shape than its writer's"),
-    "storage-not-read": (WARNING, "the node holds queues of a kind of storage cqforensics does not read yet "
-                                  "(streams): named, their messages are in no count; fsck's check "
-                                  "is incomplete (exit bit 2)"),
+    "storage-not-read": (WARNING, "the node holds queues of a kind of storage cqforensics does not read "
+                                  "(layout.STORAGE_KINDS): named, their messages are in no count; fsck's "
+                                  "check is incomplete (exit bit 2)"),
     "index-size-mismatch": (WARNING, "--deep: an index entry's size field is not the size of the body it "
                                      "refers to (a damaged size field, or body)"),
     "quorum-wal-refused": (ERROR, "a quorum queue WAL (quorum/<node>/*.wal) the next boot's Ra refuses: a record failing "
