@@ -280,13 +280,17 @@ class ProgressDisplay:
                 self.stream.flush()
             self.last = text
             return
+        import os
+
         from tqdm import tqdm
 
         if self.bar is None or (total is not None and self.bar.total != total):
             if self.bar is not None:
                 self.bar.close()
             self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, file=self.stream,
-                            leave=False, dynamic_ncols=True, mininterval=0.2)
+                            leave=False, dynamic_ncols=True,
+                            # tqdm's own variable wins (TQDM_MININTERVAL=0: every update drawn)
+                            mininterval=float(os.environ.get("TQDM_MININTERVAL", "0.2")))
         if text != self.last:
             self.bar.set_description_str(text, refresh=False)
             self.last = text

@@ -309,6 +309,8 @@ def _pty(argv, cwd) -> str:
     pid, fd = pty.fork()
     if pid == 0:  # the CLI on a terminal of 160 columns
         fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+        # every update drawn (tqdm's variables): a fast read is otherwise over between two redraws
+        os.environ.update(TQDM_MININTERVAL="0", TQDM_MINITERS="1")
         os.chdir(cwd)
         os.execvp(sys.executable, [sys.executable, "-m", "cli.main", *map(str, argv)])
     out = b""
