@@ -67,8 +67,8 @@ def copy_vs_compact(src: Path, runs: int = 3) -> dict:
 
 def build_garbage(scale: float = 0.1) -> Path:
     """A copy of the benchmark store after a consumer acked every third message of bench.big."""
-    from cqforensics.broker import Broker
-    from cqforensics.broker.clients import pika_module
+    from brokers import Broker
+    from brokers.clients import pika_module
 
     out = Path(f"{store_dir(scale)}-garbage")
     if (out / "DONE").exists():

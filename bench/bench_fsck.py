@@ -39,7 +39,7 @@ def fsck_seconds(node: Path) -> float:
 
 
 def boot_seconds(mnesia_base: Path | None) -> float:
-    from cqforensics.broker import Broker
+    from brokers import Broker
 
     work = Path(tempfile.mkdtemp(prefix="cqf-bench-", dir="/var/tmp"))
     work.chmod(0o755)

@@ -96,7 +96,7 @@ store.ENTRIES_PER_SHARE = int(sys.argv[4]) or store.ENTRIES_PER_SHARE
 t0 = time.perf_counter()
 rows = 0
 if sys.argv[3] == "fsck":  # the checks of the fsck command: rows are the messages checked
-    from cqforensics import fsck
+    from cqforensics.commands import fsck
     rows = sum(q.messages for q in fsck.run([sys.argv[2]]).queues)
 else:
     for b in cqforensics.iter_batches(sys.argv[2], sys.argv[3]):

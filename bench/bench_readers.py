@@ -78,7 +78,7 @@ def walk_floor(node: Path) -> float:
     """Seconds the compiled walk takes over every ``.rdq`` file through a map of each, made and
     unmapped per file, trusting no id (no lookups): what finding the entries costs at the least,
     as every table but ``index`` and ``acks`` must."""
-    from cqforensics import core
+    from cqforensics import compiled as core
     from cqforensics.readers.files import map_file
 
     t0 = time.perf_counter()
@@ -94,7 +94,7 @@ def index_pass_floor(node: Path) -> float:
     """Seconds the pass over every queue index of the node takes (every segment decoded, the
     references into the shared store gathered and indexed by id), as a ``messages`` read makes
     it before it walks the store."""
-    from cqforensics import layout
+    from cqforensics.discovery import nodes as layout
     from cqforensics.model.options import make_options
     from cqforensics.model.vhost import NodeScan
 
@@ -111,7 +111,7 @@ def decode_floor(node: Path, terms: int = 4096, repeats: int = 20) -> float:
     of the read is about as many rows): the fastest of ``repeats`` decodes, per row."""
     import numpy as np
 
-    from cqforensics import core
+    from cqforensics import compiled as core
     from cqforensics.readers import rdq
 
     path = next(p for p in sorted(node.rglob("*.rdq")) if p.stat().st_size)
@@ -133,7 +133,7 @@ import json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 import cqforensics, pyarrow.compute
 table, columns = sys.argv[3], json.loads(sys.argv[4])
-from cqforensics import fsck
+from cqforensics.commands import fsck
 for t in cqforensics.TABLES:  # warm up: one-time imports are not throughput
     cqforensics.read_table(sys.argv[5], t)
 fsck.run([sys.argv[5]])
@@ -148,7 +148,7 @@ else:
     for b in cqforensics.iter_batches(sys.argv[2], table, columns=columns):
         rows += b.num_rows
 dt, dc = time.perf_counter() - t0, cpu() - c0
-from cqforensics import core
+from cqforensics import compiled as core
 print(json.dumps({"rows": rows, "seconds": dt, "cpu_seconds": dc,
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "core": core.status(), "core_counts": dict(getattr(core, "COUNTS", {}))}))

@@ -60,8 +60,8 @@ def queues_node(n: int) -> Path:
 
 def build_queues(n: int, version: str = "4.3.6") -> Path:
     """A real broker's node dir with ``n`` durable classic queues (see the module doc)."""
-    from cqforensics.broker import Broker
-    from cqforensics.broker.clients import pika_module
+    from brokers import Broker
+    from brokers.clients import pika_module
 
     out = queues_dir(n)
     if (out / "DONE").exists():
@@ -94,7 +94,7 @@ def build_queues(n: int, version: str = "4.3.6") -> Path:
 
 def build_unknown(n: int) -> Path:
     """Crafted: the 4.3.6-kill sample plus ``n`` queue dirs the metadata does not know."""
-    from cqforensics import textfiles
+    from cqforensics.codecs import textfiles
 
     out = CACHE / f"unknown-{n}"
     node = out / "mnesia" / "rabbit@localhost"

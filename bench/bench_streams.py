@@ -75,7 +75,7 @@ def _body(i: int) -> bytes:
 async def _stream_protocol(broker, n: int) -> None:
     from rstream import AMQPMessage, CompressionType, Producer
 
-    from cqforensics.broker.streams import _codecs, _stream_client
+    from brokers.streams import _codecs, _stream_client
 
     _codecs()
     simple = n // 2
@@ -99,7 +99,7 @@ async def _stream_protocol(broker, n: int) -> None:
 
 
 def _amqp091(url: str, n: int) -> None:
-    from cqforensics.broker.clients import pika_module
+    from brokers.clients import pika_module
 
     pika = pika_module()
     conn = pika.BlockingConnection(pika.URLParameters(url))
@@ -115,8 +115,8 @@ def _amqp091(url: str, n: int) -> None:
 
 
 def build(scale: float, version: str = "4.3.6") -> Path:
-    from cqforensics.broker import Broker
-    from cqforensics.broker.clients import pika_module
+    from brokers import Broker
+    from brokers.clients import pika_module
 
     out = store_dir(scale)
     if (out / "DONE").exists():

@@ -58,7 +58,7 @@ def store_dir(scale: float) -> Path:
 
 
 def _publish(url: str, queue: str, size: int, count: int, seed: int) -> None:
-    from cqforensics.broker.clients import pika_module
+    from brokers.clients import pika_module
 
     pika = pika_module()
     conn = pika.BlockingConnection(pika.URLParameters(url))
@@ -76,8 +76,8 @@ def _publish(url: str, queue: str, size: int, count: int, seed: int) -> None:
 
 
 def build(scale: float, version: str = "4.3.6") -> Path:
-    from cqforensics.broker import Broker
-    from cqforensics.broker.clients import pika_module
+    from brokers import Broker
+    from brokers.clients import pika_module
 
     out = store_dir(scale)
     if (out / "DONE").exists():
@@ -166,7 +166,7 @@ def scaled_dir(copies: int) -> Path:
 def build_scaled(copies: int) -> Path:
     """The killed 1x store's content ``copies`` times in its one vhost, made without a broker
     (see the module doc: copy k's files renumbered, its ids rewritten, its queues ``Q~k``)."""
-    from cqforensics import textfiles
+    from cqforensics.codecs import textfiles
 
     out = scaled_dir(copies)
     node = out / "run" / "mnesia" / "rabbit@localhost"
@@ -247,7 +247,7 @@ def build_clean(src: Path, copies: int = 1, version: str = "4.3.6", timeout: flo
     alone, declares them (durable, as the originals), and stops, so that its second boot keeps
     them. Every queue must then hold what the killed store's index holds (checked against
     ``rabbitmqctl list_queues``)."""
-    from cqforensics.broker import Broker
+    from brokers import Broker
 
     out = clean_dir(src)
     node = out / "run" / "mnesia" / "rabbit@localhost"
@@ -267,7 +267,7 @@ def build_clean(src: Path, copies: int = 1, version: str = "4.3.6", timeout: flo
         with Broker(version, out / "run") as b:
             b.start(timeout=timeout)
             declare = [q for q in want if q not in _queue_counts(b)]
-            from cqforensics.broker.clients import pika_module
+            from brokers.clients import pika_module
 
             pika = pika_module()
             conn = pika.BlockingConnection(pika.URLParameters(b.url))
@@ -341,7 +341,7 @@ def compacted_node_dir() -> Path:
 def _publish_interleaved(url: str, p: int, count: int) -> None:
     import random
 
-    from cqforensics.broker.clients import pika_module
+    from brokers.clients import pika_module
 
     pika = pika_module()
     rng = random.Random(p)
@@ -363,7 +363,7 @@ def _publish_interleaved(url: str, p: int, count: int) -> None:
 
 
 def _drain(url: str, queue: str, limit: int | None = None) -> None:
-    from cqforensics.broker.clients import pika_module
+    from brokers.clients import pika_module
 
     pika = pika_module()
     conn = pika.BlockingConnection(pika.URLParameters(url))
@@ -398,8 +398,8 @@ def store_holes(node: Path) -> tuple[int, int, int]:
 
 def build_compacted(version: str = "4.3.6", wait: float = 600.0) -> Path:
     """A store the real broker has compacted, then kill -9 (see the module doc)."""
-    from cqforensics.broker import Broker
-    from cqforensics.broker.clients import pika_module
+    from brokers import Broker
+    from brokers.clients import pika_module
 
     out = compacted_dir()
     if (out / "DONE").exists():

@@ -1,5 +1,5 @@
-"""e2fsck-style exit codes (bits): ``cqforensics.exitcodes``, re-exported."""
+"""e2fsck-style exit codes (bits): ``cqforensics.base.exitcodes``, re-exported."""
 
-from cqforensics.exitcodes import ERRORS_LEFT, FIXED, INCOMPLETE, INTERRUPTED, OK, OPERATIONAL, USAGE
+from cqforensics.base.exitcodes import ERRORS_LEFT, FIXED, INCOMPLETE, INTERRUPTED, OK, OPERATIONAL, USAGE
 
 __all__ = ["OK", "FIXED", "INCOMPLETE", "ERRORS_LEFT", "OPERATIONAL", "USAGE", "INTERRUPTED"]

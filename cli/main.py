@@ -62,7 +62,7 @@ def _percent(text: str) -> float:
 def _as_of(text: str) -> int:
     """--as-of through the one parser (``cqforensics.model.options.parse_as_of``: ISO 8601 or
     epoch ms, within 1970 .. 9999), so a bad time is a usage error at parse time."""
-    from cqforensics.errors import UsageError
+    from cqforensics.base.errors import UsageError
     from cqforensics.model.options import parse_as_of
 
     try:
@@ -95,8 +95,8 @@ def add_jobs(p: argparse.ArgumentParser, what: str = "") -> None:
 
 
 def jobs(args) -> int:
-    """-j, or the default: every usable CPU, at most 8 (``cqforensics.parallel.default_jobs``)."""
-    from cqforensics import parallel
+    """-j, or the default: every usable CPU, at most 8 (``cqforensics.base.parallel.default_jobs``)."""
+    from cqforensics.base import parallel
 
     return args.jobs if getattr(args, "jobs", None) else parallel.default_jobs()
 
@@ -134,7 +134,7 @@ def read_options(args) -> dict:
 def cmd_read(args) -> int:
     """Print or save one table (see docs/tables.md), streamed: rows are printed or written as
     they are read, so the first rows show at once and memory stays flat. --out FILE: an output
-    (``cqforensics.outputs``: never inside an input or RabbitMQ data; an existing file only with
+    (``cqforensics.output.guard``: never inside an input or RabbitMQ data; an existing file only with
     --force and only if cqforensics wrote it); written under a temporary name and renamed when
     complete (removed on an error or Ctrl-C), with its manifest beside it. Parquet is written in
     row groups of up to 64k rows / about 64 MB."""
@@ -143,19 +143,19 @@ def cmd_read(args) -> int:
     columns = args.columns.split(",") if args.columns else None
     opts = {**read_options(args), **filters(args), "jobs": jobs(args)}
     if args.out:
-        from cqforensics.outputs import check_output
+        from cqforensics.output.guard import check_output
 
         target = check_output(args.out, args.paths, force=args.force)
     elif args.format == "parquet":
-        from cqforensics.errors import UsageError
+        from cqforensics.base.errors import UsageError
 
         raise UsageError("--format parquet needs --out FILE")
     else:
         _say_expired(_read_rows(args, columns, opts, sys.stdout)[1], opts)
         return exitcodes.OK
-    from cqforensics.errors import plural
-    from cqforensics.export import ParquetSink
-    from cqforensics.outputs import staged_file
+    from cqforensics.base.errors import plural
+    from cqforensics.commands.export import ParquetSink
+    from cqforensics.output.guard import staged_file
 
     progress = _shown(args)
     opts["progress"] = progress
@@ -163,7 +163,7 @@ def cmd_read(args) -> int:
         with staged_file(target, "wb" if args.format == "parquet" else "w", replace=args.force, command="read",
                          inputs=args.paths) as out:
             if args.format == "parquet":
-                from cqforensics.driver import check_columns
+                from cqforensics.read.driver import check_columns
 
                 with ParquetSink(out, check_columns(args.table, columns)) as sink:
                     for batch in _limited(cqforensics.iter_batches(args.paths, args.table, columns=columns, **opts),
@@ -254,7 +254,7 @@ def _say_expired(expired: int, opts: dict) -> None:
     """On stderr: how many rows the clock's time made expired (when --as-of named no time)."""
     if expired and not opts.get("as_of"):
         from cli import render
-        from cqforensics.provenance import iso, now_ms
+        from cqforensics.output.provenance import iso, now_ms
 
         print(f"cqforensics: {render.ttl_line({'expired': expired, 'ttls_judged_at': iso(now_ms())})}",
               file=sys.stderr)
@@ -262,7 +262,7 @@ def _say_expired(expired: int, opts: dict) -> None:
 
 class ProgressDisplay:
     """Where a long command shows how far it is, on stderr: ``(text, done, total)`` per step
-    (``cqforensics.driver.Progress`` makes them). On a terminal, one tqdm bar: bytes done and in
+    (``cqforensics.read.driver.Progress`` makes them). On a terminal, one tqdm bar: bytes done and in
     all, rate and time left, the step's text (``node 8 of 30: ...``); elsewhere (``--progress``
     with stderr piped), one line each time the text changes. ``close`` clears the bar;
     ``suspended`` clears it while the command writes to a terminal it shares."""
@@ -333,10 +333,10 @@ def cmd_fsck(args) -> int:
 
     Exit: 0 no errors, 4 errors found (nothing is repaired), 8 operational error, 16 usage."""
     from cli import render
-    from cqforensics import fsck as fsck_mod
+    from cqforensics.commands import fsck as fsck_mod
 
     if args.json and args.jsonl:
-        from cqforensics.errors import UsageError
+        from cqforensics.base.errors import UsageError
 
         raise UsageError("--json and --jsonl exclude each other")
     progress = _shown(args, "json", "jsonl")
@@ -367,7 +367,7 @@ def cmd_dump(args) -> int:
     """List every entry of one file (.rdq, .qi, .qs, .idx, journal.jif, .ets, .dets, Mnesia logs):
     offset, size, id, status, and holes; --deep decodes the messages."""
     from cli import render
-    from cqforensics.dump import dump
+    from cqforensics.commands.dump import dump
 
     rows = dump(args.file, deep=args.deep, segment_entry_count=args.segment_entry_count)
     if args.jsonl:
@@ -386,7 +386,7 @@ def cmd_export(args) -> int:
     DIR/messages.jsonl or DIR/messages.parquet; --all adds acked and dropped messages whose
     bodies are still readable."""
     from cli import render
-    from cqforensics.export import export
+    from cqforensics.commands.export import export
 
     progress = _shown(args)
     try:
@@ -417,15 +417,15 @@ def cmd_find(args) -> int:
     import contextlib
 
     from cli import render
-    from cqforensics.errors import plural
-    from cqforensics.export import find
+    from cqforensics.base.errors import plural
+    from cqforensics.commands.export import find
 
     body = args.body.encode() if args.body is not None else None
     if args.body_hex is not None:
         try:
             body = bytes.fromhex(args.body_hex)
         except ValueError:
-            from cqforensics.errors import UsageError
+            from cqforensics.base.errors import UsageError
 
             raise UsageError(f"--body-hex: not hex: {args.body_hex!r}") from None
     progress = _shown(args)
@@ -464,8 +464,8 @@ def cmd_audit(args) -> int:
     import json
 
     from cli import render
-    from cqforensics.audit import audit
-    from cqforensics.errors import plural
+    from cqforensics.commands.audit import audit
+    from cqforensics.base.errors import plural
 
     progress = _shown(args, "json")
     try:
@@ -621,12 +621,12 @@ def cmd_report(args) -> int:
     a map of the shared-store files (live / orphan / garbage / hole byte ranges), the queues with
     what the next boot delivers and drops and why, the findings grouped by code with file and
     offset, and a fleet summary for a folder of many nodes. --html FILE: an output
-    (``cqforensics.outputs``: never inside an input or RabbitMQ data; an existing file only with
+    (``cqforensics.output.guard``: never inside an input or RabbitMQ data; an existing file only with
     --force and only if cqforensics wrote it).
 
     Exit: 0 written, 8 operational error, 16 usage."""
-    from cqforensics.outputs import check_output, staged_file
-    from cqforensics.report import render
+    from cqforensics.output.guard import check_output, staged_file
+    from cqforensics.commands.report import render
 
     target = check_output(args.html, args.paths, force=args.force)
     progress = _shown(args)
@@ -647,9 +647,9 @@ def cmd_republish(args) -> int:
     messages over AMQP 1.0), one confirmed publish at a time, recorded in a journal so that a
     rerun after an interruption neither loses nor duplicates a message. By default what the next
     boot would deliver; --only-dropped: what it would drop but is still readable."""
-    from cqforensics.errors import plural, queue_ref
+    from cqforensics.base.errors import plural, queue_ref
     from cqforensics.model.options import parse_as_of
-    from cqforensics.republish import read_ids, republish
+    from cqforensics.commands.republish import read_ids, republish
 
     since = parse_as_of(args.since, "--since")
     until = parse_as_of(args.until, "--until")
@@ -682,9 +682,10 @@ def cmd_republish(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from cqforensics.schema import TABLES
+    from cqforensics.base.schema import TABLES
 
-    from cqforensics import __version__, core
+    from cqforensics import __version__
+    from cqforensics import compiled as core
 
     p = Parser(prog="cqforensics", description="Forensics for RabbitMQ classic-queue storage (3.10 - 4.3).")
     p.add_argument("--version", action="version", version=f"cqforensics {__version__} (compiled core: {core.status()})",
@@ -946,7 +947,7 @@ def setup_logging(verbose: int, as_json: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     import time
 
-    from cqforensics.errors import CQError
+    from cqforensics.base.errors import CQError
 
     args = None
     try:

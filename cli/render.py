@@ -6,20 +6,20 @@ import datetime as dt
 import json
 import sys
 
-from cqforensics.errors import display, plural
+from cqforensics.base.errors import display, plural
 
 
 def jsonable(v):
-    """``v`` in the one JSON convention (``cqforensics.jsonout``): msg_id hex, other bytes as
+    """``v`` in the one JSON convention (``cqforensics.base.jsonout``): msg_id hex, other bytes as
     ``<key>_base64``, typed JSON nested, times ISO 8601."""
-    from cqforensics import jsonout
+    from cqforensics.base import jsonout
 
     return jsonout.convert(v) if isinstance(v, dict) else jsonout.value(v)
 
 
 def dump_value(v) -> str:
     """A ``dump`` field as text: strings as they are (Erlang terms come as Erlang text, see
-    ``cqforensics.etf.format_term``), numbers, ``true``/``false``, bytes as an Erlang binary
+    ``cqforensics.codecs.etf.format_term``), numbers, ``true``/``false``, bytes as an Erlang binary
     (``<<"text">>`` or ``<<1,2,3>>``), anything else (lists, header maps) as compact JSON, never
     as a Python repr."""
     if isinstance(v, str):
@@ -29,7 +29,7 @@ def dump_value(v) -> str:
     if isinstance(v, (int, float)):
         return str(v)
     if isinstance(v, (bytes, bytearray)):
-        from cqforensics.etf import format_term
+        from cqforensics.codecs.etf import format_term
 
         return format_term(bytes(v))
     return json.dumps(jsonable(v), ensure_ascii=False, separators=(",", ":"), sort_keys=True)
@@ -226,7 +226,7 @@ def fsck_text(report, out=None, show_all: bool = False) -> None:
 
 
 def _kind(name: str):
-    from cqforensics.layout import STORAGE_KINDS, StorageKind
+    from cqforensics.discovery.nodes import STORAGE_KINDS, StorageKind
 
     return STORAGE_KINDS.get(name) or StorageKind(name, name, f"{name} queue", False, name)
 

@@ -15,7 +15,7 @@ mutated file), ``export``, ``audit``, ``rebuild``, ``compact`` and ``verify`` th
 ``cli.main.main``. Each run is a forked child with ``RLIMIT_AS`` set and a wall-time limit; its
 peak RSS comes from ``os.wait4``. A run fails when:
 
-- ``traceback``: a Python traceback (API: an exception that is no ``cqforensics.errors.CQError``;
+- ``traceback``: a Python traceback (API: an exception that is no ``cqforensics.base.errors.CQError``;
   CLI: an "internal error" line, which is how the CLI reports a bug),
 - ``hang``: it ran past the wall-time limit (killed),
 - ``memory``: its peak RSS passed the bound, or it died of the address-space limit,
@@ -25,7 +25,7 @@ peak RSS comes from ``os.wait4``. A run fails when:
   writer must write what it keeps in a form it verifies),
 - ``writer-not-refused``: a writer run aimed at evidence (``AIMED``: its own input, a path inside
   it, another node's data dir, a file another broker wrote; ``--force`` given) was not refused
-  with exit 16 (the rule of every output, ``cqforensics.outputs``). Its target's tree must not
+  with exit 16 (the rule of every output, ``cqforensics.output.guard``). Its target's tree must not
   change either (``modified-input``: the digest covers the mutated copy, which these runs aim at).
 
 Besides, for each input whose mutation changed a data file's bytes, the summary says whether
@@ -69,10 +69,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import cqforensics  # noqa: E402  (imported before forking: children start warm)
-from cqforensics import textfiles  # noqa: E402
-from cqforensics.errors import CQError  # noqa: E402
+from cqforensics.codecs import textfiles  # noqa: E402
+from cqforensics.base.errors import CQError  # noqa: E402
 from cli.main import main as cli_main  # noqa: E402
-from cqforensics import amqp091, etf  # noqa: E402
+from cqforensics.codecs import amqp091, etf  # noqa: E402
 from cqforensics.grammar import qi as c_qi  # noqa: E402
 from cqforensics.grammar import rdq as c_rdq  # noqa: E402
 from cqforensics.grammar import osiris as g_osiris  # noqa: E402
@@ -570,7 +570,7 @@ def m_amqp10(rng, node):
         return "no AMQP 1.0 message", None
     row = rng.choice(rows)
     term = etf.binary_to_term(stored_term(row))
-    from cqforensics import amqp10
+    from cqforensics.codecs import amqp10
 
     bare = term[2][2]
     secs = amqp10.sections(bare)
@@ -1350,7 +1350,7 @@ def _payload_only(inp: dict) -> bool:
     v1 = target.endswith(".idx") or target.endswith("journal.jif")
     if not (v1 or target.endswith(".rdq")):
         return False
-    from cqforensics.dump import dump
+    from cqforensics.commands.dump import dump
 
     original = SAMPLES / inp["dataset"] / "mnesia" / os.path.relpath(target, inp["base"])
 

@@ -11,7 +11,7 @@ Profiles in ``ARCHIVED`` are committed as ``rabbit.tar.gz`` + ``manifest.json.gz
     python sample_data/generate.py 4.3.6-kill --out /tmp/samples
     python sample_data/generate.py --readme             # refresh README.md's checksum list
 
-Needs root (chroots) and the runtimes (python -m cqforensics.broker.runtimes install).
+Needs root (chroots) and the runtimes (python -m brokers.runtimes install).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cqforensics.broker import Broker  # noqa: E402
-from cqforensics.broker.clients import (  # noqa: E402
+from brokers import Broker  # noqa: E402
+from brokers.clients import (  # noqa: E402
     ALL_TYPES, amqp10_connection, drain_all, mqtt_client, mqtt_close, mqtt_publish, mqtt_subscribe, pika_module, proton,
     stomp_connection, stomp_send)
 
@@ -767,7 +767,7 @@ def generate(name: str, out: Path, work: Path) -> dict:
 
 
 def generate_streams(name: str, out: Path, work: Path) -> dict:
-    """A ``streams`` dataset: the workload of ``cqforensics.broker.streams`` (streams and a
+    """A ``streams`` dataset: the workload of ``brokers.streams`` (streams and a
     classic queue fed by one topic exchange over AMQP 0-9-1, the stream protocol with
     sub-batches of every compression, named consumers' stored offsets, a publisher's sequence,
     AMQP 1.0 on 4.x; one stream rolls segments, one loses its first segments to retention),
@@ -775,8 +775,8 @@ def generate_streams(name: str, out: Path, work: Path) -> dict:
     original dir: per stream, every chunk and record served from ``first`` over the stream
     protocol, every message over AMQP 0-9-1, the tracking it reports for every reference on
     disk; and the classic queue drained."""
-    from cqforensics.broker import streams
-    from cqforensics.broker.clients import drain_091
+    from brokers import streams
+    from brokers.clients import drain_091
 
     version, stop, profile = DATASETS[name]
     run = work / name
@@ -872,9 +872,9 @@ sections instead). `restarted_at_ms` is the reference time for TTL expiry.
 
     python sample_data/generate.py            # as root; regenerates every dataset and this file
 
-`generate.py` (in this folder) drives the brokers through `cqforensics.broker` (RabbitMQ 3.10.8
+`generate.py` (in this folder) drives the brokers through `brokers` (RabbitMQ 3.10.8
 from Debian bookworm on the host; 4.0.5 from trixie and 4.3.6 from sid in debootstrap chroots,
-see `python -m cqforensics.broker.runtimes install`). Clients: pika (AMQP 0-9-1) and the proton
+see `python -m brokers.runtimes install`). Clients: pika (AMQP 0-9-1) and the proton
 bundled with rabbitmq-amqp-python-client (AMQP 1.0). Message ids are random, so a regeneration
 gives different bytes with the same structure.
 

@@ -11,9 +11,9 @@ import json
 import os
 from dataclasses import dataclass
 
-from cqforensics.errors import UsageError
+from cqforensics.base.errors import UsageError
 from cqforensics.model.options import Options, make_options, parse_as_of
-from cqforensics.schema import TABLES
+from cqforensics.base.schema import TABLES
 
 #: option name (lower case, as Spark hands them over) -> (default, meaning)
 OPTIONS = {

@@ -30,14 +30,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from cqforensics import driver
-from cqforensics.driver import QUEUE_LEVEL
+from cqforensics.read import driver
+from cqforensics.read.driver import QUEUE_LEVEL
 from cqforensics.model.options import make_options
-from cqforensics.errors import CQError, UsageError
+from cqforensics.base.errors import CQError, UsageError
 from cqforensics.readers.ra_system import read_config
 from cqforensics.model.store import shares_for
-from cqforensics.tables import SHARED_TABLES
-from cqforensics.schema import SCHEMAS
+from cqforensics.tables.builders import SHARED_TABLES
+from cqforensics.base.schema import SCHEMAS
 
 
 @dataclass(frozen=True)

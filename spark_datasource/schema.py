@@ -1,7 +1,7 @@
-"""Spark schemas derived from the single Arrow definition in ``cqforensics.schema``.
+"""Spark schemas derived from the single Arrow definition in ``cqforensics.base.schema``.
 
 Spark's ``to_arrow_schema`` maps these StructTypes back to exactly the Arrow schemas the
-readers produce (tests/test_spark_schema.py checks every table), which Spark 4.2+ requires of
+readers produce (tests/test_spark.py checks every table), which Spark 4.2+ requires of
 every batch a Python data source yields.
 """
 
@@ -11,7 +11,7 @@ import pyarrow as pa
 from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, DataType, DoubleType, IntegerType, LongType,
                                StringType, StructField, StructType, TimestampType)
 
-from cqforensics.schema import SCHEMAS
+from cqforensics.base.schema import SCHEMAS
 
 
 def spark_type(t: pa.DataType) -> DataType:

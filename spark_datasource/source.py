@@ -33,9 +33,10 @@ from pyspark.sql.types import StructType
 
 # imported with the module (once per Python worker, when the first task unpickles the reader),
 # not per task or per batch
-from cqforensics import core, driver
+from cqforensics import compiled as core
+from cqforensics.read import driver
 from cqforensics.model.options import narrowed
-from cqforensics.tables import BUILDERS
+from cqforensics.tables.builders import BUILDERS
 from spark_datasource import options as opt
 from spark_datasource.plan import Unit, check_columns, pack, plan_units
 from spark_datasource.schema import arrow_schema, struct_type
@@ -96,7 +97,7 @@ class RabbitCQReader(DataSourceReader):
 
 
 def read_units(units: list[Unit], s: opt.Settings, columns: list[str]):
-    """Batches of the given units through the one read driver (``cqforensics.driver.read``):
+    """Batches of the given units through the one read driver (``cqforensics.read.driver.read``):
     consecutive units of one vhost are read by one scan, so its store is indexed once; a unit of
     one id share of a big vhost is read by a scan of that share only."""
     options, scope = narrowed(s.options, s.table, columns), _task_scope()

@@ -2,7 +2,7 @@
 
 Planning (driver): the options, the DataFrame's required columns and DST are checked, so a bad
 write fails before any task runs. DST follows the rule of every output of cqforensics
-(``cqforensics.outputs``, docs/evidence.md): it is new, an empty dir, or a previous output of
+(``cqforensics.output.guard``, docs/evidence.md): it is new, an empty dir, or a previous output of
 cqforensics, which both modes replace whole at commit; anything else (a node dir, a mnesia base,
 any data cqforensics did not write) is refused whatever the mode. Spark's default mode
 (``errorifexists``) cannot reach a Python data source: Spark refuses it before any Python runs
@@ -32,7 +32,7 @@ from pathlib import Path
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from cqforensics.errors import CQError, UsageError
+from cqforensics.base.errors import CQError, UsageError
 
 #: the variable PySpark's worker reads when it formats a Python error for the JVM: set, only the
 #: exception's own line is sent (``pyspark.util.handle_worker_exception``; the JVM sets it in the

@@ -28,7 +28,7 @@ def skip_or_fail(why: str) -> None:
 
 
 def need_broker(version: str) -> None:
-    from cqforensics.broker import runtime
+    from brokers import runtime
 
     why = runtime(version).unavailable()
     if why:

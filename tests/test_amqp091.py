@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from cqforensics import amqp091
-from cqforensics.errors import FormatError
+from cqforensics.codecs import amqp091
+from cqforensics.base.errors import FormatError
 
 from conftest import manifest
 

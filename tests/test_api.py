@@ -9,7 +9,7 @@ import pytest
 
 import cqforensics
 from conftest import SAMPLES, copy_node
-from cqforensics.errors import CQError, OperationalError, UsageError
+from cqforensics.base.errors import CQError, OperationalError, UsageError
 
 NODE = SAMPLES / "4.3.6-clean"
 
@@ -122,7 +122,7 @@ def test_spark_cli_and_api_share_one_as_of_parser(iso, ms):
 def test_the_spark_reader_reads_through_the_driver(monkeypatch):
     """read_units (outside a task: no cache) gives what the embedded reader gives, via driver.read."""
     pytest.importorskip("pyspark")
-    from cqforensics import driver
+    from cqforensics.read import driver
     from spark_datasource import options as spark_options
     from spark_datasource import plan, source
 

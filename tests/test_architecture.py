@@ -39,11 +39,11 @@ def test_no_module_above_the_readers_does_framing_arithmetic():
 
 def test_no_module_outside_the_model_maps_files():
     """``model.bodies.Bodies`` is the one holder of memory maps of input files above the readers
-    (``cqforensics/parallel.py`` maps only the memfd a worker hands its batches over in)."""
+    (``cqforensics/base/parallel.py`` maps only the memfd a worker hands its batches over in)."""
     offenders = []
     for path in (ROOT / "cqforensics").rglob("*.py"):
         rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith(("cqforensics/readers/", "cqforensics/model/bodies.py", "cqforensics/parallel.py")):
+        if rel.startswith(("cqforensics/readers/", "cqforensics/model/bodies.py", "cqforensics/base/parallel.py")):
             continue
         if "map_file(" in path.read_text() or "mmap.mmap(" in path.read_text():
             offenders.append(rel)

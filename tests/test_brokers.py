@@ -17,8 +17,8 @@ VERSIONS = ("3.10.8", "4.0.5", "4.3.6")
 @pytest.mark.parametrize("version", VERSIONS)
 def test_harness_start_publish_kill_restart_stop(version, broker_dir):
     need_broker(version)
-    from cqforensics.broker import Broker, BrokerError
-    from cqforensics.broker.clients import pika_module
+    from brokers import Broker, BrokerError
+    from brokers.clients import pika_module
 
     pika = pika_module()
     with Broker(version, broker_dir / "run") as b:
@@ -58,8 +58,8 @@ def _comparable(queues: list[dict]) -> dict:
 
 def boot_and_drain(dataset: str, run_dir, node_dir=None) -> list[dict]:
     """Boot the dataset's broker version on a copy (or on ``node_dir``'s mnesia base) and drain it."""
-    from cqforensics.broker import Broker
-    from cqforensics.broker.clients import drain_all
+    from brokers import Broker
+    from brokers.clients import drain_all
 
     m = manifest(dataset)
     version = m["broker"]["rabbitmq"]
@@ -107,7 +107,7 @@ def test_declaration_without_its_outcome_is_not_recovered(dataset, broker_dir):
     Mnesia aborts the undecided declaration (tests/test_metadata_outcomes.py)."""
     from test_metadata_outcomes import drop_declaration_outcome
 
-    from cqforensics.broker import Broker
+    from brokers import Broker
     from cqforensics.readers.metadata import read_metadata
 
     version = manifest(dataset)["broker"]["rabbitmq"]

@@ -88,7 +88,7 @@ def test_exit_codes_operational_usage_interrupt(capsys, monkeypatch):
     assert run(capsys, "fsck")[0] == 16
     assert run(capsys, "fsck", "--help")[0] == 0
     assert run(capsys, "fsck", "--broker-version", "2.8", str(SAMPLES / "4.3.6-kill"))[0] == 16
-    from cqforensics import fsck
+    from cqforensics.commands import fsck
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
@@ -99,7 +99,7 @@ def test_exit_codes_operational_usage_interrupt(capsys, monkeypatch):
 
 
 def test_an_unexpected_exception_is_one_line_and_exit_8(capsys, monkeypatch):
-    from cqforensics import fsck
+    from cqforensics.commands import fsck
 
     def bug(*a, **k):
         raise RuntimeError("boom\nsecond line")
@@ -276,7 +276,7 @@ def test_every_argument_has_help():
 
 def test_version(capsys):
     import cqforensics
-    from cqforensics import core
+    from cqforensics import compiled as core
 
     code, out, _ = run(capsys, "--version")
     assert code == 0 and out.strip() == f"cqforensics {cqforensics.__version__} (compiled core: {core.status()})"
@@ -369,20 +369,21 @@ def test_every_output_follows_the_same_rules(capsys, tmp_path):
 
 
 def test_one_helper_decides_every_output_path():
-    """Every command's output goes through ``cqforensics.outputs.check_output``: no other module
+    """Every command's output goes through ``cqforensics.output.guard.check_output``: no other module
     words (or decides) the inside-an-input rule."""
     import inspect
 
     from cli import main as cli_main
-    from cqforensics import export, outputs, republish
+    from cqforensics.commands import export, republish
+    from cqforensics.output import guard as outputs
     from cqforensics.write import rows, salvage
 
     for mod in (cli_main, export, salvage, rows, republish):
         assert "check_output(" in inspect.getsource(mod), mod.__name__
     deciders = [p.relative_to(ROOT).as_posix() for top in ("cqforensics", "cli", "spark_datasource")
                 for p in (ROOT / top).rglob("*.py") if "may not be inside" in p.read_text()]
-    assert deciders == ["cqforensics/outputs.py"], deciders
-    assert outputs.check_output.__module__ == "cqforensics.outputs"
+    assert deciders == ["cqforensics/output/guard.py"], deciders
+    assert outputs.check_output.__module__ == "cqforensics.output.guard"
 
 
 def test_text_tables_keep_the_end_of_paths(capsys):
@@ -428,7 +429,7 @@ def test_dump_shows_erlang_terms_as_erlang_text(capsys):
 
 
 def test_erlang_term_text():
-    from cqforensics import etf
+    from cqforensics.codecs import etf
 
     A = etf.Atom
     cases = [

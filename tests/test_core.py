@@ -18,7 +18,8 @@ import pyarrow as pa
 import pytest
 
 import cqforensics
-from cqforensics import core, tables
+from cqforensics import compiled as core
+from cqforensics.tables import builders as tables
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers.files import read_bytes
@@ -402,7 +403,7 @@ def test_decode_equals_reference_on_crafted_annotations():
     the 0-9-1 view gives a meaning to, as atoms (UTF-8 and latin-1) and spelled as binaries,
     repeated, and x- binaries that become headers. The core decodes some, hands the others to
     the reference, and every row it decodes equals the reference's."""
-    from cqforensics.etf import Atom, binary_to_term, term_to_binary
+    from cqforensics.codecs.etf import Atom, binary_to_term, term_to_binary
 
     base = next(binary_to_term(t) for t in _stored_terms() if t[3:6] == b"w\x02m")
     anns = dict(base[3])
@@ -487,7 +488,7 @@ def test_float_headers_render_as_python_repr():
     # crafted: a 0-9-1 property list whose headers hold doubles and floats of every magnitude
     import struct
 
-    from cqforensics import amqp091
+    from cqforensics.codecs import amqp091
 
     rng = random.Random(5)
     values = [0.0, -0.0, 1.5, 1e16, 1e-5, 1e-4, 123456789.123, float("inf"), float("nan"), 5e-324, 1.7976931348623157e308]
@@ -568,7 +569,7 @@ def test_disk_log_items_equal_reference_on_damaged_dumps():
     """Damaged copies of every sample's dumps (zeroed ranges, bit flips, cuts, junk, duplicated
     slices), crafted records in every integer encoding and beyond 64 bits, items long enough
     to carry an md5 (right and wrong), and random bytes."""
-    from cqforensics import etf
+    from cqforensics.codecs import etf
 
     rng = random.Random(32)
     whole = []

@@ -13,7 +13,7 @@ import pytest
 from conftest import skip_or_fail
 from test_core import _stored_terms
 
-from cqforensics import core
+from cqforensics import compiled as core
 from cqforensics.readers import rdq as r_rdq
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, SAMPLES
-from cqforensics import etf
+from cqforensics.codecs import etf
 from cqforensics.readers import dets, terms
 from cqforensics.readers.files import map_file
 

@@ -91,7 +91,7 @@ def test_every_lost_found_reason_is_documented():
 
 
 def test_every_finding_code_is_documented():
-    from cqforensics.findings import CODES
+    from cqforensics.base.findings import CODES
 
     table = section("Finding codes")
     documented = re.findall(r"^\| `([a-z0-9-]+)` \|", table, re.M)
@@ -116,7 +116,7 @@ def test_exit_codes_are_documented():
 
 
 def test_every_drop_reason_is_documented():
-    from cqforensics.codes import FATE_LABELS
+    from cqforensics.base.enums import FATE_LABELS
 
     for reason in FATE_LABELS[1:]:
         assert f"`{reason}`" in section("Tables"), reason

@@ -8,8 +8,8 @@ import zlib
 
 import pytest
 
-from cqforensics import etf
-from cqforensics.etf import Atom, BitBinary, EtfError, ImproperList, Opaque
+from cqforensics.codecs import etf
+from cqforensics.codecs.etf import Atom, BitBinary, EtfError, ImproperList, Opaque
 
 from conftest import SAMPLES
 

@@ -1,7 +1,7 @@
 """The fast decoding path gives exactly what the generic normaliser gives, on every sample term."""
 
-from cqforensics import fastpath, message
-from cqforensics.errors import FormatError
+from cqforensics.message import fast as fastpath, reference as message
+from cqforensics.base.errors import FormatError
 
 from test_etf import stored_terms
 

@@ -16,7 +16,7 @@ import damage
 import pytest
 
 import cqforensics
-from cqforensics import layout
+from cqforensics.discovery import nodes as layout
 from cqforensics.checks import check_vhost
 from cqforensics.model.options import make_options
 from cqforensics.model.store import Share

@@ -18,7 +18,7 @@ import pytest
 import cqforensics
 from cli.main import main
 from conftest import SAMPLES, copy_node
-from cqforensics.errors import UsageError
+from cqforensics.base.errors import UsageError
 
 KILL = SAMPLES / "4.3.6-kill"
 OLD = SAMPLES / "3.10.8-kill"  # its evidence allows 3.10 - 3.12; 8 messages past their TTL today
@@ -129,7 +129,7 @@ def test_audit_counts_reference_problems_as_fsck_does(capsys, dataset):
     bodies a kill never wrote), where fsck finds no error."""
     code, out, _ = run(capsys, "fsck", "--json", SAMPLES / dataset)
     assert not [f for f in json.loads(out)["findings"] if f["code"] in ("msg-missing", "refcount-mismatch")]
-    from cqforensics.audit import audit
+    from cqforensics.commands.audit import audit
 
     a = audit(SAMPLES / dataset)
     assert a["refcount_problems"] == []
@@ -147,7 +147,7 @@ def test_audit_of_a_fleet_names_each_node_and_narrows_to_vhosts_and_queues(capsy
     header = next(line for line in out.splitlines() if line.startswith("node ") and "status" in line)
     assert header.split()[:3] == ["node", "vhost", "file"]
     assert "4.3.6-kill/mnesia/rabbit@localhost" in out and "3.10.8-kill/mnesia/rabbit@localhost" in out
-    from cqforensics.audit import audit
+    from cqforensics.commands.audit import audit
 
     a = audit(tmp_path, queues=["audit.a", "audit.b"])
     assert a["filters"] == {"vhosts": None, "queues": ["audit.a", "audit.b"]}
@@ -173,7 +173,7 @@ def _with_stream_dir(tmp_path, monkeypatch) -> Path:
     the next kind). A node of every kind, read: test_first_hour_brokers."""
     import dataclasses
 
-    from cqforensics import layout
+    from cqforensics.discovery import nodes as layout
 
     monkeypatch.setitem(layout.STORAGE_KINDS, "stream", dataclasses.replace(layout.STORAGE_KINDS["stream"], read=False))
     node = copy_node("4.3.6-kill", tmp_path / "mnesia")
@@ -271,8 +271,8 @@ def _fleet(tmp_path) -> Path:
 def test_long_commands_report_progress_by_node_and_within_each_vhost(tmp_path, command):
     """Before: report, audit, export, find and read --out printed nothing while they ran, and no
     command said which node of a fleet it was at."""
-    from cqforensics import audit, export, report
-    from cqforensics.driver import Progress
+    from cqforensics.commands import audit, export, report
+    from cqforensics.read.driver import Progress
 
     fleet = _fleet(tmp_path)
     calls = []

@@ -31,7 +31,7 @@ CLASSIC, QUORUM, STREAM = ("cq.a", "cq.b"), ("qq.a", "qq.dlx"), ("st.a",)
 def node(request, tmp_path_factory) -> Path:
     """A node dir with two classic queues, two quorum queues (one with a dead-letter exchange and
     a delivery limit) and a stream, 7 persistent messages in each, written by a real broker."""
-    from cqforensics.broker import Broker
+    from brokers import Broker
 
     import pika
 
@@ -95,10 +95,10 @@ def test_a_filter_naming_a_quorum_queue_or_a_stream_reads_it(capsys, node):
 
 
 def test_the_tables_hold_every_kind_and_leave_nothing_out(node, caplog, monkeypatch):
-    from cqforensics import driver
+    from cqforensics.read import driver
 
     monkeypatch.setattr(driver, "_WARNED", set())
-    with caplog.at_level(logging.WARNING, logger="cqforensics.driver"):
+    with caplog.at_level(logging.WARNING, logger="cqforensics.read.driver"):
         t = cqforensics.read_table(node, "messages", columns=["queue", "queue_type", "body"]).to_pylist()
     assert {r["queue"] for r in t} == set(CLASSIC + QUORUM) | {"st.a"}
     assert sorted(r["body"] for r in t if r["queue"] == "qq.dlx") == [b"m%d" % i for i in range(7)]

@@ -151,7 +151,7 @@ def test_export_parquet_writes_few_row_groups(capsys, tmp_path, monkeypatch):
     code, _, _ = run(capsys, "export", BIG, "--format", "parquet", "--out", tmp_path / "a", "--all")
     f = pq.ParquetFile(tmp_path / "a" / "messages.parquet")
     assert code == 0 and f.metadata.num_rows == 2287 + 204 and f.num_row_groups == 1
-    from cqforensics import export
+    from cqforensics.commands import export
 
     monkeypatch.setattr(export, "ROW_GROUP_ROWS", 1000)
     code, _, _ = run(capsys, "export", BIG, "--format", "parquet", "--out", tmp_path / "b", "--all")
@@ -162,7 +162,7 @@ def test_export_parquet_writes_few_row_groups(capsys, tmp_path, monkeypatch):
 
 
 def test_parquet_sink_closes_a_row_group_at_the_byte_budget(tmp_path):
-    from cqforensics.export import ParquetSink
+    from cqforensics.commands.export import ParquetSink
 
     sch = pa.schema([("b", pa.binary())])
     with ParquetSink(tmp_path / "x.parquet", sch, rows=1000, nbytes=10_000) as sink:
@@ -174,7 +174,7 @@ def test_parquet_sink_closes_a_row_group_at_the_byte_budget(tmp_path):
 
 def test_export_all_streams_the_store_rows(monkeypatch):
     """The orphans of a vhost are read while they are written, not gathered first."""
-    from cqforensics import export
+    from cqforensics.commands import export
 
     pulled = [0]
     real = export._store_rows
@@ -218,7 +218,7 @@ def _ghosts(tmp_path) -> tuple[Path, dict]:
 
 
 def test_export_all_never_emits_the_same_bytes_twice(tmp_path):
-    from cqforensics import export
+    from cqforensics.commands import export
 
     node, picks = _ghosts(tmp_path)
     t = pa.Table.from_batches(list(export.export_batches([node], everything=True)))
@@ -470,7 +470,8 @@ def test_long_commands_report_progress_in_bytes():
     import struct
     import termios
 
-    from cqforensics import fsck, layout
+    from cqforensics.commands import fsck
+    from cqforensics.discovery import nodes as layout
 
     node = SAMPLES / "4.3.6-kill" / "mnesia"
     calls = []

@@ -15,15 +15,17 @@ sys.path.insert(0, str(ROOT))
 
 from fuzz import campaign  # noqa: E402
 
-#: seeds run in CI (about 2 minutes on 2 cores); the budget stops starting new seeds past it
+#: seeds run in CI; the budget stops starting new seeds past it (the 3,000-run campaigns of the
+#: hostile-input issues run fuzz/campaign.py by hand, docs/testing.md). About a minute on 2 cores.
 CI_SEEDS = range(0, 40)
-CI_BUDGET = 170.0
+CI_BUDGET = 60.0
 
 
 def _failures(summary: dict) -> list[str]:
     return [f"{cls}: {f['reproducer']}\n{f['stderr']}" for cls, fs in summary["failed"].items() for f in fs]
 
 
+@pytest.mark.slow
 def test_campaign_seed_range_has_no_failure(tmp_path):
     s = campaign.campaign(CI_SEEDS, jobs=2, budget=CI_BUDGET, work=tmp_path)
     assert s["inputs"] >= 4 and s["runs"] >= 4 * len(campaign.COMMANDS) - 8, s["inputs"]

@@ -145,7 +145,7 @@ def test_qi_classify_equals_a_slot_by_slot_reading():
     """readers.qi.classify works on 64-bit words of the slots; each slot's class read byte by
     byte from the rules in its docstring agrees. Crafted: sparse random slots, so that zero and
     non-zero runs in every field occur."""
-    from cqforensics.codes import SlotClass
+    from cqforensics.base.enums import SlotClass
     from cqforensics.readers import qi as r_qi
 
     rng = np.random.default_rng(5)

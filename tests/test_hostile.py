@@ -218,7 +218,7 @@ def test_text_files_nested_or_huge_are_format_errors(name, crafted, tmp_path, ca
 
 
 def test_huge_integers_and_deep_terms_in_term_files(tmp_path, capsys):
-    from cqforensics import etf
+    from cqforensics.codecs import etf
 
     node = copy_node("3.10.8-clean", tmp_path / "mnesia")
     ets = sorted(node.glob("msg_stores/vhosts/*/msg_store_persistent/msg_store_index.ets"))[0]
@@ -243,8 +243,9 @@ def _replace(t, pred, new):
 
 
 def test_mc_payload_fragments_of_lists_and_surrogate_chars_are_format_errors(tmp_path):
-    from cqforensics import amqp10, etf, fastpath
-    from cqforensics.errors import FormatError
+    from cqforensics.codecs import amqp10, etf
+    from cqforensics.message import fast as fastpath
+    from cqforensics.base.errors import FormatError
     from cqforensics.readers import rdq
 
     node = copy_node("4.3.6-kill", tmp_path / "mnesia")
@@ -283,7 +284,7 @@ def _bad_names(node: Path) -> dict[str, bytes]:
 
 
 def test_non_utf8_names_in_every_command(tmp_path, capsys):
-    from cqforensics.errors import display
+    from cqforensics.base.errors import display
 
     node = copy_node("4.3.6-kill", tmp_path / "mnesia")
     made = _bad_names(node)
@@ -327,7 +328,7 @@ def test_writers_carry_non_utf8_names(command, tmp_path, capsys):
 
 
 def test_read_table_on_a_symlink_loop_or_an_unreadable_dir(tmp_path, monkeypatch):
-    from cqforensics.errors import OperationalError
+    from cqforensics.base.errors import OperationalError
 
     loop = tmp_path / "a"
     os.symlink(tmp_path / "b", loop)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, copy_node
-from cqforensics.fsck import run
+from cqforensics.commands.fsck import run
 from cqforensics.grammar import qi as c_qi
 from cqforensics.readers import qi as r_qi
 from cqforensics.readers import terms as r_terms
@@ -185,7 +185,7 @@ def test_rdq_property_timestamp_past_its_column(tmp_path):
     column holds it): --deep finds the value the row shows as null."""
     node = copy("3.10.8-kill", tmp_path / "m")
     row = next(r for r in campaign.stored_messages(node) if r["location"] == "shared_store")
-    from cqforensics import amqp091, etf
+    from cqforensics.codecs import amqp091, etf
 
     term = etf.binary_to_term(campaign.stored_term(row))
     props, headers = amqp091.decode_properties(term[3][3])

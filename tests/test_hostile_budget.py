@@ -17,8 +17,8 @@ import pytest
 
 import cqforensics
 from conftest import copy_node
-from cqforensics import etf
-from cqforensics.errors import FormatError
+from cqforensics.codecs import etf
+from cqforensics.base.errors import FormatError
 from cqforensics.grammar import rdq as c_rdq
 from cqforensics.readers import rdq as r_rdq
 
@@ -123,7 +123,7 @@ def test_crafted_rdq_entry_of_compressed_binaries_is_a_decode_error_not_gigabyte
     rows = [r for r in cqforensics.read_table(node, "messages", columns=["msg_id", "decode_error"]).to_pylist()
             if r["msg_id"] == msg_id]
     findings = [f for f in cqforensics.read_table(node, "findings").to_pylist()]
-    from cqforensics.fsck import run
+    from cqforensics.commands.fsck import run
 
     deep = [f for f in run([node], deep=True).findings if f.code == "msg-corrupt" and f.offset == off]
     assert time.monotonic() - t0 < 60
@@ -144,7 +144,8 @@ def test_crafted_rdq_entry_of_compressed_binaries_is_a_decode_error_not_gigabyte
 def _real_inputs() -> dict[str, list[tuple[str, bytes]]]:
     """Per decoder, real bytes to lie in (small ones: every byte position is tried)."""
     from conftest import SAMPLES
-    from cqforensics import etf, message
+    from cqforensics.codecs import etf
+    from cqforensics.message import reference as message
     from cqforensics.readers import qs as r_qs
 
     def files(pattern: str, limit: int) -> list[Path]:
@@ -193,7 +194,8 @@ def _real_inputs() -> dict[str, list[tuple[str, bytes]]]:
 
 
 def _decoders() -> dict:
-    from cqforensics import amqp091, amqp10, fastpath, textfiles
+    from cqforensics.codecs import amqp091, amqp10, textfiles
+    from cqforensics.message import fast as fastpath
     from cqforensics.readers import terms as r_terms
 
     def dets(data):

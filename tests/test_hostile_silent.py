@@ -210,7 +210,7 @@ def test_quorum_dir_dets_tables_are_checked(tmp_path):
 def test_deep_index_size_field_that_is_not_the_body_size(tmp_path):
     """A fuzz case: one byte of a .qi slot's size field zeroed (the body's size at publish).
     Only --deep can tell, by decoding the body it refers to."""
-    from cqforensics import fsck
+    from cqforensics.commands import fsck
 
     node = copy_node("3.13.7-clean", tmp_path / "m")
     for qi in sorted(node.glob(f"{VHOSTS}/queues/*/*.qi")):

@@ -14,6 +14,8 @@ CQv1 index record."""
 
 from __future__ import annotations
 
+import base64
+import json
 import random
 import sys
 import time
@@ -23,10 +25,11 @@ import pytest
 
 import cqforensics
 from conftest import ROOT, copy_node
-from cqforensics import etf, fastpath
-from cqforensics.errors import FormatError
-from cqforensics.fsck import run
-from cqforensics.schema import value_marks
+from cqforensics.codecs import etf
+from cqforensics.message import fast as fastpath
+from cqforensics.base.errors import FormatError
+from cqforensics.commands.fsck import run
+from cqforensics.base.schema import value_marks
 
 sys.path.insert(0, str(ROOT))
 
@@ -129,20 +132,10 @@ def test_the_issues_cases_are_shown_as_null_and_named(tmp_path):
 # -- hostile AMQP 1.0 values: bounded everywhere, found by --deep -------------------------------------
 
 
-@pytest.mark.parametrize("case", ["array-2^32-1", "array-2^32-1-ints", "list-2^32-1", "map-2^32-1",
-                                  "nested-described",
-                                  # open since the streams merge: the value decodes with no decode_error
-                                  # (issue 33 note); strict, so the fix shows as a failure to update this
-                                  pytest.param("lone-surrogate", marks=pytest.mark.xfail(
-                                      strict=True, reason="a lone surrogate in an AMQP 1.0 string now decodes"))])
-def test_hostile_amqp10_value_is_a_deep_finding_quickly(case, tmp_path):
-    """An AMQP 1.0 message of a real 4.3.6 store given an application property holding the
-    hostile value (the rest of the message intact), in a .rdq and in a .qs entry: every row says
-    it does not decode, fsck --deep names both terms, in seconds and without growing by
-    gigabytes (the array of 2^32-1 nulls took every entry point to 3-4 GB before)."""
-    import resource
-
-    node = copy_node("4.3.6-kill", tmp_path / "mnesia")
+def _plant_hostile_amqp10(node: Path, case: str) -> None:
+    """One AMQP 1.0 message of a real 4.3.6 store, in a .rdq and in a .qs entry, given an
+    application property holding the campaign's hostile value ``case`` (the rest intact)."""
+    from cqforensics.codecs import amqp10
 
     class Pick(random.Random):  # the campaign's choice of hostile value, fixed to ``case``
         def choice(self, seq):
@@ -154,8 +147,6 @@ def test_hostile_amqp10_value_is_a_deep_finding_quickly(case, tmp_path):
         term = etf.binary_to_term(campaign.stored_term(r))
         name, extra = campaign._hostile_amqp10(Pick(1))
         assert name == case
-        from cqforensics import amqp10
-
         bare = term[2][2]
         props = b"".join(bare[a:b] for c, _, a, b in amqp10.sections(bare) if c == amqp10.PROPERTIES)
         rest = b"".join(bare[a:b] for c, _, a, b in amqp10.sections(bare)
@@ -163,6 +154,19 @@ def test_hostile_amqp10_value_is_a_deep_finding_quickly(case, tmp_path):
         v1 = list(term[2])
         v1[2] = props + extra + rest
         campaign.put_term(r, etf.term_to_binary((term[0], term[1], tuple(v1), term[3])))
+
+
+@pytest.mark.parametrize("case", ["array-2^32-1", "array-2^32-1-ints", "list-2^32-1", "map-2^32-1",
+                                  "nested-described"])
+def test_hostile_amqp10_value_is_a_deep_finding_quickly(case, tmp_path):
+    """An AMQP 1.0 message of a real 4.3.6 store given an application property holding the
+    hostile value (the rest of the message intact), in a .rdq and in a .qs entry: every row says
+    it does not decode, fsck --deep names both terms, in seconds and without growing by
+    gigabytes (the array of 2^32-1 nulls took every entry point to 3-4 GB before)."""
+    import resource
+
+    node = copy_node("4.3.6-kill", tmp_path / "mnesia")
+    _plant_hostile_amqp10(node, case)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.monotonic()
     rows = [r for r in _rows(node) if r["decode_error"]]
@@ -172,3 +176,23 @@ def test_hostile_amqp10_value_is_a_deep_finding_quickly(case, tmp_path):
     assert {r["location"] for r in rows} == {"shared_store", "queue_store"}, rows
     for r in rows:
         assert deep[(r["store_file"], r["store_offset"])] & {"msg-corrupt", "qs-entry-undecodable"}
+
+
+def test_a_string_that_is_not_utf8_is_delivered_as_its_bytes(tmp_path):
+    """An AMQP 1.0 string holding a lone UTF-16 surrogate (ED A0 80: not UTF-8). RabbitMQ's
+    parser takes a string's bytes as they are (amqp10_binary_parser: no UTF-8 check; 3.10 itself
+    writes a non-UTF-8 longstr header as utf8), and the 0-9-1 consumer gets them as a longstr
+    header. So the row decodes and keeps those bytes (base64 in the typed JSON), with no
+    decode_error and nothing for --deep to report: the bytes are what the broker delivers. (This
+    case was in the hostile-values test above until the reader learnt that rule.)"""
+    node = copy_node("4.3.6-kill", tmp_path / "mnesia")
+    _plant_hostile_amqp10(node, "lone-surrogate")
+    cols = ["location", "decode_error", "headers"]
+    rows = cqforensics.read_table(node.parent, "messages", columns=cols).to_pylist()
+    planted = [r for r in rows if r["headers"] and json.loads(r["headers"]).get("k", {}).get("type") == "string"]
+    assert {r["location"] for r in planted} == {"shared_store", "queue_store"}, planted
+    for r in planted:
+        assert r["decode_error"] is None
+        k = json.loads(r["headers"])["k"]
+        assert base64.b64decode(k["base64"]) == b"\xed\xa0\x80", k
+    assert not [f for f in run([node.parent], deep=True).findings if f.severity == "error"]

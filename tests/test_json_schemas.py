@@ -20,7 +20,7 @@ from test_cli import run
 def validators():
     from referencing import Registry, Resource
 
-    from cqforensics import schemas
+    from cqforensics import json_schemas as schemas
 
     loaded = {n: schemas.load(n) for n in schemas.names()}
     registry = Registry().with_resources([(s["$id"], Resource.from_contents(s)) for s in loaded.values()])
@@ -38,10 +38,10 @@ def _valid(validators, name: str, doc) -> None:
 
 
 def test_shipped_schemas_are_current_and_packaged():
-    from cqforensics import schemas
+    from cqforensics import json_schemas as schemas
 
     for name, s in schemas.generated().items():
-        assert schemas.load(name) == json.loads(json.dumps(s)), f"{name}.json is stale: python3 -m cqforensics.schemas"
+        assert schemas.load(name) == json.loads(json.dumps(s)), f"{name}.json is stale: python3 -m cqforensics.json_schemas"
     pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
     assert '"schemas/*.json"' in pyproject
     assert {"fsck", "finding", "audit", "dump-line", "export-line", "lost-found-line", "provenance"} <= \
@@ -64,7 +64,7 @@ def _convention(row: dict) -> None:
 
 @pytest.mark.parametrize("dataset", datasets())
 def test_every_output_of_every_sample_validates(dataset, validators, tmp_path, capsys):
-    from cqforensics.schema import TABLES
+    from cqforensics.base.schema import TABLES
 
     src = str(SAMPLES / dataset / "mnesia")
     code, out, err = run(capsys, "fsck", "--json", src)
@@ -130,7 +130,8 @@ def test_provenance_of_reports_exports_and_lost_found(validators, tmp_path, caps
 
     import pyarrow.parquet as pq
 
-    from cqforensics import __version__, core
+    from cqforensics import __version__
+    from cqforensics import compiled as core
     from cqforensics.write import rebuild
     from scenarios import SCENARIOS
 

@@ -10,9 +10,10 @@ import random
 import pytest
 
 import cqforensics
-from cqforensics import etf, message
-from cqforensics.errors import FormatError
-from cqforensics.etf import Atom
+from cqforensics.codecs import etf
+from cqforensics.message import reference as message
+from cqforensics.base.errors import FormatError
+from cqforensics.codecs.etf import Atom
 
 from conftest import SAMPLES
 from test_etf import stored_terms

@@ -1,4 +1,4 @@
-"""cqforensics.codes and cqforensics.model: the codes, the options path and the one recovery model.
+"""cqforensics.base.enums and cqforensics.model: the codes, the options path and the one recovery model.
 
 The end-to-end proof of the recovery model is test_predict_brokers.py (real brokers booted on
 the samples); these tests pin its rules one by one, on small crafted inputs labelled as such.
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import cqforensics
-from cqforensics.codes import FATE_LABELS, Fate, Location, QsStatus, RecordKind, StoreStatus, labels
-from cqforensics.errors import UsageError
+from cqforensics.base.enums import FATE_LABELS, Fate, Location, QsStatus, RecordKind, StoreStatus, labels
+from cqforensics.base.errors import UsageError
 from cqforensics.model import recovery, versions
 from cqforensics.model.options import DECODED_COLUMNS, Options, make_options, needs, parse_as_of
 from conftest import SAMPLES
@@ -31,7 +31,7 @@ def test_code_labels_are_the_public_spellings():
 
 def test_codes_of_different_families_are_different_types():
     # the collision that used to exist: readers.qi BAD = 3 and scan GHOST = 3
-    from cqforensics.codes import SlotClass
+    from cqforensics.base.enums import SlotClass
 
     assert SlotClass.BAD == 3 and RecordKind.GHOST == 3
     assert type(SlotClass.BAD) is not type(RecordKind.GHOST)
@@ -118,14 +118,14 @@ def test_every_fate_has_one_writer_rule_and_one_finding():
     assert lost_outright == {Fate.NOT_ON_DISK, Fate.BAD_LOCATION, Fate.BODY_MISSING, Fate.QS_MISSING_FILE,
                              Fate.QS_BAD_HEADER, Fate.QS_OUT_OF_RANGE}
     assert set(recovery.FINDING_OF_FATE) == fates - recovery.KEPT_AS_IS
-    from cqforensics.findings import CODES
+    from cqforensics.base.findings import CODES
 
     assert set(recovery.FINDING_OF_FATE.values()) <= set(CODES)
 
 
 @pytest.mark.parametrize("dataset", ["3.10.8-clean", "3.10.8-kill", "4.3.6-clean", "4.3.6-kill"])
 def test_recovery_mode_follows_the_shutdown_files(dataset):
-    from cqforensics import layout
+    from cqforensics.discovery import nodes as layout
     from cqforensics.model.vhost import NodeScan
 
     ns = NodeScan(next(iter(layout.discover(SAMPLES / dataset))), make_options())

@@ -64,7 +64,7 @@ def test_the_broker_harness_is_not_in_the_wheel_and_extras_are_pinned():
     find = config["tool"]["setuptools"]["packages"]["find"]
     packages = find_packages(ROOT, include=find["include"], exclude=find["exclude"])
     assert "cqforensics" in packages and "cqforensics.readers" in packages and "cli" in packages
-    assert not [p for p in packages if p.startswith("cqforensics.broker")]
+    assert not [p for p in packages if p.startswith("brokers")]
     project = config["project"]
     for dep in project["dependencies"] + project["optional-dependencies"]["spark"] \
             + project["optional-dependencies"]["streams"]:

@@ -1,4 +1,4 @@
-"""Every core (``-j N`` / ``jobs=N``, ``cqforensics.parallel``): the map itself (order, errors,
+"""Every core (``-j N`` / ``jobs=N``, ``cqforensics.base.parallel``): the map itself (order, errors,
 interrupts, no orphan process), and the same output as ``-j 1``, in the same order, on the
 samples with every vhost split as a big one is (the thresholds forced to 0: every vhost's
 listing in ranges, its indexes, its store's files and the inputs' hashes by the workers), with
@@ -21,9 +21,11 @@ import pytest
 import cqforensics
 from cli.main import main
 from conftest import ROOT, SAMPLES
-from cqforensics import driver, fsck, parallel
+from cqforensics.read import driver
+from cqforensics.commands import fsck
+from cqforensics.base import parallel
 from cqforensics.checks import vhost as checks_vhost
-from cqforensics.errors import FormatError, UsageError
+from cqforensics.base.errors import FormatError, UsageError
 from cqforensics.model import store as model_store
 from cqforensics.model import vhost as model_vhost
 from cqforensics.model.vhost import VhostScan
@@ -135,7 +137,7 @@ _INTERRUPTED = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, sys.argv[1])
     from cli import main as m
-    from cqforensics import parallel
+    from cqforensics.base import parallel
 
     def work(t):
         os.write(1, f"{os.getpid()}\\n".encode())  # one write: the two workers' lines never mix

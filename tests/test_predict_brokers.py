@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from cqforensics import fsck
+from cqforensics.commands import fsck
 from conftest import SAMPLES, manifest, need_broker
 from scenarios import SCENARIOS, V1_ONLY
 
@@ -24,8 +24,8 @@ CASES += [("4.0.5-kill", sc) for sc in ("rdq_zeroed_range", "qs_crc", "qi_reserv
 
 @pytest.mark.parametrize("dataset, scenario", CASES, ids=[f"{d}-{s}" for d, s in CASES])
 def test_prediction_matches_the_real_broker(dataset, scenario, broker_dir):
-    from cqforensics.broker import Broker, BrokerError
-    from cqforensics.broker.clients import drain_counts
+    from brokers import Broker, BrokerError
+    from brokers.clients import drain_counts
 
     m = manifest(dataset)
     version = m["broker"]["rabbitmq"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import SAMPLES, datasets, need_broker
-from cqforensics.broker import plugins_needed
+from brokers import plugins_needed
 
 PROTO = [d for d in datasets() if "-proto-" in d]
 
@@ -24,8 +24,8 @@ def test_plugins_needed_reads_the_feature_flags(dataset):
 @pytest.mark.parametrize("version", ["3.10.8", "4.3.6"])
 def test_harness_enables_mqtt_and_stomp(version, broker_dir):
     need_broker(version)
-    from cqforensics.broker import Broker
-    from cqforensics.broker.clients import (drain_091, mqtt_client, mqtt_close, mqtt_publish, pika_module,
+    from brokers import Broker
+    from brokers.clients import (drain_091, mqtt_client, mqtt_close, mqtt_publish, pika_module,
                                             stomp_connection, stomp_send)
 
     pika = pika_module()
@@ -54,7 +54,7 @@ def test_harness_enables_mqtt_and_stomp(version, broker_dir):
 
 
 def test_unknown_plugin_is_refused(tmp_path):
-    from cqforensics.broker import Broker, BrokerError, runtime
+    from brokers import Broker, BrokerError, runtime
 
     if runtime("3.10.8").unavailable():
         pytest.skip("needs an installed runtime to construct a Broker")

@@ -15,7 +15,8 @@ import pytest
 
 import cqforensics
 from conftest import SAMPLES, datasets, manifest
-from cqforensics import etf, message
+from cqforensics.codecs import etf
+from cqforensics.message import reference as message
 from oracle import compare
 
 PROTO = [d for d in datasets() if "-proto-" in d]
@@ -193,7 +194,7 @@ def test_x_annotations_become_headers_as_for_every_mc_message():
 
 def test_iodata_payload_and_bad_states():
     assert _mc({}, payload=[b"ab", [b"c", 100], b""])["body"] == b"abcd"
-    from cqforensics.errors import FormatError
+    from cqforensics.base.errors import FormatError
 
     with pytest.raises(FormatError):
         _mc({}, qos=2)

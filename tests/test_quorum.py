@@ -10,7 +10,8 @@ import pytest
 
 import cqforensics
 from conftest import SAMPLES
-from cqforensics import export, fsck, rabbit_fifo
+from cqforensics.commands import export, fsck
+from cqforensics.message import rabbit_fifo
 from cqforensics.model import fifo as m_fifo
 from oracle import manifest
 
@@ -109,7 +110,8 @@ def test_front_ends_name_the_queue_type():
     import jsonschema
 
     from cli.render import fsck_text
-    from cqforensics import audit, report, schemas
+    from cqforensics.commands import audit, report
+    from cqforensics import json_schemas as schemas
 
     ds = "4.0.5-quorum-kill"
     path, as_of = SAMPLES / ds / "mnesia", manifest(ds)["restarted_at_ms"]

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import SAMPLES, manifest, need_broker
-from cqforensics import fsck
+from cqforensics.commands import fsck
 from scenarios import QUORUM_SCENARIOS
 
 pytestmark = pytest.mark.broker
@@ -88,7 +88,7 @@ def _settled(b, report, timeout: float = 30.0) -> None:
 def _drain(b, queues: list[tuple[str, str]]) -> dict:
     """(vhost, queue) -> the messages basic.get takes from it until it is empty, or "crash" (a
     channel error while draining)."""
-    from cqforensics.broker.clients import drain_091, pika_module
+    from brokers.clients import drain_091, pika_module
 
     pika = pika_module()  # the client drain_091 reads raw properties with
 
@@ -115,7 +115,7 @@ def _drain(b, queues: list[tuple[str, str]]) -> dict:
 
 @pytest.mark.parametrize("dataset, scenario", CASES, ids=[f"{d}-{s}" for d, s in CASES])
 def test_quorum_damage_prediction_matches_the_real_broker(dataset, scenario, broker_dir):
-    from cqforensics.broker import Broker, BrokerError
+    from brokers import Broker, BrokerError
 
     m = manifest(dataset)
     version = m["broker"]["rabbitmq"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SAMPLES, manifest
-from cqforensics import fsck
+from cqforensics.commands import fsck
 from cqforensics.readers import ra_segment, ra_wal
 from scenarios import QUORUM_SCENARIOS
 

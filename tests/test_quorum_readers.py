@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import SAMPLES
-from cqforensics import etf, rabbit_fifo
+from cqforensics.codecs import etf
+from cqforensics.message import rabbit_fifo
 from cqforensics.grammar import ra as c_ra
 from cqforensics.readers import ra_segment, ra_snapshot, ra_system, ra_wal
 from cqforensics.readers.files import map_file

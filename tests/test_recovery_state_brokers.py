@@ -84,7 +84,7 @@ def queue_dir(node: Path, name: bytes) -> Path:
 
 
 def publish(b, queue: str, n: int, size: int, tag: str) -> None:
-    from cqforensics.broker.clients import pika_module
+    from brokers.clients import pika_module
 
     pika = pika_module()
     conn = pika.BlockingConnection(pika.URLParameters(b.url))
@@ -97,7 +97,7 @@ def publish(b, queue: str, n: int, size: int, tag: str) -> None:
 
 
 def consume(b, queue: str, n: int) -> int:
-    from cqforensics.broker.clients import pika_module
+    from brokers.clients import pika_module
 
     pika = pika_module()
     conn = pika.BlockingConnection(pika.URLParameters(b.url))
@@ -119,7 +119,7 @@ def drain_queue(b, vhost: str, queue: str, timeout: float = 15.0, retries: int =
     (all attempts), ``errors`` (reply codes of channel or connection closes, e.g. 541),
     ``hang`` (a get got no answer within ``timeout``), ``events`` (per attempt: count and how it
     ended)."""
-    from cqforensics.broker.clients import pika_module
+    from brokers.clients import pika_module
 
     pika = pika_module()
     rec = {"delivered": 0, "errors": [], "hang": False, "events": [], "bodies": []}
@@ -226,7 +226,7 @@ TTL_QUEUE, TTL_MS = "ttl.big", 15000  # 20 messages of 5,000 bytes the next boot
 
 
 def declare(b, name: str, arguments: dict) -> None:
-    from cqforensics.broker.clients import pika_module
+    from brokers.clients import pika_module
 
     pika = pika_module()
     conn = pika.BlockingConnection(pika.URLParameters(b.url))
@@ -242,7 +242,7 @@ def stopped(tmp_path_factory):
     Each is made once per module (one boot) and copied by each case that starts from it."""
     import tempfile
 
-    from cqforensics.broker import Broker
+    from brokers import Broker
 
     made: dict[tuple[str, str], Path] = {}
     bases = []
@@ -335,7 +335,7 @@ def make_case(b, case: str) -> str:
 
 def ets_items(ets: Path) -> list[tuple[int, object]]:
     """(offset, term) of each item of an intact ``ets:tab2file`` dump."""
-    from cqforensics import etf
+    from cqforensics.codecs import etf
 
     data, out, o = ets.read_bytes(), [], 8
     while o + 8 <= len(data):
@@ -400,8 +400,8 @@ def test_clean_start_on_wrong_state_matches_the_real_broker(version, case, broke
     what fsck predicts; a queue predicted to crash on a read got an error (541), one predicted
     to restart may have, every other queue none; and fsck reports an error finding whenever the
     recorded state is wrong."""
-    from cqforensics import fsck
-    from cqforensics.broker import Broker
+    from cqforensics.commands import fsck
+    from brokers import Broker
 
     need_broker(version)
     dataset = f"{version}-clean"
@@ -469,7 +469,7 @@ def test_store_index_is_read_as_file2tab_loads_it(tmp_path):
     of 31 and 12 of 31 objects of these very cuts of a 4.3.6 dump)."""
     from conftest import copy_node
 
-    from cqforensics import fsck
+    from cqforensics.commands import fsck
     from cqforensics.readers.terms import file2tab_objects
 
     node = copy_node("4.3.6-clean", tmp_path / "a")
@@ -495,7 +495,7 @@ def test_recovery_terms_that_disagree_with_the_index_restart_the_queue(tmp_path)
     and 4.3.6), so the prediction is the index's own messages, with a recovery-terms-mismatch."""
     from conftest import copy_node
 
-    from cqforensics import fsck
+    from cqforensics.commands import fsck
 
     node = copy_node("4.3.6-clean", tmp_path / "a")
     qi = queue_dir(node, b"audit.b") / "0.qi"
@@ -526,8 +526,8 @@ def test_store_crash_stays_within_the_predicted_bounds(version, case, broker_dir
     precedes it is delivered (3.10-3.12 exactly). ``ets_cut_ttl``: the queue dropping expired
     messages the cut index lacks crashes the store (the broker's log says so), as the
     ``store-crash`` finding predicts, and the vhost restarts."""
-    from cqforensics import fsck
-    from cqforensics.broker import Broker
+    from cqforensics.commands import fsck
+    from brokers import Broker
 
     vhosts = manifest(f"{version}-clean")["vhosts"]
     with Broker(version, broker_dir / "run", advanced_config=STORE_CONFIG) as b:
@@ -582,8 +582,8 @@ def test_store_index_is_loaded_as_otp_file2tab_loads_it(version, tmp_path):
     import random
     import subprocess
 
-    from cqforensics import etf
-    from cqforensics.broker import runtime
+    from cqforensics.codecs import etf
+    from brokers import runtime
     from cqforensics.readers.terms import RAISES, file2tab_load
 
     need_broker(version)

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from conftest import SAMPLES, copy_node
-from cqforensics import dump as dump_mod
-from cqforensics import layout, tables
-from cqforensics.errors import UsageError
+from cqforensics.commands import dump as dump_mod
+from cqforensics.discovery import nodes as layout
+from cqforensics.tables import builders as tables
+from cqforensics.base.errors import UsageError
 from cqforensics.grammar import rdq as c_rdq
 from cqforensics.model.vhost import NodeScan
 from cqforensics.readers import registry

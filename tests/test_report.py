@@ -24,9 +24,9 @@ import pytest
 import cqforensics
 from cli.main import main
 from conftest import SAMPLES, skip_or_fail
-from cqforensics import fsck, report
-from cqforensics.findings import SEVERITY_RANK
-from cqforensics.textfiles import queue_dir_name, vhost_dir_name
+from cqforensics.commands import fsck, report
+from cqforensics.base.findings import SEVERITY_RANK
+from cqforensics.codecs.textfiles import queue_dir_name, vhost_dir_name
 
 AS_OF = "2030-01-01T00:00:00Z"  # pinned: the TTL verdicts of page and tables agree
 SAMPLE = SAMPLES / "4.3.6-kill"

@@ -18,13 +18,13 @@ DATASET = "4.3.6-kill"
 
 
 def _rows(dataset=DATASET):
-    from cqforensics.republish import read_rows
+    from cqforensics.commands.republish import read_rows
 
     return list(read_rows([str(SAMPLES / dataset / "mnesia")]))
 
 
 def test_plan_sends_survivors_once_per_queue_and_fanout_through_the_exchange():
-    from cqforensics.republish import Filters, load_router, plan
+    from cqforensics.commands.republish import Filters, load_router, plan
 
     rows = _rows()
     pubs, stats = plan(rows, Filters(), {}, load_router([str(SAMPLES / DATASET / "mnesia")]))
@@ -39,7 +39,7 @@ def test_plan_sends_survivors_once_per_queue_and_fanout_through_the_exchange():
 
 
 def test_plan_filters_map_and_only_dropped(tmp_path):
-    from cqforensics.republish import Filters, plan, read_ids
+    from cqforensics.commands.republish import Filters, plan, read_ids
 
     rows = _rows()
     pubs, _ = plan(rows, Filters(queues=["orders.v2"]), {"orders.v2": "orders.new"})
@@ -53,8 +53,8 @@ def test_plan_filters_map_and_only_dropped(tmp_path):
 
 
 def test_export_and_node_give_the_same_plan(tmp_path):
-    from cqforensics.export import export
-    from cqforensics.republish import Filters, plan, read_rows
+    from cqforensics.commands.export import export
+    from cqforensics.commands.republish import Filters, plan, read_rows
 
     a, _ = plan(_rows(), Filters(), {})
     for fmt in ("jsonl", "parquet"):
@@ -86,7 +86,7 @@ def test_dry_run_cli_and_journal_never_inside_an_input(tmp_path):
 
 def _declare_topology(b, dataset: str) -> None:
     """The sample's vhosts, queues (with their arguments), exchanges and bindings, on a fresh broker."""
-    from cqforensics.broker.clients import pika_module
+    from brokers.clients import pika_module
     from cqforensics.readers.metadata import read_metadata
 
     pika = pika_module()
@@ -138,7 +138,7 @@ def _cmp(msg: dict, direct: bool) -> str:
 
 
 def _drain(b, dataset: str, direct: set) -> dict:
-    from cqforensics.broker.clients import drain_all
+    from brokers.clients import drain_all
 
     m = manifest(dataset)
     known = {(q["vhost"], q["name"]): {k: v for k, v in q.items() if k in ("vhost", "name", "drain")}
@@ -152,7 +152,7 @@ def _drain(b, dataset: str, direct: set) -> dict:
 
 def _direct_queues(dataset: str) -> set:
     """Queues some of whose copies the plan sends straight to the queue (their exchange is lost)."""
-    from cqforensics.republish import Filters, load_router, plan
+    from cqforensics.commands.republish import Filters, load_router, plan
 
     pubs, _ = plan(_rows(dataset), Filters(), {}, load_router([str(SAMPLES / dataset / "mnesia")]))
     return {(p.vhost, q) for p in pubs if p.direct for q in p.targets}
@@ -173,7 +173,7 @@ def test_republish_delivers_the_manifest(dataset, broker_dir, tmp_path):
     queues and their dead-letter queues in the quorum sample) arrives, once, in order."""
     version = dataset.split("-")[0]
     need_broker(version)
-    from cqforensics.broker import Broker
+    from brokers import Broker
 
     direct = _direct_queues(dataset)
     with Broker(version, broker_dir / "run") as b:
@@ -195,7 +195,7 @@ def test_republish_delivers_the_manifest(dataset, broker_dir, tmp_path):
 def test_republish_killed_mid_replay_resumes_exactly_once(broker_dir, tmp_path):
     version, dataset = "4.3.6", DATASET
     need_broker(version)
-    from cqforensics.broker import Broker
+    from brokers import Broker
 
     direct = _direct_queues(dataset)
     journal = tmp_path / "j"

@@ -15,8 +15,9 @@ import pytest
 import cqforensics
 import damage
 from conftest import copy_node, datasets
-from cqforensics import layout, textfiles
-from cqforensics.fsck import run as fsck_run
+from cqforensics.discovery import nodes as layout
+from cqforensics.codecs import textfiles
+from cqforensics.commands.fsck import run as fsck_run
 from cqforensics.readers.metadata import Metadata, QueueRecord, read_metadata
 from cqforensics.model.vhost import lost_queues
 

@@ -11,8 +11,9 @@ import pytest
 
 import cqforensics
 from conftest import SAMPLES, copy_node, datasets
-from cqforensics import etf, layout, textfiles
-from cqforensics.fsck import run as fsck_run
+from cqforensics.codecs import etf, textfiles
+from cqforensics.discovery import nodes as layout
+from cqforensics.commands.fsck import run as fsck_run
 from cqforensics.model.routing import Router, headers_match, route_message, topic_match
 from cqforensics.model.vhost import NodeScan
 from cqforensics.readers.metadata import Binding, Metadata, QueueRecord, read_metadata
@@ -155,8 +156,8 @@ def test_lost_queue_orphans_are_routed_as_the_broker_routed_and_restored(version
     from test_recovery_state_brokers import drain_queue
 
     from conftest import need_broker
-    from cqforensics.broker import Broker
-    from cqforensics.broker.clients import pika_module
+    from brokers import Broker
+    from brokers.clients import pika_module
     from cqforensics.write import rebuild
 
     need_broker(version)

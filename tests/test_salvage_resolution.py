@@ -23,7 +23,7 @@ import pytest
 import cqforensics
 import damage
 from conftest import copy_node
-from cqforensics import core
+from cqforensics import compiled as core
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.write.salvage import rebuild
 

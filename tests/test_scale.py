@@ -37,7 +37,7 @@ def node(tmp_path_factory):
     root = tmp_path_factory.mktemp("scale")
     shutil.copytree(SAMPLES / "4.3.6-kill" / "mnesia", root / "mnesia")
     node = root / "mnesia" / "rabbit@localhost"
-    from cqforensics import textfiles
+    from cqforensics.codecs import textfiles
 
     queues = next((node / "msg_stores" / "vhosts").glob("*/queues"))
     vhost = (queues.parent / ".vhost").read_bytes()

@@ -17,7 +17,7 @@ from cqforensics.model.index import IndexChunk
 from cqforensics.model.vhost import VhostScan
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers.qs import QsFile
-from cqforensics.schema import SCHEMAS, TABLES
+from cqforensics.base.schema import SCHEMAS, TABLES
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = sorted(p for p in (ROOT / "sample_data").iterdir() if p.is_dir())
@@ -45,7 +45,7 @@ def test_three_shares_give_the_unshared_rows(sample, monkeypatch):
 def test_shares_split_the_rows(three_shares):
     """Each share is a real restriction: no share alone gives all the store's rows."""
     sample = ROOT / "sample_data" / "4.3.6-kill"
-    ns = cqforensics.model.vhost.NodeScan(next(iter(cqforensics.layout.discover([sample]))))
+    ns = cqforensics.model.vhost.NodeScan(next(iter(cqforensics.discovery.nodes.discover([sample]))))
     vs = ns.vhosts[0]
     counts = []
     for k in range(3):
@@ -72,7 +72,7 @@ def test_id_share_is_a_range_of_the_first_bytes():
 def test_trusted_ids_built_by_shares_are_sorted(three_shares):
     """The walk's trusted ids, built a share at a time, are the sorted ids of a one-go build."""
     sample = ROOT / "sample_data" / "4.3.6-kill"
-    ns = cqforensics.model.vhost.NodeScan(next(iter(cqforensics.layout.discover([sample]))))
+    ns = cqforensics.model.vhost.NodeScan(next(iter(cqforensics.discovery.nodes.discover([sample]))))
     vs = ns.vhosts[0]
     for kind, refs in vs.references.items():
         assert vs.trusted(kind).sorted == r_rdq.Referenced(refs.ids.ids).sorted
@@ -107,7 +107,7 @@ def test_live_chunks_of_a_share_come_from_the_spill_as_read(sample, join_rows, t
     from cqforensics.model import vhost as m_vhost
 
     monkeypatch.setattr(m_vhost.LiveSpill, "JOIN_ROWS", join_rows)
-    ns = cqforensics.model.vhost.NodeScan(next(iter(cqforensics.layout.discover([sample]))))
+    ns = cqforensics.model.vhost.NodeScan(next(iter(cqforensics.discovery.nodes.discover([sample]))))
     checked = joined = 0
     for vs in ns.vhosts:
         for k in range(3):
@@ -130,7 +130,7 @@ def test_live_chunks_of_a_share_come_from_the_spill_as_read(sample, join_rows, t
 def test_live_entries_spilled_after_the_references_are_those_read(sample, three_shares):
     """The live entries asked for after the references were spilled (a pass of their own over
     the indexes) are those the chunks give, row by row."""
-    ns = cqforensics.model.vhost.NodeScan(next(iter(cqforensics.layout.discover([ROOT / "sample_data" / sample]))))
+    ns = cqforensics.model.vhost.NodeScan(next(iter(cqforensics.discovery.nodes.discover([ROOT / "sample_data" / sample]))))
     vs = ns.vhosts[0]
     sub = vs.share_scan(1)
     sub.spill("refs")
@@ -163,7 +163,7 @@ def test_a_read_in_shares_decodes_each_index_once_whatever_the_shares(sample, mo
 
 def test_a_small_vhost_is_read_whole():
     sample = ROOT / "sample_data" / "4.3.6-kill"
-    ns = cqforensics.model.vhost.NodeScan(next(iter(cqforensics.layout.discover([sample]))))
+    ns = cqforensics.model.vhost.NodeScan(next(iter(cqforensics.discovery.nodes.discover([sample]))))
     assert ns.vhosts[0].shares == 1
 
 

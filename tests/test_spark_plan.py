@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from cqforensics.errors import OperationalError, UsageError
+from cqforensics.base.errors import OperationalError, UsageError
 from spark_datasource import options as opt
 from spark_datasource import plan
 
@@ -60,7 +60,7 @@ def test_quorum_units_read_what_a_whole_read_reads():
     """``messages`` gets one unit per quorum queue member; reading the units one by one (as
     separate tasks would) gives exactly the rows of one whole read: each quorum message once,
     and the dead letters a boot republishes into a classic queue once."""
-    from cqforensics import driver
+    from cqforensics.read import driver
     from cqforensics.model.options import Options
 
     path = str(SAMPLES / "4.0.5-quorum-kill")
@@ -134,8 +134,8 @@ def test_a_stream_unit_comes_where_the_embedded_reader_lists_its_rows(tmp_path):
     import pyarrow as pa
 
     import cqforensics
-    from cqforensics import driver
-    from cqforensics.api import make_options, needs
+    from cqforensics.read import driver
+    from cqforensics.read.api import make_options, needs
     from spark_datasource.plan import plan_units
 
     base = streams_beside_two_vhosts(tmp_path / "mnesia")

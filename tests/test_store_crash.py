@@ -11,7 +11,7 @@ from conftest import copy_node
 from test_recovery_state_brokers import ets_items, root_vhost
 
 import cqforensics
-from cqforensics import fsck
+from cqforensics.commands import fsck
 from cqforensics.readers.terms import RAISES, file2tab_load
 
 

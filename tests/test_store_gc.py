@@ -38,7 +38,7 @@ def _combine_cut(node: Path, keep_entries: int) -> tuple[Path, Path]:
 
 
 def _codes(node: Path, version: str):
-    from cqforensics import fsck
+    from cqforensics.commands import fsck
 
     report = fsck.run(node, broker_version=version)
     return report, {(f.code, f.severity, f.file) for f in report.findings}
@@ -66,7 +66,7 @@ def test_rdt_makes_a_clean_stop_recover_dirty(tmp_path):
     store index (recover_crashed_compactions returns false)."""
     from cqforensics.model import recovery
     from cqforensics.model.versions import model
-    from cqforensics.layout import read_node_dir
+    from cqforensics.discovery.nodes import read_node_dir
 
     node = copy_node("3.10.8-clean", tmp_path / "a")
     rdq, rdt = _combine_cut(node, 3)
@@ -185,8 +185,8 @@ def test_interrupted_combine_prediction_matches_the_real_310(tmp_path, broker_di
     from conftest import need_broker
     from test_recovery_state_brokers import list_counts
 
-    from cqforensics import fsck
-    from cqforensics.broker import Broker
+    from cqforensics.commands import fsck
+    from brokers import Broker
 
     need_broker("3.10.8")
     base = tmp_path / "a"

@@ -171,7 +171,7 @@ def test_amqp10_sections_are_what_a_stream_protocol_consumer_decodes(ds, stream)
     """The ``annotations`` column's AMQP 1.0 sections against rstream's own decoder: message
     annotations and application properties whole, the header and properties fields we decode
     (the decoder fills absent fields with defaults)."""
-    from cqforensics import amqp10
+    from cqforensics.codecs import amqp10
 
     sections = _truth(ds, stream)["served_stream_protocol"]["sections"]
     rows = {r["stream_offset"]: r for r in _rows(ds) if r["queue"] == stream}

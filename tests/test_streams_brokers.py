@@ -48,8 +48,8 @@ def booted(request, tmp_path_factory):
     import time
     from pathlib import Path
 
-    from cqforensics.broker import Broker
-    from cqforensics.broker import streams
+    from brokers import Broker
+    from brokers import streams
 
     version = request.param
     need_broker(version)

@@ -92,7 +92,7 @@ def test_audit_covers_streams(capsys):
 
 
 def test_republish_plan_sends_each_kept_stream_record_to_its_stream():
-    from cqforensics.republish import Filters, load_router, parse_map, plan, read_rows
+    from cqforensics.commands.republish import Filters, load_router, parse_map, plan, read_rows
 
     rows = list(read_rows([str(NODE)]))
     pubs, _ = plan(rows, Filters(queues=["st.events"]), {}, load_router([str(NODE)]))
@@ -110,10 +110,10 @@ def test_republish_to_a_stream_and_to_another_queue(broker_dir, tmp_path):
     classic queue; every kept record arrives once, in order, bodies as a 0-9-1 consumer of the
     source broker received them; a second run sends nothing (the journal)."""
     need_broker("4.3.6")
-    from cqforensics.broker import Broker
-    from cqforensics.broker.clients import drain_091, pika_module
-    from cqforensics.broker.streams import served_amqp091
-    from cqforensics.republish import republish
+    from brokers import Broker
+    from brokers.clients import drain_091, pika_module
+    from brokers.streams import served_amqp091
+    from cqforensics.commands.republish import republish
 
     pika = pika_module()
     with Broker("4.3.6", broker_dir / "run") as b:

@@ -8,7 +8,8 @@ from collections import Counter
 import pytest
 
 import cqforensics
-from cqforensics import layout, textfiles
+from cqforensics.discovery import nodes as layout
+from cqforensics.codecs import textfiles
 
 from conftest import SAMPLES, manifest
 from oracle import delivered_counts
@@ -164,9 +165,9 @@ def test_many_backups_in_one_read(tmp_path):
 
 def test_a_scan_seeded_with_vhost_facts_reads_what_a_fresh_one_does():
     """The Spark reader hands one task's vhost-wide facts to the next task of the same vhost."""
-    from cqforensics.api import make_options
+    from cqforensics.read.api import make_options
     from cqforensics.model.vhost import NodeScan, VhostScan
-    from cqforensics.tables import BUILDERS
+    from cqforensics.tables.builders import BUILDERS
 
     node = next(iter(layout.discover(SAMPLES / "4.3.6-kill")))
     first = NodeScan(node, make_options()).vhosts[0]
@@ -234,7 +235,7 @@ def test_constant_and_null_name_columns_equal_the_lookup():
     """names_array's shortcuts (one name, only nulls) make what the dictionary lookup does."""
     import numpy as np
     import pyarrow as pa
-    from cqforensics.tables import names_array, repeat
+    from cqforensics.tables.builders import names_array, repeat
 
     names = ["a", "bb", "ccc"]
 
@@ -249,7 +250,7 @@ def test_constant_and_null_name_columns_equal_the_lookup():
     assert repeat("x", 3).to_pylist() == ["x"] * 3 and repeat("x", 5000).to_pylist() == ["x"] * 5000
     assert repeat("x", 2).to_pylist() == ["x"] * 2 and repeat(None, 4).null_count == 4
     assert repeat(7, 3, pa.int32()).to_pylist() == [7] * 3 and repeat("y" * 1000, 2000).to_pylist() == ["y" * 1000] * 2000
-    from cqforensics.tables import _REPEAT_BYTES, _REPEATS
+    from cqforensics.tables.builders import _REPEAT_BYTES, _REPEATS
 
     for k in range(1500):  # more values than are kept, at growing lengths
         value = f"queue-{k % 200}" * 8

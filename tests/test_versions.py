@@ -9,7 +9,8 @@ import pytest
 
 from conftest import SAMPLES, datasets, manifest
 from oracle import delivered_counts
-from cqforensics import fsck, layout
+from cqforensics.commands import fsck
+from cqforensics.discovery import nodes as layout
 from cqforensics.model import versions
 from cqforensics.model.options import make_options
 from cqforensics.model.vhost import NodeScan, feature_flags

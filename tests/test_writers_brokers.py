@@ -68,7 +68,7 @@ def test_rebuild_output_delivers_every_salvaged_message(dataset, scenario, broke
 def _declare_like(b, node_dir) -> list[str]:
     """Declare on broker ``b`` every durable queue (and vhost) of ``node_dir``'s metadata, with
     its arguments: what importing definitions does before a migration."""
-    from cqforensics.broker.clients import pika_module
+    from brokers.clients import pika_module
     from cqforensics.readers.metadata import read_metadata
 
     pika = pika_module()
@@ -129,8 +129,8 @@ def test_spark_writer_output_delivers_the_written_rows(dataset, move_to, broker_
     from pyspark.sql import functions as F
 
     from conftest import SAMPLES
-    from cqforensics.broker import Broker
-    from cqforensics.broker.clients import drain_all
+    from brokers import Broker
+    from brokers.clients import drain_all
 
     version = manifest(dataset)["broker"]["rabbitmq"]
     from conftest import need_broker

@@ -1,6 +1,6 @@
 """Evidence is never written to (issue 28; docs/evidence.md): every writer of cqforensics, against
 every target that is not its own, with and without ``--force`` (Spark: ``overwrite`` and
-``append``). The rule is written once (``cqforensics.outputs``); this file is its proof: one cell
+``append``). The rule is written once (``cqforensics.output.guard``); this file is its proof: one cell
 of ``GRID`` per writer and case, each a test below (``test_grid_covers_every_writer_and_case``
 keeps the grid whole).
 
@@ -196,7 +196,7 @@ def test_cli_writer_refuses(writer, case, world, capsys):
 
 def test_the_library_writer_of_definitions_follows_the_rule(world):
     """``retarget.write_definitions`` (a library writer, no CLI option) goes through the same rule."""
-    from cqforensics.errors import UsageError
+    from cqforensics.base.errors import UsageError
     from cqforensics.model.versions import model
     from cqforensics.write import retarget
 
@@ -262,7 +262,7 @@ def test_forged_marker_is_refused(writer, tmp_path, capsys):
 def test_a_manifest_forged_over_a_brokers_node_dir_is_refused(writer, tmp_path, capsys):
     """A manifest that matches the tree byte for byte, computed over a cleanly stopped broker's node
     dir: it lists clean-shutdown files, which no writer of cqforensics writes."""
-    from cqforensics.outputs import not_own, write_manifest
+    from cqforensics.output.guard import not_own, write_manifest
 
     victim = copy_node("4.3.6-clean", tmp_path / "victim")
     write_manifest(victim, "compact")
@@ -287,8 +287,8 @@ def test_a_changed_output_is_no_longer_its_own(writer, tmp_path, capsys):
 
 def _inject_failure(monkeypatch, writer: str) -> None:
     """Make ``writer`` fail after it has read (some of) its input, before its commit."""
-    import cqforensics.export as export_module
-    from cqforensics.errors import OperationalError
+    import cqforensics.commands.export as export_module
+    from cqforensics.base.errors import OperationalError
 
     def boom(*a, **k):
         raise OperationalError("injected failure before the commit")
@@ -297,7 +297,7 @@ def _inject_failure(monkeypatch, writer: str) -> None:
         __import__("cqforensics.write.verify")  # (the package's own ``verify`` is the function)
         monkeypatch.setattr(sys.modules["cqforensics.write.verify"], "verify", boom)
     elif writer == "report":  # the page is rendered before the file is written
-        monkeypatch.setattr("cqforensics.report.render", boom)
+        monkeypatch.setattr("cqforensics.commands.report.render", boom)
     else:  # after the first batch has been written
         owner, name = (export_module, "export_batches") if writer == "export" else (cqforensics, "iter_batches")
         real = getattr(owner, name)
@@ -335,7 +335,7 @@ def test_a_previous_output_is_replaced_only_with_force_and_only_at_commit(writer
     assert code in (0, 1), err
     assert fingerprint(tmp_path) != before
     assert [p.name for p in tmp_path.iterdir() if ".cqf-" in p.name] == []  # nothing left beside it
-    from cqforensics.outputs import not_own
+    from cqforensics.output.guard import not_own
 
     assert not_own(out) is None  # the new output is its own again: a later --force may replace it
 
@@ -434,7 +434,7 @@ def test_spark_writer_the_issue_overwrite_of_the_node_it_reads(spark, tmp_path):
 
 @pytest.mark.spark
 def test_spark_writer_on_forged_and_changed_outputs(spark, rows, tmp_path):
-    from cqforensics.outputs import write_manifest
+    from cqforensics.output.guard import write_manifest
 
     real = tmp_path / "real"
     _save(rows, real, "append")

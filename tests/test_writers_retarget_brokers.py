@@ -56,8 +56,8 @@ def _expected(dataset: str, target: str) -> tuple[list[dict], int]:
 @pytest.mark.broker
 @pytest.mark.parametrize("dataset, target", CASES, ids=[f"{d}-for-{t}" for d, t in CASES])
 def test_compact_for_another_series_boots_with_a_template(dataset, target, broker_dir):
-    from cqforensics.broker import Broker
-    from cqforensics.broker.clients import drain_all
+    from brokers import Broker
+    from brokers.clients import drain_all
     from cqforensics.write import compact
 
     need_broker(target)
@@ -87,8 +87,8 @@ def test_compact_for_another_series_boots_with_a_template(dataset, target, broke
 def test_without_a_template_the_other_series_refuses_the_node(broker_dir):
     """What the template is for: 3.10.8's own metadata and feature flags, carried to 4.0.5, stop
     its boot (the flags 4.0 requires are not enabled in the 3.10.8 feature-flag file)."""
-    from cqforensics.broker import Broker
-    from cqforensics.broker.harness import BrokerError
+    from brokers import Broker
+    from brokers.harness import BrokerError
     from cqforensics.write import compact
 
     need_broker("4.0.5")
@@ -133,7 +133,7 @@ def test_metadata_gap():
 def test_a_template_lacking_a_queue_is_refused(tmp_path):
     """A queue dir the template does not declare would be deleted by its boot: refused, nothing
     written."""
-    from cqforensics.errors import UsageError
+    from cqforensics.base.errors import UsageError
     from cqforensics.write import compact
 
     with pytest.raises(UsageError, match="orders.v1"):
@@ -154,8 +154,8 @@ def test_rebuild_for_another_series_delivers_every_salvaged_message(dataset, sce
     from scenarios import SCENARIOS
 
     import cqforensics
-    from cqforensics.broker import Broker
-    from cqforensics.broker.clients import drain_all
+    from brokers import Broker
+    from brokers.clients import drain_all
     from cqforensics.write import rebuild
 
     need_broker(target)
@@ -181,8 +181,8 @@ def test_compact_for_a_later_4x_needs_no_template(broker_dir):
     """Within 4.x the broker upgrades the metadata itself: 4.0.5's Mnesia node, compacted for
     4.3.6 with its own metadata, boots on 4.3.6 (which moves it to Khepri) and delivers the
     manifest."""
-    from cqforensics.broker import Broker
-    from cqforensics.broker.clients import drain_all
+    from brokers import Broker
+    from brokers.clients import drain_all
     from cqforensics.write import compact
 
     need_broker("4.3.6")

@@ -14,7 +14,7 @@ import pytest
 
 import cqforensics
 from conftest import SAMPLES
-from cqforensics import layout
+from cqforensics.discovery import nodes as layout
 from cqforensics.model import versions
 from cqforensics.model.options import make_options
 from cqforensics.model.vhost import NodeScan

@@ -3,8 +3,8 @@ and whether it recovers the vhost dirty (rebuilding the indexes from the files).
 
 from __future__ import annotations
 
-from cqforensics.errors import plural
-from cqforensics.findings import Finding
+from cqforensics.base.errors import plural
+from cqforensics.base.findings import Finding
 from cqforensics.model import recovery
 from cqforensics.model.vhost import VhostScan
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from cqforensics.errors import plural
-from cqforensics.codes import Fate, Location
-from cqforensics.findings import Finding
+from cqforensics.base.errors import plural
+from cqforensics.base.enums import Fate, Location
+from cqforensics.base.findings import Finding
 from cqforensics.model.recovery import FINDING_OF_FATE
 from cqforensics.model.vhost import VhostScan
 from cqforensics.readers import qs as r_qs

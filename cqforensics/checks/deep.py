@@ -9,11 +9,11 @@ makes these: without it no message term is decoded."""
 
 from __future__ import annotations
 
-from cqforensics.errors import plural
-from cqforensics import fastpath
-from cqforensics.schema import value_marks
-from cqforensics.codes import Location
-from cqforensics.findings import Finding
+from cqforensics.base.errors import plural
+from cqforensics.message import fast as fastpath
+from cqforensics.base.schema import value_marks
+from cqforensics.base.enums import Location
+from cqforensics.base.findings import Finding
 from cqforensics.model.index import IndexChunk
 from cqforensics.model.recovery import Resolved
 from cqforensics.model.vhost import VhostScan

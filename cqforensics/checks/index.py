@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from cqforensics.codes import Location, QsStatus
-from cqforensics.errors import plural
-from cqforensics.findings import Finding
-from cqforensics.layout import QueueDir
+from cqforensics.base.enums import Location, QsStatus
+from cqforensics.base.errors import plural
+from cqforensics.base.findings import Finding
+from cqforensics.discovery.nodes import QueueDir
 from cqforensics.model.index import IndexChunk
 from cqforensics.model import recovery
 from cqforensics.model.recovery import Resolved

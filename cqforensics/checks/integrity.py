@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from cqforensics.codes import Location, RecordKind
-from cqforensics.errors import CQError, plural
-from cqforensics.findings import Finding
+from cqforensics.base.enums import Location, RecordKind
+from cqforensics.base.errors import CQError, plural
+from cqforensics.base.findings import Finding
 from cqforensics.model.index import IndexChunk
 from cqforensics.model.store import id_halves
 from cqforensics.model.vhost import NodeScan, VhostScan
@@ -36,7 +36,7 @@ from cqforensics.readers import files as r_files
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import registry
 from cqforensics.readers import terms as r_terms
-from cqforensics.textfiles import TEXT_SHAPES
+from cqforensics.codecs.textfiles import TEXT_SHAPES
 
 #: node-level files the broker (or OTP) keeps in the node dir, by name or extension
 NODE_FILES = ("cluster_nodes.config", "nodes_running_at_shutdown", "node-type.txt", "rabbit_serial",

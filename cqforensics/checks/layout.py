@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cqforensics.errors import plural
-from cqforensics.codes import StoreStatus
-from cqforensics.findings import Finding
-from cqforensics.layout import QueueDir
+from cqforensics.base.errors import plural
+from cqforensics.base.enums import StoreStatus
+from cqforensics.base.findings import Finding
+from cqforensics.discovery.nodes import QueueDir
 from cqforensics.model.vhost import NodeScan, VhostScan
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from cqforensics.codes import Fate
-from cqforensics.errors import display
-from cqforensics.findings import Finding
+from cqforensics.base.enums import Fate
+from cqforensics.base.errors import display
+from cqforensics.base.findings import Finding
 from cqforensics.model import quorum as m_quorum
 from cqforensics.model.vhost import NodeScan, VhostScan
 

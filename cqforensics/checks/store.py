@@ -8,9 +8,9 @@ import heapq
 
 import numpy as np
 
-from cqforensics.codes import Fate, StoreStatus
-from cqforensics.errors import CQError, plural
-from cqforensics.findings import Finding
+from cqforensics.base.enums import Fate, StoreStatus
+from cqforensics.base.errors import CQError, plural
+from cqforensics.base.findings import Finding
 from cqforensics.model import recovery
 from cqforensics.model.vhost import VhostScan
 from cqforensics.readers import rdq as r_rdq

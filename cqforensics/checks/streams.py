@@ -4,9 +4,9 @@ consumer from ``first`` is served), from its read (``readers.osiris``) and its f
 
 from __future__ import annotations
 
-from cqforensics.codes import Fate
-from cqforensics.errors import display
-from cqforensics.findings import Finding
+from cqforensics.base.enums import Fate
+from cqforensics.base.errors import display
+from cqforensics.base.findings import Finding
 from cqforensics.model.recovery import AMQP091_PREFETCH
 
 

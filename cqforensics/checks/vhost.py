@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cqforensics import parallel
-from cqforensics.codes import Fate
-from cqforensics.errors import display
-from cqforensics.findings import Finding
+from cqforensics.base import parallel
+from cqforensics.base.enums import Fate
+from cqforensics.base.errors import display
+from cqforensics.base.findings import Finding
 from cqforensics.model import recovery
 from cqforensics.model.vhost import NodeScan, VhostScan, passes
 
@@ -180,7 +180,7 @@ PARTS_PER_JOB = 4
 def _listing_checks(sub: VhostScan, first: bool, deep: bool):
     """The checks of every index chunk of the pass, as ``_Checked`` ranges in listing order: one
     (the whole listing) in this process, or, with ``options.jobs`` > 1 and a big listing, ranges
-    checked by that many processes (``cqforensics.parallel``), forked once this pass's facts
+    checked by that many processes (``cqforensics.base.parallel``), forked once this pass's facts
     are made here: the same findings, in the same order."""
     jobs = sub.options.jobs
     if jobs < 2 or sub.listing_bytes() < SPLIT_BYTES:

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from cqforensics import core
-from cqforensics.codes import QsStatus
+from cqforensics import compiled as core
+from cqforensics.base.enums import QsStatus
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers.files import map_file, open_file
-from cqforensics.schema import binary_array
+from cqforensics.base.schema import binary_array
 
 
 class Bodies:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from cqforensics import etf
+from cqforensics.codecs import etf
 
 UNDEF = "undefined"
 
@@ -323,7 +323,7 @@ def message_facts(msg, size=None) -> MsgFacts:
 
 
 def _expiration(props_bin_or_props) -> int | None:
-    from cqforensics import amqp091
+    from cqforensics.codecs import amqp091
 
     try:
         if isinstance(props_bin_or_props, (bytes, bytearray)):
@@ -357,7 +357,7 @@ def _facts(msg, size) -> MsgFacts:
         dc = _opt_int(anns.get("delivery_count"))
         proto, data = msg[1], msg[2]
         if pri is None and proto == "mc_amqpl" and isinstance(data, tuple):
-            from cqforensics import message as m
+            from cqforensics.message import reference as m
 
             props, _ = m._content_props(data, [])  # marks: the columns, not these facts, report them
             pri = props.get("priority")

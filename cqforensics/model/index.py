@@ -3,7 +3,7 @@ queue (its journal must be merged with all its segments).
 
 Readers decode the files (``readers.qi``, ``readers.v1``); this module turns what they found
 into numpy columns (``Records`` for the ``index`` table, ``AckRecords`` for ``acks``) and the
-positions of the messages held, in SeqId order. Codes are ``cqforensics.codes`` enums.
+positions of the messages held, in SeqId order. Codes are ``cqforensics.base.enums`` enums.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-from cqforensics.codes import AckEvidence, Location, RecordKind, SlotClass
-from cqforensics.findings import Finding
-from cqforensics.layout import QueueDir, VhostDir
+from cqforensics.base.enums import AckEvidence, Location, RecordKind, SlotClass
+from cqforensics.base.findings import Finding
+from cqforensics.discovery.nodes import QueueDir, VhostDir
 from cqforensics.readers import qi as r_qi
 from cqforensics.readers.v1 import read_v1_queue
-from cqforensics.schema import TS, fits
+from cqforensics.base.schema import TS, fits
 
 OFFSET_OUT_OF_RANGE = (1 << 63) - (1 << 34)  # a .qs offset >= 2^63, as the records keep it
 

@@ -13,7 +13,7 @@ import datetime as dt
 import time
 from dataclasses import dataclass, field
 
-from cqforensics.errors import UsageError
+from cqforensics.base.errors import UsageError
 from cqforensics.model import versions
 
 #: columns of the ``messages`` table that need the stored term decoded (the rest come from the
@@ -38,7 +38,7 @@ class Options:
     assume_dirty: bool = False  # predict as if the clean-shutdown files were removed
     #: ``broker_version`` parsed once, by ``make_options`` (None: inferred from the data)
     broker_model: versions.BrokerModel | None = field(default=None, compare=False, repr=False)
-    #: processes a read may use (``cqforensics.parallel``): its output is the same whatever it is
+    #: processes a read may use (``cqforensics.base.parallel``): its output is the same whatever it is
     jobs: int = field(default=1, compare=False)
 
     def now_ms(self) -> int:
@@ -82,7 +82,7 @@ def make_options(broker_version: str | None = None, as_of=None, bodies: bool = T
     """Options from keyword arguments, validated. ``as_of`` (see ``parse_as_of``) is the time TTLs
     are judged at for ``survives_restart`` (default: now); ``assume_dirty`` predicts the boot as
     if the clean-shutdown files were removed (the broker then rebuilds and verifies); ``jobs``
-    processes read at once (``cqforensics.parallel``; 1: this process only), the same output."""
+    processes read at once (``cqforensics.base.parallel``; 1: this process only), the same output."""
     model = versions.model(broker_version) if broker_version is not None else None  # parsed once, here
     if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
         raise UsageError(f"batch_rows must be a positive integer, not {batch_rows!r}")

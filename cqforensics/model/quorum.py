@@ -20,9 +20,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cqforensics import etf, rabbit_fifo
-from cqforensics.codes import Fate
-from cqforensics.errors import FormatError
+from cqforensics.codecs import etf
+from cqforensics.message import rabbit_fifo
+from cqforensics.base.enums import Fate
+from cqforensics.base.errors import FormatError
 from cqforensics.model import fifo as m_fifo
 from cqforensics.model import recovery as m_rec
 from cqforensics.model.versions import BrokerModel
@@ -216,7 +217,7 @@ def delivered_view(fields: dict, m: m_fifo.Msg, broker: tuple[int, int, int]) ->
         count = h.get("delivery_count", 0)
         headers = json.loads(fields["headers"]) if fields.get("headers") else {}
         headers["x-delivery-count"] = {"type": "long", "value": count}
-        from cqforensics import amqp091
+        from cqforensics.codecs import amqp091
 
         fields["headers"] = amqp091.headers_json(dict(sorted(headers.items())))
         return fields
@@ -237,7 +238,7 @@ def delivered_view(fields: dict, m: m_fifo.Msg, broker: tuple[int, int, int]) ->
         headers = json.loads(fields["headers"]) if fields.get("headers") else {}
         for k, v in extra.items():
             headers[k] = {"type": "long", "value": v}
-        from cqforensics import amqp091
+        from cqforensics.codecs import amqp091
 
         fields["headers"] = amqp091.headers_json(dict(sorted(headers.items())))
     return fields
@@ -598,7 +599,7 @@ def dead_letter_view(fields: dict, reason: str, source: tuple[bytes, bytes], exc
     (count, reason, queue, time, exchange, routing-keys), ``x-first-death-*`` (and 4.x
     ``x-last-death-*``) headers, no expiration, the dead-letter exchange and routing key. The
     time is the boot's clock: predicted as ``as_of``."""
-    from cqforensics import amqp091
+    from cqforensics.codecs import amqp091
 
     out = dict(fields)
     vhost, queue = source

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cqforensics.codes import Fate, Location, QsStatus, RecordKind, StoreStatus
+from cqforensics.base.enums import Fate, Location, QsStatus, RecordKind, StoreStatus
 from cqforensics.model.versions import BrokerModel
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
@@ -1200,8 +1200,8 @@ def amqp091_views(records, model: BrokerModel) -> dict:
     """offset -> the record as an AMQP 0-9-1 consumer of ``model`` receives it
     (``message.decode_amqp10_entry``), or the ``FormatError`` saying why the version cannot
     convert it (then its read fails the consumer's channel). Records without bytes are left out."""
-    from cqforensics.errors import FormatError
-    from cqforensics.message import decode_amqp10_entry
+    from cqforensics.base.errors import FormatError
+    from cqforensics.message.reference import decode_amqp10_entry
 
     out: dict = {}
     for r in records:

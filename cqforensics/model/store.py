@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cqforensics import parallel
-from cqforensics.layout import StoreDir
+from cqforensics.base import parallel
+from cqforensics.discovery.nodes import StoreDir
 from cqforensics.model import recovery
 from cqforensics.model.index import ID
 from cqforensics.model.versions import BrokerModel
@@ -289,7 +289,7 @@ class Spill:
     """Records sorted out by share into one unlinked temporary file per share, so that a read in
     shares walks the indexes and the store once, and a pass loads only its share's records (in
     the order they were added). Written unbuffered and read by ``pread``: processes forked from
-    the one that wrote it (``cqforensics.parallel``) share its files, and a shared file offset
+    the one that wrote it (``cqforensics.base.parallel``) share its files, and a shared file offset
     (or a buffer copied at the fork) would mix their reads."""
 
     def __init__(self, dtype: np.dtype, parts: int):
@@ -360,7 +360,7 @@ def walk_files(store: StoreDir, model: BrokerModel, referenced: r_rdq.Referenced
     """``(position, RdqFile, reached by the version's scan)`` of every file the next boot scans,
     in its order: each ``N.rdq``, followed (``model.appends_rdt``) by the ``N.rdt`` of an
     interrupted combine, which that boot appends to it (rabbit_msg_store:recover_crashed_compactions).
-    ``jobs`` > 1: the files are walked by that many processes (``cqforensics.parallel``), in
+    ``jobs`` > 1: the files are walked by that many processes (``cqforensics.base.parallel``), in
     the same order, when the store is big enough to gain from it."""
     walk = registry.reader("rdq").read
     rdt = dict(store.rdt) if model.appends_rdt else {}

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from cqforensics.errors import UsageError
+from cqforensics.base.errors import UsageError
 
 _VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?$")
 
@@ -667,8 +667,8 @@ def stream_record_evidence(raw: bytes, ev: Evidence) -> None:
     ``x-exchange`` annotation): rabbit_msg_record:from_amqp091/2 (3.10 - 3.12) writes the
     delivery mode as the ``x-basic-delivery-mode`` annotation and no header section;
     mc_amqpl:convert_to(mc_amqp, ..) (3.13+) writes a header section (durable, priority)."""
-    from cqforensics import amqp10
-    from cqforensics.errors import FormatError
+    from cqforensics.codecs import amqp10
+    from cqforensics.base.errors import FormatError
 
     try:
         secs = amqp10.sections(raw)

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-from cqforensics import parallel
-from cqforensics.codes import Location, StoreStatus
-from cqforensics.errors import CQError, display, plural
-from cqforensics.findings import Finding
-from cqforensics.layout import (STORAGE_KINDS, NodeDir, QueueDir, StorageKind, VhostDir, read_name_file, storage_kind,
+from cqforensics.base import parallel
+from cqforensics.base.enums import Location, StoreStatus
+from cqforensics.base.errors import CQError, display, plural
+from cqforensics.base.findings import Finding
+from cqforensics.discovery.nodes import (STORAGE_KINDS, NodeDir, QueueDir, StorageKind, VhostDir, read_name_file, storage_kind,
                                 tree_bytes)
 from cqforensics.model import quorum as m_quorum
 from cqforensics.model import recovery, versions
@@ -617,7 +617,7 @@ class VhostScan:
         cache = self.__dict__.setdefault("_orphan_destinations", {})
         if kind in cache:
             return cache[kind]
-        from cqforensics import fastpath
+        from cqforensics.message import fast as fastpath
         from cqforensics.model.routing import Router, route_message
 
         out: dict[int, tuple[bytes, ...] | None] = {}
@@ -650,7 +650,7 @@ class VhostScan:
         """Locate every live entry's body (as the target version would) and decide its fate."""
         return recovery.resolve(self, qx)
 
-    # -- reading a vhost in several processes (``cqforensics.parallel``) ------------------------
+    # -- reading a vhost in several processes (``cqforensics.base.parallel``) ------------------------
 
     def listing_bytes(self, every: bool = False) -> int:
         """The bytes a read of the listed queue dirs (``every``: of all of them) goes through:
@@ -845,7 +845,7 @@ class NodeScan:
         (``QuorumQueue.boot_dead_letters``), routed through the metadata's durable bindings from
         the queue's dead-letter exchange: [(source QuorumQueue, reason, Msg, term, exchange, rk)].
         A message whose route cannot be told is left out (the finding says so)."""
-        from cqforensics import message as m_message
+        from cqforensics.message import reference as m_message
         from cqforensics.model.routing import Router
 
         out: dict[tuple[str, str], list[tuple]] = {}
@@ -898,7 +898,7 @@ class NodeScan:
         """Vhost dir name -> the index dir names of its durable queues (every level of a
         priority queue): the dirs the next boot keeps (IDX2 start/2 deletes the others); None
         when the metadata is unreadable."""
-        from cqforensics import textfiles
+        from cqforensics.codecs import textfiles
 
         meta = self.metadata
         if meta.kind is None:
@@ -971,7 +971,7 @@ def name_from_metadata(v: VhostDir, meta: Metadata) -> dict[str, tuple[str, byte
     boots empty. It is named from its ``.queue_name`` (``name_source`` "renamed") when that
     queue has no dir of its own here; returns those dirs: dir name -> (the queue's own dir
     name, stored name, priority level), what ``rebuild`` writes them back as."""
-    from cqforensics import textfiles
+    from cqforensics.codecs import textfiles
 
     if v.name is None:
         for vhost in sorted(set(meta.vhosts) | {vh for vh, _ in meta.queues}):
@@ -1071,7 +1071,7 @@ class LostQueue:
 def queue_dirs_of(meta: Metadata, vhost: bytes, name: bytes) -> list[tuple[str, bytes, int | None]]:
     """The index dirs a durable queue has: (dir name, stored name, priority level); one per
     level 0..x-max-priority for a priority queue (rabbit_priority_queue), else one."""
-    from cqforensics import textfiles
+    from cqforensics.codecs import textfiles
 
     known = meta.queue_dirs.get((vhost, name))
     if known is not None:
@@ -1089,7 +1089,7 @@ def queue_dirs_of(meta: Metadata, vhost: bytes, name: bytes) -> list[tuple[str, 
 def home_nodes(node: NodeDir, meta: Metadata) -> set[str]:
     """The names this node dir had: its own dir name, and the home node (pid) of every durable
     queue that has an index dir here (a backup may have renamed the dir)."""
-    from cqforensics import textfiles
+    from cqforensics.codecs import textfiles
 
     here = {(v.dir_name, q.dir_name) for v in node.vhosts for q in v.queues}
     names = {node.path.name}
@@ -1106,7 +1106,7 @@ def lost_queues(node: NodeDir, meta: Metadata) -> list[LostQueue]:
     dir, or a level dir of a priority queue, is not a readable dir under their vhost's dir.
     A queue homed on another node of a cluster has no dir here and is not listed; nor is
     anything when the metadata is unreadable."""
-    from cqforensics import textfiles
+    from cqforensics.codecs import textfiles
 
     if meta.kind is None or not meta.queues:
         return []

@@ -83,9 +83,9 @@ from pathlib import Path
 
 import numpy as np
 
-from cqforensics.errors import plural
-from cqforensics import etf
-from cqforensics.findings import INFO, Finding
+from cqforensics.base.errors import plural
+from cqforensics.codecs import etf
+from cqforensics.base.findings import INFO, Finding
 from cqforensics.readers import files
 
 COOKIE = 0x00ABCDEF  # dets.hrl ?MAGIC

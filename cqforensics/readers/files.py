@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cqforensics.errors import FormatError, OperationalError, display
+from cqforensics.base.errors import FormatError, OperationalError, display
 
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cqforensics import etf
-from cqforensics.errors import FormatError
+from cqforensics.codecs import etf
+from cqforensics.base.errors import FormatError
 from cqforensics.readers.files import is_regular, read_bytes
 from cqforensics.readers.terms import read_disk_log
 

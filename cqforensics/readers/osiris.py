@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cqforensics.findings import Finding
+from cqforensics.base.findings import Finding
 from cqforensics.grammar import osiris as g
 from cqforensics.readers.files import read_bytes, read_head
 

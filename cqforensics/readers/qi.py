@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 from construct import ConstructError
 
-from cqforensics.codes import SlotClass
-from cqforensics.errors import FormatError, plural
-from cqforensics.findings import Finding
+from cqforensics.base.enums import SlotClass
+from cqforensics.base.errors import FormatError, plural
+from cqforensics.base.findings import Finding
 from cqforensics.grammar import qi as c_qi
-from cqforensics import core
-from cqforensics.schema import TS, TS_MAX_US, fit_array
+from cqforensics import compiled as core
+from cqforensics.base.schema import TS, TS_MAX_US, fit_array
 from cqforensics.readers.files import map_file, read_bytes
 
 EMPTY, LIVE, GHOST, BAD = SlotClass.EMPTY, SlotClass.LIVE, SlotClass.GHOST, SlotClass.BAD

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from cqforensics import core
-from cqforensics.codes import QsStatus
+from cqforensics import compiled as core
+from cqforensics.base.enums import QsStatus
 from cqforensics.grammar import qs as c_qs
-from cqforensics.errors import CQError, FormatError
+from cqforensics.base.errors import CQError, FormatError
 from cqforensics.readers.files import data_extents, drop_pages, find, map_file, next_nonzero, open_regular
 
 _ENTRY_HEADER = c_qs.ENTRY_HEADER.unpack_from
@@ -102,7 +102,7 @@ def open_qs(path: Path | None) -> QsFile | None:
     except FormatError:  # not a regular file (NotRegularFile): never read, as if missing
         return None
     except OSError as e:
-        from cqforensics.errors import OperationalError
+        from cqforensics.base.errors import OperationalError
 
         raise OperationalError(f"{path}: cannot read: {e.strerror}") from e
     ok = len(head) == c_qs.HEADER_SIZE and head[:4] == c_qs.MAGIC and head[4] == c_qs.VERSION

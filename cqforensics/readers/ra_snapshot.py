@@ -14,8 +14,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from cqforensics import etf
-from cqforensics.errors import FormatError
+from cqforensics.codecs import etf
+from cqforensics.base.errors import FormatError
 from cqforensics.grammar import ra as c_ra
 from cqforensics.readers.files import map_file
 

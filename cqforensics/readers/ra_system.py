@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cqforensics import etf, textfiles
-from cqforensics.errors import CQError, FormatError
+from cqforensics.codecs import etf, textfiles
+from cqforensics.base.errors import CQError, FormatError
 from cqforensics.readers import terms as r_terms
 from cqforensics.readers.files import read_optional
 

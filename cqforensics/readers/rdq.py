@@ -41,9 +41,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from cqforensics.errors import plural
-from cqforensics import core
-from cqforensics.findings import Finding
+from cqforensics.base.errors import plural
+from cqforensics import compiled as core
+from cqforensics.base.findings import Finding
 from cqforensics.grammar import rdq as c_rdq
 from cqforensics.readers.files import data_extents, drop_pages, map_file, reading_whole
 

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from cqforensics import core, etf, textfiles
-from cqforensics.errors import FormatError, plural
+from cqforensics import compiled as core
+from cqforensics.codecs import etf, textfiles
+from cqforensics.base.errors import FormatError, plural
 from cqforensics.grammar import disklog as c_disklog
-from cqforensics.findings import Finding
+from cqforensics.base.findings import Finding
 from cqforensics.readers import dets, files
 from cqforensics.readers.files import data_extents, map_file, read_bytes, read_optional
 

@@ -14,9 +14,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cqforensics.errors import plural
-from cqforensics.findings import Finding
-from cqforensics.schema import TS, fits
+from cqforensics.base.errors import plural
+from cqforensics.base.findings import Finding
+from cqforensics.base.schema import TS, fits
 from cqforensics.grammar import idx as c_idx
 from cqforensics.grammar import jif as c_jif
 from cqforensics.readers.files import map_file, read_bytes

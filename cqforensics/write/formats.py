@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cqforensics import amqp091, etf, message
-from cqforensics.errors import FormatError
+from cqforensics.codecs import amqp091, etf
+from cqforensics.message import reference as message
+from cqforensics.base.errors import FormatError
 from cqforensics.grammar import idx as c_idx
 from cqforensics.grammar import qi as c_qi
 from cqforensics.grammar import qs as c_qs

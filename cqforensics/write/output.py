@@ -2,7 +2,7 @@
 its output in a staging dir beside the destination and moves it into place only once it is
 complete and verified. The staging and commit (``Staging``) and the rule every output follows
 (what a writer may replace: only a previous output of cqforensics, at commit) live in
-``cqforensics.outputs``, shared with export and the file outputs; here: carrying a node dir's
+``cqforensics.output.guard``, shared with export and the file outputs; here: carrying a node dir's
 metadata over (``copy_tree``).
 """
 
@@ -13,8 +13,8 @@ import shutil
 import stat
 from pathlib import Path
 
-from cqforensics.errors import OperationalError, display
-from cqforensics.outputs import Staging, sync_tree
+from cqforensics.base.errors import OperationalError, display
+from cqforensics.output.guard import Staging, sync_tree
 from cqforensics.readers import files as r_files
 
 

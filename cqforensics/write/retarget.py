@@ -32,8 +32,8 @@ import json
 import shutil
 from pathlib import Path
 
-from cqforensics import layout
-from cqforensics.errors import UsageError, queue_ref
+from cqforensics.discovery import nodes as layout
+from cqforensics.base.errors import UsageError, queue_ref
 from cqforensics.model.versions import BrokerModel
 from cqforensics.write import formats
 from cqforensics.write.output import copy_tree
@@ -144,8 +144,8 @@ def definitions(src, target: BrokerModel) -> dict:
 
 def write_definitions(src, target: BrokerModel, path) -> dict:
     """``definitions`` written as JSON to ``path``, a new file and an output like any other
-    (``cqforensics.outputs``: never inside SRC or RabbitMQ data); returns them."""
-    from cqforensics.outputs import check_output, staged_file
+    (``cqforensics.output.guard``: never inside SRC or RabbitMQ data); returns them."""
+    from cqforensics.output.guard import check_output, staged_file
 
     path = check_output(path, [src])
     defs = definitions(src, target)

@@ -29,8 +29,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from cqforensics import amqp091, layout, textfiles
-from cqforensics.errors import OperationalError, UsageError, queue_ref
+from cqforensics.codecs import amqp091, textfiles
+from cqforensics.discovery import nodes as layout
+from cqforensics.base.errors import OperationalError, UsageError, queue_ref
 from cqforensics.model import versions
 from cqforensics.write import formats
 
@@ -345,11 +346,11 @@ def write_new_vhost(vhost: bytes, plans: list[QueueRows], out: Path, sources, li
 
 def check_destination(dst: Path, template: Path | None, model: versions.BrokerModel, deep: bool = False) -> Path:
     """The Spark writer's DST, at planning and again at commit: the rule of every output
-    (``cqforensics.outputs.check_output``): new, empty, or a previous output of cqforensics,
+    (``cqforensics.output.guard.check_output``): new, empty, or a previous output of cqforensics,
     whichever the save mode (overwrite and append both replace DST whole at commit); never the
     template, nor inside or around it. A previous output written for a version whose metadata
     ``model`` cannot boot is refused too: the output would not boot (``retarget.metadata_gap``)."""
-    from cqforensics.outputs import check_output, manifest_of
+    from cqforensics.output.guard import check_output, manifest_of
     from cqforensics.write.retarget import metadata_gap
 
     dst = check_output(dst, [template] if template is not None else [], directory=True, force=True, deep=deep)
@@ -377,7 +378,7 @@ def build(parts: list[PartInfo], dst: Path, model: versions.BrokerModel, mode: s
     (``output.Staging`` with ``replace``). DST follows the rule of every output
     (``check_destination``): an existing DST is a previous output of cqforensics, or nothing is
     written."""
-    from cqforensics.fsck import running_broker
+    from cqforensics.commands.fsck import running_broker
     from cqforensics.grammar import rdq as c_rdq
     from cqforensics.write.output import Staging, copy_tree
     from cqforensics.write.salvage import RewriteContext, rewrite_vhost, write_lost_queue_dirs

@@ -34,9 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
-from cqforensics import exitcodes, fastpath, layout
-from cqforensics.codes import Fate, Location
-from cqforensics.errors import CQError, FormatError, OperationalError, display, display_all, plural, queue_ref
+from cqforensics.base import exitcodes
+from cqforensics.message import fast as fastpath
+from cqforensics.discovery import nodes as layout
+from cqforensics.base.enums import Fate, Location
+from cqforensics.base.errors import CQError, FormatError, OperationalError, display, display_all, plural, queue_ref
 from cqforensics.grammar import qi as c_qi
 from cqforensics.grammar import rdq as c_rdq
 from cqforensics.model.options import make_options
@@ -56,7 +58,7 @@ from cqforensics.readers import files as r_files
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.write import formats
-from cqforensics.outputs import check_output
+from cqforensics.output.guard import check_output
 from cqforensics.write.output import Staging, copy_tree
 from cqforensics.write.store import Entry, QueueWriter, SharedStoreWriter, Sources
 
@@ -932,7 +934,7 @@ def _orphans_to_restore(vs: VhostScan, queue: bytes, ctx: RewriteContext, refs) 
     (``VhostScan.orphan_destinations``), in store order, as ``((file position, offset, entry
     size), id, body size, file)``; each is written from its stored bytes (re-encoded for another
     target version like any kept message: ``ctx.reterm``), and its entry added to ``refs``."""
-    from cqforensics import fastpath
+    from cqforensics.message import fast as fastpath
 
     st = vs.stores.get("persistent")
     if st is None:
@@ -994,7 +996,7 @@ def _whole_term(vs: VhostScan, path: Path, offset: int, total: int, msg_id: byte
     (decodes to exactly the entry's length) and is the message the index expects."""
     raw = bytes(vs.bodies.read(path, *r_rdq.term_span(offset, total)))
     try:
-        from cqforensics import etf
+        from cqforensics.codecs import etf
 
         etf.decode(raw, exact=True)
     except Exception:  # incomplete or damaged: quarantined with the other torn entries
@@ -1116,7 +1118,7 @@ def _vhosts_under_own_dirs(node, notes: list[str], meta) -> None:
     dir of a vhost of the metadata holds that vhost, whatever its ``.vhost`` says: that file is
     damaged (the broker writes it at every vhost recovery and never reads it,
     rabbit_vhost:recover/1), and the writers write it afresh from the metadata's name."""
-    from cqforensics import textfiles
+    from cqforensics.codecs import textfiles
 
     known = set(meta.vhosts) | {vh for vh, _ in meta.queues} if meta.kind is not None else None
     own_dirs = {textfiles.vhost_dir_name(n) for n in known or ()}
@@ -1154,8 +1156,8 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
     ``restore_orphans`` (rebuild only, opt-in): queue names into which the orphaned shared-store
     messages their bindings route to them are written back (``_orphans_to_restore``)."""
     from cqforensics.write import retarget
-    from cqforensics.errors import UsageError
-    from cqforensics.fsck import running_broker
+    from cqforensics.base.errors import UsageError
+    from cqforensics.commands.fsck import running_broker
 
     if threshold is not None and (command != "compact" or not 0 <= threshold <= 100):
         raise UsageError("--threshold: a percentage from 0 to 100, for compact only")
@@ -1242,7 +1244,7 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
         result.lost_found = lost.items
         if lost.items and not dry_run:
             result.lost_found_path = display(Path(dst).absolute() / "lost+found")
-            from cqforensics import provenance
+            from cqforensics.output import provenance
 
             with open(staging.path / "lost+found" / "provenance.json", "x", encoding="utf-8") as fh:
                 fh.write(provenance.to_json(provenance.record(command, [src], result.broker_version, as_of_ms)))
@@ -1265,7 +1267,7 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
 
 def _broker_prediction(src: Path, broker_version: str | None) -> dict:
     """(node, vhost, queue dir) -> messages SRC's next boot delivers (fsck's prediction)."""
-    from cqforensics.tables import queue_summaries
+    from cqforensics.tables.builders import queue_summaries
 
     out = {}
     options = make_options(broker_version=broker_version, bodies=False, decode=False)

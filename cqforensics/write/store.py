@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cqforensics.errors import OperationalError
+from cqforensics.base.errors import OperationalError
 from cqforensics.grammar import idx as c_idx
 from cqforensics.grammar import qi as c_qi
 from cqforensics.grammar import qs as c_qs

@@ -23,10 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cqforensics import exitcodes, layout
-from cqforensics.errors import display
+from cqforensics.base import exitcodes
+from cqforensics.discovery import nodes as layout
+from cqforensics.base.errors import display
 from cqforensics.checks import check_vhost, qs_overlaps, undelivered
-from cqforensics.findings import CODES, INFO, Finding
+from cqforensics.base.findings import CODES, INFO, Finding
 from cqforensics.model.options import make_options
 from cqforensics.model.vhost import NodeScan
 
@@ -89,7 +90,7 @@ def verify(paths, broker_version: str | None = None, deep: bool = False,
     versions = set()
     scans = [NodeScan(node, options) for node in layout.discover(paths)]
     if progress is not None:
-        from cqforensics.driver import Progress
+        from cqforensics.read.driver import Progress
 
         progress = Progress(progress)
         progress.plan(scans)

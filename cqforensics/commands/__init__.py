@@ -1,0 +1,1 @@
+"""The read-only commands: fsck, audit, export and find, dump, republish, report."""

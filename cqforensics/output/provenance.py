@@ -1,0 +1,166 @@
+"""Provenance: what produced a report, an export or a lost+found, from what. Recorded in
+``fsck --json`` (``provenance``), every export (Parquet key-value metadata
+``cqforensics.provenance``; beside a JSONL export, ``messages.jsonl.provenance.json``) and
+``lost+found/provenance.json``; its JSON Schema is ``cqforensics/schemas/provenance.json``.
+
+``tool``/``version``: cqforensics and its version; ``core``: the compiled core's status (on, off,
+or why not built); ``command``; ``broker_version``: the version whose next boot was predicted
+or written for; ``as_of``: the time TTLs were judged at (ISO 8601, UTC); ``created``: when;
+``inputs``: every regular file under the input paths (symlinks not followed), sorted by path,
+with its size and SHA-256 (null when it cannot be read); a sparse file's holes, as the file
+system reports them (SEEK_HOLE), are not read: it has ``holes`` (``[offset, length]`` ranges of
+zeros) and ``data_sha256`` (of the bytes outside them) instead of ``sha256``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+
+from cqforensics import compiled as core
+from cqforensics.base import parallel
+from cqforensics.base.errors import display
+from cqforensics.readers.files import fd_extents
+
+METADATA_KEY = b"cqforensics.provenance"
+_CHUNK = 1 << 20
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def iso(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _regular_files(root: str, out: set[str]) -> None:
+    """Every regular file under the dir ``root`` (symlinks neither followed nor listed), into
+    ``out``; what cannot be listed is left out."""
+    stack = [root]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for e in it:
+                    try:
+                        if e.is_dir(follow_symlinks=False):
+                            stack.append(e.path)
+                        elif e.is_file(follow_symlinks=False):
+                            out.add(e.path)
+                    except OSError:
+                        continue
+        except OSError:
+            continue
+
+
+def _entry(path: str) -> dict | None:
+    """``{path, size, sha256}`` of a regular file (None when it is none by now). A file the
+    file system reports holes in (SEEK_HOLE) is not read there: ``sha256`` is null and
+    ``holes`` lists its zeroed ranges ``[offset, length]``, ``data_sha256`` the SHA-256 of the
+    bytes outside them, in file order (the file is that data with zeros in the holes)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None
+        return {"path": display(path), "size": st.st_size, "sha256": None} if stat.S_ISREG(st.st_mode) else None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        out = {"path": display(path), "size": st.st_size, "sha256": None}
+        try:
+            extents = fd_extents(fd, st.st_size)
+            if extents is None:  # the file system cannot tell: all of it is data
+                extents = [(0, st.st_size)]
+            h = hashlib.sha256()
+            for start, end in extents:
+                pos = start
+                while pos < end:
+                    chunk = os.pread(fd, min(_CHUNK, end - pos), pos)
+                    if not chunk:
+                        break
+                    h.update(chunk)
+                    pos += len(chunk)
+                if pos < end:  # the file shrank while it was read: what it holds is not what it held
+                    return out
+        except OSError:
+            return out
+        if extents == [(0, st.st_size)] or not st.st_size:  # no hole
+            out["sha256"] = h.hexdigest()
+        else:
+            holes, pos = [], 0
+            for start, end in extents + [(st.st_size, st.st_size)]:
+                if start > pos:
+                    holes.append([pos, start - pos])
+                pos = end
+            out["holes"], out["data_sha256"] = holes, h.hexdigest()
+        return out
+    finally:
+        os.close(fd)
+
+
+def inputs_manifest(paths, jobs: int = 1) -> list[dict]:
+    """``{path, size, sha256}`` of every regular file under ``paths`` (a file path is itself);
+    a sparse file's holes are listed, not read (``_entry``). ``jobs``: processes hashing files
+    at once (``cqforensics.base.parallel``), the same manifest."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    files: set[str] = set()
+    for p in paths:
+        p = os.path.abspath(p)
+        if os.path.isfile(p) and not os.path.islink(p):
+            files.add(p)
+        elif os.path.isdir(p):
+            _regular_files(p, files)
+    files = sorted(files)
+    if jobs > 1 and len(files) > 1:
+        groups = _groups(files, jobs * 4)
+        entries = parallel.ordered(groups, lambda group: [list(map(_entry, group))], jobs)
+        return [e for group in entries for e in group if e is not None]
+    return [e for e in map(_entry, files) if e is not None]
+
+
+def _groups(files: list[str], n: int) -> list[list[str]]:
+    """``files`` in at most ``n`` consecutive groups of about equal bytes."""
+    sizes = []
+    for f in files:
+        try:
+            sizes.append(os.lstat(f).st_size + 4096)
+        except OSError:
+            sizes.append(4096)
+    target = max(1, -(-sum(sizes) // n))
+    out, cur, size = [], [], 0
+    for f, w in zip(files, sizes):
+        if cur and size + w > target:
+            out.append(cur)
+            cur, size = [], 0
+        cur.append(f)
+        size += w
+    if cur:
+        out.append(cur)
+    return out
+
+
+def record(command: str, paths, broker_version: str | None, as_of_ms: int | None, jobs: int = 1) -> dict:
+    # the package's version: its __init__ is always loaded before any submodule (importing the
+    # package root here would be an upward import, through cqforensics.read.api)
+    version = sys.modules["cqforensics"].__version__
+    return {"tool": "cqforensics", "version": version, "core": core.status(), "command": command,
+            "created": iso(now_ms()), "broker_version": broker_version or None, "as_of": iso(as_of_ms),
+            "inputs": inputs_manifest(paths, jobs)}
+
+
+def to_json(p: dict) -> str:
+    return json.dumps(p, ensure_ascii=False, sort_keys=True, indent=1) + "\n"

@@ -1,0 +1,1 @@
+"""The one read path (``driver``) and the embedded Python API (``api``)."""

@@ -1,0 +1,1 @@
+"""The data tables as Arrow record batches, built from a ``VhostScan``."""
