@@ -42,7 +42,7 @@ input none of these explains is an unexplained silence.
 
 The JSON summary lists the runs, seeds, figures (peak RSS, slowest run) and the failures by
 class, each with a reproducer. Failing inputs are kept in ``fuzz/regressions.json``
-(``tests/test_fuzz.py`` replays them)."""
+(``tests/checks/test_fuzz.py`` replays them)."""
 
 from __future__ import annotations
 

@@ -818,7 +818,7 @@ def generate_streams(name: str, out: Path, work: Path) -> dict:
 def _archive(dest: Path, manifest: dict) -> None:
     """Commit form of an ARCHIVED profile: the node dir as ``rabbit.tar.gz`` (the files as the
     broker left them, owner and times reset) and the manifest as ``manifest.json.gz``; the
-    unpacked copy stays in ``mnesia/`` (gitignored; tests/oracle.py extract_archives() makes it
+    unpacked copy stays in ``mnesia/`` (gitignored; tests/support/oracle.py extract_archives() makes it
     from the archive when missing)."""
     import tarfile
 
@@ -955,7 +955,7 @@ unpacked dir about 21 MB), and `manifest.json.gz`, converted from that broker's 
 `python sample_data/import_extra.py FOLDER...` (in this folder; its docstring gives the rules).
 
 * The archive is unpacked into `<dataset>/mnesia/` (gitignored) by the tests before anything reads
-  it (`tests/oracle.py` `extract_archives()`, run when `tests/conftest.py` is imported; idempotent,
+  it (`tests/support/oracle.py` `extract_archives()`, run when `tests/conftest.py` is imported; idempotent,
   it re-extracts only when the archive changed). By hand:
   `mkdir -p D/mnesia && tar xzf D/NAME.tar.gz -C D/mnesia`.
 * The truth records 6 of the 13 basic properties (`content_type`, `delivery_mode`, `priority`,
@@ -989,7 +989,7 @@ def _unpacked(out: Path, rel: str) -> bool:
 
 def write_readme(out: Path) -> None:
     """sample_data/README.md: provenance and the sha256 of every committed file
-    (tests/test_sample_data.py checks the list against the files)."""
+    (tests/house/test_sample_data.py checks the list against the files)."""
     rows = []
     for name in DATASETS:
         mf = next((f for f in (out / name / "manifest.json", out / name / "manifest.json.gz") if f.exists()), None)

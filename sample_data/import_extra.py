@@ -7,7 +7,7 @@ rules the publisher and the broker encode them with (see sample_data/README.md):
   * str -> longstr, bool -> bool, None -> void, dict -> table, list -> array,
     {"bytes_hex": h} -> binary, int -> signedint when it fits 32 bits, else long
     (the rules of pika's table encoder, pika/data.py encode_value; the stored bytes agree,
-    tests/test_oracle.py compares them);
+    tests/model/test_oracle.py compares them);
   * the scenario's ``dec`` header (text of a Python Decimal) -> decimal, its ``ts`` header and
     x-death ``time`` (ISO text) -> timestamp;
   * x-death ``count`` -> long (rabbit_dead_letter / mc_amqpl write it as ``long``).

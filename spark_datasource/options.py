@@ -1,7 +1,7 @@
 """The data source's options: strings in, typed settings out, validated at planning time.
 
 Kept free of pyspark imports so it is tested without a JVM. Every option is documented in
-docs/spark.md (tests/test_docs.py checks that the table there lists exactly ``OPTIONS``).
+docs/spark.md (tests/house/test_docs.py checks that the table there lists exactly ``OPTIONS``).
 """
 
 from __future__ import annotations

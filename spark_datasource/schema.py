@@ -1,7 +1,7 @@
 """Spark schemas derived from the single Arrow definition in ``cqforensics.base.schema``.
 
 Spark's ``to_arrow_schema`` maps these StructTypes back to exactly the Arrow schemas the
-readers produce (tests/test_spark.py checks every table), which Spark 4.2+ requires of
+readers produce (tests/frontends/test_spark.py checks every table), which Spark 4.2+ requires of
 every batch a Python data source yields.
 """
 

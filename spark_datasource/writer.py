@@ -76,7 +76,7 @@ def one_line():
         msg = str(e)
         raise WriterError(msg if msg.startswith("rabbitcq writer") else f"rabbitcq writer: {msg}") from None
 
-#: option name (lower case) -> (default, meaning); documented in docs/spark.md (tests/test_docs.py)
+#: option name (lower case) -> (default, meaning); documented in docs/spark.md (tests/house/test_docs.py)
 WRITE_OPTIONS = {
     "brokerversion": ("", "required: the RabbitMQ version that will boot the store (3.10 .. 4.3); "
                           "decides the stored term shape"),

@@ -1,5 +1,4 @@
-"""Shared fixtures. Tests that need a real broker or Java skip with the reason when it is not
-available here; with CQF_NO_SKIP=1 (set by .ci/run) such a skip is a failure instead."""
+"""Shared fixtures (the shared helpers are in ``support``)."""
 
 from __future__ import annotations
 
@@ -10,45 +9,16 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-SAMPLES = ROOT / "sample_data"
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+_TESTS = Path(__file__).resolve().parent
+# ``support`` from every test folder; and each folder, for the helpers a test module still takes
+# from another's (``from test_cli import run``), whichever folders a run collects
+# and the checkout's root, for ``fuzz`` and ``brokers`` (not installed with the package)
+sys.path[:0] = [str(_TESTS.parent), str(_TESTS)] + sorted(str(d) for d in _TESTS.iterdir() if d.is_dir() and d.name != "support")
 
-from oracle import datasets, extract_archives, manifest  # noqa: E402
+from support import ROOT, skip_or_fail  # noqa: E402
+from support.oracle import datasets, extract_archives  # noqa: E402
 
 extract_archives()  # datasets committed as their node-dir archive are unpacked before any test reads them
-
-NO_SKIP = os.environ.get("CQF_NO_SKIP") == "1"
-
-
-def skip_or_fail(why: str) -> None:
-    if NO_SKIP:
-        pytest.fail(f"CQF_NO_SKIP=1 but {why}")
-    pytest.skip(why)
-
-
-def need_broker(version: str) -> None:
-    from brokers import runtime
-
-    why = runtime(version).unavailable()
-    if why:
-        skip_or_fail(why)
-
-
-def copy_node(dataset: str, dest: Path) -> Path:
-    """A private copy of a sample's mnesia base; returns the node dir inside it."""
-    shutil.copytree(SAMPLES / dataset / "mnesia", dest, symlinks=True)
-    return dest / Path(manifest(dataset)["node_dir"]).name
-
-
-def streams_beside_two_vhosts(dest: Path) -> Path:
-    """A node dir of two vhosts (``/`` and ``staging/ü``, 4.3.6-kill) holding the streams of
-    4.3.6-streams-clean: a composite of two real node dirs (the streams' queues are not in this
-    node's metadata, so the default vhost lists them); returns its mnesia base."""
-    node = copy_node("4.3.6-kill", dest)
-    streams = SAMPLES / "4.3.6-streams-clean" / "mnesia" / Path(manifest("4.3.6-streams-clean")["node_dir"]).name
-    shutil.copytree(streams / "stream", node / "stream")
-    return dest
 
 
 @pytest.fixture
@@ -89,5 +59,3 @@ def spark():
     yield s
     s.stop()
 
-
-__all__ = ["ROOT", "SAMPLES", "need_broker", "skip_or_fail", "copy_node", "datasets", "manifest"]

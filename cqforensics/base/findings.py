@@ -1,6 +1,6 @@
 """Findings: what is wrong (or worth knowing), where, with a stable code.
 
-Codes are public API: they are listed in docs/findings.md (tests/test_docs.py checks it) and never
+Codes are public API: they are listed in docs/findings.md (tests/house/test_docs.py checks it) and never
 change meaning. ``CODES`` maps each code to its default severity and a one-line meaning.
 """
 

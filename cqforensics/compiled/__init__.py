@@ -1,7 +1,7 @@
 """The compiled core: the hot paths in Rust (PyO3, sources in ``core/``, built into the
 module ``cqforensics_core`` by ``pip install .``), behind the same interfaces as their Python
 reference implementations, which stay the specification the core is tested against
-(tests/test_core.py: equal on every sample, damaged variant and fuzz case).
+(tests/codecs/test_core.py: equal on every sample, damaged variant and fuzz case).
 
 * ``walk_rdq``: the shared-store walk with resynchronisation (``readers.rdq.walk``);
 * ``check_qs``: the checks of the ``.qs`` entries an index points at (``readers.qs.check_entry``);

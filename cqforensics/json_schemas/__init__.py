@@ -7,7 +7,7 @@ Shipped as package data (``cqforensics/schemas/*.json``): ``fsck.json`` (``cqfor
 ``export-line.json`` (``export --format jsonl`` lines), ``read-<table>.json`` (``read --format
 jsonl`` lines of each table), ``lost-found-line.json`` and ``provenance.json``. The schemas of
 table rows are generated from the Arrow schemas (``python3 -m cqforensics.json_schemas`` rewrites
-them; ``tests/test_json_schemas.py`` checks the shipped files are current and validates real
+them; ``tests/tables/test_json_schemas.py`` checks the shipped files are current and validates real
 outputs of every sample against them).
 """
 

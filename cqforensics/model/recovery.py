@@ -567,7 +567,7 @@ def double_acked(vs) -> dict[str, set[bytes]]:
     """Clean start: per queue, the ids of shared-store messages it holds that may be gone when it
     reads them: another holder of the same stored message can crash, be restarted, and ack it a
     second time (its first ack reached the store, its index did not record it), taking the
-    count to 0 (seen on 3.10.8 and 4.0.5, tests/test_recovery_state_brokers.py). Gathered share
+    count to 0 (seen on 3.10.8 and 4.0.5, tests/real_brokers/test_recovery_state_brokers.py). Gathered share
     by share (every holder of an id is in that id's share)."""
     if "_double_acked" in vs.__dict__:
         return vs.__dict__["_double_acked"]
@@ -954,7 +954,7 @@ def resolve(vs, qx, propagate: bool = True, regime: str | None = None) -> Resolv
         # a dirty start checks the entry and drops it; a clean start crashes the queue reading it
         # (except where the version reads a missing segment as no messages), and the restarted
         # queue, its terms consumed, recovers its index dirty and drops it (3.10.8: a missing .qs,
-        # tests/test_recovery_state_brokers.py qs_missing)
+        # tests/real_brokers/test_recovery_state_brokers.py qs_missing)
         bad = status != QsStatus.OK
         tolerated = (status == QsStatus.MISSING_FILE) & vs.model.missing_qs_reads_empty
         problem[sel[bad]] = _QS_FATE_CODES[status][bad]

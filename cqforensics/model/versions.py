@@ -3,7 +3,7 @@
 ``BEHAVIOURS`` below is the version table: every behaviour the next-boot prediction
 (model/recovery.py, checks) and the writers (write/) depend on, per release series from 3.10.0
 to 4.3.x, each with the RabbitMQ source file/function and tag, or the release note, it comes
-from (tests/test_versions.py checks that ``BrokerModel`` answers exactly what the table says).
+from (tests/model/test_versions.py checks that ``BrokerModel`` answers exactly what the table says).
 Summary:
 
 ==============  =====================  ==================  ==============================  ============
@@ -340,7 +340,7 @@ BEHAVIOURS: dict[str, tuple[dict[str, object], str]] = {
         "read_from_disk, get_read_handle), which crashes when the bytes are not there; other reads run "
         "in the queue (client_read3). v3.13.0 reads every file in the queue (client_read3, reader_open). "
         "Seen on 3.10.8: a missing current file crashes the vhost, a missing older one only the reading "
-        "queue, tests/test_recovery_state_brokers.py"),
+        "queue, tests/real_brokers/test_recovery_state_brokers.py"),
     "store_reads_in_batches": (
         {"3.10": False, "3.11": False, "3.12": False, "3.13.0": True, "3.13.1+": True,
          "4.0": True, "4.1": True, "4.2": True, "4.3": True},
@@ -361,7 +361,7 @@ BEHAVIOURS: dict[str, tuple[dict[str, object], str]] = {
     "missing_qs_reads_empty": (
         {"3.10": False, "3.11": False, "3.12": False, "3.13.0": False, "3.13.1+": False,
          "4.0": True, "4.1": True, "4.2": True, "4.3": True},
-        "seen on 3.10.8 (crash) and 4.3.6 (empty) clean boots, tests/test_predict_brokers.py "
+        "seen on 3.10.8 (crash) and 4.3.6 (empty) clean boots, tests/real_brokers/test_predict_brokers.py "
         "qs_missing; 3.11 - 4.2 are assumed like their neighbours (not yet checked against their source)"),
     "queue_starts_from_terms": (
         {"3.10": True, "3.11": True, "3.12": True, "3.13.0": True, "3.13.1+": True,
@@ -371,7 +371,7 @@ BEHAVIOURS: dict[str, tuple[dict[str, object], str]] = {
         "rabbit_classic_queue_index_v2:bounds over the terms' v2_index_state segments; d/1 (qt/1) asserts "
         "Start + Count =< End while reading it; rabbit_classic_queue_index_v2:recover skips the segment "
         "scan when both the terms and the store are clean. Seen on 3.10.8, 4.0.5 and 4.3.6 "
-        "(function_clause in qt/1 at init, then a restart without terms), tests/test_recovery_state_brokers.py"),
+        "(function_clause in qt/1 at init, then a restart without terms), tests/real_brokers/test_recovery_state_brokers.py"),
     "store_index_loaded_unverified": (
         {"3.10": True, "3.11": True, "3.12": True, "3.13.0": True, "3.13.1+": True,
          "4.0": True, "4.1": True, "4.2": True, "4.3": True},

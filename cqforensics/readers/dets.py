@@ -192,7 +192,7 @@ class Header:
 # make_hash2 of erts/emulator/beam/utils.c (a Bob Jenkins mix over the term's structure) and the
 # atom hash of erts/emulator/beam/atom.c (hashpjw over the UTF-8 name, 64-bit HashValue, with the
 # "latin1 clutch" folding C2/C3 sequences back to one byte). Checked against erlang:phash2/1 on
-# OTP 25 in tests/test_dets.py. Pids, ports, references, funs and maps are not hashed (None).
+# OTP 25 in tests/readers/test_dets.py. Pids, ports, references, funs and maps are not hashed (None).
 
 _M32 = 0xFFFFFFFF
 _M64 = (1 << 64) - 1

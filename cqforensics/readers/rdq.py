@@ -9,7 +9,7 @@ holding a candidate (a complete entry with its 255 marker), found vectorised wit
 instead of byte by byte. It records what it skipped as holes (zeroed / garbage / truncated tail).
 
 **Which candidates become entries** (the one rule; the compiled core implements the same,
-tests/test_core.py checks they agree). Every candidate the walk meets (on the chain, or at a
+tests/codecs/test_core.py checks they agree). Every candidate the walk meets (on the chain, or at a
 resynchronisation) is judged by evidence:
 
 1. *trusted*: its id is in ``referenced`` (the ids the queue indexes reference, plus those

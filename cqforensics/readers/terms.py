@@ -307,7 +307,7 @@ def file2tab_objects(path: Path) -> list | None:
     (rabbit_msg_store index_recover / recover_file_summary: no ``verify``); None when file2tab
     returns an error (the store then rebuilds its index from the files), ``RAISES`` when it
     raises. ``file2tab_load`` says how; it is checked against OTP 25, 27 and 29's own file2tab
-    on thousands of damaged dumps (tests/test_recovery_state_brokers.py). A read decodes a dump
+    on thousands of damaged dumps (tests/real_brokers/test_recovery_state_brokers.py). A read decodes a dump
     once (``read_ets_dump``, ``TermFiles``): ``EtsDump.file2tab`` and ``EtsDump.locations``
     give the same without reading it again, the latter without a Python object per record."""
     return read_ets_dump(path).file2tab()
@@ -331,7 +331,7 @@ def file2tab_load(data: bytes) -> list | None:
     table info create_tab cannot take apart). (A header of the md5 size cut within its first 17
     bytes at the end of the file makes OTP read the same bytes forever; taken as the table ending
     there.) ``EtsDump`` takes a whole dump's objects from its strict walk (``loads_whole``),
-    which this gives too (tests/test_store_crash.py)."""
+    which this gives too (tests/model/test_store_crash.py)."""
     import hashlib
 
     head = c_disklog.HEADER_SIZE

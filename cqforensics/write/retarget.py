@@ -11,7 +11,7 @@ a *template*, a node dir the target broker wrote itself, in which the queues wer
 * Feature flags: at boot ``rabbit_prelaunch_feature_flags:setup`` initialises the registry from
   ``<node>-feature_flags``; a flag the target requires that the file does not list enabled makes
   it fail (``{disabled_required_feature_flag, F}`` -> ``failed_to_initialize_feature_flags_registry``).
-  A 3.10.8 node booted by 4.0.5 fails so (tests/test_writers_retarget_brokers.py); RabbitMQ never
+  A 3.10.8 node booted by 4.0.5 fails so (tests/real_brokers/test_writers_retarget_brokers.py); RabbitMQ never
   supports a downgrade, and 3.x nodes upgrade one minor at a time (3.13 -> 4.0 for 4.x).
 * Metadata store: 4.3 reads Khepri only (``khepri_db`` required); 3.10 - 3.12 know only Mnesia, so a
   4.3 node booted by 3.10 looks like a new node to it (no Mnesia schema).

@@ -1,0 +1,42 @@
+"""Findings are made one way: immutable, located when made, and only by readers and checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from support import ROOT
+from cqforensics.base.findings import Finding
+
+
+def test_a_finding_is_immutable_and_scoping_makes_a_new_one():
+    details = {"seq_id": 7}
+    f = Finding("qi-bad-entry", "slot 7", "/x/0.qi", 64, details=details, crashes_queue=True)
+    assert f.severity == "error"  # the code's default
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        f.queue = "q"  # type: ignore[misc]
+    details["seq_id"] = 8  # the caller's dict is not the finding's
+    assert f.details == {"seq_id": 7}
+    g = f.scoped(node="rabbit@h", vhost="/", queue="q", priority=2)
+    assert (f.node, f.vhost, f.queue, f.priority) == (None, None, None, None)
+    assert (g.node, g.vhost, g.queue, g.priority, g.file, g.offset, g.crashes_queue) == \
+        ("rabbit@h", "/", "q", 2, "/x/0.qi", 64, True)
+    assert g.to_dict() == {"code": "qi-bad-entry", "severity": "error", "node": "rabbit@h", "vhost": "/",
+                           "queue": "q", "priority": 2, "file": "/x/0.qi", "offset": 64, "message": "slot 7",
+                           "details": {"seq_id": 7}}
+    with pytest.raises(TypeError):
+        f.scoped(code="expired")
+
+
+def test_only_readers_and_checks_make_findings():
+    made = []
+    for path in sorted((ROOT / "cqforensics").rglob("*.py")) + sorted((ROOT / "cli").rglob("*.py")) + \
+            sorted((ROOT / "spark_datasource").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith(("cqforensics/readers/", "cqforensics/checks/")) or rel == "cqforensics/base/findings.py":
+            continue
+        if re.search(r"\bFinding\(|\breplace\([^)]*\bFinding\b", path.read_text()):
+            made.append(rel)
+    assert not made, made

@@ -1,0 +1,349 @@
+"""No false error on undamaged data stopped mid-work (issue 14): a node killed with kill -9 while
+it writes (a mass requeue of tens of thousands of unacked deliveries, a mass publish) leaves
+``.qi`` entries whose ``.qs`` bytes its store had not flushed yet. Nothing is damaged: those
+messages were never written (nor confirmed), and the next boot drops them exactly as fsck
+predicts. fsck reports them as a ``qs-entry-missing`` warning, not an error, and still reports
+a ``.qs`` file cut inside an entry (real damage) as an error."""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+
+import pytest
+from support import copy_node, need_broker
+
+
+def _errors(node, version="4.3.6"):
+    from cqforensics.commands import fsck
+
+    report = fsck.run(node, broker_version=version)
+    return report, [f for f in report.findings if f.severity == "error"]
+
+
+def _newest_qs_with_entries(node):
+    """(qs path, sorted (offset, size) of the live .qi entries pointing into it) of the queue
+    segment with the most .qs entries."""
+    best = None
+    for qi in node.glob("msg_stores/vhosts/*/queues/*/*.qi"):
+        qs = qi.with_suffix(".qs")
+        if not qs.exists() or any(int(p.stem) > int(qi.stem) for p in qi.parent.glob("*.qs")):
+            continue
+        data = qi.read_bytes()
+        entries = []
+        for o in range(64, len(data) - 31, 32):
+            if data[o] == 1 and data[o + 3] == 2:  # live slot, location: queue store
+                off, size = struct.unpack_from(">QI", data, o + 4)
+                entries.append((off, size))
+        if entries and (best is None or len(entries) > len(best[1])):
+            best = (qs, sorted(entries))
+    assert best, "no queue with .qs entries"
+    return best
+
+
+def test_unflushed_qs_tail_is_a_warning_and_a_cut_entry_an_error(tmp_path):
+    """The write buffer not flushed at a kill -9: the newest .qs ends exactly where its index's
+    next entries begin (simulated by cutting the file at an entry boundary). A cut inside an entry
+    is damage."""
+    node = copy_node("4.3.6-kill", tmp_path / "a")
+    qs, entries = _newest_qs_with_entries(node)
+    off, size = entries[-2]
+    qs.write_bytes(qs.read_bytes()[:off])
+    report, errors = _errors(node)
+    assert not errors, [(f.code, f.message) for f in errors]
+    warned = [f for f in report.findings if f.code == "qs-entry-missing" and f.file == str(qs)]
+    assert warned and warned[0].severity == "warning" and warned[0].details["entries"] == 2
+    assert warned[0].offset == off
+    node2 = copy_node("4.3.6-kill", tmp_path / "b")
+    qs2 = node2 / qs.relative_to(node)
+    qs2.write_bytes(qs2.read_bytes()[:off + 8 + size // 2])
+    _, errors = _errors(node2)
+    assert any(f.code == "qs-entry-missing" and f.file == str(qs2) for f in errors)
+
+
+def test_a_newest_qs_created_but_never_written_is_a_warning_and_a_bad_header_an_error(tmp_path):
+    """Crafted from a real killed node: the newest .qs emptied, as a kill between the store's
+    open of a new segment and its first write leaves it (seen once in 4 kills of a 3.10.8 broker
+    during publish and acks): its entries were never written and the next boot drops them (its
+    check reads no header), a warning. A .qs whose 64-byte header is garbage is damage."""
+    from cqforensics.commands import fsck
+
+    node = copy_node("4.3.6-kill", tmp_path / "a")
+    qs, entries = _newest_qs_with_entries(node)
+    qs.write_bytes(b"")
+    report, errors = _errors(node)
+    assert not errors, [(f.code, f.message) for f in errors]
+    warned = [f for f in report.findings if f.code == "qs-entry-missing" and f.file == str(qs)]
+    assert warned and warned[0].severity == "warning" and warned[0].details["entries"] == len(entries)
+    assert "never written" in warned[0].message and warned[0].details["unwritten"]
+    # the next boot drops every message of that file that it would have delivered
+    import cqforensics
+
+    intact = copy_node("4.3.6-kill", tmp_path / "c")
+    kept = cqforensics.read_table(intact, "messages", columns=["store_file", "survives_restart"]).to_pylist()
+    lost = sum(r["survives_restart"] for r in kept if r["store_file"] == str(intact / qs.relative_to(node)))
+    whole = fsck.run(intact, broker_version="4.3.6")
+    assert lost > 0
+    assert sum(v.predicted_after_restart for v in whole.queues) - \
+        sum(v.predicted_after_restart for v in report.queues) == lost
+    node2 = copy_node("4.3.6-kill", tmp_path / "b")
+    qs2 = node2 / qs.relative_to(node)
+    qs2.write_bytes(b"\x5a" * 64 + qs2.read_bytes()[64:])
+    _, errors = _errors(node2)
+    assert any(f.code == "qs-bad-header" and f.file == str(qs2) for f in errors)
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("version,delay", [("4.3.6", 0.0), ("4.3.6", 0.4), ("4.0.5", 0.4), ("3.10.8", 0.4)])
+def test_kill_during_mass_requeue_gives_no_error_and_an_exact_prediction(version, delay, broker_dir):
+    """RabbitMQ (3.10.8 with its default CQv1 index, 4.x CQv2): 20,000 persistent messages delivered unacked to one consumer (prefetch
+    above that) while they are published, the channel closed (every delivery requeued) and the
+    broker killed with kill -9 while it requeues and flushes; fsck finds no error, and the next
+    boot delivers exactly the predicted number."""
+    from test_recovery_state_brokers import drain_queue
+
+    from cqforensics.commands import fsck
+    from brokers import Broker
+    from brokers.clients import pika_module
+
+    need_broker(version)
+    pika = pika_module()
+    n = 20000
+    with Broker(version, broker_dir / "run") as b:
+        b.start()
+        conn = pika.BlockingConnection(pika.URLParameters(b.url))
+        ch = conn.channel()
+        ch.queue_declare("rq", durable=True)
+        b.wait_durable("rq")  # the kill below must not take the declaration with it
+        consumer = conn.channel()
+        consumer.basic_qos(prefetch_count=n + 10)
+        got = [0]
+        consumer.basic_consume("rq", lambda c, m, p, body: got.__setitem__(0, got[0] + 1), auto_ack=False)
+        stop = [False]
+
+        def publish_more():  # a publisher still running while the deliveries come back
+            try:
+                c = pika.BlockingConnection(pika.URLParameters(b.url))
+                x = c.channel()
+                while not stop[0]:
+                    x.basic_publish("", "rq", b"m" * 1500, pika.BasicProperties(delivery_mode=2))
+            except (pika.exceptions.AMQPError, OSError):  # the broker was killed under it
+                pass
+
+        for i in range(n):
+            ch.basic_publish("", "rq", b"r" * 1000, pika.BasicProperties(delivery_mode=2))
+            if i % 1000 == 0:
+                conn.process_data_events(0)
+        deadline = time.monotonic() + 120
+        while got[0] < n and time.monotonic() < deadline:
+            conn.process_data_events(0.2)
+        t = threading.Thread(target=publish_more, daemon=True)
+        t.start()
+        consumer.close()  # every unacked delivery is requeued
+        end = time.monotonic() + delay
+        while time.monotonic() < end:
+            conn.process_data_events(0.05)
+        b.kill()
+        stop[0] = True
+        report = fsck.run(b.node_dir, broker_version=version)
+        errors = [(f.code, f.file, f.offset, f.message) for f in report.findings if f.severity == "error"]
+        assert not errors, errors
+        assert report.exit_code == 0
+        q = next(v for v in report.queues if v.queue == "rq")
+        b.start(timeout=300)
+        delivered = drain_queue(b, "/", "rq", timeout=60)
+        b.stop()
+    assert not delivered["errors"] and not delivered["hang"]
+    assert delivered["delivered"] == q.predicted_after_restart
+
+
+# seconds after the consumer starts: two kills per version, the four moments spread over the three
+# versions (each kill costs three boots of the broker; four per version cost 9 minutes of the suite)
+KILL_MOMENTS = {"3.10.8": (1.1, 2.3), "4.0.5": (1.7, 2.9), "4.3.6": (1.1, 2.9)}
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("version", ["3.10.8", "4.0.5", "4.3.6"])
+def test_kill_during_publish_and_acking_consumer_gives_no_error(version, broker_dir):
+    """RabbitMQ killed at several moments while a publisher streams persistent messages and
+    a consumer acks them (acked entries leave the store's write buffer unwritten; the index
+    flushes on its own schedule): fsck finds no error, and the restarted queue holds exactly the
+    predicted number. (On 2026-11-23 one of four such kills left 434 .qi entries past the end of
+    the newest .qs: reported as an error before, the prediction already exact.)"""
+    import shutil
+
+    from test_recovery_state_brokers import list_counts
+
+    from cqforensics.commands import fsck
+    from brokers import Broker
+    from brokers.clients import pika_module
+
+    need_broker(version)
+    pika = pika_module()
+    seen = []
+    with Broker(version, broker_dir / "run") as b:
+        for at in KILL_MOMENTS[version]:
+            shutil.rmtree(b.mnesia_base, ignore_errors=True)
+            b.start()
+            conn = pika.BlockingConnection(pika.URLParameters(b.url))
+            ch = conn.channel()
+            ch.queue_declare("rq", durable=True, arguments={"x-queue-version": 2})  # 3.10: v1 by default
+            b.wait_durable("rq")  # the kill below must not take the declaration with it
+            stop = [False]
+
+            def publish(stop=stop):
+                try:
+                    c = pika.BlockingConnection(pika.URLParameters(b.url))
+                    x = c.channel()
+                    while not stop[0]:
+                        x.basic_publish("", "rq", b"p" * 1000, pika.BasicProperties(delivery_mode=2))
+                except (pika.exceptions.AMQPError, OSError):  # the broker was killed under it
+                    pass
+
+            threading.Thread(target=publish, daemon=True).start()
+            ch.basic_qos(prefetch_count=500)
+            ch.basic_consume("rq", lambda c, m, p, body: c.basic_ack(m.delivery_tag))
+            end = time.monotonic() + at
+            while time.monotonic() < end:
+                conn.process_data_events(0.05)
+            b.kill()
+            stop[0] = True
+            report = fsck.run(b.node_dir, broker_version=version)
+            errors = [(f.code, f.file, f.offset, f.message) for f in report.findings if f.severity == "error"]
+            assert not errors, (at, errors[:3])
+            q = next(v for v in report.queues if v.queue == "rq")
+            seen += [f.details.get("entries") for f in report.findings if f.code == "qs-entry-missing"]
+            b.start(timeout=300)
+            time.sleep(2)
+            counts = list_counts(b, "/")
+            b.stop()
+            assert counts == {"rq": q.predicted_after_restart}, (at, counts, q.to_dict())
+    print("unflushed .qs tails seen (entries):", seen)
+
+
+def _store_files(node) -> dict[str, tuple[int, int]]:
+    """.rdq file name -> (size, mtime ns) of the node's persistent shared stores."""
+    out = {}
+    for f in node.glob("msg_stores/vhosts/*/msg_store_persistent/*.rdq"):
+        try:
+            st = f.stat()
+        except FileNotFoundError:  # deleted by the broker's GC between glob and stat
+            continue
+        out[f.name] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def _compaction_started(before: dict, now: dict) -> bool:
+    """A store file other than the newest (the one still written to) was changed or deleted:
+    only the broker's GC does that (combining on 3.10-3.12, compaction in place from 3.13)."""
+    newest = max(before, key=lambda n: int(n.split(".")[0]))
+    return any(now.get(n) != v for n, v in before.items() if n != newest)
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("version,delay", [("3.10.8", 0.0), ("3.10.8", 0.1), ("4.0.5", 0.0), ("4.3.6", 0.0),
+                                           ("4.3.6", 0.3)])
+def test_kill_during_compaction_gives_no_error_and_an_exact_prediction(version, delay, broker_dir):
+    """RabbitMQ killed with kill -9 while its shared store's GC runs: 15,000 persistent messages
+    of 4.2-8 KB round-robin to three queues (six 16 MiB files), two queues consumed and acked, so
+    two thirds of every file is garbage. 3.10 combines files while the removes come in; 4.x
+    compacts each file in place (holes zeroed, the last messages moved into them, truncation) 15 s
+    after a remove arms its timer. The kill comes ``delay`` seconds after the first store file
+    other than the newest changes. fsck reports no error, and the next boot holds exactly the
+    predicted number in every queue."""
+    import random
+
+    from test_recovery_state_brokers import list_counts
+
+    from cqforensics.commands import fsck
+    from brokers import Broker
+    from brokers.clients import pika_module
+
+    need_broker(version)
+    pika = pika_module()
+    queues, n = ("keep", "drain1", "drain2"), 15000
+    with Broker(version, broker_dir / "run") as b:
+        b.start()
+        conn = pika.BlockingConnection(pika.URLParameters(b.url))
+        ch = conn.channel()
+        for q in queues:
+            ch.queue_declare(q, durable=True)
+        b.wait_durable(*queues)  # the kill below must not take the declarations with it
+        rng, text = random.Random(7), b"abcdefghij" * 801
+        for i in range(n):  # unconfirmed (a confirm per message took a minute on 3.10): counted below
+            ch.basic_publish("", queues[i % 3], text[:rng.randint(4200, 8000)],
+                             pika.BasicProperties(delivery_mode=2, message_id=f"m{i}"))
+        deadline = time.monotonic() + 120
+        while sum(ch.queue_declare(q, passive=True).method.message_count for q in queues) < n:
+            assert time.monotonic() < deadline, "the broker did not take every message in 120 s"
+            time.sleep(0.2)
+        conn.close()
+        before, now = None, _store_files(b.node_dir)
+        while before != now:  # the store has written what the queues took (files unchanged for 1 s)
+            time.sleep(1)
+            before, now = now, _store_files(b.node_dir)
+        assert len(before) >= 5, before
+
+        def consume(queue, limit=None):
+            c = pika.BlockingConnection(pika.URLParameters(b.url))
+            x = c.channel()
+            x.basic_qos(prefetch_count=1000)
+            got = 0
+            for method, _, _ in x.consume(queue, auto_ack=False, inactivity_timeout=30):
+                if method is None:
+                    break
+                got += 1
+                if got % 250 == 0 or got == limit or got == n // 3:
+                    x.basic_ack(method.delivery_tag, multiple=True)
+                if got == limit or got == n // 3:
+                    break
+            x.cancel()
+            c.close()
+
+        stop = [False]
+
+        def drains():
+            try:
+                for q in queues[1:]:
+                    consume(q)
+                # 4.x: the first remove armed a 15 s timer, which skips the files removed from
+                # since; one remove after it fired arms it again with every file
+                for _ in range(5):
+                    time.sleep(16)
+                    if stop[0]:
+                        break
+                    consume("keep", limit=1)
+            except (pika.exceptions.AMQPError, OSError):  # killed under it (3.10: GC during the drains)
+                pass
+
+        t = threading.Thread(target=drains, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 90
+        while not _compaction_started(before, _store_files(b.node_dir)):
+            assert time.monotonic() < deadline, "the broker did not start compacting in 90 s"
+            time.sleep(0.01)
+        time.sleep(delay)
+        b.kill()
+        stop[0] = True
+        t.join(timeout=60)
+        report = fsck.run(b.node_dir, broker_version=version)
+        # the one loss the broker causes itself: 3.10-3.12 killed after a combine extended its
+        # destination, before it finished copying the .rdt back (combine-interrupted, an error):
+        # the next boot's scan stops at the zeros or at the message cut short in the middle
+        # (msg-corrupt, its intact copy in the .rdt), and the .rdt appended after is never read
+        own_loss = any(f.code == "combine-interrupted" and f.severity == "error" for f in report.findings)
+
+        def own(f) -> bool:
+            return own_loss and (f.code in ("combine-interrupted", "msg-missing") or (
+                f.code == "msg-corrupt" and str((f.details or {}).get("copy_file", "")).endswith(".rdt")))
+
+        errors = [(f.code, f.file, f.offset, f.message) for f in report.findings if f.severity == "error"
+                  and not own(f)]
+        assert not errors, errors[:5]
+        predicted = {v.queue: v.predicted_after_restart for v in report.queues}
+        b.start(timeout=300)
+        time.sleep(2)
+        counts = list_counts(b, "/")
+        b.stop()
+    assert counts == predicted, (counts, predicted)
