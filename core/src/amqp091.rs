@@ -159,7 +159,11 @@ fn value(buf: &[u8], o: usize, depth: u32, out: &mut String) -> R<usize> {
         }
         b't' => {
             let v = get::<1>(buf, o)?[0];
-            out.push_str(if v != 0 { "{\"type\":\"bool\",\"value\":true}" } else { "{\"type\":\"bool\",\"value\":false}" });
+            out.push_str(if v != 0 {
+                "{\"type\":\"bool\",\"value\":true}"
+            } else {
+                "{\"type\":\"bool\",\"value\":false}"
+            });
             o + 1
         }
         b'D' => {
@@ -216,8 +220,14 @@ pub type Entry<'a> = (&'a str, std::ops::Range<usize>);
 
 /// The entries of the table in `buf[o..end]` (amqp091._table), appended to `entries` in table
 /// order, each value's typed-JSON text appended to `vals`.
-pub fn table_entries<'a>(buf: &'a [u8], mut o: usize, end: usize, depth: u32, vals: &mut String,
-                         entries: &mut Vec<Entry<'a>>) -> R<()> {
+pub fn table_entries<'a>(
+    buf: &'a [u8],
+    mut o: usize,
+    end: usize,
+    depth: u32,
+    vals: &mut String,
+    entries: &mut Vec<Entry<'a>>,
+) -> R<()> {
     let first = entries.len();
     while o < end {
         let n = *buf.get(o).ok_or(Fallback)? as usize;
@@ -316,8 +326,16 @@ pub struct Props<'a> {
 
 /// Index of each string property in `Props::strings`, in the column order of the schema.
 pub const STRING_PROPS: [&str; 10] = [
-    "content_type", "content_encoding", "correlation_id", "reply_to", "expiration", "message_id", "type",
-    "user_id", "app_id", "cluster_id",
+    "content_type",
+    "content_encoding",
+    "correlation_id",
+    "reply_to",
+    "expiration",
+    "message_id",
+    "type",
+    "user_id",
+    "app_id",
+    "cluster_id",
 ];
 
 /// The basic properties encoded in `raw`; the headers' entries are appended to `entries`, their
@@ -399,9 +417,18 @@ mod tests {
 
     #[test]
     fn floats_like_python_repr() {
-        let cases = [(1.5, "1.5"), (1e16, "1e+16"), (1e-5, "1e-05"), (0.0001, "0.0001"), (-0.0, "-0.0"),
-                     (123.0, "123.0"), (1.2345678901234568e17, "1.2345678901234568e+17"), (1e100, "1e+100"),
-                     (0.1, "0.1"), (f64::NAN, "\"nan\"")];
+        let cases = [
+            (1.5, "1.5"),
+            (1e16, "1e+16"),
+            (1e-5, "1e-05"),
+            (0.0001, "0.0001"),
+            (-0.0, "-0.0"),
+            (123.0, "123.0"),
+            (1.2345678901234568e17, "1.2345678901234568e+17"),
+            (1e100, "1e+100"),
+            (0.1, "0.1"),
+            (f64::NAN, "\"nan\""),
+        ];
         for (v, want) in cases {
             let mut s = String::new();
             push_json_float(&mut s, v);

@@ -10,11 +10,10 @@ pub mod qi;
 pub mod qs;
 pub mod rdq;
 
-use columns::{as_bytes, ListCol, NumCol, VarCol, Validity};
+use columns::{as_bytes, ListCol, NumCol, Validity, VarCol};
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
-
 
 /// Bumped whenever a function's arguments or results change: the Python side refuses a core
 /// built from other sources (a stale build) and says how to rebuild.
@@ -80,8 +79,11 @@ fn walk_rdq<'py>(
     let hole_offsets: Vec<i64> = w.holes.iter().map(|h| h.0 as i64).collect();
     let hole_lengths: Vec<i64> = w.holes.iter().map(|h| h.1 as i64).collect();
     let hole_kinds: Vec<u8> = w.holes.iter().map(|h| h.2 as u8).collect();
-    let holes = (PyBytes::new(py, as_bytes(&hole_offsets)), PyBytes::new(py, as_bytes(&hole_lengths)),
-                 PyBytes::new(py, &hole_kinds));
+    let holes = (
+        PyBytes::new(py, as_bytes(&hole_offsets)),
+        PyBytes::new(py, as_bytes(&hole_lengths)),
+        PyBytes::new(py, &hole_kinds),
+    );
     let torn = PyList::empty(py);
     for (o, t, id) in &w.torn {
         torn.append((o, t, PyBytes::new(py, id)))?;
@@ -112,8 +114,12 @@ fn var_col<'py>(py: Python<'py>, c: &VarCol) -> PyResult<Bound<'py, PyTuple>> {
     let (bits, nulls) = validity(py, &c.valid);
     PyTuple::new(
         py,
-        [bits.into_any(), nulls.into_pyobject(py)?.into_any(), PyBytes::new(py, as_bytes(&c.offsets)).into_any(),
-         PyBytes::new(py, &c.data).into_any()],
+        [
+            bits.into_any(),
+            nulls.into_pyobject(py)?.into_any(),
+            PyBytes::new(py, as_bytes(&c.offsets)).into_any(),
+            PyBytes::new(py, &c.data).into_any(),
+        ],
     )
 }
 
@@ -150,8 +156,14 @@ thread_local! {
 
 impl Columns {
     fn clear(&mut self) {
-        for c in [&mut self.msg_id, &mut self.exchange, &mut self.headers, &mut self.annotations, &mut self.term_format,
-                  &mut self.decode_error] {
+        for c in [
+            &mut self.msg_id,
+            &mut self.exchange,
+            &mut self.headers,
+            &mut self.annotations,
+            &mut self.term_format,
+            &mut self.decode_error,
+        ] {
             c.clear();
         }
         for c in self.strings.iter_mut() {
@@ -221,7 +233,12 @@ impl Columns {
         let (bits, nulls) = validity(py, &self.routing_keys.valid);
         out.set_item(
             "routing_keys",
-            (bits, nulls, PyBytes::new(py, as_bytes(&self.routing_keys.offsets)), var_col(py, &self.routing_keys.items)?),
+            (
+                bits,
+                nulls,
+                PyBytes::new(py, as_bytes(&self.routing_keys.offsets)),
+                var_col(py, &self.routing_keys.items)?,
+            ),
         )?;
         for (name, col) in amqp091::STRING_PROPS.iter().zip(self.strings.iter()) {
             out.set_item(*name, var_col(py, col)?)?;
@@ -405,8 +422,14 @@ impl Drop for FileMap {
 }
 
 impl Spans {
-    fn new(sources: &Bound<'_, PyList>, file_ix: &[u8], starts: &[u8], lens: &[u8], what: &str, map_files: bool)
-           -> PyResult<Spans> {
+    fn new(
+        sources: &Bound<'_, PyList>,
+        file_ix: &[u8],
+        starts: &[u8],
+        lens: &[u8],
+        what: &str,
+        map_files: bool,
+    ) -> PyResult<Spans> {
         let ints = |b: &[u8]| b.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().unwrap())).collect::<Vec<_>>();
         let file_ix: Vec<i32> = file_ix.chunks_exact(4).map(|c| i32::from_ne_bytes(c.try_into().unwrap())).collect();
         let (starts, lens) = (ints(starts), ints(lens));
@@ -429,7 +452,8 @@ impl Spans {
 
     /// The bytes of every span together (each cut where its file ends).
     fn total(&self) -> usize {
-        (0..self.len()).filter_map(|k| self.source(k).map(|f| f.cut(self.starts[k], self.lens[k])))
+        (0..self.len())
+            .filter_map(|k| self.source(k).map(|f| f.cut(self.starts[k], self.lens[k])))
             .fold(0usize, usize::saturating_add)
     }
 
@@ -589,7 +613,8 @@ fn decode_messages<'py>(
                 for r in k..j {
                     let len = spans.source(r).map_or(0, |f| f.cut(spans.starts[r], spans.lens[r]));
                     let free = out.len() - body_total;
-                    let kept = record(&mut c, &mut status, &dec, &mut texts, Some(&out[at..at + len]), id_of(r), true, free);
+                    let kept =
+                        record(&mut c, &mut status, &dec, &mut texts, Some(&out[at..at + len]), id_of(r), true, free);
                     if let Some((off, n)) = kept {
                         out.copy_within(at + off..at + off + n, body_total); // never past the terms after it
                     }
@@ -682,8 +707,16 @@ fn read_spans<'py>(
 /// the body's place in the term, `(offset, length)`, when the body is kept (bodies wanted, and
 /// it fits in the `free` bytes left of the body buffer; else the reference decodes the row).
 #[allow(clippy::too_many_arguments)]
-fn record(c: &mut Columns, status: &mut Vec<u8>, dec: &message::Decoder, texts: &mut message::Scratch,
-          term: Option<&[u8]>, index_id: Option<&[u8]>, want_body: bool, free: usize) -> Option<(usize, usize)> {
+fn record(
+    c: &mut Columns,
+    status: &mut Vec<u8>,
+    dec: &message::Decoder,
+    texts: &mut message::Scratch,
+    term: Option<&[u8]>,
+    index_id: Option<&[u8]>,
+    want_body: bool,
+    free: usize,
+) -> Option<(usize, usize)> {
     let Some(raw) = term else {
         status.push(NO_TERM);
         c.push_empty(index_id);
@@ -698,7 +731,11 @@ fn record(c: &mut Columns, status: &mut Vec<u8>, dec: &message::Decoder, texts: 
         Ok(m) if !want_body || (m.body.len() <= free && place(m.body).is_some()) => {
             status.push(DECODED);
             c.push_decoded(&m, texts, index_id);
-            if want_body { place(m.body) } else { None }
+            if want_body {
+                place(m.body)
+            } else {
+                None
+            }
         }
         _ => {
             status.push(FALLBACK);
@@ -779,10 +816,17 @@ fn qi_slots<'py>(py: Python<'py>, slots: &Bound<'py, PyAny>, expiry_max: u64) ->
     for (name, v) in [("persistent", &d.persistent), ("loc", &d.loc)] {
         out.set_item(name, PyBytes::new(py, as_bytes(v)))?;
     }
-    for (name, v) in [("expiry", &d.expiry), ("bad_expiry", &d.bad_expiry), ("stray", &d.stray),
-                      ("qs_range", &d.qs_range), ("rejected", &d.rejected), ("used", &d.used),
-                      ("store_size", &d.store_size), ("size", &d.size),
-                      ("live", &d.live)] {
+    for (name, v) in [
+        ("expiry", &d.expiry),
+        ("bad_expiry", &d.bad_expiry),
+        ("stray", &d.stray),
+        ("qs_range", &d.qs_range),
+        ("rejected", &d.rejected),
+        ("used", &d.used),
+        ("store_size", &d.store_size),
+        ("size", &d.size),
+        ("live", &d.live),
+    ] {
         out.set_item(name, PyBytes::new(py, as_bytes(v)))?;
     }
     out.set_item("store_offset", PyBytes::new(py, as_bytes(&d.store_offset)))?;

@@ -387,8 +387,14 @@ impl Decoder {
 
     /// mc_amqpl with the annotations applied as mc_amqpl:protocol_state does for a 0-9-1
     /// consumer (message._amqpl_view), and the annotations JSON (message._annotations_json).
-    fn mc_amqpl<'a>(&self, raw: &'a [u8], lay: &Layout, s: &mut Scratch, anns: &mut Vec<Ann<'a>>,
-                    entries: &mut Vec<amqp091::Entry<'a>>) -> R<Msg<'a>> {
+    fn mc_amqpl<'a>(
+        &self,
+        raw: &'a [u8],
+        lay: &Layout,
+        s: &mut Scratch,
+        anns: &mut Vec<Ann<'a>>,
+        entries: &mut Vec<amqp091::Entry<'a>>,
+    ) -> R<Msg<'a>> {
         let (props_bin, body, mut p) = self.content(raw, lay.mc.len(), lay)?;
         if raw.get(p) != Some(&b't') {
             return Err(Fallback);
@@ -399,7 +405,7 @@ impl Decoder {
             return Err(Fallback); // a count past the bytes left (each key and value takes a byte at least)
         }
         let mut slots: [Option<usize>; 10] = [None; 10]; // by Special: where its atom is in anns
-        // (name, is an atom, value), in map order
+                                                         // (name, is an atom, value), in map order
         for _ in 0..n {
             let (key, is_atom, q) = if raw.get(p) == Some(&b'm') {
                 let (b, q) = binary(raw, p + 1)?;
@@ -435,7 +441,8 @@ impl Decoder {
             _ => return Err(Fallback),
         }
         if matches!(get(Special::P), Some(v) if !matches!(v, Val::Int(_)))
-            || matches!(get(Special::Ts), Some(v) if !matches!(v, Val::Int(_))) {
+            || matches!(get(Special::Ts), Some(v) if !matches!(v, Val::Int(_)))
+        {
             return Err(Fallback);
         }
         let exchange = match get(Special::X) {
@@ -561,8 +568,13 @@ impl Decoder {
         })
     }
 
-    fn basic_message<'a>(&self, raw: &'a [u8], lay: &Layout, s: &mut Scratch,
-                         entries: &mut Vec<amqp091::Entry<'a>>) -> R<Msg<'a>> {
+    fn basic_message<'a>(
+        &self,
+        raw: &'a [u8],
+        lay: &Layout,
+        s: &mut Scratch,
+        entries: &mut Vec<amqp091::Entry<'a>>,
+    ) -> R<Msg<'a>> {
         let (_vhost, p) = binary(raw, lay.bm.len())?;
         if !starts(raw, p, &lay.exchange) {
             return Err(Fallback);
@@ -607,9 +619,19 @@ mod tests {
     /// is `anns` (its `t` tag and arity included).
     fn mc(anns: &[u8]) -> Vec<u8> {
         let a = |n: &[u8]| atom(n, true);
-        cat(&[b"\x83h\x04", &a(b"mc"), &a(b"mc_amqpl"), b"h\x06", &a(b"content"), b"a<", &a(b"none"),
-              b"m\x00\x00\x00\x02\x00\x00", &a(b"rabbit_framing_amqp_0_9_1"), b"l\x00\x00\x00\x01m\x00\x00\x00\x02hij",
-              anns])
+        cat(&[
+            b"\x83h\x04",
+            &a(b"mc"),
+            &a(b"mc_amqpl"),
+            b"h\x06",
+            &a(b"content"),
+            b"a<",
+            &a(b"none"),
+            b"m\x00\x00\x00\x02\x00\x00",
+            &a(b"rabbit_framing_amqp_0_9_1"),
+            b"l\x00\x00\x00\x01m\x00\x00\x00\x02hij",
+            anns,
+        ])
     }
 
     #[test]
@@ -625,8 +647,11 @@ mod tests {
     fn counts_past_the_bytes_left_fall_back_at_once() {
         let mut s = Scratch::default();
         let d = Decoder::default();
-        for anns in [&b"t\xff\xff\xff\xffw\x02rkj"[..], b"t\x00\x00\x00\x01w\x02rkl\xff\xff\xff\xffm\x00\x00\x00\x01kj",
-                     b"t\x7f\xff\xff\xff"] {
+        for anns in [
+            &b"t\xff\xff\xff\xffw\x02rkj"[..],
+            b"t\x00\x00\x00\x01w\x02rkl\xff\xff\xff\xffm\x00\x00\x00\x01kj",
+            b"t\x7f\xff\xff\xff",
+        ] {
             let raw = mc(anns);
             let t0 = std::time::Instant::now();
             assert!(d.decode(&raw, &mut s).is_err());

@@ -123,7 +123,11 @@ impl<'a> Referenced<'a> {
         let b = (id[0] as usize) << 8 | id[1] as usize;
         let at = |k: usize| u32::from_ne_bytes(d[4 * k..4 * k + 4].try_into().unwrap()) as usize;
         let (lo, hi) = (at(b).min(n), at(b + 1).min(n));
-        if lo <= hi { (lo, hi) } else { (0, n) }
+        if lo <= hi {
+            (lo, hi)
+        } else {
+            (0, n)
+        }
     }
 
     fn contains(&self, id: &[u8]) -> bool {
@@ -165,9 +169,7 @@ pub fn plausible_term(data: &[u8], s: usize, n: usize) -> bool {
     }
     match data[s + k] {
         115 | 119 => k + 2 + data[s + k + 1] as usize <= n,
-        100 | 118 => {
-            k + 3 <= n && k + 3 + u16::from_be_bytes([data[s + k + 1], data[s + k + 2]]) as usize <= n
-        }
+        100 | 118 => k + 3 <= n && k + 3 + u16::from_be_bytes([data[s + k + 1], data[s + k + 2]]) as usize <= n,
         _ => false,
     }
 }
@@ -181,8 +183,14 @@ struct TrustedAhead {
 
 impl TrustedAhead {
     /// The smallest trusted candidate offset in `[lo, hi)`.
-    fn first(&mut self, data: &[u8], ext: Option<&[(usize, usize)]>, refs: &Referenced, lo: usize, hi: usize)
-             -> Option<usize> {
+    fn first(
+        &mut self,
+        data: &[u8],
+        ext: Option<&[(usize, usize)]>,
+        refs: &Referenced,
+        lo: usize,
+        hi: usize,
+    ) -> Option<usize> {
         if refs.is_empty() {
             return None;
         }
@@ -237,8 +245,7 @@ fn next_candidate(data: &[u8], from: usize, extents: Option<&[(usize, usize)]>) 
 }
 
 /// The first candidate offset in `[from, until)`.
-fn next_candidate_before(data: &[u8], from: usize, until: usize, extents: Option<&[(usize, usize)]>)
-                         -> Option<usize> {
+fn next_candidate_before(data: &[u8], from: usize, until: usize, extents: Option<&[(usize, usize)]>) -> Option<usize> {
     let end = until.min(data.len());
     let mut p = from;
     let mut ext_i = 0usize;
@@ -489,7 +496,8 @@ fn walk_pages(data: &[u8], extents: Option<&[(usize, usize)]>, referenced: &Refe
         o = next_candidate(data, o + 1, extents).unwrap_or(end);
     }
     if let Some(h) = hole {
-        let kind = if is_truncated_tail(data, h) { HoleKind::TruncatedTail } else { hole_kind(data, h, end - h, extents) };
+        let kind =
+            if is_truncated_tail(data, h) { HoleKind::TruncatedTail } else { hole_kind(data, h, end - h, extents) };
         w.holes.push((h as u64, (end - h) as u64, kind));
     }
     w
@@ -655,13 +663,19 @@ mod tests {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
-                    if x % 5 == 0 { 255 } else if x % 11 == 0 { 131 } else { (x % 7) as u8 }
+                    if x % 5 == 0 {
+                        255
+                    } else if x % 11 == 0 {
+                        131
+                    } else {
+                        (x % 7) as u8
+                    }
                 })
                 .collect();
             for refs in [Referenced::sorted(&[]), Referenced::sorted(&ids[..16 * 7])] {
                 let w = walk(&d, None, &refs);
-                let covered: u64 = w.totals.iter().map(|&t| t as u64).sum::<u64>()
-                    + w.holes.iter().map(|h| h.1).sum::<u64>();
+                let covered: u64 =
+                    w.totals.iter().map(|&t| t as u64).sum::<u64>() + w.holes.iter().map(|h| h.1).sum::<u64>();
                 assert_eq!(covered, n as u64);
             }
         }
@@ -679,7 +693,12 @@ mod tests {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
-                    match x % 13 { 0..=6 => 0, 7 => 255, 8 => 16 + (x >> 8) as u8 % 40, _ => (x >> 16) as u8 }
+                    match x % 13 {
+                        0..=6 => 0,
+                        7 => 255,
+                        8 => 16 + (x >> 8) as u8 % 40,
+                        _ => (x >> 16) as u8,
+                    }
                 })
                 .collect();
             let mut from = 0;
