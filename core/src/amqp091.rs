@@ -15,7 +15,7 @@ pub type R<T> = Result<T, Fallback>;
 #[inline]
 pub fn utf8(b: &[u8]) -> Option<&str> {
     if b.len() <= 32 && b.iter().all(|&c| c < 0x80) {
-        // SAFETY: ASCII bytes are UTF-8
+        // SAFETY: ASCII bytes (checked just above) are UTF-8
         return Some(unsafe { std::str::from_utf8_unchecked(b) });
     }
     std::str::from_utf8(b).ok()
@@ -67,8 +67,7 @@ pub fn push_int(out: &mut String, v: i128) {
     if v < 0 {
         out.push('-');
     }
-    // SAFETY: decimal digits are ASCII
-    out.push_str(unsafe { std::str::from_utf8_unchecked(&digits[at..]) });
+    out.push_str(utf8(&digits[at..]).unwrap_or_default()); // decimal digits: ASCII, checked inline
 }
 
 /// `"value":"text"` for UTF-8 bytes, else `"base64":"..."` (amqp091._text_json).

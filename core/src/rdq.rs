@@ -47,12 +47,7 @@ pub(crate) mod pager {
             if base == 0 || upto < dropped + STEP {
                 return;
             }
-            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-            let (a, b) = (dropped.div_ceil(page) * page, upto.min(len) / page * page);
-            if b > a {
-                // failure (an unaligned base) only means the pages stay
-                unsafe { libc::madvise((base + a) as *mut libc::c_void, b - a, libc::MADV_DONTNEED) };
-            }
+            crate::io::drop_pages(base + dropped, upto.min(len).saturating_sub(dropped));
             s.set((base, len, upto));
         });
     }
@@ -308,7 +303,7 @@ fn zero_mask(block: &[u8; 64]) -> u64 {
     use std::arch::x86_64::{__m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_setzero_si128};
     let mut m = 0u64;
     for (i, chunk) in block.chunks_exact(16).enumerate() {
-        // SAFETY: SSE2 is part of x86-64; an unaligned load of 16 bytes inside `block`
+        // SAFETY: SSE2 is part of x86-64; an unaligned load of the 16 bytes of `chunk`
         let bits = unsafe {
             let v = _mm_loadu_si128(chunk.as_ptr() as *const __m128i);
             _mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_setzero_si128())) as u16
@@ -442,7 +437,7 @@ fn ahead_hint(data: &[u8], next: usize, step: usize) {
     for k in 1..=2 {
         let at = next + k * step;
         if at + HEADER <= data.len() {
-            // SAFETY: a prefetch of an address inside the slice; it reads nothing
+            // SAFETY: SSE is part of x86-64; a prefetch of an address inside the slice reads nothing
             unsafe { std::arch::x86_64::_mm_prefetch(data.as_ptr().add(at).cast(), std::arch::x86_64::_MM_HINT_T0) };
         }
     }
