@@ -658,9 +658,9 @@ mod tests {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
-                    if x % 5 == 0 {
+                    if x.is_multiple_of(5) {
                         255
-                    } else if x % 11 == 0 {
+                    } else if x.is_multiple_of(11) {
                         131
                     } else {
                         (x % 7) as u8
