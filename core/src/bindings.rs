@@ -7,7 +7,7 @@
 
 use pyo3::buffer::{Element, PyBuffer};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::columns::{self, as_bytes, Columns, NumCol, Plain, Validity, VarCol};
 use crate::io::{Source, Spans};
@@ -15,7 +15,7 @@ use crate::{amqp091, ets, qi, qs, rdq};
 
 /// Bumped whenever a function's arguments or results change: the Python side refuses a core
 /// built from other sources (a stale build) and says how to rebuild.
-pub const ABI: u32 = 13;
+pub const ABI: u32 = 14;
 
 /// A read-only view of a Python buffer of `T`s (bytes, mmap, memoryview, numpy array), held
 /// for as long as its slice is used.
@@ -37,48 +37,36 @@ impl<T: Element> View<T> {
             return &[];
         }
         // SAFETY: the buffer export is held by `self` (so the memory stays alive and unmoved),
-        // it is C-contiguous with `item_count` aligned items of T (checked in `new`). Python
-        // code cannot run while the slice is read with the GIL held; where a binding releases
-        // the GIL, the buffers it reads are the readers' bytes and read-only maps, which nothing
-        // writes.
+        // it is C-contiguous with `item_count` aligned items of T (checked in `new`). No Python
+        // code runs while a binding reads the slice with the GIL held; where one releases it,
+        // it reads what its caller does not write meanwhile (the readers' bytes, read-only maps
+        // and their own index arrays, none shared with another thread).
         unsafe { std::slice::from_raw_parts(self.buf.buf_ptr() as *const T, self.buf.item_count()) }
     }
 }
 
-/// Native-endian numbers packed in bytes.
-fn ints<T: Plain, const N: usize>(b: &[u8], from: fn([u8; N]) -> T) -> Vec<T> {
-    b.chunks_exact(N).map(|c| from(c.try_into().unwrap())).collect()
-}
-
-/// Every entry of one `.rdq` file and its holes (readers.rdq.walk):
-/// `(offsets, totals, ids, holes, torn, rejected)` with offsets and totals as native int64
-/// bytes, ids as 16 bytes each, holes `(offsets, lengths, kinds)` (int64, int64 and one byte
-/// each, a `HoleKind`: a compacted store has thousands per file), torn `[(offset, total, id)]`,
-/// rejected `[(offset, total, id, reason, hidden)]`. `referenced`: the ids to trust, 16 bytes
-/// each, sorted bytewise; `directory`: theirs (`rdq::Referenced`), or None.
+/// Every entry of one `.rdq` file and its holes (readers.rdq.walk), as an `RdqWalk` (a
+/// compacted store has thousands of holes per file). `referenced`: the ids to trust, 16 bytes
+/// each, sorted bytewise; `directory`: theirs (`rdq::Referenced`), or None; both any buffer.
 #[pyfunction]
 #[pyo3(signature = (data, extents=None, referenced=None, mapped=false, directory=None))]
 fn walk_rdq<'py>(
     py: Python<'py>,
     data: &Bound<'py, PyAny>,
     extents: Option<Vec<(usize, usize)>>,
-    referenced: Option<&[u8]>, // bytes, borrowed: extracting a Vec<u8> would convert it byte by byte
-    mapped: bool,              // data is a read-only file map: pages behind the walk may be dropped
-    directory: Option<&[u8]>,
-) -> PyResult<Bound<'py, PyTuple>> {
+    referenced: Option<&Bound<'py, PyAny>>,
+    mapped: bool, // data is a read-only file map: pages behind the walk may be dropped
+    directory: Option<&Bound<'py, PyAny>>,
+) -> PyResult<RdqWalk> {
     let view = View::<u8>::new(data)?;
-    let bytes = view.slice();
-    let refs: &[u8] = referenced.unwrap_or_default();
-    let w = py
-        .detach(|| rdq::walk_map(bytes, extents.as_deref(), &rdq::Referenced::with_directory(refs, directory), mapped));
+    let referenced = referenced.map(View::<u8>::new).transpose()?;
+    let directory = directory.map(View::<u8>::new).transpose()?;
+    let (bytes, refs, dir) =
+        (view.slice(), referenced.as_ref().map_or(&[][..], View::slice), directory.as_ref().map(View::slice));
+    let w = py.detach(|| rdq::walk_map(bytes, extents.as_deref(), &rdq::Referenced::with_directory(refs, dir), mapped));
     let hole_offsets: Vec<i64> = w.holes.iter().map(|h| h.0 as i64).collect();
     let hole_lengths: Vec<i64> = w.holes.iter().map(|h| h.1 as i64).collect();
     let hole_kinds: Vec<u8> = w.holes.iter().map(|h| h.2 as u8).collect();
-    let holes = (
-        PyBytes::new(py, as_bytes(&hole_offsets)),
-        PyBytes::new(py, as_bytes(&hole_lengths)),
-        PyBytes::new(py, &hole_kinds),
-    );
     let torn = PyList::empty(py);
     for (o, t, id) in &w.torn {
         torn.append((o, t, PyBytes::new(py, id)))?;
@@ -88,65 +76,127 @@ fn walk_rdq<'py>(
     for (o, t, id, r, hidden) in &w.rejected {
         rejected.append((o, t, PyBytes::new(py, id), reasons[*r as usize], hidden))?;
     }
-    PyTuple::new(
-        py,
-        [
-            PyBytes::new(py, as_bytes(&w.offsets)).into_any(),
-            PyBytes::new(py, as_bytes(&w.totals)).into_any(),
-            PyBytes::new(py, &w.ids).into_any(),
-            holes.into_pyobject(py)?.into_any(),
-            torn.into_any(),
-            rejected.into_any(),
-        ],
-    )
+    Ok(RdqWalk {
+        offsets: bytes_of(py, &w.offsets),
+        totals: bytes_of(py, &w.totals),
+        ids: bytes_of(py, &w.ids),
+        hole_offsets: bytes_of(py, &hole_offsets),
+        hole_lengths: bytes_of(py, &hole_lengths),
+        hole_kinds: bytes_of(py, &hole_kinds),
+        torn: torn.unbind(),
+        rejected: rejected.unbind(),
+    })
 }
 
-fn validity<'py>(py: Python<'py>, v: &Validity) -> (Bound<'py, PyBytes>, usize) {
-    (PyBytes::new(py, &v.bits), v.nulls)
+fn bytes_of<T: Plain>(py: Python<'_>, v: &[T]) -> Py<PyBytes> {
+    PyBytes::new(py, as_bytes(v)).unbind()
 }
 
-fn var_col<'py>(py: Python<'py>, c: &VarCol) -> PyResult<Bound<'py, PyTuple>> {
-    let (bits, nulls) = validity(py, &c.valid);
-    PyTuple::new(
-        py,
-        [
-            bits.into_any(),
-            nulls.into_pyobject(py)?.into_any(),
-            PyBytes::new(py, as_bytes(&c.offsets)).into_any(),
-            PyBytes::new(py, &c.data).into_any(),
-        ],
-    )
+/// An Arrow column of variable-length values (binary, string): `validity` (a bitmap, one bit a
+/// row, unused when `null_count` is 0), int32 `offsets` (rows + 1) and the values' `data`.
+#[pyclass(frozen, get_all, module = "cqforensics_core")]
+pub struct VarColumn {
+    validity: Py<PyBytes>,
+    null_count: usize,
+    offsets: Py<PyBytes>,
+    data: Py<PyAny>,
 }
 
-fn num_col<'py, T: Plain>(py: Python<'py>, c: &NumCol<T>) -> PyResult<Bound<'py, PyTuple>> {
-    let (bits, nulls) = validity(py, &c.valid);
-    PyTuple::new(
-        py,
-        [bits.into_any(), nulls.into_pyobject(py)?.into_any(), PyBytes::new(py, as_bytes(&c.values)).into_any()],
-    )
+/// An Arrow column of fixed-width numbers: `validity`, `null_count` and the native-endian `values`.
+#[pyclass(frozen, get_all, module = "cqforensics_core")]
+pub struct NumColumn {
+    validity: Py<PyBytes>,
+    null_count: usize,
+    values: Py<PyBytes>,
 }
 
-/// The columns as the dict of buffers `cqforensics.core.decode_messages` reads.
-fn emit<'py>(c: &Columns, py: Python<'py>, out: &Bound<'py, PyDict>) -> PyResult<()> {
-    out.set_item("msg_id", var_col(py, &c.msg_id)?)?;
-    out.set_item("exchange", var_col(py, &c.exchange)?)?;
-    let (bits, nulls) = validity(py, &c.routing_keys.valid);
-    out.set_item(
-        "routing_keys",
-        (bits, nulls, PyBytes::new(py, as_bytes(&c.routing_keys.offsets)), var_col(py, &c.routing_keys.items)?),
-    )?;
-    for (name, col) in amqp091::STRING_PROPS.iter().zip(c.strings.iter()) {
-        out.set_item(*name, var_col(py, col)?)?;
+/// An Arrow list<string> column: `validity`, `null_count`, int32 `offsets` into `items`.
+#[pyclass(frozen, get_all, module = "cqforensics_core")]
+pub struct ListColumn {
+    validity: Py<PyBytes>,
+    null_count: usize,
+    offsets: Py<PyBytes>,
+    items: Py<VarColumn>,
+}
+
+/// The validity of an Arrow struct column (its children are columns of their own).
+#[pyclass(frozen, get_all, module = "cqforensics_core")]
+pub struct StructColumn {
+    validity: Py<PyBytes>,
+    null_count: usize,
+}
+
+/// One `.rdq` file walked (`walk_rdq`).
+#[pyclass(frozen, get_all, module = "cqforensics_core")]
+pub struct RdqWalk {
+    /// the entries' offsets and totals (int64) and ids (16 bytes each)
+    offsets: Py<PyBytes>,
+    totals: Py<PyBytes>,
+    ids: Py<PyBytes>,
+    /// the holes' offsets and lengths (int64) and kinds (one byte each, an `rdq::HoleKind`)
+    hole_offsets: Py<PyBytes>,
+    hole_lengths: Py<PyBytes>,
+    hole_kinds: Py<PyBytes>,
+    /// `[(offset, total, id)]` of the entries without their marker
+    torn: Py<PyList>,
+    /// `[(offset, total, id, reason, hidden)]` of the candidates not taken
+    rejected: Py<PyList>,
+}
+
+/// Garbage runs of a `.qs` segment (`qs_garbage`).
+#[pyclass(frozen, get_all, module = "cqforensics_core")]
+pub struct GarbageRuns {
+    /// the runs' offsets and lengths (int64)
+    offsets: Py<PyBytes>,
+    lengths: Py<PyBytes>,
+    /// where to call again when the limit cut the scan short, else None
+    resume: Option<usize>,
+}
+
+fn validity(py: Python<'_>, v: &Validity) -> StructColumn {
+    StructColumn { validity: PyBytes::new(py, &v.bits).unbind(), null_count: v.nulls }
+}
+
+fn var_col(py: Python<'_>, c: &VarCol) -> VarColumn {
+    let v = validity(py, &c.valid);
+    VarColumn {
+        validity: v.validity,
+        null_count: v.null_count,
+        offsets: bytes_of(py, &c.offsets),
+        data: PyBytes::new(py, &c.data).into_any().unbind(),
     }
-    out.set_item("delivery_mode", num_col(py, &c.delivery_mode)?)?;
-    out.set_item("priority", num_col(py, &c.priority)?)?;
-    out.set_item("timestamp", num_col(py, &c.timestamp)?)?;
+}
+
+fn num_col<T: Plain>(py: Python<'_>, c: &NumCol<T>) -> NumColumn {
+    let v = validity(py, &c.valid);
+    NumColumn { validity: v.validity, null_count: v.null_count, values: bytes_of(py, &c.values) }
+}
+
+/// The columns into the dict `cqforensics.core.decode_messages` reads, by name.
+fn emit<'py>(c: &Columns, py: Python<'py>, out: &Bound<'py, PyDict>) -> PyResult<()> {
+    out.set_item("msg_id", var_col(py, &c.msg_id))?;
+    out.set_item("exchange", var_col(py, &c.exchange))?;
+    let v = validity(py, &c.routing_keys.valid);
+    let items = Py::new(py, var_col(py, &c.routing_keys.items))?;
+    let rks = ListColumn {
+        validity: v.validity,
+        null_count: v.null_count,
+        offsets: bytes_of(py, &c.routing_keys.offsets),
+        items,
+    };
+    out.set_item("routing_keys", rks)?;
+    for (name, col) in amqp091::STRING_PROPS.iter().zip(c.strings.iter()) {
+        out.set_item(*name, var_col(py, col))?;
+    }
+    out.set_item("delivery_mode", num_col(py, &c.delivery_mode))?;
+    out.set_item("priority", num_col(py, &c.priority))?;
+    out.set_item("timestamp", num_col(py, &c.timestamp))?;
     out.set_item("properties", validity(py, &c.props_valid))?;
-    out.set_item("headers", var_col(py, &c.headers)?)?;
-    out.set_item("annotations", var_col(py, &c.annotations)?)?;
-    out.set_item("body_size", num_col(py, &c.body_size)?)?;
-    out.set_item("term_format", var_col(py, &c.term_format)?)?;
-    out.set_item("decode_error", var_col(py, &c.decode_error)?)?;
+    out.set_item("headers", var_col(py, &c.headers))?;
+    out.set_item("annotations", var_col(py, &c.annotations))?;
+    out.set_item("body_size", num_col(py, &c.body_size))?;
+    out.set_item("term_format", var_col(py, &c.term_format))?;
+    out.set_item("decode_error", var_col(py, &c.decode_error))?;
     Ok(())
 }
 
@@ -206,10 +256,11 @@ fn mismatch(what: &str) -> PyErr {
 
 /// The decoded `messages` columns of a batch of stored terms (tables._decode_chunk). Row k's
 /// term is the bytes `[starts[k], starts[k] + lens[k])` of `sources[file_ix[k]]`, a buffer or
-/// an open file's descriptor (cut where it ends; `file_ix[k] < 0`: no term); `index_ids` 16
-/// bytes per row, `has_id` one byte per row (the index holds the id). Returns a dict of Arrow
-/// buffers and `status` (one byte per row: 0 decoded here, 1 for the reference to decode, 2 no
-/// term). `map_files`: a file's terms are read through a map of it made for the call
+/// an open file's descriptor (cut where it ends; `file_ix[k] < 0`: no term); `file_ix` int32,
+/// `starts` and `lens` int64, `index_ids` 16 bytes per row, `has_id` one byte per row (the
+/// index holds the id), each any buffer (numpy arrays go in as they are). Returns a dict: each
+/// column by name (`VarColumn`, `NumColumn`, `ListColumn`, `StructColumn`) and `status` (one
+/// byte per row: 0 decoded here, 1 for the reference to decode, 2 no term). `map_files`: a file's terms are read through a map of it made for the call
 /// (`FileMap`, else as below), and each body is copied from there into the column's buffer.
 /// Otherwise, with bodies, a run of nearby terms is read by one `preadv` into the body buffer
 /// itself (`Spans::read_run`) and each body moved down to its place (no page faults, one copy:
@@ -222,21 +273,23 @@ fn mismatch(what: &str) -> PyErr {
 fn decode_messages<'py>(
     py: Python<'py>,
     sources: &Bound<'py, PyList>,
-    file_ix: &[u8],
-    starts: &[u8],
-    lens: &[u8],
-    index_ids: &[u8],
-    has_id: &[u8],
+    file_ix: &Bound<'py, PyAny>,
+    starts: &Bound<'py, PyAny>,
+    lens: &Bound<'py, PyAny>,
+    index_ids: &Bound<'py, PyAny>,
+    has_id: &Bound<'py, PyAny>,
     want_body: bool,
     body_alloc: &Bound<'py, PyAny>,
     map_files: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let n = has_id.len();
     let views = source_views(sources)?;
-    let (file_ix, starts, lens) =
-        (ints(file_ix, i32::from_ne_bytes), ints(starts, i64::from_ne_bytes), ints(lens, i64::from_ne_bytes));
-    let mut spans = Spans::new(self::sources(sources, &views)?, &file_ix, &starts, &lens, map_files)
-        .map_err(|_| mismatch("decode_messages"))?;
+    let (file_ix, starts, lens) = (View::<i32>::new(file_ix)?, View::<i64>::new(starts)?, View::<i64>::new(lens)?);
+    let (index_ids, has_id) = (View::<u8>::new(index_ids)?, View::<u8>::new(has_id)?);
+    let (index_ids, has_id) = (index_ids.slice(), has_id.slice());
+    let n = has_id.len();
+    let mut spans =
+        Spans::new(self::sources(sources, &views)?, file_ix.slice(), starts.slice(), lens.slice(), map_files)
+            .map_err(|_| mismatch("decode_messages"))?;
     if index_ids.len() != 16 * n || spans.len() != n {
         return Err(mismatch("decode_messages"));
     }
@@ -247,8 +300,14 @@ fn decode_messages<'py>(
     drop(spans);
     let out = PyDict::new(py);
     out.set_item("status", PyBytes::new(py, &batch.status))?;
-    let (bits, nulls) = validity(py, &batch.body_valid);
-    out.set_item("body", (bits, nulls, PyBytes::new(py, as_bytes(&batch.body_offsets)), body.obj))?;
+    let v = validity(py, &batch.body_valid);
+    let body = VarColumn {
+        validity: v.validity,
+        null_count: v.null_count,
+        offsets: bytes_of(py, &batch.body_offsets),
+        data: body.obj.unbind(),
+    };
+    out.set_item("body", body)?;
     let emitted = emit(&batch.columns, py, &out);
     batch.columns.reuse();
     emitted?;
@@ -259,20 +318,20 @@ fn decode_messages<'py>(
 /// row k is `[starts[k], starts[k] + lens[k])` of `sources[file_ix[k]]` (cut where it ends; null
 /// when `file_ix[k] < 0`), a file's runs of nearby spans each read by one `preadv` straight into
 /// the column (`Spans::read_run`).
-/// Returns `(validity bits, null count, int32 offsets, data buffer from `alloc`)`.
+/// `file_ix` int32, `starts` and `lens` int64 buffers (numpy arrays). The data buffer comes
+/// from `alloc` (pyarrow.allocate_buffer).
 #[pyfunction]
 fn read_spans<'py>(
     py: Python<'py>,
     sources: &Bound<'py, PyList>,
-    file_ix: &[u8],
-    starts: &[u8],
-    lens: &[u8],
+    file_ix: &Bound<'py, PyAny>,
+    starts: &Bound<'py, PyAny>,
+    lens: &Bound<'py, PyAny>,
     alloc: &Bound<'py, PyAny>,
-) -> PyResult<Bound<'py, PyTuple>> {
+) -> PyResult<VarColumn> {
     let views = source_views(sources)?;
-    let (file_ix, starts, lens) =
-        (ints(file_ix, i32::from_ne_bytes), ints(starts, i64::from_ne_bytes), ints(lens, i64::from_ne_bytes));
-    let mut spans = Spans::new(self::sources(sources, &views)?, &file_ix, &starts, &lens, false)
+    let (file_ix, starts, lens) = (View::<i32>::new(file_ix)?, View::<i64>::new(starts)?, View::<i64>::new(lens)?);
+    let mut spans = Spans::new(self::sources(sources, &views)?, file_ix.slice(), starts.slice(), lens.slice(), false)
         .map_err(|_| mismatch("read_spans"))?;
     let total = spans.total();
     if total > i32::MAX as usize {
@@ -289,32 +348,35 @@ fn read_spans<'py>(
         offsets.push(at as i32);
     });
     drop(spans);
-    let (bits, nulls) = validity(py, &valid);
-    (bits, nulls, PyBytes::new(py, as_bytes(&offsets)), data.obj).into_pyobject(py)
+    let v = validity(py, &valid);
+    Ok(VarColumn {
+        validity: v.validity,
+        null_count: v.null_count,
+        offsets: bytes_of(py, &offsets),
+        data: data.obj.unbind(),
+    })
 }
 
 /// The QsStatus code of each `.qs` entry the index places at `offsets[k]` with term
-/// `sizes[k]` (native int64 bytes), as one byte each.
+/// `sizes[k]` (int64 buffers, numpy arrays as they are), as one byte each.
 #[pyfunction]
 fn check_qs<'py>(
     py: Python<'py>,
     data: &Bound<'py, PyAny>,
-    offsets: &[u8],
-    sizes: &[u8],
+    offsets: &Bound<'py, PyAny>,
+    sizes: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let view = View::<u8>::new(data)?;
-    let (offsets, sizes) = (ints(offsets, i64::from_ne_bytes), ints(sizes, i64::from_ne_bytes));
+    let (view, offsets, sizes) = (View::<u8>::new(data)?, View::<i64>::new(offsets)?, View::<i64>::new(sizes)?);
+    let (bytes, offsets, sizes) = (view.slice(), offsets.slice(), sizes.slice());
     if offsets.len() != sizes.len() {
         return Err(pyo3::exceptions::PyValueError::new_err("offsets and sizes differ in length"));
     }
-    let bytes = view.slice();
-    let out: Vec<u8> = py.detach(|| offsets.iter().zip(&sizes).map(|(&o, &s)| qs::check(bytes, o, s)).collect());
+    let out: Vec<u8> = py.detach(|| offsets.iter().zip(sizes).map(|(&o, &s)| qs::check(bytes, o, s)).collect());
     Ok(PyBytes::new(py, &out))
 }
 
-/// Garbage runs of a `.qs` segment's bytes from `start` (readers.qs.garbage_runs):
-/// `(offsets, lengths, resume)`, native int64 bytes, at most `limit` runs, `resume` the offset to
-/// call again from when the limit cut the scan short (else None). `holes`: a sparse file's holes,
+/// Garbage runs of a `.qs` segment's bytes from `start` (readers.qs.garbage_runs), at most
+/// `limit` of them, as `GarbageRuns`. `holes`: a sparse file's holes,
 /// sorted `[start, end)`. A map's pages are dropped behind the scan (`mapped`).
 #[pyfunction]
 #[pyo3(signature = (data, start, holes, limit, mapped=false))]
@@ -325,7 +387,7 @@ fn qs_garbage<'py>(
     holes: Vec<(usize, usize)>,
     limit: usize,
     mapped: bool,
-) -> PyResult<Bound<'py, PyTuple>> {
+) -> PyResult<GarbageRuns> {
     let view = View::<u8>::new(data)?;
     let bytes = view.slice();
     let (runs, resume) = py.detach(|| {
@@ -338,7 +400,7 @@ fn qs_garbage<'py>(
     });
     let offsets: Vec<i64> = runs.iter().map(|r| r.0 as i64).collect();
     let lengths: Vec<i64> = runs.iter().map(|r| r.1 as i64).collect();
-    (PyBytes::new(py, as_bytes(&offsets)), PyBytes::new(py, as_bytes(&lengths)), resume).into_pyobject(py)
+    Ok(GarbageRuns { offsets: bytes_of(py, &offsets), lengths: bytes_of(py, &lengths), resume })
 }
 
 /// The slots of a `.qi` segment (whole slots only), classified, with the records of the used
@@ -429,5 +491,11 @@ fn cqforensics_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(qi_slots, m)?)?;
     m.add_function(wrap_pyfunction!(read_spans, m)?)?;
     m.add_function(wrap_pyfunction!(disk_log_items, m)?)?;
+    m.add_class::<VarColumn>()?;
+    m.add_class::<NumColumn>()?;
+    m.add_class::<ListColumn>()?;
+    m.add_class::<StructColumn>()?;
+    m.add_class::<RdqWalk>()?;
+    m.add_class::<GarbageRuns>()?;
     Ok(())
 }
