@@ -1,5 +1,5 @@
 //! AMQP 0-9-1 basic properties and field tables to the typed-JSON text of the Python
-//! reference (`cqforensics.amqp091.properties_json`), byte for byte. Anything the reference
+//! reference (`cqforensics.codecs.amqp091.properties_json`), byte for byte. Anything the reference
 //! would render in a way not mirrored here (floats, non-UTF-8 names, repeated names) or reject
 //! returns `Err(Fallback)`, and the caller hands the message to the reference.
 
@@ -15,7 +15,7 @@ pub type R<T> = Result<T, Fallback>;
 #[inline]
 pub fn utf8(b: &[u8]) -> Option<&str> {
     if b.len() <= 32 && b.iter().all(|&c| c < 0x80) {
-        // SAFETY: ASCII bytes are UTF-8
+        // SAFETY: ASCII bytes (checked just above) are UTF-8
         return Some(unsafe { std::str::from_utf8_unchecked(b) });
     }
     std::str::from_utf8(b).ok()
@@ -67,8 +67,7 @@ pub fn push_int(out: &mut String, v: i128) {
     if v < 0 {
         out.push('-');
     }
-    // SAFETY: decimal digits are ASCII
-    out.push_str(unsafe { std::str::from_utf8_unchecked(&digits[at..]) });
+    out.push_str(utf8(&digits[at..]).unwrap_or_default()); // decimal digits: ASCII, checked inline
 }
 
 /// `"value":"text"` for UTF-8 bytes, else `"base64":"..."` (amqp091._text_json).
@@ -159,7 +158,11 @@ fn value(buf: &[u8], o: usize, depth: u32, out: &mut String) -> R<usize> {
         }
         b't' => {
             let v = get::<1>(buf, o)?[0];
-            out.push_str(if v != 0 { "{\"type\":\"bool\",\"value\":true}" } else { "{\"type\":\"bool\",\"value\":false}" });
+            out.push_str(if v != 0 {
+                "{\"type\":\"bool\",\"value\":true}"
+            } else {
+                "{\"type\":\"bool\",\"value\":false}"
+            });
             o + 1
         }
         b'D' => {
@@ -216,8 +219,14 @@ pub type Entry<'a> = (&'a str, std::ops::Range<usize>);
 
 /// The entries of the table in `buf[o..end]` (amqp091._table), appended to `entries` in table
 /// order, each value's typed-JSON text appended to `vals`.
-pub fn table_entries<'a>(buf: &'a [u8], mut o: usize, end: usize, depth: u32, vals: &mut String,
-                         entries: &mut Vec<Entry<'a>>) -> R<()> {
+pub fn table_entries<'a>(
+    buf: &'a [u8],
+    mut o: usize,
+    end: usize,
+    depth: u32,
+    vals: &mut String,
+    entries: &mut Vec<Entry<'a>>,
+) -> R<()> {
     let first = entries.len();
     while o < end {
         let n = *buf.get(o).ok_or(Fallback)? as usize;
@@ -316,8 +325,16 @@ pub struct Props<'a> {
 
 /// Index of each string property in `Props::strings`, in the column order of the schema.
 pub const STRING_PROPS: [&str; 10] = [
-    "content_type", "content_encoding", "correlation_id", "reply_to", "expiration", "message_id", "type",
-    "user_id", "app_id", "cluster_id",
+    "content_type",
+    "content_encoding",
+    "correlation_id",
+    "reply_to",
+    "expiration",
+    "message_id",
+    "type",
+    "user_id",
+    "app_id",
+    "cluster_id",
 ];
 
 /// The basic properties encoded in `raw`; the headers' entries are appended to `entries`, their
@@ -399,9 +416,18 @@ mod tests {
 
     #[test]
     fn floats_like_python_repr() {
-        let cases = [(1.5, "1.5"), (1e16, "1e+16"), (1e-5, "1e-05"), (0.0001, "0.0001"), (-0.0, "-0.0"),
-                     (123.0, "123.0"), (1.2345678901234568e17, "1.2345678901234568e+17"), (1e100, "1e+100"),
-                     (0.1, "0.1"), (f64::NAN, "\"nan\"")];
+        let cases = [
+            (1.5, "1.5"),
+            (1e16, "1e+16"),
+            (1e-5, "1e-05"),
+            (0.0001, "0.0001"),
+            (-0.0, "-0.0"),
+            (123.0, "123.0"),
+            (1.2345678901234568e17, "1.2345678901234568e+17"),
+            (1e100, "1e+100"),
+            (0.1, "0.1"),
+            (f64::NAN, "\"nan\""),
+        ];
         for (v, want) in cases {
             let mut s = String::new();
             push_json_float(&mut s, v);

@@ -137,23 +137,14 @@ pub fn location(term: &[u8], exact: bool) -> Option<Location> {
         return None;
     }
     let [ref_count, file, offset, total] = ints;
-    Some(Location {
-        id,
-        ref_count,
-        file,
-        offset,
-        total,
-    })
+    Some(Location { id, ref_count, file, offset, total })
 }
 
 /// The offset after the atom `msg_location` at `p`.
 fn atom(t: &[u8], p: usize) -> Option<usize> {
     let (len, at) = match *t.get(p)? {
         SMALL_ATOM | SMALL_ATOM_UTF8 => (*t.get(p + 1)? as usize, p + 2),
-        ATOM | ATOM_UTF8 => (
-            u16::from_be_bytes(t.get(p + 1..p + 3)?.try_into().ok()?) as usize,
-            p + 3,
-        ),
+        ATOM | ATOM_UTF8 => (u16::from_be_bytes(t.get(p + 1..p + 3)?.try_into().ok()?) as usize, p + 3),
         _ => return None,
     };
     (t.get(at..at + len)? == TAG).then_some(at + len)
@@ -163,10 +154,7 @@ fn atom(t: &[u8], p: usize) -> Option<usize> {
 fn integer(t: &[u8], p: usize) -> Option<(i64, usize)> {
     match *t.get(p)? {
         SMALL_INTEGER => Some((*t.get(p + 1)? as i64, p + 2)),
-        INTEGER => Some((
-            i32::from_be_bytes(t.get(p + 1..p + 5)?.try_into().ok()?) as i64,
-            p + 5,
-        )),
+        INTEGER => Some((i32::from_be_bytes(t.get(p + 1..p + 5)?.try_into().ok()?) as i64, p + 5)),
         SMALL_BIG => {
             let n = *t.get(p + 1)? as usize;
             let sign = *t.get(p + 2)?;
@@ -213,60 +201,14 @@ mod tests {
 
     #[test]
     fn records_in_every_integer_encoding() {
-        let ints = [
-            SMALL_INTEGER,
-            1,
-            INTEGER,
-            0xff,
-            0xff,
-            0xff,
-            0xfe,
-            SMALL_BIG,
-            2,
-            1,
-            1,
-            1,
-            SMALL_BIG,
-            0,
-            0,
-        ];
+        let ints = [SMALL_INTEGER, 1, INTEGER, 0xff, 0xff, 0xff, 0xfe, SMALL_BIG, 2, 1, 1, 1, SMALL_BIG, 0, 0];
         let r = location(&record(7, &ints), true).unwrap();
         assert_eq!((r.ref_count, r.file, r.offset, r.total), (1, -2, -257, 0));
         assert_eq!(r.id, [7; 16]);
         // a small big beyond 64 bits, a trailing byte (strict), a truncated term: the reference's
-        let big = [
-            SMALL_INTEGER,
-            1,
-            SMALL_INTEGER,
-            1,
-            SMALL_INTEGER,
-            1,
-            SMALL_BIG,
-            8,
-            0,
-            0,
-            0,
-            0,
-            0,
-            0,
-            0,
-            0,
-            0x80,
-        ];
+        let big = [SMALL_INTEGER, 1, SMALL_INTEGER, 1, SMALL_INTEGER, 1, SMALL_BIG, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0x80];
         assert!(location(&record(7, &big), true).is_none());
-        let mut long = record(
-            7,
-            &[
-                SMALL_INTEGER,
-                1,
-                SMALL_INTEGER,
-                1,
-                SMALL_INTEGER,
-                1,
-                SMALL_INTEGER,
-                1,
-            ],
-        );
+        let mut long = record(7, &[SMALL_INTEGER, 1, SMALL_INTEGER, 1, SMALL_INTEGER, 1, SMALL_INTEGER, 1]);
         long.push(0);
         assert!(location(&long, true).is_none());
         assert!(location(&long, false).is_some());
@@ -275,19 +217,7 @@ mod tests {
 
     #[test]
     fn strict_walks() {
-        let ok = record(
-            1,
-            &[
-                SMALL_INTEGER,
-                1,
-                SMALL_INTEGER,
-                2,
-                SMALL_INTEGER,
-                3,
-                SMALL_INTEGER,
-                4,
-            ],
-        );
+        let ok = record(1, &[SMALL_INTEGER, 1, SMALL_INTEGER, 2, SMALL_INTEGER, 3, SMALL_INTEGER, 4]);
         let mut data = FILE_MAGIC.to_vec();
         data.extend_from_slice(b"\x63\x58\x4d\x0b");
         data.extend_from_slice(&item(&ok));
@@ -295,10 +225,7 @@ mod tests {
         data.extend_from_slice(&item(&ok));
         let strict = walk(&data, HEADER_SIZE, usize::MAX);
         assert_eq!(strict.offsets, vec![8]);
-        assert_eq!(
-            strict.stop,
-            Some((Stop::BadMagic, 8 + 8 + ok.len() as i64 + 4))
-        );
+        assert_eq!(strict.stop, Some((Stop::BadMagic, 8 + 8 + ok.len() as i64 + 4)));
         assert_eq!(walk(&data, HEADER_SIZE, 1).next, Some(8 + 8 + ok.len()));
         assert!(strict.records.iter().all(|r| r.is_some()));
     }

@@ -1,5 +1,5 @@
 //! The two stored-message layouts that make up almost every store, decoded as the Python
-//! fast path does (`cqforensics.fastpath.decode`), with the same results:
+//! fast path does (`cqforensics.message.fast.decode`), with the same results:
 //!
 //! * 3.13+/4.x `{mc, mc_amqpl, {content, 60, none, PropsBin, rabbit_framing_amqp_0_9_1, [Body]}, Anns}`
 //!   whose annotations hold only `id`, `x`, `rk` and `rts`;
@@ -387,8 +387,14 @@ impl Decoder {
 
     /// mc_amqpl with the annotations applied as mc_amqpl:protocol_state does for a 0-9-1
     /// consumer (message._amqpl_view), and the annotations JSON (message._annotations_json).
-    fn mc_amqpl<'a>(&self, raw: &'a [u8], lay: &Layout, s: &mut Scratch, anns: &mut Vec<Ann<'a>>,
-                    entries: &mut Vec<amqp091::Entry<'a>>) -> R<Msg<'a>> {
+    fn mc_amqpl<'a>(
+        &self,
+        raw: &'a [u8],
+        lay: &Layout,
+        s: &mut Scratch,
+        anns: &mut Vec<Ann<'a>>,
+        entries: &mut Vec<amqp091::Entry<'a>>,
+    ) -> R<Msg<'a>> {
         let (props_bin, body, mut p) = self.content(raw, lay.mc.len(), lay)?;
         if raw.get(p) != Some(&b't') {
             return Err(Fallback);
@@ -399,7 +405,7 @@ impl Decoder {
             return Err(Fallback); // a count past the bytes left (each key and value takes a byte at least)
         }
         let mut slots: [Option<usize>; 10] = [None; 10]; // by Special: where its atom is in anns
-        // (name, is an atom, value), in map order
+                                                         // (name, is an atom, value), in map order
         for _ in 0..n {
             let (key, is_atom, q) = if raw.get(p) == Some(&b'm') {
                 let (b, q) = binary(raw, p + 1)?;
@@ -435,7 +441,8 @@ impl Decoder {
             _ => return Err(Fallback),
         }
         if matches!(get(Special::P), Some(v) if !matches!(v, Val::Int(_)))
-            || matches!(get(Special::Ts), Some(v) if !matches!(v, Val::Int(_))) {
+            || matches!(get(Special::Ts), Some(v) if !matches!(v, Val::Int(_)))
+        {
             return Err(Fallback);
         }
         let exchange = match get(Special::X) {
@@ -561,8 +568,13 @@ impl Decoder {
         })
     }
 
-    fn basic_message<'a>(&self, raw: &'a [u8], lay: &Layout, s: &mut Scratch,
-                         entries: &mut Vec<amqp091::Entry<'a>>) -> R<Msg<'a>> {
+    fn basic_message<'a>(
+        &self,
+        raw: &'a [u8],
+        lay: &Layout,
+        s: &mut Scratch,
+        entries: &mut Vec<amqp091::Entry<'a>>,
+    ) -> R<Msg<'a>> {
         let (_vhost, p) = binary(raw, lay.bm.len())?;
         if !starts(raw, p, &lay.exchange) {
             return Err(Fallback);
@@ -601,36 +613,306 @@ impl Decoder {
 
 #[cfg(test)]
 mod tests {
+    //! Every input here is crafted by hand, byte by byte after the layouts in
+    //! /work/shared/docs/rabbitmq-formats.md, to reach one shape or one error path: the real
+    //! terms brokers wrote are tests/codecs/test_core.py's (the decode equal to the Python reference on
+    //! every sample store).
     use super::*;
 
-    /// A crafted 3.13+ `#mc{mc_amqpl}` term (no properties, body "hi") whose annotations map
-    /// is `anns` (its `t` tag and arity included).
+    /// `m Len Bytes`
+    fn bin(b: &[u8]) -> Vec<u8> {
+        cat(&[b"m", &(b.len() as u32).to_be_bytes(), b])
+    }
+
+    /// A proper list of binaries, or nil when empty.
+    fn bins(items: &[&[u8]]) -> Vec<u8> {
+        if items.is_empty() {
+            return b"j".to_vec();
+        }
+        let mut v = cat(&[b"l", &(items.len() as u32).to_be_bytes()]);
+        for b in items {
+            v.extend(bin(b));
+        }
+        v.push(b'j');
+        v
+    }
+
+    /// Encoded basic properties: `fields` as (flag bit, encoded value), bits 15 down to 2.
+    fn props(fields: &[(u8, &[u8])]) -> Vec<u8> {
+        let flags: u16 = fields.iter().map(|(bit, _)| 1u16 << bit).sum();
+        let mut v = flags.to_be_bytes().to_vec();
+        for (_, f) in fields {
+            v.extend_from_slice(f);
+        }
+        v
+    }
+
+    /// A short string property: `Len:8 Bytes`
+    fn short(b: &[u8]) -> Vec<u8> {
+        cat(&[&[b.len() as u8], b])
+    }
+
+    /// A crafted `#content{}` (class 60, no decoded properties) with these encoded properties
+    /// and one body fragment, atoms UTF-8 (`w`) or latin-1 (`d`).
+    fn content(props: &[u8], body: &[u8], utf8: bool) -> Vec<u8> {
+        let a = |n: &[u8]| atom(n, utf8);
+        cat(&[
+            b"h\x06",
+            &a(b"content"),
+            b"a<",
+            &a(b"none"),
+            &bin(props),
+            &a(b"rabbit_framing_amqp_0_9_1"),
+            b"l\x00\x00\x00\x01",
+            &bin(body),
+            b"j",
+        ])
+    }
+
+    /// A crafted 3.13+ `{mc, mc_amqpl, Content, Anns}` term; `anns`: the map's pairs, encoded.
+    fn mc_with(props: &[u8], body: &[u8], anns: &[Vec<u8>], utf8: bool) -> Vec<u8> {
+        let a = |n: &[u8]| atom(n, utf8);
+        let mut v = cat(&[b"\x83h\x04", &a(b"mc"), &a(b"mc_amqpl"), &content(props, body, utf8)]);
+        v.push(b't');
+        v.extend((anns.len() as u32 / 2).to_be_bytes());
+        for x in anns {
+            v.extend_from_slice(x);
+        }
+        v
+    }
+
+    /// A crafted 3.13+ term (no properties, body "hi") whose annotations map is `anns` (its `t`
+    /// tag and arity included).
     fn mc(anns: &[u8]) -> Vec<u8> {
         let a = |n: &[u8]| atom(n, true);
-        cat(&[b"\x83h\x04", &a(b"mc"), &a(b"mc_amqpl"), b"h\x06", &a(b"content"), b"a<", &a(b"none"),
-              b"m\x00\x00\x00\x02\x00\x00", &a(b"rabbit_framing_amqp_0_9_1"), b"l\x00\x00\x00\x01m\x00\x00\x00\x02hij",
-              anns])
+        cat(&[b"\x83h\x04", &a(b"mc"), &a(b"mc_amqpl"), &content(b"\x00\x00", b"hi", true), anns])
+    }
+
+    /// A crafted 3.10-3.12 `#basic_message{}` term.
+    fn bm_with(exchange: &[u8], rks: &[u8], props: &[u8], body: &[u8], id: &[u8; 16], utf8: bool) -> Vec<u8> {
+        let a = |n: &[u8]| atom(n, utf8);
+        cat(&[
+            b"\x83h\x06",
+            &a(b"basic_message"),
+            b"h\x04",
+            &a(b"resource"),
+            &bin(b"/"),
+            &a(b"exchange"),
+            &bin(exchange),
+            rks,
+            &content(props, body, utf8),
+            &bin(id),
+            &a(b"true"),
+        ])
+    }
+
+    const ID: [u8; 16] = *b"0123456789abcdef";
+
+    fn w(name: &[u8]) -> Vec<u8> {
+        atom(name, true)
+    }
+
+    /// small integer / integer terms
+    fn int(v: i32) -> Vec<u8> {
+        match u8::try_from(v) {
+            Ok(b) => vec![b'a', b],
+            Err(_) => cat(&[b"b", &v.to_be_bytes()]),
+        }
+    }
+
+    fn decode(raw: &[u8]) -> R<(Msg<'_>, Scratch)> {
+        let mut s = Scratch::default();
+        // the Msg borrows only `raw`; its texts are in the Scratch returned with it
+        let m = Decoder::default().decode(raw, &mut s)?;
+        Ok((m, s))
+    }
+
+    fn strings<'a>(m: &Msg<'a>) -> Vec<(&'static str, &'a str)> {
+        amqp091::STRING_PROPS.iter().zip(m.props.strings.iter()).filter_map(|(k, v)| v.map(|v| (*k, v))).collect()
     }
 
     #[test]
     fn decodes_the_crafted_term() {
-        let mut s = Scratch::default();
         let raw = mc(b"t\x00\x00\x00\x01w\x02rkl\x00\x00\x00\x01m\x00\x00\x00\x01kj");
-        let m = Decoder::default().decode(&raw, &mut s).unwrap();
+        let (m, _) = decode(&raw).unwrap();
         assert_eq!(m.body, b"hi");
         assert_eq!(m.routing_keys.iter().collect::<Vec<_>>(), vec![b"k".as_slice()]);
+    }
+
+    #[test]
+    fn mc_amqpl_columns_from_properties_and_annotations() {
+        let p = props(&[
+            (15, &short(b"text/plain")),
+            (12, &[2]),
+            (11, &[3]),
+            (8, &short(b"60000")),
+            (6, &1_700_000_000u64.to_be_bytes()),
+            (3, &short(b"app")),
+        ]);
+        let anns =
+            [w(b"id"), bin(&ID), w(b"x"), bin(b"amq.direct"), w(b"rk"), bins(&[b"k1", b"k2"]), w(b"rts"), int(1234)];
+        for utf8 in [true, false] {
+            let raw = mc_with(&p, b"body!", &anns, utf8);
+            let (m, s) = decode(&raw).unwrap();
+            assert_eq!(m.format, Format::McAmqpl);
+            assert_eq!(m.msg_id, Some(ID.as_slice()));
+            assert_eq!(m.exchange, Some("amq.direct"));
+            assert_eq!(m.routing_keys.iter().collect::<Vec<_>>(), vec![b"k1".as_slice(), b"k2"]);
+            assert_eq!(m.body, b"body!");
+            assert_eq!(strings(&m), vec![("content_type", "text/plain"), ("expiration", "60000"), ("app_id", "app")]);
+            assert_eq!((m.props.delivery_mode, m.props.priority), (Some(2), Some(3)));
+            assert_eq!(m.timestamp_us, Some(1_700_000_000_000_000));
+            assert_eq!(m.expiration, Expiration::Kept);
+            assert!(!m.headers);
+            // id, x and rk have their columns: only rts is left in the annotations' JSON
+            assert!(m.annotations);
+            assert_eq!(s.annotations, r#"{"rts":1234}"#);
+        }
+    }
+
+    #[test]
+    fn mc_amqpl_annotations_override_properties_as_the_0_9_1_view_does() {
+        let none = props(&[]);
+        // ttl undefined removes the expiration; an integer ttl replaces it
+        let raw = mc_with(&props(&[(8, &short(b"5"))]), b"", &[w(b"ttl"), w(b"undefined")], true);
+        assert_eq!(decode(&raw).unwrap().0.expiration, Expiration::Removed);
+        let raw = mc_with(&none, b"", &[w(b"ttl"), int(500)], true);
+        let (m, s) = decode(&raw).unwrap();
+        assert_eq!((m.expiration, s.expiration.as_str()), (Expiration::Replaced, "500"));
+        // p gives the priority, ts the timestamp (ms), d=false no delivery mode (else 2)
+        let raw = mc_with(&none, b"", &[w(b"p"), int(7), w(b"ts"), int(-5), w(b"d"), w(b"false")], true);
+        let (m, _) = decode(&raw).unwrap();
+        assert_eq!((m.props.priority, m.timestamp_us, m.props.delivery_mode), (Some(7), Some(-5000), None));
+        let bare = mc_with(&none, b"", &[], true);
+        let (m, _) = decode(&bare).unwrap();
+        assert_eq!((m.props.delivery_mode, m.timestamp_us, m.annotations), (Some(2), None, false));
+        // an x- annotation (binary name) becomes a header
+        let raw = mc_with(&none, b"", &[bin(b"x-foo"), bin(b"bar")], true);
+        let (m, s) = decode(&raw).unwrap();
+        assert!(m.headers);
+        assert_eq!(s.headers, r#"{"x-foo":{"type":"longstr","value":"bar"}}"#);
+    }
+
+    #[test]
+    fn basic_message_columns() {
+        let p = props(&[(15, &short(b"application/json")), (12, &[1]), (6, &42u64.to_be_bytes())]);
+        for utf8 in [true, false] {
+            let raw = bm_with(b"ex", &bins(&[b"a.b"]), &p, b"{}", &ID, utf8);
+            let (m, _) = decode(&raw).unwrap();
+            assert_eq!(m.format, Format::BasicMessage);
+            assert_eq!((m.msg_id, m.exchange), (Some(ID.as_slice()), Some("ex")));
+            assert_eq!(m.routing_keys.iter().collect::<Vec<_>>(), vec![b"a.b".as_slice()]);
+            assert_eq!(m.body, b"{}");
+            assert_eq!(strings(&m), vec![("content_type", "application/json")]);
+            assert_eq!((m.props.delivery_mode, m.timestamp_us), (Some(1), Some(42_000_000)));
+            assert!(!m.annotations && m.expiration == Expiration::Kept);
+        }
+        // no routing keys (nil) and an empty body
+        let bare = bm_with(b"", b"j", &props(&[]), b"", &ID, true);
+        let (m, _) = decode(&bare).unwrap();
+        assert_eq!((m.routing_keys.iter().count(), m.body.len()), (0, 0));
+    }
+
+    #[test]
+    fn every_truncation_falls_back() {
+        let anns = [w(b"id"), bin(&ID), w(b"rk"), bins(&[b"k"])];
+        for raw in [
+            mc_with(&props(&[(15, &short(b"t"))]), b"body", &anns, true),
+            bm_with(b"ex", &bins(&[b"k"]), &props(&[(12, &[2])]), b"body", &ID, false),
+        ] {
+            assert!(decode(&raw).is_ok());
+            for n in 0..raw.len() {
+                assert!(decode(&raw[..n]).is_err(), "a term cut at {n} of {} decoded", raw.len());
+            }
+        }
+    }
+
+    #[test]
+    fn bad_tags_fall_back() {
+        let good = mc_with(&props(&[]), b"b", &[w(b"rts"), int(1)], true);
+        let at = |needle: &[u8]| good.windows(needle.len()).position(|x| x == needle).unwrap();
+        // version byte, outer tuple, content tag, body list tag, annotations map tag, value tag
+        for (i, bad) in
+            [(0, 0x84u8), (1, b'i'), (at(b"a<"), b'b'), (at(b"l\x00\x00\x00\x01"), b'k'), (at(b"t\x00"), b'h')]
+        {
+            let mut raw = good.clone();
+            raw[i] = bad;
+            assert!(decode(&raw).is_err(), "a term with byte {i} set to {bad} decoded");
+        }
+        // an annotation value of a kind not mirrored here (a float), or of another kind than the
+        // broker writes (an id that is no 16-byte binary, d no boolean, p no integer)
+        for anns in [
+            vec![w(b"rts"), cat(&[b"F", &1.5f64.to_be_bytes()])],
+            vec![w(b"id"), bin(b"short")],
+            vec![w(b"d"), w(b"maybe")],
+            vec![w(b"p"), bin(b"1")],
+            vec![w(b"deaths"), b"j".to_vec()],
+            vec![w(b"rk"), int(1)],
+            vec![w(b"p"), cat(&[b"n\x08\x00", &[0xff; 8]])], // out of the int32 column's range
+            vec![w(b"ts"), cat(&[b"n\x08\x00", &[0x7f; 8]])], // out of the timestamp column's range
+        ] {
+            assert!(decode(&mc_with(&props(&[]), b"", &anns, true)).is_err());
+        }
+        // names the reference's dict decides: one twice, a binary spelling a special atom
+        assert!(decode(&mc_with(&props(&[]), b"", &[w(b"a"), int(1), w(b"a"), int(2)], true)).is_err());
+        assert!(decode(&mc_with(&props(&[]), b"", &[bin(b"id"), bin(&ID)], true)).is_err());
+        // properties with the continuation flag, a string not UTF-8, a routing key not UTF-8
+        assert!(decode(&mc_with(b"\x00\x01", b"", &[], true)).is_err());
+        assert!(decode(&mc_with(&props(&[(15, &short(b"\xff"))]), b"", &[], true)).is_err());
+        assert!(decode(&bm_with(b"ex", &bins(&[b"\xff"]), &props(&[]), b"", &ID, true)).is_err());
+        assert!(decode(&bm_with(b"\xc3", b"j", &props(&[]), b"", &ID, true)).is_err());
+        // a basic_message whose persistence flag is no boolean, or whose id is 15 bytes
+        let mut raw = bm_with(b"ex", b"j", &props(&[]), b"", &ID, true);
+        let n = raw.len();
+        raw[n - 1] = b'x';
+        assert!(decode(&raw).is_err());
+        let raw = bm_with(b"ex", b"j", &props(&[]), b"", &ID, true);
+        let short_id = cat(&[&raw[..n - 6 - 21], b"m\x00\x00\x00\x0f", &ID[..15], &raw[n - 6..]]);
+        assert!(decode(&short_id).is_err());
+        // neither layout
+        assert!(decode(b"\x83h\x02w\x02mcj").is_err());
+        assert!(decode(b"").is_err());
     }
 
     #[test]
     fn counts_past_the_bytes_left_fall_back_at_once() {
         let mut s = Scratch::default();
         let d = Decoder::default();
-        for anns in [&b"t\xff\xff\xff\xffw\x02rkj"[..], b"t\x00\x00\x00\x01w\x02rkl\xff\xff\xff\xffm\x00\x00\x00\x01kj",
-                     b"t\x7f\xff\xff\xff"] {
+        for anns in [
+            &b"t\xff\xff\xff\xffw\x02rkj"[..],
+            b"t\x00\x00\x00\x01w\x02rkl\xff\xff\xff\xffm\x00\x00\x00\x01kj",
+            b"t\x7f\xff\xff\xff",
+        ] {
             let raw = mc(anns);
             let t0 = std::time::Instant::now();
             assert!(d.decode(&raw, &mut s).is_err());
             assert!(t0.elapsed().as_millis() < 100);
+        }
+        // a routing-key list, a body or a header table claiming 4 GiB
+        let huge = b"l\xff\xff\xff\xffm\x00\x00\x00\x01kj";
+        assert!(decode(&bm_with(b"ex", huge, &props(&[]), b"", &ID, true)).is_err());
+        let mut raw = bm_with(b"ex", b"j", &props(&[]), b"body", &ID, true);
+        let at = raw.windows(8).position(|x| x == b"\x00\x00\x00\x04body").unwrap();
+        raw[at..at + 4].copy_from_slice(&[0xff; 4]);
+        assert!(decode(&raw).is_err());
+        let table = props(&[(13, b"\xff\xff\xff\xff")]);
+        assert!(decode(&mc_with(&table, b"", &[], true)).is_err());
+    }
+
+    #[test]
+    fn no_byte_changed_anywhere_panics() {
+        let anns =
+            [w(b"id"), bin(&ID), w(b"x"), bin(b"x"), w(b"rk"), bins(&[b"k"]), w(b"ttl"), int(9), w(b"p"), int(1)];
+        let p = props(&[(15, &short(b"t")), (13, b"\x00\x00\x00\x07\x01kS\x00\x00\x00\x00"), (6, &[0; 8])]);
+        for good in [mc_with(&p, b"body", &anns, true), bm_with(b"ex", &bins(&[b"a", b"b"]), &p, b"body", &ID, false)] {
+            assert!(decode(&good).is_ok());
+            for i in 0..good.len() {
+                for v in [0u8, 1, 0x7f, 0xff, b'j', b'm', b'l', b't'] {
+                    let mut raw = good.clone();
+                    raw[i] = v;
+                    let _ = decode(&raw); // Ok or Fallback, never a panic
+                }
+            }
         }
     }
 }

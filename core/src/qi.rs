@@ -42,11 +42,11 @@ const LOC_NONE: i8 = -1;
 pub struct Slots {
     pub klass: Vec<u8>,
     pub malformed: Vec<u8>,
-    pub expiry: Vec<i64>,        // per slot, 0 where none or out of range
-    pub bad_expiry: Vec<i64>,    // used slots whose expiry does not fit (a finding each)
-    pub stray: Vec<i64>,         // ghost slots without a location (a finding each)
-    pub qs_range: Vec<i64>,      // used .qs slots whose offset is >= 2^63
-    pub rejected: Vec<i64>,      // bad or malformed slots
+    pub expiry: Vec<i64>,                // per slot, 0 where none or out of range
+    pub bad_expiry: Vec<i64>,            // used slots whose expiry does not fit (a finding each)
+    pub stray: Vec<i64>,                 // ghost slots without a location (a finding each)
+    pub qs_range: Vec<i64>,              // used .qs slots whose offset is >= 2^63
+    pub rejected: Vec<i64>,              // bad or malformed slots
     pub duplicates: Vec<(i64, i64, u8)>, // (slot, first slot with the same key, location kind)
     // the records of the used slots (model.index.Records)
     pub used: Vec<i64>,
@@ -75,10 +75,20 @@ fn be32(s: &[u8], o: usize) -> u32 {
 pub fn decode(slots: &[u8], expiry_max: u64) -> Slots {
     let n = slots.len() / SLOT;
     let mut o = Slots {
-        klass: vec![EMPTY; n], malformed: vec![0; n], expiry: vec![0; n], used: Vec::with_capacity(n),
-        kind: Vec::with_capacity(n), persistent: Vec::with_capacity(n), loc: Vec::with_capacity(n),
-        msg_id: Vec::with_capacity(16 * n), store_offset: Vec::with_capacity(n), store_size: Vec::with_capacity(n),
-        size: Vec::with_capacity(n), status: Vec::with_capacity(n), live: Vec::with_capacity(n), ..Default::default()
+        klass: vec![EMPTY; n],
+        malformed: vec![0; n],
+        expiry: vec![0; n],
+        used: Vec::with_capacity(n),
+        kind: Vec::with_capacity(n),
+        persistent: Vec::with_capacity(n),
+        loc: Vec::with_capacity(n),
+        msg_id: Vec::with_capacity(16 * n),
+        store_offset: Vec::with_capacity(n),
+        store_size: Vec::with_capacity(n),
+        size: Vec::with_capacity(n),
+        status: Vec::with_capacity(n),
+        live: Vec::with_capacity(n),
+        ..Default::default()
     };
     let (mut id_keys, mut qs_keys) = (Vec::with_capacity(n), Vec::new()); // (key's first 8 bytes, slot)
     for i in 0..n {
@@ -87,7 +97,9 @@ pub fn decode(slots: &[u8], expiry_max: u64) -> Slots {
         let persistent = flags & 1 == 1;
         let reserved = flags & 0xFE != 0 || s[2] != 0;
         let id_zero = s[4..20].iter().all(|&b| b == 0);
-        let malformed = status == 1 && persistent && !reserved
+        let malformed = status == 1
+            && persistent
+            && !reserved
             && (kind > 2 || (kind == 0 && !id_zero) || (kind == 2 && be32(s, 16) != 0));
         let klass = if status > 1 || (status == 1 && persistent && reserved) {
             BAD
@@ -129,7 +141,11 @@ pub fn decode(slots: &[u8], expiry_max: u64) -> Slots {
             o.live.push(o.used.len() as i64);
         }
         o.used.push(slot);
-        o.kind.push(match klass { GHOST => KIND_GHOST, BAD => KIND_BAD, _ => PUBLISH });
+        o.kind.push(match klass {
+            GHOST => KIND_GHOST,
+            BAD => KIND_BAD,
+            _ => PUBLISH,
+        });
         o.persistent.push((flags & 1) as i8);
         o.loc.push(if kind <= 2 && !malformed { kind as i8 } else { LOC_NONE });
         o.msg_id.extend_from_slice(if kind == 1 { &s[4..20] } else { &[0u8; 16] });
@@ -149,7 +165,8 @@ pub fn decode(slots: &[u8], expiry_max: u64) -> Slots {
 /// the .qs offset for kind 2) an earlier slot holds, in slot order. `keys`: (first 8 bytes of
 /// the key, slot) in slot order; distinct first 8 bytes, the usual case, prove distinct keys.
 fn copies(slots: &[u8], keys: Vec<(u64, i64)>, kind: u8) -> Vec<(i64, i64, u8)> {
-    let mut seen: HashSet<u64, BuildHasherDefault<Mix>> = HashSet::with_capacity_and_hasher(keys.len(), Default::default());
+    let mut seen: HashSet<u64, BuildHasherDefault<Mix>> =
+        HashSet::with_capacity_and_hasher(keys.len(), Default::default());
     if keys.iter().all(|k| seen.insert(k.0)) {
         return Vec::new();
     }
@@ -200,7 +217,12 @@ mod tests {
     fn garbage_never_panics() {
         let mut x: u64 = 99;
         for len in 0..300 {
-            let b: Vec<u8> = (0..len).map(|_| { x = x.wrapping_mul(6364136223846793005).wrapping_add(1); (x >> 56) as u8 }).collect();
+            let b: Vec<u8> = (0..len)
+                .map(|_| {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    (x >> 56) as u8
+                })
+                .collect();
             let d = decode(&b, i64::MAX as u64);
             assert_eq!(d.klass.len(), len / SLOT);
         }

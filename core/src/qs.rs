@@ -44,7 +44,11 @@ fn entry_at(data: &[u8], o: usize) -> Option<usize> {
     let size = u32::from_be_bytes(data[o..o + 4].try_into().unwrap()) as usize;
     let (flags, crc, reserved) = (data[o + 4], u16::from_be_bytes([data[o + 5], data[o + 6]]), data[o + 7]);
     let t_start = o + ENTRY_HEADER_SIZE as usize;
-    let ok = size > 0 && size <= end - t_start && flags <= 1 && reserved == 0 && data[t_start] == TERM_TAG
+    let ok = size > 0
+        && size <= end - t_start
+        && flags <= 1
+        && reserved == 0
+        && data[t_start] == TERM_TAG
         && (flags == 0 || (crc32fast::hash(&data[t_start..t_start + size]) & 0xFFFF) as u16 == crc);
     ok.then_some(size)
 }
@@ -67,8 +71,12 @@ fn first_nonzero_before(data: &[u8], from: usize, until: usize) -> usize {
 /// of them, and then the offset to resume from (the entry that ended the last run: the scan's
 /// state there is the same as at a fresh start), else None. `holes`: a sparse file's
 /// `[start, end)` holes, sorted (they read as zeros and are skipped unread).
-pub fn garbage_runs(data: &[u8], start: usize, holes: &[(usize, usize)], limit: usize)
-                    -> (Vec<(usize, usize)>, Option<usize>) {
+pub fn garbage_runs(
+    data: &[u8],
+    start: usize,
+    holes: &[(usize, usize)],
+    limit: usize,
+) -> (Vec<(usize, usize)>, Option<usize>) {
     let end = data.len();
     let hdr = ENTRY_HEADER_SIZE as usize;
     let mut out = Vec::new();

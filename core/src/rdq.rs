@@ -47,12 +47,7 @@ pub(crate) mod pager {
             if base == 0 || upto < dropped + STEP {
                 return;
             }
-            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-            let (a, b) = (dropped.div_ceil(page) * page, upto.min(len) / page * page);
-            if b > a {
-                // failure (an unaligned base) only means the pages stay
-                unsafe { libc::madvise((base + a) as *mut libc::c_void, b - a, libc::MADV_DONTNEED) };
-            }
+            crate::io::drop_pages(base + dropped, upto.min(len).saturating_sub(dropped));
             s.set((base, len, upto));
         });
     }
@@ -123,7 +118,11 @@ impl<'a> Referenced<'a> {
         let b = (id[0] as usize) << 8 | id[1] as usize;
         let at = |k: usize| u32::from_ne_bytes(d[4 * k..4 * k + 4].try_into().unwrap()) as usize;
         let (lo, hi) = (at(b).min(n), at(b + 1).min(n));
-        if lo <= hi { (lo, hi) } else { (0, n) }
+        if lo <= hi {
+            (lo, hi)
+        } else {
+            (0, n)
+        }
     }
 
     fn contains(&self, id: &[u8]) -> bool {
@@ -165,9 +164,7 @@ pub fn plausible_term(data: &[u8], s: usize, n: usize) -> bool {
     }
     match data[s + k] {
         115 | 119 => k + 2 + data[s + k + 1] as usize <= n,
-        100 | 118 => {
-            k + 3 <= n && k + 3 + u16::from_be_bytes([data[s + k + 1], data[s + k + 2]]) as usize <= n
-        }
+        100 | 118 => k + 3 <= n && k + 3 + u16::from_be_bytes([data[s + k + 1], data[s + k + 2]]) as usize <= n,
         _ => false,
     }
 }
@@ -181,8 +178,14 @@ struct TrustedAhead {
 
 impl TrustedAhead {
     /// The smallest trusted candidate offset in `[lo, hi)`.
-    fn first(&mut self, data: &[u8], ext: Option<&[(usize, usize)]>, refs: &Referenced, lo: usize, hi: usize)
-             -> Option<usize> {
+    fn first(
+        &mut self,
+        data: &[u8],
+        ext: Option<&[(usize, usize)]>,
+        refs: &Referenced,
+        lo: usize,
+        hi: usize,
+    ) -> Option<usize> {
         if refs.is_empty() {
             return None;
         }
@@ -237,8 +240,7 @@ fn next_candidate(data: &[u8], from: usize, extents: Option<&[(usize, usize)]>) 
 }
 
 /// The first candidate offset in `[from, until)`.
-fn next_candidate_before(data: &[u8], from: usize, until: usize, extents: Option<&[(usize, usize)]>)
-                         -> Option<usize> {
+fn next_candidate_before(data: &[u8], from: usize, until: usize, extents: Option<&[(usize, usize)]>) -> Option<usize> {
     let end = until.min(data.len());
     let mut p = from;
     let mut ext_i = 0usize;
@@ -301,7 +303,7 @@ fn zero_mask(block: &[u8; 64]) -> u64 {
     use std::arch::x86_64::{__m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_setzero_si128};
     let mut m = 0u64;
     for (i, chunk) in block.chunks_exact(16).enumerate() {
-        // SAFETY: SSE2 is part of x86-64; an unaligned load of 16 bytes inside `block`
+        // SAFETY: SSE2 is part of x86-64; an unaligned load of the 16 bytes of `chunk`
         let bits = unsafe {
             let v = _mm_loadu_si128(chunk.as_ptr() as *const __m128i);
             _mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_setzero_si128())) as u16
@@ -435,7 +437,7 @@ fn ahead_hint(data: &[u8], next: usize, step: usize) {
     for k in 1..=2 {
         let at = next + k * step;
         if at + HEADER <= data.len() {
-            // SAFETY: a prefetch of an address inside the slice; it reads nothing
+            // SAFETY: SSE is part of x86-64; a prefetch of an address inside the slice reads nothing
             unsafe { std::arch::x86_64::_mm_prefetch(data.as_ptr().add(at).cast(), std::arch::x86_64::_MM_HINT_T0) };
         }
     }
@@ -489,7 +491,8 @@ fn walk_pages(data: &[u8], extents: Option<&[(usize, usize)]>, referenced: &Refe
         o = next_candidate(data, o + 1, extents).unwrap_or(end);
     }
     if let Some(h) = hole {
-        let kind = if is_truncated_tail(data, h) { HoleKind::TruncatedTail } else { hole_kind(data, h, end - h, extents) };
+        let kind =
+            if is_truncated_tail(data, h) { HoleKind::TruncatedTail } else { hole_kind(data, h, end - h, extents) };
         w.holes.push((h as u64, (end - h) as u64, kind));
     }
     w
@@ -655,13 +658,19 @@ mod tests {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
-                    if x % 5 == 0 { 255 } else if x % 11 == 0 { 131 } else { (x % 7) as u8 }
+                    if x.is_multiple_of(5) {
+                        255
+                    } else if x.is_multiple_of(11) {
+                        131
+                    } else {
+                        (x % 7) as u8
+                    }
                 })
                 .collect();
             for refs in [Referenced::sorted(&[]), Referenced::sorted(&ids[..16 * 7])] {
                 let w = walk(&d, None, &refs);
-                let covered: u64 = w.totals.iter().map(|&t| t as u64).sum::<u64>()
-                    + w.holes.iter().map(|h| h.1).sum::<u64>();
+                let covered: u64 =
+                    w.totals.iter().map(|&t| t as u64).sum::<u64>() + w.holes.iter().map(|h| h.1).sum::<u64>();
                 assert_eq!(covered, n as u64);
             }
         }
@@ -679,7 +688,12 @@ mod tests {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
-                    match x % 13 { 0..=6 => 0, 7 => 255, 8 => 16 + (x >> 8) as u8 % 40, _ => (x >> 16) as u8 }
+                    match x % 13 {
+                        0..=6 => 0,
+                        7 => 255,
+                        8 => 16 + (x >> 8) as u8 % 40,
+                        _ => (x >> 16) as u8,
+                    }
                 })
                 .collect();
             let mut from = 0;

@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from cqforensics.base.schema import PROPERTIES, STRINGS
 
-ABI = 13  # must equal the core's ABI (core/src/lib.rs)
+ABI = 14  # must equal the core's ABI (core/src/bindings.rs)
 log = logging.getLogger("cqforensics.compiled")
 
 try:
@@ -72,19 +72,16 @@ def walk_rdq(data, extents=None, referenced: bytes | None = None, directory: byt
     ids to trust, 16 bytes each, sorted bytewise (``readers.rdq.Referenced.sorted``), and their
     ``directory`` (``readers.rdq.Referenced.directory``, or None). A map's pages are dropped
     behind the walk (memory stays flat over a huge file)."""
-    offsets, totals, ids, holes, torn, rejected = _native.walk_rdq(data, extents, referenced,
-                                                                   isinstance(data, mmap.mmap), directory)
-    hole_offsets, hole_lengths, hole_kinds = holes
-    return (np.frombuffer(offsets, np.int64), np.frombuffer(totals, np.int64), np.frombuffer(ids, "V16"),
-            (np.frombuffer(hole_offsets, np.int64), np.frombuffer(hole_lengths, np.int64),
-             np.frombuffer(hole_kinds, np.uint8)), torn, rejected)
+    w = _native.walk_rdq(data, extents, referenced, isinstance(data, mmap.mmap), directory)
+    return (np.frombuffer(w.offsets, np.int64), np.frombuffer(w.totals, np.int64), np.frombuffer(w.ids, "V16"),
+            (np.frombuffer(w.hole_offsets, np.int64), np.frombuffer(w.hole_lengths, np.int64),
+             np.frombuffer(w.hole_kinds, np.uint8)), w.torn, w.rejected)
 
 
 def check_qs(data, offsets: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """The QsStatus code (int8) of each ``.qs`` entry at ``offsets`` with term ``sizes``
     (readers.qs.check_entry)."""
-    out = _native.check_qs(data, np.ascontiguousarray(offsets, np.int64).tobytes(),
-                           np.ascontiguousarray(sizes, np.int64).tobytes())
+    out = _native.check_qs(data, np.ascontiguousarray(offsets, np.int64), np.ascontiguousarray(sizes, np.int64))
     return np.frombuffer(out, np.int8)
 
 
@@ -92,20 +89,17 @@ def qs_garbage(data, start: int, holes: list[tuple[int, int]], limit: int = 4096
     """``(offsets, lengths, resume)`` of at most ``limit`` garbage runs of a ``.qs`` segment's
     bytes from ``start`` (readers.qs.garbage_runs); ``resume``: where to call again, None when
     the scan reached the end. A map's pages are dropped behind the scan."""
-    offsets, lengths, resume = _native.qs_garbage(data, start, holes, limit, isinstance(data, mmap.mmap))
-    return np.frombuffer(offsets, np.int64), np.frombuffer(lengths, np.int64), resume
+    runs = _native.qs_garbage(data, start, holes, limit, isinstance(data, mmap.mmap))
+    return np.frombuffer(runs.offsets, np.int64), np.frombuffer(runs.lengths, np.int64), runs.resume
 
 
 def read_spans(sources: list, file_ix: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
     """Arrow binary: row k the bytes ``[starts[k], starts[k] + lengths[k])`` of
     ``sources[file_ix[k]]`` (a buffer or an open file's descriptor; cut where it ends; null where
     ``file_ix[k] < 0``), read a run of nearby spans at a time."""
-    bits, nulls, offsets, data = _native.read_spans(
-        sources, np.ascontiguousarray(file_ix, np.int32).tobytes(), np.ascontiguousarray(starts, np.int64).tobytes(),
-        np.ascontiguousarray(lengths, np.int64).tobytes(), pa.allocate_buffer)
-    n = len(file_ix)
-    return pa.Array.from_buffers(pa.binary(), n, [pa.py_buffer(bits) if nulls else None, pa.py_buffer(offsets), data],
-                                 null_count=nulls)
+    col = _native.read_spans(sources, np.ascontiguousarray(file_ix, np.int32), np.ascontiguousarray(starts, np.int64),
+                             np.ascontiguousarray(lengths, np.int64), pa.allocate_buffer)
+    return _var(pa.binary(), len(file_ix), col)
 
 
 # -- disk_log items ---------------------------------------------------------------------------------
@@ -132,26 +126,28 @@ def disk_log_items(data, start: int = 8, max_items: int = 1 << 62) -> dict:
 FALLBACK, NO_TERM = 1, 2
 
 
-def _buf(b: bytes):
-    return pa.py_buffer(b)
+def _buf(b) -> pa.Buffer:
+    return b if isinstance(b, pa.Buffer) else pa.py_buffer(b)
 
 
-def _var(typ, n: int, col) -> pa.Array:
-    bits, nulls, offsets, data = col
-    return pa.Array.from_buffers(typ, n, [_buf(bits) if nulls else None, _buf(offsets), _buf(data)],
-                                 null_count=nulls)
+def _validity(col):
+    return _buf(col.validity) if col.null_count else None
+
+
+def _var(typ, n: int, col, data=None) -> pa.Array:
+    """A ``VarColumn`` of the core as an Arrow array (``data``: its data buffer, when cut)."""
+    return pa.Array.from_buffers(typ, n, [_validity(col), _buf(col.offsets), _buf(col.data if data is None else data)],
+                                 null_count=col.null_count)
 
 
 def _num(typ, n: int, col) -> pa.Array:
-    bits, nulls, values = col
-    return pa.Array.from_buffers(typ, n, [_buf(bits) if nulls else None, _buf(values)], null_count=nulls)
+    return pa.Array.from_buffers(typ, n, [_validity(col), _buf(col.values)], null_count=col.null_count)
 
 
-def _used(col):
-    """A binary column whose data buffer (a ``pa.Buffer`` from Arrow's pool) is longer than its
-    values (the core's body buffer has room for whole terms), cut to its last offset (no copy)."""
-    bits, nulls, offsets, data = col
-    return bits, nulls, offsets, data.slice(0, int(np.frombuffer(offsets, np.int32)[-1]))
+def _used(col) -> pa.Buffer:
+    """The data of a binary column whose buffer (a ``pa.Buffer`` from Arrow's pool) is longer than
+    its values (the core's body buffer has room for whole terms), cut to its last offset (no copy)."""
+    return col.data.slice(0, int(np.frombuffer(col.offsets, np.int32)[-1]))
 
 
 #: in a decode without bodies, rows further apart than this, on average, in their files are
@@ -182,7 +178,7 @@ def scattered(file_ix: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> b
 
 
 def decode_messages(sources: list, file_ix: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
-                    index_ids: bytes, has_id: np.ndarray, bodies: bool, map_files: bool | None = None) -> tuple[np.ndarray, dict]:
+                    index_ids: bytes | np.ndarray, has_id: np.ndarray, bodies: bool, map_files: bool | None = None) -> tuple[np.ndarray, dict]:
     """The decoded ``messages`` columns of stored terms as Arrow arrays, and each row's status
     (0 decoded, ``FALLBACK``: for the reference, ``NO_TERM``). Row k's term is the byte range
     ``[starts[k], starts[k] + lengths[k])`` of ``sources[file_ix[k]]`` (-1: no term): a buffer,
@@ -196,30 +192,31 @@ def decode_messages(sources: list, file_ix: np.ndarray, starts: np.ndarray, leng
     comes from Arrow's memory pool."""
     if map_files is None:
         map_files = not bodies and not scattered(file_ix, starts, lengths)
-    out = _native.decode_messages(sources, np.ascontiguousarray(file_ix, np.int32).tobytes(),
-                                  np.ascontiguousarray(starts, np.int64).tobytes(),
-                                  np.ascontiguousarray(lengths, np.int64).tobytes(), index_ids,
-                                  np.ascontiguousarray(has_id, np.uint8).tobytes(), bodies, pa.allocate_buffer,
-                                  map_files)
+    if isinstance(index_ids, np.ndarray):  # V16 ids: their bytes, not a copy
+        index_ids = np.ascontiguousarray(index_ids).view(np.uint8)
+    has_id = np.ascontiguousarray(has_id)
+    has_id = has_id.view(np.uint8) if has_id.dtype == np.bool_ else has_id.astype(np.uint8, copy=False)
+    out = _native.decode_messages(sources, np.ascontiguousarray(file_ix, np.int32),
+                                  np.ascontiguousarray(starts, np.int64), np.ascontiguousarray(lengths, np.int64),
+                                  index_ids, has_id, bodies, pa.allocate_buffer, map_files)
     n = len(has_id)
     status = np.frombuffer(out["status"], np.uint8)
     props = []
     for f in PROPERTIES:
         col = out[f.name]
-        props.append(_num(f.type, n, col) if len(col) == 3 else _var(f.type, n, col))
-    bits, nulls = out["properties"]
-    rk_bits, rk_nulls, rk_offsets, items = out["routing_keys"]
-    keys = _var(pa.string(), int(np.frombuffer(rk_offsets, np.int32)[-1]), items)
+        props.append(_num(f.type, n, col) if hasattr(col, "values") else _var(f.type, n, col))
+    rks, valid = out["routing_keys"], out["properties"]
+    keys = _var(pa.string(), int(np.frombuffer(rks.offsets, np.int32)[-1]), rks.items)
     cols = {
         "msg_id": _var(pa.binary(), n, out["msg_id"]),
         "exchange": _var(pa.string(), n, out["exchange"]),
-        "routing_keys": pa.Array.from_buffers(STRINGS, n, [_buf(rk_bits) if rk_nulls else None, _buf(rk_offsets)],
-                                              null_count=rk_nulls, children=[keys]),
-        "properties": pa.Array.from_buffers(PROPERTIES, n, [_buf(bits) if nulls else None], null_count=nulls,
+        "routing_keys": pa.Array.from_buffers(STRINGS, n, [_validity(rks), _buf(rks.offsets)],
+                                              null_count=rks.null_count, children=[keys]),
+        "properties": pa.Array.from_buffers(PROPERTIES, n, [_validity(valid)], null_count=valid.null_count,
                                             children=props),
         "headers": _var(pa.string(), n, out["headers"]),
         "annotations": _var(pa.string(), n, out["annotations"]),
-        "body": _var(pa.binary(), n, _used(out["body"])),
+        "body": _var(pa.binary(), n, out["body"], _used(out["body"])),
         "body_size": _num(pa.int64(), n, out["body_size"]),
         "term_format": _var(pa.string(), n, out["term_format"]),
         "decode_error": _var(pa.string(), n, out["decode_error"]),

@@ -68,7 +68,8 @@ def test_rust_unit_tests():
     cargo = shutil.which("cargo")
     if cargo is None:
         skip_or_fail("cargo is not installed")
-    r = subprocess.run([cargo, "test", "--release", "--quiet", "--manifest-path", str(ROOT / "core" / "Cargo.toml")],
+    # the test profile (core/Cargo.toml), not --release: building the tests is most of the time
+    r = subprocess.run([cargo, "test", "--lib", "--quiet", "--manifest-path", str(ROOT / "core" / "Cargo.toml")],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
@@ -669,3 +670,17 @@ def test_every_table_equals_reference_on_the_fuzz_corpus(tmp_path):
     for ds, seed, mutation in sorted(cases):
         inp = campaign.prepare(seed, tmp_path / f"{ds}-{seed}-{mutation}", ds, mutation)
         _tables_equal(Path(inp["base"]))
+
+
+def test_buffer_arguments_are_read_as_they_are_and_type_checked():
+    """The core reads array arguments through the buffer protocol: numpy arrays and memoryviews of
+    the item type go in without a copy and give the same answer; a buffer of another item type
+    (bytes, int32) is refused, never reinterpreted, and so is a non-contiguous one."""
+    data = read_bytes(_files(".qs")[0])
+    offsets, sizes = np.array([0, 8, 1 << 40], np.int64), np.array([4, 1 << 30, 4], np.int64)
+    want = core.native().check_qs(data, offsets, sizes)
+    assert want == core.check_qs(data, offsets, sizes).tobytes()
+    assert core.native().check_qs(memoryview(data), memoryview(offsets), memoryview(sizes)) == want
+    for bad in (offsets.tobytes(), offsets.astype(np.int32), np.repeat(offsets, 2)[::2]):
+        with pytest.raises((BufferError, ValueError)):
+            core.native().check_qs(data, bad, sizes)
