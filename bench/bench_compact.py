@@ -55,14 +55,24 @@ def copy_vs_compact(src: Path, runs: int = 3) -> dict:
         try:
             copies.append(timed(["cp", "-r", str(src), str(work / "copy")])[0])
             shutil.rmtree(work / "copy")
-            dt, out = timed([sys.executable, "-m", "cqforensics", "compact", "--json", "-q", str(src), str(work / "out")])
+            dt, out = timed(
+                [sys.executable, "-m", "cqforensics", "compact", "--json", "-q", str(src), str(work / "out")]
+            )
             compacts.append(dt)
             doc = json.loads(out)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    return {"bytes": tree_bytes(src), "copy_s": min(copies), "compact_s": min(compacts), "all_copy_s": copies,
-            "all_compact_s": compacts, "bytes_before": doc["bytes_before"], "bytes_after": doc["bytes_after"],
-            "messages": doc["totals"]["written"], "verified": doc["verified"]}
+    return {
+        "bytes": tree_bytes(src),
+        "copy_s": min(copies),
+        "compact_s": min(compacts),
+        "all_copy_s": copies,
+        "all_compact_s": compacts,
+        "bytes_before": doc["bytes_before"],
+        "bytes_after": doc["bytes_after"],
+        "messages": doc["totals"]["written"],
+        "verified": doc["verified"],
+    }
 
 
 def build_garbage(scale: float = 0.1) -> Path:
@@ -113,21 +123,29 @@ def main() -> None:
         print(f"store ({kind}): {gb:.2f} GB, {got['messages']} messages, no garbage")
         print(f"cp -r:                 {got['copy_s']:6.2f} s  ({gb / got['copy_s']:.2f} GB/s)")
         print(f"cqforensics compact:   {got['compact_s']:6.2f} s  ({gb / got['compact_s']:.2f} GB/s, output verified)")
-        print(f"compact takes {got['compact_s'] / got['copy_s']:.2f}x the time of a copy "
-              f"(throughput {got['copy_s'] / got['compact_s']:.2f} of copy)", flush=True)
+        print(
+            f"compact takes {got['compact_s'] / got['copy_s']:.2f}x the time of a copy "
+            f"(throughput {got['copy_s'] / got['compact_s']:.2f} of copy)",
+            flush=True,
+        )
     gnode = build_garbage(0.1)
     fsck_doc = json.loads(timed([sys.executable, "-m", "cqforensics", "audit", "--json", str(gnode)], ok=(0, 4))[1])
     garbage = copy_vs_compact(gnode.parent)
-    results = {"store": big, "garbage_store": garbage,
-               "audit_reclaimable_bytes": fsck_doc.get("compaction", {}).get("reclaimable_bytes"),
-               "compact_time_vs_copy": big["compact_s"] / big["copy_s"]}
+    results = {
+        "store": big,
+        "garbage_store": garbage,
+        "audit_reclaimable_bytes": fsck_doc.get("compaction", {}).get("reclaimable_bytes"),
+        "compact_time_vs_copy": big["compact_s"] / big["copy_s"],
+    }
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "compact.json").write_text(json.dumps(results, indent=1))
     before, after = garbage["bytes_before"], garbage["bytes_after"]
-    print(f"store with garbage (10x smaller store, a third of bench.big acked): {before / 1e6:.1f} MB of stores -> "
-          f"{after / 1e6:.1f} MB after compact: {(before - after) / 1e6:.1f} MB reclaimed "
-          f"({100 * (before - after) / before:.0f}%), {garbage['compact_s']:.2f} s; audit predicted "
-          f"{(results['audit_reclaimable_bytes'] or 0) / 1e6:.1f} MB of store garbage")
+    print(
+        f"store with garbage (10x smaller store, a third of bench.big acked): {before / 1e6:.1f} MB of stores -> "
+        f"{after / 1e6:.1f} MB after compact: {(before - after) / 1e6:.1f} MB reclaimed "
+        f"({100 * (before - after) / before:.0f}%), {garbage['compact_s']:.2f} s; audit predicted "
+        f"{(results['audit_reclaimable_bytes'] or 0) / 1e6:.1f} MB of store garbage"
+    )
 
 
 if __name__ == "__main__":

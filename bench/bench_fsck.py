@@ -30,8 +30,9 @@ from make_store import build, build_clean, node_dir, store_dir  # noqa: E402
 
 def fsck_seconds(node: Path) -> float:
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "cqforensics", "fsck", "--json", str(node)], cwd=ROOT,
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "cqforensics", "fsck", "--json", str(node)], cwd=ROOT, capture_output=True, text=True
+    )
     dt = time.perf_counter() - t0
     if p.returncode not in (0, 4):
         raise SystemExit(p.stderr[-2000:])
@@ -60,17 +61,24 @@ def main() -> None:
     build(1.0)
     empty_s = min(boot_seconds(None) for _ in range(2))
     fsck_of = {}
-    for kind, node in (("kill -9 (dirty recovery)", node_dir(1.0)),
-                       ("cleanly stopped twin (clean recovery)", build_clean(store_dir(1.0)))):
+    for kind, node in (
+        ("kill -9 (dirty recovery)", node_dir(1.0)),
+        ("cleanly stopped twin (clean recovery)", build_clean(store_dir(1.0))),
+    ):
         size = sum(p.stat().st_size for p in node.rglob("*") if p.is_file())
         fsck_s = fsck_of[kind] = min(fsck_seconds(node) for _ in range(3))
         broker_s = min(boot_seconds(node.parent) for _ in range(3))
         print(f"store: {size / 1e9:.2f} GB, 400k messages, {kind}")
-        print(f"RabbitMQ 4.3.6 boot on it:   {broker_s:6.2f} s  (empty node: {empty_s:.2f} s, "
-              f"so recovery itself ~{broker_s - empty_s:.2f} s)")
+        print(
+            f"RabbitMQ 4.3.6 boot on it:   {broker_s:6.2f} s  (empty node: {empty_s:.2f} s, "
+            f"so recovery itself ~{broker_s - empty_s:.2f} s)"
+        )
         print(f"cqforensics fsck --json:     {fsck_s:6.2f} s")
-        print(f"fsck is {broker_s / fsck_s:.1f}x faster than the broker's boot "
-              f"({(broker_s - empty_s) / fsck_s:.1f}x its recovery alone)", flush=True)
+        print(
+            f"fsck is {broker_s / fsck_s:.1f}x faster than the broker's boot "
+            f"({(broker_s - empty_s) / fsck_s:.1f}x its recovery alone)",
+            flush=True,
+        )
     killed, clean = fsck_of.values()
     print(f"fsck of the cleanly stopped store / of the killed one: {clean / killed:.2f}x (goal <= 1.2)")
 

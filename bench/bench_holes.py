@@ -61,10 +61,15 @@ def main() -> int:
     clean = build_clean(compacted_dir()).parent  # the same store cleanly stopped (make_store.build_clean)
     plain = Path("/var/tmp/cqf-bench-holes-rewritten")
     shutil.rmtree(plain, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "cli.main", "compact", str(holed), str(plain), "-q"], cwd=ROOT,
-                   check=True, stdout=subprocess.DEVNULL)
-    holes = sum(1 for r in cqforensics.read_table(holed, "holes", columns=["kind"]).to_pylist()
-                if r["kind"] == "zeroed")
+    subprocess.run(
+        [sys.executable, "-m", "cli.main", "compact", str(holed), str(plain), "-q"],
+        cwd=ROOT,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    holes = sum(
+        1 for r in cqforensics.read_table(holed, "holes", columns=["kind"]).to_pylist() if r["kind"] == "zeroed"
+    )
     best = {"holed": float("inf"), "rewritten": float("inf"), "holed, cleanly stopped": float("inf")}
     counts = {}
     drop_cached(holed), drop_cached(plain), drop_cached(clean)
@@ -76,18 +81,25 @@ def main() -> int:
             best[name] = min(best[name], s)
     assert counts["holed"] == counts["rewritten"] == counts["holed, cleanly stopped"], counts
     n = counts["holed"]
-    out = {"messages": n, "zeroed_holes": holes, "cpu_s": best,
-           "msg_per_s": {k: n / v for k, v in best.items()}, "holed_over_rewritten": best["holed"] / best["rewritten"]}
+    out = {
+        "messages": n,
+        "zeroed_holes": holes,
+        "cpu_s": best,
+        "msg_per_s": {k: n / v for k, v in best.items()},
+        "holed_over_rewritten": best["holed"] / best["rewritten"],
+    }
     shutil.rmtree(plain, ignore_errors=True)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "holes.json").write_text(json.dumps(out, indent=1) + "\n")
-    md = ("| store | messages | zeroed holes | CPU s (best of 3) | messages/s |\n|---|---|---|---|---|\n"
-          f"| compacted by the broker | {n:,} | {holes:,} | {best['holed']:.3f} | {n / best['holed']:,.0f} |\n"
-          f"| the same, rewritten without holes | {n:,} | 0 | {best['rewritten']:.3f} | "
-          f"{n / best['rewritten']:,.0f} |\n"
-          f"| the compacted store cleanly stopped | {n:,} | {holes:,} | {best['holed, cleanly stopped']:.3f} | "
-          f"{n / best['holed, cleanly stopped']:,.0f} |\n\nholed / rewritten: {out['holed_over_rewritten']:.2f}x CPU per "
-          f"message; cleanly stopped / killed: {best['holed, cleanly stopped'] / best['holed']:.2f}x\n")
+    md = (
+        "| store | messages | zeroed holes | CPU s (best of 3) | messages/s |\n|---|---|---|---|---|\n"
+        f"| compacted by the broker | {n:,} | {holes:,} | {best['holed']:.3f} | {n / best['holed']:,.0f} |\n"
+        f"| the same, rewritten without holes | {n:,} | 0 | {best['rewritten']:.3f} | "
+        f"{n / best['rewritten']:,.0f} |\n"
+        f"| the compacted store cleanly stopped | {n:,} | {holes:,} | {best['holed, cleanly stopped']:.3f} | "
+        f"{n / best['holed, cleanly stopped']:,.0f} |\n\nholed / rewritten: {out['holed_over_rewritten']:.2f}x CPU per "
+        f"message; cleanly stopped / killed: {best['holed, cleanly stopped'] / best['holed']:.2f}x\n"
+    )
     (RESULTS / "holes.md").write_text(md)
     print(md)
     return 0

@@ -39,11 +39,15 @@ AS_OF = "2030-01-01T00:00:00Z"
 COMMANDS = {
     "fsck": (["fsck", "--json"], "json"),
     "fsck-text": (["fsck"], "stdout"),
-    "read-messages-parquet": (["read", "--table", "messages", "--format", "parquet", "--out", "{out}/m.parquet"],
-                              "files"),
+    "read-messages-parquet": (
+        ["read", "--table", "messages", "--format", "parquet", "--out", "{out}/m.parquet"],
+        "files",
+    ),
     "read-messages-jsonl": (["read", "--table", "messages", "--format", "jsonl"], "stdout"),
-    "read-messages-text": (["read", "--table", "messages", "--columns", "queue,seq_id,msg_id,size,survives_restart"],
-                           "stdout"),
+    "read-messages-text": (
+        ["read", "--table", "messages", "--columns", "queue,seq_id,msg_id,size,survives_restart"],
+        "stdout",
+    ),
     "read-findings": (["read", "--table", "findings", "--format", "jsonl"], "stdout"),
     "export-jsonl": (["export", "--format", "jsonl", "--out", "{out}/e"], "files"),
     "export-parquet": (["export", "--format", "parquet", "--out", "{out}/e"], "files"),
@@ -144,7 +148,7 @@ def main() -> None:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     for k in range(args.repeat):
         for name in names:
-            for j in ((1, args.jobs) if k % 2 == 0 else (args.jobs, 1)):  # alternating
+            for j in (1, args.jobs) if k % 2 == 0 else (args.jobs, 1):  # alternating
                 results[name][j].append(run(node, name, j))
                 print(f"  {name} -j {j}: {results[name][j][-1]['wall']:.2f} s", file=sys.stderr, flush=True)
     rows = []
@@ -152,22 +156,37 @@ def main() -> None:
         one = min(results[name][1], key=lambda r: r["wall"])
         many = min(results[name][args.jobs], key=lambda r: r["wall"])
         same = len({r["digest"] for j in (1, args.jobs) for r in results[name][j]}) == 1
-        rows.append({"command": name, "wall_1": one["wall"], "cpu_1": one["cpu"], "wall_n": many["wall"],
-                     "cpu_n": many["cpu"], "ratio": one["wall"] / many["wall"], "identical": same})
-    lines = [f"# -j 1 against -j {args.jobs}, {node} ({started}; best of {args.repeat}, alternating; "
-             f"load average at the start {load[0]:.1f}, {os.cpu_count()} CPUs)", "",
-             f"| command | -j 1 wall s (CPU s) | -j {args.jobs} wall s (CPU s) | speed-up | identical output |",
-             "|---|---|---|---|---|"]
+        rows.append(
+            {
+                "command": name,
+                "wall_1": one["wall"],
+                "cpu_1": one["cpu"],
+                "wall_n": many["wall"],
+                "cpu_n": many["cpu"],
+                "ratio": one["wall"] / many["wall"],
+                "identical": same,
+            }
+        )
+    lines = [
+        f"# -j 1 against -j {args.jobs}, {node} ({started}; best of {args.repeat}, alternating; "
+        f"load average at the start {load[0]:.1f}, {os.cpu_count()} CPUs)",
+        "",
+        f"| command | -j 1 wall s (CPU s) | -j {args.jobs} wall s (CPU s) | speed-up | identical output |",
+        "|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['command']} | {r['wall_1']:.2f} ({r['cpu_1']:.2f}) | {r['wall_n']:.2f} ({r['cpu_n']:.2f}) | "
-                     f"**{r['ratio']:.2f}x** | {'yes' if r['identical'] else 'NO'} |")
+        lines.append(
+            f"| {r['command']} | {r['wall_1']:.2f} ({r['cpu_1']:.2f}) | {r['wall_n']:.2f} ({r['cpu_n']:.2f}) | "
+            f"**{r['ratio']:.2f}x** | {'yes' if r['identical'] else 'NO'} |"
+        )
     text = "\n".join(lines) + "\n"
     print(text)
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     (out / "jobs.md").write_text(text)
-    (out / "jobs.json").write_text(json.dumps({"started": started, "load": load, "jobs": args.jobs, "rows": rows,
-                                               "runs": results}, indent=1))
+    (out / "jobs.json").write_text(
+        json.dumps({"started": started, "load": load, "jobs": args.jobs, "rows": rows, "runs": results}, indent=1)
+    )
     if not all(r["identical"] for r in rows):
         sys.exit(1)
 

@@ -53,14 +53,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from make_store import (CACHE, _link_tree, build, build_clean, build_scaled, node_dir, scaled_dir,  # noqa: E402
-                        store_dir)
+from make_store import CACHE, _link_tree, build, build_clean, build_scaled, node_dir, scaled_dir, store_dir  # noqa: E402
 
 TABLES = ("refcounts", "store", "messages")  # the default
 WRITERS = ("compact", "rebuild")
@@ -130,8 +128,9 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
 def measure(node: Path, table: str, per_share: int = 0) -> dict:
-    p = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), str(node), table, str(per_share)], capture_output=True,
-                       text=True)
+    p = subprocess.run(
+        [sys.executable, "-c", CHILD, str(ROOT), str(node), table, str(per_share)], capture_output=True, text=True
+    )
     if p.returncode:
         return {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}"}
     return json.loads(p.stdout)
@@ -143,8 +142,11 @@ def measure_writer(node: Path, writer: str, size: float) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     try:
-        p = subprocess.run([sys.executable, "-c", WRITER_CHILD, str(ROOT), writer, str(writer_node(node)),
-                            str(out / "node")], capture_output=True, text=True)
+        p = subprocess.run(
+            [sys.executable, "-c", WRITER_CHILD, str(ROOT), writer, str(writer_node(node)), str(out / "node")],
+            capture_output=True,
+            text=True,
+        )
     finally:
         shutil.rmtree(out, ignore_errors=True)
     if p.returncode:
@@ -167,15 +169,30 @@ def stored_messages(node: Path) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", nargs="+", type=float, default=[0.1, 1, 3, 10])
-    ap.add_argument("--tables", nargs="*", default=list(TABLES), choices=ALL_TABLES,
-                    help="tables to read (none: only the writers)")
-    ap.add_argument("--writers", nargs="*", default=[], choices=WRITERS,
-                    help="writers to run on each size (default: none; 10x writes about 11 GB, removed after)")
-    ap.add_argument("--entries-per-share", type=int, default=0,
-                    help="stored messages a pass may hold (default: cqforensics.model.store.ENTRIES_PER_SHARE; "
-                         "a huge number reads every vhost whole, as before shares)")
-    ap.add_argument("--kinds", nargs="+", default=["killed", "clean"], choices=["killed", "clean"],
-                    help="the killed stores, their cleanly stopped twins (make_store.build_clean), or both")
+    ap.add_argument(
+        "--tables", nargs="*", default=list(TABLES), choices=ALL_TABLES, help="tables to read (none: only the writers)"
+    )
+    ap.add_argument(
+        "--writers",
+        nargs="*",
+        default=[],
+        choices=WRITERS,
+        help="writers to run on each size (default: none; 10x writes about 11 GB, removed after)",
+    )
+    ap.add_argument(
+        "--entries-per-share",
+        type=int,
+        default=0,
+        help="stored messages a pass may hold (default: cqforensics.model.store.ENTRIES_PER_SHARE; "
+        "a huge number reads every vhost whole, as before shares)",
+    )
+    ap.add_argument(
+        "--kinds",
+        nargs="+",
+        default=["killed", "clean"],
+        choices=["killed", "clean"],
+        help="the killed stores, their cleanly stopped twins (make_store.build_clean), or both",
+    )
     args = ap.parse_args()
     nodes = {}
     for s in args.sizes:
@@ -191,12 +208,15 @@ def main() -> None:
         for kind, node in (("killed", killed), ("clean", clean)):
             if kind in args.kinds:
                 nodes[(s, kind)] = node
-    base = float(subprocess.run([sys.executable, "-c", BASELINE, str(ROOT)], capture_output=True, text=True,
-                                check=True).stdout)
+    base = float(
+        subprocess.run([sys.executable, "-c", BASELINE, str(ROOT)], capture_output=True, text=True, check=True).stdout
+    )
     core = "off (CQF_CORE=0)" if os.environ.get("CQF_CORE") == "0" else "default"
     results = {"baseline_rss_mb": base, "core": core, "entries_per_share": args.entries_per_share or None, "sizes": {}}
-    print(f"peak RSS (MB) per read or write, each in a fresh process (wall and CPU seconds); interpreter + "
-          f"libraries {base:.0f} MB; core {core}")
+    print(
+        f"peak RSS (MB) per read or write, each in a fresh process (wall and CPU seconds); interpreter + "
+        f"libraries {base:.0f} MB; core {core}"
+    )
     columns = args.tables + args.writers
     print("| size | store | stored messages | bytes | " + " | ".join(columns) + " |")
     print("|" + "---|" * (4 + len(columns)))

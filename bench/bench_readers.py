@@ -119,7 +119,14 @@ def decode_floor(node: Path, terms: int = 4096, repeats: int = 20) -> float:
     offsets, totals, ids = core.walk_rdq(data)[:3]
     n = min(terms, len(offsets))
     starts, lengths = rdq.term_span(np.asarray(offsets[:n]), np.asarray(totals[:n]))
-    args = ([data], np.zeros(n, np.int32), starts, lengths, np.ascontiguousarray(ids[:n]).tobytes(), np.ones(n, np.uint8))
+    args = (
+        [data],
+        np.zeros(n, np.int32),
+        starts,
+        lengths,
+        np.ascontiguousarray(ids[:n]).tobytes(),
+        np.ones(n, np.uint8),
+    )
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -163,7 +170,11 @@ def run_case(node: Path, table: str, columns, runs: int = 3, core: bool = True) 
 
 def _best(results: list[dict]) -> dict:
     best = min(results, key=lambda r: r["seconds"])
-    return {**best, "peak_rss_mb": max(r["peak_rss_mb"] for r in results), "all_seconds": [r["seconds"] for r in results]}
+    return {
+        **best,
+        "peak_rss_mb": max(r["peak_rss_mb"] for r in results),
+        "all_seconds": [r["seconds"] for r in results],
+    }
 
 
 def run_pair(nodes: list[Path], table: str, columns, runs: int = 3) -> list[dict]:
@@ -183,9 +194,12 @@ def _run_once(node: Path, table: str, columns, core: bool = True) -> dict:
         env.pop("CQF_CORE", None)
     else:
         env["CQF_CORE"] = "0"
-    out = subprocess.run([sys.executable, "-c", CHILD, str(HERE.parent), str(node), table, json.dumps(columns),
-                          str(warm)],
-                         capture_output=True, text=True, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(HERE.parent), str(node), table, json.dumps(columns), str(warm)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if out.returncode:  # one table's failure must not lose the rest of the run
         err = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
         raise CaseFailed(f"{table} on {node}: {err}")
@@ -197,11 +211,17 @@ class CaseFailed(RuntimeError):
 
 
 def baseline_rss() -> float:
-    code = ("import resource, cqforensics, pyarrow.compute; [cqforensics.read_table("
-            f"{str(HERE.parent / 'sample_data' / '4.3.6-clean')!r}, t) for t in cqforensics.TABLES]; "
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
-    out = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(HERE.parent)!r}); " + code],
-                         capture_output=True, text=True, check=True)
+    code = (
+        "import resource, cqforensics, pyarrow.compute; [cqforensics.read_table("
+        f"{str(HERE.parent / 'sample_data' / '4.3.6-clean')!r}, t) for t in cqforensics.TABLES]; "
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(HERE.parent)!r}); " + code],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return float(out.stdout)
 
 
@@ -213,8 +233,11 @@ def _fmt_rate(rows: int, seconds: float) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one run per case instead of best of 3")
-    ap.add_argument("--no-compacted", action="store_true", help="leave out the compacted store (its build takes "
-                    "a broker about 10 minutes)")
+    ap.add_argument(
+        "--no-compacted",
+        action="store_true",
+        help="leave out the compacted store (its build takes a broker about 10 minutes)",
+    )
     args = ap.parse_args()
     runs = 1 if args.quick else 3
     big, small = node_dir(1.0), node_dir(0.1)
@@ -229,31 +252,48 @@ def main() -> None:
     if compacted is not None:
         raw_read(compacted)
         craw_s, craw_bytes = min(raw_read(compacted) for _ in range(runs))
-    results = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": runs, "store_bytes": raw_bytes, "raw_read_s": raw_s,
-               "raw_read_mb_s": raw_bytes / raw_s / 1e6, "compacted_store_bytes": craw_bytes,
-               "compacted_raw_read_s": craw_s, "baseline_rss_mb": baseline_rss(), "cases": {}}
-    print(f"store: {raw_bytes / 1e9:.2f} GB in {sum(1 for p in big.rglob('*') if p.is_file())} files; "
-          f"raw read {raw_s:.3f} s ({raw_bytes / raw_s / 1e6:.0f} MB/s); compacted store {craw_bytes / 1e9:.2f} GB, "
-          f"raw read {craw_s:.3f} s; interpreter + libraries: {results['baseline_rss_mb']:.0f} MB RSS; "
-          f"best of {runs}", flush=True)
+    results = {
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "runs": runs,
+        "store_bytes": raw_bytes,
+        "raw_read_s": raw_s,
+        "raw_read_mb_s": raw_bytes / raw_s / 1e6,
+        "compacted_store_bytes": craw_bytes,
+        "compacted_raw_read_s": craw_s,
+        "baseline_rss_mb": baseline_rss(),
+        "cases": {},
+    }
+    print(
+        f"store: {raw_bytes / 1e9:.2f} GB in {sum(1 for p in big.rglob('*') if p.is_file())} files; "
+        f"raw read {raw_s:.3f} s ({raw_bytes / raw_s / 1e6:.0f} MB/s); compacted store {craw_bytes / 1e9:.2f} GB, "
+        f"raw read {craw_s:.3f} s; interpreter + libraries: {results['baseline_rss_mb']:.0f} MB RSS; "
+        f"best of {runs}",
+        flush=True,
+    )
     # `store` with bodies and `messages` read the shared store twice: once to find its entries
     # (whose fates depend on every file), once to copy the bodies in the table's order
     walk_s = min(walk_floor(big) for _ in range(runs))
     rdq_s, rdq_bytes = min(raw_read(big, ".rdq") for _ in range(runs))
     results.update(walk_floor_s=walk_s, rdq_read_s=rdq_s, rdq_bytes=rdq_bytes)
-    print(f"two passes over the shared store ({rdq_bytes / 1e9:.2f} GB of .rdq): its walk {walk_s:.3f} s (compiled, "
-          f"through maps, no lookups) + a read of its files {rdq_s:.3f} s = {walk_s + rdq_s:.3f} s, so a table that "
-          f"must do both reaches at most {raw_s / (walk_s + rdq_s):.2f}x of the raw read with nothing else to do",
-          flush=True)
+    print(
+        f"two passes over the shared store ({rdq_bytes / 1e9:.2f} GB of .rdq): its walk {walk_s:.3f} s (compiled, "
+        f"through maps, no lookups) + a read of its files {rdq_s:.3f} s = {walk_s + rdq_s:.3f} s, so a table that "
+        f"must do both reaches at most {raw_s / (walk_s + rdq_s):.2f}x of the raw read with nothing else to do",
+        flush=True,
+    )
     cases = [(name, big, table, columns) for name, (table, columns) in CASES.items()]
     if compacted is not None:
         cases.append(("messages (full decode), compacted store", compacted, "messages", None))
-    head = ("| read | rows | core s | core rate | core vs raw read | pure-Python s | pure-Python rate "
-            "| pure-Python vs raw read | core / pure-Python | peak RSS core | peak RSS pure-Python | RSS core, 1/10 store |")
+    head = (
+        "| read | rows | core s | core rate | core vs raw read | pure-Python s | pure-Python rate "
+        "| pure-Python vs raw read | core / pure-Python | peak RSS core | peak RSS pure-Python | RSS core, 1/10 store |"
+    )
     lines = [head, "|" + "---|" * 12]
-    kinds = ["| read | rows | killed s | killed rate | clean s | clean rate | **clean / killed** per row "
-             "| killed CPU s | clean CPU s | peak RSS killed | peak RSS clean | RSS 1/10 killed | RSS 1/10 clean |",
-             "|" + "---|" * 13]
+    kinds = [
+        "| read | rows | killed s | killed rate | clean s | clean rate | **clean / killed** per row "
+        "| killed CPU s | clean CPU s | peak RSS killed | peak RSS clean | RSS 1/10 killed | RSS 1/10 clean |",
+        "|" + "---|" * 13,
+    ]
     print(head)
     print(lines[1], flush=True)
     for name, node, table, columns in cases:
@@ -265,13 +305,19 @@ def main() -> None:
             else:
                 c, cc = run_pair([node, clean], table, columns, runs)
                 sm, csm = run_pair([small, clean_small], table, columns, 1)
-                results.setdefault("clean_cases", {})[name] = {"killed": c, "clean": cc, "killed_small": sm,
-                                                              "clean_small": csm}
+                results.setdefault("clean_cases", {})[name] = {
+                    "killed": c,
+                    "clean": cc,
+                    "killed_small": sm,
+                    "clean_small": csm,
+                }
                 per = (cc["seconds"] / max(cc["rows"], 1)) / (c["seconds"] / max(c["rows"], 1))
-                kinds.append(f"| {name} | {c['rows']:,} | {c['seconds']:.3f} | {_fmt_rate(c['rows'], c['seconds'])} "
-                             f"| {cc['seconds']:.3f} | {_fmt_rate(cc['rows'], cc['seconds'])} | **{per:.2f}x** "
-                             f"| {c['cpu_seconds']:.3f} | {cc['cpu_seconds']:.3f} | {c['peak_rss_mb']:.0f} MB "
-                             f"| {cc['peak_rss_mb']:.0f} MB | {sm['peak_rss_mb']:.0f} MB | {csm['peak_rss_mb']:.0f} MB |")
+                kinds.append(
+                    f"| {name} | {c['rows']:,} | {c['seconds']:.3f} | {_fmt_rate(c['rows'], c['seconds'])} "
+                    f"| {cc['seconds']:.3f} | {_fmt_rate(cc['rows'], cc['seconds'])} | **{per:.2f}x** "
+                    f"| {c['cpu_seconds']:.3f} | {cc['cpu_seconds']:.3f} | {c['peak_rss_mb']:.0f} MB "
+                    f"| {cc['peak_rss_mb']:.0f} MB | {sm['peak_rss_mb']:.0f} MB | {csm['peak_rss_mb']:.0f} MB |"
+                )
                 print("    both kinds: " + kinds[-1], flush=True)
                 if table == "fsck":
                     continue  # no pure-Python figures for the command: it reads every table's way
@@ -281,18 +327,27 @@ def main() -> None:
             lines.append(f"| {name} | error: {e} |")
             print(lines[-1], flush=True)
             continue
-        entry = {"node": str(node), "core": c, "reference": py, "small_core": sm,
-                 "core_vs_raw_read": raw / c["seconds"], "reference_vs_raw_read": raw / py["seconds"],
-                 "core_speedup": py["seconds"] / c["seconds"]}
+        entry = {
+            "node": str(node),
+            "core": c,
+            "reference": py,
+            "small_core": sm,
+            "core_vs_raw_read": raw / c["seconds"],
+            "reference_vs_raw_read": raw / py["seconds"],
+            "core_speedup": py["seconds"] / c["seconds"],
+        }
         results["cases"][name] = entry
-        line = (f"| {name} | {c['rows']:,} | {c['seconds']:.3f} | {_fmt_rate(c['rows'], c['seconds'])} "
-                f"| {entry['core_vs_raw_read']:.2f}x | {py['seconds']:.2f} | {_fmt_rate(py['rows'], py['seconds'])} "
-                f"| {entry['reference_vs_raw_read']:.3f}x | {entry['core_speedup']:.1f}x | {c['peak_rss_mb']:.0f} MB "
-                f"| {py['peak_rss_mb']:.0f} MB | {sm['peak_rss_mb']:.0f} MB |" if sm else
-                f"| {name} | {c['rows']:,} | {c['seconds']:.3f} | {_fmt_rate(c['rows'], c['seconds'])} "
-                f"| {entry['core_vs_raw_read']:.2f}x | {py['seconds']:.2f} | {_fmt_rate(py['rows'], py['seconds'])} "
-                f"| {entry['reference_vs_raw_read']:.3f}x | {entry['core_speedup']:.1f}x | {c['peak_rss_mb']:.0f} MB "
-                f"| {py['peak_rss_mb']:.0f} MB | - |")
+        line = (
+            f"| {name} | {c['rows']:,} | {c['seconds']:.3f} | {_fmt_rate(c['rows'], c['seconds'])} "
+            f"| {entry['core_vs_raw_read']:.2f}x | {py['seconds']:.2f} | {_fmt_rate(py['rows'], py['seconds'])} "
+            f"| {entry['reference_vs_raw_read']:.3f}x | {entry['core_speedup']:.1f}x | {c['peak_rss_mb']:.0f} MB "
+            f"| {py['peak_rss_mb']:.0f} MB | {sm['peak_rss_mb']:.0f} MB |"
+            if sm
+            else f"| {name} | {c['rows']:,} | {c['seconds']:.3f} | {_fmt_rate(c['rows'], c['seconds'])} "
+            f"| {entry['core_vs_raw_read']:.2f}x | {py['seconds']:.2f} | {_fmt_rate(py['rows'], py['seconds'])} "
+            f"| {entry['reference_vs_raw_read']:.3f}x | {entry['core_speedup']:.1f}x | {c['peak_rss_mb']:.0f} MB "
+            f"| {py['peak_rss_mb']:.0f} MB | - |"
+        )
         lines.append(line)
         print(line, flush=True)
         if c.get("core_counts"):
@@ -300,12 +355,15 @@ def main() -> None:
     fresh = results["cases"]["messages (full decode)"]
     comp = results["cases"].get("messages (full decode), compacted store", {"error": "left out"})
     per = {}
-    for who in (() if "error" in fresh or "error" in comp else ("core", "reference")):
+    for who in () if "error" in fresh or "error" in comp else ("core", "reference"):
         f_rate = fresh[who]["rows"] / fresh[who]["seconds"]
         c_rate = comp[who]["rows"] / comp[who]["seconds"]
         per[who] = {"fresh_msg_s": f_rate, "compacted_msg_s": c_rate, "fresh_over_compacted": f_rate / c_rate}
-        print(f"full decode per message, {who}: fresh {f_rate:,.0f} msg/s, compacted {c_rate:,.0f} msg/s: "
-              f"compacted is {f_rate / c_rate:.2f}x slower per message (goal <= 1.2x)", flush=True)
+        print(
+            f"full decode per message, {who}: fresh {f_rate:,.0f} msg/s, compacted {c_rate:,.0f} msg/s: "
+            f"compacted is {f_rate / c_rate:.2f}x slower per message (goal <= 1.2x)",
+            flush=True,
+        )
     results["per_message_fresh_vs_compacted"] = per
     if "error" not in fresh:
         # what a full decode of the fresh store costs at the least: its two passes over the
@@ -314,25 +372,39 @@ def main() -> None:
         ix_s = min(index_pass_floor(big) for _ in range(runs))
         dec_s = decode_floor(big)
         floor = walk_s + rdq_s + ix_s + n * dec_s
-        results["messages_floor"] = {"index_pass_s": ix_s, "decode_s_per_row": dec_s, "floor_s": floor,
-                                     "msg_s": n / floor}
-        print(f"full decode at the least: the two passes {walk_s + rdq_s:.3f} s + the pass over every index "
-              f"{ix_s:.3f} s + the compiled decode alone, without bodies, on terms in memory ({dec_s * 1e9:.0f} ns a "
-              f"row at the read's batch size) x {n:,} = {floor:.3f} s: at most {n / floor:,.0f} msg/s with nothing "
-              "else done (resolving, the columns, moving bodies)", flush=True)
+        results["messages_floor"] = {
+            "index_pass_s": ix_s,
+            "decode_s_per_row": dec_s,
+            "floor_s": floor,
+            "msg_s": n / floor,
+        }
+        print(
+            f"full decode at the least: the two passes {walk_s + rdq_s:.3f} s + the pass over every index "
+            f"{ix_s:.3f} s + the compiled decode alone, without bodies, on terms in memory ({dec_s * 1e9:.0f} ns a "
+            f"row at the read's batch size) x {n:,} = {floor:.3f} s: at most {n / floor:,.0f} msg/s with nothing "
+            "else done (resolving, the columns, moving bodies)",
+            flush=True,
+        )
         got = fresh["core"]["seconds"]
         results["messages_floor"]["full_decode_of_floor"] = floor / got
-        print(f"the full decode of the killed store: {got:.3f} s, {n / got:,.0f} msg/s: {floor / got:.2f} of the floor "
-              "(goal >= 0.8)", flush=True)
+        print(
+            f"the full decode of the killed store: {got:.3f} s, {n / got:,.0f} msg/s: {floor / got:.2f} of the floor "
+            "(goal >= 0.8)",
+            flush=True,
+        )
         nb = results.get("clean_cases", {}).get("messages (full decode)")
         if nb:
-            print(f"  its cleanly stopped twin: {nb['clean']['seconds']:.3f} s, {floor / nb['clean']['seconds']:.2f} "
-                  "of the floor", flush=True)
+            print(
+                f"  its cleanly stopped twin: {nb['clean']['seconds']:.3f} s, {floor / nb['clean']['seconds']:.2f} "
+                "of the floor",
+                flush=True,
+            )
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     (out / "readers.json").write_text(json.dumps(results, indent=1))
-    (out / "readers.md").write_text("\n".join(lines) + "\n\nKilled store and its cleanly stopped twin, alternating:\n\n"
-                                    + "\n".join(kinds) + "\n")
+    (out / "readers.md").write_text(
+        "\n".join(lines) + "\n\nKilled store and its cleanly stopped twin, alternating:\n\n" + "\n".join(kinds) + "\n"
+    )
     print("\nkilled store and its cleanly stopped twin (the same messages), reads alternating:")
     print("\n".join(kinds))
     print(f"cores used: 1 (embedded reader); cpu count {os.cpu_count()}")

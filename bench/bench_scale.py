@@ -87,8 +87,7 @@ def build_queues(n: int, version: str = "4.3.6") -> Path:
         b.wait_durable(names[0], names[-1], timeout=120)
         time.sleep(2)
         b.kill()
-    (out / "DONE").write_text(f"{n} durable queues, {PUBLISHED} x 3 messages, kill -9; "
-                              f"{time.monotonic() - t0:.0f}s\n")
+    (out / "DONE").write_text(f"{n} durable queues, {PUBLISHED} x 3 messages, kill -9; {time.monotonic() - t0:.0f}s\n")
     return queues_node(n)
 
 
@@ -151,8 +150,12 @@ COMMANDS = {
     "rebuild": ["cqforensics", "rebuild", "{node}", "{out}/r"],
     "read messages": ["cqforensics", "read", "{node}", "--table", "messages", "--format", "jsonl"],
     "read findings": ["cqforensics", "read", "{node}", "--table", "findings", "--format", "jsonl"],
-    "API queues": [sys.executable, "-c", "import sys, cqforensics; "
-                   "print(cqforensics.read_table(sys.argv[1], 'queues').num_rows)", "{node}"],
+    "API queues": [
+        sys.executable,
+        "-c",
+        "import sys, cqforensics; print(cqforensics.read_table(sys.argv[1], 'queues').num_rows)",
+        "{node}",
+    ],
 }
 #: exits that say the command did its job (fsck/verify 4: damage found, rebuild 1: repaired)
 DONE = {0, 1, 4}
@@ -179,8 +182,13 @@ def run(cmd: list[str], node: Path, jobs: int | None) -> tuple[float, float, int
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--queues", type=int, nargs="*", default=[2000, 20000],
-                    help="sizes of the broker-made many-queue nodes (default 2000 20000)")
+    ap.add_argument(
+        "--queues",
+        type=int,
+        nargs="*",
+        default=[2000, 20000],
+        help="sizes of the broker-made many-queue nodes (default 2000 20000)",
+    )
     ap.add_argument("--unknown", type=int, default=20000, help="crafted unknown queue dirs (0: none)")
     ap.add_argument("--sparse-gb", type=int, default=50, help="size of the sparse .rdq (0: none)")
     ap.add_argument("--repeat", type=int, default=2)
@@ -203,12 +211,19 @@ def main() -> None:
                     best[(name, label)] = r
                 print(f"  {name} on {label}: {r[0]:.2f} s wall, {r[1]:.2f} s CPU", file=sys.stderr, flush=True)
     labels = list(inputs)
-    lines = [f"# Cost per queue and per hole ({started}; best of {args.repeat}; load average at the start "
-             f"{load[0]:.1f}, {os.cpu_count()} CPUs; -j {args.jobs or 'default'})", "",
-             "| command | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    lines = [
+        f"# Cost per queue and per hole ({started}; best of {args.repeat}; load average at the start "
+        f"{load[0]:.1f}, {os.cpu_count()} CPUs; -j {args.jobs or 'default'})",
+        "",
+        "| command | " + " | ".join(labels) + " |",
+        "|---|" + "---|" * len(labels),
+    ]
     for name in names:
-        lines.append(f"| {name} | " + " | ".join(f"{best[(name, lb)][0]:.2f} s ({best[(name, lb)][1]:.2f} s CPU)"
-                                                 for lb in labels) + " |")
+        lines.append(
+            f"| {name} | "
+            + " | ".join(f"{best[(name, lb)][0]:.2f} s ({best[(name, lb)][1]:.2f} s CPU)" for lb in labels)
+            + " |"
+        )
     sizes = sorted(args.queues)
     if len(sizes) >= 2:
         small, big = (f"{sizes[0]:,} queues (4.3.6)", f"{sizes[-1]:,} queues (4.3.6)")
@@ -221,9 +236,17 @@ def main() -> None:
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     (out / "scale.md").write_text(text)
-    (out / "scale.json").write_text(json.dumps({"started": started, "load": load, "jobs": args.jobs,
-                                                "results": {f"{n} | {lb}": v for (n, lb), v in best.items()}},
-                                               indent=1))
+    (out / "scale.json").write_text(
+        json.dumps(
+            {
+                "started": started,
+                "load": load,
+                "jobs": args.jobs,
+                "results": {f"{n} | {lb}": v for (n, lb), v in best.items()},
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

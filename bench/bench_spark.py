@@ -184,9 +184,16 @@ def standalone_cluster(workers: int = WORKERS):
     process (and the executors they start) killed on exit."""
     home = spark_home()
     tmp = Path(tempfile.mkdtemp(prefix="cqf-spark-cluster-"))
-    env = dict(os.environ, SPARK_HOME=str(home), SPARK_LOCAL_IP="127.0.0.1", SPARK_WORKER_DIR=str(tmp / "work"),
-               SPARK_LOG_DIR=str(tmp / "logs"), SPARK_PID_DIR=str(tmp), PYSPARK_PYTHON=sys.executable,
-               PYTHONPATH=python_path())
+    env = dict(
+        os.environ,
+        SPARK_HOME=str(home),
+        SPARK_LOCAL_IP="127.0.0.1",
+        SPARK_WORKER_DIR=str(tmp / "work"),
+        SPARK_LOG_DIR=str(tmp / "logs"),
+        SPARK_PID_DIR=str(tmp),
+        PYSPARK_PYTHON=sys.executable,
+        PYTHONPATH=python_path(),
+    )
     spark_class = str(home / "bin" / "spark-class")
     port, ui = free_port(), free_port()
     url = f"spark://127.0.0.1:{port}"
@@ -195,16 +202,46 @@ def standalone_cluster(workers: int = WORKERS):
     def start(name: str, *args: str) -> None:
         log = open(tmp / f"{name}.log", "wb")
         # a session of its own: the whole group (launcher, JVM, executors, Python workers) is killed at the end
-        procs.append((name, subprocess.Popen([spark_class, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, start_new_session=True)))
+        procs.append(
+            (
+                name,
+                subprocess.Popen(
+                    [spark_class, *args],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                ),
+            )
+        )
         log.close()
 
     try:
-        start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-              "--webui-port", str(ui))
+        start(
+            "master",
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--webui-port",
+            str(ui),
+        )
         for i in range(workers):
-            start(f"worker{i}", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1",
-                  "--memory", WORKER_MEMORY, "--webui-port", str(free_port()), url)
+            start(
+                f"worker{i}",
+                "org.apache.spark.deploy.worker.Worker",
+                "--host",
+                "127.0.0.1",
+                "--cores",
+                "1",
+                "--memory",
+                WORKER_MEMORY,
+                "--webui-port",
+                str(free_port()),
+                url,
+            )
         _wait_for_workers(ui, workers, procs, tmp)
         yield url
     finally:
@@ -257,20 +294,45 @@ def _wait_for_workers(ui: int, workers: int, procs, tmp: Path, timeout: float = 
         except (OSError, ValueError):
             pass  # the master's UI is not up yet
         time.sleep(1)
-    raise SystemExit(f"{workers} workers did not register with the master in {timeout:.0f}s:\n"
-                     f"{(tmp / 'master.log').read_text()[-3000:]}")
+    raise SystemExit(
+        f"{workers} workers did not register with the master in {timeout:.0f}s:\n"
+        f"{(tmp / 'master.log').read_text()[-3000:]}"
+    )
 
 
 def run(master: str, node: Path, parquet: Path, runs: int, conf: dict | None = None) -> dict:
     stats = Path(tempfile.mkdtemp(prefix="cqf-spark-tasks-"))
-    conf = {"spark.executorEnv.PYTHONPATH": python_path(), "spark.executorEnv.CQF_SPARK_TASK_STATS": str(stats),
-            "spark.pyspark.python": sys.executable, **(conf or {})}
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=python_path(),
-               CQF_SPARK_TASK_STATS=str(stats))
+    conf = {
+        "spark.executorEnv.PYTHONPATH": python_path(),
+        "spark.executorEnv.CQF_SPARK_TASK_STATS": str(stats),
+        "spark.pyspark.python": sys.executable,
+        **(conf or {}),
+    }
+    env = dict(
+        os.environ,
+        PYSPARK_PYTHON=sys.executable,
+        SPARK_LOCAL_IP="127.0.0.1",
+        PYTHONPATH=python_path(),
+        CQF_SPARK_TASK_STATS=str(stats),
+    )
     try:
-        out = subprocess.run([sys.executable, "-c", CHILD, master, str(node), str(parquet), str(runs),
-                              str(stats), json.dumps(conf), str(clean_node_dir(SCALE[0]))], env=env,
-                             capture_output=True, text=True)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                CHILD,
+                master,
+                str(node),
+                str(parquet),
+                str(runs),
+                str(stats),
+                json.dumps(conf),
+                str(clean_node_dir(SCALE[0])),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
     finally:
         shutil.rmtree(stats, ignore_errors=True)
     if out.returncode:
@@ -282,8 +344,13 @@ def run_mode(mode: str, node: Path, parquet: Path, runs: int) -> dict:
     if mode != "standalone":
         return run(MODES[mode], node, parquet, runs)
     with standalone_cluster() as url:
-        return run(url, node, parquet, runs, {"spark.executor.cores": "1", "spark.cores.max": str(WORKERS),
-                                              "spark.executor.memory": EXECUTOR_MEMORY})
+        return run(
+            url,
+            node,
+            parquet,
+            runs,
+            {"spark.executor.cores": "1", "spark.cores.max": str(WORKERS), "spark.executor.memory": EXECUTOR_MEMORY},
+        )
 
 
 def embedded_read(node: Path, runs: int) -> float:
@@ -310,32 +377,57 @@ def report(results: dict, embedded: float) -> str:
     for src in ("rabbitcq", "rabbitcq narrowed", "arrow source"):
         for q in ("count", "sum(length(body))", "sum(size)"):
             if f"{src} {q}" in first:
-                lines.append(f"| {src} / parquet, {q} | " + " | ".join(
-                    f"{results[m][f'{src} {q}']['seconds'] / results[m][f'parquet {q}']['seconds']:.1f}x"
-                    for m in modes) + " |")
+                lines.append(
+                    f"| {src} / parquet, {q} | "
+                    + " | ".join(
+                        f"{results[m][f'{src} {q}']['seconds'] / results[m][f'parquet {q}']['seconds']:.1f}x"
+                        for m in modes
+                    )
+                    + " |"
+                )
     for src in ("rabbitcq", "rabbitcq narrowed"):
         for q in ("count", "sum(length(body))", "sum(size)"):
             if f"{src}, cleanly stopped {q}" in first:
-                lines.append(f"| {src}: cleanly stopped / killed, {q} | " + " | ".join(
-                    f"{results[m][f'{src}, cleanly stopped {q}']['seconds'] / results[m][f'{src} {q}']['seconds']:.2f}x"
-                    for m in modes) + " |")
-    lines += ["", f"The same full messages read without Spark (Python API, one process): {embedded:.2f} s.", "",
-              ("The Python sources' tasks in the full read, sum(length(body)), last run; seconds summed over "
-               "tasks. reader: making the batches (rabbitcq: scan, core decode, Arrow columns; arrow source: "
-               "pyarrow reading Parquet); hand-over: Spark's code in the Python worker between batches (Arrow "
-               "IPC to the JVM, blocked while the JVM consumes):"), "",
-              ("| mode | source | wall | tasks | Python workers | rows by core / reference | task | reader | "
-               "hand-over | GC runs (full) | GC time |"), "|---" * 11 + "|"]
+                lines.append(
+                    f"| {src}: cleanly stopped / killed, {q} | "
+                    + " | ".join(
+                        f"{results[m][f'{src}, cleanly stopped {q}']['seconds'] / results[m][f'{src} {q}']['seconds']:.2f}x"
+                        for m in modes
+                    )
+                    + " |"
+                )
+    lines += [
+        "",
+        f"The same full messages read without Spark (Python API, one process): {embedded:.2f} s.",
+        "",
+        (
+            "The Python sources' tasks in the full read, sum(length(body)), last run; seconds summed over "
+            "tasks. reader: making the batches (rabbitcq: scan, core decode, Arrow columns; arrow source: "
+            "pyarrow reading Parquet); hand-over: Spark's code in the Python worker between batches (Arrow "
+            "IPC to the JVM, blocked while the JVM consumes):"
+        ),
+        "",
+        (
+            "| mode | source | wall | tasks | Python workers | rows by core / reference | task | reader | "
+            "hand-over | GC runs (full) | GC time |"
+        ),
+        "|---" * 11 + "|",
+    ]
     for m in modes:
         for src in ("rabbitcq", "arrow source"):
             t = results[m][f"{src} sum(length(body))"].get("tasks")
             if not t:
                 continue
-            core = f"{t['core_rows']:,} / {t['reference_rows']:,} (core {', '.join(t['core'])})" \
-                if src == "rabbitcq" else "-"
-            lines.append(f"| {MODES[m]} | {src} | {t['last_run_s']:.2f} s | {t['tasks']} | {t['workers']} | {core} | "
-                         f"{t['task_s']:.2f} s | {t['reader_s']:.2f} s | {t['spark_s']:.2f} s | "
-                         f"{t['gc_collections']} ({t['gc_full']}) | {t['gc_s'] * 1000:.0f} ms |")
+            core = (
+                f"{t['core_rows']:,} / {t['reference_rows']:,} (core {', '.join(t['core'])})"
+                if src == "rabbitcq"
+                else "-"
+            )
+            lines.append(
+                f"| {MODES[m]} | {src} | {t['last_run_s']:.2f} s | {t['tasks']} | {t['workers']} | {core} | "
+                f"{t['task_s']:.2f} s | {t['reader_s']:.2f} s | {t['spark_s']:.2f} s | "
+                f"{t['gc_collections']} ({t['gc_full']}) | {t['gc_s'] * 1000:.0f} ms |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -359,8 +451,9 @@ def main() -> None:
     print(text, end="")
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "spark.json").write_text(json.dumps(results, indent=1))
-    (HERE / "results" / "spark.md").write_text(f"# Spark ({'one run' if args.quick else 'best of 3'}, "
-                                               f"{time.strftime('%Y-%m-%d', time.gmtime())})\n\n{text}")
+    (HERE / "results" / "spark.md").write_text(
+        f"# Spark ({'one run' if args.quick else 'best of 3'}, {time.strftime('%Y-%m-%d', time.gmtime())})\n\n{text}"
+    )
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ def node_dir(scale: float) -> Path:
 
 def _body(i: int) -> bytes:
     head = f'{{"event":"order.created","seq":{i},"payload":"'.encode()
-    return (head + b"abcdefghij" * (SIZE // 10))[:SIZE - 2] + b'"}'
+    return (head + b"abcdefghij" * (SIZE // 10))[: SIZE - 2] + b'"}'
 
 
 async def _stream_protocol(broker, n: int) -> None:
@@ -89,8 +89,9 @@ async def _stream_protocol(broker, n: int) -> None:
         while i < n:
             k = min(SUB_BATCH, n - i)
             comp = getattr(CompressionType, COMPRESSIONS[b % len(COMPRESSIONS)])
-            await p.send_sub_entry(SP, [AMQPMessage(body=_body(i + j)) for j in range(k)], compression_type=comp,
-                                   publisher_name=PUBLISHER)
+            await p.send_sub_entry(
+                SP, [AMQPMessage(body=_body(i + j)) for j in range(k)], compression_type=comp, publisher_name=PUBLISHER
+            )
             i, b = i + k, b + 1
             if b % 50 == 0:
                 await p._publish_buffered_messages(SP)
@@ -155,7 +156,7 @@ def stream_dir(scale: float, name: str) -> Path:
 
     prefix = base64uri(f"/_{name}_")
     root = node_dir(scale) / "stream"
-    (d,) = [d for d in root.iterdir() if d.name.startswith(prefix) and d.name[len(prefix):].isdigit()]
+    (d,) = [d for d in root.iterdir() if d.name.startswith(prefix) and d.name[len(prefix) :].isdigit()]
     return d
 
 
@@ -212,8 +213,12 @@ KINDS = ("raw", "messages", "queues")
 
 def measure(kind: str, scale: float, name: str, core: bool = True) -> dict:
     env = dict(os.environ, CQF_CORE="1" if core else "0")
-    p = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), kind, str(node_dir(scale).parent),
-                        str(stream_dir(scale, name)), name], capture_output=True, text=True, env=env)
+    p = subprocess.run(
+        [sys.executable, "-c", CHILD, str(ROOT), kind, str(node_dir(scale).parent), str(stream_dir(scale, name)), name],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if p.returncode:
         raise SystemExit(f"{kind} {scale:g}x {name}: {p.stderr[-2000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -224,8 +229,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=float, nargs="+", default=[0.1, 1.0])
     ap.add_argument("--streams", nargs="+", default=[SP, AMQP], choices=[SP, AMQP])
-    ap.add_argument("--kinds", nargs="+", default=list(KINDS[1:]), choices=KINDS[1:],
-                    help="what to measure besides the raw read")
+    ap.add_argument(
+        "--kinds", nargs="+", default=list(KINDS[1:]), choices=KINDS[1:], help="what to measure besides the raw read"
+    )
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--reference", action="store_true", help="the pure-Python reference too (CQF_CORE=0)")
     ap.add_argument("--build-only", action="store_true")
@@ -255,9 +261,22 @@ def main() -> None:
         rss = max(r["peak_rss_mb"] for r in rs)
         cpu = statistics.median(r["cpu_seconds"] for r in rs)
         label = kind + ("" if core else " (reference)")
-        results.append({"stream": name, "scale": s, "read": kind, "core": core, "rows": rows, "seconds": sec,
-                        "records_per_s": rows / sec, "x_raw": sec / raw, "peak_rss_mb": rss, "cpu_seconds": cpu,
-                        "raw_seconds": raw, "segment_bytes": runs[(s, name, "raw", True)][0]["bytes"]})
+        results.append(
+            {
+                "stream": name,
+                "scale": s,
+                "read": kind,
+                "core": core,
+                "rows": rows,
+                "seconds": sec,
+                "records_per_s": rows / sec,
+                "x_raw": sec / raw,
+                "peak_rss_mb": rss,
+                "cpu_seconds": cpu,
+                "raw_seconds": raw,
+                "segment_bytes": runs[(s, name, "raw", True)][0]["bytes"],
+            }
+        )
         print(f"| {name} | {s:g}x | {label} | {rows:,} | {rows / sec:,.0f} | {sec / raw:.0f} | {rss:.0f} | {cpu:.1f} |")
     out = HERE / "results"
     out.mkdir(exist_ok=True)

@@ -63,9 +63,8 @@ def _publish(url: str, queue: str, size: int, count: int, seed: int) -> None:
     pika = pika_module()
     conn = pika.BlockingConnection(pika.URLParameters(url))
     ch = conn.channel()
-    props = pika.BasicProperties(delivery_mode=2, content_type="application/json",
-                                 headers={"tenant": "acme", "seq": 0})
-    text = (b'{"event":"order.created","payload":"' + b"abcdefghij" * (size // 10 + 1))[:size - 2] + b'"}'
+    props = pika.BasicProperties(delivery_mode=2, content_type="application/json", headers={"tenant": "acme", "seq": 0})
+    text = (b'{"event":"order.created","payload":"' + b"abcdefghij" * (size // 10 + 1))[: size - 2] + b'"}'
     for i in range(count):
         props.headers["seq"] = seed + i
         props.message_id = f"{queue}-{seed + i}"
@@ -96,8 +95,11 @@ def build(scale: float, version: str = "4.3.6") -> Path:
             ch.queue_declare(q, durable=True)
         conn.close()
         b.wait_durable("bench.big", "bench.small")  # a kill -9 must not lose the declarations
-        jobs = [mp.Process(target=_publish, args=(b.url, q, size, n // 2, k * n // 2))
-                for q, size in (("bench.big", BIG), ("bench.small", SMALL)) for k in range(2)]
+        jobs = [
+            mp.Process(target=_publish, args=(b.url, q, size, n // 2, k * n // 2))
+            for q, size in (("bench.big", BIG), ("bench.small", SMALL))
+            for k in range(2)
+        ]
         for j in jobs:
             j.start()
         for j in jobs:
@@ -140,7 +142,7 @@ def _rewrite_rdq(src: Path, dst: Path, k: int) -> int:
         end = off + 8 + size + 1
         if size < 16 or end > len(data) or data[end - 1] != 0xFF:
             break
-        mid = data[off + 8:off + 24]
+        mid = data[off + 8 : off + 24]
         new = bytes([mid[0] ^ k]) + mid[1:]
         out.append(data[off:end].replace(mid, new))
         off, n = end, n + 1
@@ -292,9 +294,11 @@ def build_clean(src: Path, copies: int = 1, version: str = "4.3.6", timeout: flo
         raise SystemExit(f"{out}: the clean stop wrote no {', '.join(missing)}")
     linked = _link_same(src_node, node)
     total = sum(p.stat().st_size for p in node.rglob("*") if p.is_file())
-    (out / "DONE").write_text(f"{src.name} booted by RabbitMQ {version} and stopped cleanly; {sum(want.values())} "
-                              f"messages; {total} bytes ({linked} hardlinked to {src.name}); "
-                              f"{time.monotonic() - t0:.0f}s\n")
+    (out / "DONE").write_text(
+        f"{src.name} booted by RabbitMQ {version} and stopped cleanly; {sum(want.values())} "
+        f"messages; {total} bytes ({linked} hardlinked to {src.name}); "
+        f"{time.monotonic() - t0:.0f}s\n"
+    )
     return node
 
 
@@ -315,8 +319,13 @@ def _link_same(src: Path, dst: Path) -> int:
     linked = 0
     for p in dst.rglob("*"):
         q = src / p.relative_to(dst)
-        if p.is_file() and not p.is_symlink() and q.is_file() and p.stat().st_size == q.stat().st_size \
-                and filecmp.cmp(p, q, shallow=False):
+        if (
+            p.is_file()
+            and not p.is_symlink()
+            and q.is_file()
+            and p.stat().st_size == q.stat().st_size
+            and filecmp.cmp(p, q, shallow=False)
+        ):
             tmp = p.with_name(p.name + ".link")
             os.link(q, tmp)
             os.replace(tmp, p)
@@ -347,16 +356,15 @@ def _publish_interleaved(url: str, p: int, count: int) -> None:
     rng = random.Random(p)
     conn = pika.BlockingConnection(pika.URLParameters(url))
     ch = conn.channel()
-    props = pika.BasicProperties(delivery_mode=2, content_type="application/json",
-                                 headers={"tenant": "acme", "seq": 0})
+    props = pika.BasicProperties(delivery_mode=2, content_type="application/json", headers={"tenant": "acme", "seq": 0})
     lo, hi = COMPACTED_SIZES
-    text = (b'{"event":"order.created","payload":"' + b"abcdefghij" * (hi // 10 + 1))
+    text = b'{"event":"order.created","payload":"' + b"abcdefghij" * (hi // 10 + 1)
     queues = [f"compact.{q}.{p}" for q in COMPACTED_QUEUES]
     for i in range(count):
         props.headers["seq"] = i
         props.message_id = f"c{p}-{i}"
         size = rng.randint(lo, hi)
-        ch.basic_publish("", queues[i % len(queues)], text[:size - 2] + b'"}', props)
+        ch.basic_publish("", queues[i % len(queues)], text[: size - 2] + b'"}', props)
     ch.confirm_delivery()
     ch.basic_publish("", queues[1], text[:lo], props)  # confirmed marker (drained with the rest)
     conn.close()
@@ -448,8 +456,10 @@ def build_compacted(version: str = "4.3.6", wait: float = 600.0) -> Path:
         b.kill()
     holes, holed, files = store_holes(compacted_node_dir())
     lo, hi = COMPACTED_SIZES
-    (out / "DONE").write_text(f"{P} x {n} messages of {lo}-{hi} B published, 1 in {len(COMPACTED_QUEUES)} kept; "
-                              f"{holes} holes in {holed} of {files} .rdq files; {time.monotonic() - t0:.0f}s\n")
+    (out / "DONE").write_text(
+        f"{P} x {n} messages of {lo}-{hi} B published, 1 in {len(COMPACTED_QUEUES)} kept; "
+        f"{holes} holes in {holed} of {files} .rdq files; {time.monotonic() - t0:.0f}s\n"
+    )
     return compacted_node_dir()
 
 

@@ -36,8 +36,11 @@ def main() -> None:
     failed = []
     for name in args.only or BENCHMARKS:
         t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, str(HERE / name), *(QUICK.get(name, []) if args.quick else [])],
-                           capture_output=True, text=True)
+        p = subprocess.run(
+            [sys.executable, str(HERE / name), *(QUICK.get(name, []) if args.quick else [])],
+            capture_output=True,
+            text=True,
+        )
         took = time.perf_counter() - t0
         print(p.stdout, end="", flush=True)
         if p.returncode:

@@ -27,16 +27,42 @@ from typing import Any
 
 #: AMQP 0-9-1 field-table type characters -> RabbitMQ's type names (rabbit_binary_parser).
 FIELD_TYPES = {
-    "S": "longstr", "T": "timestamp", "b": "byte", "B": "unsignedbyte", "s": "short",
-    "u": "unsignedshort", "I": "signedint", "i": "unsignedint", "d": "double", "f": "float",
-    "l": "long", "L": "long", "t": "bool", "D": "decimal", "F": "table", "A": "array",
-    "x": "binary", "V": "void",
+    "S": "longstr",
+    "T": "timestamp",
+    "b": "byte",
+    "B": "unsignedbyte",
+    "s": "short",
+    "u": "unsignedshort",
+    "I": "signedint",
+    "i": "unsignedint",
+    "d": "double",
+    "f": "float",
+    "l": "long",
+    "L": "long",
+    "t": "bool",
+    "D": "decimal",
+    "F": "table",
+    "A": "array",
+    "x": "binary",
+    "V": "void",
 }
 
 #: The 13 basic properties other than headers, in wire order.
-PROPERTY_NAMES = ("content_type", "content_encoding", "delivery_mode", "priority", "correlation_id",
-                  "reply_to", "expiration", "message_id", "timestamp", "type", "user_id", "app_id",
-                  "cluster_id")
+PROPERTY_NAMES = (
+    "content_type",
+    "content_encoding",
+    "delivery_mode",
+    "priority",
+    "correlation_id",
+    "reply_to",
+    "expiration",
+    "message_id",
+    "timestamp",
+    "type",
+    "user_id",
+    "app_id",
+    "cluster_id",
+)
 
 
 @dataclass(frozen=True)
@@ -47,8 +73,19 @@ class Typed:
     value: Any
 
 
-_SIMPLE = {"b": ">b", "B": ">B", "s": ">h", "u": ">H", "I": ">i", "i": ">I", "l": ">q", "L": ">q",
-           "f": ">f", "d": ">d", "T": ">Q"}
+_SIMPLE = {
+    "b": ">b",
+    "B": ">B",
+    "s": ">h",
+    "u": ">H",
+    "I": ">i",
+    "i": ">I",
+    "l": ">q",
+    "L": ">q",
+    "f": ">f",
+    "d": ">d",
+    "T": ">Q",
+}
 
 
 #: Every field type RabbitMQ parses in a header table, nested tables and arrays included.
@@ -73,7 +110,6 @@ ALL_TYPES = {
     "table": {"inner": Typed("I", 1), "deeper": {"x": "y", "list": [1, "two", Typed("d", 3.5)]}},
     "array": [Typed("b", 1), "s", Typed("x", b"\xff"), {"k": True}, [Typed("u", 2)], None],
 }
-
 
 
 def _install_pika_patches() -> None:
@@ -138,7 +174,7 @@ def _value(buf: bytes, o: int) -> tuple[Typed, int]:
     if kind == "V":
         return Typed(kind, None), o
     (n,) = struct.unpack_from(">I", buf, o)
-    raw, end = buf[o + 4:o + 4 + n], o + 4 + n
+    raw, end = buf[o + 4 : o + 4 + n], o + 4 + n
     if kind in ("S", "x"):
         return Typed(kind, bytes(raw)), end
     if kind == "F":
@@ -156,7 +192,7 @@ def _table(raw: bytes) -> dict:
     out, i = {}, 0
     while i < len(raw):
         n = raw[i]
-        key = raw[i + 1:i + 1 + n].decode("utf-8", "surrogateescape")
+        key = raw[i + 1 : i + 1 + n].decode("utf-8", "surrogateescape")
         out[key], i = _value(raw, i + 1 + n)
     return out
 
@@ -170,14 +206,14 @@ def decode_properties(raw: bytes) -> tuple[dict, dict | None]:
             continue
         if name == "headers":
             (n,) = struct.unpack_from(">I", raw, o)
-            headers, o = table_json(_table(raw[o + 4:o + 4 + n])), o + 4 + n
+            headers, o = table_json(_table(raw[o + 4 : o + 4 + n])), o + 4 + n
         elif name in ("delivery_mode", "priority"):
             props[name], o = raw[o], o + 1
         elif name == "timestamp":
             props[name], o = struct.unpack_from(">Q", raw, o)[0], o + 8
         else:
             n = raw[o]
-            props[name] = raw[o + 1:o + 1 + n].decode("utf-8", "surrogateescape")
+            props[name] = raw[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
     return props, headers
 
@@ -257,21 +293,38 @@ def amqp10_connection(port: int, vhost: str = "/"):
     """A blocking AMQP 1.0 connection to ``vhost`` (RabbitMQ 4.x selects it by 'vhost:' hostname)."""
     from rabbitmq_amqp_python_client.qpid.proton.utils import BlockingConnection
 
-    return BlockingConnection(f"amqp://guest:guest@127.0.0.1:{port}", virtual_host=f"vhost:{vhost}",
-                              allowed_mechs="PLAIN", timeout=30)
+    return BlockingConnection(
+        f"amqp://guest:guest@127.0.0.1:{port}", virtual_host=f"vhost:{vhost}", allowed_mechs="PLAIN", timeout=30
+    )
 
 
 def amqp10_json(v: Any):
     """A proton-decoded AMQP 1.0 value -> JSON with its AMQP type name."""
     p = proton()
     t = type(v)
-    named = {p.symbol: "symbol", p.ulong: "ulong", p.ubyte: "ubyte", p.ushort: "ushort", p.uint: "uint",
-             p.byte: "byte", p.short: "short", p.int32: "int", p.float32: "float", p.char: "char",
-             p.timestamp: "timestamp", p.decimal32: "decimal32", p.decimal64: "decimal64",
-             p.decimal128: "decimal128"}
+    named = {
+        p.symbol: "symbol",
+        p.ulong: "ulong",
+        p.ubyte: "ubyte",
+        p.ushort: "ushort",
+        p.uint: "uint",
+        p.byte: "byte",
+        p.short: "short",
+        p.int32: "int",
+        p.float32: "float",
+        p.char: "char",
+        p.timestamp: "timestamp",
+        p.decimal32: "decimal32",
+        p.decimal64: "decimal64",
+        p.decimal128: "decimal128",
+    }
     if t in named:
-        return {"type": named[t], "value": v if not isinstance(v, (bytes, float)) else (
-            _float_json(v) if isinstance(v, float) else base64.b64encode(v).decode())}
+        return {
+            "type": named[t],
+            "value": v
+            if not isinstance(v, (bytes, float))
+            else (_float_json(v) if isinstance(v, float) else base64.b64encode(v).decode()),
+        }
     if isinstance(v, bool):
         return {"type": "boolean", "value": v}
     if isinstance(v, int):
@@ -334,11 +387,18 @@ def record_amqp10(msg) -> dict:
         "redelivered": (msg.delivery_count or 0) > 0,
         "header": header,
         "properties": {
-            "message_id": msg_id(msg.id), "user_id": opt(msg.user_id), "to": msg.address,
-            "subject": msg.subject, "reply_to": msg.reply_to, "correlation_id": msg_id(msg.correlation_id),
-            "content_type": sym(msg.content_type), "content_encoding": sym(msg.content_encoding),
-            "absolute_expiry_time": msg.expiry_time or None, "creation_time": msg.creation_time or None,
-            "group_id": msg.group_id, "group_sequence": msg.group_sequence or None,
+            "message_id": msg_id(msg.id),
+            "user_id": opt(msg.user_id),
+            "to": msg.address,
+            "subject": msg.subject,
+            "reply_to": msg.reply_to,
+            "correlation_id": msg_id(msg.correlation_id),
+            "content_type": sym(msg.content_type),
+            "content_encoding": sym(msg.content_encoding),
+            "absolute_expiry_time": msg.expiry_time or None,
+            "creation_time": msg.creation_time or None,
+            "group_id": msg.group_id,
+            "group_sequence": msg.group_sequence or None,
             "reply_to_group_id": msg.reply_to_group_id,
         },
         "application_properties": {str(k): amqp10_json(v) for k, v in (msg.application_properties or {}).items()},
@@ -376,13 +436,24 @@ def drain_amqp10(port: int, vhost: str, queue: str, count: int) -> list[dict]:
 # -- MQTT (paho-mqtt) and STOMP (stomp.py) publishers -------------------------------------------
 
 #: MQTT 5.0 PUBLISH properties we set, by their paho attribute name -> manifest key
-MQTT5_PROPERTIES = {"ContentType": "content_type", "ResponseTopic": "response_topic",
-                    "CorrelationData": "correlation_data", "MessageExpiryInterval": "message_expiry_interval",
-                    "PayloadFormatIndicator": "payload_format_indicator", "UserProperty": "user_property"}
+MQTT5_PROPERTIES = {
+    "ContentType": "content_type",
+    "ResponseTopic": "response_topic",
+    "CorrelationData": "correlation_data",
+    "MessageExpiryInterval": "message_expiry_interval",
+    "PayloadFormatIndicator": "payload_format_indicator",
+    "UserProperty": "user_property",
+}
 
 
-def mqtt_client(port: int, client_id: str, version: str = "5.0", clean: bool = True,
-                session_expiry: int | None = None, timeout: float = 30.0):
+def mqtt_client(
+    port: int,
+    client_id: str,
+    version: str = "5.0",
+    clean: bool = True,
+    session_expiry: int | None = None,
+    timeout: float = 30.0,
+):
     """A connected paho client (network loop running) of MQTT ``version`` "3.1.1" or "5.0".
 
     ``clean``: clean_session (3.1.1) / clean_start (5.0); ``session_expiry``: the 5.0 CONNECT
@@ -394,8 +465,12 @@ def mqtt_client(port: int, client_id: str, version: str = "5.0", clean: bool = T
     from paho.mqtt.properties import Properties
 
     v5 = version == "5.0"
-    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
-                    protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311, clean_session=None if v5 else clean)
+    c = mqtt.Client(
+        mqtt.CallbackAPIVersion.VERSION2,
+        client_id=client_id,
+        protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
+        clean_session=None if v5 else clean,
+    )
     c.username_pw_set("guest", "guest")
     connected, result = threading.Event(), {}
 
@@ -433,8 +508,16 @@ def mqtt_close(client) -> None:
     client.loop_stop()
 
 
-def mqtt_publish(client, version: str, topic: str, payload: bytes, qos: int, retain: bool = False,
-                 props: dict | None = None, timeout: float = 30.0) -> dict:
+def mqtt_publish(
+    client,
+    version: str,
+    topic: str,
+    payload: bytes,
+    qos: int,
+    retain: bool = False,
+    props: dict | None = None,
+    timeout: float = 30.0,
+) -> dict:
     """Publish one message and wait until it left (QoS 0) or the broker acknowledged it (QoS 1);
     returns what was sent. ``props``: MQTT 5.0 properties by paho name (``UserProperty`` a list of
     pairs, kept in order, duplicates allowed)."""
@@ -459,9 +542,17 @@ def mqtt_publish(client, version: str, topic: str, payload: bytes, qos: int, ret
             sent[key] = [list(kv) for kv in value]
         else:
             sent[key] = value
-    return {"protocol": "mqtt", "version": version, "client_id": client._client_id.decode(), "topic": topic,
-            "qos": qos, "retain": retain, "properties": sent, "body_sha256": hashlib.sha256(payload).hexdigest(),
-            "body_len": len(payload)}
+    return {
+        "protocol": "mqtt",
+        "version": version,
+        "client_id": client._client_id.decode(),
+        "topic": topic,
+        "qos": qos,
+        "retain": retain,
+        "properties": sent,
+        "body_sha256": hashlib.sha256(payload).hexdigest(),
+        "body_len": len(payload),
+    }
 
 
 def stomp_connection(port: int, vhost: str = "/"):
@@ -498,8 +589,14 @@ def stomp_send(conn, destination: str, payload: bytes, headers: dict[str, str], 
     conn.send(destination, payload, headers=dict(headers, receipt=receipt))
     if not conn.receipts.wait(receipt, timeout):
         raise RuntimeError(f"no STOMP receipt for a SEND to {destination!r}")
-    return {"protocol": "stomp", "version": "1.2", "destination": destination, "headers": dict(headers),
-            "body_sha256": hashlib.sha256(payload).hexdigest(), "body_len": len(payload)}
+    return {
+        "protocol": "stomp",
+        "version": "1.2",
+        "destination": destination,
+        "headers": dict(headers),
+        "body_sha256": hashlib.sha256(payload).hexdigest(),
+        "body_len": len(payload),
+    }
 
 
 # -- draining a whole node -----------------------------------------------------------------------

@@ -42,8 +42,11 @@ NODENAME = "rabbit@localhost"
 STARTING = 30.0  # seconds a rabbitmqctl command waits for a node finishing its boot
 
 #: protocol plugins the harness knows how to configure (listener setting of each)
-PLUGIN_LISTENERS = {"rabbitmq_mqtt": "mqtt.listeners.tcp.default", "rabbitmq_stomp": "stomp.listeners.tcp.1",
-                    "rabbitmq_stream": "stream.listeners.tcp.1"}
+PLUGIN_LISTENERS = {
+    "rabbitmq_mqtt": "mqtt.listeners.tcp.default",
+    "rabbitmq_stomp": "stomp.listeners.tcp.1",
+    "rabbitmq_stream": "stream.listeners.tcp.1",
+}
 #: feature flags that only a node running the plugin enables (rabbit_mqtt_ff, 3.13+); a node dir
 #: whose feature-flag file lists one of them was written with the plugin and needs it to deliver
 PLUGIN_FEATURE_FLAGS = {"rabbitmq_mqtt": ("mqtt_v5", "rabbit_mqtt_qos0_queue", "delete_ra_cluster_mqtt_node")}
@@ -94,8 +97,16 @@ def _owner_ids(root: Path) -> tuple[int, int] | None:
 class Broker:
     """A RabbitMQ node of ``version`` whose data lives under ``run_dir``."""
 
-    def __init__(self, version: str, run_dir: Path | str, *, advanced_config: str | None = None,
-                 nodename: str = NODENAME, env: dict[str, str] | None = None, plugins=()):
+    def __init__(
+        self,
+        version: str,
+        run_dir: Path | str,
+        *,
+        advanced_config: str | None = None,
+        nodename: str = NODENAME,
+        env: dict[str, str] | None = None,
+        plugins=(),
+    ):
         self.runtime: Runtime = runtime(version)
         why = self.runtime.unavailable()
         if why:
@@ -121,10 +132,12 @@ class Broker:
 
     def _write_config(self) -> None:
         """rabbitmq.conf and enabled_plugins (a plugin's settings are valid only when it is enabled)."""
-        conf = (f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
-                "loopback_users = none\n"
-                "log.console = false\n"
-                "log.file.level = info\n")
+        conf = (
+            f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
+            "loopback_users = none\n"
+            "log.console = false\n"
+            "log.file.level = info\n"
+        )
         ports = self.plugin_ports
         for plugin in self.plugins:
             conf += f"{PLUGIN_LISTENERS[plugin]} = 127.0.0.1:{ports[plugin]}\n"
@@ -216,8 +229,10 @@ class Broker:
             # the broker runs as the rabbitmq user: every ancestor of the run dir must let it in
             for parent in self.run_dir.parents:
                 if parent.stat().st_mode & 0o001 == 0:
-                    raise BrokerError(f"{self.run_dir}: the rabbitmq user cannot enter {parent} "
-                                      f"(mode {parent.stat().st_mode & 0o777:o}); put broker run dirs elsewhere")
+                    raise BrokerError(
+                        f"{self.run_dir}: the rabbitmq user cannot enter {parent} "
+                        f"(mode {parent.stat().st_mode & 0o777:o}); put broker run dirs elsewhere"
+                    )
         if self.runtime.chroot:
             prepare_chroot(self.runtime.root)
             if not self._mounted:
@@ -247,22 +262,30 @@ class Broker:
         self._prepare()
         (self.run_dir / "pid").unlink(missing_ok=True)
         out = open(self.run_dir / "log" / "stdout.txt", "ab")
-        self._proc = subprocess.Popen(self._argv("rabbitmq-server"), stdin=subprocess.DEVNULL, stdout=out,
-                                      stderr=subprocess.STDOUT, start_new_session=True, cwd=self.run_dir)
+        self._proc = subprocess.Popen(
+            self._argv("rabbitmq-server"),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=self.run_dir,
+        )
         out.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 rc = self._proc.returncode
                 self._proc = None
-                raise BrokerError(f"RabbitMQ {self.version} exited at boot (status {rc}) on {self.node_dir}\n"
-                                  + self.log_tail())
+                raise BrokerError(
+                    f"RabbitMQ {self.version} exited at boot (status {rc}) on {self.node_dir}\n" + self.log_tail()
+                )
             if self._listening():
                 return
             time.sleep(0.25)
         self.kill()
-        raise BrokerError(f"RabbitMQ {self.version} did not come up within {timeout:.0f}s on {self.node_dir}\n"
-                          + self.log_tail())
+        raise BrokerError(
+            f"RabbitMQ {self.version} did not come up within {timeout:.0f}s on {self.node_dir}\n" + self.log_tail()
+        )
 
     def _listening(self) -> bool:
         try:
@@ -288,15 +311,17 @@ class Broker:
         again for up to ``STARTING`` seconds."""
         deadline = time.monotonic() + STARTING
         while True:
-            proc = subprocess.run(self._argv("rabbitmqctl", "-n", self.nodename, *args), capture_output=True,
-                                  text=True, timeout=timeout)
+            proc = subprocess.run(
+                self._argv("rabbitmqctl", "-n", self.nodename, *args), capture_output=True, text=True, timeout=timeout
+            )
             starting = proc.returncode != 0 and "requires the 'rabbit' app to be running" in proc.stderr + proc.stdout
             if not starting or not self.running or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
         if check and proc.returncode != 0:
-            raise BrokerError(f"rabbitmqctl {' '.join(args)} failed ({proc.returncode}): "
-                              f"{proc.stderr.strip() or proc.stdout.strip()}")
+            raise BrokerError(
+                f"rabbitmqctl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}"
+            )
         return proc.stdout
 
     def stop(self, timeout: float = 180.0) -> None:
@@ -332,10 +357,12 @@ class Broker:
             if not missing:
                 return
             if time.monotonic() >= deadline:
-                raise BrokerError(f"RabbitMQ {self.version}: after {timeout:.0f}s the metadata files of {self.node_dir} "
-                                  f"still lack the durable declaration of {', '.join(map(repr, missing))} in vhost "
-                                  f"{vhost!r} (a kill -9 now would lose it)"
-                                  + (f"; reader notes: {'; '.join(meta.notes)}" if meta and meta.notes else ""))
+                raise BrokerError(
+                    f"RabbitMQ {self.version}: after {timeout:.0f}s the metadata files of {self.node_dir} "
+                    f"still lack the durable declaration of {', '.join(map(repr, missing))} in vhost "
+                    f"{vhost!r} (a kill -9 now would lose it)"
+                    + (f"; reader notes: {'; '.join(meta.notes)}" if meta and meta.notes else "")
+                )
             time.sleep(0.1)
 
     def kill(self) -> None:
@@ -371,7 +398,7 @@ class Broker:
         uid, gid = self._ids
         return ["chroot", f"--userspec={uid}:{gid}", str(self.runtime.root), *cmd]
 
-    def __enter__(self) -> "Broker":
+    def __enter__(self) -> Broker:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -430,6 +457,7 @@ def plugins_needed(mnesia_base: Path) -> list[str]:
             text = f.read_text(errors="replace")
         except OSError:
             continue
-        flags |= {w.strip("'") for w in text.replace("[", " ").replace("]", " ").replace(".", " ")
-                  .replace(",", " ").split()}
+        flags |= {
+            w.strip("'") for w in text.replace("[", " ").replace("]", " ").replace(".", " ").replace(",", " ").split()
+        }
     return sorted(p for p, names in PLUGIN_FEATURE_FLAGS.items() if flags & set(names))

@@ -156,7 +156,9 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_install = sub.add_parser("install", help="install the missing broker runtimes (root)")
     p_install.add_argument("versions", nargs="*", help=f"default: {' '.join(RUNTIMES)}")
-    p_install.add_argument("--mirror", default=None, help="Debian archive for debootstrap (default: the one in apt's sources)")
+    p_install.add_argument(
+        "--mirror", default=None, help="Debian archive for debootstrap (default: the one in apt's sources)"
+    )
     sub.add_parser("status", help="say which versions can be started here")
     args = parser.parse_args(argv)
     if args.cmd == "install":

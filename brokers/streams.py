@@ -41,9 +41,14 @@ import uuid
 STREAM, RETAINED, CLASSIC, EXCHANGE = "st.events", "st.retained", "cq.events", "ex.streams"
 SEGMENT_BYTES, RETAINED_BYTES, RETAINED_SEGMENT_BYTES = 32_000, 20_000, 8_000
 #: queue arguments of each stream of the workload
-STREAMS = {STREAM: {"x-queue-type": "stream", "x-stream-max-segment-size-bytes": SEGMENT_BYTES},
-           RETAINED: {"x-queue-type": "stream", "x-max-length-bytes": RETAINED_BYTES,
-                      "x-stream-max-segment-size-bytes": RETAINED_SEGMENT_BYTES}}
+STREAMS = {
+    STREAM: {"x-queue-type": "stream", "x-stream-max-segment-size-bytes": SEGMENT_BYTES},
+    RETAINED: {
+        "x-queue-type": "stream",
+        "x-max-length-bytes": RETAINED_BYTES,
+        "x-stream-max-segment-size-bytes": RETAINED_SEGMENT_BYTES,
+    },
+}
 MESSAGES_091, SIMPLE, SUB_BATCH, MESSAGES_10 = 400, 30, 10, 20
 PUBLISHER, CONSUMER, EARLY_CONSUMER, STORED_OFFSET, EARLY_OFFSET = "pub-1", "cons-1", "cons-2", 100, 50
 COMPRESSIONS = ("No", "Gzip", "Snappy", "Lz4", "Zstd")
@@ -120,11 +125,22 @@ def publish_091(ch, start: int, stop: int) -> None:
     for i in range(start, stop):
         props = pika.BasicProperties(delivery_mode=2)
         if i % 7 == 0:  # every property, and headers of every field type
-            props = pika.BasicProperties(delivery_mode=2, content_type="application/json", content_encoding="identity",
-                                         message_id=f"m-{i}", correlation_id=f"c-{i}", priority=i % 10,
-                                         timestamp=1_700_000_000 + i, type="event", app_id="gen",
-                                         expiration="86400000", reply_to="replies", user_id="guest",
-                                         cluster_id="cluster-a", headers=dict(HEADERS, seq=i))
+            props = pika.BasicProperties(
+                delivery_mode=2,
+                content_type="application/json",
+                content_encoding="identity",
+                message_id=f"m-{i}",
+                correlation_id=f"c-{i}",
+                priority=i % 10,
+                timestamp=1_700_000_000 + i,
+                type="event",
+                app_id="gen",
+                expiration="86400000",
+                reply_to="replies",
+                user_id="guest",
+                cluster_id="cluster-a",
+                headers=dict(HEADERS, seq=i),
+            )
         ch.basic_publish(EXCHANGE, f"ev.{i % 5}", f'{{"event": {i}}}'.encode() * (1 + i % 3), props)
 
 
@@ -144,8 +160,13 @@ def write(broker, amqp10: bool, streams: dict = STREAMS) -> dict:
     asyncio.run(_store_offsets(broker, [(CONSUMER, STORED_OFFSET), (CONSUMER, STORED_OFFSET + 5)]))
     if amqp10:
         _amqp10(broker)
-    return {"amqp091": MESSAGES_091, "stream_simple": SIMPLE, "sub_batches": {c: SUB_BATCH for c in COMPRESSIONS},
-            "amqp10": MESSAGES_10 if amqp10 else 0, "streams": {k: dict(v) for k, v in streams.items()}}
+    return {
+        "amqp091": MESSAGES_091,
+        "stream_simple": SIMPLE,
+        "sub_batches": {c: SUB_BATCH for c in COMPRESSIONS},
+        "amqp10": MESSAGES_10 if amqp10 else 0,
+        "streams": {k: dict(v) for k, v in streams.items()},
+    }
 
 
 def write_many(broker, names, messages: int = 130, segment_bytes: int = 8_000) -> None:
@@ -159,8 +180,11 @@ def write_many(broker, names, messages: int = 130, segment_bytes: int = 8_000) -
     conn = pika.BlockingConnection(pika.URLParameters(broker.url))
     ch = conn.channel()
     ch.confirm_delivery()
-    declare(ch, {n: {"x-queue-type": "stream", "x-stream-max-segment-size-bytes": segment_bytes} for n in names},
-            classic=False)
+    declare(
+        ch,
+        {n: {"x-queue-type": "stream", "x-stream-max-segment-size-bytes": segment_bytes} for n in names},
+        classic=False,
+    )
     publish_091(ch, 0, messages)
     conn.close()
 
@@ -171,8 +195,12 @@ def write_many(broker, names, messages: int = 130, segment_bytes: int = 8_000) -
             for n in names:
                 for i in range(10):
                     await p.send_wait(n, AMQPMessage(body=f"simple {i}".encode()), publisher_name=PUBLISHER)
-                await p.send_sub_entry(n, [AMQPMessage(body=f"gz {i} ".encode() * 4) for i in range(5)],
-                                       compression_type=CompressionType.Gzip, publisher_name=PUBLISHER)
+                await p.send_sub_entry(
+                    n,
+                    [AMQPMessage(body=f"gz {i} ".encode() * 4) for i in range(5)],
+                    compression_type=CompressionType.Gzip,
+                    publisher_name=PUBLISHER,
+                )
             await asyncio.sleep(1)
         async with _stream_client(broker, Consumer) as c:
             for n in names:
@@ -190,8 +218,12 @@ async def _stream_protocol(broker) -> None:
         for i in range(SIMPLE):
             await p.send_wait(STREAM, AMQPMessage(body=f"simple {i}".encode()), publisher_name=PUBLISHER)
         for c in COMPRESSIONS:
-            await p.send_sub_entry(STREAM, [AMQPMessage(body=f"{c} {i} ".encode() * 8) for i in range(SUB_BATCH)],
-                                   compression_type=getattr(CompressionType, c), publisher_name=PUBLISHER)
+            await p.send_sub_entry(
+                STREAM,
+                [AMQPMessage(body=f"{c} {i} ".encode() * 8) for i in range(SUB_BATCH)],
+                compression_type=getattr(CompressionType, c),
+                publisher_name=PUBLISHER,
+            )
         await asyncio.sleep(1)
 
 
@@ -211,8 +243,17 @@ def _amqp10(broker) -> None:
     c = amqp10_connection(broker.port, "/")
     snd = c.create_sender(f"/queues/{STREAM}")
     for i in range(MESSAGES_10):
-        snd.send(p.Message(body=f"amqp10 {i}".encode(), inferred=True, durable=True, id=f"a10-{i}", subject="subj",
-                           content_type=p.symbol("text/plain"), application_properties={"k": i, "t": "x"}))
+        snd.send(
+            p.Message(
+                body=f"amqp10 {i}".encode(),
+                inferred=True,
+                durable=True,
+                id=f"a10-{i}",
+                subject="subj",
+                content_type=p.symbol("text/plain"),
+                application_properties={"k": i, "t": "x"},
+            )
+        )
     snd.close()
     c.close()
 
@@ -257,10 +298,12 @@ def sections(body: bytes) -> dict:
         m = amqp_decoder(bytes(body))
     except Exception as e:  # not an AMQP 1.0 message: that is the truth too
         return {"error": f"{type(e).__name__}: {str(e)[:120]}"}
-    return {"header": jsonable(getattr(m, "header", None)),
-            "message_annotations": jsonable(getattr(m, "message_annotations", None)),
-            "properties": jsonable(getattr(m, "properties", None)),
-            "application_properties": jsonable(getattr(m, "application_properties", None))}
+    return {
+        "header": jsonable(getattr(m, "header", None)),
+        "message_annotations": jsonable(getattr(m, "message_annotations", None)),
+        "properties": jsonable(getattr(m, "properties", None)),
+        "application_properties": jsonable(getattr(m, "application_properties", None)),
+    }
 
 
 @contextlib.contextmanager
@@ -280,8 +323,9 @@ def _raw_chunks(chunks: list):
         self.chunk_crc = zlib.crc32(self.data)  # rstream then takes the chunk as it is
 
     async def recording(self, frame, subscriber, filter_value):
-        chunks.append([frame.chunk_first_offset, frame.num_records, frame.num_entries,
-                       getattr(frame, "_cqf_crc_ok", True)])
+        chunks.append(
+            [frame.chunk_first_offset, frame.num_records, frame.num_entries, getattr(frame, "_cqf_crc_ok", True)]
+        )
         await on_deliver(self, frame, subscriber, filter_value)
 
     schema.Deliver.__post_init__, rc.Consumer._on_deliver = lenient, recording
@@ -343,9 +387,16 @@ def served_stream_protocol(broker, stream: str = STREAM, idle: float = 2.0, limi
             last[0] = time.monotonic()
 
         try:
-            await asyncio.wait_for(c.subscribe(stream, cb, decoder=lambda b: b, initial_credit=50,
-                                               offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST,
-                                                                                                None)), 15)
+            await asyncio.wait_for(
+                c.subscribe(
+                    stream,
+                    cb,
+                    decoder=lambda b: b,
+                    initial_credit=50,
+                    offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST, None),
+                ),
+                15,
+            )
             t0 = time.monotonic()
             while time.monotonic() - last[0] < idle and time.monotonic() - t0 < limit:
                 await asyncio.sleep(0.2)
@@ -364,8 +415,9 @@ def served_stream_protocol(broker, stream: str = STREAM, idle: float = 2.0, limi
     return {"chunks": chunks, "records": out, "sections": secs, **({"error": error} if error else {})}
 
 
-def served_amqp091(broker, stream: str = STREAM, idle: float = 2.0, limit: float = 60.0,
-                   prefetch: int = PREFETCH) -> dict:
+def served_amqp091(
+    broker, stream: str = STREAM, idle: float = 2.0, limit: float = 60.0, prefetch: int = PREFETCH
+) -> dict:
     """Every message served from ``first`` over AMQP 0-9-1 (``x-stream-offset``, prefetch
     ``prefetch``, each delivery acked as it comes), in delivery order, with what a 0-9-1
     consumer sees; ``error`` when the broker closed the channel or connection on us."""
@@ -431,9 +483,14 @@ def tracking(broker, stream: str, refs: dict) -> dict:
                     res["consumer_offsets"][ref] = None
                     res["codes"][f"offset:{ref}"] = type(e).__name__
             for ref in refs.get("sequence", []):
-                resp = await asyncio.wait_for(client.sync_request(
-                    schema.QueryPublisherSequence(client._corr_id_seq.next(), publisher_ref=ref, stream=stream),
-                    resp_schema=schema.QueryPublisherSequenceResponse, raise_exception=False), 10)
+                resp = await asyncio.wait_for(
+                    client.sync_request(
+                        schema.QueryPublisherSequence(client._corr_id_seq.next(), publisher_ref=ref, stream=stream),
+                        resp_schema=schema.QueryPublisherSequenceResponse,
+                        raise_exception=False,
+                    ),
+                    10,
+                )
                 ok = resp.response_code == 1
                 res["publisher_sequences"][ref] = resp.sequence if ok else None
                 if not ok:
@@ -446,17 +503,23 @@ def tracking(broker, stream: str, refs: dict) -> dict:
         return {"error": f"{type(e).__name__}: {str(e)[:200]}"}
 
 
-def stream_truth(broker, stream: str, refs: dict, limit: float = 90.0, prefetch_100: bool = True,
-                 idle: float = 2.0) -> dict:
+def stream_truth(
+    broker, stream: str, refs: dict, limit: float = 90.0, prefetch_100: bool = True, idle: float = 2.0
+) -> dict:
     """Everything ``ground_truth`` records for one stream (``limit``: how long to wait for it to
     be available; ``prefetch_100``: also the AMQP 0-9-1 read with prefetch ``PREFETCH``;
     ``idle``: a read ends after that many seconds without a delivery)."""
     waited = wait_available(broker, stream, limit)
-    return {"stream": stream, "vhost": "/", "available": waited is None, **({"unavailable": waited} if waited else {}),
-            "tracking": tracking(broker, stream, refs) if waited is None else {"error": waited},
-            "served_stream_protocol": served_stream_protocol(broker, stream, idle=idle),
-            **({"served_amqp091": served_amqp091(broker, stream, idle=idle)} if prefetch_100 else {}),
-            "served_amqp091_one": served_amqp091(broker, stream, idle=idle, prefetch=1)}
+    return {
+        "stream": stream,
+        "vhost": "/",
+        "available": waited is None,
+        **({"unavailable": waited} if waited else {}),
+        "tracking": tracking(broker, stream, refs) if waited is None else {"error": waited},
+        "served_stream_protocol": served_stream_protocol(broker, stream, idle=idle),
+        **({"served_amqp091": served_amqp091(broker, stream, idle=idle)} if prefetch_100 else {}),
+        "served_amqp091_one": served_amqp091(broker, stream, idle=idle, prefetch=1),
+    }
 
 
 def ground_truth(broker, node_dir) -> list[dict]:
@@ -469,7 +532,7 @@ def ground_truth(broker, node_dir) -> list[dict]:
     out = []
     for name in STREAMS:
         prefix = base64uri(f"/_{name}_")
-        dirs = [d for d in (Path(node_dir) / "stream").glob(prefix + "*") if d.name[len(prefix):].isdigit()]
+        dirs = [d for d in (Path(node_dir) / "stream").glob(prefix + "*") if d.name[len(prefix) :].isdigit()]
         refs = references(dirs[0]) if len(dirs) == 1 else {}
         out.append(stream_truth(broker, name, refs))
     return out

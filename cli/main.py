@@ -17,8 +17,10 @@ log = logging.getLogger("cqforensics.cli")
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # usage errors: one line, exit 16 (not argparse's usage block and 2)
-        self.exit(exitcodes.USAGE, f"{self.prog}: error: {' '.join(message.split())}{did_you_mean(message)} "
-                                   f"(see {self.prog} --help)\n")
+        self.exit(
+            exitcodes.USAGE,
+            f"{self.prog}: error: {' '.join(message.split())}{did_you_mean(message)} (see {self.prog} --help)\n",
+        )
 
 
 def did_you_mean(message: str) -> str:
@@ -72,9 +74,12 @@ def _as_of(text: str) -> int:
 
 
 def add_force(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--force", action="store_true",
-                   help=f"replace {what} if it is a previous output of cqforensics, unchanged since written "
-                        "(never anything else: an input, RabbitMQ data, a file cqforensics did not write)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help=f"replace {what} if it is a previous output of cqforensics, unchanged since written "
+        "(never anything else: an input, RabbitMQ data, a file cqforensics did not write)",
+    )
 
 
 def add_quiet(p: argparse.ArgumentParser, text: str = "no progress on stderr (shown only on a terminal)") -> None:
@@ -82,16 +87,28 @@ def add_quiet(p: argparse.ArgumentParser, text: str = "no progress on stderr (sh
 
 
 def add_read_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--broker-version", metavar="V",
-                   help="the RabbitMQ version whose next boot to predict (3.10 .. 4.3; default: inferred)")
-    p.add_argument("--as-of", metavar="TIME", type=_as_of,
-                   help="judge message TTLs at this time (ISO 8601 or epoch ms, 1970 .. 9999; default: now)")
+    p.add_argument(
+        "--broker-version",
+        metavar="V",
+        help="the RabbitMQ version whose next boot to predict (3.10 .. 4.3; default: inferred)",
+    )
+    p.add_argument(
+        "--as-of",
+        metavar="TIME",
+        type=_as_of,
+        help="judge message TTLs at this time (ISO 8601 or epoch ms, 1970 .. 9999; default: now)",
+    )
 
 
 def add_jobs(p: argparse.ArgumentParser, what: str = "") -> None:
-    p.add_argument("-j", "--jobs", type=_int_at_least(1), metavar="N",
-                   help=f"processes to use{what} (default: every usable CPU, at most 8); the output is the "
-                        "same, in the same order, whatever N")
+    p.add_argument(
+        "-j",
+        "--jobs",
+        type=_int_at_least(1),
+        metavar="N",
+        help=f"processes to use{what} (default: every usable CPU, at most 8); the output is the "
+        "same, in the same order, whatever N",
+    )
 
 
 def jobs(args) -> int:
@@ -102,8 +119,13 @@ def jobs(args) -> int:
 
 
 def add_filters(p: argparse.ArgumentParser, queues_help: str = "only this queue (repeatable)") -> None:
-    p.add_argument("--vhost", action="append", metavar="NAME", dest="vhosts",
-                   help="only this vhost (repeatable; default: every vhost)")
+    p.add_argument(
+        "--vhost",
+        action="append",
+        metavar="NAME",
+        dest="vhosts",
+        help="only this vhost (repeatable; default: every vhost)",
+    )
     p.add_argument("--queue", action="append", metavar="NAME", dest="queues", help=queues_help)
 
 
@@ -160,14 +182,16 @@ def cmd_read(args) -> int:
     progress = _shown(args)
     opts["progress"] = progress
     try:
-        with staged_file(target, "wb" if args.format == "parquet" else "w", replace=args.force, command="read",
-                         inputs=args.paths) as out:
+        with staged_file(
+            target, "wb" if args.format == "parquet" else "w", replace=args.force, command="read", inputs=args.paths
+        ) as out:
             if args.format == "parquet":
                 from cqforensics.read.driver import check_columns
 
                 with ParquetSink(out, check_columns(args.table, columns)) as sink:
-                    for batch in _limited(cqforensics.iter_batches(args.paths, args.table, columns=columns, **opts),
-                                          args.limit):
+                    for batch in _limited(
+                        cqforensics.iter_batches(args.paths, args.table, columns=columns, **opts), args.limit
+                    ):
                         sink.write(batch)
                 rows, expired = sink.num_rows, 0
             else:
@@ -208,17 +232,18 @@ def _read_rows(args, columns, opts, out) -> tuple[int, int]:
     n = expired = 0
     if args.format == "jsonl":  # the lines are made by every process (one row, one line)
         left = args.limit
-        for rows, dropped, text in cqforensics.iter_batches(args.paths, args.table, columns=columns,
-                                                            render=render.jsonl_text, **opts):
+        for rows, dropped, text in cqforensics.iter_batches(
+            args.paths, args.table, columns=columns, render=render.jsonl_text, **opts
+        ):
             if left is not None and rows > left:
                 # the first ``left`` lines: "\n" ends a row's line (a JSON string may hold U+2028,
                 # where str.splitlines would cut too)
                 cut = -1
                 for _ in range(left):
                     cut = text.index("\n", cut + 1)
-                out.write(text[:cut + 1])
+                out.write(text[: cut + 1])
                 # the expired among them: the key, quoted, can only be a key (quotes in a value are escaped)
-                return n + left, expired + (text[:cut + 1].count('"drop_reason": "expired"') if dropped else 0)
+                return n + left, expired + (text[: cut + 1].count('"drop_reason": "expired"') if dropped else 0)
             out.write(text)
             out.flush()
             n, expired = n + rows, expired + dropped
@@ -229,11 +254,16 @@ def _read_rows(args, columns, opts, out) -> tuple[int, int]:
         return n, expired
     table = None
     if args.format == "table":
-        cols = columns or render.TEXT_COLUMNS.get(args.table) or [
-            c for c in cqforensics.schema(args.table).names if c not in ("body",)]
+        cols = (
+            columns
+            or render.TEXT_COLUMNS.get(args.table)
+            or [c for c in cqforensics.schema(args.table).names if c not in ("body",)]
+        )
         if not columns and args.table in render.TEXT_COLUMNS and sys.stderr.isatty():
-            print(f"cqforensics: the {args.table} table's main columns; --columns A,B or --format jsonl for others",
-                  file=sys.stderr)
+            print(
+                f"cqforensics: the {args.table} table's main columns; --columns A,B or --format jsonl for others",
+                file=sys.stderr,
+            )
         table = render.TextTable(cols, out, group=TEXT_GROUP)
     for batch in _limited(cqforensics.iter_batches(args.paths, args.table, columns=columns, **opts), args.limit):
         rows = batch.to_pylist()
@@ -256,8 +286,7 @@ def _say_expired(expired: int, opts: dict) -> None:
         from cli import render
         from cqforensics.output.provenance import iso, now_ms
 
-        print(f"cqforensics: {render.ttl_line({'expired': expired, 'ttls_judged_at': iso(now_ms())})}",
-              file=sys.stderr)
+        print(f"cqforensics: {render.ttl_line({'expired': expired, 'ttls_judged_at': iso(now_ms())})}", file=sys.stderr)
 
 
 class ProgressDisplay:
@@ -287,10 +316,17 @@ class ProgressDisplay:
         if self.bar is None or (total is not None and self.bar.total != total):
             if self.bar is not None:
                 self.bar.close()
-            self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, file=self.stream,
-                            leave=False, dynamic_ncols=True,
-                            # tqdm's own variable wins (TQDM_MININTERVAL=0: every update drawn)
-                            mininterval=float(os.environ.get("TQDM_MININTERVAL", "0.2")))
+            self.bar = tqdm(
+                total=total,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                file=self.stream,
+                leave=False,
+                dynamic_ncols=True,
+                # tqdm's own variable wins (TQDM_MININTERVAL=0: every update drawn)
+                mininterval=float(os.environ.get("TQDM_MININTERVAL", "0.2")),
+            )
         if text != self.last:
             self.bar.set_description_str(text, refresh=False)
             self.last = text
@@ -323,8 +359,10 @@ def _shown(args, *exclusive: str) -> ProgressDisplay | None:
     option in ``exclusive`` (a machine output on stdout: --json) is given; ``--progress``
     (where the command has it) shows it whatever stderr is."""
     on = getattr(args, "progress", False) or (
-        sys.stderr.isatty() and not getattr(args, "quiet", False) and not any(getattr(args, o, False)
-                                                                              for o in exclusive))
+        sys.stderr.isatty()
+        and not getattr(args, "quiet", False)
+        and not any(getattr(args, o, False) for o in exclusive)
+    )
     return _progress(on)
 
 
@@ -342,8 +380,15 @@ def cmd_fsck(args) -> int:
     progress = _shown(args, "json", "jsonl")
     report = None
     try:
-        for item in fsck_mod.fsck(args.paths, deep=args.deep, assume_dirty=args.assume_dirty, progress=progress,
-                                  jobs=jobs(args), **read_options(args), **filters(args)):
+        for item in fsck_mod.fsck(
+            args.paths,
+            deep=args.deep,
+            assume_dirty=args.assume_dirty,
+            progress=progress,
+            jobs=jobs(args),
+            **read_options(args),
+            **filters(args),
+        ):
             if isinstance(item, fsck_mod.Report):
                 report = item
             elif args.jsonl:
@@ -375,8 +420,9 @@ def cmd_dump(args) -> int:
         return exitcodes.OK
     for r in rows:
         head = f"{r['offset']:>10}" if r.get("offset") is not None else " " * 10
-        rest = " ".join(f"{k}={render.dump_value(v)}" for k, v in r.items()
-                        if k not in ("offset", "kind") and v is not None)
+        rest = " ".join(
+            f"{k}={render.dump_value(v)}" for k, v in r.items() if k not in ("offset", "kind") and v is not None
+        )
         print(f"{head}  {r['kind']:<8} {rest}")
     return exitcodes.OK
 
@@ -390,15 +436,29 @@ def cmd_export(args) -> int:
 
     progress = _shown(args)
     try:
-        result = export(args.paths, args.format, args.out, everything=args.all, force=args.force, progress=progress,
-                        jobs=jobs(args), **read_options(args), **filters(args))
+        result = export(
+            args.paths,
+            args.format,
+            args.out,
+            everything=args.all,
+            force=args.force,
+            progress=progress,
+            jobs=jobs(args),
+            **read_options(args),
+            **filters(args),
+        )
     finally:
         if progress:
             progress.close()
     counts = ", ".join(f"{n:,} {k}" for k, n in sorted(result["rows"].items())) or "no rows"
     print(f"{result['file']}: {counts}", file=sys.stderr)
-    ttl = render.ttl_line({"expired": result["expired"], "ttls_judged_at": result["as_of"],
-                           "ttls_judged_by": "as_of" if result["as_of_given"] else "clock"})
+    ttl = render.ttl_line(
+        {
+            "expired": result["expired"],
+            "ttls_judged_at": result["as_of"],
+            "ttls_judged_by": "as_of" if result["as_of_given"] else "clock",
+        }
+    )
     if ttl:
         print(ttl, file=sys.stderr)
     for node, kinds in result["not_read"].items():
@@ -429,10 +489,23 @@ def cmd_find(args) -> int:
 
             raise UsageError(f"--body-hex: not hex: {args.body_hex!r}") from None
     progress = _shown(args)
-    hits = find(args.paths, msg_ids=args.msg_id or (), body=body or None, message_ids=args.message_id or (),
-                progress=progress, jobs=jobs(args), **read_options(args), **filters(args))
-    table = None if args.jsonl else render.TextTable(
-        ["vhost", "queue", "source", "fate", "msg_id", "file", "offset", "index"], sys.stdout, max_width=80)
+    hits = find(
+        args.paths,
+        msg_ids=args.msg_id or (),
+        body=body or None,
+        message_ids=args.message_id or (),
+        progress=progress,
+        jobs=jobs(args),
+        **read_options(args),
+        **filters(args),
+    )
+    table = (
+        None
+        if args.jsonl
+        else render.TextTable(
+            ["vhost", "queue", "source", "fate", "msg_id", "file", "offset", "index"], sys.stdout, max_width=80
+        )
+    )
     n = 0
     try:
         for h in hits:
@@ -464,8 +537,8 @@ def cmd_audit(args) -> int:
     import json
 
     from cli import render
-    from cqforensics.commands.audit import audit
     from cqforensics.base.errors import plural
+    from cqforensics.commands.audit import audit
 
     progress = _shown(args, "json")
     try:
@@ -484,18 +557,25 @@ def cmd_audit(args) -> int:
         render.text_table(rows, where + columns, out, **kw)
 
     narrowed = [f"{k[:-1]} {', '.join(map(repr, v))}" for k, v in a["filters"].items() if v]
-    out.write(f"audit of {plural(len(a['nodes']), 'node')}" + (f", narrowed to {'; '.join(narrowed)}" if narrowed
-                                                               else "") + "\n")
+    out.write(
+        f"audit of {plural(len(a['nodes']), 'node')}"
+        + (f", narrowed to {'; '.join(narrowed)}" if narrowed else "")
+        + "\n"
+    )
     if a["filters"]["queues"]:
-        out.write("  (with --queue: shared-store files are left out, and the store entries but for the orphans "
-                  "that would have reached those queues)\n")
+        out.write(
+            "  (with --queue: shared-store files are left out, and the store entries but for the orphans "
+            "that would have reached those queues)\n"
+        )
     for n in a["nodes"]:
         for u in n["not_read"]:
             out.write(f"  NOT READ on {n['node']}: {render.not_read_line(u)}\n")
     c = a["compaction"]
     what = "their .qs files" if a["filters"]["queues"] else "store files"
-    out.write(f"\n{what}: {plural(c['store_bytes'], 'byte')}, {c['reclaimable_bytes']:,} reclaimable by compaction "
-              f"({100 * c['reclaimable_ratio']:.0f}%)\n\n")
+    out.write(
+        f"\n{what}: {plural(c['store_bytes'], 'byte')}, {c['reclaimable_bytes']:,} reclaimable by compaction "
+        f"({100 * c['reclaimable_ratio']:.0f}%)\n\n"
+    )
     if a["orphans"]:
         out.write("orphaned / duplicate / corrupt shared-store entries:\n")
         table(a["orphans"], ["vhost", "file", "status", "entries", "bytes"], max_width=90)
@@ -513,16 +593,20 @@ def cmd_audit(args) -> int:
             table(rows, ["vhost", label, "copies", "kind", "queues"], max_width=60)
         out.write("\n")
     problems = a["refcount_problems"]
-    out.write(f"reference count problems: {len(problems)} (as fsck counts them: a persistent message's body in no "
-              "store file, msg-missing; a recorded count the indexes contradict, refcount-mismatch)\n")
+    out.write(
+        f"reference count problems: {len(problems)} (as fsck counts them: a persistent message's body in no "
+        "store file, msg-missing; a recorded count the indexes contradict, refcount-mismatch)\n"
+    )
     if problems:
         table(problems[:20], ["vhost", "msg_id", "copies", "computed_refs", "recorded_refs", "status"])
         if len(problems) > 20:
             out.write(f"... and {len(problems) - 20:,} more (--json lists them all)\n")
     for t in a["transient_bodies_missing"]:
-        out.write(f"  not a problem: {'node ' + t['node'] + ' ' if fleet else ''}vhost {t['vhost']!r}: "
-                  f"{plural(t['entries'], 'transient message')} whose body is in no transient-store file (the next "
-                  "boot drops transient messages whatever, and deletes that store)\n")
+        out.write(
+            f"  not a problem: {'node ' + t['node'] + ' ' if fleet else ''}vhost {t['vhost']!r}: "
+            f"{plural(t['entries'], 'transient message')} whose body is in no transient-store file (the next "
+            "boot drops transient messages whatever, and deletes that store)\n"
+        )
     out.write("\nfiles (live vs garbage):\n")
     table(a["files"], ["vhost", "queue", "file", "kind", "size", "live_bytes", "garbage_bytes"], max_width=90)
     return exitcodes.OK
@@ -542,8 +626,16 @@ def _rewrite(args, command: str) -> int:
         kw["template"] = args.template
     if getattr(args, "restore_orphans", None):
         kw["restore_orphans"] = args.restore_orphans
-    result = salvage.rewrite(command, args.src, args.dst, dry_run=args.dry_run, progress=progress,
-                             file_size_limit=args.file_size_limit, force=args.force, **kw)
+    result = salvage.rewrite(
+        command,
+        args.src,
+        args.dst,
+        dry_run=args.dry_run,
+        progress=progress,
+        file_size_limit=args.file_size_limit,
+        force=args.force,
+        **kw,
+    )
     return _report(result, args.json, render.rewrite_text, progress)
 
 
@@ -611,8 +703,14 @@ def cmd_verify(args) -> int:
     from cqforensics.write.verify import verify
 
     progress = _progress(sys.stderr.isatty() and not args.json)
-    result = verify(args.paths, broker_version=args.broker_version, deep=args.deep, progress=progress,
-                    allow_garbage=args.allow_garbage, jobs=jobs(args))
+    result = verify(
+        args.paths,
+        broker_version=args.broker_version,
+        deep=args.deep,
+        progress=progress,
+        allow_garbage=args.allow_garbage,
+        jobs=jobs(args),
+    )
     return _report(result, args.json, render.verify_text, progress)
 
 
@@ -625,8 +723,8 @@ def cmd_report(args) -> int:
     --force and only if cqforensics wrote it).
 
     Exit: 0 written, 8 operational error, 16 usage."""
-    from cqforensics.output.guard import check_output, staged_file
     from cqforensics.commands.report import render
+    from cqforensics.output.guard import check_output, staged_file
 
     target = check_output(args.html, args.paths, force=args.force)
     progress = _shown(args)
@@ -648,18 +746,29 @@ def cmd_republish(args) -> int:
     rerun after an interruption neither loses nor duplicates a message. By default what the next
     boot would deliver; --only-dropped: what it would drop but is still readable."""
     from cqforensics.base.errors import plural, queue_ref
-    from cqforensics.model.options import parse_as_of
     from cqforensics.commands.republish import read_ids, republish
+    from cqforensics.model.options import parse_as_of
 
     since = parse_as_of(args.since, "--since")
     until = parse_as_of(args.until, "--until")
     report = republish(
-        args.paths, args.url, journal=args.journal, vhosts=args.vhosts, queues=args.queues,
-        since=None if since is None else since // 1000, until=None if until is None else until // 1000,
-        ids=read_ids(args.ids) if args.ids else None, queue_map=args.map, rate=args.rate, dry_run=args.dry_run,
-        only_dropped=args.only_dropped, in_doubt=args.in_doubt, topology=args.topology,
+        args.paths,
+        args.url,
+        journal=args.journal,
+        vhosts=args.vhosts,
+        queues=args.queues,
+        since=None if since is None else since // 1000,
+        until=None if until is None else until // 1000,
+        ids=read_ids(args.ids) if args.ids else None,
+        queue_map=args.map,
+        rate=args.rate,
+        dry_run=args.dry_run,
+        only_dropped=args.only_dropped,
+        in_doubt=args.in_doubt,
+        topology=args.topology,
         progress=(lambda line: print(line, file=sys.stderr)) if args.verbose or args.dry_run else None,
-        **read_options(args))
+        **read_options(args),
+    )
     if args.json:
         import json
 
@@ -667,13 +776,16 @@ def cmd_republish(args) -> int:
     else:
         verb = "would send" if report.dry_run else "sent"
         n = report.planned - report.already if report.dry_run else report.sent
-        print(f"{verb} {plural(n, 'publish')} ({plural(report.copies, 'queue copy')} planned in all); "
-              f"{report.already:,} confirmed by an earlier run; {len(report.failed):,} failed; journal {report.journal}")
+        print(
+            f"{verb} {plural(n, 'publish')} ({plural(report.copies, 'queue copy')} planned in all); "
+            f"{report.already:,} confirmed by an earlier run; {len(report.failed):,} failed; journal {report.journal}"
+        )
         for q, k in sorted(report.by_queue.items()):
             print(f"  {q}: {k}")
         for f in report.failed:
-            print(f"  FAILED {', '.join(queue_ref(f['vhost'], q) for q in f['queues'])} msg_id={f['msg_id']}: "
-                  f"{f['why']}")
+            print(
+                f"  FAILED {', '.join(queue_ref(f['vhost'], q) for q in f['queues'])} msg_id={f['msg_id']}: {f['why']}"
+            )
         for k, v in sorted(report.skipped.items()):
             print(f"  not sent: {v} ({k})")
         for k, v in sorted(report.in_doubt.items()):
@@ -682,23 +794,35 @@ def cmd_republish(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from cqforensics.base.schema import TABLES
-
     from cqforensics import __version__
     from cqforensics import compiled as core
+    from cqforensics.base.schema import TABLES
 
     p = Parser(prog="cqforensics", description="Forensics for RabbitMQ classic-queue storage (3.10 - 4.3).")
-    p.add_argument("--version", action="version", version=f"cqforensics {__version__} (compiled core: {core.status()})",
-                   help="print the version and exit")
-    p.add_argument("--traceback", action="store_true",
-                   help="on an unexpected error (a bug), print its traceback for a bug report")
-    p.add_argument("-v", "--verbose", action="count", default=0,
-                   help="log what is done to stderr (-v: steps, -vv: details)")
-    p.add_argument("--log-json", action="store_true",
-                   help="log to stderr as JSON lines (time, level, logger, message), at the -v level "
-                        "(warnings only without -v)")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND",
-                           help="what to do (cqforensics COMMAND --help for its arguments)")
+    p.add_argument(
+        "--version",
+        action="version",
+        version=f"cqforensics {__version__} (compiled core: {core.status()})",
+        help="print the version and exit",
+    )
+    p.add_argument(
+        "--traceback", action="store_true", help="on an unexpected error (a bug), print its traceback for a bug report"
+    )
+    p.add_argument(
+        "-v", "--verbose", action="count", default=0, help="log what is done to stderr (-v: steps, -vv: details)"
+    )
+    p.add_argument(
+        "--log-json",
+        action="store_true",
+        help="log to stderr as JSON lines (time, level, logger, message), at the -v level (warnings only without -v)",
+    )
+    sub = p.add_subparsers(
+        dest="command",
+        required=True,
+        parser_class=Parser,
+        metavar="COMMAND",
+        help="what to do (cqforensics COMMAND --help for its arguments)",
+    )
 
     f = sub.add_parser("fsck", help="check node dirs read-only; predict the next boot", description=cmd_fsck.__doc__)
     f.add_argument("paths", nargs="+", help="node dir, mnesia base, or a folder of node backups")
@@ -706,8 +830,11 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--json", action="store_true", help="print one JSON document")
     out.add_argument("--jsonl", action="store_true", help="stream findings as JSON lines")
     f.add_argument("--deep", action="store_true", help="also decode every message the indexes hold")
-    f.add_argument("--assume-dirty", action="store_true",
-                   help="predict as if clean.dot/recovery.dets were removed (forcing the broker to verify)")
+    f.add_argument(
+        "--assume-dirty",
+        action="store_true",
+        help="predict as if clean.dot/recovery.dets were removed (forcing the broker to verify)",
+    )
     f.add_argument("--all-findings", action="store_true", help="list every finding (default: 5 per code)")
     f.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     f.add_argument("--progress", action="store_true", help="progress on stderr even with --json/--jsonl")
@@ -720,17 +847,30 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("file", help="the file to list (.rdq, .qi, .qs, .idx, journal.jif, .ets, .dets, Mnesia logs)")
     d.add_argument("--deep", action="store_true", help="decode the stored messages")
     d.add_argument("--jsonl", action="store_true", help="one JSON object per entry")
-    d.add_argument("--segment-entry-count", type=_int_at_least(1), default=16384, metavar="N",
-                   help="CQv1 entries per segment (the vhost's .config; default 16384)")
+    d.add_argument(
+        "--segment-entry-count",
+        type=_int_at_least(1),
+        default=16384,
+        metavar="N",
+        help="CQv1 entries per segment (the vhost's .config; default 16384)",
+    )
     d.set_defaults(func=cmd_dump)
 
     e = sub.add_parser("export", help="recover messages into JSON lines or Parquet", description=cmd_export.__doc__)
     e.add_argument("paths", nargs="+", help="node dir, mnesia base, or a folder of node backups")
-    e.add_argument("--format", required=True, choices=("jsonl", "parquet"),
-                   help="DIR/messages.jsonl (bodies base64) or DIR/messages.parquet")
-    e.add_argument("--out", required=True, metavar="DIR",
-                   help="output dir (must not exist or be empty; --force replaces a previous output of cqforensics; "
-                        "never inside an input or RabbitMQ data)")
+    e.add_argument(
+        "--format",
+        required=True,
+        choices=("jsonl", "parquet"),
+        help="DIR/messages.jsonl (bodies base64) or DIR/messages.parquet",
+    )
+    e.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="output dir (must not exist or be empty; --force replaces a previous output of cqforensics; "
+        "never inside an input or RabbitMQ data)",
+    )
     e.add_argument("--all", action="store_true", help="also acked/dropped messages still readable on disk")
     add_force(e, "DIR (replaced whole, atomically, once the export is complete)")
     add_quiet(e)
@@ -739,13 +879,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_jobs(e)
     e.set_defaults(func=cmd_export)
 
-    fd = sub.add_parser("find", help="find messages by msg_id, message id or body text; print where they are",
-                        description=cmd_find.__doc__)
+    fd = sub.add_parser(
+        "find",
+        help="find messages by msg_id, message id or body text; print where they are",
+        description=cmd_find.__doc__,
+    )
     fd.add_argument("paths", nargs="+", help="node dir, mnesia base, or a folder of node backups")
-    fd.add_argument("--msg-id", action="append", metavar="HEX",
-                    help="shared-store message id, hex (a prefix matches; repeatable)")
-    fd.add_argument("--message-id", action="append", metavar="ID",
-                    help="the AMQP message_id property, exactly (repeatable)")
+    fd.add_argument(
+        "--msg-id", action="append", metavar="HEX", help="shared-store message id, hex (a prefix matches; repeatable)"
+    )
+    fd.add_argument(
+        "--message-id", action="append", metavar="ID", help="the AMQP message_id property, exactly (repeatable)"
+    )
     body = fd.add_mutually_exclusive_group()
     body.add_argument("--body", metavar="TEXT", help="bodies containing this text (UTF-8)")
     body.add_argument("--body-hex", metavar="HEX", help="bodies containing these bytes, given in hex")
@@ -756,53 +901,83 @@ def build_parser() -> argparse.ArgumentParser:
     add_jobs(fd)
     fd.set_defaults(func=cmd_find)
 
-    a = sub.add_parser("audit", help="orphans, duplicates, reference counts, reclaimable space",
-                       description=cmd_audit.__doc__)
+    a = sub.add_parser(
+        "audit", help="orphans, duplicates, reference counts, reclaimable space", description=cmd_audit.__doc__
+    )
     a.add_argument("paths", nargs="+", help="node dir, mnesia base, or a folder of node backups")
     a.add_argument("--json", action="store_true", help="print one JSON document")
     add_quiet(a)
     add_read_options(a)
     add_jobs(a)
-    add_filters(a, "only this queue's messages, reference counts, .qs files and the orphans routed to it "
-                   "(repeatable)")
+    add_filters(a, "only this queue's messages, reference counts, .qs files and the orphans routed to it (repeatable)")
     a.set_defaults(func=cmd_audit)
 
-    for name, func, what in (("compact", cmd_compact, "write a compacted copy of a node dir"),
-                             ("rebuild", cmd_rebuild, "salvage a damaged node dir into a consistent copy")):
+    for name, func, what in (
+        ("compact", cmd_compact, "write a compacted copy of a node dir"),
+        ("rebuild", cmd_rebuild, "salvage a damaged node dir into a consistent copy"),
+    ):
         w = sub.add_parser(name, help=what, description=func.__doc__)
         w.add_argument("src", help="node dir or mnesia base to read (never modified)")
-        w.add_argument("dst", help="output dir: must not exist or be empty (--force: a previous output of "
-                                   "cqforensics); never inside SRC or RabbitMQ data")
+        w.add_argument(
+            "dst",
+            help="output dir: must not exist or be empty (--force: a previous output of "
+            "cqforensics); never inside SRC or RabbitMQ data",
+        )
         w.add_argument("--dry-run", action="store_true", help="show the plan and the byte counts, write nothing")
-        w.add_argument("--broker-version", metavar="V",
-                       help="the version that will boot DST: its index versions, stored message shapes and atom "
-                            "encoding (default: the version that wrote SRC)")
-        w.add_argument("--source-version", metavar="V",
-                       help="the version that wrote SRC, whose next boot decides what is kept (default: inferred)")
-        w.add_argument("--file-size-limit", type=_int_at_least(1), default=16 << 20, metavar="BYTES",
-                       help="roll shared-store files at this size (msg_store_file_size_limit; default 16 MiB)")
+        w.add_argument(
+            "--broker-version",
+            metavar="V",
+            help="the version that will boot DST: its index versions, stored message shapes and atom "
+            "encoding (default: the version that wrote SRC)",
+        )
+        w.add_argument(
+            "--source-version",
+            metavar="V",
+            help="the version that wrote SRC, whose next boot decides what is kept (default: inferred)",
+        )
+        w.add_argument(
+            "--file-size-limit",
+            type=_int_at_least(1),
+            default=16 << 20,
+            metavar="BYTES",
+            help="roll shared-store files at this size (msg_store_file_size_limit; default 16 MiB)",
+        )
         w.add_argument("--json", action="store_true", help="print the report as one JSON document")
         w.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
         w.add_argument("--progress", action="store_true", help="progress on stderr even with --json")
         add_force(w, "DST (an existing dir is replaced whole, atomically)")
-        w.add_argument("--template", metavar="NODE",
-                       help="for a --broker-version of another release series: a node dir that version wrote, "
-                            "with SRC's queues declared (`cqforensics definitions`), whose metadata and feature "
-                            "flags DST takes instead of SRC's")
+        w.add_argument(
+            "--template",
+            metavar="NODE",
+            help="for a --broker-version of another release series: a node dir that version wrote, "
+            "with SRC's queues declared (`cqforensics definitions`), whose metadata and feature "
+            "flags DST takes instead of SRC's",
+        )
         if name == "compact":
-            w.add_argument("--threshold", type=_percent, metavar="PCT",
-                           help="rewrite only the shared-store files whose garbage ratio is above PCT percent "
-                                "(0-100); copy the others whole, orphans and all (default: rewrite every file)")
+            w.add_argument(
+                "--threshold",
+                type=_percent,
+                metavar="PCT",
+                help="rewrite only the shared-store files whose garbage ratio is above PCT percent "
+                "(0-100); copy the others whole, orphans and all (default: rewrite every file)",
+            )
         else:
-            w.add_argument("--restore-orphans", nargs="+", metavar="QUEUE",
-                           help="write the orphaned shared-store messages whose exchange and routing keys reach "
-                                "QUEUE (the metadata's bindings; `audit` lists them) back into QUEUE, after its own "
-                                "messages; a queue whose index dir is gone gets one. Opt-in: each restored message "
-                                "is listed in the report and in lost+found's index")
+            w.add_argument(
+                "--restore-orphans",
+                nargs="+",
+                metavar="QUEUE",
+                help="write the orphaned shared-store messages whose exchange and routing keys reach "
+                "QUEUE (the metadata's bindings; `audit` lists them) back into QUEUE, after its own "
+                "messages; a queue whose index dir is gone gets one. Opt-in: each restored message "
+                "is listed in the report and in lost+found's index",
+            )
         w.set_defaults(func=func)
 
-    df = sub.add_parser("definitions", help="the definitions a node of another series imports before a move",
-                        description=cmd_definitions.__doc__)
+    df = sub.add_parser(
+        "definitions",
+        help="the definitions a node of another series imports before a move",
+        description=cmd_definitions.__doc__,
+    )
     df.add_argument("src", help="node dir or mnesia base (one node)")
     df.add_argument("--broker-version", metavar="V", required=True, help="the version of the node importing them")
     df.set_defaults(func=cmd_definitions)
@@ -812,56 +987,96 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--deep", action="store_true", help="also decode every stored message and check its id")
     v.add_argument("--broker-version", metavar="V", help="the version that will boot it (default: inferred)")
     v.add_argument("--json", action="store_true", help="print one JSON document")
-    v.add_argument("--allow-garbage", action="store_true",
-                   help="accept orphaned and duplicate shared-store entries (what compact --threshold leaves in "
-                        "the files it keeps)")
+    v.add_argument(
+        "--allow-garbage",
+        action="store_true",
+        help="accept orphaned and duplicate shared-store entries (what compact --threshold leaves in "
+        "the files it keeps)",
+    )
     add_jobs(v)
     v.set_defaults(func=cmd_verify)
 
-    r = sub.add_parser("read", help="print or save one table of every node dir under the paths",
-                       description=cmd_read.__doc__)
+    r = sub.add_parser(
+        "read", help="print or save one table of every node dir under the paths", description=cmd_read.__doc__
+    )
     r.add_argument("paths", nargs="+", help="node dir, mnesia base, or a folder of node backups")
     r.add_argument("--table", default="messages", choices=TABLES, help="which table (default: messages)")
-    r.add_argument("--format", default="table", choices=("table", "jsonl", "parquet"),
-                   help="aligned text, JSON lines or Parquet (Parquet needs --out; default: table)")
+    r.add_argument(
+        "--format",
+        default="table",
+        choices=("table", "jsonl", "parquet"),
+        help="aligned text, JSON lines or Parquet (Parquet needs --out; default: table)",
+    )
     r.add_argument("--columns", metavar="A,B", help="comma-separated column list")
-    r.add_argument("--limit", type=_int_at_least(0), metavar="N", help="at most this many rows (every format; reading stops there)")
-    r.add_argument("--out", metavar="FILE",
-                   help="write to this file instead of stdout (not an existing file unless --force; "
-                        "never inside an input)")
+    r.add_argument(
+        "--limit", type=_int_at_least(0), metavar="N", help="at most this many rows (every format; reading stops there)"
+    )
+    r.add_argument(
+        "--out",
+        metavar="FILE",
+        help="write to this file instead of stdout (not an existing file unless --force; never inside an input)",
+    )
     add_force(r, "FILE")
     add_quiet(r, "with --out: no progress on stderr (shown only on a terminal)")
     add_read_options(r)
-    add_filters(r, "only this queue (repeatable; queue-level tables: messages, index, acks, queues, files "
-                   "and holes of .qs files)")
+    add_filters(
+        r,
+        "only this queue (repeatable; queue-level tables: messages, index, acks, queues, files and holes of .qs files)",
+    )
     add_jobs(r)
     r.set_defaults(func=cmd_read)
 
-    rpub = sub.add_parser("republish", help="send recovered messages to a running broker (resumable)",
-                          description=cmd_republish.__doc__)
-    rpub.add_argument("paths", nargs="+", metavar="PATH",
-                      help="node dir / mnesia base / backups folder, an export (DIR or messages.jsonl/.parquet), "
-                           "or a rebuild's lost+found")
-    rpub.add_argument("url", metavar="amqp://USER:PASS@HOST:PORT/",
-                      help="the target broker (messages go to their own vhosts on it)")
-    rpub.add_argument("--journal", metavar="FILE",
-                      help="resumable journal (default: cqforensics-republish-<hash>.journal in the current dir; "
-                           "never inside an input)")
-    rpub.add_argument("--since", metavar="TIME",
-                      help="only messages whose timestamp property is at or after TIME (ISO 8601 or epoch ms)")
+    rpub = sub.add_parser(
+        "republish", help="send recovered messages to a running broker (resumable)", description=cmd_republish.__doc__
+    )
+    rpub.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="node dir / mnesia base / backups folder, an export (DIR or messages.jsonl/.parquet), "
+        "or a rebuild's lost+found",
+    )
+    rpub.add_argument(
+        "url", metavar="amqp://USER:PASS@HOST:PORT/", help="the target broker (messages go to their own vhosts on it)"
+    )
+    rpub.add_argument(
+        "--journal",
+        metavar="FILE",
+        help="resumable journal (default: cqforensics-republish-<hash>.journal in the current dir; "
+        "never inside an input)",
+    )
+    rpub.add_argument(
+        "--since",
+        metavar="TIME",
+        help="only messages whose timestamp property is at or after TIME (ISO 8601 or epoch ms)",
+    )
     rpub.add_argument("--until", metavar="TIME", help="only messages whose timestamp property is before TIME")
     rpub.add_argument("--ids", metavar="FILE", help="only these messages: one msg_id (hex) or AMQP message_id a line")
-    rpub.add_argument("--map", action="append", metavar="OLD=NEW",
-                      help="send queue OLD's messages to queue NEW through the default exchange (repeatable)")
+    rpub.add_argument(
+        "--map",
+        action="append",
+        metavar="OLD=NEW",
+        help="send queue OLD's messages to queue NEW through the default exchange (repeatable)",
+    )
     rpub.add_argument("--rate", type=float, metavar="N", help="at most N publishes per second")
     rpub.add_argument("--dry-run", action="store_true", help="print what would be sent; connect to nothing")
-    rpub.add_argument("--only-dropped", action="store_true",
-                      help="send what the next boot would drop (transient, expired, ...) instead of what it delivers")
-    rpub.add_argument("--in-doubt", choices=("send", "skip"),
-                      help="the one publish an interrupted run left unconfirmed, when the queue depths cannot "
-                           "tell whether it arrived: send it again (may duplicate) or skip it (may lose it)")
-    rpub.add_argument("--topology", action="append", metavar="NODE",
-                      help="node dir whose metadata tells where the exchanges route (for exports; repeatable)")
+    rpub.add_argument(
+        "--only-dropped",
+        action="store_true",
+        help="send what the next boot would drop (transient, expired, ...) instead of what it delivers",
+    )
+    rpub.add_argument(
+        "--in-doubt",
+        choices=("send", "skip"),
+        help="the one publish an interrupted run left unconfirmed, when the queue depths cannot "
+        "tell whether it arrived: send it again (may duplicate) or skip it (may lose it)",
+    )
+    rpub.add_argument(
+        "--topology",
+        action="append",
+        metavar="NODE",
+        help="node dir whose metadata tells where the exchanges route (for exports; repeatable)",
+    )
     rpub.add_argument("--json", action="store_true", help="print the report as one JSON document")
     add_read_options(rpub)
     add_filters(rpub, "only this queue's messages (repeatable; the source's queue names)")
@@ -869,12 +1084,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("report", help="write a self-contained HTML report to look at", description=cmd_report.__doc__)
     rp.add_argument("paths", nargs="+", help="node dir, mnesia base, or a folder of node backups")
-    rp.add_argument("--html", required=True, metavar="FILE",
-                    help="the HTML file to write (not an existing file unless --force; never inside an input)")
+    rp.add_argument(
+        "--html",
+        required=True,
+        metavar="FILE",
+        help="the HTML file to write (not an existing file unless --force; never inside an input)",
+    )
     add_force(rp, "FILE")
     add_read_options(rp)
-    rp.add_argument("--vhost", action="append", metavar="NAME", dest="vhosts",
-                    help="only this vhost (repeatable; default: every vhost)")
+    rp.add_argument(
+        "--vhost",
+        action="append",
+        metavar="NAME",
+        dest="vhosts",
+        help="only this vhost (repeatable; default: every vhost)",
+    )
     add_jobs(rp)
     add_quiet(rp)
     rp.set_defaults(func=cmd_report)
@@ -884,15 +1108,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_docgen_parsers(sub) -> None:
     """``completion`` and ``manpage``: generated from the parser itself (``cli/docgen.py``)."""
-    c = sub.add_parser("completion", help="print a shell completion script",
-                       description="Print a completion script for SHELL, generated from the argparse definitions: "
-                                   "source <(cqforensics completion bash), or save the zsh one as _cqforensics "
-                                   "on $fpath.")
+    c = sub.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description="Print a completion script for SHELL, generated from the argparse definitions: "
+        "source <(cqforensics completion bash), or save the zsh one as _cqforensics "
+        "on $fpath.",
+    )
     c.add_argument("shell", choices=("bash", "zsh"), help="the shell to complete for")
     c.set_defaults(func=cmd_completion)
-    m = sub.add_parser("manpage", help="print the man page (roff)",
-                       description="Print the man page, generated from the argparse definitions: "
-                                   "cqforensics manpage > cqforensics.1; man ./cqforensics.1")
+    m = sub.add_parser(
+        "manpage",
+        help="print the man page (roff)",
+        description="Print the man page, generated from the argparse definitions: "
+        "cqforensics manpage > cqforensics.1; man ./cqforensics.1",
+    )
     m.set_defaults(func=cmd_manpage)
 
 
@@ -918,8 +1148,12 @@ class JsonLogFormatter(logging.Formatter):
         import datetime as dt
         import json
 
-        doc = {"time": dt.datetime.fromtimestamp(record.created, dt.timezone.utc).isoformat(timespec="milliseconds"),
-               "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
+        doc = {
+            "time": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
         for key in ("command", "exit_code", "seconds"):
             if hasattr(record, key):
                 doc[key] = getattr(record, key)
@@ -939,7 +1173,9 @@ def setup_logging(verbose: int, as_json: bool) -> None:
     if _handler is not None:
         logger.removeHandler(_handler)
     _handler = logging.StreamHandler(sys.stderr)
-    _handler.setFormatter(JsonLogFormatter() if as_json else logging.Formatter("cqforensics: %(levelname)s: %(message)s"))
+    _handler.setFormatter(
+        JsonLogFormatter() if as_json else logging.Formatter("cqforensics: %(levelname)s: %(message)s")
+    )
     logger.addHandler(_handler)
     logger.setLevel(logging.DEBUG if verbose >= 2 else logging.INFO if verbose == 1 else logging.WARNING)
 
@@ -960,8 +1196,13 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         log.info("%s started", args.command, extra={"command": args.command})
         code = args.func(args)
-        log.info("%s finished: exit %d in %.2f s", args.command, code, time.monotonic() - started,
-                 extra={"command": args.command, "exit_code": code, "seconds": round(time.monotonic() - started, 3)})
+        log.info(
+            "%s finished: exit %d in %.2f s",
+            args.command,
+            code,
+            time.monotonic() - started,
+            extra={"command": args.command, "exit_code": code, "seconds": round(time.monotonic() - started, 3)},
+        )
         return code
     except CQError as e:
         print(f"cqforensics: {e}", file=sys.stderr)
@@ -974,8 +1215,7 @@ def main(argv: list[str] | None = None) -> int:
         _silence_stdout()
         return exitcodes.OK
     except OSError as e:
-        print(f"cqforensics: {e.filename if e.filename is not None else 'error'}: {e.strerror or e}",
-              file=sys.stderr)
+        print(f"cqforensics: {e.filename if e.filename is not None else 'error'}: {e.strerror or e}", file=sys.stderr)
         return exitcodes.OPERATIONAL
     except Exception as e:  # a bug: one line (the traceback with --traceback), exit 8
         if args is not None and args.traceback:
@@ -983,8 +1223,11 @@ def main(argv: list[str] | None = None) -> int:
 
             traceback.print_exc(file=sys.stderr)
         line = " ".join(str(e).split())
-        print(f"cqforensics: internal error: {type(e).__name__}{': ' + line if line else ''} "
-              f"(run with --traceback for a bug report)", file=sys.stderr)
+        print(
+            f"cqforensics: internal error: {type(e).__name__}{': ' + line if line else ''} "
+            f"(run with --traceback for a bug report)",
+            file=sys.stderr,
+        )
         return exitcodes.OPERATIONAL
 
 

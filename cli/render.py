@@ -46,8 +46,11 @@ def jsonl_text(batch) -> tuple[int, int, str]:
     how many of them are expired (``drop_reason``): made where the batch is
     (``iter_batches(render=...)``: by the workers of ``read -j N``)."""
     expired = batch.column("drop_reason").to_pylist().count("expired") if "drop_reason" in batch.schema.names else 0
-    return batch.num_rows, expired, "".join(json.dumps(jsonable(r), ensure_ascii=False, sort_keys=True) + "\n"
-                                            for r in batch.to_pylist())
+    return (
+        batch.num_rows,
+        expired,
+        "".join(json.dumps(jsonable(r), ensure_ascii=False, sort_keys=True) + "\n" for r in batch.to_pylist()),
+    )
 
 
 #: columns holding paths: cut from the front when too wide, so the file name stays readable
@@ -61,20 +64,45 @@ def fit(s: str, width: int, tail: bool = False) -> str:
     if len(s) <= width:
         return s
     if tail:
-        return "…" + s[len(s) - width + 1:]
-    head = s[:width - 1]
+        return "…" + s[len(s) - width + 1 :]
+    head = s[: width - 1]
     cut = max(head.rfind(" "), head.rfind(","), head.rfind("/"))
     if cut >= width // 2:
-        head = head[:cut + (s[cut] != " ")].rstrip(" ,")
+        head = head[: cut + (s[cut] != " ")].rstrip(" ,")
     return head + "…"
 
 
 #: the columns a text table of a wide table shows (``read --format table`` without --columns)
 TEXT_COLUMNS = {
-    "messages": ["node", "vhost", "queue", "seq_id", "msg_id", "location", "size", "expiry", "exchange",
-                 "routing_keys", "survives_restart", "drop_reason"],
-    "index": ["node", "vhost", "queue", "priority", "file", "offset", "kind", "seq_id", "persistent", "location",
-              "msg_id", "size", "status"],
+    "messages": [
+        "node",
+        "vhost",
+        "queue",
+        "seq_id",
+        "msg_id",
+        "location",
+        "size",
+        "expiry",
+        "exchange",
+        "routing_keys",
+        "survives_restart",
+        "drop_reason",
+    ],
+    "index": [
+        "node",
+        "vhost",
+        "queue",
+        "priority",
+        "file",
+        "offset",
+        "kind",
+        "seq_id",
+        "persistent",
+        "location",
+        "msg_id",
+        "size",
+        "status",
+    ],
 }
 
 
@@ -90,7 +118,7 @@ def cell_text(v) -> str:
     if isinstance(v, (dict, list, tuple)):
         return json.dumps(jsonable(v), ensure_ascii=False, separators=(",", ":"))
     if isinstance(v, dt.datetime):  # ISO 8601 in UTC, to the millisecond
-        v = v.astimezone(dt.timezone.utc) if v.tzinfo else v
+        v = v.astimezone(dt.UTC) if v.tzinfo else v
         return v.isoformat(timespec="milliseconds" if v.microsecond else "seconds").replace("+00:00", "") + "Z"
     if v == "":  # an empty name (the default exchange), not a missing one
         return '""'
@@ -128,8 +156,8 @@ class TextTable:
             return
         self.waiting += rows
         while len(self.waiting) >= self.group:
-            self._write(self.waiting[:self.group])
-            del self.waiting[:self.group]
+            self._write(self.waiting[: self.group])
+            del self.waiting[: self.group]
 
     def _write(self, rows: list[dict]) -> None:
         cells = [[_cell(r.get(c), c, self.max_width) for c in self.columns] for r in rows]
@@ -168,8 +196,11 @@ def fsck_text(report, out=None, show_all: bool = False) -> None:
         for u in n.not_read:
             out.write(f"  NOT READ: {not_read_line(u)}\n")
         for vhost, mode in n.vhost_recovery.items():
-            what = "clean recovery: the broker trusts the shutdown state" if mode == "clean" else \
-                "dirty recovery: the broker rebuilds the indexes from the files"
+            what = (
+                "clean recovery: the broker trusts the shutdown state"
+                if mode == "clean"
+                else "dirty recovery: the broker rebuilds the indexes from the files"
+            )
             out.write(f"  vhost {vhost}: {what}\n")
         if n.boot == "hangs":
             out.write("  BOOT HANGS: the broker will not come up on this data (see boot-crash, quorum-wal-refused)\n")
@@ -184,24 +215,42 @@ def fsck_text(report, out=None, show_all: bool = False) -> None:
             after = q.predicted_after_restart
             if (q.predicted_min, q.predicted_max) != (after, after):  # the store may crash: bounds
                 after = f"{after} ({q.predicted_min}-{q.predicted_max})"
-            rows.append({"vhost": q.vhost, "queue": q.queue, "type": q.queue_type, "messages": q.messages,
-                         "after restart": after, "dropped": q.dropped, "why": why})
+            rows.append(
+                {
+                    "vhost": q.vhost,
+                    "queue": q.queue,
+                    "type": q.queue_type,
+                    "messages": q.messages,
+                    "after restart": after,
+                    "dropped": q.dropped,
+                    "why": why,
+                }
+            )
         if rows:
             # the type column when the node holds a queue other than classic (quorum)
             typed = ["type"] if any(r["type"] != "classic" for r in rows) else []
-            text_table(rows, ["vhost", "queue", *typed, "messages", "after restart", "dropped", "why"], out,
-                       max_width=70)
+            text_table(
+                rows, ["vhost", "queue", *typed, "messages", "after restart", "dropped", "why"], out, max_width=70
+            )
             out.write("\n")
     s = report.summary()
     c = s["findings"]
-    bounds = (f" (whatever the timing, at least {s['predicted_min']:,} and at most {s['predicted_max']:,}: see "
-              "store-crash)" if (s["predicted_min"], s["predicted_max"]) != (s["predicted_after_restart"],) * 2 else "")
-    out.write(f"{plural(s['messages'], 'message')} in {plural(s['queues'], 'queue')}: "
-              f"{s['predicted_after_restart']:,} delivered after the next boot{bounds}, {s['dropped']:,} dropped"
-              + (f"; crashes: {', '.join(s['crashes'])}" if s["crashes"] else "") + "\n")
+    bounds = (
+        f" (whatever the timing, at least {s['predicted_min']:,} and at most {s['predicted_max']:,}: see store-crash)"
+        if (s["predicted_min"], s["predicted_max"]) != (s["predicted_after_restart"],) * 2
+        else ""
+    )
+    out.write(
+        f"{plural(s['messages'], 'message')} in {plural(s['queues'], 'queue')}: "
+        f"{s['predicted_after_restart']:,} delivered after the next boot{bounds}, {s['dropped']:,} dropped"
+        + (f"; crashes: {', '.join(s['crashes'])}" if s["crashes"] else "")
+        + "\n"
+    )
     if s["not_read"]:
-        out.write(f"not read: {' and '.join(_kind(k).noun + 's' for k in s['not_read'])} (storage-not-read): "
-                  "their messages are in none of these counts\n")
+        out.write(
+            f"not read: {' and '.join(_kind(k).noun + 's' for k in s['not_read'])} (storage-not-read): "
+            "their messages are in none of these counts\n"
+        )
     ttl = ttl_line(s)
     if ttl:
         out.write(ttl + "\n")
@@ -215,7 +264,9 @@ def fsck_text(report, out=None, show_all: bool = False) -> None:
         for f in fs if show_all else fs[:5]:
             where = _where(f)
             scope = " ".join(f"{k} {v!r}" for k, v in (("vhost", f.vhost), ("queue", f.queue)) if v is not None)
-            out.write(f"  [{scope or 'node ' + repr(f.node)}] {f.message}" + (f"\n    at {where}" if where else "") + "\n")
+            out.write(
+                f"  [{scope or 'node ' + repr(f.node)}] {f.message}" + (f"\n    at {where}" if where else "") + "\n"
+            )
         if not show_all and len(fs) > 5:
             out.write(f"  ... and {len(fs) - 5} more (--all-findings)\n")
     code = report.exit_code
@@ -242,12 +293,16 @@ def version_lines(n) -> list[str]:
     if not n.version_inferred:
         out.append(f"next boot predicted for: RabbitMQ {n.broker_version} (named by --broker-version)")
     elif n.broker_version_assumed:
-        out.append(f"next boot predicted for: RabbitMQ {n.broker_version}, ASSUMED: the newest version that could "
-                   f"have written the data; if another will boot it, name it (e.g. --broker-version "
-                   f"{wb.get('low', '3.10')})")
+        out.append(
+            f"next boot predicted for: RabbitMQ {n.broker_version}, ASSUMED: the newest version that could "
+            f"have written the data; if another will boot it, name it (e.g. --broker-version "
+            f"{wb.get('low', '3.10')})"
+        )
     else:
-        out.append(f"next boot predicted for: RabbitMQ {n.broker_version} (the series that wrote the data; "
-                   "--broker-version names another)")
+        out.append(
+            f"next boot predicted for: RabbitMQ {n.broker_version} (the series that wrote the data; "
+            "--broker-version names another)"
+        )
     return out
 
 
@@ -255,9 +310,11 @@ def not_read_line(u: dict) -> str:
     """One kind of queue storage a node holds that is not read (``fsck`` NodeVerdict.not_read)."""
     names = ", ".join(f"{q['queue']!r} (vhost {q['vhost']!r})" for q in u["queues"][:8])
     more = f" and {len(u['queues']) - 8} more" if len(u["queues"]) > 8 else ""
-    return (f"{plural(len(u['queues']), _kind(u['kind']).noun)}"
-            + (f": {names}{more}" if names else "")
-            + f" ({plural(u['data_dirs'], 'data dir')}, {u['bytes']:,} bytes under {u['path']})")
+    return (
+        f"{plural(len(u['queues']), _kind(u['kind']).noun)}"
+        + (f": {names}{more}" if names else "")
+        + f" ({plural(u['data_dirs'], 'data dir')}, {u['bytes']:,} bytes under {u['path']})"
+    )
 
 
 def ttl_line(summary: dict) -> str | None:
@@ -269,9 +326,11 @@ def ttl_line(summary: dict) -> str | None:
         return f"TTLs judged at {when} (--as-of): {plural(n, 'message')} past {'its' if n == 1 else 'their'} TTL"
     if not n:
         return None
-    return (f"TTLs judged by the clock: {plural(n, 'message')} {'is' if n == 1 else 'are'} past "
-            f"{'its' if n == 1 else 'their'} TTL at {when} (now) and counted as dropped (expired); "
-            "--as-of TIME judges TTLs at another time (e.g. when the node stopped)")
+    return (
+        f"TTLs judged by the clock: {plural(n, 'message')} {'is' if n == 1 else 'are'} past "
+        f"{'its' if n == 1 else 'their'} TTL at {when} (now) and counted as dropped (expired); "
+        "--as-of TIME judges TTLs at another time (e.g. when the node stopped)"
+    )
 
 
 def _counts(d: dict) -> str:
@@ -283,34 +342,60 @@ def rewrite_text(result, out=None) -> None:
     out = out or sys.stdout
     rebuild = result.command == "rebuild"
     verb = "to be written" if result.dry_run else "written"
-    out.write(f"{result.command} {result.source}\n  -> {result.output}"
-              + ("  (dry run: nothing written)" if result.dry_run else "") + "\n")
+    out.write(
+        f"{result.command} {result.source}\n  -> {result.output}"
+        + ("  (dry run: nothing written)" if result.dry_run else "")
+        + "\n"
+    )
     source = getattr(result, "source_version", "")
-    out.write(f"  written for RabbitMQ {result.broker_version}"
-              + (f" (SRC read as {source})" if source and source != result.broker_version else "") + "\n\n")
+    out.write(
+        f"  written for RabbitMQ {result.broker_version}"
+        + (f" (SRC read as {source})" if source and source != result.broker_version else "")
+        + "\n\n"
+    )
     rows = []
     for q in result.queues:
-        row = {"vhost": q.vhost, "queue": q.queue if q.priority is None else f"{q.queue} [p{q.priority}]",
-               "index": f"v{q.index_version}" + (f"->v{q.written_version}" if q.written_version not in
-                                                   (None, q.index_version) else "") if q.index_version else "-",
-               "messages": q.messages, "written": q.written,
-               "not written": _counts({**q.dropped, **{f"quarantined {k}": v for k, v in q.quarantined.items()},
-                                       **{f"LOST {k}": v for k, v in q.lost.items()}})
-               + (f" (dir skipped: {q.skipped})" if q.skipped else "")}
+        row = {
+            "vhost": q.vhost,
+            "queue": q.queue if q.priority is None else f"{q.queue} [p{q.priority}]",
+            "index": f"v{q.index_version}"
+            + (f"->v{q.written_version}" if q.written_version not in (None, q.index_version) else "")
+            if q.index_version
+            else "-",
+            "messages": q.messages,
+            "written": q.written,
+            "not written": _counts(
+                {
+                    **q.dropped,
+                    **{f"quarantined {k}": v for k, v in q.quarantined.items()},
+                    **{f"LOST {k}": v for k, v in q.lost.items()},
+                }
+            )
+            + (f" (dir skipped: {q.skipped})" if q.skipped else ""),
+        }
         if rebuild:
             row["broker would deliver"] = q.broker_would_deliver
         if q.messages or q.skipped:
             rows.append(row)
-    cols = ["vhost", "queue", "index", "messages"] + (["broker would deliver"] if rebuild else []) + \
-        ["written", "not written"]
+    cols = (
+        ["vhost", "queue", "index", "messages"]
+        + (["broker would deliver"] if rebuild else [])
+        + ["written", "not written"]
+    )
     if rows:
         text_table(rows, cols, out, max_width=80)
         out.write("\n")
     t = result.totals()
-    out.write(f"messages: {t['messages']} held by the indexes, {t['written']} {verb}"
-              + (f" ({t['rescued']} that the broker's own next boot would lose)" if rebuild else "") + "\n")
-    for label, key in (("dropped by design", "dropped"), ("quarantined in lost+found", "quarantined"),
-                       ("LOST (no bytes left)", "lost")):
+    out.write(
+        f"messages: {t['messages']} held by the indexes, {t['written']} {verb}"
+        + (f" ({t['rescued']} that the broker's own next boot would lose)" if rebuild else "")
+        + "\n"
+    )
+    for label, key in (
+        ("dropped by design", "dropped"),
+        ("quarantined in lost+found", "quarantined"),
+        ("LOST (no bytes left)", "lost"),
+    ):
         if t[key]:
             out.write(f"  {label}: {_counts(t[key])}\n")
     restored = getattr(result, "restored", None)
@@ -318,25 +403,37 @@ def rewrite_text(result, out=None) -> None:
         per: dict = {}
         for r in restored:
             per[(r["vhost"], r["queue"])] = per.get((r["vhost"], r["queue"]), 0) + 1
-        out.write("  orphans restored (--restore-orphans; listed in lost+found with reason 'restored'): "
-                  + ", ".join(f"{q!r} ({v}) {n}" for (v, q), n in sorted(per.items(), key=str)) + "\n")
+        out.write(
+            "  orphans restored (--restore-orphans; listed in lost+found with reason 'restored'): "
+            + ", ".join(f"{q!r} ({v}) {n}" for (v, q), n in sorted(per.items(), key=str))
+            + "\n"
+        )
     g = result.garbage
     if g:
-        out.write("shared-store entries no index holds (not written): "
-                  + ", ".join(f"{k} {n} ({plural(b, 'byte')})" for k, (n, b) in sorted(g.items())) + "\n")
-    out.write(f"message store bytes: {result.bytes_before} before, {result.bytes_after} after "
-              f"({result.bytes_before - result.bytes_after} reclaimed); {result.store_entries_written} shared-store "
-              f"entries in {plural(result.store_files_written, 'file')}\n")
+        out.write(
+            "shared-store entries no index holds (not written): "
+            + ", ".join(f"{k} {n} ({plural(b, 'byte')})" for k, (n, b) in sorted(g.items()))
+            + "\n"
+        )
+    out.write(
+        f"message store bytes: {result.bytes_before} before, {result.bytes_after} after "
+        f"({result.bytes_before - result.bytes_after} reclaimed); {result.store_entries_written} shared-store "
+        f"entries in {plural(result.store_files_written, 'file')}\n"
+    )
     files = getattr(result, "store_files", None)
     if result.threshold is not None and files:
         for action in ("rewritten", "kept"):
             picked = [f for f in files if f["action"] == action]
-            out.write(f"store files {action} (garbage {'above' if action == 'rewritten' else 'at or below'} "
-                      f"{result.threshold:g}%" + (" or not keepable" if action == "rewritten" else "")
-                      + f"): {len(picked)}\n")
+            out.write(
+                f"store files {action} (garbage {'above' if action == 'rewritten' else 'at or below'} "
+                f"{result.threshold:g}%" + (" or not keepable" if action == "rewritten" else "") + f"): {len(picked)}\n"
+            )
             for f in picked:
-                out.write(f"  {f['file']}: {plural(f['size'], 'byte')}, {100 * f['garbage_ratio']:.1f}% garbage"
-                          + (f" ({f['why']})" if f.get("why") else "") + "\n")
+                out.write(
+                    f"  {f['file']}: {plural(f['size'], 'byte')}, {100 * f['garbage_ratio']:.1f}% garbage"
+                    + (f" ({f['why']})" if f.get("why") else "")
+                    + "\n"
+                )
     if result.lost_found:
         where = result.lost_found_path or "lost+found/"
         out.write(f"lost+found: {plural(result.lost_found, 'item')} ({where})\n")
@@ -349,21 +446,28 @@ def rewrite_text(result, out=None) -> None:
     code = result.exit_code
     said = ["damage repaired (see above)"] if code & 1 else []
     if code & 4:
-        said.append(f"{'would be ' if result.dry_run else ''}written, but RabbitMQ {result.broker_version} cannot "
-                    "boot it as it is (see ERROR above)")
+        said.append(
+            f"{'would be ' if result.dry_run else ''}written, but RabbitMQ {result.broker_version} cannot "
+            "boot it as it is (see ERROR above)"
+        )
     out.write(f"\nexit {code}: " + ("; ".join(said) or "done") + "\n")
 
 
 def verify_text(result, out=None) -> None:
     out = out or sys.stdout
     out.write(f"verify {result.path}  (RabbitMQ {result.broker_version})\n")
-    out.write(f"  {plural(result.nodes, 'node')}, {plural(result.vhosts, 'vhost')}, {plural(result.queues, 'queue dir')}, "
-              f"{plural(result.messages, 'message')}, {plural(result.store_entries, 'shared-store entry')}\n")
+    out.write(
+        f"  {plural(result.nodes, 'node')}, {plural(result.vhosts, 'vhost')}, {plural(result.queues, 'queue dir')}, "
+        f"{plural(result.messages, 'message')}, {plural(result.store_entries, 'shared-store entry')}\n"
+    )
     for f in result.violations:
         scope = " ".join(f"{k} {v!r}" for k, v in (("vhost", f.vhost), ("queue", f.queue)) if v is not None)
         where = _where(f)
         out.write(f"  VIOLATION {f.code} [{scope}] {f.message}" + (f"\n    at {where}" if where else "") + "\n")
     for f in result.notes:
         out.write(f"  note: {f.code}: {f.message}\n")
-    out.write(f"\nexit {result.exit_code}: " + ("consistent" if result.consistent else
-                                               f"{plural(len(result.violations), 'violation')}") + "\n")
+    out.write(
+        f"\nexit {result.exit_code}: "
+        + ("consistent" if result.consistent else f"{plural(len(result.violations), 'violation')}")
+        + "\n"
+    )

@@ -8,10 +8,22 @@ Public API::
     cqforensics.TABLES, cqforensics.schema(table)
 """
 
-from cqforensics.read.api import iter_batches, make_options, read_table, to_pandas
 from cqforensics.base.errors import CQError, FormatError, OperationalError, UsageError
 from cqforensics.base.schema import SCHEMAS, TABLES, schema
+from cqforensics.read.api import iter_batches, make_options, read_table, to_pandas
 
 __version__ = "0.1.0"
-__all__ = ["read_table", "iter_batches", "to_pandas", "make_options", "schema", "SCHEMAS", "TABLES",
-           "CQError", "FormatError", "OperationalError", "UsageError", "__version__"]
+__all__ = [
+    "read_table",
+    "iter_batches",
+    "to_pandas",
+    "make_options",
+    "schema",
+    "SCHEMAS",
+    "TABLES",
+    "CQError",
+    "FormatError",
+    "OperationalError",
+    "UsageError",
+    "__version__",
+]

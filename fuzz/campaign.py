@@ -69,42 +69,104 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import cqforensics  # noqa: E402  (imported before forking: children start warm)
-from cqforensics.codecs import textfiles  # noqa: E402
-from cqforensics.base.errors import CQError  # noqa: E402
 from cli.main import main as cli_main  # noqa: E402
-from cqforensics.codecs import amqp091, etf  # noqa: E402
+from cqforensics.base.errors import CQError  # noqa: E402
+from cqforensics.codecs import (  # noqa: E402
+    amqp091,
+    etf,
+    textfiles,  # noqa: E402
+)
+from cqforensics.grammar import osiris as g_osiris  # noqa: E402
 from cqforensics.grammar import qi as c_qi  # noqa: E402
 from cqforensics.grammar import rdq as c_rdq  # noqa: E402
-from cqforensics.grammar import osiris as g_osiris  # noqa: E402
 from cqforensics.readers import osiris as r_osiris  # noqa: E402
 from cqforensics.readers import rdq as r_rdq  # noqa: E402
 
 SAMPLES = ROOT / "sample_data"
 #: every real-broker sample: the small ones written here, the imported versions (committed as
 #: their node-dir archives, 21 MB each, unpacked on first use) and the MQTT/STOMP ones
-DATASETS = ("3.10.8-clean", "3.10.8-kill", "3.10.8-segments", "4.0.5-clean", "4.0.5-kill", "4.3.6-clean",
-            "4.3.6-kill", "4.3.6-rolled", "3.12.14-clean", "3.13.7-clean", "4.1.8-clean", "4.2.2-clean",
-            "3.10.8-proto-clean", "3.10.8-proto-kill", "4.0.5-proto-clean", "4.0.5-proto-kill",
-            "4.3.6-proto-clean", "4.3.6-proto-kill", "3.10.8-quorum-clean", "3.10.8-quorum-kill",
-            "4.0.5-quorum-clean", "4.0.5-quorum-kill", "4.3.6-quorum-clean", "4.3.6-quorum-kill")
+DATASETS = (
+    "3.10.8-clean",
+    "3.10.8-kill",
+    "3.10.8-segments",
+    "4.0.5-clean",
+    "4.0.5-kill",
+    "4.3.6-clean",
+    "4.3.6-kill",
+    "4.3.6-rolled",
+    "3.12.14-clean",
+    "3.13.7-clean",
+    "4.1.8-clean",
+    "4.2.2-clean",
+    "3.10.8-proto-clean",
+    "3.10.8-proto-kill",
+    "4.0.5-proto-clean",
+    "4.0.5-proto-kill",
+    "4.3.6-proto-clean",
+    "4.3.6-proto-kill",
+    "3.10.8-quorum-clean",
+    "3.10.8-quorum-kill",
+    "4.0.5-quorum-clean",
+    "4.0.5-quorum-kill",
+    "4.3.6-quorum-clean",
+    "4.3.6-quorum-kill",
+)
 #: samples holding streams (osiris segments and indexes): the osiris mutations are made on these
-STREAM_DATASETS = ("3.10.8-streams-clean", "3.10.8-streams-kill", "4.0.5-streams-clean", "4.0.5-streams-kill",
-                   "4.3.6-streams-clean", "4.3.6-streams-kill")
+STREAM_DATASETS = (
+    "3.10.8-streams-clean",
+    "3.10.8-streams-kill",
+    "4.0.5-streams-clean",
+    "4.0.5-streams-kill",
+    "4.3.6-streams-clean",
+    "4.3.6-streams-kill",
+)
 DATASETS = DATASETS + STREAM_DATASETS
-TABLES = ("messages", "index", "acks", "store", "refcounts", "holes", "files", "queues", "findings", "stream_tracking",
-          "raft_log")
+TABLES = (
+    "messages",
+    "index",
+    "acks",
+    "store",
+    "refcounts",
+    "holes",
+    "files",
+    "queues",
+    "findings",
+    "stream_tracking",
+    "raft_log",
+)
 EXIT_CODES = frozenset({0, 1, 2, 4, 6, 8, 16})  # 2: fsck incomplete (storage not read), with 4: 6
 WALL_LIMIT = 60.0  # seconds per run
 AS_LIMIT = 1536 << 20  # address space a run may add to the process it forks from (its RLIMIT_AS, bytes)
 RSS_BOUND = 1536 << 20  # peak RSS a run may reach (bytes)
-DATA_SUFFIXES = (b".qi", b".qs", b".rdq", b".idx", b".jif", b".ets", b".dets", b".DCD", b".DCL", b".LOG",
-                 b".queue_name", b".vhost", b".config", b".dot", b".index",
-                 # Ra (quorum queues): WAL, segments, snapshots (and Ra 3's indexes), each server's config;
-                 # .segment: Ra's and osiris'
-                 b".wal", b".segment", b"snapshot.dat", b"/indexes", b"/config", b"writers.snapshot")
+DATA_SUFFIXES = (
+    b".qi",
+    b".qs",
+    b".rdq",
+    b".idx",
+    b".jif",
+    b".ets",
+    b".dets",
+    b".DCD",
+    b".DCL",
+    b".LOG",
+    b".queue_name",
+    b".vhost",
+    b".config",
+    b".dot",
+    b".index",
+    # Ra (quorum queues): WAL, segments, snapshots (and Ra 3's indexes), each server's config;
+    # .segment: Ra's and osiris'
+    b".wal",
+    b".segment",
+    b"snapshot.dat",
+    b"/indexes",
+    b"/config",
+    b"writers.snapshot",
+)
 
 
 # -- inputs ------------------------------------------------------------------------------------------
+
 
 def _files(base: bytes) -> list[bytes]:
     """Regular files below ``base`` (bytes paths, sorted: the order a seed's choices index)."""
@@ -151,6 +213,7 @@ def _write(p: bytes, data: bytes) -> None:
 
 # -- mutations: each takes (rng, node dir as bytes) and returns (what it did, the file it targeted) ---
 
+
 def m_bitflip(rng, node):
     p = rng.choice(_data_files(node))
     data = bytearray(_read(p))
@@ -178,7 +241,7 @@ def m_zero(rng, node):
         return "empty file", p
     a = rng.randrange(len(data))
     n = min(len(data) - a, rng.choice((1, 8, 9, 24, 32, 64, 4096, 1 << 20)))
-    data[a:a + n] = bytes(n)
+    data[a : a + n] = bytes(n)
     _write(p, bytes(data))
     return f"zeroed {n} bytes at {a}", p
 
@@ -257,8 +320,9 @@ def m_dup_record(rng, node):
         used = [i for i in range(n) if data[c_qi.HEADER_SIZE + i * c_qi.ENTRY_SIZE] != 0] or list(range(n))
         src, dst = rng.choice(used), rng.randrange(n)
         e = c_qi.ENTRY_SIZE
-        data[c_qi.HEADER_SIZE + dst * e:c_qi.HEADER_SIZE + (dst + 1) * e] = \
-            data[c_qi.HEADER_SIZE + src * e:c_qi.HEADER_SIZE + (src + 1) * e]
+        data[c_qi.HEADER_SIZE + dst * e : c_qi.HEADER_SIZE + (dst + 1) * e] = data[
+            c_qi.HEADER_SIZE + src * e : c_qi.HEADER_SIZE + (src + 1) * e
+        ]
         _write(p, bytes(data))
         return f"slot {src} copied over slot {dst}", p
     if not v1:
@@ -267,7 +331,7 @@ def m_dup_record(rng, node):
     data = bytearray(_read(p))
     size = rng.choice((2, 34))  # a deliver/ack record, or a publish head (CQv1 record sizes)
     a, b = rng.randrange(max(1, len(data) - size)), rng.randrange(max(1, len(data) - size))
-    data[b:b + size] = data[a:a + size]
+    data[b : b + size] = data[a : a + size]
     _write(p, bytes(data))
     return f"{size} bytes at {a} copied over {b}", p
 
@@ -297,7 +361,9 @@ def _zbinary(n: int) -> bytes:
         c = zlib.compressobj(9)
         chunk = bytes(1 << 20)
         parts = [c.compress(b"m" + struct.pack(">I", n))] + [c.compress(chunk) for _ in range(n >> 20)]
-        _ZEROS_Z[key] = b"P" + struct.pack(">I", n + 5) + b"".join(parts + [c.compress(bytes(n % (1 << 20))), c.flush()])
+        _ZEROS_Z[key] = (
+            b"P" + struct.pack(">I", n + 5) + b"".join(parts + [c.compress(bytes(n % (1 << 20))), c.flush()])
+        )
     return _ZEROS_Z[key]
 
 
@@ -342,10 +408,21 @@ def _hostile_term(rng, original: bytes) -> tuple[str, bytes]:
     return name, terms[name]()
 
 
-_ODD = (lambda r: 1 << r.choice((63, 64, 200, 2000)), lambda r: -1, lambda r: [], lambda r: (),
-        lambda r: {}, lambda r: etf.Atom("undefined"), lambda r: b"\xff" * r.choice((0, 1, 300)),
-        lambda r: [b"a", [b"b"]], lambda r: 1.5e308, lambda r: etf.ImproperList([1], b"t"),
-        lambda r: etf.Atom("\u00ff" * 255), lambda r: [[[[]]]], lambda r: (etf.Atom("basic_message"),))
+_ODD = (
+    lambda r: 1 << r.choice((63, 64, 200, 2000)),
+    lambda r: -1,
+    lambda r: [],
+    lambda r: (),
+    lambda r: {},
+    lambda r: etf.Atom("undefined"),
+    lambda r: b"\xff" * r.choice((0, 1, 300)),
+    lambda r: [b"a", [b"b"]],
+    lambda r: 1.5e308,
+    lambda r: etf.ImproperList([1], b"t"),
+    lambda r: etf.Atom("\u00ff" * 255),
+    lambda r: [[[[]]]],
+    lambda r: (etf.Atom("basic_message"),),
+)
 
 
 def _mutate_leaf(rng, term):
@@ -388,10 +465,10 @@ def m_hostile_term(rng, node):
     i = rng.randrange(len(f))
     off, total = int(f.offsets[i]), int(f.totals[i])
     start, length = r_rdq.term_span(off, total)
-    name, term = _hostile_term(rng, data[start:start + length])
-    msg_id = data[off + 8:off + 24]
+    name, term = _hostile_term(rng, data[start : start + length])
+    msg_id = data[off + 8 : off + 24]
     entry = struct.pack(">Q", len(term) + c_rdq.MSG_ID_SIZE) + msg_id + term + bytes((c_rdq.WRITE_OK_MARKER,))
-    _write(p, data[:off] + entry + data[off + total:])
+    _write(p, data[:off] + entry + data[off + total :])
     return f"entry {i} at {off} replaced by a {name} term of {len(term)} bytes", p
 
 
@@ -402,11 +479,20 @@ def stored_messages(node) -> list[dict]:
     """The messages the indexes of ``node`` (bytes or str) hold: one dict per live index entry with
     a stored body (location, the index file and offset, the store file and offset, the term's
     format), from the ``messages`` table."""
-    t = cqforensics.read_table(os.fsdecode(node), "messages",
-                               columns=["location", "file", "offset", "store_file", "store_offset", "term_format",
-                                        "decode_error", "queue"])
-    return [r for r in t.to_pylist() if r["store_file"] is not None and r["store_offset"] is not None
-            and r["location"] in ("shared_store", "queue_store", "embedded") and r["term_format"] and not r["decode_error"]]
+    t = cqforensics.read_table(
+        os.fsdecode(node),
+        "messages",
+        columns=["location", "file", "offset", "store_file", "store_offset", "term_format", "decode_error", "queue"],
+    )
+    return [
+        r
+        for r in t.to_pylist()
+        if r["store_file"] is not None
+        and r["store_offset"] is not None
+        and r["location"] in ("shared_store", "queue_store", "embedded")
+        and r["term_format"]
+        and not r["decode_error"]
+    ]
 
 
 def stored_term(row: dict) -> bytes:
@@ -415,14 +501,14 @@ def stored_term(row: dict) -> bytes:
     o = row["store_offset"]
     if row["location"] == "shared_store":
         (size,) = struct.unpack_from(">Q", data, o)
-        return data[o + 24:o + 8 + size]
+        return data[o + 24 : o + 8 + size]
     if row["location"] == "queue_store":
         (size,) = struct.unpack_from(">I", data, o)
-        return data[o + 8:o + 8 + size]
+        return data[o + 8 : o + 8 + size]
     head = 40 if row["file"].endswith(".jif") else 34  # the record's head before its embedded term
     (size,) = struct.unpack_from(">I", data, o - 4)
     assert o - head == row["offset"]
-    return data[o:o + size]
+    return data[o : o + size]
 
 
 def put_term(row: dict, term: bytes) -> str:
@@ -436,9 +522,9 @@ def put_term(row: dict, term: bytes) -> str:
     o = row["store_offset"]
     if row["location"] == "shared_store":
         (size,) = struct.unpack_from(">Q", data, o)
-        msg_id = data[o + 8:o + 24]
+        msg_id = data[o + 8 : o + 24]
         entry = struct.pack(">Q", len(term) + c_rdq.MSG_ID_SIZE) + msg_id + term + bytes((c_rdq.WRITE_OK_MARKER,))
-        _write(store, data[:o] + entry + data[o + 8 + size + 1:])
+        _write(store, data[:o] + entry + data[o + 8 + size + 1 :])
     elif row["location"] == "queue_store":
         at = len(data)
         _write(store, data + struct.pack(">IBHB", len(term), 1, zlib.crc32(term) & 0xFFFF, 0) + term)
@@ -448,7 +534,7 @@ def put_term(row: dict, term: bytes) -> str:
         _write(qi, bytes(slot))
     else:
         (size,) = struct.unpack_from(">I", data, o - 4)
-        _write(store, data[:o - 4] + struct.pack(">I", len(term)) + term + data[o + size:])
+        _write(store, data[: o - 4] + struct.pack(">I", len(term)) + term + data[o + size :])
     return row["store_file"]
 
 
@@ -478,8 +564,12 @@ def m_odd_name(rng, node):
     if what == "long":
         q = os.path.join(d, b"9" * 250 + b".rdq")
     elif what == "numbered":
-        q = os.path.join(d, rng.choice((b"99999999999999999999999.qi", b"-3.rdq", b"0x10.idx", b"\xd9\xa3.qs",
-                                        b"00000.qi", b"1e5.rdq")))
+        q = os.path.join(
+            d,
+            rng.choice(
+                (b"99999999999999999999999.qi", b"-3.rdq", b"0x10.idx", b"\xd9\xa3.qs", b"00000.qi", b"1e5.rdq")
+            ),
+        )
     else:
         q = os.path.join(d, b"stray\xff" + rng.choice(DATA_SUFFIXES))
     _write(q, b"junk" * rng.choice((0, 1, 100)))
@@ -499,9 +589,15 @@ def _odd_values(term) -> list[tuple[str, object]]:
     out = []
     if term[0] == "mc":
         anns = dict(term[3])
-        for name, k, v in (("ts-2^70", "ts", 1 << 70), ("priority-2^40", "p", 1 << 40), ("id-integer", "id", 12345),
-                           ("rk-atom", "rk", A("odd")), ("x-integer", "x", 7), ("d-integer", "d", 5),
-                           ("ttl-binary", "ttl", b"60000")):
+        for name, k, v in (
+            ("ts-2^70", "ts", 1 << 70),
+            ("priority-2^40", "p", 1 << 40),
+            ("id-integer", "id", 12345),
+            ("rk-atom", "rk", A("odd")),
+            ("x-integer", "x", 7),
+            ("d-integer", "d", 5),
+            ("ttl-binary", "ttl", b"60000"),
+        ):
             out.append((name, (term[0], term[1], term[2], {**anns, A(k): v})))
         content = term[2]
         if term[1] == "mc_amqpl" and isinstance(content[3], bytes):
@@ -522,8 +618,11 @@ def _odd_values(term) -> list[tuple[str, object]]:
             p_basic = [A("P_basic")] + [A("undefined")] * 14
             p_basic[1] = 42  # content_type: an integer, not a binary
             p_basic[5] = 1 << 40  # priority: past an octet and the column
-            for name, rec in (("p_basic-odd", tuple(p_basic)), ("p_basic-short", tuple(p_basic[:6])),
-                              ("p_basic-headers", tuple(p_basic[:3] + [[(b"h", A("longstr"), 5)]] + p_basic[4:]))):
+            for name, rec in (
+                ("p_basic-odd", tuple(p_basic)),
+                ("p_basic-short", tuple(p_basic[:6])),
+                ("p_basic-headers", tuple(p_basic[:3] + [[(b"h", A("longstr"), 5)]] + p_basic[4:])),
+            ):
                 c = list(content)
                 c[2], c[3] = rec, A("none")
                 out.append((name, tuple(t[:3] + [tuple(c)] + t[4:])))
@@ -547,9 +646,11 @@ def m_odd_value(rng, node):
 
 def _hostile_amqp10(rng) -> tuple[str, bytes]:
     """An AMQP 1.0 application-properties section holding one hostile value (name, bytes)."""
+
     def section(value: bytes) -> bytes:  # described 0x74: a map32 of the key "k" and the value
         items = b"\xa1\x01k" + value
         return b"\x00\x53\x74\xd1" + struct.pack(">II", len(items) + 4, 2) + items
+
     cases = {
         "array-2^32-1": lambda: b"\xf0" + struct.pack(">II", 5, 0xFFFFFFFF) + b"\x40",
         "array-2^32-1-ints": lambda: b"\xf0" + struct.pack(">II", 9, 0xFFFFFFFF) + b"\x71\x00\x00\x00\x01",
@@ -621,9 +722,19 @@ def m_bitflip1(rng, node):
 # -- osiris (stream) files: structure-aware mutations of segments and indexes ----------------------
 
 #: chunk header fields (offset, size) in the 48-byte header (grammar.osiris.chunk_header)
-_CHUNK_FIELDS = {"magic_version": (0, 1), "chunk_type": (1, 1), "num_entries": (2, 2), "num_records": (4, 4),
-                 "timestamp": (8, 8), "epoch": (16, 8), "chunk_id": (24, 8), "crc": (32, 4), "data_size": (36, 4),
-                 "trailer_size": (40, 4), "bloom_size": (44, 1)}
+_CHUNK_FIELDS = {
+    "magic_version": (0, 1),
+    "chunk_type": (1, 1),
+    "num_entries": (2, 2),
+    "num_records": (4, 4),
+    "timestamp": (8, 8),
+    "epoch": (16, 8),
+    "chunk_id": (24, 8),
+    "crc": (32, 4),
+    "data_size": (36, 4),
+    "trailer_size": (40, 4),
+    "bloom_size": (44, 1),
+}
 _INDEX_FIELDS = {"chunk_id": (0, 8), "timestamp": (8, 8), "epoch": (16, 8), "file_pos": (24, 4), "chunk_type": (28, 1)}
 
 
@@ -635,8 +746,20 @@ def _odd_int(rng, old: int, size: int) -> int:
     """An odd value for a ``size``-byte field holding ``old``, never ``old`` itself (a mutation
     that leaves the bytes as they were is no damage)."""
     top = (1 << (8 * size)) - 1
-    picks = [v for v in (0, 1, top, top >> 1, (old + 1) & top, (old - 1) & top, old ^ (1 << rng.randrange(8 * size)),
-                         rng.randrange(top + 1)) if v != old]
+    picks = [
+        v
+        for v in (
+            0,
+            1,
+            top,
+            top >> 1,
+            (old + 1) & top,
+            (old - 1) & top,
+            old ^ (1 << rng.randrange(8 * size)),
+            rng.randrange(top + 1),
+        )
+        if v != old
+    ]
     return rng.choice(picks)
 
 
@@ -647,7 +770,7 @@ def _walked(p: bytes, data: bytes):
 def _fix_crc(data: bytearray, c) -> None:
     """Recompute a chunk's CRC over its (mutated) data: the damage then passes the CRC check and
     reaches the readers of what the data holds."""
-    data[c.pos + 32:c.pos + 36] = struct.pack(">I", zlib.crc32(bytes(data[c.data_pos:c.data_pos + c.data_size])))
+    data[c.pos + 32 : c.pos + 36] = struct.pack(">I", zlib.crc32(bytes(data[c.data_pos : c.data_pos + c.data_size])))
 
 
 def m_osiris_chunk(rng, node):
@@ -663,9 +786,9 @@ def m_osiris_chunk(rng, node):
     c = rng.choice(seg.chunks)
     name = rng.choice(sorted(_CHUNK_FIELDS))
     off, size = _CHUNK_FIELDS[name]
-    old = int.from_bytes(data[c.pos + off:c.pos + off + size], "big")
+    old = int.from_bytes(data[c.pos + off : c.pos + off + size], "big")
     new = _odd_int(rng, old, size)
-    data[c.pos + off:c.pos + off + size] = new.to_bytes(size, "big")
+    data[c.pos + off : c.pos + off + size] = new.to_bytes(size, "big")
     _write(p, bytes(data))
     return f"chunk {c.chunk_id} at {c.pos}: {name} {old} -> {new}", p
 
@@ -686,19 +809,20 @@ def m_osiris_entry(rng, node):
     while q + 4 <= end and len(heads) < 1000:
         if data[q] & 0x80 and q + g_osiris.SUB_BATCH_HEAD_SIZE <= end:
             heads.append(("sub_batch", q))
-            q += g_osiris.SUB_BATCH_HEAD_SIZE + int.from_bytes(data[q + 7:q + 11], "big")
+            q += g_osiris.SUB_BATCH_HEAD_SIZE + int.from_bytes(data[q + 7 : q + 11], "big")
         else:
             heads.append(("simple", q))
-            q += 4 + (int.from_bytes(data[q:q + 4], "big") & 0x7FFFFFFF)
+            q += 4 + (int.from_bytes(data[q : q + 4], "big") & 0x7FFFFFFF)
     kind, q = rng.choice(heads or [("simple", c.data_pos)])
     if kind == "simple":
         field, off, size = "length", 0, 4
     else:
-        field, off, size = rng.choice((("compression byte", 0, 1), ("records", 1, 2), ("uncompressed length", 3, 4),
-                                       ("length", 7, 4)))
-    old = int.from_bytes(data[q + off:q + off + size], "big")
+        field, off, size = rng.choice(
+            (("compression byte", 0, 1), ("records", 1, 2), ("uncompressed length", 3, 4), ("length", 7, 4))
+        )
+    old = int.from_bytes(data[q + off : q + off + size], "big")
     new = _odd_int(rng, old, size)
-    data[q + off:q + off + size] = new.to_bytes(size, "big")
+    data[q + off : q + off + size] = new.to_bytes(size, "big")
     _fix_crc(data, c)
     _write(p, bytes(data))
     return f"chunk {c.chunk_id}: {kind} entry at {q}: {field} {old} -> {new} (CRC recomputed)", p
@@ -749,19 +873,19 @@ def m_osiris_index(rng, node):
     if what == "field":
         name = rng.choice(sorted(_INDEX_FIELDS))
         off, w = _INDEX_FIELDS[name]
-        old = int.from_bytes(data[at + off:at + off + w], "big")
-        data[at + off:at + off + w] = _odd_int(rng, old, w).to_bytes(w, "big")
-        desc = f"record {k}: {name} {old} -> {int.from_bytes(data[at + off:at + off + w], 'big')}"
+        old = int.from_bytes(data[at + off : at + off + w], "big")
+        data[at + off : at + off + w] = _odd_int(rng, old, w).to_bytes(w, "big")
+        desc = f"record {k}: {name} {old} -> {int.from_bytes(data[at + off : at + off + w], 'big')}"
     elif what == "zero":
-        data[at:at + size] = bytes(size)
+        data[at : at + size] = bytes(size)
         desc = f"record {k} zeroed"
     elif what == "duplicate":
         j = rng.randrange(n)
-        data[g_osiris.IDX_HEADER_SIZE + j * size:g_osiris.IDX_HEADER_SIZE + (j + 1) * size] = data[at:at + size]
+        data[g_osiris.IDX_HEADER_SIZE + j * size : g_osiris.IDX_HEADER_SIZE + (j + 1) * size] = data[at : at + size]
         desc = f"record {k} copied over record {j}"
     elif what == "move":
-        rec = bytes(data[at:at + size])
-        del data[at:at + size]
+        rec = bytes(data[at : at + size])
+        del data[at : at + size]
         data += rec
         desc = f"record {k} moved to the end"
     else:
@@ -779,10 +903,11 @@ def m_osiris_files(rng, node):
     if not segs:
         return "no stream", None
     p = rng.choice(segs)
-    idx = p[:-len(b".segment")] + b".index"
+    idx = p[: -len(b".segment")] + b".index"
     d = os.path.dirname(p)
-    what = rng.choice(("delete-index", "delete-segment", "header-only-segment", "header-only-index", "rename",
-                       "copy", "swap"))
+    what = rng.choice(
+        ("delete-index", "delete-segment", "header-only-segment", "header-only-index", "rename", "copy", "swap")
+    )
     if what == "delete-index" and os.path.exists(idx):
         os.unlink(idx)
         return "index deleted", idx
@@ -790,18 +915,18 @@ def m_osiris_files(rng, node):
         os.unlink(p)
         return "segment deleted", p
     if what == "header-only-segment":
-        _write(p, _read(p)[:g_osiris.LOG_HEADER_SIZE])
+        _write(p, _read(p)[: g_osiris.LOG_HEADER_SIZE])
         return "segment cut to its header", p
     if what == "header-only-index" and os.path.exists(idx):
-        _write(idx, _read(idx)[:g_osiris.IDX_HEADER_SIZE])
+        _write(idx, _read(idx)[: g_osiris.IDX_HEADER_SIZE])
         return "index cut to its header", idx
-    number = rng.choice((0, 1, 7, 10 ** 19, rng.randrange(1, 10 ** 6)))
+    number = rng.choice((0, 1, 7, 10**19, rng.randrange(1, 10**6)))
     new = os.path.join(d, os.fsencode(g_osiris.file_name(number, "segment")))
     if what in ("rename", "copy") and not os.path.exists(new):
         op = os.rename if what == "rename" else shutil.copyfile
         op(p, new)
         if os.path.exists(idx):
-            op(idx, new[:-len(b".segment")] + b".index")
+            op(idx, new[: -len(b".segment")] + b".index")
         return f"pair {'renamed' if what == 'rename' else 'copied'} to {os.path.basename(new)!r}", new
     others = [q for q in segs if q != p and os.path.dirname(q) == d]
     if not others:
@@ -814,12 +939,28 @@ def m_osiris_files(rng, node):
     return f"swapped with {os.path.basename(q)!r}", p
 
 
-MUTATIONS = {"bitflip": m_bitflip, "truncate": m_truncate, "zero": m_zero, "junk": m_junk, "delete": m_delete,
-             "swap": m_swap, "dup_record": m_dup_record, "hostile_term": m_hostile_term, "fifo": m_fifo,
-             "odd_name": m_odd_name, "odd_value": m_odd_value, "amqp10": m_amqp10, "long_name": m_long_name,
-             "bitflip1": m_bitflip1, "osiris_chunk": m_osiris_chunk, "osiris_entry": m_osiris_entry,
-             "osiris_tracking": m_osiris_tracking, "osiris_index": m_osiris_index, "osiris_files": m_osiris_files,
-             "ra_entry": m_ra_entry}
+MUTATIONS = {
+    "bitflip": m_bitflip,
+    "truncate": m_truncate,
+    "zero": m_zero,
+    "junk": m_junk,
+    "delete": m_delete,
+    "swap": m_swap,
+    "dup_record": m_dup_record,
+    "hostile_term": m_hostile_term,
+    "fifo": m_fifo,
+    "odd_name": m_odd_name,
+    "odd_value": m_odd_value,
+    "amqp10": m_amqp10,
+    "long_name": m_long_name,
+    "bitflip1": m_bitflip1,
+    "osiris_chunk": m_osiris_chunk,
+    "osiris_entry": m_osiris_entry,
+    "osiris_tracking": m_osiris_tracking,
+    "osiris_index": m_osiris_index,
+    "osiris_files": m_osiris_files,
+    "ra_entry": m_ra_entry,
+}
 
 
 def _unpacked(dataset: str) -> None:
@@ -835,8 +976,13 @@ def _unpacked(dataset: str) -> None:
     extract_archives()
 
 
-def plan(seed: int, dataset: str | None = None, mutation: str | None = None,
-         datasets: tuple[str, ...] | None = None, mutations: tuple[str, ...] | None = None) -> tuple[str, str]:
+def plan(
+    seed: int,
+    dataset: str | None = None,
+    mutation: str | None = None,
+    datasets: tuple[str, ...] | None = None,
+    mutations: tuple[str, ...] | None = None,
+) -> tuple[str, str]:
     """The dataset and mutation of ``seed`` (among ``datasets`` and ``mutations``, default all);
     an osiris mutation drawn for a sample without streams is made on a streams sample instead."""
     rng = random.Random(seed)
@@ -847,8 +993,14 @@ def plan(seed: int, dataset: str | None = None, mutation: str | None = None,
     return dataset or d, mutation or m
 
 
-def prepare(seed: int, work: Path, dataset: str | None = None, mutation: str | None = None,
-            datasets: tuple[str, ...] | None = None, mutations: tuple[str, ...] | None = None) -> dict:
+def prepare(
+    seed: int,
+    work: Path,
+    dataset: str | None = None,
+    mutation: str | None = None,
+    datasets: tuple[str, ...] | None = None,
+    mutations: tuple[str, ...] | None = None,
+) -> dict:
     """The mutated copy of ``seed``'s dataset under ``work``: {dataset, mutation, what, base, target}."""
     dataset, mutation = plan(seed, dataset, mutation, datasets, mutations)
     base = work / "mnesia"
@@ -857,9 +1009,14 @@ def prepare(seed: int, work: Path, dataset: str | None = None, mutation: str | N
     node = os.fsencode(next(p for p in sorted(base.iterdir()) if (p / "msg_stores").is_dir()))
     rng = random.Random(f"{seed}:{dataset}:{mutation}")
     what, target = MUTATIONS[mutation](rng, node)
-    return {"dataset": dataset, "mutation": mutation, "what": what, "base": base,
-            "target": os.fsdecode(target) if target is not None else None,
-            "changed": _changed(target, base, SAMPLES / dataset / "mnesia")}
+    return {
+        "dataset": dataset,
+        "mutation": mutation,
+        "what": what,
+        "base": base,
+        "target": os.fsdecode(target) if target is not None else None,
+        "changed": _changed(target, base, SAMPLES / dataset / "mnesia"),
+    }
 
 
 def _changed(target, base: Path, original: Path) -> bool | None:
@@ -881,11 +1038,28 @@ def _changed(target, base: Path, original: Path) -> bool | None:
 #: writer runs aimed at evidence, each with --force: the mutated copy is the job's input or, for
 #: the runs reading the pristine sample instead, another node's data dir that is no input. Every
 #: one must be refused (exit 16) and leave the copy as it was.
-AIMED = ("aimed:compact-onto-input", "aimed:export-inside-input", "aimed:rebuild-onto-other-node",
-         "aimed:read-over-other-node-file")
-COMMANDS = tuple([f"table:{t}" for t in TABLES] +
-                 ["fsck", "fsck --deep --json", "fsck --json", "dump", "dump --deep", "export", "audit", "rebuild",
-                  "compact", "verify"] + list(AIMED))
+AIMED = (
+    "aimed:compact-onto-input",
+    "aimed:export-inside-input",
+    "aimed:rebuild-onto-other-node",
+    "aimed:read-over-other-node-file",
+)
+COMMANDS = tuple(
+    [f"table:{t}" for t in TABLES]
+    + [
+        "fsck",
+        "fsck --deep --json",
+        "fsck --json",
+        "dump",
+        "dump --deep",
+        "export",
+        "audit",
+        "rebuild",
+        "compact",
+        "verify",
+    ]
+    + list(AIMED)
+)
 
 
 def argv_of(command: str, inp: dict, out: Path) -> list[str] | None:
@@ -968,8 +1142,9 @@ def _child(command: str, argv, base: str, out_path: str, err_path: str, as_limit
             os._exit(code if isinstance(code, int) and 0 <= code < 256 else 70)
 
 
-def run_one(command: str, inp: dict, out: Path, wall: float = WALL_LIMIT, as_limit: int = AS_LIMIT,
-            rss_bound: int = RSS_BOUND) -> dict:
+def run_one(
+    command: str, inp: dict, out: Path, wall: float = WALL_LIMIT, as_limit: int = AS_LIMIT, rss_bound: int = RSS_BOUND
+) -> dict:
     """One command on the prepared input in a forked child: {command, rc, wall, rss, failure, excerpt}."""
     argv = argv_of(command, inp, out)
     res = {"command": command, "rc": None, "wall": 0.0, "rss_mb": 0.0, "failure": None, "excerpt": ""}
@@ -1027,9 +1202,18 @@ def run_one(command: str, inp: dict, out: Path, wall: float = WALL_LIMIT, as_lim
     return res
 
 
-def run_seed(seed: int, work: Path, commands=COMMANDS, dataset: str | None = None, mutation: str | None = None,
-             wall: float = WALL_LIMIT, as_limit: int = AS_LIMIT, rss_bound: int = RSS_BOUND,
-             datasets: tuple[str, ...] | None = None, mutations: tuple[str, ...] | None = None) -> dict:
+def run_seed(
+    seed: int,
+    work: Path,
+    commands=COMMANDS,
+    dataset: str | None = None,
+    mutation: str | None = None,
+    wall: float = WALL_LIMIT,
+    as_limit: int = AS_LIMIT,
+    rss_bound: int = RSS_BOUND,
+    datasets: tuple[str, ...] | None = None,
+    mutations: tuple[str, ...] | None = None,
+) -> dict:
     """Prepare ``seed``'s input and run every command on it: {seed, dataset, mutation, what, runs}."""
     d = Path(tempfile.mkdtemp(prefix=f"seed{seed}-", dir=work))
     try:
@@ -1038,17 +1222,41 @@ def run_seed(seed: int, work: Path, commands=COMMANDS, dataset: str | None = Non
         out.mkdir()
         runs = [run_one(c, inp, out, wall, as_limit, rss_bound) for c in commands]
         reported = _reported(inp, out, runs)
-        return {"seed": seed, "dataset": inp["dataset"], "mutation": inp["mutation"], "what": inp["what"],
-                "target": inp["target"], "runs": runs, "reported": reported,
-                "undetectable": undetectable(inp) if reported is False else None}
+        return {
+            "seed": seed,
+            "dataset": inp["dataset"],
+            "mutation": inp["mutation"],
+            "what": inp["what"],
+            "target": inp["target"],
+            "runs": runs,
+            "reported": reported,
+            "undetectable": undetectable(inp) if reported is False else None,
+        }
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
 
 #: mutations that change the bytes of one data file: fsck should name that file (a hostile term is
 #: only decoded by ``--deep``, whose findings the decode tests pin, so it is not counted here)
-DAMAGING = frozenset({"bitflip", "truncate", "zero", "junk", "swap", "dup_record", "odd_value", "amqp10", "long_name",
-                      "bitflip1", "osiris_chunk", "osiris_entry", "osiris_tracking", "osiris_index", "ra_entry"})
+DAMAGING = frozenset(
+    {
+        "bitflip",
+        "truncate",
+        "zero",
+        "junk",
+        "swap",
+        "dup_record",
+        "odd_value",
+        "amqp10",
+        "long_name",
+        "bitflip1",
+        "osiris_chunk",
+        "osiris_entry",
+        "osiris_tracking",
+        "osiris_index",
+        "ra_entry",
+    }
+)
 
 
 def _reported(inp: dict, out: Path, runs: list[dict]) -> bool | None:
@@ -1122,22 +1330,22 @@ def undetectable(inp: dict) -> str | None:
 #: byte classes no check can see a change in, and why (docs/hostile.md has the same table)
 UNDETECTABLE = {
     "qi.expiry": "a live .qi slot's expiry: an absolute time; nothing records the publish time or TTL it came from "
-                 "(a time already past is found: the message is expired)",
+    "(a time already past is found: the message is expired)",
     "qi.dead": "a .qi slot the broker treats as acked (status 0 with a location: dropped by an earlier recovery) or "
-               "a transient slot's message fields: the next boot reads neither",
+    "a transient slot's message fields: the next boot reads neither",
     "qi.amqp10-size": "the size field of an AMQP 1.0 message's slot (the broker's mc:size of its sections, not "
-                      "recomputed here)",
+    "recomputed here)",
     "v1.expiry": "a CQv1 publish record's expiry (as a .qi slot's)",
     "v1.dead": "a CQv1 record of an entry acked since (its publish, deliver and ack records): never used again",
     "v1.seq": "a CQv1 record's RelSeq (journal: seq id) changed to another free one below the segment entry count: "
-              "the message moves within its queue; a CQv1 index has no checksum",
+    "the message moves within its queue; a CQv1 index has no checksum",
     "rdq.dead": "an entry no index refers to (an orphan, or a second copy): nothing reads it, its id included",
     "ets.info-run": "the id, owner pid or memory words of a dump's table info: the run's own values",
     "config.count": "a vhost .config's segment entry count changed to another valid count that no CQv1 record "
-                    "contradicts",
+    "contradicts",
     "wal.trunc": "a Ra WAL record's truncate bit: not covered by its checksum, and as plausible either way",
     "term.value": "a value inside a DETS table, a Ra server config or a WAL writers snapshot that keeps its writer's "
-                  "shape (a term, a timeout, a name): as plausible as the original",
+    "shape (a term, a timeout, a name): as plausible as the original",
 }
 
 
@@ -1170,7 +1378,7 @@ def _byte_classes(dataset: str, original: Path, was: bytes, now: bytes, changed:
             slot = (off - c_qi.HEADER_SIZE) // c_qi.ENTRY_SIZE
             at = c_qi.HEADER_SIZE + slot * c_qi.ENTRY_SIZE
             r = off - at
-            s = was[at:at + c_qi.ENTRY_SIZE]
+            s = was[at : at + c_qi.ENTRY_SIZE]
             status, flags, kind = s[0], s[1], s[3]
             row = live.get((rel, at))
             if status == 0 and kind in (1, 2) and r > 3:
@@ -1196,8 +1404,12 @@ def _byte_classes(dataset: str, original: Path, was: bytes, now: bytes, changed:
             return None
         info_start, info_end = log.offsets[0] + 8, log.offsets[1]
         run_words = [i for k in (b"\x5a\x00", b"\x58", b"memory") for i in _spans(was[info_start:info_end], k)]
-        return ["ets.info-run" if info_start <= off < info_end and any(a <= off - info_start < b for a, b in run_words)
-                else "ets" for off in changed]
+        return [
+            "ets.info-run"
+            if info_start <= off < info_end and any(a <= off - info_start < b for a, b in run_words)
+            else "ets"
+            for off in changed
+        ]
     if name == ".config":
         try:
             count = textfiles.segment_entry_count(now)
@@ -1205,7 +1417,9 @@ def _byte_classes(dataset: str, original: Path, was: bytes, now: bytes, changed:
             return ["config"]
         return ["config.count" if count is not None else "config"] * len(changed)
     if name.endswith(".wal"):
-        return ["wal.trunc" if _wal_record_start(was, off) and now[off] ^ was[off] == 0x80 else "wal" for off in changed]
+        return [
+            "wal.trunc" if _wal_record_start(was, off) and now[off] ^ was[off] == 0x80 else "wal" for off in changed
+        ]
     if name.endswith(".dets") or name == "config" or name == "writers.snapshot":
         return ["term.value" if _same_shape(original, Path(original), was, now) else "term"] * len(changed)
     return None
@@ -1226,12 +1440,12 @@ def _wal_record_start(data: bytes, off: int) -> bool:
     while o + 27 <= len(data):
         if o == off:
             return True
-        h = int.from_bytes(data[o:o + 3], "big")
-        if h == 0 and not any(data[o:o + 32]):
+        h = int.from_bytes(data[o : o + 3], "big")
+        if h == 0 and not any(data[o : o + 32]):
             return False
         p = o + 3
         if not h >> 22 & 1:
-            p += 2 + int.from_bytes(data[p:p + 2], "big")
+            p += 2 + int.from_bytes(data[p : p + 2], "big")
         if p + 24 > len(data):
             return False
         (length,) = struct.unpack_from(">I", data, p + 4)
@@ -1278,9 +1492,9 @@ def _v1_classes(name: str, rel: str, was: bytes, now: bytes, changed: list[int],
     records = []  # (start, end, kind, live, seq)
     o = 0
     while o + head <= len(was):
-        h = int.from_bytes(was[o:o + head], "big")
+        h = int.from_bytes(was[o : o + head], "big")
         pub = (h >> 62) <= 1 if jif else bool(h & 0x8000)
-        if jif and h == 0 and not any(was[o:o + 40]):
+        if jif and h == 0 and not any(was[o : o + 40]):
             break
         if not pub:
             records.append((o, o + head, "ack", False, h & seq_mask))
@@ -1307,7 +1521,7 @@ def _v1_classes(name: str, rel: str, was: bytes, now: bytes, changed: list[int],
         elif r < head and not (now[off] ^ was[off]) & ~(0x3F if r == 0 else 0xFF):
             # only the RelSeq (seq id) bits changed: to a free one below the segment entry count
             # (2048 on every sample; at or past it is found)
-            new_seq = int.from_bytes(now[start:start + head], "big") & seq_mask
+            new_seq = int.from_bytes(now[start : start + head], "big") & seq_mask
             out.append("v1.seq" if new_seq not in used and (jif or new_seq < 2048) else "v1")
         else:
             out.append("v1")
@@ -1344,8 +1558,11 @@ def _payload_only(inp: dict) -> bool:
         return False
     if _same_content(SAMPLES / inp["dataset"] / "mnesia" / os.path.relpath(target, inp["base"]), Path(target)):
         return True
-    if inp.get("mutation") == "swap" and Path(target).name.startswith("mqtt_retained_") \
-            and "'mqtt_retained_" in inp.get("what", ""):
+    if (
+        inp.get("mutation") == "swap"
+        and Path(target).name.startswith("mqtt_retained_")
+        and "'mqtt_retained_" in inp.get("what", "")
+    ):
         return True  # two vhosts' MQTT retained stores swapped: no record names its vhost (only the file name)
     v1 = target.endswith(".idx") or target.endswith("journal.jif")
     if not (v1 or target.endswith(".rdq")):
@@ -1358,6 +1575,7 @@ def _payload_only(inp: dict) -> bool:
         if v1:
             return list(dump(path))
         return [{k: v for k, v in row.items() if k not in _VALUES} for row in dump(path, deep=True)]
+
     try:
         return original.read_bytes() != Path(target).read_bytes() and rows(original) == rows(target)
     except CQError:
@@ -1384,6 +1602,7 @@ def _same_content(original: Path, target: Path) -> bool:
 
             def items(log):
                 return [i[:5] if isinstance(i, tuple) and i and i[0] == "log_header" else i for i in log.items]
+
             return items(a) == items(b)
         if target.name.endswith(".config") or target.name in ("clean.dot", "nodes_running_at_shutdown"):
             return textfiles.consult(original.read_bytes()) == textfiles.consult(target.read_bytes())
@@ -1393,8 +1612,10 @@ def _same_content(original: Path, target: Path) -> bool:
 
 
 def _reproducer(r: dict, run: dict) -> str:
-    return (f"python3 fuzz/campaign.py --replay {r['seed']} --dataset {r['dataset']} --mutation {r['mutation']} "
-            f"--command '{run['command']}'")
+    return (
+        f"python3 fuzz/campaign.py --replay {r['seed']} --dataset {r['dataset']} --mutation {r['mutation']} "
+        f"--command '{run['command']}'"
+    )
 
 
 def _operational(results: list[dict]) -> dict[str, int]:
@@ -1419,44 +1640,90 @@ def summarize(results: list[dict], elapsed: float) -> dict:
     for r in results:
         for x in r["runs"]:
             if x.get("failure"):
-                failures.setdefault(x["failure"], []).append({
-                    "seed": r["seed"], "dataset": r["dataset"], "mutation": r["mutation"], "what": r["what"],
-                    "command": x["command"], "rc": x["rc"], "reproducer": _reproducer(r, x),
-                    "stderr": x["excerpt"][-600:]})
+                failures.setdefault(x["failure"], []).append(
+                    {
+                        "seed": r["seed"],
+                        "dataset": r["dataset"],
+                        "mutation": r["mutation"],
+                        "what": r["what"],
+                        "command": x["command"],
+                        "rc": x["rc"],
+                        "reproducer": _reproducer(r, x),
+                        "stderr": x["excerpt"][-600:],
+                    }
+                )
     return {
-        "seeds": sorted(r["seed"] for r in results), "inputs": len(results), "runs": len(runs),
+        "seeds": sorted(r["seed"] for r in results),
+        "inputs": len(results),
+        "runs": len(runs),
         "failures": sum(len(v) for v in failures.values()),
         "by_class": {k: len(v) for k, v in sorted(failures.items())},
-        "tracebacks": len(failures.get("traceback", [])), "hangs": len(failures.get("hang", [])),
+        "tracebacks": len(failures.get("traceback", [])),
+        "hangs": len(failures.get("hang", [])),
         "modified_inputs": len(failures.get("modified-input", [])),
         "max_rss_mb": max((x["rss_mb"] for x in runs), default=0.0),
         "max_wall_s": max((x["wall"] for x in runs), default=0.0),
         "mutations": {m: sum(1 for r in results if r["mutation"] == m) for m in sorted(MUTATIONS)},
         "exit_codes": {str(c): sum(1 for x in runs if x["rc"] == c) for c in sorted({x["rc"] for x in runs})},
         "operational_errors": _operational(results),
-        "silent": [{"seed": r["seed"], "dataset": r["dataset"], "mutation": r["mutation"], "what": r["what"],
-                    "target": r["target"]} for r in results
-                   if r.get("reported") is False and not r.get("undetectable")],
+        "silent": [
+            {
+                "seed": r["seed"],
+                "dataset": r["dataset"],
+                "mutation": r["mutation"],
+                "what": r["what"],
+                "target": r["target"],
+            }
+            for r in results
+            if r.get("reported") is False and not r.get("undetectable")
+        ],
         # silent, but a change documented as undetectable (``undetectable``: message bodies changed in
         # place, a file that says what it said, bytes of a kind nothing cross-checks), with the class
-        "undetectable": [{"seed": r["seed"], "dataset": r["dataset"], "what": r["what"], "target": r["target"],
-                          "why": r["undetectable"]}
-                         for r in results if r.get("reported") is False and r.get("undetectable")],
+        "undetectable": [
+            {
+                "seed": r["seed"],
+                "dataset": r["dataset"],
+                "what": r["what"],
+                "target": r["target"],
+                "why": r["undetectable"],
+            }
+            for r in results
+            if r.get("reported") is False and r.get("undetectable")
+        ],
         "reported": sum(1 for r in results if r.get("reported")),
-        "elapsed_s": round(elapsed, 1), "failed": failures,
+        "elapsed_s": round(elapsed, 1),
+        "failed": failures,
     }
 
 
 def _worker(args):
     seed, work, commands, wall, as_limit, rss_bound, datasets, mutations = args
-    return run_seed(seed, Path(work), commands, wall=wall, as_limit=as_limit, rss_bound=rss_bound, datasets=datasets,
-                    mutations=mutations)
+    return run_seed(
+        seed,
+        Path(work),
+        commands,
+        wall=wall,
+        as_limit=as_limit,
+        rss_bound=rss_bound,
+        datasets=datasets,
+        mutations=mutations,
+    )
 
 
-def campaign(seeds, *, jobs: int = 2, commands=COMMANDS, wall: float = WALL_LIMIT, as_limit: int = AS_LIMIT,
-             rss_bound: int = RSS_BOUND, budget: float | None = None, work: Path | None = None,
-             progress=None, datasets: tuple[str, ...] | None = None,
-             mutations: tuple[str, ...] | None = None) -> dict:
+def campaign(
+    seeds,
+    *,
+    jobs: int = 2,
+    commands=COMMANDS,
+    wall: float = WALL_LIMIT,
+    as_limit: int = AS_LIMIT,
+    rss_bound: int = RSS_BOUND,
+    budget: float | None = None,
+    work: Path | None = None,
+    progress=None,
+    datasets: tuple[str, ...] | None = None,
+    mutations: tuple[str, ...] | None = None,
+) -> dict:
     """Runs ``seeds`` (``jobs`` seeds at a time) and returns the summary. ``budget``: stop starting
     new seeds after that many seconds."""
     import multiprocessing as mp
@@ -1509,7 +1776,12 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="inputs fuzzed at once")
     ap.add_argument("--wall", type=float, default=WALL_LIMIT, help="seconds a run may take")
     ap.add_argument("--rss-mb", type=int, default=RSS_BOUND >> 20, help="peak RSS bound of a run (MB)")
-    ap.add_argument("--as-mb", type=int, default=AS_LIMIT >> 20, help="address space a run may add to the process it forks from (MB)")
+    ap.add_argument(
+        "--as-mb",
+        type=int,
+        default=AS_LIMIT >> 20,
+        help="address space a run may add to the process it forks from (MB)",
+    )
     ap.add_argument("--budget", type=float, help="stop starting inputs after this many seconds")
     ap.add_argument("--out", help="write the JSON summary here (default: stdout)")
     ap.add_argument("--replay", type=int, metavar="SEED", help="run one seed again")
@@ -1526,8 +1798,11 @@ def main(argv=None) -> int:
         if a.keep:
             inp = prepare(a.replay, work, a.dataset, a.mutation)
             (work / "out").mkdir()
-            r = {"seed": a.replay, **{k: inp[k] for k in ("dataset", "mutation", "what", "target")},
-                 "runs": [run_one(c, inp, work / "out", a.wall, a.as_mb << 20, a.rss_mb << 20) for c in cmds]}
+            r = {
+                "seed": a.replay,
+                **{k: inp[k] for k in ("dataset", "mutation", "what", "target")},
+                "runs": [run_one(c, inp, work / "out", a.wall, a.as_mb << 20, a.rss_mb << 20) for c in cmds],
+            }
             print(f"kept in {work}", file=sys.stderr)
         else:
             r = run_seed(a.replay, work, cmds, a.dataset, a.mutation, a.wall, a.as_mb << 20, a.rss_mb << 20)
@@ -1539,19 +1814,33 @@ def main(argv=None) -> int:
 
     def progress(r):
         bad = [x["command"] for x in r["runs"] if x.get("failure")]
-        print(f"seed {r['seed']} {r['dataset']} {r['mutation']}: {r['what'][:70]}"
-              + (f"  FAIL {bad}" if bad else ""), file=sys.stderr, flush=True)
+        print(
+            f"seed {r['seed']} {r['dataset']} {r['mutation']}: {r['what'][:70]}" + (f"  FAIL {bad}" if bad else ""),
+            file=sys.stderr,
+            flush=True,
+        )
 
-    s = campaign(seeds, jobs=a.jobs, wall=a.wall, as_limit=a.as_mb << 20, rss_bound=a.rss_mb << 20,
-                 budget=a.budget, progress=progress, datasets=STREAM_DATASETS if a.streams else None,
-                 mutations=tuple(a.mutations.split(",")) if a.mutations else None)
+    s = campaign(
+        seeds,
+        jobs=a.jobs,
+        wall=a.wall,
+        as_limit=a.as_mb << 20,
+        rss_bound=a.rss_mb << 20,
+        budget=a.budget,
+        progress=progress,
+        datasets=STREAM_DATASETS if a.streams else None,
+        mutations=tuple(a.mutations.split(",")) if a.mutations else None,
+    )
     text = json.dumps(s, indent=1, default=str)
     if a.out:
         Path(a.out).write_text(text + "\n")
     else:
         print(text)
-    print(f"{s['runs']} runs on {s['inputs']} inputs: {s['failures']} failures {s['by_class']}, "
-          f"max RSS {s['max_rss_mb']} MB, slowest {s['max_wall_s']} s", file=sys.stderr)
+    print(
+        f"{s['runs']} runs on {s['inputs']} inputs: {s['failures']} failures {s['by_class']}, "
+        f"max RSS {s['max_rss_mb']} MB, slowest {s['max_wall_s']} s",
+        file=sys.stderr,
+    )
     return 1 if s["failures"] else 0
 
 

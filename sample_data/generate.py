@@ -32,8 +32,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from brokers import Broker  # noqa: E402
 from brokers.clients import (  # noqa: E402
-    ALL_TYPES, amqp10_connection, drain_all, mqtt_client, mqtt_close, mqtt_publish, mqtt_subscribe, pika_module, proton,
-    stomp_connection, stomp_send)
+    ALL_TYPES,
+    amqp10_connection,
+    drain_all,
+    mqtt_client,
+    mqtt_close,
+    mqtt_publish,
+    mqtt_subscribe,
+    pika_module,
+    proton,
+    stomp_connection,
+    stomp_send,
+)
 
 pika = pika_module()
 
@@ -114,12 +124,24 @@ def body(tag: str, n: int) -> bytes:
     return (head + LOREM * (n // len(LOREM) + 1))[:n]
 
 
-def full_props(i: int, **over) -> "pika.BasicProperties":
+def full_props(i: int, **over) -> pika.BasicProperties:
     """All 14 basic properties set (user_id must be the connection's user)."""
-    kw = dict(content_type="application/json", content_encoding="identity", headers=dict(ALL_TYPES, seq=i),
-              delivery_mode=2, priority=i % 10, correlation_id=f"corr-{i}", reply_to="replies",
-              expiration=None, message_id=f"msg-{i}", timestamp=1_700_000_000 + i, type="order.created",
-              user_id="guest", app_id="cqforensics-generator", cluster_id="cluster-a")
+    kw = dict(
+        content_type="application/json",
+        content_encoding="identity",
+        headers=dict(ALL_TYPES, seq=i),
+        delivery_mode=2,
+        priority=i % 10,
+        correlation_id=f"corr-{i}",
+        reply_to="replies",
+        expiration=None,
+        message_id=f"msg-{i}",
+        timestamp=1_700_000_000 + i,
+        type="order.created",
+        user_id="guest",
+        app_id="cqforensics-generator",
+        cluster_id="cluster-a",
+    )
     kw.update(over)
     return pika.BasicProperties(**kw)
 
@@ -157,8 +179,13 @@ class Scenario:
         if self.v.startswith("3."):  # 4.x has CQv2 only
             arguments["x-queue-version"] = version
         ch.queue_declare(name, durable=True, arguments=arguments)
-        self.queues[(vhost, name)] = {"vhost": vhost, "name": name, "index_version": version,
-                                      "arguments": {k: v for k, v in arguments.items()}, "drain": drain}
+        self.queues[(vhost, name)] = {
+            "vhost": vhost,
+            "name": name,
+            "index_version": version,
+            "arguments": {k: v for k, v in arguments.items()},
+            "drain": drain,
+        }
 
     def publish(self, ch, exchange, rk, data, props=None):
         ch.basic_publish(exchange, rk, data, props or pika.BasicProperties(**PERSISTENT), mandatory=False)
@@ -213,8 +240,13 @@ class Scenario:
         self.declare(ch, "/", q, version)
         sizes = [0, 16, 700, 3000, 4000, 4095, 4096, 4200, 9000, 10_000, 20_000, 50, 5000, 1]
         for i, n in enumerate(sizes):
-            props = full_props(i) if i % 3 == 0 else pika.BasicProperties(
-                delivery_mode=2, message_id=f"{q}-{i}", headers={"i": i, "q": q} if i % 3 == 1 else None)
+            props = (
+                full_props(i)
+                if i % 3 == 0
+                else pika.BasicProperties(
+                    delivery_mode=2, message_id=f"{q}-{i}", headers={"i": i, "q": q} if i % 3 == 1 else None
+                )
+            )
             self.publish(ch, "", q, body(f"{q}#{i}", n), props)
         for _ in range(3):
             method, _, _ = ch.basic_get(q, auto_ack=False)
@@ -227,8 +259,13 @@ class Scenario:
             self.declare(ch, "/", name, version)
             ch.queue_bind(name, "fanout.audit")
         for i, n in enumerate([6000, 200, 12000, 4500, 100, 8000]):
-            self.publish(ch, "fanout.audit", f"audit.{i}", body(f"audit#{i}", n),
-                         pika.BasicProperties(delivery_mode=2, message_id=f"audit-{i}", app_id="auditor"))
+            self.publish(
+                ch,
+                "fanout.audit",
+                f"audit.{i}",
+                body(f"audit#{i}", n),
+                pika.BasicProperties(delivery_mode=2, message_id=f"audit-{i}", app_id="auditor"),
+            )
         for _ in range(2):  # consumed from one queue only: references drop from 3 to 2
             method, _, _ = ch.basic_get("audit.a", auto_ack=False)
             ch.basic_ack(method.delivery_tag)
@@ -238,8 +275,13 @@ class Scenario:
         self.declare(ch, "/", "jobs.prio", 2, **{"x-max-priority": 5})
         for i, p in enumerate([None, 0, 1, 5, 3, 9, 2, 5, None, 4, 1, 3]):
             n = 5000 if i % 4 == 0 else 300
-            self.publish(ch, "", "jobs.prio", body(f"prio#{i}", n),
-                         pika.BasicProperties(delivery_mode=2, priority=p, message_id=f"job-{i}"))
+            self.publish(
+                ch,
+                "",
+                "jobs.prio",
+                body(f"prio#{i}", n),
+                pika.BasicProperties(delivery_mode=2, priority=p, message_id=f"job-{i}"),
+            )
 
     def ttl(self, ch):
         """Per-message TTL mixed with messages that never expire; TTLs are short enough that
@@ -247,8 +289,13 @@ class Scenario:
         self.declare(ch, "/", "ttl.mixed", 2)
         for i in range(8):
             exp = "1500" if i % 2 else None
-            self.publish(ch, "", "ttl.mixed", body(f"ttl#{i}", 5000 if i % 3 == 0 else 120),
-                         pika.BasicProperties(delivery_mode=2, expiration=exp, message_id=f"ttl-{i}"))
+            self.publish(
+                ch,
+                "",
+                "ttl.mixed",
+                body(f"ttl#{i}", 5000 if i % 3 == 0 else 120),
+                pika.BasicProperties(delivery_mode=2, expiration=exp, message_id=f"ttl-{i}"),
+            )
 
     def short_ttl(self, ch):
         """Per-queue TTL (x-message-ttl): everything expires between the stop and the restart."""
@@ -263,18 +310,31 @@ class Scenario:
         self.declare(ch, "/", "dead", 2)
         ch.queue_bind("dead", "dlx", routing_key="dead")
         self.declare(ch, "/", "work", 2, **{"x-dead-letter-exchange": "dlx", "x-dead-letter-routing-key": "dead"})
-        self.declare(ch, "/", "delay", 2, **{"x-dead-letter-exchange": "dlx", "x-dead-letter-routing-key": "dead",
-                                             "x-message-ttl": 200})
+        self.declare(
+            ch,
+            "/",
+            "delay",
+            2,
+            **{"x-dead-letter-exchange": "dlx", "x-dead-letter-routing-key": "dead", "x-message-ttl": 200},
+        )
         for i in range(6):
-            props = full_props(100 + i) if i == 0 else pika.BasicProperties(
-                delivery_mode=2, message_id=f"work-{i}", headers={"attempt": i})
+            props = (
+                full_props(100 + i)
+                if i == 0
+                else pika.BasicProperties(delivery_mode=2, message_id=f"work-{i}", headers={"attempt": i})
+            )
             self.publish(ch, "", "work", body(f"work#{i}", 7000 if i % 2 else 500), props)
         for i in range(4):  # reject 4 of 6: dead-lettered with reason 'rejected'
             method, _, _ = ch.basic_get("work", auto_ack=False)
             ch.basic_reject(method.delivery_tag, requeue=False)
         for i in range(3):
-            self.publish(ch, "", "delay", body(f"delay#{i}", 6000 if i == 1 else 80),
-                         pika.BasicProperties(delivery_mode=2, message_id=f"delay-{i}", headers={"kind": "retry"}))
+            self.publish(
+                ch,
+                "",
+                "delay",
+                body(f"delay#{i}", 6000 if i == 1 else 80),
+                pika.BasicProperties(delivery_mode=2, message_id=f"delay-{i}", headers={"kind": "retry"}),
+            )
         deadline = time.time() + 30
         while time.time() < deadline:  # the broker expires them into 'dead'
             if ch.queue_declare("delay", passive=True).method.message_count == 0:
@@ -287,19 +347,35 @@ class Scenario:
         self.declare(ch, "/", q, version, **args)
         for i in range(12):
             mode = TRANSIENT if i % 2 else PERSISTENT
-            self.publish(ch, "", q, body(f"{q}#{i}", 6000 if i % 3 == 0 else 150),
-                         pika.BasicProperties(message_id=f"{q}-{i}", **mode))
+            self.publish(
+                ch,
+                "",
+                q,
+                body(f"{q}#{i}", 6000 if i % 3 == 0 else 150),
+                pika.BasicProperties(message_id=f"{q}-{i}", **mode),
+            )
 
     def events(self, ch, q, version):
         """The second vhost: its own shared store."""
         self.declare(ch, VHOST2, q, version)
         for i, n in enumerate([100, 5000, 20, 4096, 7000, 300, 10]):
-            self.publish(ch, "", q, body(f"{q}#{i}", n),
-                         pika.BasicProperties(delivery_mode=2, type="event", message_id=f"{q}-{i}",
-                                              headers={"region": "eu-ü", "n": i}))
+            self.publish(
+                ch,
+                "",
+                q,
+                body(f"{q}#{i}", n),
+                pika.BasicProperties(
+                    delivery_mode=2, type="event", message_id=f"{q}-{i}", headers={"region": "eu-ü", "n": i}
+                ),
+            )
         # CC: the stored routing keys are [publish key | CC keys] (the CC target need not exist)
-        self.publish(ch, "", q, body(f"{q}#cc", 64), pika.BasicProperties(
-            delivery_mode=2, message_id=f"{q}-cc", headers={"CC": [f"{q}.cc-copy"]}))
+        self.publish(
+            ch,
+            "",
+            q,
+            body(f"{q}#cc", 64),
+            pika.BasicProperties(delivery_mode=2, message_id=f"{q}-cc", headers={"CC": [f"{q}.cc-copy"]}),
+        )
         method, _, _ = ch.basic_get(q, auto_ack=False)
         ch.basic_ack(method.delivery_tag)
 
@@ -316,8 +392,14 @@ class Scenario:
         durable-queue metadata, so the broker deletes it at the next boot."""
         conn, ch = self.channel("/")
         ch.queue_declare("session.exclusive", exclusive=True)
-        self.queues[("/", "session.exclusive")] = {"vhost": "/", "name": "session.exclusive", "index_version": 2,
-                                                   "arguments": {}, "drain": "amqp091", "exclusive": True}
+        self.queues[("/", "session.exclusive")] = {
+            "vhost": "/",
+            "name": "session.exclusive",
+            "index_version": 2,
+            "arguments": {},
+            "drain": "amqp091",
+            "exclusive": True,
+        }
         for i in range(6):
             self.publish(ch, "", "session.exclusive", body(f"excl#{i}", 6000 if i % 2 else 90))
         self.held.append(conn)
@@ -351,27 +433,63 @@ class Scenario:
         c = amqp10_connection(self.b.port, "/")
         snd = c.create_sender("/queues/amqp10.q")
         msgs = [
-            p.Message(body=body("amqp10#0", 100), inferred=True, durable=True, id="a10-0", subject="small",
-                      content_type=p.symbol("text/plain"),
-                      application_properties={"str": "v", "int": 7, "bool": True, "double": 2.5,
-                                              "sym": p.symbol("s"), "ulong": p.ulong(2**40),
-                                              "bin": b"\x00\xff", "ts": p.timestamp(1_700_000_000_000)}),
-            p.Message(body=body("amqp10#1", 9000), inferred=True, durable=True, id=p.ulong(42),
-                      correlation_id="corr-a10", reply_to="/queues/replies", group_id="g1", group_sequence=3,
-                      creation_time=1_700_000_000.5, annotations={"x-opt-tenant": "acme", "x-opt-n": 5}),
-            p.Message(body="an amqp-value string body", durable=True, id="a10-2", user_id=b"guest",
-                      content_encoding=p.symbol("utf-8")),
+            p.Message(
+                body=body("amqp10#0", 100),
+                inferred=True,
+                durable=True,
+                id="a10-0",
+                subject="small",
+                content_type=p.symbol("text/plain"),
+                application_properties={
+                    "str": "v",
+                    "int": 7,
+                    "bool": True,
+                    "double": 2.5,
+                    "sym": p.symbol("s"),
+                    "ulong": p.ulong(2**40),
+                    "bin": b"\x00\xff",
+                    "ts": p.timestamp(1_700_000_000_000),
+                },
+            ),
+            p.Message(
+                body=body("amqp10#1", 9000),
+                inferred=True,
+                durable=True,
+                id=p.ulong(42),
+                correlation_id="corr-a10",
+                reply_to="/queues/replies",
+                group_id="g1",
+                group_sequence=3,
+                creation_time=1_700_000_000.5,
+                annotations={"x-opt-tenant": "acme", "x-opt-n": 5},
+            ),
+            p.Message(
+                body="an amqp-value string body",
+                durable=True,
+                id="a10-2",
+                user_id=b"guest",
+                content_encoding=p.symbol("utf-8"),
+            ),
             p.Message(body=body("amqp10#3", 200), inferred=True, durable=False, id="a10-3"),  # transient
-            p.Message(body=body("amqp10#4", 4200), inferred=True, durable=True, id="a10-4", priority=7,
-                      application_properties={"k": None}),
+            p.Message(
+                body=body("amqp10#4", 4200),
+                inferred=True,
+                durable=True,
+                id="a10-4",
+                priority=7,
+                application_properties={"k": None},
+            ),
         ]
         for m in msgs:
             snd.send(m)
         snd.close()
         snd = c.create_sender("/exchanges/fanout.amqp10")
         for i, n in enumerate([5500, 50]):
-            snd.send(p.Message(body=body(f"amqp10-fan#{i}", n), inferred=True, durable=True, id=f"a10-fan-{i}",
-                               subject=f"fan-{i}"))
+            snd.send(
+                p.Message(
+                    body=body(f"amqp10-fan#{i}", n), inferred=True, durable=True, id=f"a10-fan-{i}", subject=f"fan-{i}"
+                )
+            )
         snd.close()
         c.close()
 
@@ -412,17 +530,17 @@ class Scenario:
         pub = mqtt_client(port, "pub311", "3.1.1")
         sends = [
             ("v311/sensors/room-1/temp", body("mqtt311#0", 40), 1, False),
-            ("v311/sensors/room-1/temp", body("mqtt311#1", 60), 0, False),   # QoS 0: transient
-            ("v311/sensors/big", body("mqtt311#2", 6000), 1, False),         # shared store
-            ("v311/status", body("mqtt311#3", 30), 1, True),                 # retained
-            ("v311/dotted.name/x", body("mqtt311#4", 50), 1, False),         # a '.' inside a level
+            ("v311/sensors/room-1/temp", body("mqtt311#1", 60), 0, False),  # QoS 0: transient
+            ("v311/sensors/big", body("mqtt311#2", 6000), 1, False),  # shared store
+            ("v311/status", body("mqtt311#3", 30), 1, True),  # retained
+            ("v311/dotted.name/x", body("mqtt311#4", 50), 1, False),  # a '.' inside a level
             ("v311/zone/ü", body("mqtt311#5", 4200), 1, False),
-            ("v311/fan/one", body("mqtt311#6", 5000), 1, False),            # also in mqtt.copy
+            ("v311/fan/one", body("mqtt311#6", 5000), 1, False),  # also in mqtt.copy
             ("v311/empty", b"", 1, False),
             ("offline/v311/a", body("mqtt311-off#0", 100), 1, False),
             ("offline/v311/a", body("mqtt311-off#1", 7000), 1, False),
-            ("offline/v311/b", body("mqtt311-off#2", 20), 0, False),         # QoS 0 into a QoS 1 session
-            ("offline/v5/c", body("mqtt311-off#3", 90), 1, False),           # 3.1.1 publisher, 5.0 session
+            ("offline/v311/b", body("mqtt311-off#2", 20), 0, False),  # QoS 0 into a QoS 1 session
+            ("offline/v5/c", body("mqtt311-off#3", 90), 1, False),  # 3.1.1 publisher, 5.0 session
         ]
         for topic, data, qos, retain in sends:
             if topic.startswith("offline/v5/") and not v5:
@@ -438,37 +556,90 @@ class Scenario:
         """MQTT 5.0 PUBLISH properties: what an AMQP 0-9-1 consumer gets of each."""
         pub = mqtt_client(self.b.mqtt_port, "pub5", "5.0")
         ten_years = 10 * 365 * 86400  # an expiry no later boot of the sample reaches
-        users = [("region", "eu-west"), ("x-tenant", "acme"), ("dup", "first"), ("dup", "second"),
-                 ("ключ", "значение"), ("empty", "")]
+        users = [
+            ("region", "eu-west"),
+            ("x-tenant", "acme"),
+            ("dup", "first"),
+            ("dup", "second"),
+            ("ключ", "значение"),
+            ("empty", ""),
+        ]
         sends = [
-            ("v5/orders/created", body("mqtt5#0", 80), 1, False,
-             {"ContentType": "application/json", "UserProperty": users}),
-            ("v5/orders/reply", body("mqtt5#1", 120), 1, False,
-             {"ResponseTopic": "replies/v5/client-1", "CorrelationData": b"corr-5-1"}),
-            ("v5/orders/binary-corr", body("mqtt5#2", 64), 1, False,  # not a valid shortstr: x-correlation-id
-             {"CorrelationData": b"\x00\x01\xfe\xff", "ResponseTopic": "replies/a.b"}),
-            ("v5/orders/long-corr", body("mqtt5#3", 64), 1, False,
-             {"CorrelationData": ("c" * 300).encode()}),
-            ("v5/orders/expiring", body("mqtt5#4", 5000), 1, False,  # expiration + timestamp
-             {"MessageExpiryInterval": ten_years, "ContentType": "text/plain", "PayloadFormatIndicator": 1}),
-            ("v5/orders/short-ttl", body("mqtt5#5", 70), 1, False,   # expired by the restart
-             {"MessageExpiryInterval": 1}),
-            ("v5/orders/non-ascii-ct", body("mqtt5#6", 70), 1, False,
-             {"ContentType": "text/plain; charset=ü", "UserProperty": [("n", "1")]}),
-            ("v5/orders/long-ct", body("mqtt5#7", 70), 1, False,
-             {"ContentType": "application/" + "x" * 300}),
-            ("v5/orders/qos0", body("mqtt5#8", 90), 0, False,       # transient
-             {"UserProperty": [("k", "v")]}),
-            ("v5/fan/two", body("mqtt5#9", 9000), 1, True,          # retained; also in mqtt.copy
-             {"UserProperty": [("fan", "yes")], "ContentType": "application/octet-stream"}),
+            (
+                "v5/orders/created",
+                body("mqtt5#0", 80),
+                1,
+                False,
+                {"ContentType": "application/json", "UserProperty": users},
+            ),
+            (
+                "v5/orders/reply",
+                body("mqtt5#1", 120),
+                1,
+                False,
+                {"ResponseTopic": "replies/v5/client-1", "CorrelationData": b"corr-5-1"},
+            ),
+            (
+                "v5/orders/binary-corr",
+                body("mqtt5#2", 64),
+                1,
+                False,  # not a valid shortstr: x-correlation-id
+                {"CorrelationData": b"\x00\x01\xfe\xff", "ResponseTopic": "replies/a.b"},
+            ),
+            ("v5/orders/long-corr", body("mqtt5#3", 64), 1, False, {"CorrelationData": ("c" * 300).encode()}),
+            (
+                "v5/orders/expiring",
+                body("mqtt5#4", 5000),
+                1,
+                False,  # expiration + timestamp
+                {"MessageExpiryInterval": ten_years, "ContentType": "text/plain", "PayloadFormatIndicator": 1},
+            ),
+            (
+                "v5/orders/short-ttl",
+                body("mqtt5#5", 70),
+                1,
+                False,  # expired by the restart
+                {"MessageExpiryInterval": 1},
+            ),
+            (
+                "v5/orders/non-ascii-ct",
+                body("mqtt5#6", 70),
+                1,
+                False,
+                {"ContentType": "text/plain; charset=ü", "UserProperty": [("n", "1")]},
+            ),
+            ("v5/orders/long-ct", body("mqtt5#7", 70), 1, False, {"ContentType": "application/" + "x" * 300}),
+            (
+                "v5/orders/qos0",
+                body("mqtt5#8", 90),
+                0,
+                False,  # transient
+                {"UserProperty": [("k", "v")]},
+            ),
+            (
+                "v5/fan/two",
+                body("mqtt5#9", 9000),
+                1,
+                True,  # retained; also in mqtt.copy
+                {"UserProperty": [("fan", "yes")], "ContentType": "application/octet-stream"},
+            ),
             ("v5/plain", body("mqtt5#10", 10), 1, False, None),
-            ("offline/v5/d", body("mqtt5-off#0", 300), 1, False,
-             {"UserProperty": [("session", "offline")], "ResponseTopic": "back/to/me",
-              "CorrelationData": b"off-1"}),
+            (
+                "offline/v5/d",
+                body("mqtt5-off#0", 300),
+                1,
+                False,
+                {"UserProperty": [("session", "offline")], "ResponseTopic": "back/to/me", "CorrelationData": b"off-1"},
+            ),
             ("offline/v5/d", body("mqtt5-off#1", 4500), 1, False, {"MessageExpiryInterval": ten_years}),
             ("offline/v5/d", body("mqtt5-off#2", 50), 0, False, None),
-            ("offline/v311/from-v5", body("mqtt5-off#3", 55), 1, False,  # 5.0 publisher, 3.1.1 session
-             {"UserProperty": [("to", "v311")]}),
+            (
+                "offline/v311/from-v5",
+                body("mqtt5-off#3", 55),
+                1,
+                False,  # 5.0 publisher, 3.1.1 session
+                {"UserProperty": [("to", "v311")]},
+            ),
         ]
         for topic, data, qos, retain, props in sends:
             self.published.append(mqtt_publish(pub, "5.0", topic, data, qos, retain, props))
@@ -479,18 +650,33 @@ class Scenario:
         property, custom headers (escaped characters, non-ASCII); to a queue STOMP declares
         (/queue/), an existing queue (/amq/queue/), the topic exchange (/topic/) and an exchange."""
         conn = stomp_connection(self.b.stomp_port, "/")
-        mapped = {"content-type": "application/xml", "content-encoding": "gzip", "correlation-id": "corr-stomp",
-                  "reply-to": "/queue/replies", "amqp-message-id": "stomp-msg-1", "priority": "3",
-                  "type": "invoice", "app-id": "stomp-app", "timestamp": "1700000123", "user-id": "guest",
-                  "expiration": str(10 * 365 * 86400 * 1000)}
-        custom = {"x-custom": "custom value", "colon": "a:b", "newline": "line1\nline2", "backslash": "c\\d",
-                  "unicode": "grüße ✓", "number": "42"}
+        mapped = {
+            "content-type": "application/xml",
+            "content-encoding": "gzip",
+            "correlation-id": "corr-stomp",
+            "reply-to": "/queue/replies",
+            "amqp-message-id": "stomp-msg-1",
+            "priority": "3",
+            "type": "invoice",
+            "app-id": "stomp-app",
+            "timestamp": "1700000123",
+            "user-id": "guest",
+            "expiration": str(10 * 365 * 86400 * 1000),
+        }
+        custom = {
+            "x-custom": "custom value",
+            "colon": "a:b",
+            "newline": "line1\nline2",
+            "backslash": "c\\d",
+            "unicode": "grüße ✓",
+            "number": "42",
+        }
         sends = [
             ("/queue/stomp.q", body("stomp#0", 100), {"persistent": "true"}),
-            ("/queue/stomp.q", body("stomp#1", 120), {}),                               # transient
+            ("/queue/stomp.q", body("stomp#1", 120), {}),  # transient
             ("/queue/stomp.q", body("stomp#2", 5000), {"persistent": "true", **mapped, **custom}),
             ("/queue/stomp.q", body("stomp#3", 80), {"persistent": "true", **custom}),
-            ("/queue/stomp.q", body("stomp#4", 6000), {**custom}),                       # transient, big
+            ("/queue/stomp.q", body("stomp#4", 6000), {**custom}),  # transient, big
             ("/amq/queue/stomp.pre", body("stomp#5", 200), {"persistent": "true", "content-type": "text/plain"}),
             ("/amq/queue/stomp.pre", body("stomp#6", 4100), {"persistent": "true", "priority": "9"}),
             ("/amq/queue/stomp.pre", body("stomp#7", 10), {"persistent": "false"}),
@@ -501,8 +687,9 @@ class Scenario:
         for dest, data, headers in sends:
             self.published.append(stomp_send(conn, dest, data, headers))
         conn.disconnect()
-        self.queues.setdefault(("/", "stomp.q"), {"vhost": "/", "name": "stomp.q", "drain": "amqp091",
-                                                  "created_by": "stomp"})
+        self.queues.setdefault(
+            ("/", "stomp.q"), {"vhost": "/", "name": "stomp.q", "drain": "amqp091", "created_by": "stomp"}
+        )
 
     def session_queue(self, name):
         self.queues[("/", name)] = {"vhost": "/", "name": name, "drain": "amqp091", "created_by": "mqtt"}
@@ -512,8 +699,13 @@ class Scenario:
     def declare_quorum(self, ch, name, **args):
         arguments = {"x-queue-type": "quorum", **args}
         ch.queue_declare(name, durable=True, arguments=arguments)
-        self.queues[("/", name)] = {"vhost": "/", "name": name, "queue_type": "quorum", "arguments": arguments,
-                                    "drain": "amqp091"}
+        self.queues[("/", name)] = {
+            "vhost": "/",
+            "name": name,
+            "queue_type": "quorum",
+            "arguments": arguments,
+            "drain": "amqp091",
+        }
 
     def quorum(self):
         """Quorum queues beside classic ones. ``qq.orders``: a churn of 2,500 messages published,
@@ -530,12 +722,18 @@ class Scenario:
         conn, ch = self.channel("/")
         self.declare(ch, "/", "cq.side", 2)
         for i, n in enumerate([10, 5000, 300]):
-            self.publish(ch, "", "cq.side", body(f"side#{i}", n),
-                         pika.BasicProperties(delivery_mode=2, message_id=f"side-{i}"))
+            self.publish(
+                ch, "", "cq.side", body(f"side#{i}", n), pika.BasicProperties(delivery_mode=2, message_id=f"side-{i}")
+            )
         self.declare_quorum(ch, "qq.orders")
         for i in range(2500):
-            self.publish(ch, "", "qq.orders", body(f"churn#{i}", 3000 if i % 50 == 0 else 40),
-                         pika.BasicProperties(delivery_mode=2))
+            self.publish(
+                ch,
+                "",
+                "qq.orders",
+                body(f"churn#{i}", 3000 if i % 50 == 0 else 40),
+                pika.BasicProperties(delivery_mode=2),
+            )
         for _ in range(2000):
             method, _, _ = ch.basic_get("qq.orders", auto_ack=True)
             assert method is not None
@@ -547,8 +745,12 @@ class Scenario:
             elif i == 4:
                 props = pika.BasicProperties(delivery_mode=1, message_id=f"qq.orders-{i}")  # transient
             else:
-                props = pika.BasicProperties(delivery_mode=2, message_id=f"qq.orders-{i}", priority=i % 10,
-                                             headers={"i": i, "q": "qq.orders"} if i % 3 == 1 else None)
+                props = pika.BasicProperties(
+                    delivery_mode=2,
+                    message_id=f"qq.orders-{i}",
+                    priority=i % 10,
+                    headers={"i": i, "q": "qq.orders"} if i % 3 == 1 else None,
+                )
             self.publish(ch, "", "qq.orders", body(f"qq.orders#{i}", n), props)
         for _ in range(2):
             method, _, _ = ch.basic_get("qq.orders", auto_ack=False)
@@ -562,13 +764,23 @@ class Scenario:
         ch.queue_bind("qq.dead", "qdlx", routing_key="dead")
         self.declare(ch, "/", "cq.dead", 2)
         ch.queue_bind("cq.dead", "qdlx", routing_key="amo")
-        self.declare_quorum(ch, "qq.work", **{"x-delivery-limit": 2, "x-dead-letter-exchange": "qdlx",
-                                              "x-dead-letter-routing-key": "dead",
-                                              "x-dead-letter-strategy": "at-least-once",
-                                              "x-overflow": "reject-publish"})
+        self.declare_quorum(
+            ch,
+            "qq.work",
+            **{
+                "x-delivery-limit": 2,
+                "x-dead-letter-exchange": "qdlx",
+                "x-dead-letter-routing-key": "dead",
+                "x-dead-letter-strategy": "at-least-once",
+                "x-overflow": "reject-publish",
+            },
+        )
         for i in range(10):
-            props = full_props(200 + i) if i == 0 else pika.BasicProperties(
-                delivery_mode=2, message_id=f"work-{i}", headers={"attempt": i})
+            props = (
+                full_props(200 + i)
+                if i == 0
+                else pika.BasicProperties(delivery_mode=2, message_id=f"work-{i}", headers={"attempt": i})
+            )
             self.publish(ch, "", "qq.work", body(f"work#{i}", 6000 if i % 3 == 0 else 120), props)
         for _ in range(2):  # rejected: dead-lettered (reason rejected) into qq.dead
             method, _, _ = ch.basic_get("qq.work", auto_ack=False)
@@ -584,8 +796,13 @@ class Scenario:
             ch.basic_nack(method.delivery_tag, requeue=True)
         self.declare_quorum(ch, "qq.amo", **{"x-dead-letter-exchange": "qdlx", "x-dead-letter-routing-key": "amo"})
         for i in range(4):
-            self.publish(ch, "", "qq.amo", body(f"amo#{i}", 80 if i % 2 else 4500),
-                         pika.BasicProperties(delivery_mode=2, message_id=f"amo-{i}"))
+            self.publish(
+                ch,
+                "",
+                "qq.amo",
+                body(f"amo#{i}", 80 if i % 2 else 4500),
+                pika.BasicProperties(delivery_mode=2, message_id=f"amo-{i}"),
+            )
         for _ in range(2):  # rejected: dead-lettered at most once into cq.dead
             method, _, _ = ch.basic_get("qq.amo", auto_ack=False)
             ch.basic_reject(method.delivery_tag, requeue=False)
@@ -680,12 +897,28 @@ def settle_quorum(broker: Broker, queues: dict, timeout: float = 60.0) -> None:
 
 def package_versions(broker: Broker) -> dict:
     root = broker.runtime.root
-    out = subprocess.run(["dpkg-query", f"--admindir={root}/var/lib/dpkg", "-W", "-f", "${Package} ${Version}\n",
-                          "rabbitmq-server", "erlang-base"], capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [
+            "dpkg-query",
+            f"--admindir={root}/var/lib/dpkg",
+            "-W",
+            "-f",
+            "${Package} ${Version}\n",
+            "rabbitmq-server",
+            "erlang-base",
+        ],
+        capture_output=True,
+        text=True,
+    ).stdout
     pk = dict(line.split(" ", 1) for line in out.splitlines() if line)
     otp = (root / "usr/lib/erlang/releases").glob("*/OTP_VERSION")
-    return {"rabbitmq": broker.version, "suite": broker.runtime.suite, "package": pk.get("rabbitmq-server"),
-            "erlang_package": pk.get("erlang-base"), "otp": next((f.read_text().strip() for f in otp), None)}
+    return {
+        "rabbitmq": broker.version,
+        "suite": broker.runtime.suite,
+        "package": pk.get("rabbitmq-server"),
+        "erlang_package": pk.get("erlang-base"),
+        "otp": next((f.read_text().strip() for f in otp), None),
+    }
 
 
 def now_ms() -> int:
@@ -761,8 +994,10 @@ def generate(name: str, out: Path, work: Path) -> dict:
     else:
         (dest / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
     total = sum(len(q["messages"]) for q in queues)
-    print(f"{name}: {len(queues)} queues, {total} messages delivered after restart "
-          f"({time.monotonic() - t0:.0f}s)", file=sys.stderr)
+    print(
+        f"{name}: {len(queues)} queues, {total} messages delivered after restart ({time.monotonic() - t0:.0f}s)",
+        file=sys.stderr,
+    )
     return manifest
 
 
@@ -799,18 +1034,32 @@ def generate_streams(name: str, out: Path, work: Path) -> dict:
         classic = drain_091(conn.channel(), streams.CLASSIC)
         conn.close()
         b.stop()
-        manifest = {"dataset": name, "broker": package_versions(b), "stop": stop, "node": b.nodename,
-                    "node_dir": f"mnesia/{b.nodename}", "profile": profile, "settings": SETTINGS[profile],
-                    "plugins": PLUGINS[profile], "stopped_at_ms": stopped_at, "restarted_at_ms": restarted_at,
-                    "vhosts": ["/"], "sent": sent, "streams": truth,
-                    "queues": [{"vhost": "/", "name": streams.CLASSIC, "messages": classic}]}
+        manifest = {
+            "dataset": name,
+            "broker": package_versions(b),
+            "stop": stop,
+            "node": b.nodename,
+            "node_dir": f"mnesia/{b.nodename}",
+            "profile": profile,
+            "settings": SETTINGS[profile],
+            "plugins": PLUGINS[profile],
+            "stopped_at_ms": stopped_at,
+            "restarted_at_ms": restarted_at,
+            "vhosts": ["/"],
+            "sent": sent,
+            "streams": truth,
+            "queues": [{"vhost": "/", "name": streams.CLASSIC, "messages": classic}],
+        }
     _clean_snapshot(dest / "mnesia")
     _archive(dest, manifest)
     for t in truth:
-        print(f"{name} {t['stream']}: {len(t['served_amqp091']['messages'])} served over AMQP 0-9-1"
-              f"{' (' + t['served_amqp091']['error'] + ')' if 'error' in t['served_amqp091'] else ''}, "
-              f"{len(t['served_stream_protocol']['records'])} over the stream protocol, tracking "
-              f"{t['tracking']}", file=sys.stderr)
+        print(
+            f"{name} {t['stream']}: {len(t['served_amqp091']['messages'])} served over AMQP 0-9-1"
+            f"{' (' + t['served_amqp091']['error'] + ')' if 'error' in t['served_amqp091'] else ''}, "
+            f"{len(t['served_stream_protocol']['records'])} over the stream protocol, tracking "
+            f"{t['tracking']}",
+            file=sys.stderr,
+        )
     print(f"{name}: {time.monotonic() - t0:.0f}s", file=sys.stderr)
     return manifest
 
@@ -983,8 +1232,7 @@ x-death), and vhost `prod` with `payments`.
 def _unpacked(out: Path, rel: str) -> bool:
     """Files unpacked from a committed archive (gitignored): the archive is listed instead."""
     parts = rel.split("/")
-    return (len(parts) > 1 and any((out / parts[0]).glob("*.tar.gz"))
-            and parts[1] in ("mnesia", ".mnesia.extracted"))
+    return len(parts) > 1 and any((out / parts[0]).glob("*.tar.gz")) and parts[1] in ("mnesia", ".mnesia.extracted")
 
 
 def write_readme(out: Path) -> None:
@@ -999,9 +1247,11 @@ def write_readme(out: Path) -> None:
         b = m["broker"]
         settings = ", ".join(f"`{k}` = {v}" for k, v in m["settings"].items()) or "defaults"
         count = sum(len(q["messages"]) for q in m["queues"])
-        rows.append(f"| `{name}` | RabbitMQ {b['rabbitmq']} ({b['package']}, {b['suite']}) | {b['otp']} | "
-                    f"{'rabbitmqctl shutdown' if m['stop'] == 'clean' else 'kill -9'} | {m['profile']} | {settings} | "
-                    f"{len(m['queues'])} | {count} |")
+        rows.append(
+            f"| `{name}` | RabbitMQ {b['rabbitmq']} ({b['package']}, {b['suite']}) | {b['otp']} | "
+            f"{'rabbitmqctl shutdown' if m['stop'] == 'clean' else 'kill -9'} | {m['profile']} | {settings} | "
+            f"{len(m['queues'])} | {count} |"
+        )
     imported = []
     for mf in sorted(out.glob("*/manifest.json*")):
         m = json.loads(gzip.decompress(mf.read_bytes()) if mf.suffix == ".gz" else mf.read_bytes())
@@ -1010,17 +1260,26 @@ def write_readme(out: Path) -> None:
         b = m["broker"]
         store = "Khepri" if not any((out / m["dataset"]).glob("mnesia/*/schema.DAT")) else "Mnesia"
         count = sum(len(q["messages"]) for q in m["queues"])
-        imported.append(f"| `{m['dataset']}` | RabbitMQ {b['rabbitmq']} | {b['otp']} | "
-                        f"{'rabbitmqctl stop' if m['stop'] == 'clean' else 'kill -9'} | `{m['archive']}` | {store} | "
-                        f"{len(m['queues'])} | {count} |")
+        imported.append(
+            f"| `{m['dataset']}` | RabbitMQ {b['rabbitmq']} | {b['otp']} | "
+            f"{'rabbitmqctl stop' if m['stop'] == 'clean' else 'kill -9'} | `{m['archive']}` | {store} | "
+            f"{len(m['queues'])} | {count} |"
+        )
     sums = []
     for f in sorted(p for p in out.rglob("*") if p.is_file()):
         rel = f.relative_to(out).as_posix()
         if rel == "README.md" or "__pycache__" in rel or _unpacked(out, rel):
             continue
         sums.append(f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {rel}")
-    text = (README_HEAD + "\n".join(rows) + "\n" + (README_IMPORTED + "\n".join(imported) + "\n" if imported else "")
-            + "\n## SHA-256 of every file\n\n```\n" + "\n".join(sums) + "\n```\n")
+    text = (
+        README_HEAD
+        + "\n".join(rows)
+        + "\n"
+        + (README_IMPORTED + "\n".join(imported) + "\n" if imported else "")
+        + "\n## SHA-256 of every file\n\n```\n"
+        + "\n".join(sums)
+        + "\n```\n"
+    )
     (out / "README.md").write_text(text)
 
 

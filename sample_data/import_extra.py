@@ -52,7 +52,7 @@ def typed(value, key: str | None = None, in_death: bool = False) -> dict:
     if isinstance(value, bool):
         return {"type": "bool", "value": value}
     if isinstance(value, int):
-        return {"type": "signedint" if -2**31 <= value < 2**31 else "long", "value": value}
+        return {"type": "signedint" if -(2**31) <= value < 2**31 else "long", "value": value}
     if isinstance(value, float):
         return {"type": "double", "value": value}
     if isinstance(value, str):
@@ -73,8 +73,10 @@ def _arg(v):
 
 def _dump(manifest: dict) -> str:
     """Compact JSON, one message per line (the typed headers make an indented file 4 MB)."""
+
     def one(v):
         return json.dumps(v, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
     head = {k: v for k, v in manifest.items() if k != "queues"}
     lines = ["{" + one(head)[1:-1] + ',"queues":[']
     for n, q in enumerate(manifest["queues"]):
@@ -106,27 +108,51 @@ def convert(src: Path) -> Path:
             vhost, qname = vh.decode(), name.decode()
             msgs = []
             for t in truth.get(f"{vhost}|{qname}", []):
-                msgs.append({"body_len": t["len"], "body_sha256": t["sha256"], "exchange": t["exchange"],
-                             "routing_key": t["routing_key"], "redelivered": t["redelivered"],
-                             "properties": {k: t[k] for k in PROPS},
-                             "headers": None if t["headers"] is None else
-                             {k: typed(v, k) for k, v in t["headers"].items()},
-                             "protocol": "amqp091"})
-            queues.append({"vhost": vhost, "name": qname, "durable": rec.durable,
-                           "index_version": args.get("x-queue-version", 2), "arguments": args,
-                           "drain": "amqp091", "exists_after_restart": True, "messages": msgs})
+                msgs.append(
+                    {
+                        "body_len": t["len"],
+                        "body_sha256": t["sha256"],
+                        "exchange": t["exchange"],
+                        "routing_key": t["routing_key"],
+                        "redelivered": t["redelivered"],
+                        "properties": {k: t[k] for k in PROPS},
+                        "headers": None if t["headers"] is None else {k: typed(v, k) for k, v in t["headers"].items()},
+                        "protocol": "amqp091",
+                    }
+                )
+            queues.append(
+                {
+                    "vhost": vhost,
+                    "name": qname,
+                    "durable": rec.durable,
+                    "index_version": args.get("x-queue-version", 2),
+                    "arguments": args,
+                    "drain": "amqp091",
+                    "exists_after_restart": True,
+                    "messages": msgs,
+                }
+            )
     known = {f"{q['vhost']}|{q['name']}" for q in queues}
     missing = [k for k, v in truth.items() if isinstance(v, list) and k not in known]
     if missing:
         raise SystemExit(f"queues in truth.json unknown to the metadata: {missing}")
     manifest = {
-        "broker": {"rabbitmq": version, "otp": ver["otp"].strip(),
-                   "package": "not installable here; node dir imported (see README.md)"},
-        "dataset": dataset, "archive": tarball.name,
+        "broker": {
+            "rabbitmq": version,
+            "otp": ver["otp"].strip(),
+            "package": "not installable here; node dir imported (see README.md)",
+        },
+        "dataset": dataset,
+        "archive": tarball.name,
         "archive_sha256": hashlib.sha256(tarball.read_bytes()).hexdigest(),
-        "node": node_name, "node_dir": f"mnesia/{node_name}", "profile": "extra",
-        "properties_recorded": list(PROPS), "queues": queues,
-        "restarted_at_ms": truth["snapshot_ms"], "settings": {}, "stop": truth["stop_mode"],
+        "node": node_name,
+        "node_dir": f"mnesia/{node_name}",
+        "profile": "extra",
+        "properties_recorded": list(PROPS),
+        "queues": queues,
+        "restarted_at_ms": truth["snapshot_ms"],
+        "settings": {},
+        "stop": truth["stop_mode"],
         "vhosts": sorted({q["vhost"] for q in queues}),
     }
     # gzip (no name, no mtime: the bytes depend on the content only); the JSON is 2 MB of typed headers

@@ -8,8 +8,10 @@ explicit registration of an already discovered name raises DATA_SOURCE_ALREADY_E
 try:
     import pyspark  # noqa: F401  (the `spark` extra)
 except ImportError:
-    raise ModuleNotFoundError("the rabbitcq Spark data source needs pyspark, which is not installed: "
-                              "pip install 'cqforensics[spark]'", name="pyspark") from None
+    raise ModuleNotFoundError(
+        "the rabbitcq Spark data source needs pyspark, which is not installed: pip install 'cqforensics[spark]'",
+        name="pyspark",
+    ) from None
 
 from spark_datasource.schema import ANNOTATIONS_SCHEMA, DEATHS_SCHEMA, HEADERS_SCHEMA, typed_json
 from spark_datasource.source import RabbitCQDataSource as DefaultSource

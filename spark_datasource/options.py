@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass
 
 from cqforensics.base.errors import UsageError
-from cqforensics.model.options import Options, make_options, parse_as_of
 from cqforensics.base.schema import TABLES
+from cqforensics.model.options import Options, make_options, parse_as_of
 
 #: option name (lower case, as Spark hands them over) -> (default, meaning)
 OPTIONS = {
@@ -98,5 +98,16 @@ def parse(opts: dict) -> Settings:
     as_of_ms = parse_as_of(opts.get("asof") or None, "option asOf")  # the one as-of parser
     batch_rows, batch_bytes = _int(opts, "batchrows"), _int(opts, "batchbytes")
     options = make_options(version, as_of_ms, batch_rows=batch_rows, batch_bytes=batch_bytes)  # validates the version
-    return Settings(expand_paths(opts), table, _int(opts, "maxpartitionbytes"), _int(opts, "minpartitions"),
-                    version, as_of_ms, _list(opts, "vhosts"), _list(opts, "queues"), batch_rows, batch_bytes, options)
+    return Settings(
+        expand_paths(opts),
+        table,
+        _int(opts, "maxpartitionbytes"),
+        _int(opts, "minpartitions"),
+        version,
+        as_of_ms,
+        _list(opts, "vhosts"),
+        _list(opts, "queues"),
+        batch_rows,
+        batch_bytes,
+        options,
+    )

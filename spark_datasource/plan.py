@@ -30,14 +30,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from cqforensics.base.errors import CQError, UsageError
+from cqforensics.base.schema import SCHEMAS
+from cqforensics.model.options import make_options
+from cqforensics.model.store import shares_for
 from cqforensics.read import driver
 from cqforensics.read.driver import QUEUE_LEVEL
-from cqforensics.model.options import make_options
-from cqforensics.base.errors import CQError, UsageError
 from cqforensics.readers.ra_system import read_config
-from cqforensics.model.store import shares_for
 from cqforensics.tables.builders import SHARED_TABLES
-from cqforensics.base.schema import SCHEMAS
 
 
 @dataclass(frozen=True)
@@ -78,8 +78,12 @@ def plan_units(paths, table: str, vhosts=None, queues=None) -> list[Unit]:
     a node holds that is not read (quorum queues, streams) is logged as a warning on the driver
     (and is in the ``findings`` table: ``storage-not-read``)."""
     out = []
-    nodes = driver.discovered(list(paths), make_options(bodies=False, decode=False), driver.names(vhosts, "vhosts"),
-                              driver.names(queues, "queues"))
+    nodes = driver.discovered(
+        list(paths),
+        make_options(bodies=False, decode=False),
+        driver.names(vhosts, "vhosts"),
+        driver.names(queues, "queues"),
+    )
     for node in (ns.node for ns in nodes):
         vhost_list = sorted(node.vhosts, key=lambda v: (v.name is None, v.label))
         streams = _streams(node, queues) if table == "messages" else {}
@@ -93,8 +97,10 @@ def plan_units(paths, table: str, vhosts=None, queues=None) -> list[Unit]:
             if table in QUEUE_LEVEL and all(u.share is None for u in units):
                 # after the classic queues, in the order a whole read yields them (``tables.messages_batches``)
                 out += [Unit(**base, **u) for u in quorum_units.get(v.dir_name, ())]
-            out += [Unit(**base, stream=d.name, weight=_tree_size(d), files=tuple(str(p) for p in sorted(d.iterdir())))
-                    for d in streams.get(v.dir_name, [])]
+            out += [
+                Unit(**base, stream=d.name, weight=_tree_size(d), files=tuple(str(p) for p in sorted(d.iterdir())))
+                for d in streams.get(v.dir_name, [])
+            ]
     return out
 
 
@@ -135,8 +141,9 @@ def _quorum_units(node, vhost_list) -> dict[str, list[dict]]:
                 if res is not None:
                     vhost, name = (x.decode("utf-8", "replace") for x in res)
             dir_name = by_name.get(vhost, vhost_list[0].dir_name)
-            out.setdefault(dir_name, []).append({"queue": name, "quorum": srv.uid,
-                                                 "weight": _tree_size(srv.path) + wal})
+            out.setdefault(dir_name, []).append(
+                {"queue": name, "quorum": srv.uid, "weight": _tree_size(srv.path) + wal}
+            )
     for units in out.values():
         units.sort(key=lambda u: u["quorum"])  # as model.quorum.read_system lists the servers
     return out
@@ -153,11 +160,16 @@ def _vhost_units(v, base: dict, table: str, queues) -> list[Unit]:
         return [Unit(**base, weight=_tree_size(v.path))]
     store = sum(_size(p) for st in v.stores.values() for _, p in st.rdq) if table == "messages" else 0
     qdirs = [q for q in v.queues if queues is None or q.name in queues]
-    qdirs.sort(key=lambda q: (q.name is None, q.name or q.dir_name,
-                              -(q.priority if q.priority is not None else -1), q.dir_name))
+    qdirs.sort(
+        key=lambda q: (
+            q.name is None,
+            q.name or q.dir_name,
+            -(q.priority if q.priority is not None else -1),
+            q.dir_name,
+        )
+    )
     # the store's bytes are shared out in proportion to index bytes (a proxy for messages)
-    index_bytes = {q.dir_name: sum(_size(p) for _, p in q.qi + q.idx) + _size(q.journal or Path("/-"))
-                   for q in qdirs}
+    index_bytes = {q.dir_name: sum(_size(p) for _, p in q.qi + q.idx) + _size(q.journal or Path("/-")) for q in qdirs}
     total_index = max(1, sum(index_bytes.values()))
     for q in qdirs:
         qb = {**base, "queue_dir": q.dir_name, "queue": q.name}

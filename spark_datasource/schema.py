@@ -8,8 +8,19 @@ every batch a Python data source yields.
 from __future__ import annotations
 
 import pyarrow as pa
-from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, DataType, DoubleType, IntegerType, LongType,
-                               StringType, StructField, StructType, TimestampType)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    DataType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from cqforensics.base.schema import SCHEMAS
 
@@ -60,8 +71,10 @@ HEADERS_SCHEMA = "MAP<STRING, STRUCT<type: STRING, value: STRING, base64: STRING
 #: ``ts``, ``deaths``, ``amqp10``, ``mqtt``, ...)
 ANNOTATIONS_SCHEMA = "MAP<STRING, STRING>"
 #: Spark DDL of the dead-letter history in ``annotations["deaths"]`` (3.13+ messages)
-DEATHS_SCHEMA = ("ARRAY<STRUCT<queue: STRING, reason: STRING, exchange: STRING, routing_keys: ARRAY<STRING>, "
-                 "count: BIGINT, first_time: BIGINT, last_time: BIGINT, ttl: BIGINT>>")
+DEATHS_SCHEMA = (
+    "ARRAY<STRUCT<queue: STRING, reason: STRING, exchange: STRING, routing_keys: ARRAY<STRING>, "
+    "count: BIGINT, first_time: BIGINT, last_time: BIGINT, ttl: BIGINT>>"
+)
 JSON_SCHEMAS = {"headers": HEADERS_SCHEMA, "annotations": ANNOTATIONS_SCHEMA}
 
 

@@ -34,8 +34,8 @@ from pyspark.sql.types import StructType
 # imported with the module (once per Python worker, when the first task unpickles the reader),
 # not per task or per batch
 from cqforensics import compiled as core
-from cqforensics.read import driver
 from cqforensics.model.options import narrowed
+from cqforensics.read import driver
 from cqforensics.tables.builders import BUILDERS
 from spark_datasource import options as opt
 from spark_datasource.plan import Unit, check_columns, pack, plan_units
@@ -65,7 +65,7 @@ class RabbitCQDataSource(DataSource):
     def schema(self) -> StructType:
         return struct_type(opt.parse(self.options).table)
 
-    def reader(self, schema: StructType) -> "RabbitCQReader":
+    def reader(self, schema: StructType) -> RabbitCQReader:
         # a fresh reader per plan, holding the options and the read schema only
         return RabbitCQReader(opt.parse(self.options), schema)
 
@@ -90,8 +90,10 @@ class RabbitCQReader(DataSourceReader):
     def read(self, partition):
         units = getattr(partition, "units", None) or []  # read(None) on 4.0 for an empty plan
         expected = arrow_schema(self.schema)
-        batches = (pa.RecordBatch.from_arrays(b.columns, schema=expected)
-                   for b in read_units(units, self.settings, self.columns))
+        batches = (
+            pa.RecordBatch.from_arrays(b.columns, schema=expected)
+            for b in read_units(units, self.settings, self.columns)
+        )
         stats_dir = os.environ.get(TASK_STATS)
         yield from batches if not stats_dir else _timed(batches, stats_dir, len(units))
 
@@ -102,13 +104,30 @@ def read_units(units: list[Unit], s: opt.Settings, columns: list[str]):
     one id share of a big vhost is read by a scan of that share only."""
     options, scope = narrowed(s.options, s.table, columns), _task_scope()
     if all(u.share is None for u in units):
-        yield from driver.read(s.table, options, units=units, columns=columns, vhosts=s.vhosts, queues=s.queues,
-                               cache=_VHOST_FACTS, cache_scope=scope)
+        yield from driver.read(
+            s.table,
+            options,
+            units=units,
+            columns=columns,
+            vhosts=s.vhosts,
+            queues=s.queues,
+            cache=_VHOST_FACTS,
+            cache_scope=scope,
+        )
         return
     for share, run in _share_runs(units):
         build = None if share is None else _share_builder(s.table, *share)
-        yield from driver.read(s.table, options, units=run, columns=columns, vhosts=s.vhosts, queues=s.queues,
-                               cache=_VHOST_FACTS, cache_scope=scope, build=build)
+        yield from driver.read(
+            s.table,
+            options,
+            units=run,
+            columns=columns,
+            vhosts=s.vhosts,
+            queues=s.queues,
+            cache=_VHOST_FACTS,
+            cache_scope=scope,
+            build=build,
+        )
 
 
 def _share_runs(units: list[Unit]):
@@ -127,12 +146,14 @@ def _share_runs(units: list[Unit]):
 
 def _share_builder(table: str, k: int, parts: int):
     """A vhost's batches of ``table`` read as share ``k`` of ``parts`` only."""
+
     def build(vs):
         sub = vs.share_scan(k, parts)
         try:
             yield from BUILDERS[table](sub)
         finally:
             sub.close()
+
     return build
 
 
@@ -188,13 +209,24 @@ def _timed(batches, stats_dir: str, units: int):
     finally:
         gc.callbacks.remove(on_gc)
         tc = TaskContext.get()
-        record = {"pid": os.getpid(), "stage": tc.stageId() if tc else None,
-                  "partition": tc.partitionId() if tc else None, "units": units, "batches": n, "rows": rows,
-                  "arrow_bytes": nbytes, "task_s": time.perf_counter() - start, "reader_s": reader,
-                  "spark_s": spark, "core": core.status(),
-                  "core_rows": core.COUNTS["core"] - counts.get("core", 0),
-                  "reference_rows": core.COUNTS["reference"] - counts.get("reference", 0),
-                  "gc_collections": gc_runs["n"], "gc_full": gc_runs["full"], "gc_s": gc_runs["s"]}
+        record = {
+            "pid": os.getpid(),
+            "stage": tc.stageId() if tc else None,
+            "partition": tc.partitionId() if tc else None,
+            "units": units,
+            "batches": n,
+            "rows": rows,
+            "arrow_bytes": nbytes,
+            "task_s": time.perf_counter() - start,
+            "reader_s": reader,
+            "spark_s": spark,
+            "core": core.status(),
+            "core_rows": core.COUNTS["core"] - counts.get("core", 0),
+            "reference_rows": core.COUNTS["reference"] - counts.get("reference", 0),
+            "gc_collections": gc_runs["n"],
+            "gc_full": gc_runs["full"],
+            "gc_s": gc_runs["s"],
+        }
         name = f"{record['pid']}-{record['stage']}-{record['partition']}-{time.time_ns()}.json"
         os.makedirs(stats_dir, exist_ok=True)
         with open(os.path.join(stats_dir, name), "w") as f:

@@ -76,14 +76,18 @@ def one_line():
         msg = str(e)
         raise WriterError(msg if msg.startswith("rabbitcq writer") else f"rabbitcq writer: {msg}") from None
 
+
 #: option name (lower case) -> (default, meaning); documented in docs/spark.md (tests/house/test_docs.py)
 WRITE_OPTIONS = {
-    "brokerversion": ("", "required: the RabbitMQ version that will boot the store (3.10 .. 4.3); "
-                          "decides the stored term shape"),
-    "template": ("", "for a new DST: a node dir whose metadata (and everything but its message stores) "
-                     "is copied into DST"),
-    "queueversion": ("", "3.10 - 3.13: CQ index version (1 or 2) for queues whose metadata does not say; "
-                         "default 1"),
+    "brokerversion": (
+        "",
+        "required: the RabbitMQ version that will boot the store (3.10 .. 4.3); decides the stored term shape",
+    ),
+    "template": (
+        "",
+        "for a new DST: a node dir whose metadata (and everything but its message stores) is copied into DST",
+    ),
+    "queueversion": ("", "3.10 - 3.13: CQ index version (1 or 2) for queues whose metadata does not say; default 1"),
     "filesizelimit": (str(16 << 20), "roll shared-store files at this many bytes (msg_store_file_size_limit)"),
 }
 
@@ -104,14 +108,17 @@ def parse_write_options(opts: dict) -> WriteSettings:
     opts = {k.lower(): v for k, v in opts.items()}
     unknown = sorted(set(opts) - set(WRITE_OPTIONS) - {"path"})
     if unknown:
-        raise UsageError(f"rabbitcq writer: unknown option(s) {', '.join(unknown)}; known: "
-                         f"{', '.join(sorted(WRITE_OPTIONS))}")
+        raise UsageError(
+            f"rabbitcq writer: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(WRITE_OPTIONS))}"
+        )
     if not opts.get("path"):
         raise UsageError("rabbitcq writer: no destination: use .save(path)")
     version = opts.get("brokerversion") or ""
     if not version:
-        raise UsageError("rabbitcq writer: option brokerVersion is required (the RabbitMQ version that will boot "
-                         "the store, e.g. 3.10 or 4.3): it decides how messages are stored")
+        raise UsageError(
+            "rabbitcq writer: option brokerVersion is required (the RabbitMQ version that will boot "
+            "the store, e.g. 3.10 or 4.3): it decides how messages are stored"
+        )
     model = versions.model(version)
     qv = opts.get("queueversion") or None
     if qv is not None and qv not in ("1", "2"):
@@ -122,8 +129,14 @@ def parse_write_options(opts: dict) -> WriteSettings:
     template = opts.get("template") or None
     if template is not None and not Path(template).is_dir():
         raise UsageError(f"rabbitcq writer: template {template}: not a directory")
-    return WriteSettings(os.path.abspath(opts["path"]), version, os.path.abspath(template) if template else None,
-                         int(qv) if qv else None, int(limit), model)
+    return WriteSettings(
+        os.path.abspath(opts["path"]),
+        version,
+        os.path.abspath(template) if template else None,
+        int(qv) if qv else None,
+        int(limit),
+        model,
+    )
 
 
 def check_struct(schema: StructType) -> None:
@@ -175,20 +188,28 @@ class RabbitCQWriter(DataSourceArrowWriter):
         attempt = ctx.attemptNumber() if ctx else 0
         with one_line():
             self.staging.mkdir(exist_ok=True)
-            part = encode_part(iterator, self.settings.model, self.staging,
-                               f"part-{pid:05d}-{attempt}", pid)
+            part = encode_part(iterator, self.settings.model, self.staging, f"part-{pid:05d}-{attempt}", pid)
         return StagedPart(part.partition, part.index, part.terms, part.rows, part.bytes)
 
     def commit(self, messages) -> None:
         from cqforensics.write.rows import PartInfo, build
 
-        parts = [PartInfo(m.partition, m.index, m.terms, m.rows, m.bytes)
-                 for m in sorted((m for m in messages if m is not None), key=lambda m: m.partition)]
+        parts = [
+            PartInfo(m.partition, m.index, m.terms, m.rows, m.bytes)
+            for m in sorted((m for m in messages if m is not None), key=lambda m: m.partition)
+        ]
         try:
             s = self.settings
             with one_line():
-                build(parts, Path(s.dst), s.model, self.mode,
-                      Path(s.template) if s.template else None, s.queue_version, s.file_size_limit)
+                build(
+                    parts,
+                    Path(s.dst),
+                    s.model,
+                    self.mode,
+                    Path(s.template) if s.template else None,
+                    s.queue_version,
+                    s.file_size_limit,
+                )
         finally:
             shutil.rmtree(self.staging, ignore_errors=True)
 

@@ -13,7 +13,9 @@ _TESTS = Path(__file__).resolve().parent
 # ``support`` from every test folder; and each folder, for the helpers a test module still takes
 # from another's (``from test_cli import run``), whichever folders a run collects
 # and the checkout's root, for ``fuzz`` and ``brokers`` (not installed with the package)
-sys.path[:0] = [str(_TESTS.parent), str(_TESTS)] + sorted(str(d) for d in _TESTS.iterdir() if d.is_dir() and d.name != "support")
+sys.path[:0] = [str(_TESTS.parent), str(_TESTS)] + sorted(
+    str(d) for d in _TESTS.iterdir() if d.is_dir() and d.name != "support"
+)
 
 from support import ROOT, skip_or_fail  # noqa: E402
 from support.oracle import datasets, extract_archives  # noqa: E402
@@ -51,11 +53,15 @@ def spark():
     os.environ["PYTHONPATH"] = os.pathsep.join(paths)
     from pyspark.sql import SparkSession
 
-    s = (SparkSession.builder.master("local[2]").appName("cqforensics-tests")
-         .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-         .config("spark.default.parallelism", "2").config("spark.sql.session.timeZone", "UTC")
-         .getOrCreate())
+    s = (
+        SparkSession.builder.master("local[2]")
+        .appName("cqforensics-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
     s.sparkContext.setLogLevel("ERROR")
     yield s
     s.stop()
-

@@ -37,8 +37,17 @@ def display(value) -> str | None:
 
 
 #: nouns whose plural is not noun + "s"
-_PLURALS = {"entry": "entries", "body": "bodies", "copy": "copies", "index": "indexes", "hit": "hits",
-            "byte": "bytes", "is": "are", "was": "were", "has": "have"}
+_PLURALS = {
+    "entry": "entries",
+    "body": "bodies",
+    "copy": "copies",
+    "index": "indexes",
+    "hit": "hits",
+    "byte": "bytes",
+    "is": "are",
+    "was": "were",
+    "has": "have",
+}
 
 
 def plural(n: int, noun: str, many: str | None = None) -> str:
@@ -49,8 +58,11 @@ def plural(n: int, noun: str, many: str | None = None) -> str:
         return f"1 {noun}"
     head, _, last = noun.rpartition(" ")
     if many is None:
-        many = _PLURALS.get(last) or (last[:-1] + "ies" if last.endswith("y") and last[-2:-1] not in "aeiou"
-                                      else last + ("es" if last.endswith(("s", "x", "sh", "ch")) else "s"))
+        many = _PLURALS.get(last) or (
+            last[:-1] + "ies"
+            if last.endswith("y") and last[-2:-1] not in "aeiou"
+            else last + ("es" if last.endswith(("s", "x", "sh", "ch")) else "s")
+        )
         many = f"{head} {many}" if head else many
     return f"{n:,} {many}" if isinstance(n, int) or hasattr(n, "__index__") else f"{n} {many}"
 

@@ -32,7 +32,7 @@ def value(v, key=None):
         return b.hex() if is_id(key) else base64.b64encode(b).decode()
     if isinstance(v, dt.datetime):
         if v.tzinfo is not None:
-            v = v.astimezone(dt.timezone.utc)
+            v = v.astimezone(dt.UTC)
         return v.isoformat()
     if isinstance(v, dt.date):
         return v.isoformat()

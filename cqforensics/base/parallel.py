@@ -74,8 +74,7 @@ def default_jobs() -> int:
     return min(usable_cpus(), MAX_DEFAULT_JOBS)
 
 
-def ordered(tasks: Iterable, work: Callable[[object], Iterable], jobs: int, *,
-            buffer: int = BUFFER) -> Iterator:
+def ordered(tasks: Iterable, work: Callable[[object], Iterable], jobs: int, *, buffer: int = BUFFER) -> Iterator:
     """The items of ``work(task)`` for every task, in task order, computed by ``jobs`` forked
     workers (in this process when ``jobs`` < 2 or there is one task). See the module doc."""
     tasks = list(tasks)
@@ -194,7 +193,7 @@ class _Pool:
             region = memoryview(data)
         parts = []
         for n in lengths:
-            parts.append(region[at:at + n])
+            parts.append(region[at : at + n])
             at += n
         obj = pickle.loads(parts[0], buffers=parts[1:])
         size = sum(lengths)
@@ -205,8 +204,9 @@ class _Pool:
             w.paused = True
 
     def _ended(self, w: _Worker):
-        raise OperationalError(f"a worker process (pid {w.pid}) ended before it sent its results "
-                               f"({_how_it_ended(w.pid)})")
+        raise OperationalError(
+            f"a worker process (pid {w.pid}) ended before it sent its results ({_how_it_ended(w.pid)})"
+        )
 
     def stop(self) -> None:
         """Kill and reap every worker, close every pipe (also when the caller stops early)."""
@@ -270,7 +270,9 @@ def _send(out: socket.socket, task: int, kind: int, obj) -> None:
     bufs: list = []
     data = pickle.dumps(obj, protocol=5, buffer_callback=bufs.append)
     views = [b.raw() for b in bufs]
-    head = _FRAME.pack(task, kind, len(views)) + struct.pack(f"<{len(views) + 1}Q", len(data), *(v.nbytes for v in views))
+    head = _FRAME.pack(task, kind, len(views)) + struct.pack(
+        f"<{len(views) + 1}Q", len(data), *(v.nbytes for v in views)
+    )
     if len(head) + len(data) + sum(v.nbytes for v in views) <= INLINE:
         out.sendall(b"".join([head, data, *views]))
         return
@@ -279,7 +281,7 @@ def _send(out: socket.socket, task: int, kind: int, obj) -> None:
         for part in [data, *views]:
             view = memoryview(part).cast("B")
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
         socket.send_fds(out, [head], [fd])
     finally:
         os.close(fd)

@@ -24,77 +24,210 @@ QUEUE = [_f("queue", pa.string()), _f("priority", pa.int32())]
 AT = [_f("file", pa.string()), _f("offset", pa.int64())]
 
 #: The 13 scalar AMQP 0-9-1 basic properties (the 14th, headers, is the ``headers`` column).
-PROPERTIES = pa.struct([
-    _f("content_type", pa.string()), _f("content_encoding", pa.string()), _f("delivery_mode", pa.int32()),
-    _f("priority", pa.int32()), _f("correlation_id", pa.string()), _f("reply_to", pa.string()),
-    _f("expiration", pa.string()), _f("message_id", pa.string()), _f("timestamp", TS), _f("type", pa.string()),
-    _f("user_id", pa.string()), _f("app_id", pa.string()), _f("cluster_id", pa.string()),
-])
+PROPERTIES = pa.struct(
+    [
+        _f("content_type", pa.string()),
+        _f("content_encoding", pa.string()),
+        _f("delivery_mode", pa.int32()),
+        _f("priority", pa.int32()),
+        _f("correlation_id", pa.string()),
+        _f("reply_to", pa.string()),
+        _f("expiration", pa.string()),
+        _f("message_id", pa.string()),
+        _f("timestamp", TS),
+        _f("type", pa.string()),
+        _f("user_id", pa.string()),
+        _f("app_id", pa.string()),
+        _f("cluster_id", pa.string()),
+    ]
+)
 
 SCHEMAS: dict[str, pa.Schema] = {
-    "messages": pa.schema(WHERE + QUEUE + AT + [
-        _f("seq_id", pa.int64()), _f("msg_id", pa.binary()), _f("index_version", pa.int32()),
-        _f("persistent", pa.bool_()), _f("delivered", pa.bool_()), _f("location", pa.string()),
-        _f("store_file", pa.string()), _f("store_offset", pa.int64()), _f("size", pa.int64()),
-        _f("expiry", TS), _f("exchange", pa.string()), _f("routing_keys", STRINGS),
-        _f("properties", PROPERTIES), _f("headers", pa.string()), _f("annotations", pa.string()),
-        _f("body", pa.binary()), _f("body_size", pa.int64()), _f("term_format", pa.string()),
-        _f("decode_error", pa.string()), _f("survives_restart", pa.bool_()), _f("drop_reason", pa.string()),
-        # appended for quorum queues and streams (one convention: classic / quorum / stream)
-        _f("queue_type", pa.string()), _f("stream_offset", pa.int64()), _f("chunk_id", pa.int64()),
-        _f("chunk_timestamp", TS), _f("epoch", pa.int64()), _f("amqp091_drop_reason", pa.string()),
-        _f("raft_index", pa.int64()), _f("raft_term", pa.int64()), _f("delivery_count", pa.int64()),
-        _f("checked_out", pa.bool_()),
-    ]),
-    "index": pa.schema(WHERE + QUEUE + AT + [
-        _f("index_version", pa.int32()), _f("kind", pa.string()), _f("seq_id", pa.int64()),
-        _f("persistent", pa.bool_()), _f("location", pa.string()), _f("msg_id", pa.binary()),
-        _f("store_offset", pa.int64()), _f("store_size", pa.int64()), _f("size", pa.int64()), _f("expiry", TS),
-        _f("status", pa.int32()), _f("error", pa.string()),
-    ]),
-    "acks": pa.schema(WHERE + QUEUE + AT + [
-        _f("seq_id", pa.int64()), _f("evidence", pa.string()), _f("msg_id", pa.binary()),
-    ]),
-    "store": pa.schema(WHERE + [_f("store", pa.string())] + AT + [
-        _f("total_size", pa.int64()), _f("msg_id", pa.binary()), _f("marker_ok", pa.bool_()),
-        _f("status", pa.string()), _f("refs", pa.int32()), _f("routes_to", STRINGS), _f("body", pa.binary()),
-    ]),
-    "refcounts": pa.schema(WHERE + [_f("store", pa.string())] + AT + [
-        _f("msg_id", pa.binary()), _f("copies", pa.int32()), _f("computed_refs", pa.int32()),
-        _f("recorded_refs", pa.int32()), _f("queues", STRINGS), _f("status", pa.string()),
-    ]),
-    "holes": pa.schema(WHERE + [_f("queue", pa.string()), _f("store", pa.string())] + AT + [
-        _f("length", pa.int64()), _f("kind", pa.string()),
-    ]),
-    "files": pa.schema(WHERE + QUEUE + AT[:1] + [
-        _f("kind", pa.string()), _f("size", pa.int64()), _f("header_ok", pa.bool_()),
-        _f("from_seq_id", pa.int64()), _f("to_seq_id", pa.int64()), _f("entries", pa.int64()),
-        _f("live_entries", pa.int64()), _f("live_bytes", pa.int64()), _f("garbage_bytes", pa.int64()),
-        _f("garbage_ratio", pa.float64()),
-    ]),
-    "queues": pa.schema(WHERE + QUEUE + [
-        _f("queue_dir", pa.string()), _f("name_source", pa.string()), _f("durable_known", pa.bool_()),
-        _f("index_version", pa.int32()), _f("segments", pa.int32()), _f("messages", pa.int64()),
-        _f("bytes", pa.int64()), _f("persistent", pa.int64()), _f("predicted_after_restart", pa.int64()),
-        _f("predicted_min", pa.int64()), _f("predicted_max", pa.int64()), _f("dropped", pa.int64()),
-        _f("queue_type", pa.string()),  # appended: classic / quorum / stream
-    ]),
+    "messages": pa.schema(
+        WHERE
+        + QUEUE
+        + AT
+        + [
+            _f("seq_id", pa.int64()),
+            _f("msg_id", pa.binary()),
+            _f("index_version", pa.int32()),
+            _f("persistent", pa.bool_()),
+            _f("delivered", pa.bool_()),
+            _f("location", pa.string()),
+            _f("store_file", pa.string()),
+            _f("store_offset", pa.int64()),
+            _f("size", pa.int64()),
+            _f("expiry", TS),
+            _f("exchange", pa.string()),
+            _f("routing_keys", STRINGS),
+            _f("properties", PROPERTIES),
+            _f("headers", pa.string()),
+            _f("annotations", pa.string()),
+            _f("body", pa.binary()),
+            _f("body_size", pa.int64()),
+            _f("term_format", pa.string()),
+            _f("decode_error", pa.string()),
+            _f("survives_restart", pa.bool_()),
+            _f("drop_reason", pa.string()),
+            # appended for quorum queues and streams (one convention: classic / quorum / stream)
+            _f("queue_type", pa.string()),
+            _f("stream_offset", pa.int64()),
+            _f("chunk_id", pa.int64()),
+            _f("chunk_timestamp", TS),
+            _f("epoch", pa.int64()),
+            _f("amqp091_drop_reason", pa.string()),
+            _f("raft_index", pa.int64()),
+            _f("raft_term", pa.int64()),
+            _f("delivery_count", pa.int64()),
+            _f("checked_out", pa.bool_()),
+        ]
+    ),
+    "index": pa.schema(
+        WHERE
+        + QUEUE
+        + AT
+        + [
+            _f("index_version", pa.int32()),
+            _f("kind", pa.string()),
+            _f("seq_id", pa.int64()),
+            _f("persistent", pa.bool_()),
+            _f("location", pa.string()),
+            _f("msg_id", pa.binary()),
+            _f("store_offset", pa.int64()),
+            _f("store_size", pa.int64()),
+            _f("size", pa.int64()),
+            _f("expiry", TS),
+            _f("status", pa.int32()),
+            _f("error", pa.string()),
+        ]
+    ),
+    "acks": pa.schema(
+        WHERE
+        + QUEUE
+        + AT
+        + [
+            _f("seq_id", pa.int64()),
+            _f("evidence", pa.string()),
+            _f("msg_id", pa.binary()),
+        ]
+    ),
+    "store": pa.schema(
+        WHERE
+        + [_f("store", pa.string())]
+        + AT
+        + [
+            _f("total_size", pa.int64()),
+            _f("msg_id", pa.binary()),
+            _f("marker_ok", pa.bool_()),
+            _f("status", pa.string()),
+            _f("refs", pa.int32()),
+            _f("routes_to", STRINGS),
+            _f("body", pa.binary()),
+        ]
+    ),
+    "refcounts": pa.schema(
+        WHERE
+        + [_f("store", pa.string())]
+        + AT
+        + [
+            _f("msg_id", pa.binary()),
+            _f("copies", pa.int32()),
+            _f("computed_refs", pa.int32()),
+            _f("recorded_refs", pa.int32()),
+            _f("queues", STRINGS),
+            _f("status", pa.string()),
+        ]
+    ),
+    "holes": pa.schema(
+        WHERE
+        + [_f("queue", pa.string()), _f("store", pa.string())]
+        + AT
+        + [
+            _f("length", pa.int64()),
+            _f("kind", pa.string()),
+        ]
+    ),
+    "files": pa.schema(
+        WHERE
+        + QUEUE
+        + AT[:1]
+        + [
+            _f("kind", pa.string()),
+            _f("size", pa.int64()),
+            _f("header_ok", pa.bool_()),
+            _f("from_seq_id", pa.int64()),
+            _f("to_seq_id", pa.int64()),
+            _f("entries", pa.int64()),
+            _f("live_entries", pa.int64()),
+            _f("live_bytes", pa.int64()),
+            _f("garbage_bytes", pa.int64()),
+            _f("garbage_ratio", pa.float64()),
+        ]
+    ),
+    "queues": pa.schema(
+        WHERE
+        + QUEUE
+        + [
+            _f("queue_dir", pa.string()),
+            _f("name_source", pa.string()),
+            _f("durable_known", pa.bool_()),
+            _f("index_version", pa.int32()),
+            _f("segments", pa.int32()),
+            _f("messages", pa.int64()),
+            _f("bytes", pa.int64()),
+            _f("persistent", pa.int64()),
+            _f("predicted_after_restart", pa.int64()),
+            _f("predicted_min", pa.int64()),
+            _f("predicted_max", pa.int64()),
+            _f("dropped", pa.int64()),
+            _f("queue_type", pa.string()),  # appended: classic / quorum / stream
+        ]
+    ),
     # a stream's tracking state: each tracking block on disk (consumer offsets by reference,
     # publisher sequences, timestamps), and whether it is what the next boot holds (``current``)
-    "stream_tracking": pa.schema(WHERE + [_f("queue", pa.string())] + AT + [
-        _f("chunk_id", pa.int64()), _f("source", pa.string()), _f("kind", pa.string()), _f("reference", pa.string()),
-        _f("value", pa.int64()), _f("sequence_chunk_id", pa.int64()), _f("current", pa.bool_()),
-    ]),
-    "raft_log": pa.schema(WHERE + [_f("queue", pa.string())] + AT + [
-        _f("source", pa.string()), _f("raft_index", pa.int64()), _f("raft_term", pa.int64()),
-        _f("entry", pa.string()), _f("command", pa.string()), _f("entry_size", pa.int64()),
-        _f("body_size", pa.int64()), _f("checksum", pa.string()), _f("recovered", pa.bool_()),
-        _f("timestamp", TS), _f("status", pa.string()),
-    ]),
-    "findings": pa.schema(WHERE + QUEUE + AT + [
-        _f("code", pa.string(), False), _f("severity", pa.string(), False), _f("message", pa.string()),
-        _f("details", pa.string()),
-    ]),
+    "stream_tracking": pa.schema(
+        WHERE
+        + [_f("queue", pa.string())]
+        + AT
+        + [
+            _f("chunk_id", pa.int64()),
+            _f("source", pa.string()),
+            _f("kind", pa.string()),
+            _f("reference", pa.string()),
+            _f("value", pa.int64()),
+            _f("sequence_chunk_id", pa.int64()),
+            _f("current", pa.bool_()),
+        ]
+    ),
+    "raft_log": pa.schema(
+        WHERE
+        + [_f("queue", pa.string())]
+        + AT
+        + [
+            _f("source", pa.string()),
+            _f("raft_index", pa.int64()),
+            _f("raft_term", pa.int64()),
+            _f("entry", pa.string()),
+            _f("command", pa.string()),
+            _f("entry_size", pa.int64()),
+            _f("body_size", pa.int64()),
+            _f("checksum", pa.string()),
+            _f("recovered", pa.bool_()),
+            _f("timestamp", TS),
+            _f("status", pa.string()),
+        ]
+    ),
+    "findings": pa.schema(
+        WHERE
+        + QUEUE
+        + AT
+        + [
+            _f("code", pa.string(), False),
+            _f("severity", pa.string(), False),
+            _f("message", pa.string()),
+            _f("details", pa.string()),
+        ]
+    ),
 }
 
 TABLES = tuple(SCHEMAS)
@@ -163,9 +296,11 @@ def fit_struct(values: dict, typ: pa.StructType) -> list[str]:
     the fields' ranges are computed once per type."""
     hit = _RANGES.get(id(typ))  # by identity: hashing an Arrow type costs more than the check
     if hit is None or hit[0] is not typ:
-        hit = _RANGES[id(typ)] = (typ, tuple((f.name, *type_range(f.type)) for f in typ
-                                             if type_range(f.type) is not None),
-                                  tuple(f.name for f in typ if pa.types.is_string(f.type)))
+        hit = _RANGES[id(typ)] = (
+            typ,
+            tuple((f.name, *type_range(f.type)) for f in typ if type_range(f.type) is not None),
+            tuple(f.name for f in typ if pa.types.is_string(f.type)),
+        )
     ranges, strings = hit[1], hit[2]
     bad = []
     for name, lo, hi in ranges:
@@ -209,8 +344,9 @@ def value_marks(msg: dict, properties_fitted: list[str] | None = None) -> str | 
     kinds = msg.get("marks") or []
     if properties_fitted is None:
         properties_fitted = fit_struct(properties_row(msg), PROPERTIES)
-    parts = ([KIND_MARKS + ", ".join(kinds)] if kinds else []) + \
-        ([RANGE_MARKS + ", ".join(properties_fitted)] if properties_fitted else [])
+    parts = ([KIND_MARKS + ", ".join(kinds)] if kinds else []) + (
+        [RANGE_MARKS + ", ".join(properties_fitted)] if properties_fitted else []
+    )
     return "; ".join(parts) if parts else None
 
 
@@ -228,5 +364,6 @@ def binary_array(values: list) -> pa.Array:
     nulls = int(n - valid.sum())
     bitmap = pa.py_buffer(np.packbits(valid, bitorder="little").tobytes()) if nulls else None
     data = b"".join(v for v in values if v is not None)
-    return pa.Array.from_buffers(pa.binary(), n, [bitmap, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data)],
-                                 null_count=nulls)
+    return pa.Array.from_buffers(
+        pa.binary(), n, [bitmap, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data)], null_count=nulls
+    )

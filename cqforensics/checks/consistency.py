@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from cqforensics.base.errors import plural
 from cqforensics.base.enums import Fate, Location
+from cqforensics.base.errors import plural
 from cqforensics.base.findings import Finding
+from cqforensics.checks.vhost import QueueVerdict
 from cqforensics.model.recovery import FINDING_OF_FATE
 from cqforensics.model.vhost import VhostScan
 from cqforensics.readers import qs as r_qs
-
-from cqforensics.checks.vhost import QueueVerdict
 
 
 def qs_overlaps(vs: VhostScan) -> list[Finding]:
@@ -29,9 +28,18 @@ def qs_overlaps(vs: VhostScan) -> list[Finding]:
         bad = np.flatnonzero(off[order][1:] < end[order][:-1])
         if len(bad):
             k = int(order[bad[0] + 1])
-            out.append(Finding("qs-entry-missing", f"{plural(len(bad), '.qs entry')} overlap the entry before them "
-                               f"(first: seq id {int(r.seq[sel[k]])})", str(qx.qdir.qs.get(qx.segment)),
-                               int(off[k]), severity="error", queue=qx.qdir.name, priority=qx.qdir.priority))
+            out.append(
+                Finding(
+                    "qs-entry-missing",
+                    f"{plural(len(bad), '.qs entry')} overlap the entry before them "
+                    f"(first: seq id {int(r.seq[sel[k]])})",
+                    str(qx.qdir.qs.get(qx.segment)),
+                    int(off[k]),
+                    severity="error",
+                    queue=qx.qdir.name,
+                    priority=qx.qdir.priority,
+                )
+            )
     return out
 
 
@@ -47,6 +55,14 @@ def undelivered(v: QueueVerdict, named=()) -> list[Finding]:
         code = FINDING_OF_FATE[Fate[fate.upper()]]
         if (code, v.vhost, v.queue) in named:
             continue
-        out.append(Finding(code, f"{plural(n, 'message')} of queue {v.queue} would not be delivered after a restart: "
-                           f"{fate}", severity="error", node=v.node, vhost=v.vhost, queue=v.queue))
+        out.append(
+            Finding(
+                code,
+                f"{plural(n, 'message')} of queue {v.queue} would not be delivered after a restart: {fate}",
+                severity="error",
+                node=v.node,
+                vhost=v.vhost,
+                queue=v.queue,
+            )
+        )
     return out

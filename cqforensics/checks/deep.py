@@ -9,11 +9,11 @@ makes these: without it no message term is decoded."""
 
 from __future__ import annotations
 
-from cqforensics.base.errors import plural
-from cqforensics.message import fast as fastpath
-from cqforensics.base.schema import value_marks
 from cqforensics.base.enums import Location
+from cqforensics.base.errors import plural
 from cqforensics.base.findings import Finding
+from cqforensics.base.schema import value_marks
+from cqforensics.message import fast as fastpath
 from cqforensics.model.index import IndexChunk
 from cqforensics.model.recovery import Resolved
 from cqforensics.model.vhost import VhostScan
@@ -41,33 +41,77 @@ def decode_checks(vs: VhostScan, qx: IndexChunk, res: Resolved) -> list[Finding]
             if has_id[j] and msg["msg_id"] is not None and msg["msg_id"] != r.msg_id[i].tobytes():
                 bad = "the stored term's message id differs from the index's"
             marked = value_marks(msg)
-            if durable and bad is None and msg["persistent"] is not None and msg["persistent"] != (r.persistent[i] == 1):
+            if (
+                durable
+                and bad is None
+                and msg["persistent"] is not None
+                and msg["persistent"] != (r.persistent[i] == 1)
+            ):
                 # a durable queue's index flag is its message's own persistence (IsPersistent)
-                out.append(Finding("persistence-mismatch", f"the index marks the message {'persistent' if r.persistent[i] == 1 else 'transient'}, its stored term says it is "
-                                   f"{'persistent' if msg['persistent'] else 'transient'}: one of the two was flipped "
-                                   "(the next boot goes by the index)", str(qx.files[int(r.file[i])]) if qx.files else None,
-                                   int(r.offset[i]), queue=qx.qdir.name, priority=qx.qdir.priority,
-                                   details={"seq_id": int(r.seq[i]), "store_file": str(res.body_files[f]),
-                                            "store_offset": int(res.store_offset[j])}))
+                out.append(
+                    Finding(
+                        "persistence-mismatch",
+                        f"the index marks the message {'persistent' if r.persistent[i] == 1 else 'transient'}, its stored term says it is "
+                        f"{'persistent' if msg['persistent'] else 'transient'}: one of the two was flipped "
+                        "(the next boot goes by the index)",
+                        str(qx.files[int(r.file[i])]) if qx.files else None,
+                        int(r.offset[i]),
+                        queue=qx.qdir.name,
+                        priority=qx.qdir.priority,
+                        details={
+                            "seq_id": int(r.seq[i]),
+                            "store_file": str(res.body_files[f]),
+                            "store_offset": int(res.store_offset[j]),
+                        },
+                    )
+                )
         except Exception as e:  # any failure to decode is the finding
             bad = f"{type(e).__name__}: {e}"
         if bad is None and msg.get("term_format") in _SIZE_IS_BODY and len(msg["body"]) != int(r.size[i]):
             # the index records the body's size at publish (the stats it recovers): checked on
             # every sample, equal for these formats; a disagreement is a damaged index entry
-            out.append(Finding("index-size-mismatch", f"the index records a {int(r.size[i])}-byte message, its "
-                               f"stored body has {plural(len(msg['body']), 'byte')}: the index entry's size field is damaged "
-                               "(or the body)", str(qx.files[int(r.file[i])]) if qx.files else None,
-                               int(r.offset[i]), queue=qx.qdir.name, priority=qx.qdir.priority,
-                               details={"seq_id": int(r.seq[i]), "index_size": int(r.size[i]),
-                                        "body_size": len(msg["body"]), "store_file": str(res.body_files[f]),
-                                        "store_offset": int(res.store_offset[j])}))
+            out.append(
+                Finding(
+                    "index-size-mismatch",
+                    f"the index records a {int(r.size[i])}-byte message, its "
+                    f"stored body has {plural(len(msg['body']), 'byte')}: the index entry's size field is damaged "
+                    "(or the body)",
+                    str(qx.files[int(r.file[i])]) if qx.files else None,
+                    int(r.offset[i]),
+                    queue=qx.qdir.name,
+                    priority=qx.qdir.priority,
+                    details={
+                        "seq_id": int(r.seq[i]),
+                        "index_size": int(r.size[i]),
+                        "body_size": len(msg["body"]),
+                        "store_file": str(res.body_files[f]),
+                        "store_offset": int(res.store_offset[j]),
+                    },
+                )
+            )
         if marked:
-            out.append(Finding("value-out-of-range", f"the stored message shows values as null: {marked}",
-                               str(res.body_files[f]), int(res.store_offset[j]), queue=qx.qdir.name,
-                               priority=qx.qdir.priority, details={"seq_id": int(r.seq[i]), "values": marked}))
+            out.append(
+                Finding(
+                    "value-out-of-range",
+                    f"the stored message shows values as null: {marked}",
+                    str(res.body_files[f]),
+                    int(res.store_offset[j]),
+                    queue=qx.qdir.name,
+                    priority=qx.qdir.priority,
+                    details={"seq_id": int(r.seq[i]), "values": marked},
+                )
+            )
         if bad:
             qs = r.loc[i] == Location.QUEUE_STORE
-            out.append(Finding("qs-entry-undecodable" if qs else "msg-corrupt", bad[:300], str(res.body_files[f]),
-                               int(res.store_offset[j]), queue=qx.qdir.name, priority=qx.qdir.priority,
-                               details={"seq_id": int(r.seq[i])}))
+            out.append(
+                Finding(
+                    "qs-entry-undecodable" if qs else "msg-corrupt",
+                    bad[:300],
+                    str(res.body_files[f]),
+                    int(res.store_offset[j]),
+                    queue=qx.qdir.name,
+                    priority=qx.qdir.priority,
+                    details={"seq_id": int(r.seq[i])},
+                )
+            )
     return out

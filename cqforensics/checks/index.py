@@ -15,8 +15,8 @@ from cqforensics.base.enums import Location, QsStatus
 from cqforensics.base.errors import plural
 from cqforensics.base.findings import Finding
 from cqforensics.discovery.nodes import QueueDir
-from cqforensics.model.index import IndexChunk
 from cqforensics.model import recovery
+from cqforensics.model.index import IndexChunk
 from cqforensics.model.recovery import Resolved
 from cqforensics.model.vhost import VhostScan
 from cqforensics.readers import qs as r_qs
@@ -62,10 +62,13 @@ def reader_findings(vs: VhostScan, qx: IndexChunk) -> list[Finding]:
         counts = folded.get(f.file) if f.code == "qi-bad-header" else None
         if counts:
             n = sum(counts.values())
-            out[i] = replace(f, message=f"{f.message}; its slots are never parsed, so the {plural(n, 'problem')} "
-                                        f"in them ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}) are "
-                                        "part of this one",
-                             details={**f.details, "slot_findings": dict(sorted(counts.items()))})
+            out[i] = replace(
+                f,
+                message=f"{f.message}; its slots are never parsed, so the {plural(n, 'problem')} "
+                f"in them ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}) are "
+                "part of this one",
+                details={**f.details, "slot_findings": dict(sorted(counts.items()))},
+            )
     return out
 
 
@@ -104,14 +107,29 @@ class ChunkCheck:
         if c is None:
             c = self.chunks[key] = _Chunk(qx.qdir, qx.segment, qx.qs_path)
         i = live[bad]
-        c.bad_qs += zip(at[bad].tolist(), status[bad].tolist(), r.seq[i].tolist(), r.store_offset[i].tolist(),
-                        r.store_size[i].tolist())
+        c.bad_qs += zip(
+            at[bad].tolist(),
+            status[bad].tolist(),
+            r.seq[i].tolist(),
+            r.store_offset[i].tolist(),
+            r.store_size[i].tolist(),
+        )
         i = live[missing]
-        c.missing += zip(at[missing].tolist(), r.seq[i].tolist(), (m.tobytes() for m in r.msg_id[i]),
-                         (qx.files[f] for f in r.file[i].tolist()), r.offset[i].tolist())
+        c.missing += zip(
+            at[missing].tolist(),
+            r.seq[i].tolist(),
+            (m.tobytes() for m in r.msg_id[i]),
+            (qx.files[f] for f in r.file[i].tolist()),
+            r.offset[i].tolist(),
+        )
         i = live[misflagged]
-        c.misflagged += zip(at[misflagged].tolist(), r.seq[i].tolist(), (m.tobytes() for m in r.msg_id[i]),
-                            (qx.files[f] for f in r.file[i].tolist()), r.offset[i].tolist())
+        c.misflagged += zip(
+            at[misflagged].tolist(),
+            r.seq[i].tolist(),
+            (m.tobytes() for m in r.msg_id[i]),
+            (qx.files[f] for f in r.file[i].tolist()),
+            r.offset[i].tolist(),
+        )
         if len(transient):
             c.transient += len(transient)
             ends = [(int(at[k]), int(r.seq[live[k]])) for k in (transient[0], transient[-1])]
@@ -185,63 +203,116 @@ def _chunk_findings(vs: VhostScan, c: _Chunk, maybe_acked: bool) -> list[Finding
         elif status in (QsStatus.MISSING_FILE, QsStatus.BAD_HEADER):
             if not reported:
                 reported = True
-                code, what = (("qs-entry-missing", "the index points into a .qs segment that is not there")
-                              if status == QsStatus.MISSING_FILE else
-                              ("qs-bad-header", "bad .qs header: none of its messages can be read"))
-                out.append(Finding(code, what, path, None if status == QsStatus.MISSING_FILE else 0,
-                                   details={"seq_id": seq}))
+                code, what = (
+                    ("qs-entry-missing", "the index points into a .qs segment that is not there")
+                    if status == QsStatus.MISSING_FILE
+                    else ("qs-bad-header", "bad .qs header: none of its messages can be read")
+                )
+                out.append(
+                    Finding(code, what, path, None if status == QsStatus.MISSING_FILE else 0, details={"seq_id": seq})
+                )
         elif status == QsStatus.OUT_OF_RANGE:
             entry = r_qs.entry_span(off, size)[1]
-            out.append(Finding("qs-entry-missing", f"entry for seq id {seq} ({plural(entry, 'byte')}) lies beyond the "
-                               "end of the file", path, off, details={"seq_id": seq, "size": size}))
+            out.append(
+                Finding(
+                    "qs-entry-missing",
+                    f"entry for seq id {seq} ({plural(entry, 'byte')}) lies beyond the end of the file",
+                    path,
+                    off,
+                    details={"seq_id": seq, "size": size},
+                )
+            )
         else:
-            out.append(Finding("qs-entry-crc", f"entry for seq id {seq} fails its "
-                               f"{'CRC' if status == QsStatus.BAD_CRC else 'size'} check", path, off,
-                               details={"seq_id": seq, "size": size, "check": status.label}))
+            out.append(
+                Finding(
+                    "qs-entry-crc",
+                    f"entry for seq id {seq} fails its {'CRC' if status == QsStatus.BAD_CRC else 'size'} check",
+                    path,
+                    off,
+                    details={"seq_id": seq, "size": size, "check": status.label},
+                )
+            )
     missing = sorted(c.missing)
     if missing and maybe_acked and (c.first_found is None or missing[-1][0] < c.first_found):
         seqs = [seq for _, seq, _, _, _ in missing]
         _, _, _, file0, offset0 = missing[0]
-        out.append(Finding("msg-missing", f"the {len(missing)} oldest messages of the queue (seq ids {seqs[0]} to "
-                           f"{seqs[-1]}) are in no shared-store file, and the store shows no damage: consumed, their "
-                           "acks reached the store (which removed them) but not the index before the broker was "
-                           "killed; the next boot drops them as this prediction does (or a store file holding only "
-                           "these was lost)", str(file0), offset0, severity="warning",
-                           details={"entries": len(missing), "first_seq_id": seqs[0], "last_seq_id": seqs[-1],
-                                    "acked_head": True}))
+        out.append(
+            Finding(
+                "msg-missing",
+                f"the {len(missing)} oldest messages of the queue (seq ids {seqs[0]} to "
+                f"{seqs[-1]}) are in no shared-store file, and the store shows no damage: consumed, their "
+                "acks reached the store (which removed them) but not the index before the broker was "
+                "killed; the next boot drops them as this prediction does (or a store file holding only "
+                "these was lost)",
+                str(file0),
+                offset0,
+                severity="warning",
+                details={"entries": len(missing), "first_seq_id": seqs[0], "last_seq_id": seqs[-1], "acked_head": True},
+            )
+        )
     else:
         for _, seq, mid, file, offset in missing:
-            out.append(Finding("msg-missing", f"message {mid.hex()} (seq id {seq}) is in no shared-store file",
-                               str(file), offset, details={"msg_id": mid.hex(), "seq_id": seq}))
+            out.append(
+                Finding(
+                    "msg-missing",
+                    f"message {mid.hex()} (seq id {seq}) is in no shared-store file",
+                    str(file),
+                    offset,
+                    details={"msg_id": mid.hex(), "seq_id": seq},
+                )
+            )
     for _, seq, mid, file, offset in sorted(c.misflagged):
-        out.append(Finding("persistence-mismatch", f"the index marks message {mid.hex()} (seq id {seq}) transient, "
-                           "but its body is in the persistent shared store, where the broker writes only "
-                           "persistent messages (and not in the transient one): its persistent flag was flipped; "
-                           "the next boot drops it as transient", str(file), offset,
-                           details={"msg_id": mid.hex(), "seq_id": seq, "index": "transient", "store": "persistent"}))
+        out.append(
+            Finding(
+                "persistence-mismatch",
+                f"the index marks message {mid.hex()} (seq id {seq}) transient, "
+                "but its body is in the persistent shared store, where the broker writes only "
+                "persistent messages (and not in the transient one): its persistent flag was flipped; "
+                "the next boot drops it as transient",
+                str(file),
+                offset,
+                details={"msg_id": mid.hex(), "seq_id": seq, "index": "transient", "store": "persistent"},
+            )
+        )
     st = vs.vhost.stores.get("transient")
     if c.transient and st is not None and st.clean_dot.exists():
         # after a clean stop (the store's clean.dot) its files hold every body its clients wrote;
         # after a kill the unflushed ones were never written. The broker drops transient messages
         # at boot whatever: their bodies are evidence only
         (_, first), (_, last) = c.transient_ends
-        out.append(Finding("msg-missing", f"{plural(c.transient, 'transient message')} the index refers to (seq ids "
-                           f"{first} to {last}) are in no transient-store file: a file of that "
-                           "store lost, truncated or swapped (the broker drops them at boot anyway)",
-                           str(st.path), severity="info",
-                           details={"entries": c.transient, "first_seq_id": first, "store": "transient"}))
+        out.append(
+            Finding(
+                "msg-missing",
+                f"{plural(c.transient, 'transient message')} the index refers to (seq ids "
+                f"{first} to {last}) are in no transient-store file: a file of that "
+                "store lost, truncated or swapped (the broker drops them at boot anyway)",
+                str(st.path),
+                severity="info",
+                details={"entries": c.transient, "first_seq_id": first, "store": "transient"},
+            )
+        )
     if tail:
         qs = vs.qs_files.get(c.qs_path) if c.qs_path is not None else None
-        where = ("the segment file was never created" if qs is None else
-                 "the segment file was created but never written" if not qs.size else
-                 f"the file ends at {qs.size}, where they begin")
-        out.append(Finding("qs-entry-missing", f"{plural(len(tail), 'index entry')} (seq ids {tail[0]} to {tail[-1]}) point past "
-                           f"what the .qs segment holds ({where}): the store's write buffer was not flushed yet when "
-                           "the broker was killed (the index's was); messages never written, and never confirmed, "
-                           "that the next boot drops as this prediction does", path,
-                           None if qs is None else qs.size, severity="warning",
-                           details={"entries": len(tail), "first_seq_id": tail[0], "last_seq_id": tail[-1],
-                                    "unwritten": True}))
+        where = (
+            "the segment file was never created"
+            if qs is None
+            else "the segment file was created but never written"
+            if not qs.size
+            else f"the file ends at {qs.size}, where they begin"
+        )
+        out.append(
+            Finding(
+                "qs-entry-missing",
+                f"{plural(len(tail), 'index entry')} (seq ids {tail[0]} to {tail[-1]}) point past "
+                f"what the .qs segment holds ({where}): the store's write buffer was not flushed yet when "
+                "the broker was killed (the index's was); messages never written, and never confirmed, "
+                "that the next boot drops as this prediction does",
+                path,
+                None if qs is None else qs.size,
+                severity="warning",
+                details={"entries": len(tail), "first_seq_id": tail[0], "last_seq_id": tail[-1], "unwritten": True},
+            )
+        )
     return out
 
 

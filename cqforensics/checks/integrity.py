@@ -29,6 +29,7 @@ import numpy as np
 from cqforensics.base.enums import Location, RecordKind
 from cqforensics.base.errors import CQError, plural
 from cqforensics.base.findings import Finding
+from cqforensics.codecs.textfiles import TEXT_SHAPES
 from cqforensics.model.index import IndexChunk
 from cqforensics.model.store import id_halves
 from cqforensics.model.vhost import NodeScan, VhostScan
@@ -36,11 +37,19 @@ from cqforensics.readers import files as r_files
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import registry
 from cqforensics.readers import terms as r_terms
-from cqforensics.codecs.textfiles import TEXT_SHAPES
 
 #: node-level files the broker (or OTP) keeps in the node dir, by name or extension
-NODE_FILES = ("cluster_nodes.config", "nodes_running_at_shutdown", "node-type.txt", "rabbit_serial",
-              "schema_version", "schema.DAT", "LATEST.LOG", "PREVIOUS.LOG", "DECISION_TAB.LOG")
+NODE_FILES = (
+    "cluster_nodes.config",
+    "nodes_running_at_shutdown",
+    "node-type.txt",
+    "rabbit_serial",
+    "schema_version",
+    "schema.DAT",
+    "LATEST.LOG",
+    "PREVIOUS.LOG",
+    "DECISION_TAB.LOG",
+)
 NODE_SUFFIXES = (".DCD", ".DCL", ".LOG", ".DAT", ".dets", ".config", ".BUP", ".TMP")
 #: dirs of the node dir whose every file belongs to the broker (Khepri/Ra, quorum queues)
 NODE_DIRS = ("coordination", "quorum")
@@ -69,8 +78,15 @@ class QueueIntegrity:
         if len(sel):
             base = len(self.files)
             self.files += qx.files
-            self.parts.append((r.msg_id[sel], r.seq[sel], r.file[sel].astype(np.int64) + base, r.offset[sel],
-                               np.full(len(sel), qx.version or 0, np.int8)))
+            self.parts.append(
+                (
+                    r.msg_id[sel],
+                    r.seq[sel],
+                    r.file[sel].astype(np.int64) + base,
+                    r.offset[sel],
+                    np.full(len(sel), qx.version or 0, np.int8),
+                )
+            )
         if not self.first:
             return
         if qx.version == 1:
@@ -111,12 +127,23 @@ class QueueIntegrity:
             path, path_j = self.files[int(fpos[k])], self.files[int(fpos[j])]
             if version[k] == 2 and path == path_j:
                 continue  # inside one .qi: the reader's own finding
-            out.append(Finding("index-duplicate-entry", f"seq id {int(seq[k])} refers to the same shared-store "
-                               f"message as seq id {int(seq[j])} ({os.fsdecode(path_j.name)} at {int(offset[j])}): "
-                               "a copied slot or record; the broker delivers the message twice", str(path),
-                               int(offset[k]), details={"seq_id": int(seq[k]), "copy_of_seq_id": int(seq[j]),
-                                                        "copy_of_file": str(path_j), "copy_of_offset": int(offset[j]),
-                                                        "msg_id": ids[k].tobytes().hex()}))
+            out.append(
+                Finding(
+                    "index-duplicate-entry",
+                    f"seq id {int(seq[k])} refers to the same shared-store "
+                    f"message as seq id {int(seq[j])} ({os.fsdecode(path_j.name)} at {int(offset[j])}): "
+                    "a copied slot or record; the broker delivers the message twice",
+                    str(path),
+                    int(offset[k]),
+                    details={
+                        "seq_id": int(seq[k]),
+                        "copy_of_seq_id": int(seq[j]),
+                        "copy_of_file": str(path_j),
+                        "copy_of_offset": int(offset[j]),
+                        "msg_id": ids[k].tobytes().hex(),
+                    },
+                )
+            )
         return out
 
 
@@ -155,13 +182,25 @@ class CopyCheck:
         if not len(sel):
             return
         paths = [qx.files[int(f)] for f in r.file[sel].tolist()]
-        crc = np.array([zlib.crc32(b) for b in self.vs.bodies.read_many(paths, r.store_offset[sel].tolist(),
-                                                                         r.store_size[sel].tolist())], np.uint32)
+        crc = np.array(
+            [
+                zlib.crc32(b)
+                for b in self.vs.bodies.read_many(paths, r.store_offset[sel].tolist(), r.store_size[sel].tolist())
+            ],
+            np.uint32,
+        )
         index = {p: k for k, p in enumerate(dict.fromkeys(paths), start=len(self.files))}
         self.files += list(index)
         prefix = np.ascontiguousarray(r.msg_id[sel]).view(np.uint8).reshape(-1, 16)[:, :8].copy().view(np.uint64)
-        self.parts.append((prefix.ravel(), crc, np.array([index[p] for p in paths], np.int32),
-                           r.store_offset[sel].astype(np.int64), r.offset[sel].astype(np.int64)))
+        self.parts.append(
+            (
+                prefix.ravel(),
+                crc,
+                np.array([index[p] for p in paths], np.int32),
+                r.store_offset[sel].astype(np.int64),
+                r.offset[sel].astype(np.int64),
+            )
+        )
 
     def state(self) -> tuple:
         """What was gathered, to be ``absorb``ed by the same check of another process."""
@@ -189,12 +228,21 @@ class CopyCheck:
             seen.add(int(ids[k]))
             a, b = order[k], order[k + 1]
             pa_, pb = self.files[int(fpos[a])], self.files[int(fpos[b])]
-            out.append(Finding("message-copies-differ", f"two embedded copies of one message (the same id, routed "
-                               f"to two queues) differ: this one and the copy in {os.fsdecode(pb)} at "
-                               f"{int(store_offset[b])}; at least one is damaged (a CQv1 index has no checksum)",
-                               str(pa_), int(store_offset[a]),
-                               details={"other_file": str(pb), "other_offset": int(store_offset[b]),
-                                        "index_offset": int(offset[a])}))
+            out.append(
+                Finding(
+                    "message-copies-differ",
+                    f"two embedded copies of one message (the same id, routed "
+                    f"to two queues) differ: this one and the copy in {os.fsdecode(pb)} at "
+                    f"{int(store_offset[b])}; at least one is damaged (a CQv1 index has no checksum)",
+                    str(pa_),
+                    int(store_offset[a]),
+                    details={
+                        "other_file": str(pb),
+                        "other_offset": int(store_offset[b]),
+                        "index_offset": int(offset[a]),
+                    },
+                )
+            )
         return out
 
 
@@ -223,14 +271,29 @@ def qs_trailing(qx: IndexChunk) -> list[Finding]:
     out = []
     for off, length in r_qs.garbage_runs(path, 0):
         if off >= last:
-            out.append(Finding("qs-trailing-garbage", f"{plural(length, 'byte')} after the last entry the index refers to are "
-                               "no entry (junk appended, or a torn write)", str(path), off, details={"length": length}))
+            out.append(
+                Finding(
+                    "qs-trailing-garbage",
+                    f"{plural(length, 'byte')} after the last entry the index refers to are "
+                    "no entry (junk appended, or a torn write)",
+                    str(path),
+                    off,
+                    details={"length": length},
+                )
+            )
             break
         if ((l_starts < off + length) & (l_ends > off)).any():
             continue
-        out.append(Finding("qs-garbage", f"{plural(length, 'byte')} between entries are neither an entry nor zeros: an entry "
-                           "no live index entry refers to was damaged (the broker never reads it)", str(path), off,
-                           details={"length": length}))
+        out.append(
+            Finding(
+                "qs-garbage",
+                f"{plural(length, 'byte')} between entries are neither an entry nor zeros: an entry "
+                "no live index entry refers to was damaged (the broker never reads it)",
+                str(path),
+                off,
+                details={"length": length},
+            )
+        )
         if len(out) >= 16:
             break
     return out
@@ -257,35 +320,58 @@ def v1_swapped(vs: VhostScan, qx: IndexChunk) -> list[Finding] | None:
     recorded = terms.get("segments") if isinstance(terms, dict) else None
     if not isinstance(recorded, list):
         return None
-    rec_counts = {s: n for s, n in (x for x in recorded if isinstance(x, tuple) and len(x) == 2)
-                  if isinstance(s, int) and isinstance(n, int)}
+    rec_counts = {
+        s: n
+        for s, n in (x for x in recorded if isinstance(x, tuple) and len(x) == 2)
+        if isinstance(s, int) and isinstance(n, int)
+    }
     r = qx.rec
     held: dict[int, tuple[int, Path]] = {}
     for fpos, (number, path) in enumerate(qx.qdir.idx):
         sel = r.file == fpos
-        held[number] = (int(((r.kind == RecordKind.PUBLISH) & sel).sum() - ((r.kind == RecordKind.ACK) & sel).sum()),
-                        path)
+        held[number] = (
+            int(((r.kind == RecordKind.PUBLISH) & sel).sum() - ((r.kind == RecordKind.ACK) & sel).sum()),
+            path,
+        )
     out = []
     for number, (count, path) in sorted(held.items()):
         want = rec_counts.get(number)
         if want is None or want == count:
             continue
-        partners = [m for m, (c, _) in held.items() if m != number and rec_counts.get(m) == count
-                    and c == want]
+        partners = [m for m, (c, _) in held.items() if m != number and rec_counts.get(m) == count and c == want]
         if partners:
-            out.append(Finding("segment-misplaced", f"segment {number} holds {count} unacked entries, the count "
-                               f"the clean shutdown recorded for segment {partners[0]} (and {partners[0]} holds the "
-                               f"{want} recorded for {number}): the segment files were swapped; the broker reads "
-                               "their records under each other's seq ids", str(path), 0,
-                               details={"segment": number, "holds": count, "recorded": want,
-                                        "swapped_with": partners[0], "evidence": "recovery terms"}))
+            out.append(
+                Finding(
+                    "segment-misplaced",
+                    f"segment {number} holds {count} unacked entries, the count "
+                    f"the clean shutdown recorded for segment {partners[0]} (and {partners[0]} holds the "
+                    f"{want} recorded for {number}): the segment files were swapped; the broker reads "
+                    "their records under each other's seq ids",
+                    str(path),
+                    0,
+                    details={
+                        "segment": number,
+                        "holds": count,
+                        "recorded": want,
+                        "swapped_with": partners[0],
+                        "evidence": "recovery terms",
+                    },
+                )
+            )
         else:  # another queue's segment, or records lost or added: the terms no longer describe it
-            out.append(Finding("recovery-terms-mismatch", f"segment {number} holds {count} unacked entries, the clean "
-                               f"shutdown recorded {want}: the segment was replaced (another queue's?) or records "
-                               "were lost or added since; a clean start trusts the recorded count (CQv1 keeps a "
-                               "segment file until its count reaches 0)", str(path), 0, severity="warning",
-                               details={"segment": number, "holds": count, "recorded": want,
-                                        "evidence": "recovery terms"}))
+            out.append(
+                Finding(
+                    "recovery-terms-mismatch",
+                    f"segment {number} holds {count} unacked entries, the clean "
+                    f"shutdown recorded {want}: the segment was replaced (another queue's?) or records "
+                    "were lost or added since; a clean start trusts the recorded count (CQv1 keeps a "
+                    "segment file until its count reaches 0)",
+                    str(path),
+                    0,
+                    severity="warning",
+                    details={"segment": number, "holds": count, "recorded": want, "evidence": "recovery terms"},
+                )
+            )
     return out
 
 
@@ -314,13 +400,22 @@ def segment_count_findings(vs: VhostScan, index_findings: list[Finding]) -> list
     if not over:
         return []
     top = max(over, key=lambda f: f.details["rel_seq"])
-    return [Finding("term-file-damaged", f"its segment entry count {top.details['segment_entry_count']} is below the "
-                    f"RelSeq {top.details['rel_seq']} of a CQv1 record ({top.file}@{top.offset}) and "
-                    f"{len(over) - 1} more: this count, or those records, were damaged (the broker wrote each record "
-                    "below the count it had); loading the segments crashes their queues",
-                    str(vs.vhost.path / ".config"), None,
-                    details={"segment_entry_count": top.details["segment_entry_count"],
-                             "rel_seq": top.details["rel_seq"], "records": len(over)})]
+    return [
+        Finding(
+            "term-file-damaged",
+            f"its segment entry count {top.details['segment_entry_count']} is below the "
+            f"RelSeq {top.details['rel_seq']} of a CQv1 record ({top.file}@{top.offset}) and "
+            f"{len(over) - 1} more: this count, or those records, were damaged (the broker wrote each record "
+            "below the count it had); loading the segments crashes their queues",
+            str(vs.vhost.path / ".config"),
+            None,
+            details={
+                "segment_entry_count": top.details["segment_entry_count"],
+                "rel_seq": top.details["rel_seq"],
+                "records": len(over),
+            },
+        )
+    ]
 
 
 def recovery_terms_findings(vs: VhostScan) -> list[Finding]:
@@ -335,14 +430,22 @@ def recovery_terms_findings(vs: VhostScan) -> list[Finding]:
     missing = sorted(q.dir_name for q in vs.vhost.queues if q.dir_name not in terms)
     if not missing:
         return []
-    return [Finding("term-file-damaged", f"after a clean stop it holds no recovery terms for {len(missing)} of the "
-                    f"vhost's {plural(len(vs.vhost.queues), 'queue dir')} ({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''})"
-                    ": every queue stores them at a clean stop, so the table is stale, replaced or damaged (those "
-                    "queues recover dirty)", str(vs.vhost.recovery_dets), details={"queue_dirs": missing[:64]})]
+    return [
+        Finding(
+            "term-file-damaged",
+            f"after a clean stop it holds no recovery terms for {len(missing)} of the "
+            f"vhost's {plural(len(vs.vhost.queues), 'queue dir')} ({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''})"
+            ": every queue stores them at a clean stop, so the table is stale, replaced or damaged (those "
+            "queues recover dirty)",
+            str(vs.vhost.recovery_dets),
+            details={"queue_dirs": missing[:64]},
+        )
+    ]
 
 
-def file_summary_findings(path: Path, rdq: list[tuple[int, Path]], kind: str = "persistent",
-                          files: r_terms.TermFiles | None = None) -> list[Finding]:
+def file_summary_findings(
+    path: Path, rdq: list[tuple[int, Path]], kind: str = "persistent", files: r_terms.TermFiles | None = None
+) -> list[Finding]:
     """``term-file-damaged`` for a clean stop's ``file_summary.ets`` that does not describe its
     store's files: a clean stop dumps one ``#file_summary{file, valid_total_size, ..., file_size}``
     per ``.rdq`` file, whose file_size is that file's size (so on every sample); another set of
@@ -358,25 +461,47 @@ def file_summary_findings(path: Path, rdq: list[tuple[int, Path]], kind: str = "
             actual[number] = r_files.file_size(p)
         except CQError:
             continue
-    wrong = sorted(n for n in set(recorded) | set(actual)
-                   if n not in recorded or n not in actual or recorded[n][1] != actual[n]
-                   or not isinstance(recorded[n][0], int) or recorded[n][0] > recorded[n][1])
+    wrong = sorted(
+        n
+        for n in set(recorded) | set(actual)
+        if n not in recorded
+        or n not in actual
+        or recorded[n][1] != actual[n]
+        or not isinstance(recorded[n][0], int)
+        or recorded[n][0] > recorded[n][1]
+    )
     if not wrong:
         return out
-    shown = ", ".join(f"{n}.rdq: {recorded[n][1] if n in recorded else 'not recorded'} vs "
-                      f"{actual[n] if n in actual else 'no file'}" for n in wrong[:5])
-    out.append(Finding("term-file-damaged", f"file_summary.ets does not describe this store's files after a clean "
-                       f"stop (recorded size vs file: {shown}{', ...' if len(wrong) > 5 else ''}): a stale, swapped or "
-                       "damaged dump, which the next clean start trusts", str(path), details={"files": wrong[:64]}))
+    shown = ", ".join(
+        f"{n}.rdq: {recorded[n][1] if n in recorded else 'not recorded'} vs {actual[n] if n in actual else 'no file'}"
+        for n in wrong[:5]
+    )
+    out.append(
+        Finding(
+            "term-file-damaged",
+            f"file_summary.ets does not describe this store's files after a clean "
+            f"stop (recorded size vs file: {shown}{', ...' if len(wrong) > 5 else ''}): a stale, swapped or "
+            "damaged dump, which the next clean start trusts",
+            str(path),
+            details={"files": wrong[:64]},
+        )
+    )
     paths = dict(rdq)
     for n in wrong[:64]:
         size = recorded[n][1] if n in recorded else None
         if n not in actual or not isinstance(size, int) or size == actual[n]:
             continue
-        out.append(Finding("rdq-garbage", f"{plural(actual[n], 'byte')}, where the clean stop's file_summary.ets records {size}: "
-                           "this file was truncated, extended, swapped or replaced since (or the dump is damaged)",
-                           str(paths[n]), min(size, actual[n]), severity="info" if kind == "transient" else None,
-                           details={"store": kind, "recorded_size": size, "size": actual[n]}))
+        out.append(
+            Finding(
+                "rdq-garbage",
+                f"{plural(actual[n], 'byte')}, where the clean stop's file_summary.ets records {size}: "
+                "this file was truncated, extended, swapped or replaced since (or the dump is damaged)",
+                str(paths[n]),
+                min(size, actual[n]),
+                severity="info" if kind == "transient" else None,
+                details={"store": kind, "recorded_size": size, "size": actual[n]},
+            )
+        )
     return out
 
 
@@ -413,12 +538,22 @@ def _file_summary_shape(path: Path, files: r_terms.TermFiles) -> list[Finding]:
         if right != "undefined" and right != (numbers[k + 1] if k + 1 < len(numbers) else None):
             problems.append(f"right is {str(right)[:20]}, not the file after it or undefined")
         if live is not None and isinstance(valid, int) and valid != live.get(number, 0):
-            problems.append(f"valid_total_size is {valid}, where msg_store_index.ets places {live.get(number, 0)} "
-                            "bytes of referenced entries in the file")
+            problems.append(
+                f"valid_total_size is {valid}, where msg_store_index.ets places {live.get(number, 0)} "
+                "bytes of referenced entries in the file"
+            )
         if problems:
-            out.append(Finding("term-file-damaged", f"the record of {number}.rdq is not what a clean stop dumps: "
-                               f"{'; '.join(problems)} (a flipped bit in this dump or in msg_store_index.ets; the "
-                               "next clean start trusts both)", str(path), off, details={"file": number}))
+            out.append(
+                Finding(
+                    "term-file-damaged",
+                    f"the record of {number}.rdq is not what a clean stop dumps: "
+                    f"{'; '.join(problems)} (a flipped bit in this dump or in msg_store_index.ets; the "
+                    "next clean start trusts both)",
+                    str(path),
+                    off,
+                    details={"file": number},
+                )
+            )
     return out
 
 
@@ -483,8 +618,10 @@ def node_findings(ns: NodeScan) -> list[Finding]:
         elif e.name != "msg_stores" and _node_file(e.name):
             candidates.append(Path(e.path))
     for p in candidates:
-        out += [Finding(f.code, f.message, f.file, f.offset, f.severity, details={**f.details, "place": "node"})
-                for f in _node_file_findings(node, p)]
+        out += [
+            Finding(f.code, f.message, f.file, f.offset, f.severity, details={**f.details, "place": "node"})
+            for f in _node_file_findings(node, p)
+        ]
     for d in NODE_DIRS:
         for system in sorted((node / d).glob("*/names.dets")) if (node / d).is_dir() else ():
             # quorum/: an unregistered server dir is quorum-queue-unavailable (checks.quorum), with its fate
@@ -506,20 +643,36 @@ def ra_directory_findings(system: Path, unregistered: bool = True) -> list[Findi
         return []
     registered = {o[1] for o in objects if isinstance(o, tuple) and len(o) == 2 and isinstance(o[1], bytes)}
     try:
-        dirs = {os.fsencode(e.name) for e in os.scandir(system) if e.is_dir(follow_symlinks=False)
-                and os.path.exists(os.path.join(e.path, "config"))}
+        dirs = {
+            os.fsencode(e.name)
+            for e in os.scandir(system)
+            if e.is_dir(follow_symlinks=False) and os.path.exists(os.path.join(e.path, "config"))
+        }
     except OSError:
         return []
     out = []
     for uid in sorted(dirs - registered) if unregistered else ():
-        out.append(Finding("term-file-damaged", f"Ra server data dir {uid.decode('utf-8', 'replace')} is not "
-                           "registered in names.dets: Ra finds a server's data by the UId its name is registered "
-                           "under, so this data is not what it restarts (a damaged or replaced names.dets)",
-                           str(names), details={"unregistered_dir": uid.decode("utf-8", "replace")}))
+        out.append(
+            Finding(
+                "term-file-damaged",
+                f"Ra server data dir {uid.decode('utf-8', 'replace')} is not "
+                "registered in names.dets: Ra finds a server's data by the UId its name is registered "
+                "under, so this data is not what it restarts (a damaged or replaced names.dets)",
+                str(names),
+                details={"unregistered_dir": uid.decode("utf-8", "replace")},
+            )
+        )
     for uid in sorted(registered - dirs):
-        out.append(Finding("term-file-damaged", f"names.dets registers UId {uid.decode('utf-8', 'replace')}, which "
-                           "has no data dir here: that server starts with no data (its dir lost, or the UId "
-                           "damaged)", str(names), details={"registered_uid": uid.decode("utf-8", "replace")}))
+        out.append(
+            Finding(
+                "term-file-damaged",
+                f"names.dets registers UId {uid.decode('utf-8', 'replace')}, which "
+                "has no data dir here: that server starts with no data (its dir lost, or the UId "
+                "damaged)",
+                str(names),
+                details={"registered_uid": uid.decode("utf-8", "replace")},
+            )
+        )
     for wal in sorted(system.glob("*.wal")):
         try:
             introduced = r_terms.wal_uids(wal)
@@ -527,13 +680,20 @@ def ra_directory_findings(system: Path, unregistered: bool = True) -> list[Findi
             continue
         for off, uid in introduced:
             if uid not in registered:  # ra_log_wal recover_records skips the records of an unregistered UId
-                out.append(Finding("term-file-damaged", f"a WAL record introduces writer UId "
-                                   f"{uid.decode('utf-8', 'replace')!r}, which names.dets does not register: Ra skips "
-                                   "its records (a deleted server's, or the UId damaged: the checksum does not cover "
-                                   "it)", str(wal), off,
-                                   # Khepri's system holds one server, never deleted: its records are the metadata
-                                   severity="warning" if system.parent.name == "coordination" else "info",
-                                   details={"unregistered_uid": uid.decode("utf-8", "replace")}))
+                out.append(
+                    Finding(
+                        "term-file-damaged",
+                        f"a WAL record introduces writer UId "
+                        f"{uid.decode('utf-8', 'replace')!r}, which names.dets does not register: Ra skips "
+                        "its records (a deleted server's, or the UId damaged: the checksum does not cover "
+                        "it)",
+                        str(wal),
+                        off,
+                        # Khepri's system holds one server, never deleted: its records are the metadata
+                        severity="warning" if system.parent.name == "coordination" else "info",
+                        details={"unregistered_uid": uid.decode("utf-8", "replace")},
+                    )
+                )
     return out + ra_meta_findings(system / "meta.dets", registered & dirs, registered | dirs)
 
 
@@ -555,16 +715,30 @@ def ra_meta_findings(meta: Path, servers: set[bytes], known: set[bytes]) -> list
     out = []
     for uid in sorted(servers - records.keys()):
         text = uid.decode("utf-8", "replace")
-        out.append(Finding("term-file-damaged", f"meta.dets holds no record of Ra server {text} (registered in "
-                           "names.dets, with its data dir): Ra restarts it at term 0, with no vote and nothing "
-                           "applied (the table replaced, or its record lost)", str(meta),
-                           details={"missing_uid": text}))
+        out.append(
+            Finding(
+                "term-file-damaged",
+                f"meta.dets holds no record of Ra server {text} (registered in "
+                "names.dets, with its data dir): Ra restarts it at term 0, with no vote and nothing "
+                "applied (the table replaced, or its record lost)",
+                str(meta),
+                details={"missing_uid": text},
+            )
+        )
     for uid in sorted(records.keys() - known):
         text = uid.decode("utf-8", "replace")
-        out.append(Finding("term-file-damaged", f"meta.dets holds the record of Ra server {text}, which this system "
-                           "neither registers nor has a data dir of: another system's table in its place, or a "
-                           "deleted server's record left behind", str(meta), records[uid], severity="info",
-                           details={"unknown_uid": text}))
+        out.append(
+            Finding(
+                "term-file-damaged",
+                f"meta.dets holds the record of Ra server {text}, which this system "
+                "neither registers nor has a data dir of: another system's table in its place, or a "
+                "deleted server's record left behind",
+                str(meta),
+                records[uid],
+                severity="info",
+                details={"unknown_uid": text},
+            )
+        )
     return out
 
 
@@ -616,4 +790,15 @@ def _walk(root: Path) -> list[Path]:
     return out
 
 
-__all__ = ["CopyCheck", "QueueIntegrity", "file_summary_findings", "node_findings", "ra_directory_findings", "ra_meta_findings", "qs_trailing", "segment_count_findings", "v1_swapped", "vhost_file_findings"]
+__all__ = [
+    "CopyCheck",
+    "QueueIntegrity",
+    "file_summary_findings",
+    "node_findings",
+    "ra_directory_findings",
+    "ra_meta_findings",
+    "qs_trailing",
+    "segment_count_findings",
+    "v1_swapped",
+    "vhost_file_findings",
+]

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cqforensics.base.errors import plural
 from cqforensics.base.enums import StoreStatus
+from cqforensics.base.errors import plural
 from cqforensics.base.findings import Finding
 from cqforensics.discovery.nodes import QueueDir
 from cqforensics.model.vhost import NodeScan, VhostScan
@@ -25,10 +25,20 @@ def unread_storage_findings(ns: NodeScan) -> list[Finding]:
     """``storage-not-read``, once per kind of queue storage the node holds that cqforensics does
     not read (``layout.STORAGE_KINDS``: quorum queues, streams), naming its queues: a check that
     leaves them out is incomplete, and says so (fsck's exit code too)."""
-    return [Finding("storage-not-read", u.describe(), str(u.root),
-                    details={**u.to_dict(), "queues": u.to_dict()["queues"][:64], "queue_count": len(u.queues),
-                             "place": "node"})
-            for u in ns.unread_storage]
+    return [
+        Finding(
+            "storage-not-read",
+            u.describe(),
+            str(u.root),
+            details={
+                **u.to_dict(),
+                "queues": u.to_dict()["queues"][:64],
+                "queue_count": len(u.queues),
+                "place": "node",
+            },
+        )
+        for u in ns.unread_storage
+    ]
 
 
 def queue_dir_findings(q: QueueDir, known: bool | None, messages: int, drops: dict[str, int]) -> list[Finding]:
@@ -36,23 +46,42 @@ def queue_dir_findings(q: QueueDir, known: bool | None, messages: int, drops: di
     queue of the metadata), and the messages the next boot drops as transient or expired.
     ``messages``: held by its index; ``drops``: drop reason -> count."""
     where = {"queue": q.name, "priority": q.priority}
-    out = [Finding("unknown-file", "a file the broker does not use in a queue dir", str(p), **where)
-           for p in q.others]
+    out = [Finding("unknown-file", "a file the broker does not use in a queue dir", str(p), **where) for p in q.others]
     if known is False:
-        out.append(Finding("unknown-queue", f"queue dir {q.dir_name} ({q.label}) is not a durable queue in "
-                           f"the metadata: the next boot deletes it and its {plural(messages, 'message')}", str(q.path),
-                           **where, details={"messages": messages}))
+        out.append(
+            Finding(
+                "unknown-queue",
+                f"queue dir {q.dir_name} ({q.label}) is not a durable queue in "
+                f"the metadata: the next boot deletes it and its {plural(messages, 'message')}",
+                str(q.path),
+                **where,
+                details={"messages": messages},
+            )
+        )
     if drops.get("transient"):
         n = drops["transient"]
-        out.append(Finding("transient-dropped", f"{plural(n, 'transient message')} on disk {'is' if n == 1 else 'are'} "
-                           "dropped by the next boot", str(q.path), **where,
-                           details={"messages": drops["transient"]}))
+        out.append(
+            Finding(
+                "transient-dropped",
+                f"{plural(n, 'transient message')} on disk {'is' if n == 1 else 'are'} dropped by the next boot",
+                str(q.path),
+                **where,
+                details={"messages": drops["transient"]},
+            )
+        )
     if drops.get("expired"):
         n = drops["expired"]
-        out.append(Finding("expired", f"{plural(n, 'message')} {'is past its' if n == 1 else 'are past their'} TTL: the "
-                           f"broker drops {'it when it reaches' if n == 1 else 'them when they reach'} the head of the "
-                           "queue", str(q.path), **where,
-                           details={"messages": drops["expired"]}))
+        out.append(
+            Finding(
+                "expired",
+                f"{plural(n, 'message')} {'is past its' if n == 1 else 'are past their'} TTL: the "
+                f"broker drops {'it when it reaches' if n == 1 else 'them when they reach'} the head of the "
+                "queue",
+                str(q.path),
+                **where,
+                details={"messages": drops["expired"]},
+            )
+        )
     return out
 
 
@@ -104,18 +133,24 @@ def lost_queue_findings(vs: VhostScan, tally: OrphanTally) -> list[Finding]:
     out = []
     orphans, orphan_bytes, unheld, routed = tally.orphans, tally.orphan_bytes, tally.unheld, tally.routed
     vs.node.vhosts  # names the dirs, and finds renamed ones
-    found_as = {own: d for (vd, d), (own, _, _) in getattr(vs.node, "renamed", {}).items()
-                if vd == vs.vhost.dir_name}
+    found_as = {own: d for (vd, d), (own, _, _) in getattr(vs.node, "renamed", {}).items() if vd == vs.vhost.dir_name}
     for lq in lost:
         vhost = lq.vhost.decode("utf-8", "replace")
         here = lq.vhost_dir == vs.vhost.dir_name
         missing = [d for d, _, _ in lq.dirs]
         whys = sorted({w for _, _, w in lq.dirs})
         levels = [p for _, p, _ in lq.dirs if p is not None]
-        what = (f"{len(missing)} of its {lq.levels} priority-level index dirs are" if lq.levels > 1 else
-                "its index dir is")
-        details = {"queue_vhost": vhost, "dirs": missing, "why": whys, "levels_missing": levels or None,
-                   "home_node": lq.record.node, "metadata": lq.record.source}
+        what = (
+            f"{len(missing)} of its {lq.levels} priority-level index dirs are" if lq.levels > 1 else "its index dir is"
+        )
+        details = {
+            "queue_vhost": vhost,
+            "dirs": missing,
+            "why": whys,
+            "levels_missing": levels or None,
+            "home_node": lq.record.node,
+            "metadata": lq.record.source,
+        }
         renamed = [found_as[d] for d in missing if d in found_as]
         if renamed:
             details["renamed_dirs"] = renamed
@@ -127,17 +162,29 @@ def lost_queue_findings(vs: VhostScan, tally: OrphanTally) -> list[Finding]:
             n = routed.get(lq.name) if routed is not None else None
             if n is not None:
                 details["orphans_routed_here"] = n
-            could = (f"{n} of the vhost's {orphans} orphaned store messages its bindings would have routed to it"
-                     if n is not None else f"{orphans} orphaned store messages of the vhost could be its own")
+            could = (
+                f"{n} of the vhost's {orphans} orphaned store messages its bindings would have routed to it"
+                if n is not None
+                else f"{orphans} orphaned store messages of the vhost could be its own"
+            )
         else:
             could = "its vhost has no dir: none of its messages are left"
         if renamed:
-            could = (f"its index is in dir(s) {', '.join(renamed)} under another name, which the next boot deletes "
-                     f"(rebuild writes it back); {could}")
+            could = (
+                f"its index is in dir(s) {', '.join(renamed)} under another name, which the next boot deletes "
+                f"(rebuild writes it back); {could}"
+            )
         path = (vs.vhost.path / "queues" / missing[0]) if here else (vs.vhost.path.parent / lq.vhost_dir)
-        out.append(Finding("queue-index-missing", f"durable queue {lq.label!r} (vhost {vhost!r}): {what} "
-                           f"{'/'.join(whys)}; the next boot starts it empty and its messages are lost; {could}",
-                           str(path), queue=lq.label, details=details))
+        out.append(
+            Finding(
+                "queue-index-missing",
+                f"durable queue {lq.label!r} (vhost {vhost!r}): {what} "
+                f"{'/'.join(whys)}; the next boot starts it empty and its messages are lost; {could}",
+                str(path),
+                queue=lq.label,
+                details=details,
+            )
+        )
     return out
 
 

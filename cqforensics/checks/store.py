@@ -50,8 +50,11 @@ class StoreCheck:
     def intact(self) -> bool:
         """The persistent store exists and shows no damage: no garbage, no torn entry."""
         t = self.tallies.get("persistent")
-        return t is not None and not t.torn and not any(
-            h.kind in ("garbage", "truncated_tail") for f in t.files for h in f.holes)
+        return (
+            t is not None
+            and not t.torn
+            and not any(h.kind in ("garbage", "truncated_tail") for f in t.files for h in f.holes)
+        )
 
     def findings(self, vs: VhostScan) -> list[Finding]:
         out = list(self.out)
@@ -61,10 +64,15 @@ class StoreCheck:
             if kind == "persistent":
                 out += t.status_findings()
                 if t.refcount_bad:
-                    out.append(Finding("refcount-mismatch", f"{t.refcount_bad} reference counts in msg_store_index.ets "
-                                       "differ from what the queue indexes hold", str(t.store.msg_store_index),
-                                       details={"ids": t.refcount_bad,
-                                                "examples": [e for _, e in t.refcount_examples]}))
+                    out.append(
+                        Finding(
+                            "refcount-mismatch",
+                            f"{t.refcount_bad} reference counts in msg_store_index.ets "
+                            "differ from what the queue indexes hold",
+                            str(t.store.msg_store_index),
+                            details={"ids": t.refcount_bad, "examples": [e for _, e in t.refcount_examples]},
+                        )
+                    )
         return out
 
 
@@ -95,8 +103,9 @@ def _torn_findings(vs: VhostScan, st, refs) -> list[Finding]:
             text += "; no queue index refers to it: nothing is lost"
         else:
             severity = "error"
-            text += f"; the next boot loses the message ({Fate(int(problem[k])).label})" + \
-                (f"; {where} survives (rebuild recovers it)" if copy >= 0 else ": no intact copy is left")
+            text += f"; the next boot loses the message ({Fate(int(problem[k])).label})" + (
+                f"; {where} survives (rebuild recovers it)" if copy >= 0 else ": no intact copy is left"
+            )
         out.append(Finding("msg-corrupt", text, str(st.files[fi].path), o, severity=severity, details=details))
     return out
 
@@ -111,16 +120,38 @@ def _file_findings(vs: VhostScan, kind: str, st, reported: list[tuple[int, int, 
             if h.kind != "zeroed" or (vs.model.sequential_scan and kind == "persistent"):
                 reported.append((f.number, h.offset, h.offset + h.length))
             if h.kind == "truncated_tail":
-                out.append(Finding("rdq-truncated", f"file ends inside an entry ({plural(h.length, 'byte')})", str(f.path),
-                                   h.offset, details={"store": kind, "length": h.length}))
+                out.append(
+                    Finding(
+                        "rdq-truncated",
+                        f"file ends inside an entry ({plural(h.length, 'byte')})",
+                        str(f.path),
+                        h.offset,
+                        details={"store": kind, "length": h.length},
+                    )
+                )
             elif h.kind == "garbage":
-                out.append(Finding("rdq-garbage", f"{plural(h.length, 'byte')} hold no valid entry", str(f.path), h.offset,
-                                   details={"store": kind, "length": h.length}))
+                out.append(
+                    Finding(
+                        "rdq-garbage",
+                        f"{plural(h.length, 'byte')} hold no valid entry",
+                        str(f.path),
+                        h.offset,
+                        details={"store": kind, "length": h.length},
+                    )
+                )
             elif h.kind == "zeroed" and vs.model.sequential_scan and kind == "persistent":
                 # <= 3.13.0 stops at a zero size field: everything after it in the file is lost
-                out.append(Finding("rdq-garbage", f"{h.length} zero bytes: RabbitMQ {vs.model}'s store scan stops "
-                                   "here and loses every message after it in this file", str(f.path), h.offset,
-                                   severity="warning", details={"store": kind, "length": h.length}))
+                out.append(
+                    Finding(
+                        "rdq-garbage",
+                        f"{h.length} zero bytes: RabbitMQ {vs.model}'s store scan stops "
+                        "here and loses every message after it in this file",
+                        str(f.path),
+                        h.offset,
+                        severity="warning",
+                        details={"store": kind, "length": h.length},
+                    )
+                )
     return out
 
 
@@ -140,8 +171,10 @@ class _StoreTally:
         self.unreached = np.zeros(n, np.int64)  # entries the version's scan does not reach, per file
         self.torn = False
         # per file, for each of ORPHAN and DUPLICATE: entries, bytes, offset of the first
-        self.counts = {code: (np.zeros(n, np.int64), np.zeros(n, np.int64), np.full(n, np.iinfo(np.int64).max))
-                       for code in (StoreStatus.ORPHAN, StoreStatus.DUPLICATE)}
+        self.counts = {
+            code: (np.zeros(n, np.int64), np.zeros(n, np.int64), np.full(n, np.iinfo(np.int64).max))
+            for code in (StoreStatus.ORPHAN, StoreStatus.DUPLICATE)
+        }
         self.live_bytes = np.zeros(n, np.int64)
         self.candidates: list[tuple] = []  # the first recorded messages the files do not hold (recorded_mismatches)
         self.elsewhere: dict[int, int] = {}  # file number -> records placed in a file the store has no trace of
@@ -166,15 +199,31 @@ class _StoreTally:
             for code, label in ((StoreStatus.ORPHAN, "orphan-message"), (StoreStatus.DUPLICATE, "duplicate-copy")):
                 count, nbytes, first = (int(a[fi]) for a in self.counts[code])
                 if count:
-                    what = ("messages no index refers to (garbage until compaction)" if code == StoreStatus.ORPHAN
-                            else "extra copies of messages already stored")
-                    out.append(Finding(label, f"{plural(count, 'entry')} ({plural(nbytes, 'byte')}): {what}",
-                                       str(f.path), first, details={"entries": count, "bytes": nbytes}))
+                    what = (
+                        "messages no index refers to (garbage until compaction)"
+                        if code == StoreStatus.ORPHAN
+                        else "extra copies of messages already stored"
+                    )
+                    out.append(
+                        Finding(
+                            label,
+                            f"{plural(count, 'entry')} ({plural(nbytes, 'byte')}): {what}",
+                            str(f.path),
+                            first,
+                            details={"entries": count, "bytes": nbytes},
+                        )
+                    )
             size, live = f.size, int(self.live_bytes[fi])
             if size > (1 << 20) and live * 2 < size:
-                out.append(Finding("fragmented-file", f"{size - live} of {plural(size, 'byte')} are garbage "
-                                   f"({100 * (size - live) // size}%): compaction would reclaim them", str(f.path),
-                                   details={"size": size, "live_bytes": live}))
+                out.append(
+                    Finding(
+                        "fragmented-file",
+                        f"{size - live} of {plural(size, 'byte')} are garbage "
+                        f"({100 * (size - live) // size}%): compaction would reclaim them",
+                        str(f.path),
+                        details={"size": size, "live_bytes": live},
+                    )
+                )
         return out
 
     def add_refcounts(self, st, refs) -> None:
@@ -184,8 +233,10 @@ class _StoreTally:
         computed = np.where(g >= 0, refs.count[np.maximum(g, 0)], 0) if len(refs.count) else np.zeros(len(g), int)
         bad = np.flatnonzero(rec.ref_count != computed)
         self.refcount_bad += len(bad)
-        found = [(_key(rec.ids.ids[j].tobytes()), rec.ids.ids[j].tobytes(), int(rec.ref_count[j]), int(computed[j]))
-                 for j in bad[:MAX_EXAMPLES].tolist()]  # ids sorted bytewise: the smallest keys first
+        found = [
+            (_key(rec.ids.ids[j].tobytes()), rec.ids.ids[j].tobytes(), int(rec.ref_count[j]), int(computed[j]))
+            for j in bad[:MAX_EXAMPLES].tolist()
+        ]  # ids sorted bytewise: the smallest keys first
         for raw, r in rec.others.items():
             k = refs.ids.lookup(np.frombuffer(raw, "V16"))[0] if _is_id(raw) else -1
             n = int(refs.count[k]) if k >= 0 else 0
@@ -194,10 +245,10 @@ class _StoreTally:
                 found.append((_key(raw), raw, r[0], n))
         for key, raw, recorded, n in found:
             if len(self.refcount_examples) < MAX_EXAMPLES or key < self.refcount_examples[-1][0]:
-                ex = {"msg_id": raw.hex() if isinstance(raw, bytes) else repr(raw), "recorded": recorded,
-                      "computed": n}
-                self.refcount_examples = sorted(self.refcount_examples + [(key, ex)],
-                                                key=lambda kv: kv[0])[:MAX_EXAMPLES]
+                ex = {"msg_id": raw.hex() if isinstance(raw, bytes) else repr(raw), "recorded": recorded, "computed": n}
+                self.refcount_examples = sorted(self.refcount_examples + [(key, ex)], key=lambda kv: kv[0])[
+                    :MAX_EXAMPLES
+                ]
 
     def add_recorded(self, st) -> None:
         cands, elsewhere, past = recorded_mismatches(st, self.reported)
@@ -212,36 +263,54 @@ class _StoreTally:
         where the store has no files or bytes. A read in shares saw the entries of the record's
         share only: what lies where another share's entry lies is looked up in the walk."""
         cands = self.candidates
-        found = _entries_at(self.walked, [(fi, off) for fi, off, _, _, got in cands if got is None]) \
-            if self.walked is not None else set()
+        found = (
+            _entries_at(self.walked, [(fi, off) for fi, off, _, _, got in cands if got is None])
+            if self.walked is not None
+            else set()
+        )
         out = []
         for fi, offset, raw, total, got in cands:
             if got is None and (fi, offset) in found:
                 got = "another id"  # another share's entry: another id
             f = self.files[fi]
             there = "no entry" if got is None else f"an entry of {got}"
-            out.append(Finding("rdq-garbage", f"the clean stop's msg_store_index.ets records message {raw.hex()} here "
-                               f"({plural(total, 'byte')}), the file holds {there}: the entry was damaged or overwritten"
-                               f"{' (the broker deletes the transient store at boot)' if self.kind == 'transient' else ''}",
-                               str(f.path), offset, severity="info" if self.kind == "transient" else None,
-                               details={"store": self.kind, "msg_id": raw.hex(), "total_size": total}))
+            out.append(
+                Finding(
+                    "rdq-garbage",
+                    f"the clean stop's msg_store_index.ets records message {raw.hex()} here "
+                    f"({plural(total, 'byte')}), the file holds {there}: the entry was damaged or overwritten"
+                    f"{' (the broker deletes the transient store at boot)' if self.kind == 'transient' else ''}",
+                    str(f.path),
+                    offset,
+                    severity="info" if self.kind == "transient" else None,
+                    details={"store": self.kind, "msg_id": raw.hex(), "total_size": total},
+                )
+            )
         if not (self.elsewhere or self.past):
             return out
         by_number = {f.number: f for f in self.files if f.path.suffix == ".rdq"}
         sizes = _summary_sizes(self.store.file_summary, self.term_files)
         # files neither on disk nor in file_summary.ets, or past the end of a file of the size it records
-        gone = sorted([n for n in self.elsewhere if sizes is not None and n not in sizes] +
-                      [n for n in self.past if sizes is not None and sizes.get(n) == by_number[n].size])
+        gone = sorted(
+            [n for n in self.elsewhere if sizes is not None and n not in sizes]
+            + [n for n in self.past if sizes is not None and sizes.get(n) == by_number[n].size]
+        )
         if gone:  # another store's dump, or a stale one
             n = sum(self.elsewhere.get(g, 0) + self.past.get(g, 0) for g in gone)
-            out.append(Finding("term-file-damaged", f"the clean stop's msg_store_index.ets places {plural(n, 'message')} where "
-                               f"this store has no entries (files neither on disk nor in file_summary.ets, or past "
-                               f"the end of a file of the size file_summary.ets records: "
-                               f"{', '.join(f'{g}.rdq' for g in gone[:5])}{', ...' if len(gone) > 5 else ''}): "
-                               "another store's dump, or a stale one, which the next clean start trusts"
-                               f"{' (the broker deletes the transient store at boot)' if self.kind == 'transient' else ''}",
-                               str(self.store.msg_store_index), severity="info" if self.kind == "transient" else "warning",
-                               details={"store": self.kind, "files": gone[:64], "messages": n}))
+            out.append(
+                Finding(
+                    "term-file-damaged",
+                    f"the clean stop's msg_store_index.ets places {plural(n, 'message')} where "
+                    f"this store has no entries (files neither on disk nor in file_summary.ets, or past "
+                    f"the end of a file of the size file_summary.ets records: "
+                    f"{', '.join(f'{g}.rdq' for g in gone[:5])}{', ...' if len(gone) > 5 else ''}): "
+                    "another store's dump, or a stale one, which the next clean start trusts"
+                    f"{' (the broker deletes the transient store at boot)' if self.kind == 'transient' else ''}",
+                    str(self.store.msg_store_index),
+                    severity="info" if self.kind == "transient" else "warning",
+                    details={"store": self.kind, "files": gone[:64], "messages": n},
+                )
+            )
         return out
 
 
@@ -291,8 +360,11 @@ def recorded_mismatches(st, reported: list[tuple[int, int, int]]) -> tuple[list[
     j = np.minimum(np.searchsorted(held, place), max(0, len(held) - 1))
     at = ((held[j] == place) & (o[check] >= 0) & (o[check] < 1 << 40)) if len(held) else np.zeros(len(check), bool)
     e = e_of[j] if len(held) else j
-    same_id = at & ((st.e_id[e].view(">u8").reshape(-1, 2) == rec.ids.ids[check].view(">u8").reshape(-1, 2)).all(axis=1)
-                    if len(held) else at)
+    same_id = at & (
+        (st.e_id[e].view(">u8").reshape(-1, 2) == rec.ids.ids[check].view(">u8").reshape(-1, 2)).all(axis=1)
+        if len(held)
+        else at
+    )
     same = same_id & (st.e_total[e] == t[check] if len(held) else at)
     miss = np.flatnonzero(~same)
     hidden = np.zeros(len(miss), bool)
@@ -304,13 +376,25 @@ def recorded_mismatches(st, reported: list[tuple[int, int, int]]) -> tuple[list[
     ids = rec.ids.ids[rows]
     halves = ids.view(">u8").reshape(-1, 2)
     first = np.lexsort((t[rows], halves[:, 1], halves[:, 0], o[rows], fi))[:MAX_RECORDED]
-    out = [(int(fi[k]), int(o[rows[k]]), ids[k].tobytes(), int(t[rows[k]]),
-            None if not at[miss[k]] else "another id" if not same_id[miss[k]] else "another size")
-           for k in first.tolist()]
+    out = [
+        (
+            int(fi[k]),
+            int(o[rows[k]]),
+            ids[k].tobytes(),
+            int(t[rows[k]]),
+            None if not at[miss[k]] else "another id" if not same_id[miss[k]] else "another size",
+        )
+        for k in first.tolist()
+    ]
     # the other records, one by one
-    keys = {(int(n), int(x)): (st.e_id[k].tobytes(), int(st.e_total[k]))
-            for n, x, k in zip(e_numbers.tolist(), st.e_offset[e_rdq].tolist(), np.flatnonzero(e_rdq).tolist())} \
-        if rec.others else {}
+    keys = (
+        {
+            (int(n), int(x)): (st.e_id[k].tobytes(), int(st.e_total[k]))
+            for n, x, k in zip(e_numbers.tolist(), st.e_offset[e_rdq].tolist(), np.flatnonzero(e_rdq).tolist())
+        }
+        if rec.others
+        else {}
+    )
     for msg_id, r in rec.others.items():
         _, number, offset, total = r
         if not (isinstance(number, int) and isinstance(offset, int) and isinstance(total, int)):
@@ -323,11 +407,15 @@ def recorded_mismatches(st, reported: list[tuple[int, int, int]]) -> tuple[list[
             past[number] = past.get(number, 0) + 1
             continue
         got = keys.get((number, offset))
-        if got == (msg_id, total) or not isinstance(msg_id, bytes) or \
-                any(n == number and a <= offset < b for n, a, b in reported):
+        if (
+            got == (msg_id, total)
+            or not isinstance(msg_id, bytes)
+            or any(n == number and a <= offset < b for n, a, b in reported)
+        ):
             continue
-        out.append((pos, offset, msg_id, total, None if got is None else
-                    "another id" if got[0] != msg_id else "another size"))
+        out.append(
+            (pos, offset, msg_id, total, None if got is None else "another id" if got[0] != msg_id else "another size")
+        )
     return heapq.nsmallest(MAX_RECORDED, out), elsewhere, past
 
 
@@ -378,9 +466,11 @@ def _interrupted_combines(vs: VhostScan, t: _StoreTally) -> list[Finding]:
         elif lost:
             # killed after the combine extended N.rdq to its final size: the scan stops at the zeros,
             # or at the message it was copying back when killed
-            what = (f"the next boot appends it to {num}.rdq, but its scan stops inside {num}.rdq (at zeros or a "
-                    f"message cut short the combine left) and never reaches the {plural(lost, 'entry')} appended: messages "
-                    "only they hold are lost (rebuild recovers them)")
+            what = (
+                f"the next boot appends it to {num}.rdq, but its scan stops inside {num}.rdq (at zeros or a "
+                f"message cut short the combine left) and never reaches the {plural(lost, 'entry')} appended: messages "
+                "only they hold are lost (rebuild recovers them)"
+            )
             severity = "error"
         elif num in rdq:
             what = f"the next boot appends it to {num}.rdq and recovers the store dirty"
@@ -388,6 +478,13 @@ def _interrupted_combines(vs: VhostScan, t: _StoreTally) -> list[Finding]:
         else:
             what = f"there is no {num}.rdq to append it to: RabbitMQ {vs.model}'s message store fails at boot"
             severity = "error"
-        out.append(Finding("combine-interrupted", f"{p.name}: a file combine was cut short; {what}", str(p),
-                           severity=severity, details={"store": store.kind, "file": num}))
+        out.append(
+            Finding(
+                "combine-interrupted",
+                f"{p.name}: a file combine was cut short; {what}",
+                str(p),
+                severity=severity,
+                details={"store": store.kind, "file": num},
+            )
+        )
     return out

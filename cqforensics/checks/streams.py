@@ -19,37 +19,84 @@ def stream_findings(vs, e) -> list[Finding]:
     fate, model = e.fate, vs.node.model
     by_chunk, _ = fate.record_fates(e.scan.records)
     if fate.outcome != "ok" or fate.cut:
-        lost = sum(1 for r in e.scan.records if (r.chunk.file, r.chunk.pos) in by_chunk
-                   and by_chunk[(r.chunk.file, r.chunk.pos)] != Fate.STREAM_UNREACHED)
-        out.append(Finding("stream-boot-loss", f"{model.label}: {fate.why} ({lost} record(s))", display(e.path), None,
-                           details={"outcome": fate.outcome, "cut_chunks": len(fate.cut or []), "records": lost},
-                           **where))
+        lost = sum(
+            1
+            for r in e.scan.records
+            if (r.chunk.file, r.chunk.pos) in by_chunk
+            and by_chunk[(r.chunk.file, r.chunk.pos)] != Fate.STREAM_UNREACHED
+        )
+        out.append(
+            Finding(
+                "stream-boot-loss",
+                f"{model.label}: {fate.why} ({lost} record(s))",
+                display(e.path),
+                None,
+                details={"outcome": fate.outcome, "cut_chunks": len(fate.cut or []), "records": lost},
+                **where,
+            )
+        )
     if fate.unreached:
         f0, p0, c0 = fate.unreached[0]
-        out.append(Finding("stream-not-served", f"{model.label}: {len(fate.unreached)} kept chunk(s) from chunk {c0} "
-                           "on are never reached by a reader from first (a gap in chunk ids before them)",
-                           display(f0), p0, details={"protocol": "all", "reason": Fate.STREAM_UNREACHED.label,
-                                                     "first_chunk": c0, "chunks": len(fate.unreached)}, **where))
+        out.append(
+            Finding(
+                "stream-not-served",
+                f"{model.label}: {len(fate.unreached)} kept chunk(s) from chunk {c0} "
+                "on are never reached by a reader from first (a gap in chunk ids before them)",
+                display(f0),
+                p0,
+                details={
+                    "protocol": "all",
+                    "reason": Fate.STREAM_UNREACHED.label,
+                    "first_chunk": c0,
+                    "chunks": len(fate.unreached),
+                },
+                **where,
+            )
+        )
     read = fate.amqp091
     if fate.outcome == "ok":
         served = {(c.file, c.pos) for c in fate.served}
         reached = [r.offset for r in e.scan.records if (r.chunk.file, r.chunk.pos) in served]
         if read.skipped:
-            out.append(Finding("stream-not-served", f"{model.label}: {len(read.skipped)} record(s) of compressed "
-                               "sub-batches are skipped by an AMQP 0-9-1 consumer (only a stream-protocol client "
-                               "can decompress them)", display(e.path), None,
-                               details={"protocol": "amqp091", "reason": Fate.STREAM_COMPRESSED_SKIPPED.label,
-                                        "first": min(read.skipped), "count": len(read.skipped)}, **where))
+            out.append(
+                Finding(
+                    "stream-not-served",
+                    f"{model.label}: {len(read.skipped)} record(s) of compressed "
+                    "sub-batches are skipped by an AMQP 0-9-1 consumer (only a stream-protocol client "
+                    "can decompress them)",
+                    display(e.path),
+                    None,
+                    details={
+                        "protocol": "amqp091",
+                        "reason": Fate.STREAM_COMPRESSED_SKIPPED.label,
+                        "first": min(read.skipped),
+                        "count": len(read.skipped),
+                    },
+                    **where,
+                )
+            )
         if read.fails_at is not None:
             got = set(read.offsets) | read.skipped
             missed = [o for o in reached if o not in got]
-            out.append(Finding("stream-not-served", f"{model.label}: an AMQP 0-9-1 consumer's channel fails reading "
-                               f"chunk {read.fails_at} ({read.why}); {len(missed)} record(s) from offset "
-                               f"{missed[0] if missed else read.fails_at} on are never delivered to it (prefetch "
-                               f"{AMQP091_PREFETCH})", display(e.path), None,
-                               details={"protocol": "amqp091", "reason": Fate.STREAM_READ_FAILS.label,
-                                        "chunk_id": read.fails_at, "first": missed[0] if missed else None,
-                                        "count": len(missed)}, **where))
+            out.append(
+                Finding(
+                    "stream-not-served",
+                    f"{model.label}: an AMQP 0-9-1 consumer's channel fails reading "
+                    f"chunk {read.fails_at} ({read.why}); {len(missed)} record(s) from offset "
+                    f"{missed[0] if missed else read.fails_at} on are never delivered to it (prefetch "
+                    f"{AMQP091_PREFETCH})",
+                    display(e.path),
+                    None,
+                    details={
+                        "protocol": "amqp091",
+                        "reason": Fate.STREAM_READ_FAILS.label,
+                        "chunk_id": read.fails_at,
+                        "first": missed[0] if missed else None,
+                        "count": len(missed),
+                    },
+                    **where,
+                )
+            )
     return out
 
 

@@ -11,19 +11,28 @@ from cqforensics.base import parallel
 from cqforensics.base.enums import Fate
 from cqforensics.base.errors import display
 from cqforensics.base.findings import Finding
-from cqforensics.model import recovery
-from cqforensics.model.vhost import NodeScan, VhostScan, passes
-
 from cqforensics.checks.boot import boot_crash_findings, recovery_findings
 from cqforensics.checks.deep import decode_checks
 from cqforensics.checks.index import ChunkCheck, reader_findings
-from cqforensics.checks.integrity import (CopyCheck, QueueIntegrity, node_findings, segment_count_findings,
-                                          vhost_file_findings)
-from cqforensics.checks.layout import (OrphanTally, lost_queue_findings, queue_dir_findings, unread_storage_findings,
-                                       vhost_dir_findings)
+from cqforensics.checks.integrity import (
+    CopyCheck,
+    QueueIntegrity,
+    node_findings,
+    segment_count_findings,
+    vhost_file_findings,
+)
+from cqforensics.checks.layout import (
+    OrphanTally,
+    lost_queue_findings,
+    queue_dir_findings,
+    unread_storage_findings,
+    vhost_dir_findings,
+)
 from cqforensics.checks.quorum import quorum_checks, system_findings
 from cqforensics.checks.store import StoreCheck
 from cqforensics.checks.streams import stream_findings, stream_verdict
+from cqforensics.model import recovery
+from cqforensics.model.vhost import NodeScan, VhostScan, passes
 
 
 @dataclass
@@ -49,11 +58,22 @@ class QueueVerdict:
         return self.messages - self.predicted_after_restart
 
     def to_dict(self) -> dict:
-        return {"node": self.node, "vhost": self.vhost, "queue": self.queue, "messages": self.messages,
-                "predicted_after_restart": self.predicted_after_restart, "predicted_min": self.predicted_min,
-                "predicted_max": self.predicted_max, "dropped": self.dropped,
-                "drop_reasons": dict(sorted(self.drops.items())), "crash": self.crash, "recovery": self.recovery,
-                "index_version": self.index_version, "queue_dirs": self.dirs, "queue_type": self.queue_type}
+        return {
+            "node": self.node,
+            "vhost": self.vhost,
+            "queue": self.queue,
+            "messages": self.messages,
+            "predicted_after_restart": self.predicted_after_restart,
+            "predicted_min": self.predicted_min,
+            "predicted_max": self.predicted_max,
+            "dropped": self.dropped,
+            "drop_reasons": dict(sorted(self.drops.items())),
+            "crash": self.crash,
+            "recovery": self.recovery,
+            "index_version": self.index_version,
+            "queue_dirs": self.dirs,
+            "queue_type": self.queue_type,
+        }
 
 
 def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], list[Finding]]:
@@ -144,10 +164,21 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
                 v["kept"] += len(items)
     out = list(verdicts.values())
     for qv in q_verdicts:
-        out.append(QueueVerdict(display(node), display(qv["vhost"] if qv["vhost"] is not None else vhost), qv["queue"],
-                                messages=qv["messages"], predicted_after_restart=qv["kept"], predicted_min=qv["kept"],
-                                predicted_max=qv["kept"], drops=qv["drops"], crash=qv["crash"], recovery="quorum",
-                                queue_type="quorum"))
+        out.append(
+            QueueVerdict(
+                display(node),
+                display(qv["vhost"] if qv["vhost"] is not None else vhost),
+                qv["queue"],
+                messages=qv["messages"],
+                predicted_after_restart=qv["kept"],
+                predicted_min=qv["kept"],
+                predicted_max=qv["kept"],
+                drops=qv["drops"],
+                crash=qv["crash"],
+                recovery="quorum",
+                queue_type="quorum",
+            )
+        )
     scoped = [f.scoped(node=node, vhost=vhost) for f in findings]
     scoped += [f.scoped(node=node, vhost=f.vhost or vhost) for f in q_findings]
     if vs.node.boot_hangs:  # a quorum WAL the boot refuses keeps the node down: every queue with it
@@ -196,6 +227,7 @@ def _listing_checks(sub: VhostScan, first: bool, deep: bool):
             yield _check_range(scan, only, first, deep)
         finally:
             scan.close()
+
     yield from parallel.ordered(ranges, check, jobs)
 
 

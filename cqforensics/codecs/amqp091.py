@@ -28,20 +28,59 @@ import struct
 from cqforensics.base.errors import FormatError, plural
 
 #: The 14 basic properties in wire order (flag bit 15 down to bit 2).
-PROPERTIES = ("content_type", "content_encoding", "headers", "delivery_mode", "priority", "correlation_id",
-              "reply_to", "expiration", "message_id", "timestamp", "type", "user_id", "app_id", "cluster_id")
+PROPERTIES = (
+    "content_type",
+    "content_encoding",
+    "headers",
+    "delivery_mode",
+    "priority",
+    "correlation_id",
+    "reply_to",
+    "expiration",
+    "message_id",
+    "timestamp",
+    "type",
+    "user_id",
+    "app_id",
+    "cluster_id",
+)
 SCALAR_PROPERTIES = tuple(p for p in PROPERTIES if p != "headers")
 _OCTET = ("delivery_mode", "priority")
 
 TYPE_CHARS = {
-    "S": "longstr", "T": "timestamp", "b": "byte", "B": "unsignedbyte", "s": "short", "u": "unsignedshort",
-    "I": "signedint", "i": "unsignedint", "d": "double", "f": "float", "l": "long", "L": "long", "t": "bool",
-    "D": "decimal", "F": "table", "A": "array", "x": "binary", "V": "void",
+    "S": "longstr",
+    "T": "timestamp",
+    "b": "byte",
+    "B": "unsignedbyte",
+    "s": "short",
+    "u": "unsignedshort",
+    "I": "signedint",
+    "i": "unsignedint",
+    "d": "double",
+    "f": "float",
+    "l": "long",
+    "L": "long",
+    "t": "bool",
+    "D": "decimal",
+    "F": "table",
+    "A": "array",
+    "x": "binary",
+    "V": "void",
 }
 TYPE_NAMES = {v: k for k, v in TYPE_CHARS.items() if k != "L"}
-_FIXED = {"b": struct.Struct(">b"), "B": struct.Struct(">B"), "s": struct.Struct(">h"), "u": struct.Struct(">H"),
-          "I": struct.Struct(">i"), "i": struct.Struct(">I"), "l": struct.Struct(">q"), "L": struct.Struct(">q"),
-          "f": struct.Struct(">f"), "d": struct.Struct(">d"), "T": struct.Struct(">Q")}
+_FIXED = {
+    "b": struct.Struct(">b"),
+    "B": struct.Struct(">B"),
+    "s": struct.Struct(">h"),
+    "u": struct.Struct(">H"),
+    "I": struct.Struct(">i"),
+    "i": struct.Struct(">I"),
+    "l": struct.Struct(">q"),
+    "L": struct.Struct(">q"),
+    "f": struct.Struct(">f"),
+    "d": struct.Struct(">d"),
+    "T": struct.Struct(">Q"),
+}
 _U32 = struct.Struct(">I")
 
 
@@ -121,14 +160,14 @@ def _table(buf, o: int, end: int, depth: int = 0) -> str:
     out = {}  # name -> value text: a repeated name keeps its first place and last value, as a dict does
     while o < end:
         n = buf[o]
-        key = bytes(buf[o + 1:o + 1 + n]).decode("utf-8", "replace")
+        key = bytes(buf[o + 1 : o + 1 + n]).decode("utf-8", "replace")
         o += 1 + n
         kind = buf[o]
         if kind == 83:  # 'S', the most common: inline
             (ln,) = _U32.unpack_from(buf, o + 1)
             if o + 5 + ln > end:
                 raise FormatError(f"longstr of {plural(ln, 'byte')} runs past the end of its table", offset=o)
-            out[key] = f'{{"type":"longstr",{_text_json(bytes(buf[o + 5:o + 5 + ln]))}}}'
+            out[key] = f'{{"type":"longstr",{_text_json(bytes(buf[o + 5 : o + 5 + ln]))}}}'
             o += 5 + ln
         elif kind == 73:  # 'I'
             out[key] = f'{{"type":"signedint","value":{_I32(buf, o + 1)[0]}}}'
@@ -200,7 +239,7 @@ def properties_json(raw: bytes) -> tuple[dict, str | None]:
                 n = raw[o]
                 if o + 1 + n > len(raw):
                     raise FormatError(f"{name} runs past the property list", offset=o)
-                props[name] = bytes(raw[o + 1:o + 1 + n]).decode("utf-8", "replace")
+                props[name] = bytes(raw[o + 1 : o + 1 + n]).decode("utf-8", "replace")
                 o += 1 + n
         return props, headers
     except (IndexError, struct.error) as e:
@@ -211,9 +250,16 @@ def properties_json(raw: bytes) -> tuple[dict, str | None]:
 
 
 #: the range of each integer field type (rabbit_binary_generator writes them in these widths)
-_INT_RANGES = {"byte": (-(1 << 7), (1 << 7) - 1), "unsignedbyte": (0, (1 << 8) - 1), "short": (-(1 << 15), (1 << 15) - 1),
-               "unsignedshort": (0, (1 << 16) - 1), "signedint": (-(1 << 31), (1 << 31) - 1),
-               "unsignedint": (0, (1 << 32) - 1), "long": (-(1 << 63), (1 << 63) - 1), "timestamp": (0, (1 << 64) - 1)}
+_INT_RANGES = {
+    "byte": (-(1 << 7), (1 << 7) - 1),
+    "unsignedbyte": (0, (1 << 8) - 1),
+    "short": (-(1 << 15), (1 << 15) - 1),
+    "unsignedshort": (0, (1 << 16) - 1),
+    "signedint": (-(1 << 31), (1 << 31) - 1),
+    "unsignedint": (0, (1 << 32) - 1),
+    "long": (-(1 << 63), (1 << 63) - 1),
+    "timestamp": (0, (1 << 64) - 1),
+}
 
 
 def _erl_value(type_atom: str, v, depth: int = 0) -> dict:
@@ -298,8 +344,7 @@ def p_basic(t: tuple, marks: list | None = None) -> tuple[dict, dict | None]:
             props[name] = bytes(v).decode("utf-8", "replace")
         else:
             if marks is not None:
-                marks.append(f"{name}={str(v)[:40] if isinstance(v, (int, str)) else type(v).__name__} "
-                             "(not a binary)")
+                marks.append(f"{name}={str(v)[:40] if isinstance(v, (int, str)) else type(v).__name__} (not a binary)")
             props[name] = None
     return props, headers
 

@@ -27,29 +27,70 @@ def _char(v) -> str:
         raise FormatError(f"char {v!r} is not a Unicode scalar value")
     return chr(v)
 
+
 # section descriptors (ulong codes, part 3 section 3.2)
 HEADER, DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS, PROPERTIES, APPLICATION_PROPERTIES = 0x70, 0x71, 0x72, 0x73, 0x74
 DATA, AMQP_SEQUENCE, AMQP_VALUE, FOOTER = 0x75, 0x76, 0x77, 0x78
-SECTION_NAMES = {HEADER: "header", DELIVERY_ANNOTATIONS: "delivery-annotations",
-                 MESSAGE_ANNOTATIONS: "message-annotations", PROPERTIES: "properties",
-                 APPLICATION_PROPERTIES: "application-properties", DATA: "data", AMQP_SEQUENCE: "amqp-sequence",
-                 AMQP_VALUE: "amqp-value", FOOTER: "footer"}
-_SYMBOLIC = {f"amqp:{n}:{k}": c for c, n, k in (
-    (HEADER, "header", "list"), (DELIVERY_ANNOTATIONS, "delivery-annotations", "map"),
-    (MESSAGE_ANNOTATIONS, "message-annotations", "map"), (PROPERTIES, "properties", "list"),
-    (APPLICATION_PROPERTIES, "application-properties", "map"), (DATA, "data", "binary"),
-    (AMQP_SEQUENCE, "amqp-sequence", "list"), (AMQP_VALUE, "amqp-value", "*"), (FOOTER, "footer", "map"))}
+SECTION_NAMES = {
+    HEADER: "header",
+    DELIVERY_ANNOTATIONS: "delivery-annotations",
+    MESSAGE_ANNOTATIONS: "message-annotations",
+    PROPERTIES: "properties",
+    APPLICATION_PROPERTIES: "application-properties",
+    DATA: "data",
+    AMQP_SEQUENCE: "amqp-sequence",
+    AMQP_VALUE: "amqp-value",
+    FOOTER: "footer",
+}
+_SYMBOLIC = {
+    f"amqp:{n}:{k}": c
+    for c, n, k in (
+        (HEADER, "header", "list"),
+        (DELIVERY_ANNOTATIONS, "delivery-annotations", "map"),
+        (MESSAGE_ANNOTATIONS, "message-annotations", "map"),
+        (PROPERTIES, "properties", "list"),
+        (APPLICATION_PROPERTIES, "application-properties", "map"),
+        (DATA, "data", "binary"),
+        (AMQP_SEQUENCE, "amqp-sequence", "list"),
+        (AMQP_VALUE, "amqp-value", "*"),
+        (FOOTER, "footer", "map"),
+    )
+}
 
-PROPERTY_FIELDS = ("message_id", "user_id", "to", "subject", "reply_to", "correlation_id", "content_type",
-                   "content_encoding", "absolute_expiry_time", "creation_time", "group_id", "group_sequence",
-                   "reply_to_group_id")
+PROPERTY_FIELDS = (
+    "message_id",
+    "user_id",
+    "to",
+    "subject",
+    "reply_to",
+    "correlation_id",
+    "content_type",
+    "content_encoding",
+    "absolute_expiry_time",
+    "creation_time",
+    "group_id",
+    "group_sequence",
+    "reply_to_group_id",
+)
 HEADER_FIELDS = ("durable", "priority", "ttl", "first_acquirer", "delivery_count")
 
 _FIXED = {
-    0x50: ("ubyte", ">B"), 0x60: ("ushort", ">H"), 0x70: ("uint", ">I"), 0x52: ("uint", ">B"),
-    0x80: ("ulong", ">Q"), 0x53: ("ulong", ">B"), 0x51: ("byte", ">b"), 0x61: ("short", ">h"),
-    0x71: ("int", ">i"), 0x54: ("int", ">b"), 0x81: ("long", ">q"), 0x55: ("long", ">b"),
-    0x72: ("float", ">f"), 0x82: ("double", ">d"), 0x83: ("timestamp", ">q"), 0x73: ("char", ">I"),
+    0x50: ("ubyte", ">B"),
+    0x60: ("ushort", ">H"),
+    0x70: ("uint", ">I"),
+    0x52: ("uint", ">B"),
+    0x80: ("ulong", ">Q"),
+    0x53: ("ulong", ">B"),
+    0x51: ("byte", ">b"),
+    0x61: ("short", ">h"),
+    0x71: ("int", ">i"),
+    0x54: ("int", ">b"),
+    0x81: ("long", ">q"),
+    0x55: ("long", ">b"),
+    0x72: ("float", ">f"),
+    0x82: ("double", ">d"),
+    0x83: ("timestamp", ">q"),
+    0x73: ("char", ">I"),
 }
 _FIXED = {k: (n, struct.Struct(f)) for k, (n, f) in _FIXED.items()}
 MAX_DEPTH = 100
@@ -58,9 +99,27 @@ MAX_DEPTH = 100
 #: bytes each element takes: its fixed width, or its size field. The constants null, true,
 #: false, uint0 and ulong0 take one byte each in an array (parse_array_primitive), not none.
 _UNIT = frozenset({0x40, 0x41, 0x42, 0x43, 0x44})
-_ARRAY_WIDTH = {**{c: st.size for c, (_, st) in _FIXED.items()}, **dict.fromkeys(_UNIT, 1), 0x56: 1, 0x98: 16,
-                0x74: 4, 0x84: 8, 0x94: 16, 0xA0: 1, 0xA1: 1, 0xA3: 1, 0xB0: 4, 0xB1: 4, 0xB3: 4,
-                0xC0: 2, 0xC1: 2, 0xD0: 8, 0xD1: 8, 0xE0: 3, 0xF0: 9}
+_ARRAY_WIDTH = {
+    **{c: st.size for c, (_, st) in _FIXED.items()},
+    **dict.fromkeys(_UNIT, 1),
+    0x56: 1,
+    0x98: 16,
+    0x74: 4,
+    0x84: 8,
+    0x94: 16,
+    0xA0: 1,
+    0xA1: 1,
+    0xA3: 1,
+    0xB0: 4,
+    0xB1: 4,
+    0xB3: 4,
+    0xC0: 2,
+    0xC1: 2,
+    0xD0: 8,
+    0xD1: 8,
+    0xE0: 3,
+    0xF0: 9,
+}
 
 
 def _num(v):
@@ -110,18 +169,18 @@ class Decoder:
             return {"type": "list", "value": []}, o
         if code == 0x98:
             self.need(o, 16)
-            return {"type": "uuid", "value": str(_uuid.UUID(bytes=bytes(buf[o:o + 16])))}, o + 16
+            return {"type": "uuid", "value": str(_uuid.UUID(bytes=bytes(buf[o : o + 16])))}, o + 16
         if code in (0x74, 0x84, 0x94):
             n = {0x74: 4, 0x84: 8, 0x94: 16}[code]
             self.need(o, n)
-            return {"type": f"decimal{n * 8}", "base64": base64.b64encode(bytes(buf[o:o + n])).decode()}, o + n
+            return {"type": f"decimal{n * 8}", "base64": base64.b64encode(bytes(buf[o : o + n])).decode()}, o + n
         if code in (0xA0, 0xA1, 0xA3, 0xB0, 0xB1, 0xB3):
             wide = code >= 0xB0
             self.need(o, 4 if wide else 1)
             n = struct.unpack_from(">I", buf, o)[0] if wide else buf[o]
             o += 4 if wide else 1
             self.need(o, n)
-            raw = bytes(buf[o:o + n])
+            raw = bytes(buf[o : o + n])
             if code in (0xA0, 0xB0):
                 return {"type": "binary", "base64": base64.b64encode(raw).decode()}, o + n
             kind = "string" if code in (0xA1, 0xB1) else "symbol"
@@ -137,7 +196,9 @@ class Decoder:
             body = o + (4 if wide else 1)
             o += 8 if wide else 2
             if body + size > self.end or count > size:
-                raise FormatError(f"compound of {plural(size, 'byte')} / {plural(count, 'item')} does not fit", offset=body)
+                raise FormatError(
+                    f"compound of {plural(size, 'byte')} / {plural(count, 'item')} does not fit", offset=body
+                )
             items = []
             for _ in range(count):
                 v, o = self.value(o, depth + 1)

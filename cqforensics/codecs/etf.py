@@ -46,7 +46,16 @@ NEW_FLOAT, BIT_BINARY, COMPRESSED = 70, 77, 80
 NEW_PID, NEW_PORT, NEWER_REFERENCE, V4_PORT = 88, 89, 90, 120
 SMALL_INTEGER, INTEGER, FLOAT, ATOM, REFERENCE, PORT, PID = 97, 98, 99, 100, 101, 102, 103
 SMALL_TUPLE, LARGE_TUPLE, NIL, STRING, LIST, BINARY, SMALL_BIG, LARGE_BIG = 104, 105, 106, 107, 108, 109, 110, 111
-NEW_FUN, EXPORT, NEW_REFERENCE, SMALL_ATOM, MAP, FUN, ATOM_UTF8, SMALL_ATOM_UTF8 = 112, 113, 114, 115, 116, 117, 118, 119
+NEW_FUN, EXPORT, NEW_REFERENCE, SMALL_ATOM, MAP, FUN, ATOM_UTF8, SMALL_ATOM_UTF8 = (
+    112,
+    113,
+    114,
+    115,
+    116,
+    117,
+    118,
+    119,
+)
 
 MAX_DEPTH = 200
 MAX_BIG_BYTES = 1024  # ~2,466 digits: larger integers break Python's int/str conversion (4,300 digits)
@@ -106,7 +115,7 @@ class _Budget:
 
     __slots__ = ("limit", "left", "parent")
 
-    def __init__(self, limit: int, parent: "_Budget | None" = None):
+    def __init__(self, limit: int, parent: _Budget | None = None):
         self.limit = self.left = max(0, int(limit))
         self.parent = parent
 
@@ -114,8 +123,11 @@ class _Budget:
         b = self
         while b is not None:
             if n > b.left:
-                raise EtfError(f"compressed term claims {plural(n, 'byte')}, over the decompression limit ({b.left} of "
-                               f"the budget of {plural(b.limit, 'byte')} left)", offset=offset)
+                raise EtfError(
+                    f"compressed term claims {plural(n, 'byte')}, over the decompression limit ({b.left} of "
+                    f"the budget of {plural(b.limit, 'byte')} left)",
+                    offset=offset,
+                )
             b = b.parent
         b = self
         while b is not None:
@@ -153,7 +165,7 @@ class _Decoder:
 
     def atom(self, pos: int, n: int, utf8: bool) -> Atom:
         self.need(pos, n, "atom")
-        raw = bytes(self.buf[pos:pos + n])
+        raw = bytes(self.buf[pos : pos + n])
         key = (raw, utf8)
         a = _ATOM_CACHE.get(key)
         if a is None:
@@ -181,7 +193,7 @@ class _Decoder:
             q = p + 1 + n
             if q > end:
                 self.need(p + 1, n, "atom")
-            a = _ATOM_CACHE.get((bytes(buf[p + 1:q]), tag == SMALL_ATOM_UTF8))
+            a = _ATOM_CACHE.get((bytes(buf[p + 1 : q]), tag == SMALL_ATOM_UTF8))
             return (a if a is not None else self.atom(p + 1, n, tag == SMALL_ATOM_UTF8)), q
         if tag == BINARY:
             if p + 4 > end:
@@ -190,7 +202,7 @@ class _Decoder:
             p += 4
             if p + n > end:
                 self.need(p, n, "binary")
-            return bytes(buf[p:p + n]), p + n
+            return bytes(buf[p : p + n]), p + n
         if tag == NIL:
             return [], p
         if tag == SMALL_INTEGER:
@@ -251,7 +263,7 @@ class _Decoder:
             self.need(p, 2, "string length")
             (n,) = _u16(buf, p)
             self.need(p + 2, n, "string")
-            return list(buf[p + 2:p + 2 + n]), p + 2 + n
+            return list(buf[p + 2 : p + 2 + n]), p + 2 + n
         if tag == NEW_FLOAT:
             self.need(p, 8, "float")
             return _f64(buf, p)[0], p + 8
@@ -266,17 +278,17 @@ class _Decoder:
                 raise EtfError(f"big integer of {plural(n, 'byte')} (more than {MAX_BIG_BYTES})", offset=p)
             sign = buf[p]
             self.need(p + 1, n, "big integer")
-            v = int.from_bytes(buf[p + 1:p + 1 + n], "little")
+            v = int.from_bytes(buf[p + 1 : p + 1 + n], "little")
             return (-v if sign else v), p + 1 + n
         if tag == BIT_BINARY:
             self.need(p, 5, "bit binary header")
             (n,) = _u32(buf, p)
             bits = buf[p + 4]
             self.need(p + 5, n, "bit binary")
-            return BitBinary(bytes(buf[p + 5:p + 5 + n]), bits), p + 5 + n
+            return BitBinary(bytes(buf[p + 5 : p + 5 + n]), bits), p + 5 + n
         if tag == FLOAT:
             self.need(p, 31, "float text")
-            text = bytes(buf[p:p + 31]).split(b"\0", 1)[0]
+            text = bytes(buf[p : p + 31]).split(b"\0", 1)[0]
             try:
                 return float(text), p + 31
             except ValueError:
@@ -321,8 +333,9 @@ class _Decoder:
                 self.need(p, 4, "list length" if tag == LIST else "tuple arity")
                 (n,), p = _u32(buf, p), p + 4
             if n > self.end - p:
-                raise EtfError(f"{'list length' if tag == LIST else 'tuple arity'} {n} exceeds the remaining bytes",
-                               offset=pos)
+                raise EtfError(
+                    f"{'list length' if tag == LIST else 'tuple arity'} {n} exceeds the remaining bytes", offset=pos
+                )
             for _ in range(n + (tag == LIST)):  # a list's tail too
                 p = self.skip(p, depth + 1)
             return p
@@ -367,7 +380,7 @@ class _Decoder:
                 if not tail:
                     if pos >= self.end:
                         break
-                    tail = src[pos:pos + _ZCHUNK]
+                    tail = src[pos : pos + _ZCHUNK]
                     pos += len(tail)
                 part = z.decompress(tail, size + 1 - got)
                 tail = z.unconsumed_tail
@@ -376,8 +389,11 @@ class _Decoder:
         except zlib.error as e:
             raise EtfError(f"bad zlib data: {str(e)[:80]}", offset=p + 4) from None
         if got != size or not z.eof:
-            raise EtfError(f"compressed term inflates to {'more than ' if got > size else ''}{plural(got, 'byte')}, "
-                           f"header says {size}", offset=p)
+            raise EtfError(
+                f"compressed term inflates to {'more than ' if got > size else ''}{plural(got, 'byte')}, "
+                f"header says {size}",
+                offset=p,
+            )
         data = b"".join(parts)
         del parts
         inner = _Decoder(data, self.max_decompressed, self.budget)  # nested compressed terms: same budget
@@ -422,8 +438,9 @@ class _Decoder:
         raise EtfError(f"unknown opaque tag {tag}", offset=p - 1)
 
 
-_OPAQUE = frozenset({NEW_PID, PID, NEW_PORT, PORT, V4_PORT, REFERENCE, NEWER_REFERENCE, NEW_REFERENCE,
-                     EXPORT, NEW_FUN, FUN})
+_OPAQUE = frozenset(
+    {NEW_PID, PID, NEW_PORT, PORT, V4_PORT, REFERENCE, NEWER_REFERENCE, NEW_REFERENCE, EXPORT, NEW_FUN, FUN}
+)
 
 
 def _hashable(v):
@@ -605,10 +622,21 @@ def erlang_map(pairs) -> dict:
 
 # -- text ---------------------------------------------------------------------------------------
 
-_RESERVED = frozenset("after and andalso band begin bnot bor bsl bsr bxor case catch cond div else end fun if "
-                      "let maybe not of or orelse receive rem try when xor".split())
-_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r", "\b": "\\b", "\f": "\\f", "\v": "\\v",
-            "\x1b": "\\e", "\x7f": "\\d"}
+_RESERVED = frozenset(
+    "after and andalso band begin bnot bor bsl bsr bxor case catch cond div else end fun if "
+    "let maybe not of or orelse receive rem try when xor".split()
+)
+_ESCAPES = {
+    "\\": "\\\\",
+    "\n": "\\n",
+    "\t": "\\t",
+    "\r": "\\r",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\v": "\\v",
+    "\x1b": "\\e",
+    "\x7f": "\\d",
+}
 
 
 def _quoted(text: str, quote: str) -> str:
@@ -658,7 +686,7 @@ def _opaque_text(o: Opaque) -> str:
         if o.tag in (NEW_PORT, PORT, V4_PORT):
             node, p = d.term(1, 0)
             n = 8 if o.tag == V4_PORT else 4
-            return f"#Port<{_atom_text(node)}.{int.from_bytes(o.raw[p:p + n], 'big')}>"
+            return f"#Port<{_atom_text(node)}.{int.from_bytes(o.raw[p : p + n], 'big')}>"
         if o.tag in (NEWER_REFERENCE, NEW_REFERENCE, REFERENCE):
             if o.tag == REFERENCE:
                 node, p = d.term(1, 0)
@@ -682,8 +710,16 @@ def _opaque_text(o: Opaque) -> str:
 def opaque_node(t) -> str | None:
     """The node a decoded pid, port or reference names (``rabbit@host``), None when ``t`` is none
     of these or unreadable."""
-    if not isinstance(t, Opaque) or t.tag not in (NEW_PID, PID, NEW_PORT, PORT, V4_PORT, REFERENCE, NEWER_REFERENCE,
-                                                   NEW_REFERENCE):
+    if not isinstance(t, Opaque) or t.tag not in (
+        NEW_PID,
+        PID,
+        NEW_PORT,
+        PORT,
+        V4_PORT,
+        REFERENCE,
+        NEWER_REFERENCE,
+        NEW_REFERENCE,
+    ):
         return None
     try:
         node, _ = _Decoder(t.raw, 0).term(3 if t.tag in (NEWER_REFERENCE, NEW_REFERENCE) else 1, 0)

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from cqforensics.base.errors import FormatError
 from cqforensics.codecs.etf import Atom
 
-
 _DIGITS36 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _PAIRS36 = [a + b for a in _DIGITS36 for b in _DIGITS36]  # two digits per step: every dir name is one
 
@@ -77,12 +76,12 @@ def parse_queue_name(raw: bytes, vhost: bytes | None = None) -> QueueName:
         raise FormatError("does not start with 'VHOST: '", offset=0)
     rest = raw[7:]
     if vhost is not None and rest.startswith(vhost + b"\nQUEUE: "):
-        vh, rest = vhost, rest[len(vhost) + 8:]
+        vh, rest = vhost, rest[len(vhost) + 8 :]
     else:
         cut = rest.find(b"\nQUEUE: ")
         if cut < 0:
             raise FormatError("no 'QUEUE: ' line", offset=7)
-        vh, rest = rest[:cut], rest[cut + 8:]
+        vh, rest = rest[:cut], rest[cut + 8 :]
     index = None
     if rest.endswith(b"\nINDEX: v2\n"):
         rest, index = rest[:-11], "v2"
@@ -95,7 +94,8 @@ def parse_queue_name(raw: bytes, vhost: bytes | None = None) -> QueueName:
 
 # -- Erlang terms as text (file:consult) --------------------------------------------------------
 
-_TOKEN = re.compile(rb"""
+_TOKEN = re.compile(
+    rb"""
     \s+ | %[^\n]*                                   # whitespace, comments
   | (?P<bin><<)  | (?P<ebin>>>)
   | (?P<map>\#\{) | (?P<arrow>=>)
@@ -105,7 +105,9 @@ _TOKEN = re.compile(rb"""
   | (?P<str>"(?:[^"\\]|\\.)*")
   | (?P<qatom>'(?:[^'\\]|\\.)*')
   | (?P<atom>[a-z][A-Za-z0-9_@]*)
-""", re.VERBOSE)
+""",
+    re.VERBOSE,
+)
 
 
 def _tokens(text: bytes):
@@ -113,7 +115,7 @@ def _tokens(text: bytes):
     while pos < len(text):
         m = _TOKEN.match(text, pos)
         if m is None:
-            raise FormatError(f"unexpected character {text[pos:pos + 1]!r}", offset=pos)
+            raise FormatError(f"unexpected character {text[pos : pos + 1]!r}", offset=pos)
         pos = m.end()
         if m.lastgroup:
             yield m.lastgroup, m.group(m.lastgroup), m.start()
@@ -242,8 +244,10 @@ def _client_refs(v) -> bool:
 def _vhost_config(terms: list, node: str | None) -> str | None:
     n = proplist(terms).get("segment_entry_count")
     if not (isinstance(n, int) and 0 < n <= 16384):
-        return ("no {segment_entry_count, N} term (VH write_config writes one): the broker falls back to its "
-                "configured default and reads the vhost's index segments with that count")
+        return (
+            "no {segment_entry_count, N} term (VH write_config writes one): the broker falls back to its "
+            "configured default and reads the vhost's index segments with that count"
+        )
     return None
 
 
@@ -251,12 +255,17 @@ def _clean_dot(transient: bool):
     def check(terms: list, node: str | None) -> str | None:
         p = proplist(terms)
         if not _client_refs(p.get("client_refs")) or not isinstance(p.get("index_module", Atom("")), Atom):
-            return ("not the {client_refs, [<<Ref:16/binary>>, ...]} term (and, before 4.0, {index_module, M}) "
-                    "MS terminate writes")
+            return (
+                "not the {client_refs, [<<Ref:16/binary>>, ...]} term (and, before 4.0, {index_module, M}) "
+                "MS terminate writes"
+            )
         if transient and p["client_refs"]:
-            return ("client_refs recorded for the transient store, whose clean.dot always records none (a file of "
-                    "a persistent store put in its place); the broker deletes the transient store at boot")
+            return (
+                "client_refs recorded for the transient store, whose clean.dot always records none (a file of "
+                "a persistent store put in its place); the broker deletes the transient store at boot"
+            )
         return None
+
     return check
 
 
@@ -267,21 +276,26 @@ def _cluster_nodes(terms: list, node: str | None) -> str | None:
     if isinstance(t, tuple) and len(t) == 2 and _atoms(t[0]) and _atoms(t[1]):
         nodes = t[0]
         if not set(t[1]) <= set(nodes):
-            return (f"its disc nodes ({', '.join(map(str, t[1]))}) are not all among its nodes "
-                    f"({', '.join(map(str, nodes))}): rabbit_node_monitor writes a subset")
+            return (
+                f"its disc nodes ({', '.join(map(str, t[1]))}) are not all among its nodes "
+                f"({', '.join(map(str, nodes))}): rabbit_node_monitor writes a subset"
+            )
     elif _atoms(t):  # the legacy form, still read
         nodes = t
     else:
         return "not {AllNodes, DiscNodes} (lists of node names): the broker refuses to boot"
     if node is not None and nodes and node not in nodes:
-        return (f"the cluster it records ({', '.join(map(str, nodes))}) does not include this node ({node}): "
-                "the broker waits at boot for those nodes' tables")
+        return (
+            f"the cluster it records ({', '.join(map(str, nodes))}) does not include this node ({node}): "
+            "the broker waits at boot for those nodes' tables"
+        )
     return None
 
 
 def _one(test, what: str):
     def check(terms: list, node: str | None) -> str | None:
         return None if len(terms) == 1 and test(terms[0]) else f"not {what}"
+
     return check
 
 
@@ -291,13 +305,16 @@ TEXT_SHAPES = {
     "clean.dot:persistent": _clean_dot(False),
     "clean.dot:transient": _clean_dot(True),
     "cluster_nodes.config": _cluster_nodes,
-    "nodes_running_at_shutdown": _one(_atoms, "one list of node names (rabbit_node_monitor): the broker refuses "
-                                      "to boot"),
+    "nodes_running_at_shutdown": _one(
+        _atoms, "one list of node names (rabbit_node_monitor): the broker refuses to boot"
+    ),
     "node-type.txt": _one(lambda t: t in (Atom("disc"), Atom("ram")), "the atom disc or ram"),
     "rabbit_serial": _one(lambda t: isinstance(t, int) and t >= 0, "one non-negative integer"),
     "schema_version": _one(_atoms, "one list of upgrade step names"),
-    "ra-config": _one(lambda t: isinstance(t, dict), "one map (ra_log:write_config writes the server's config "
-                      "as ~p.): Ra cannot restart the server"),
+    "ra-config": _one(
+        lambda t: isinstance(t, dict),
+        "one map (ra_log:write_config writes the server's config as ~p.): Ra cannot restart the server",
+    ),
 }
 
 

@@ -23,10 +23,10 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 
-from cqforensics.read import driver
-from cqforensics.read.api import iter_batches
 from cqforensics.base.errors import display
 from cqforensics.model.options import make_options
+from cqforensics.read import driver
+from cqforensics.read.api import iter_batches
 
 #: the tables an audit reads, each once (a progress display counts them as passes)
 TABLES = ("store", "messages", "refcounts", "files")
@@ -44,8 +44,12 @@ def audit(paths, vhosts=None, queues=None, progress=None, **options) -> dict:
     files are those queues' ``.qs`` files. ``progress``: a display ``(text, done, total)``. The
     four tables are read over the same node scans (listed and their metadata read once)."""
     want_v, want_q = driver.names(vhosts, "vhosts"), driver.names(queues, "queues")
-    nodes = driver.discovered(paths, make_options(**{k: v for k, v in options.items() if k == "broker_version"},
-                                                  bodies=False, decode=False), want_v, want_q)
+    nodes = driver.discovered(
+        paths,
+        make_options(**{k: v for k, v in options.items() if k == "broker_version"}, bodies=False, decode=False),
+        want_v,
+        want_q,
+    )
     paths = driver.Nodes(nodes)
     progress = driver.Progress.of(progress, passes=len(TABLES))
     kw = {**options, "vhosts": vhosts, "progress": progress}
@@ -63,7 +67,7 @@ def audit(paths, vhosts=None, queues=None, progress=None, **options) -> dict:
             o["entries"] += 1
             o["bytes"] += r["total_size"]
         if r["status"] == "orphan":
-            for q in (dest if dest else [None if dest is None else ""]):
+            for q in dest if dest else [None if dest is None else ""]:
                 if want_q is not None and q not in want_q:
                     continue
                 g = routed[(r["node"], r["vhost"], q)]
@@ -72,18 +76,46 @@ def audit(paths, vhosts=None, queues=None, progress=None, **options) -> dict:
     by_message_id = defaultdict(list)
     by_content = defaultdict(list)
     streams = {}
-    for r in _rows(paths, "messages", ["node", "vhost", "queue", "priority", "seq_id", "msg_id", "properties", "body",
-                                       "store_file", "store_offset", "survives_restart", "queue_type", "stream_offset",
-                                       "amqp091_drop_reason", "raft_index"], queues=queues, **kw):
+    for r in _rows(
+        paths,
+        "messages",
+        [
+            "node",
+            "vhost",
+            "queue",
+            "priority",
+            "seq_id",
+            "msg_id",
+            "properties",
+            "body",
+            "store_file",
+            "store_offset",
+            "survives_restart",
+            "queue_type",
+            "stream_offset",
+            "amqp091_drop_reason",
+            "raft_index",
+        ],
+        queues=queues,
+        **kw,
+    ):
         # a quorum queue's message: its raft index (no seq_id), stored in its log entry (WAL or segment)
-        where = {"node": r["node"], "vhost": r["vhost"], "queue": r["queue"], "seq_id": r["seq_id"],
-                 "store_file": r["store_file"], "store_offset": r["store_offset"] if r["store_file"] else None}
+        where = {
+            "node": r["node"],
+            "vhost": r["vhost"],
+            "queue": r["queue"],
+            "seq_id": r["seq_id"],
+            "store_file": r["store_file"],
+            "store_offset": r["store_offset"] if r["store_file"] else None,
+        }
         if r["queue_type"] == "quorum":
             where.update(queue_type="quorum", raft_index=r["raft_index"])
         if r["queue_type"] == "stream":
             where["stream_offset"] = r["stream_offset"]
-            st = streams.setdefault((r["node"], r["vhost"], r["queue"]), {"records": 0, "kept": 0, "served_amqp091": 0,
-                                                                          "first_offset": None, "last_offset": None})
+            st = streams.setdefault(
+                (r["node"], r["vhost"], r["queue"]),
+                {"records": 0, "kept": 0, "served_amqp091": 0, "first_offset": None, "last_offset": None},
+            )
             st["records"] += 1
             st["kept"] += bool(r["survives_restart"])
             st["served_amqp091"] += r["amqp091_drop_reason"] is None
@@ -105,49 +137,92 @@ def audit(paths, vhosts=None, queues=None, progress=None, **options) -> dict:
             queues = sorted({str(m["queue"]) for m in members})
             # one stored entry referenced from several queues is a fan-out, not a duplicate; a
             # stream keeps a copy of its own of every message routed to it
-            kind = ("fan-out (one stored message)" if len(stored) == 1 and None not in stored
-                    else "fan-out (a copy per stream)" if in_streams and len(queues) == len(members)
-                    and len({(m["store_file"], m["store_offset"]) for m in members if "stream_offset" not in m}) <= 1
-                    else "separately stored copies")
-            out.append({"node": node, "vhost": vhost, label: key, "copies": len(members), "queues": queues,
-                        "kind": kind, "where": members})
+            kind = (
+                "fan-out (one stored message)"
+                if len(stored) == 1 and None not in stored
+                else "fan-out (a copy per stream)"
+                if in_streams
+                and len(queues) == len(members)
+                and len({(m["store_file"], m["store_offset"]) for m in members if "stream_offset" not in m}) <= 1
+                else "separately stored copies"
+            )
+            out.append(
+                {
+                    "node": node,
+                    "vhost": vhost,
+                    label: key,
+                    "copies": len(members),
+                    "queues": queues,
+                    "kind": kind,
+                    "where": members,
+                }
+            )
         return out
 
     refs, transient = [], defaultdict(int)
-    for r in _rows(paths, "refcounts", ["node", "vhost", "store", "msg_id", "copies", "computed_refs",
-                                        "recorded_refs", "status", "file", "queues"], **kw):
+    for r in _rows(
+        paths,
+        "refcounts",
+        ["node", "vhost", "store", "msg_id", "copies", "computed_refs", "recorded_refs", "status", "file", "queues"],
+        **kw,
+    ):
         if r["status"] not in ("mismatch", "missing") or want_q is not None and not want_q & set(r["queues"] or ()):
             continue
         if r["store"] == "persistent":
             refs.append({k: v for k, v in r.items() if k != "queues"})
         elif r["status"] == "missing":  # a transient message's body: dropped at boot whatever (fsck: no error)
             transient[(r["node"], r["vhost"])] += 1
-    files = [r for r in _rows(paths, "files", ["node", "vhost", "queue", "file", "kind", "size", "live_bytes",
-                                               "garbage_bytes", "garbage_ratio"], queues=queues, **kw)
-             if r["kind"] == "qs" or r["kind"] == "rdq" and want_q is None]
+    files = [
+        r
+        for r in _rows(
+            paths,
+            "files",
+            ["node", "vhost", "queue", "file", "kind", "size", "live_bytes", "garbage_bytes", "garbage_ratio"],
+            queues=queues,
+            **kw,
+        )
+        if r["kind"] == "qs" or r["kind"] == "rdq" and want_q is None
+    ]
     if want_q is not None:
         files = [r for r in files if r["queue"] in want_q]
     reclaim = sum(r["garbage_bytes"] or 0 for r in files)
     total = sum(r["size"] or 0 for r in files)
     return {
         "format": "cqforensics-audit/1",
-        "nodes": [{"node": display(ns.node.node), "path": display(ns.node.path),
-                   "not_read": [u.to_dict() for u in ns.unread_storage]} for ns in nodes],
-        "filters": {"vhosts": sorted(want_v) if want_v is not None else None,
-                    "queues": sorted(want_q) if want_q is not None else None},
-        "orphans": [{"node": k[0], "vhost": k[1], "file": k[2], "status": k[3], **v} for k, v in sorted(orphans.items())],
+        "nodes": [
+            {
+                "node": display(ns.node.node),
+                "path": display(ns.node.path),
+                "not_read": [u.to_dict() for u in ns.unread_storage],
+            }
+            for ns in nodes
+        ],
+        "filters": {
+            "vhosts": sorted(want_v) if want_v is not None else None,
+            "queues": sorted(want_q) if want_q is not None else None,
+        },
+        "orphans": [
+            {"node": k[0], "vhost": k[1], "file": k[2], "status": k[3], **v} for k, v in sorted(orphans.items())
+        ],
         # queue: a queue name; "" routed to no queue; None not known (undecodable, unknown exchange)
-        "orphans_by_queue": [{"node": k[0], "vhost": k[1], "queue": k[2], **v}
-                             for k, v in sorted(routed.items(), key=lambda kv: tuple(map(str, kv[0])))],
+        "orphans_by_queue": [
+            {"node": k[0], "vhost": k[1], "queue": k[2], **v}
+            for k, v in sorted(routed.items(), key=lambda kv: tuple(map(str, kv[0])))
+        ],
         "duplicates_by_message_id": groups(by_message_id, "message_id"),
         "duplicates_by_content": groups(by_content, "body_sha256"),
         "refcount_problems": [{**r, "msg_id": r["msg_id"].hex()} for r in refs],
         "transient_bodies_missing": [{"node": k[0], "vhost": k[1], "entries": n} for k, n in sorted(transient.items())],
         "files": files,
-        "compaction": {"store_bytes": total, "reclaimable_bytes": reclaim,
-                       "reclaimable_ratio": reclaim / total if total else 0.0},
+        "compaction": {
+            "store_bytes": total,
+            "reclaimable_bytes": reclaim,
+            "reclaimable_ratio": reclaim / total if total else 0.0,
+        },
         "streams": [{"node": k[0], "vhost": k[1], "queue": k[2], **v} for k, v in sorted(streams.items())],
-        "covers": {"streams": "stream records are in duplicates_by_message_id/by_content and in streams; orphans, "
-                              "refcounts, files and compaction are the shared store's and .qs files' (streams have "
-                              "none: osiris retention deletes whole segments)"},
+        "covers": {
+            "streams": "stream records are in duplicates_by_message_id/by_content and in streams; orphans, "
+            "refcounts, files and compaction are the shared store's and .qs files' (streams have "
+            "none: osiris retention deletes whole segments)"
+        },
     }

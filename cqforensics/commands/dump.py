@@ -13,8 +13,10 @@ import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from cqforensics.message import fast as fastpath, reference as message, rabbit_fifo
 from cqforensics.base.errors import OperationalError, UsageError
+from cqforensics.message import fast as fastpath
+from cqforensics.message import rabbit_fifo
+from cqforensics.message import reference as message
 from cqforensics.readers import registry
 from cqforensics.readers.files import file_type, read_bytes
 
@@ -33,9 +35,16 @@ def _message(raw) -> dict:
     except Exception as e:
         return {"decode_error": f"{type(e).__name__}: {e}"[:200]}
     body = m["body"]
-    return {"term_format": m["term_format"], "exchange": m["exchange"], "routing_keys": m["routing_keys"],
-            "message_id": m["properties"].get("message_id"), "headers": m["headers"], "body_size": len(body),
-            "body_sha256": hashlib.sha256(body).hexdigest(), "body_preview": body[:64]}
+    return {
+        "term_format": m["term_format"],
+        "exchange": m["exchange"],
+        "routing_keys": m["routing_keys"],
+        "message_id": m["properties"].get("message_id"),
+        "headers": m["headers"],
+        "body_size": len(body),
+        "body_sha256": hashlib.sha256(body).hexdigest(),
+        "body_preview": body[:64],
+    }
 
 
 def _ra_entry(raw) -> dict:
@@ -55,10 +64,18 @@ def _ra_entry(raw) -> dict:
                 out["decode_error"] = f"{type(e).__name__}: {e}"[:200]
                 return out
             body = m["body"]
-            out.update({"term_format": m["term_format"], "exchange": m["exchange"], "routing_keys": m["routing_keys"],
-                        "message_id": m["properties"].get("message_id"), "headers": m["headers"],
-                        "body_size": len(body), "body_sha256": hashlib.sha256(body).hexdigest(),
-                        "body_preview": body[:64]})
+            out.update(
+                {
+                    "term_format": m["term_format"],
+                    "exchange": m["exchange"],
+                    "routing_keys": m["routing_keys"],
+                    "message_id": m["properties"].get("message_id"),
+                    "headers": m["headers"],
+                    "body_size": len(body),
+                    "body_sha256": hashlib.sha256(body).hexdigest(),
+                    "body_preview": body[:64],
+                }
+            )
     elif entry.machine_version is not None:
         out["machine_version"] = entry.machine_version
     return out
@@ -86,7 +103,7 @@ def dump(path: Path | str, deep: bool = False, segment_entry_count: int = 16384)
                 if source not in sources:
                     sources[source] = read_bytes(source)
                 source = sources[source]
-            raw = source[start:start + length]
+            raw = source[start : start + length]
             row.update(_ra_entry(raw) if reader.kind in RA_LOG_KINDS else _message(raw))
         yield row
 

@@ -39,17 +39,17 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from cqforensics.read import driver
-from cqforensics.message import fast as fastpath
 from cqforensics.base import jsonout
-from cqforensics.output import provenance
-from cqforensics.model.options import make_options
-from cqforensics.output.guard import PARTIAL, Staging, check_output
-from cqforensics.base.errors import FormatError, OperationalError, UsageError, display
 from cqforensics.base.enums import AckEvidence, Location, StoreStatus
-from cqforensics.model.vhost import NodeScan, VhostScan
-from cqforensics.readers import qs as r_qs
+from cqforensics.base.errors import FormatError, OperationalError, UsageError, display
 from cqforensics.base.schema import SCHEMAS
+from cqforensics.message import fast as fastpath
+from cqforensics.model.options import make_options
+from cqforensics.model.vhost import NodeScan, VhostScan
+from cqforensics.output import provenance
+from cqforensics.output.guard import PARTIAL, Staging, check_output
+from cqforensics.read import driver
+from cqforensics.readers import qs as r_qs
 from cqforensics.tables.builders import classic_messages_batches, quorum_messages_batches, stream_messages_batches
 
 log = logging.getLogger(__name__)
@@ -118,15 +118,14 @@ class ParquetSink:
     def flush(self) -> None:
         """Write what is gathered as one row group."""
         if self.pending:
-            self.writer.write_table(pa.Table.from_batches(self.pending, schema=self.schema),
-                                    row_group_size=self.rows)
+            self.writer.write_table(pa.Table.from_batches(self.pending, schema=self.schema), row_group_size=self.rows)
             self.pending, self.pending_rows, self.pending_bytes = [], 0, 0
 
     def close(self) -> None:
         self.flush()
         self.writer.close()
 
-    def __enter__(self) -> "ParquetSink":
+    def __enter__(self) -> ParquetSink:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -158,15 +157,25 @@ def _ghost_rows(vs: VhostScan, node: str, vhost: str | None) -> Iterator[dict]:
                 raw, where = vs.bodies.read(path, *r_qs.term_span(off, int(r.store_size[i]))), (display(path), off)
             elif r.loc[i] == Location.SHARED_STORE and "persistent" in vs.stores:
                 st = vs.stores["persistent"]
-                _, first = st.locate(r.msg_id[i:i + 1])
+                _, first = st.locate(r.msg_id[i : i + 1])
                 if first[0] >= 0:
                     e = int(first[0])
                     path, start, length = st.term_span(e)
                     raw, where = vs.bodies.read(path, start, length), (display(path), int(st.e_offset[e]))
             if raw is not None:
-                yield _row(node, vhost, qx.qdir.name, qx.qdir.priority, where[0], where[1], raw, "ghost",
-                           r.msg_id[i].tobytes() if r.loc[i] == Location.SHARED_STORE else None,
-                           "shared_store" if r.loc[i] == Location.SHARED_STORE else "queue_store", seq=int(r.seq[i]))
+                yield _row(
+                    node,
+                    vhost,
+                    qx.qdir.name,
+                    qx.qdir.priority,
+                    where[0],
+                    where[1],
+                    raw,
+                    "ghost",
+                    r.msg_id[i].tobytes() if r.loc[i] == Location.SHARED_STORE else None,
+                    "shared_store" if r.loc[i] == Location.SHARED_STORE else "queue_store",
+                    seq=int(r.seq[i]),
+                )
 
 
 def _store_rows(vs: VhostScan, node: str, vhost: str | None) -> Iterator[dict]:
@@ -176,15 +185,26 @@ def _store_rows(vs: VhostScan, node: str, vhost: str | None) -> Iterator[dict]:
         status, _ = vs.store_status[kind]
         for i in np.flatnonzero(status != StoreStatus.LIVE):
             path, start, length = st.term_span(i)
-            yield _row(node, vhost, None, None, display(path), int(st.e_offset[i]), vs.bodies.read(path, start, length),
-                       _STORE_SOURCE.get(int(status[i]), "duplicate"), st.e_id[i].tobytes(), "shared_store")
+            yield _row(
+                node,
+                vhost,
+                None,
+                None,
+                display(path),
+                int(st.e_offset[i]),
+                vs.bodies.read(path, start, length),
+                _STORE_SOURCE.get(int(status[i]), "duplicate"),
+                st.e_id[i].tobytes(),
+                "shared_store",
+            )
 
 
 def _quorum_log_rows(vs: VhostScan, node: str, vhost: str | None, seen: set) -> Iterator[dict]:
     """Messages a quorum queue's log still holds that its state no longer does (``raft_log``:
     consumed, acked or purged, until Ra truncates the log below its snapshot): every enqueue
     entry copy, recovered or not, whose bytes no row emitted yet."""
-    from cqforensics.message import reference as message, rabbit_fifo
+    from cqforensics.message import rabbit_fifo
+    from cqforensics.message import reference as message
 
     bodies = vs.node._quorum_bodies if vs.quorum_queues else None
     for q in vs.quorum_queues:
@@ -202,11 +222,24 @@ def _quorum_log_rows(vs: VhostScan, node: str, vhost: str | None, seen: set) -> 
                 continue
             if cmd is None or cmd.name not in ("enqueue", "requeue") or cmd.msg is None:
                 continue
-            row = {"node": node, "vhost": q.vhost if q.vhost is not None else vhost, "queue": q.label,
-                   "priority": None, "file": display(e.file), "offset": e.offset, "seq_id": None,
-                   "location": e.source, "store_file": display(e.file), "store_offset": e.data_offset,
-                   "survives_restart": False, "drop_reason": "not_in_any_index", "source": "raft_log",
-                   "queue_type": "quorum", "raft_index": idx, "raft_term": e.term}
+            row = {
+                "node": node,
+                "vhost": q.vhost if q.vhost is not None else vhost,
+                "queue": q.label,
+                "priority": None,
+                "file": display(e.file),
+                "offset": e.offset,
+                "seq_id": None,
+                "location": e.source,
+                "store_file": display(e.file),
+                "store_offset": e.data_offset,
+                "survives_restart": False,
+                "drop_reason": "not_in_any_index",
+                "source": "raft_log",
+                "queue_type": "quorum",
+                "raft_index": idx,
+                "raft_term": e.term,
+            }
             try:
                 m = message.normalise_checked(cmd.msg)
             except FormatError as err:
@@ -216,16 +249,37 @@ def _quorum_log_rows(vs: VhostScan, node: str, vhost: str | None, seen: set) -> 
             props = dict(m["properties"])
             props["timestamp"] = m["timestamp_ms"] * 1000 if m["timestamp_ms"] is not None else None
             mid = m["msg_id"]
-            row.update(msg_id=mid if isinstance(mid, bytes) and len(mid) == 16 else None, exchange=m["exchange"], routing_keys=m["routing_keys"], properties=props,
-                       headers=m["headers"], annotations=m["annotations"], body=m["body"], body_size=len(m["body"]),
-                       term_format=m["term_format"])
+            row.update(
+                msg_id=mid if isinstance(mid, bytes) and len(mid) == 16 else None,
+                exchange=m["exchange"],
+                routing_keys=m["routing_keys"],
+                properties=props,
+                headers=m["headers"],
+                annotations=m["annotations"],
+                body=m["body"],
+                body_size=len(m["body"]),
+                term_format=m["term_format"],
+            )
             yield row
 
 
 def _row(node, vhost, queue, priority, file, offset, raw, source, msg_id, location, seq=None) -> dict:
-    row = {"node": node, "vhost": vhost, "queue": queue, "priority": priority, "file": file, "offset": offset,
-           "seq_id": seq, "msg_id": msg_id, "location": location, "store_file": file, "store_offset": offset,
-           "survives_restart": False, "drop_reason": "not_in_any_index", "source": source}
+    row = {
+        "node": node,
+        "vhost": vhost,
+        "queue": queue,
+        "priority": priority,
+        "file": file,
+        "offset": offset,
+        "seq_id": seq,
+        "msg_id": msg_id,
+        "location": location,
+        "store_file": file,
+        "store_offset": offset,
+        "survives_restart": False,
+        "drop_reason": "not_in_any_index",
+        "source": source,
+    }
     try:
         m = fastpath.decode(raw)
     except Exception as e:  # still exported: the raw term is evidence
@@ -233,8 +287,16 @@ def _row(node, vhost, queue, priority, file, offset, raw, source, msg_id, locati
         return row
     props = dict(m["properties"])
     props["timestamp"] = m["timestamp_ms"] * 1000 if m["timestamp_ms"] is not None else None
-    row.update(exchange=m["exchange"], routing_keys=m["routing_keys"], properties=props, headers=m["headers"],
-               annotations=m["annotations"], body=m["body"], body_size=len(m["body"]), term_format=m["term_format"])
+    row.update(
+        exchange=m["exchange"],
+        routing_keys=m["routing_keys"],
+        properties=props,
+        headers=m["headers"],
+        annotations=m["annotations"],
+        body=m["body"],
+        body_size=len(m["body"]),
+        term_format=m["term_format"],
+    )
     if msg_id is None:
         row["msg_id"] = m["msg_id"]
     return row
@@ -253,8 +315,9 @@ def _batched(rows: Iterator[dict], max_rows: int, max_bytes: int) -> Iterator[pa
         yield pa.RecordBatch.from_pylist(buf, schema=SCHEMA)
 
 
-def export_batches(paths, everything: bool = False, vhosts=None, queues=None, progress=None, render=None,
-                   **options) -> Iterator[pa.RecordBatch]:
+def export_batches(
+    paths, everything: bool = False, vhosts=None, queues=None, progress=None, render=None, **options
+) -> Iterator[pa.RecordBatch]:
     """The export rows (the ``messages`` schema plus ``source``) as batches; ``vhosts``/``queues``
     restrict them by name (a queue restriction leaves out the store rows, which belong to no
     queue; a name that matches nothing is a ``UsageError``). ``progress``: a ``driver.Progress``
@@ -297,8 +360,16 @@ def export_batches(paths, everything: bool = False, vhosts=None, queues=None, pr
     # the one read driver: the index rows of a big vhost read in ranges by ``jobs`` processes,
     # the rest (the entries no index row emitted) in this one, once its index rows have passed
     build = driver.Build(part, splittable=True, in_passes=True, start=lambda vs: set(), see=see, tail=tail)
-    yield from driver.read("messages", opts, paths=paths, build=build, vhosts=vhosts, queues=queues, progress=progress,
-                           render=None if render is None else lambda b: render(b, everything))
+    yield from driver.read(
+        "messages",
+        opts,
+        paths=paths,
+        build=build,
+        vhosts=vhosts,
+        queues=queues,
+        progress=progress,
+        render=None if render is None else lambda b: render(b, everything),
+    )
 
 
 def stored(b: pa.RecordBatch) -> list[tuple[str, int]]:
@@ -333,8 +404,12 @@ def expired_rows(b: pa.RecordBatch) -> int:
 
 
 def jsonl_lines(b: pa.RecordBatch, everything: bool) -> Lines:
-    return Lines("".join(_jsonl_line(row) + "\n" for row in b.to_pylist()), sources(b), expired_rows(b),
-                 stored(b) if everything else [])
+    return Lines(
+        "".join(_jsonl_line(row) + "\n" for row in b.to_pylist()),
+        sources(b),
+        expired_rows(b),
+        stored(b) if everything else [],
+    )
 
 
 def _jsonl_line(row: dict) -> str:
@@ -355,8 +430,11 @@ def _provenance(paths, options: dict, nodes: list[NodeScan]) -> dict:
     version = options.get("broker_version")
     if not version:  # the version each node's next boot is predicted for (inferred)
         version = ", ".join(sorted({ns.model.label for ns in nodes})) or None
-    return {"as_of_ms": as_of_ms, "as_of_given": given,
-            "record": provenance.record("export", paths, version, as_of_ms, jobs=options.get("jobs", 1))}
+    return {
+        "as_of_ms": as_of_ms,
+        "as_of_given": given,
+        "record": provenance.record("export", paths, version, as_of_ms, jobs=options.get("jobs", 1)),
+    }
 
 
 def _stale_note(out: Path) -> str:
@@ -364,12 +442,23 @@ def _stale_note(out: Path) -> str:
     held = [p for p in out.iterdir() if PARTIAL in p.name or p.name.endswith(".partial")] if out.is_dir() else []
     if not held:
         return ""
-    return (f"; it holds partial output(s) of another run: {', '.join(p.name for p in held)} (if no cqforensics "
-            f"is writing there, remove them: rm -r {' '.join(repr(str(p)) for p in held)})")
+    return (
+        f"; it holds partial output(s) of another run: {', '.join(p.name for p in held)} (if no cqforensics "
+        f"is writing there, remove them: rm -r {' '.join(repr(str(p)) for p in held)})"
+    )
 
 
-def export(paths, fmt: str, out: Path | str, everything: bool = False, force: bool = False, vhosts=None,
-           queues=None, progress=None, **options) -> dict:
+def export(
+    paths,
+    fmt: str,
+    out: Path | str,
+    everything: bool = False,
+    force: bool = False,
+    vhosts=None,
+    queues=None,
+    progress=None,
+    **options,
+) -> dict:
     """Write DIR/messages.jsonl or DIR/messages.parquet; returns counts per source, the messages
     past their TTL (``expired``; ``as_of``: when TTLs were judged, ``as_of_given``: not by the
     clock) and the storage not read (``not_read``, per node). ``force``: DIR may be a previous
@@ -377,8 +466,12 @@ def export(paths, fmt: str, out: Path | str, everything: bool = False, force: bo
     cqforensics.output.guard). ``progress``: a display ``(text, done, total)``."""
     if fmt not in ("jsonl", "parquet"):
         raise UsageError(f"unknown format {fmt!r}: jsonl or parquet")
-    nodes = driver.discovered(paths, make_options(options.get("broker_version"), bodies=False, decode=False),
-                              driver.names(vhosts, "vhosts"), driver.names(queues, "queues"))
+    nodes = driver.discovered(
+        paths,
+        make_options(options.get("broker_version"), bodies=False, decode=False),
+        driver.names(vhosts, "vhosts"),
+        driver.names(queues, "queues"),
+    )
     out = Path(out).absolute()
     try:
         check_output(out, paths, directory=True, force=force, deep=False)
@@ -396,12 +489,22 @@ def export(paths, fmt: str, out: Path | str, everything: bool = False, force: bo
     with Staging(out, paths, replace=force, command="export") as staging:
         target = staging.path / f"messages.{fmt}"
         with open(target, "w" if fmt == "jsonl" else "wb", **({"encoding": "utf-8"} if fmt == "jsonl" else {})) as fh:
-            sink = ParquetSink(fh, SCHEMA.with_metadata({provenance.METADATA_KEY: json.dumps(prov, sort_keys=True)})) \
-                if fmt == "parquet" else None
+            sink = (
+                ParquetSink(fh, SCHEMA.with_metadata({provenance.METADATA_KEY: json.dumps(prov, sort_keys=True)}))
+                if fmt == "parquet"
+                else None
+            )
             with sink if sink is not None else contextlib.nullcontext():
                 # the node dirs listed and their metadata read once, for the provenance and the rows
-                for b in export_batches(driver.Nodes(nodes), everything, vhosts=vhosts, queues=queues,
-                                        progress=progress, render=jsonl_lines if sink is None else None, **options):
+                for b in export_batches(
+                    driver.Nodes(nodes),
+                    everything,
+                    vhosts=vhosts,
+                    queues=queues,
+                    progress=progress,
+                    render=jsonl_lines if sink is None else None,
+                    **options,
+                ):
                     if sink is not None:
                         more, n_expired = sources(b), expired_rows(b)
                         sink.write(b)
@@ -416,17 +519,37 @@ def export(paths, fmt: str, out: Path | str, everything: bool = False, force: bo
         if fmt == "jsonl":  # the sidecar: written once the export is complete
             (staging.path / f"messages.{fmt}.provenance.json").write_text(provenance.to_json(prov), encoding="utf-8")
         staging.commit()
-    return {"file": display(out / f"messages.{fmt}"), "rows": counts,
-            "removed_partials": [display(p) for p in staging.removed_stale],
-            "expired": expired, "as_of": provenance.iso(as_of_ms), "as_of_given": as_of_given,
-            "not_read": {display(ns.node.node): [u.to_dict() for u in ns.unread_storage] for ns in nodes
-                         if ns.unread_storage}}
+    return {
+        "file": display(out / f"messages.{fmt}"),
+        "rows": counts,
+        "removed_partials": [display(p) for p in staging.removed_stale],
+        "expired": expired,
+        "as_of": provenance.iso(as_of_ms),
+        "as_of_given": as_of_given,
+        "not_read": {
+            display(ns.node.node): [u.to_dict() for u in ns.unread_storage] for ns in nodes if ns.unread_storage
+        },
+    }
 
 
 # -- find -------------------------------------------------------------------------------------------
 
-_FIND_COLUMNS = ("node", "vhost", "queue", "priority", "source", "msg_id", "file", "offset", "store_file",
-                 "store_offset", "seq_id", "survives_restart", "drop_reason", "body_size")
+_FIND_COLUMNS = (
+    "node",
+    "vhost",
+    "queue",
+    "priority",
+    "source",
+    "msg_id",
+    "file",
+    "offset",
+    "store_file",
+    "store_offset",
+    "seq_id",
+    "survives_restart",
+    "drop_reason",
+    "body_size",
+)
 
 
 def fate(row: dict) -> str:
@@ -434,15 +557,18 @@ def fate(row: dict) -> str:
     src = row["source"]
     if src == "index":
         return "delivered at next boot" if row["survives_restart"] else f"dropped at next boot: {row['drop_reason']}"
-    return {"ghost": "dropped by an earlier recovery (slot left in the index)",
-            "orphan": "acked or deleted (no index holds it)",
-            "duplicate": "second copy (no index uses it)",
-            "raft_log": "consumed, acked or purged (a quorum queue's log still holds it)",
-            "corrupt": "damaged copy"}.get(src, src)
+    return {
+        "ghost": "dropped by an earlier recovery (slot left in the index)",
+        "orphan": "acked or deleted (no index holds it)",
+        "duplicate": "second copy (no index uses it)",
+        "raft_log": "consumed, acked or purged (a quorum queue's log still holds it)",
+        "corrupt": "damaged copy",
+    }.get(src, src)
 
 
-def find(paths, msg_ids=(), body: bytes | None = None, message_ids=(), vhosts=None, queues=None, progress=None,
-         **options) -> Iterator[dict]:
+def find(
+    paths, msg_ids=(), body: bytes | None = None, message_ids=(), vhosts=None, queues=None, progress=None, **options
+) -> Iterator[dict]:
     """Every message under ``paths`` (what ``export --all`` would emit: index rows, ghosts,
     orphans, duplicates) whose ``msg_id`` starts with one of ``msg_ids`` (hex), whose AMQP
     ``message_id`` property is one of ``message_ids``, or whose body contains ``body``; one dict
@@ -473,5 +599,4 @@ def find(paths, msg_ids=(), body: bytes | None = None, message_ids=(), vhosts=No
             yield row
 
 
-__all__ = ["SCHEMA", "export", "export_batches", "find", "fate", "ParquetSink",
-           "ROW_GROUP_ROWS", "ROW_GROUP_BYTES"]
+__all__ = ["SCHEMA", "export", "export_batches", "find", "fate", "ParquetSink", "ROW_GROUP_ROWS", "ROW_GROUP_BYTES"]

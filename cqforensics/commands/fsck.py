@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cqforensics.base import exitcodes, parallel
-from cqforensics.discovery import nodes as layout
-from cqforensics.output import provenance
 from cqforensics.base.errors import display
-from cqforensics.model.options import make_options, parse_as_of
-from cqforensics.checks import QueueVerdict, check_vhost, node_level_findings
 from cqforensics.base.findings import ERROR, SEVERITY_RANK, Finding
+from cqforensics.checks import QueueVerdict, check_vhost, node_level_findings
+from cqforensics.discovery import nodes as layout
+from cqforensics.model.options import make_options, parse_as_of
 from cqforensics.model.vhost import NodeScan
+from cqforensics.output import provenance
 
 
 @dataclass
@@ -48,10 +48,18 @@ class NodeVerdict:
         return self.version_source.startswith("inferred")
 
     def to_dict(self) -> dict:
-        return {"node": self.node, "path": self.path, "broker_version": self.broker_version,
-                "version_source": self.version_source, "written_by": self.written_by,
-                "broker_version_assumed": self.broker_version_assumed, "not_read": self.not_read,
-                "recovery": self.vhost_recovery, "boot": self.boot, "warnings": self.warnings}
+        return {
+            "node": self.node,
+            "path": self.path,
+            "broker_version": self.broker_version,
+            "version_source": self.version_source,
+            "written_by": self.written_by,
+            "broker_version_assumed": self.broker_version_assumed,
+            "not_read": self.not_read,
+            "recovery": self.vhost_recovery,
+            "boot": self.boot,
+            "warnings": self.warnings,
+        }
 
 
 @dataclass
@@ -72,29 +80,40 @@ class Report:
     def exit_code(self) -> int:
         """e2fsck style, bits: 4 when errors are left (fsck fixes nothing), 2 when the check is
         incomplete (queue storage not read: quorum queues, streams); 0 when neither."""
-        return (exitcodes.ERRORS_LEFT if any(f.severity == ERROR for f in self.findings) else exitcodes.OK) \
-            | (exitcodes.INCOMPLETE if self.incomplete else exitcodes.OK)
+        return (exitcodes.ERRORS_LEFT if any(f.severity == ERROR for f in self.findings) else exitcodes.OK) | (
+            exitcodes.INCOMPLETE if self.incomplete else exitcodes.OK
+        )
 
     def to_dict(self) -> dict:
-        return {"format": "cqforensics-fsck/1", "nodes": [n.to_dict() for n in self.nodes],
-                "queues": [q.to_dict() for q in self.queues], "findings": [f.to_dict() for f in self.findings],
-                "summary": self.summary(), "exit_code": self.exit_code, "provenance": self.provenance}
+        return {
+            "format": "cqforensics-fsck/1",
+            "nodes": [n.to_dict() for n in self.nodes],
+            "queues": [q.to_dict() for q in self.queues],
+            "findings": [f.to_dict() for f in self.findings],
+            "summary": self.summary(),
+            "exit_code": self.exit_code,
+            "provenance": self.provenance,
+        }
 
     def summary(self) -> dict:
         """Counts, and when TTLs were judged: ``expired`` messages are past their TTL at
         ``ttls_judged_at``, the clock's time of the run (``ttls_judged_by`` "clock") or the one
         given (``--as-of``: "as_of")."""
         counts = {s: sum(1 for f in self.findings if f.severity == s) for s in SEVERITY_RANK}
-        return {"findings": counts, "queues": len(self.queues), "messages": sum(q.messages for q in self.queues),
-                "predicted_after_restart": sum(q.predicted_after_restart for q in self.queues),
-                "predicted_min": sum(q.predicted_min for q in self.queues),
-                "predicted_max": sum(q.predicted_max for q in self.queues),
-                "dropped": sum(q.dropped for q in self.queues),
-                "crashes": sorted({q.crash for q in self.queues if q.crash}),
-                "expired": sum(q.drops.get("expired", 0) for q in self.queues),
-                "ttls_judged_at": provenance.iso(self.as_of_ms) if self.as_of_ms is not None else None,
-                "ttls_judged_by": "as_of" if self.as_of_given else "clock",
-                "not_read": sorted({u["kind"] for n in self.nodes for u in n.not_read})}
+        return {
+            "findings": counts,
+            "queues": len(self.queues),
+            "messages": sum(q.messages for q in self.queues),
+            "predicted_after_restart": sum(q.predicted_after_restart for q in self.queues),
+            "predicted_min": sum(q.predicted_min for q in self.queues),
+            "predicted_max": sum(q.predicted_max for q in self.queues),
+            "dropped": sum(q.dropped for q in self.queues),
+            "crashes": sorted({q.crash for q in self.queues if q.crash}),
+            "expired": sum(q.drops.get("expired", 0) for q in self.queues),
+            "ttls_judged_at": provenance.iso(self.as_of_ms) if self.as_of_ms is not None else None,
+            "ttls_judged_by": "as_of" if self.as_of_given else "clock",
+            "not_read": sorted({u["kind"] for n in self.nodes for u in n.not_read}),
+        }
 
 
 def running_broker(node_dir: Path) -> str | None:
@@ -123,8 +142,17 @@ def running_broker(node_dir: Path) -> str | None:
     return None
 
 
-def fsck(paths, broker_version: str | None = None, as_of=None, deep: bool = False, assume_dirty: bool = False,
-         progress=None, vhosts=None, queues=None, jobs: int = 1) -> Iterator:
+def fsck(
+    paths,
+    broker_version: str | None = None,
+    as_of=None,
+    deep: bool = False,
+    assume_dirty: bool = False,
+    progress=None,
+    vhosts=None,
+    queues=None,
+    jobs: int = 1,
+) -> Iterator:
     """Check every node dir under ``paths``. Yields findings as they are found and, last, the
     Report (whose findings list holds them all). ``vhosts`` (names) checks only those vhosts;
     ``queues`` (names) keeps only those queues' verdicts and findings, and the findings that
@@ -140,8 +168,7 @@ def fsck(paths, broker_version: str | None = None, as_of=None, deep: bool = Fals
     given = as_of_ms is not None
     if as_of_ms is None:  # judged at one instant, the one the provenance records
         as_of_ms = provenance.now_ms()
-    options = make_options(broker_version, as_of_ms, bodies=False, decode=False, assume_dirty=assume_dirty,
-                           jobs=jobs)
+    options = make_options(broker_version, as_of_ms, bodies=False, decode=False, assume_dirty=assume_dirty, jobs=jobs)
     report = Report(as_of_ms=as_of_ms, as_of_given=given)
     nodes = layout.discover(paths)
     work = (bool(broker_version), deep, vhosts, queues)
@@ -162,8 +189,13 @@ def fsck(paths, broker_version: str | None = None, as_of=None, deep: bool = Fals
         for f in findings:
             report.findings.append(f)
             yield f
-    report.provenance = provenance.record("fsck", paths, ", ".join(sorted({n.broker_version for n in report.nodes}))
-                                          or broker_version, as_of_ms, jobs=jobs)
+    report.provenance = provenance.record(
+        "fsck",
+        paths,
+        ", ".join(sorted({n.broker_version for n in report.nodes})) or broker_version,
+        as_of_ms,
+        jobs=jobs,
+    )
     yield report
 
 
@@ -175,14 +207,23 @@ def _check_node(node, options, work, progress=None) -> tuple[NodeVerdict, list[Q
     node = ns.node
     source = "--broker-version" if forced else f"inferred: {ns.inferred[1]}"
     scans = [vs for vs in ns.vhosts if vhosts is None or vs.vhost.name in vhosts]
-    nv = NodeVerdict(display(node.node), display(node.path), ns.model.label, source, {}, "hangs" if ns.boot_hangs else "ok",
-                     written_by=ns.version_range.to_dict(),
-                     broker_version_assumed=not forced and not ns.version_range.one_series,
-                     not_read=[u.to_dict() for u in ns.unread_storage])
+    nv = NodeVerdict(
+        display(node.node),
+        display(node.path),
+        ns.model.label,
+        source,
+        {},
+        "hangs" if ns.boot_hangs else "ok",
+        written_by=ns.version_range.to_dict(),
+        broker_version_assumed=not forced and not ns.version_range.one_series,
+        not_read=[u.to_dict() for u in ns.unread_storage],
+    )
     live = running_broker(node.path)
     if live:
-        nv.warnings.append(f"a broker appears to be running on this node dir ({live}): its files change "
-                           "under fsck, results may be inconsistent")
+        nv.warnings.append(
+            f"a broker appears to be running on this node dir ({live}): its files change "
+            "under fsck, results may be inconsistent"
+        )
     all_verdicts, all_findings = [], []
     if scans:  # the first vhost checked makes the findings about the node as a whole
         ns.node_level_vhost = scans[0].vhost.dir_name
@@ -219,11 +260,13 @@ def _checked_vhosts(ns: NodeScan, scans: list, deep: bool):
         while jobs > 1 and j < len(scans) and scans[j].listing_bytes() < SMALL_VHOST:
             j += 1
         if j - i > 1:
+
             def one(vs):
                 try:
                     yield (vs.recovery, *check_vhost(vs, deep))
                 finally:
                     vs.close()
+
             for vs, result in zip(scans[i:j], parallel.ordered(scans[i:j], one, jobs)):
                 yield (vs, *result)
             i = j
@@ -251,15 +294,20 @@ def _parallel(nodes, options, work, jobs: int, progress):
     """``_check_node`` of each node by ``jobs`` processes (``cqforensics.base.parallel``), results in
     node order; progress counts nodes done (and their bytes)."""
     sizes = [layout.tree_bytes(n.path / "msg_stores") for n in nodes] if progress else [0] * len(nodes)
-    one = make_options(options.broker_version, options.as_of_ms, bodies=False, decode=False,
-                       assume_dirty=options.assume_dirty)  # a node a process: each checked in one
+    one = make_options(
+        options.broker_version, options.as_of_ms, bodies=False, decode=False, assume_dirty=options.assume_dirty
+    )  # a node a process: each checked in one
 
     def check(node):
         yield _check_node(node, one, work)
+
     for k, result in enumerate(parallel.ordered(nodes, check, jobs)):
         if progress:
-            progress(f"node {k + 1} of {len(nodes)}: {display(nodes[k].node)} ({jobs} at once)", sum(sizes[:k + 1]),
-                     sum(sizes))
+            progress(
+                f"node {k + 1} of {len(nodes)}: {display(nodes[k].node)} ({jobs} at once)",
+                sum(sizes[: k + 1]),
+                sum(sizes),
+            )
         yield result
 
 

@@ -27,11 +27,11 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from cqforensics.read import api
-from cqforensics.commands import fsck as fsck_mod
 from cqforensics.base.errors import display, plural
-from cqforensics.discovery.nodes import STORAGE_KINDS
 from cqforensics.base.findings import CODES, SEVERITY_RANK
+from cqforensics.commands import fsck as fsck_mod
+from cqforensics.discovery.nodes import STORAGE_KINDS
+from cqforensics.read import api
 
 BAR_UNITS = 1000  # SVG user units across a bar (the bar is stretched to the page width)
 MAX_RECTS = 1500  # more byte ranges than this in one file: the bar is cut into COARSE_SLICES slices
@@ -40,8 +40,16 @@ MAX_FINDINGS_SHOWN = 200  # rows per finding code and vhost (the count is always
 MAX_TEXT = 1000  # characters of one shown string
 
 #: byte-range category of each store status and hole kind (the colours of the map)
-CATEGORY = {"live": "live", "orphan": "orphan", "duplicate": "garbage", "corrupt": "garbage",
-            "garbage": "garbage", "stale": "garbage", "zeroed": "hole", "truncated_tail": "hole"}
+CATEGORY = {
+    "live": "live",
+    "orphan": "orphan",
+    "duplicate": "garbage",
+    "corrupt": "garbage",
+    "garbage": "garbage",
+    "stale": "garbage",
+    "zeroed": "hole",
+    "truncated_tail": "hole",
+}
 CATEGORIES = ("live", "orphan", "garbage", "hole")
 CATEGORY_HELP = {
     "live": "entries the next boot uses",
@@ -64,8 +72,9 @@ def text(value) -> str:
     value = display(value)
     if len(value) > MAX_TEXT:
         value = value[:MAX_TEXT] + f"... ({len(value) - MAX_TEXT} more characters cut)"
-    value = _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}" if ord(m.group()) > 0xff else f"\\x{ord(m.group()):02x}",
-                        value)
+    value = _UNSAFE.sub(
+        lambda m: f"\\u{ord(m.group()):04x}" if ord(m.group()) > 0xFF else f"\\x{ord(m.group()):02x}", value
+    )
     return html.escape(value, quote=True)
 
 
@@ -194,17 +203,21 @@ class Node:
 TABLES = ("files", "store", "holes", "queues", "messages")
 
 
-def gather(paths, broker_version=None, as_of=None, vhosts=None, progress=None,
-           jobs: int = 1) -> tuple[list[Node], dict]:
+def gather(
+    paths, broker_version=None, as_of=None, vhosts=None, progress=None, jobs: int = 1
+) -> tuple[list[Node], dict]:
     """Everything the page shows, read once per table (as_of pinned, so every table and fsck
     judge TTLs at the same instant). ``progress``: a display ``(text, done, total)``."""
     from cqforensics.read.driver import Progress
 
     given = as_of is not None
     if as_of is None:
-        as_of = int(dt.datetime.now(dt.timezone.utc).timestamp() * 1000)
-    opts = {"as_of": as_of, **({"broker_version": broker_version} if broker_version else {}),
-            **({"vhosts": vhosts} if vhosts else {})}
+        as_of = int(dt.datetime.now(dt.UTC).timestamp() * 1000)
+    opts = {
+        "as_of": as_of,
+        **({"broker_version": broker_version} if broker_version else {}),
+        **({"vhosts": vhosts} if vhosts else {}),
+    }
     if progress is not None:
         opts["progress"] = Progress.of(progress, passes=1 + len(TABLES))
     report = fsck_mod.run(paths, jobs=jobs, **{k: v for k, v in opts.items()})
@@ -236,24 +249,28 @@ def gather(paths, broker_version=None, as_of=None, vhosts=None, progress=None,
             yield from zip(*(d[c] for c in columns))
 
     for n, vh, file, kind, size, live, garbage in batches(
-            "files", ["node", "vhost", "file", "kind", "size", "live_bytes", "garbage_bytes"]):
+        "files", ["node", "vhost", "file", "kind", "size", "live_bytes", "garbage_bytes"]
+    ):
         if kind == "rdq":
             node(n).vhost(vh).files[file] = StoreFile(file, None, size or 0, live, garbage)
     for n, vh, store, file, offset, size, status in batches(
-            "store", ["node", "vhost", "store", "file", "offset", "total_size", "status"]):
+        "store", ["node", "vhost", "store", "file", "offset", "total_size", "status"]
+    ):
         sf = node(n).vhost(vh).files.setdefault(file, StoreFile(file))
         sf.store = store
         StoreFile._add(sf.entries, offset or 0, size or 0, status or "corrupt")
     for n, vh, store, file, offset, length, kind in batches(
-            "holes", ["node", "vhost", "store", "file", "offset", "length", "kind"]):
+        "holes", ["node", "vhost", "store", "file", "offset", "length", "kind"]
+    ):
         if store == "queue":
             continue  # .qs files: not part of the shared-store map
         sf = node(n).vhost(vh).files.setdefault(file, StoreFile(file))
         sf.store = sf.store or store
         StoreFile._add(sf.holes, offset or 0, length or 0, kind or "garbage")
     for n, vh, q, index_version, durable_known, name_source, messages, nbytes, queue_type in batches(
-            "queues", ["node", "vhost", "queue", "index_version", "durable_known", "name_source", "messages",
-                       "bytes", "queue_type"]):
+        "queues",
+        ["node", "vhost", "queue", "index_version", "durable_known", "name_source", "messages", "bytes", "queue_type"],
+    ):
         row = node(n).vhost(vh).queues.setdefault(q, QueueRow(q))
         row.queue_type = queue_type or row.queue_type
         row.levels += 1
@@ -263,7 +280,8 @@ def gather(paths, broker_version=None, as_of=None, vhosts=None, progress=None,
         row.messages += messages or 0
         row.bytes += nbytes or 0
     for n, vh, q, survives, reason, amqp091 in batches(
-            "messages", ["node", "vhost", "queue", "survives_restart", "drop_reason", "amqp091_drop_reason"]):
+        "messages", ["node", "vhost", "queue", "survives_restart", "drop_reason", "amqp091_drop_reason"]
+    ):
         row = node(n).vhost(vh).queues.setdefault(q, QueueRow(q))
         if survives:
             row.predicted += 1
@@ -271,8 +289,13 @@ def gather(paths, broker_version=None, as_of=None, vhosts=None, progress=None,
         else:
             row.dropped += 1
             row.reasons[reason or "unknown"] += 1
-    meta = {"as_of": as_of, "broker_version": broker_version, "paths": paths, "summary": report.summary(),
-            "exit_code": report.exit_code}
+    meta = {
+        "as_of": as_of,
+        "broker_version": broker_version,
+        "paths": paths,
+        "summary": report.summary(),
+        "exit_code": report.exit_code,
+    }
     return list(nodes.values()), meta
 
 
@@ -318,7 +341,7 @@ def _rel(path: str | None, base: str) -> str:
         return ""
     shown = path
     if base and (path + "/").startswith(base.rstrip("/") + "/"):
-        shown = path[len(base.rstrip("/")) + 1:] or PurePosixPath(path).name
+        shown = path[len(base.rstrip("/")) + 1 :] or PurePosixPath(path).name
     return f'<span class="mono" title="{text(path)}">{text(shown)}</span>'
 
 
@@ -340,40 +363,57 @@ def _store_bar(sf: StoreFile) -> str:
                     cut = min(e, (i + 1) * step)
                     buckets[i][cat] += cut - s
                     s, i = cut, i + 1
-            parts = [(i * step, (i + 1) * step, b.most_common(1)[0][0], Counter({f"{c} bytes": int(v) for c, v in b.items()}))
-                     for i, b in enumerate(buckets) if b]
+            parts = [
+                (
+                    i * step,
+                    (i + 1) * step,
+                    b.most_common(1)[0][0],
+                    Counter({f"{c} bytes": int(v) for c, v in b.items()}),
+                )
+                for i, b in enumerate(buckets)
+                if b
+            ]
         else:
             parts = segs
         for s, e, cat, kinds in parts:
             x, w = BAR_UNITS * s / size, max(BAR_UNITS * (e - s) / size, 0.6)
             what = ", ".join(f"{k} x{v}" if not coarse else f"{k}: {v:,}" for k, v in sorted(kinds.items()))
             tip = f"{cat}: bytes {int(s):,} .. {int(e):,} ({int(e - s):,} bytes; {what})"
-            rects.append(f'<rect class="seg seg-{cat}" data-kind="{cat}" data-offset="{int(s)}" '
-                         f'data-length="{int(e - s)}" x="{x:.2f}" y="0" width="{w:.2f}" height="10">'
-                         f'<title>{text(tip)}</title></rect>')
-    parts_text = " ".join(f'<span><i class="sw sw-{c}"></i>{c} {num(totals[c])} B</span>' for c in CATEGORIES
-                          if totals[c])
+            rects.append(
+                f'<rect class="seg seg-{cat}" data-kind="{cat}" data-offset="{int(s)}" '
+                f'data-length="{int(e - s)}" x="{x:.2f}" y="0" width="{w:.2f}" height="10">'
+                f"<title>{text(tip)}</title></rect>"
+            )
+    parts_text = " ".join(
+        f'<span><i class="sw sw-{c}"></i>{c} {num(totals[c])} B</span>' for c in CATEGORIES if totals[c]
+    )
     note = f' <span class="dim">(coarsened: {COARSE_SLICES} slices, each its dominant kind)</span>' if coarse else ""
-    return (f'<svg class="store-bar" data-file="{text(sf.file)}" data-size="{size}" viewBox="0 0 {BAR_UNITS} 10" '
-            f'preserveAspectRatio="none" role="img" aria-label="{text(PurePosixPath(sf.file).name)}">'
-            f'{"".join(rects)}</svg><div class="legend dim">{parts_text or "empty file"}{note}</div>')
+    return (
+        f'<svg class="store-bar" data-file="{text(sf.file)}" data-size="{size}" viewBox="0 0 {BAR_UNITS} 10" '
+        f'preserveAspectRatio="none" role="img" aria-label="{text(PurePosixPath(sf.file).name)}">'
+        f'{"".join(rects)}</svg><div class="legend dim">{parts_text or "empty file"}{note}</div>'
+    )
 
 
 def _store_section(v: Vhost, node_path: str) -> str:
-    out = ['<h4>Shared-store files</h4>',
-           '<div class="legend">' + "".join(f'<span title="{text(CATEGORY_HELP[c])}"><i class="sw sw-{c}"></i>{c}</span>'
-                                            for c in CATEGORIES)
-           + '<span><i class="sw sw-none"></i>not covered by any entry</span></div>']
+    out = [
+        "<h4>Shared-store files</h4>",
+        '<div class="legend">'
+        + "".join(f'<span title="{text(CATEGORY_HELP[c])}"><i class="sw sw-{c}"></i>{c}</span>' for c in CATEGORIES)
+        + '<span><i class="sw sw-none"></i>not covered by any entry</span></div>',
+    ]
     if not v.files:
         out.append('<p class="dim">no shared-store files</p>')
     for sf in sorted(v.files.values(), key=lambda f: (f.store or "", _file_number(f.file), f.file)):
         path = PurePosixPath(sf.file)
         store = sf.store or path.parent.name.removeprefix("msg_store_")
-        out.append(f'<div class="file" data-store="{text(store)}"><div class="fname"><span class="mono fpath" '
-                   f'title="{text(sf.file)}">{text(path.parent.name + "/" + path.name)}</span><span class="dim">'
-                   f'{text(store)} store · {num(sf.size)} bytes'
-                   + (f' · live {num(sf.live_bytes)} · garbage {num(sf.garbage_bytes)}' if sf.live_bytes is not None else "")
-                   + f'</span></div>{_store_bar(sf)}</div>')
+        out.append(
+            f'<div class="file" data-store="{text(store)}"><div class="fname"><span class="mono fpath" '
+            f'title="{text(sf.file)}">{text(path.parent.name + "/" + path.name)}</span><span class="dim">'
+            f"{text(store)} store · {num(sf.size)} bytes"
+            + (f" · live {num(sf.live_bytes)} · garbage {num(sf.garbage_bytes)}" if sf.live_bytes is not None else "")
+            + f"</span></div>{_store_bar(sf)}</div>"
+        )
     return "".join(out)
 
 
@@ -390,12 +430,16 @@ def _queue_section(v: Vhost) -> str:
     for q in sorted(v.queues.values(), key=lambda q: (q.queue is None, q.queue or "")):
         held = max(q.messages, q.predicted + q.dropped)
         w_ok, w_drop = 160 * q.predicted / deepest, 160 * q.dropped / deepest
-        bar = (f'<svg class="depth" viewBox="0 0 160 12" role="img" aria-label="depth">'
-               f'<rect class="seg seg-delivered" x="0" y="0" width="{w_ok:.2f}" height="12"><title>{num(q.predicted)} '
-               f'delivered</title></rect><rect class="seg seg-dropped" x="{w_ok:.2f}" y="0" width="{w_drop:.2f}" '
-               f'height="12"><title>{num(q.dropped)} dropped</title></rect></svg>')
-        reasons = " ".join(f'<span class="reason" data-reason="{text(r)}">{text(r)} ×{num(c)}</span>'
-                           for r, c in sorted(q.reasons.items(), key=lambda rc: (-rc[1], rc[0])))
+        bar = (
+            f'<svg class="depth" viewBox="0 0 160 12" role="img" aria-label="depth">'
+            f'<rect class="seg seg-delivered" x="0" y="0" width="{w_ok:.2f}" height="12"><title>{num(q.predicted)} '
+            f'delivered</title></rect><rect class="seg seg-dropped" x="{w_ok:.2f}" y="0" width="{w_drop:.2f}" '
+            f'height="12"><title>{num(q.dropped)} dropped</title></rect></svg>'
+        )
+        reasons = " ".join(
+            f'<span class="reason" data-reason="{text(r)}">{text(r)} ×{num(c)}</span>'
+            for r, c in sorted(q.reasons.items(), key=lambda rc: (-rc[1], rc[0]))
+        )
         notes = []
         if not q.durable_known:
             notes.append("not in the durable-queue metadata (deleted at boot)")
@@ -404,22 +448,28 @@ def _queue_section(v: Vhost) -> str:
         if q.crash:
             notes.append(f'<span class="crash">crash: {text(q.crash)}</span>')
         if q.bounds is not None:
-            notes.append(f"delivers {num(q.bounds[0])} to {num(q.bounds[1])}, depending on timing: the vhost's message "
-                         "store can crash while it serves (store-crash)")
+            notes.append(
+                f"delivers {num(q.bounds[0])} to {num(q.bounds[1])}, depending on timing: the vhost's message "
+                "store can crash while it serves (store-crash)"
+            )
         if q.amqp091_lost:
             notes.append(f"{num(q.amqp091_lost)} not served to an AMQP 0-9-1 consumer (see stream-not-served)")
         versions = ", ".join(f"v{x}" for x in sorted(i for i in q.index_versions if i is not None))
         if q.queue_type != "classic":
             versions = q.queue_type + (" (Ra log)" if q.queue_type == "quorum" else "")
-        rows.append(f'<tr class="queue-row" data-queue="{text(q.queue)}" data-type="{text(q.queue_type)}"><td class="qname mono">{text(q.queue)}</td>'
-                    f'<td>{text(versions)}{" · " + str(q.levels) + " levels" if q.levels > 1 else ""}</td>'
-                    f'<td class="n messages">{num(held)}</td><td class="n delivered">{num(q.predicted)}</td>'
-                    f'<td class="n dropped">{num(q.dropped)}</td><td>{bar}</td><td class="reasons">{reasons}'
-                    f'{"<br>" if reasons and notes else ""}{"; ".join(n if n.startswith("<") else text(n) for n in notes)}'
-                    f'</td></tr>')
-    return ('<h4>Queues</h4><table class="queues"><thead><tr><th>queue</th><th>index</th><th class="n">messages</th>'
-            '<th class="n">delivered at next boot</th><th class="n">dropped</th><th>depth</th>'
-            '<th>drop reasons / notes</th></tr></thead><tbody>' + "".join(rows) + '</tbody></table>')
+        rows.append(
+            f'<tr class="queue-row" data-queue="{text(q.queue)}" data-type="{text(q.queue_type)}"><td class="qname mono">{text(q.queue)}</td>'
+            f"<td>{text(versions)}{' · ' + str(q.levels) + ' levels' if q.levels > 1 else ''}</td>"
+            f'<td class="n messages">{num(held)}</td><td class="n delivered">{num(q.predicted)}</td>'
+            f'<td class="n dropped">{num(q.dropped)}</td><td>{bar}</td><td class="reasons">{reasons}'
+            f"{'<br>' if reasons and notes else ''}{'; '.join(n if n.startswith('<') else text(n) for n in notes)}"
+            f"</td></tr>"
+        )
+    return (
+        '<h4>Queues</h4><table class="queues"><thead><tr><th>queue</th><th>index</th><th class="n">messages</th>'
+        '<th class="n">delivered at next boot</th><th class="n">dropped</th><th>depth</th>'
+        "<th>drop reasons / notes</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
+    )
 
 
 def _findings_section(findings, node_path: str) -> str:
@@ -428,32 +478,45 @@ def _findings_section(findings, node_path: str) -> str:
     groups = defaultdict(list)
     for f in findings:
         groups[f.code].append(f)
-    out = ['<h4>Findings</h4>']
+    out = ["<h4>Findings</h4>"]
     for code, fs in sorted(groups.items(), key=lambda cf: (-max(SEVERITY_RANK[f.severity] for f in cf[1]), cf[0])):
         sev = max((f.severity for f in fs), key=SEVERITY_RANK.__getitem__)
         meaning = CODES.get(code, ("", ""))[1]
         rows = []
         for f in sorted(fs, key=lambda f: (f.queue or "", f.file or "", f.offset or 0))[:MAX_FINDINGS_SHOWN]:
             queue = f.queue if f.priority is None else f"{f.queue} [p{f.priority}]"
-            rows.append(f'<tr class="finding" data-code="{text(code)}">'
-                        f'<td>{_sev(f.severity)}</td><td class="mono">{text(queue)}</td><td>{_rel(f.file, node_path)}'
-                        f'</td><td class="n offset">{num(f.offset)}</td><td>{text(f.message)}</td></tr>')
+            rows.append(
+                f'<tr class="finding" data-code="{text(code)}">'
+                f'<td>{_sev(f.severity)}</td><td class="mono">{text(queue)}</td><td>{_rel(f.file, node_path)}'
+                f'</td><td class="n offset">{num(f.offset)}</td><td>{text(f.message)}</td></tr>'
+            )
         more = len(fs) - MAX_FINDINGS_SHOWN
-        out.append(f'<details class="finding-group" data-code="{text(code)}" open><summary>{_sev(sev)} '
-                   f'<code>{text(code)}</code> ×<span class="count">{len(fs)}</span> '
-                   f'<span class="dim">{text(meaning)}</span></summary>'
-                   '<table><thead><tr><th>severity</th><th>queue</th><th>file</th><th class="n">offset</th>'
-                   '<th>message</th></tr></thead><tbody>' + "".join(rows) + '</tbody></table>'
-                   + (f'<p class="dim">{more:,} more not shown (cqforensics fsck --json lists them all)</p>'
-                      if more > 0 else "") + '</details>')
+        out.append(
+            f'<details class="finding-group" data-code="{text(code)}" open><summary>{_sev(sev)} '
+            f'<code>{text(code)}</code> ×<span class="count">{len(fs)}</span> '
+            f'<span class="dim">{text(meaning)}</span></summary>'
+            '<table><thead><tr><th>severity</th><th>queue</th><th>file</th><th class="n">offset</th>'
+            "<th>message</th></tr></thead><tbody>"
+            + "".join(rows)
+            + "</tbody></table>"
+            + (
+                f'<p class="dim">{more:,} more not shown (cqforensics fsck --json lists them all)</p>'
+                if more > 0
+                else ""
+            )
+            + "</details>"
+        )
     return "".join(out)
 
 
 def _node_totals(n: Node) -> dict:
     qs = n.queues
-    return {"messages": sum(max(q.messages, q.predicted + q.dropped) for q in qs),
-            "predicted": sum(q.predicted for q in qs), "dropped": sum(q.dropped for q in qs),
-            "findings": Counter(f.severity for f in n.findings)}
+    return {
+        "messages": sum(max(q.messages, q.predicted + q.dropped) for q in qs),
+        "predicted": sum(q.predicted for q in qs),
+        "dropped": sum(q.dropped for q in qs),
+        "findings": Counter(f.severity for f in n.findings),
+    }
 
 
 def _fleet(nodes: list[Node]) -> str:
@@ -462,19 +525,24 @@ def _fleet(nodes: list[Node]) -> str:
         v, t = n.verdict, _node_totals(n)
         wb = v.written_by or {}
         f = t["findings"]
-        rows.append(f'<tr class="fleet-row" data-node="{text(v.node)}"><td><a href="#node-{i}" class="mono">'
-                    f'{text(v.node)}</a></td><td class="version">{text(wb.get("label") or v.broker_version)}</td>'
-                    f'<td class="predicted-for">{text(v.broker_version)}'
-                    f'{" (assumed)" if getattr(v, "broker_version_assumed", False) else ""}</td><td>{text(v.boot)}</td>'
-                    f'<td class="n messages">{num(t["messages"])}</td><td class="n delivered">{num(t["predicted"])}</td>'
-                    f'<td class="n dropped">{num(t["dropped"])}</td><td class="worst">{_sev(n.worst())}</td>'
-                    f'<td class="n">{num(f["error"])} / {num(f["warning"])} / {num(f["info"])}</td>'
-                    f'<td class="not-read">{text(", ".join(u["kind"] for u in getattr(v, "not_read", ())))}</td></tr>')
-    return ('<section id="fleet"><h2>Fleet summary</h2><table class="fleet"><thead><tr><th>node</th>'
-            '<th>written by (inferred)</th><th>predicted for</th><th>boot</th><th class="n">messages</th>'
-            '<th class="n">delivered at next boot</th><th class="n">predicted drops</th><th>worst</th>'
-            '<th class="n">errors / warnings / info</th><th>not read</th></tr></thead><tbody>' + "".join(rows)
-            + '</tbody></table></section>')
+        rows.append(
+            f'<tr class="fleet-row" data-node="{text(v.node)}"><td><a href="#node-{i}" class="mono">'
+            f'{text(v.node)}</a></td><td class="version">{text(wb.get("label") or v.broker_version)}</td>'
+            f'<td class="predicted-for">{text(v.broker_version)}'
+            f"{' (assumed)' if getattr(v, 'broker_version_assumed', False) else ''}</td><td>{text(v.boot)}</td>"
+            f'<td class="n messages">{num(t["messages"])}</td><td class="n delivered">{num(t["predicted"])}</td>'
+            f'<td class="n dropped">{num(t["dropped"])}</td><td class="worst">{_sev(n.worst())}</td>'
+            f'<td class="n">{num(f["error"])} / {num(f["warning"])} / {num(f["info"])}</td>'
+            f'<td class="not-read">{text(", ".join(u["kind"] for u in getattr(v, "not_read", ())))}</td></tr>'
+        )
+    return (
+        '<section id="fleet"><h2>Fleet summary</h2><table class="fleet"><thead><tr><th>node</th>'
+        '<th>written by (inferred)</th><th>predicted for</th><th>boot</th><th class="n">messages</th>'
+        '<th class="n">delivered at next boot</th><th class="n">predicted drops</th><th>worst</th>'
+        '<th class="n">errors / warnings / info</th><th>not read</th></tr></thead><tbody>'
+        + "".join(rows)
+        + "</tbody></table></section>"
+    )
 
 
 def _predicted_for(v) -> str:
@@ -484,8 +552,10 @@ def _predicted_for(v) -> str:
     if not getattr(v, "version_inferred", True):
         return "named by --broker-version"
     if getattr(v, "broker_version_assumed", False):
-        return (f'<span class="assumed">assumed</span>: the newest version that could have written the data; if '
-                f'another will boot it, name it (<code>--broker-version {text(wb.get("low") or "3.10")}</code>)')
+        return (
+            f'<span class="assumed">assumed</span>: the newest version that could have written the data; if '
+            f"another will boot it, name it (<code>--broker-version {text(wb.get('low') or '3.10')}</code>)"
+        )
     return "the series that wrote the data (inferred)"
 
 
@@ -493,15 +563,19 @@ def _not_read(v) -> str:
     """The kinds of queue storage the node holds that were not read, with their queues."""
     out = []
     for u in getattr(v, "not_read", ()):
-        names = ", ".join(f'<span class="mono">{text(q["queue"])}</span> (vhost <span class="mono">'
-                          f'{text(q["vhost"])}</span>)' for q in u["queues"][:50])
+        names = ", ".join(
+            f'<span class="mono">{text(q["queue"])}</span> (vhost <span class="mono">{text(q["vhost"])}</span>)'
+            for q in u["queues"][:50]
+        )
         more = f" and {num(len(u['queues']) - 50)} more" if len(u["queues"]) > 50 else ""
         kind = STORAGE_KINDS.get(u["kind"])
-        out.append(f'<p class="meta not-read" data-kind="{text(u["kind"])}"><b class="crash">not read</b>: '
-                   f'{text(plural(len(u["queues"]), kind.noun if kind else u["kind"]))}'
-                   f'{": " + names + more if names else ""} ({text(plural(u["data_dirs"], "data dir"))}, '
-                   f'{num(u["bytes"])} bytes under <span class="mono">{text(u["path"])}</span>): cqforensics does not '
-                   'read them yet; their messages are in none of these counts</p>')
+        out.append(
+            f'<p class="meta not-read" data-kind="{text(u["kind"])}"><b class="crash">not read</b>: '
+            f"{text(plural(len(u['queues']), kind.noun if kind else u['kind']))}"
+            f"{': ' + names + more if names else ''} ({text(plural(u['data_dirs'], 'data dir'))}, "
+            f'{num(u["bytes"])} bytes under <span class="mono">{text(u["path"])}</span>): cqforensics does not '
+            "read them yet; their messages are in none of these counts</p>"
+        )
     return "".join(out)
 
 
@@ -509,41 +583,50 @@ def _node(i: int, n: Node) -> str:
     v, t = n.verdict, _node_totals(n)
     wb = v.written_by or {}
     why = "; ".join(wb.get("why") or [])
-    out = [f'<section class="node" id="node-{i}" data-node="{text(v.node)}"><h2>Node <span class="mono node-name">'
-           f'{text(v.node)}</span> {_sev(n.worst())}</h2>',
-           f'<p class="meta">path <span class="mono">{text(v.path)}</span></p>',
-           f'<p class="meta">written by <b>{text(wb.get("label") or "?")}</b>'
-           f'{" <span class=dim>(inferred: " + text(why) + ")</span>" if why else ""}</p>',
-           f'<p class="meta predicted-for">next boot predicted for <b>{text(v.broker_version)}</b> ({_predicted_for(v)})'
-           f' · boot <b>{text(v.boot)}</b> · {text(plural(t["messages"], "message"))}, {num(t["predicted"])} delivered, '
-           f'<b>{num(t["dropped"])}</b> dropped</p>', _not_read(v)]
+    out = [
+        f'<section class="node" id="node-{i}" data-node="{text(v.node)}"><h2>Node <span class="mono node-name">'
+        f"{text(v.node)}</span> {_sev(n.worst())}</h2>",
+        f'<p class="meta">path <span class="mono">{text(v.path)}</span></p>',
+        f'<p class="meta">written by <b>{text(wb.get("label") or "?")}</b>'
+        f"{' <span class=dim>(inferred: ' + text(why) + ')</span>' if why else ''}</p>",
+        f'<p class="meta predicted-for">next boot predicted for <b>{text(v.broker_version)}</b> ({_predicted_for(v)})'
+        f" · boot <b>{text(v.boot)}</b> · {text(plural(t['messages'], 'message'))}, {num(t['predicted'])} delivered, "
+        f"<b>{num(t['dropped'])}</b> dropped</p>",
+        _not_read(v),
+    ]
     for w in v.warnings:
         out.append(f'<p class="meta crash">{text(w)}</p>')
     for name, vh in sorted(n.vhosts.items(), key=lambda kv: (kv[0] is None, kv[0] or "")):
         if name is None:
             continue
-        out.append(f'<section class="vhost" data-vhost="{text(name)}"><h3>vhost <span class="mono vhost-name">'
-                   f'{text(name)}</span> <span class="dim">recovery: {text(vh.recovery or "?")}</span></h3>')
+        out.append(
+            f'<section class="vhost" data-vhost="{text(name)}"><h3>vhost <span class="mono vhost-name">'
+            f'{text(name)}</span> <span class="dim">recovery: {text(vh.recovery or "?")}</span></h3>'
+        )
         out.append(_store_section(vh, v.path))
         out.append(_queue_section(vh))
         out.append(_findings_section(vh.findings, v.path))
-        out.append('</section>')
+        out.append("</section>")
     if None in n.vhosts and n.vhosts[None].findings:
-        out.append('<section class="vhost node-level"><h3>Node-wide</h3>'
-                   + _findings_section(n.vhosts[None].findings, v.path) + '</section>')
-    out.append('</section>')
+        out.append(
+            '<section class="vhost node-level"><h3>Node-wide</h3>'
+            + _findings_section(n.vhosts[None].findings, v.path)
+            + "</section>"
+        )
+    out.append("</section>")
     return "".join(out)
 
 
 def _ttls(meta: dict) -> str:
     """When TTLs were judged, and how many messages that made expired."""
     s = meta["summary"]
-    when = dt.datetime.fromtimestamp(meta["as_of"] / 1000, dt.timezone.utc).isoformat(timespec="seconds")
+    when = dt.datetime.fromtimestamp(meta["as_of"] / 1000, dt.UTC).isoformat(timespec="seconds")
     n = s.get("expired", 0)
     if s.get("ttls_judged_by") == "as_of":
-        return f'TTLs judged at {text(when)} (--as-of): {num(n)} expired'
-    return (f'TTLs judged by the clock, at {text(when)} (now): <b class="expired">{num(n)}</b> expired by it'
-            + (' (<code>--as-of TIME</code> judges them at another time, e.g. when the node stopped)' if n else ""))
+        return f"TTLs judged at {text(when)} (--as-of): {num(n)} expired"
+    return f'TTLs judged by the clock, at {text(when)} (now): <b class="expired">{num(n)}</b> expired by it' + (
+        " (<code>--as-of TIME</code> judges them at another time, e.g. when the node stopped)" if n else ""
+    )
 
 
 def render(paths, broker_version: str | None = None, as_of=None, vhosts=None, progress=None, jobs: int = 1) -> str:
@@ -555,28 +638,36 @@ def render(paths, broker_version: str | None = None, as_of=None, vhosts=None, pr
 
     nodes, meta = gather(paths, broker_version, parse_as_of(as_of, "as_of"), vhosts, progress, jobs)
     shown = [paths] if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__") else list(paths)
-    now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     s = meta["summary"]
-    head = ('<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-            '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; style-src \'unsafe-inline\'">'
-            '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            '<title>cqforensics report</title><style>' + CSS + '</style></head><body>')
-    top = ('<header><h1>cqforensics report</h1><p class="meta">inputs: '
-           + ", ".join(f'<span class="mono">{text(display(p))}</span>' for p in shown)
-           + f'</p><p class="meta">{text(plural(len(nodes), "node"))} · {text(plural(s["queues"], "queue"))} · '
-           f'{text(plural(s["messages"], "message"))} · '
-           f'<b>{num(s["dropped"])}</b> predicted drops · <span class="ttls">{_ttls(meta)}</span> · generated '
-           f'{text(now)} by cqforensics {text(__version__)}'
-           + (f' · predicted for {text(broker_version)} (--broker-version)' if broker_version else "")
-           + '</p>'
-           + (f'<p class="meta crash incomplete">incomplete: {text(" and ".join(s["not_read"]))} storage not read '
-              '(see each node)</p>' if s.get("not_read") else "")
-           + '</header>')
+    head = (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        "<title>cqforensics report</title><style>" + CSS + "</style></head><body>"
+    )
+    top = (
+        '<header><h1>cqforensics report</h1><p class="meta">inputs: '
+        + ", ".join(f'<span class="mono">{text(display(p))}</span>' for p in shown)
+        + f'</p><p class="meta">{text(plural(len(nodes), "node"))} · {text(plural(s["queues"], "queue"))} · '
+        f"{text(plural(s['messages'], 'message'))} · "
+        f'<b>{num(s["dropped"])}</b> predicted drops · <span class="ttls">{_ttls(meta)}</span> · generated '
+        f"{text(now)} by cqforensics {text(__version__)}"
+        + (f" · predicted for {text(broker_version)} (--broker-version)" if broker_version else "")
+        + "</p>"
+        + (
+            f'<p class="meta crash incomplete">incomplete: {text(" and ".join(s["not_read"]))} storage not read '
+            "(see each node)</p>"
+            if s.get("not_read")
+            else ""
+        )
+        + "</header>"
+    )
     body = [_fleet(nodes)] if len(nodes) > 1 else []
     if not nodes:
-        body.append('<p>No node dir found.</p>')
+        body.append("<p>No node dir found.</p>")
     body += [_node(i, n) for i, n in enumerate(nodes, 1)]
-    return head + top + "".join(body) + '</body></html>\n'
+    return head + top + "".join(body) + "</body></html>\n"
 
 
 __all__ = ["render", "gather", "text"]

@@ -60,8 +60,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cqforensics.codecs import amqp091
 from cqforensics.base.errors import OperationalError, UsageError, queue_ref
+from cqforensics.codecs import amqp091
 
 log = logging.getLogger("cqforensics.commands.republish")
 
@@ -117,12 +117,25 @@ def _lost_found_rows(lf: Path) -> Iterator[dict]:
             except Exception as e:  # damaged bytes are why many items are there
                 log.warning("lost+found item %s: not decodable (%s); not sent", item.get("item"), e)
                 continue
-            yield _norm({"node": item.get("node"), "vhost": item.get("vhost"), "queue": item.get("queue"),
-                         "msg_id": m["msg_id"], "exchange": m["exchange"], "routing_keys": m["routing_keys"],
-                         "properties": m["properties"], "headers": m["headers"],
-                         "annotations": m.get("annotations"), "body": m["body"], "term_format": m["term_format"],
-                         "survives_restart": False, "drop_reason": item.get("reason"),
-                         "source": "lost+found", "seq_id": item.get("seq_id")})
+            yield _norm(
+                {
+                    "node": item.get("node"),
+                    "vhost": item.get("vhost"),
+                    "queue": item.get("queue"),
+                    "msg_id": m["msg_id"],
+                    "exchange": m["exchange"],
+                    "routing_keys": m["routing_keys"],
+                    "properties": m["properties"],
+                    "headers": m["headers"],
+                    "annotations": m.get("annotations"),
+                    "body": m["body"],
+                    "term_format": m["term_format"],
+                    "survives_restart": False,
+                    "drop_reason": item.get("reason"),
+                    "source": "lost+found",
+                    "seq_id": item.get("seq_id"),
+                }
+            )
 
 
 def source_kind(path: Path) -> tuple[str, Path]:
@@ -314,8 +327,13 @@ class Publish:
         return f"{self.vhost} -> {','.join(self.targets)} ({how}) msg_id={self.row.get('msg_id')}"
 
 
-def plan(rows: Iterable[dict], filters: Filters, qmap: dict[str, str], routers: dict | None = None,
-         assume_routes: bool = True) -> tuple[list[Publish], dict]:
+def plan(
+    rows: Iterable[dict],
+    filters: Filters,
+    qmap: dict[str, str],
+    routers: dict | None = None,
+    assume_routes: bool = True,
+) -> tuple[list[Publish], dict]:
     """The publishes, in source order (a group is sent at its first selected copy)."""
     rows = list(rows)
     pos = {id(r): i for i, r in enumerate(rows)}
@@ -350,8 +368,19 @@ def plan(rows: Iterable[dict], filters: Filters, qmap: dict[str, str], routers: 
         plain = [c for c in uniq if c["queue"] not in qmap]
         for c in mapped:
             q = qmap[c["queue"]]
-            out.append(Publish(r["vhost"], "", q, [q], [journal_key(r["vhost"], q, r.get("msg_id"), digest)],
-                               c, True, amqp10, {q: pos[id(c)]}))
+            out.append(
+                Publish(
+                    r["vhost"],
+                    "",
+                    q,
+                    [q],
+                    [journal_key(r["vhost"], q, r.get("msg_id"), digest)],
+                    c,
+                    True,
+                    amqp10,
+                    {q: pos[id(c)]},
+                )
+            )
         if not plain:
             continue
         exchange = r.get("exchange")
@@ -363,22 +392,46 @@ def plan(rows: Iterable[dict], filters: Filters, qmap: dict[str, str], routers: 
             if router is not None:
                 from cqforensics.model.routing import route_message
 
-                routed = route_message(router, r["vhost"].encode(), {"exchange": exchange, "routing_keys": keys,
-                                                                     "headers": r.get("headers")})
+                routed = route_message(
+                    router,
+                    r["vhost"].encode(),
+                    {"exchange": exchange, "routing_keys": keys, "headers": r.get("headers")},
+                )
                 via_exchange = routed is not None and {q.decode("utf-8", "surrogateescape") for q in routed} == qnames
             elif assume_routes:
                 held = {c["queue"] for c in groups.get(gkey, [r])}
                 via_exchange = held == qnames
         if via_exchange:
             qs = sorted(qnames)
-            out.append(Publish(r["vhost"], exchange, keys[0] if keys else "", qs,
-                               [journal_key(r["vhost"], q, r.get("msg_id"), digest) for q in qs], r, False, amqp10,
-                               {c["queue"]: pos[id(c)] for c in plain}))
+            out.append(
+                Publish(
+                    r["vhost"],
+                    exchange,
+                    keys[0] if keys else "",
+                    qs,
+                    [journal_key(r["vhost"], q, r.get("msg_id"), digest) for q in qs],
+                    r,
+                    False,
+                    amqp10,
+                    {c["queue"]: pos[id(c)] for c in plain},
+                )
+            )
         else:
             for c in plain:
                 q = c["queue"]
-                out.append(Publish(r["vhost"], "", q, [q], [journal_key(r["vhost"], q, r.get("msg_id"), digest)],
-                                   c, exchange != "" and exchange is not None, amqp10, {q: pos[id(c)]}))
+                out.append(
+                    Publish(
+                        r["vhost"],
+                        "",
+                        q,
+                        [q],
+                        [journal_key(r["vhost"], q, r.get("msg_id"), digest)],
+                        c,
+                        exchange != "" and exchange is not None,
+                        amqp10,
+                        {q: pos[id(c)]},
+                    )
+                )
     return keep_queue_order(out), stats
 
 
@@ -496,8 +549,17 @@ class Journal:
 
     def intent(self, p: Publish, depth: dict) -> int:
         self.n += 1
-        self.write({"op": "intent", "n": self.n, "keys": p.keys, "vhost": p.vhost, "queues": p.targets,
-                    "depth": depth, "msg_id": p.row.get("msg_id")})
+        self.write(
+            {
+                "op": "intent",
+                "n": self.n,
+                "keys": p.keys,
+                "vhost": p.vhost,
+                "queues": p.targets,
+                "depth": depth,
+                "msg_id": p.row.get("msg_id"),
+            }
+        )
         return self.n
 
     def close(self) -> None:
@@ -550,8 +612,18 @@ def _amqp10_value(v):
     if "base64" in v:
         raw = base64.b64decode(v["base64"])
         return raw if t == "binary" else raw.decode("utf-8", "surrogateescape")
-    simple = {"symbol": p.symbol, "ulong": p.ulong, "uint": p.uint, "ushort": p.ushort, "ubyte": p.ubyte,
-              "byte": p.byte, "short": p.short, "int": p.int32, "char": p.char, "timestamp": p.timestamp}
+    simple = {
+        "symbol": p.symbol,
+        "ulong": p.ulong,
+        "uint": p.uint,
+        "ushort": p.ushort,
+        "ubyte": p.ubyte,
+        "byte": p.byte,
+        "short": p.short,
+        "int": p.int32,
+        "char": p.char,
+        "timestamp": p.timestamp,
+    }
     if t in simple:
         return simple[t](val)
     if t in ("float", "double"):
@@ -606,8 +678,13 @@ def amqp10_message(r: dict):
         m.correlation_id = val(p10["correlation_id"])
     if p10.get("user_id") is not None:
         m.user_id = val(p10["user_id"])
-    for name, attr in (("to", "address"), ("subject", "subject"), ("reply_to", "reply_to"),
-                       ("group_id", "group_id"), ("reply_to_group_id", "reply_to_group_id")):
+    for name, attr in (
+        ("to", "address"),
+        ("subject", "subject"),
+        ("reply_to", "reply_to"),
+        ("group_id", "group_id"),
+        ("reply_to_group_id", "reply_to_group_id"),
+    ):
         if p10.get(name) is not None:
             setattr(m, attr, str(val(p10[name])))
     for name in ("content_type", "content_encoding"):
@@ -658,7 +735,9 @@ class Target:
         try:
             conn = self.pika.BlockingConnection(params)
         except Exception as e:
-            raise OperationalError(f"{redact(self.url)} (vhost {vhost!r}): cannot connect: {type(e).__name__}: {e}") from e
+            raise OperationalError(
+                f"{redact(self.url)} (vhost {vhost!r}): cannot connect: {type(e).__name__}: {e}"
+            ) from e
         if self.version is None:
             v = conn._impl.server_properties.get("version")
             self.version = v.decode() if isinstance(v, bytes) else v
@@ -692,7 +771,11 @@ class Target:
         r = p.row
         props = {k: v for k, v in r["properties"].items() if k in amqp091.SCALAR_PROPERTIES}
         headers = r.get("headers")
-        if headers is not None and r.get("term_format", "").startswith("mc_amqp") and r.get("term_format") != "mc_amqpl":
+        if (
+            headers is not None
+            and r.get("term_format", "").startswith("mc_amqp")
+            and r.get("term_format") != "mc_amqpl"
+        ):
             headers = None  # AMQP 1.0 application properties: not a 0-9-1 table (sent over 1.0 instead)
         raw = amqp091.encode_properties(props, headers)
         ch = self.channel(p.vhost)
@@ -713,8 +796,10 @@ class Target:
         try:
             import rabbitmq_amqp_python_client  # noqa: F401
         except ImportError:
-            raise OperationalError("republish needs rabbitmq-amqp-python-client for the AMQP 1.0 messages: "
-                                   "python3 -m pip install 'cqforensics[broker]'") from None
+            raise OperationalError(
+                "republish needs rabbitmq-amqp-python-client for the AMQP 1.0 messages: "
+                "python3 -m pip install 'cqforensics[broker]'"
+            ) from None
 
     def publish_10(self, p: Publish) -> str | None:
         from rabbitmq_amqp_python_client.qpid.proton import Delivery
@@ -726,7 +811,9 @@ class Target:
         conn = self._amqp10.get(p.vhost)
         if conn is None:
             u = urllib.parse.urlsplit(self.url)
-            base = f"amqp://{u.username or 'guest'}:{u.password or 'guest'}@{u.hostname or 'localhost'}:{u.port or 5672}"
+            base = (
+                f"amqp://{u.username or 'guest'}:{u.password or 'guest'}@{u.hostname or 'localhost'}:{u.port or 5672}"
+            )
             conn = BlockingConnection(base, virtual_host=f"vhost:{p.vhost}", allowed_mechs="PLAIN", timeout=60)
             self._amqp10[p.vhost] = conn
         if p.direct or p.exchange == "":
@@ -798,14 +885,30 @@ def _resolve_doubt(journal: Journal, target: Target, policy: str | None, report:
                 f"{','.join(rec.get('queues', []))}) was sent but not confirmed when the last run stopped, and the "
                 f"queue depths ({now} now, {before} before it) do not tell whether it arrived (something else "
                 f"published or consumed meanwhile): rerun with --in-doubt send (may duplicate it) or --in-doubt "
-                f"skip (may lose it)")
+                f"skip (may lose it)"
+            )
     journal.doubt = []
 
 
-def republish(paths, url: str, *, journal: str | Path | None = None, vhosts=None, queues=None, since=None,
-              until=None, ids=None, queue_map=None, rate: float | None = None, dry_run: bool = False,
-              only_dropped: bool = False, in_doubt: str | None = None, topology=None, progress=None,
-              **options) -> Report:
+def republish(
+    paths,
+    url: str,
+    *,
+    journal: str | Path | None = None,
+    vhosts=None,
+    queues=None,
+    since=None,
+    until=None,
+    ids=None,
+    queue_map=None,
+    rate: float | None = None,
+    dry_run: bool = False,
+    only_dropped: bool = False,
+    in_doubt: str | None = None,
+    topology=None,
+    progress=None,
+    **options,
+) -> Report:
     """Send the selected messages of ``paths`` to the broker at ``url``; see the module doc. The
     journal is an output (``cqforensics.output.guard``): never inside an input or RabbitMQ data, and an
     existing file is continued only when it is a journal of cqforensics (``journal_problem``)."""
@@ -818,8 +921,14 @@ def republish(paths, url: str, *, journal: str | Path | None = None, vhosts=None
     if in_doubt not in (None, "send", "skip"):
         raise UsageError("--in-doubt: send or skip")
     qmap = parse_map(queue_map) if not isinstance(queue_map, dict) else queue_map
-    filters = Filters(list(vhosts) if vhosts else None, list(queues) if queues else None, since, until,
-                      set(ids) if ids is not None else None, only_dropped)
+    filters = Filters(
+        list(vhosts) if vhosts else None,
+        list(queues) if queues else None,
+        since,
+        until,
+        set(ids) if ids is not None else None,
+        only_dropped,
+    )
     jpath = Path(journal) if journal is not None else default_journal(paths, url)
     if not dry_run or jpath.exists() or jpath.is_symlink():
         check_output(jpath, paths, continued=journal_problem)
@@ -857,14 +966,24 @@ def republish(paths, url: str, *, journal: str | Path | None = None, vhosts=None
             if target.depth(vhost, q) is None:
                 missing.add(f"queue {queue_ref(vhost, q)}")
         if missing:
-            raise OperationalError(f"{redact(url)}: the target lacks {', '.join(sorted(missing))}: declare them "
-                                   f"(e.g. import the old node's definitions) or --map the queues")
+            raise OperationalError(
+                f"{redact(url)}: the target lacks {', '.join(sorted(missing))}: declare them "
+                f"(e.g. import the old node's definitions) or --map the queues"
+            )
         major = int((target.version or "4").split(".")[0])
         if major >= 4 and any(p.amqp10 for p in todo):
             target.check_amqp10()
         if todo and (not j.path.exists() or not j.path.stat().st_size):
-            j.write({"op": "start", "v": 1, "tool": "cqforensics", "target": redact(url),
-                     "inputs": [str(p) for p in paths], "time": dt.datetime.now(dt.UTC).isoformat()})
+            j.write(
+                {
+                    "op": "start",
+                    "v": 1,
+                    "tool": "cqforensics",
+                    "target": redact(url),
+                    "inputs": [str(p) for p in paths],
+                    "time": dt.datetime.now(dt.UTC).isoformat(),
+                }
+            )
         interval = 1.0 / rate if rate else 0.0
         next_at = time.monotonic()
         for p in todo:
@@ -887,8 +1006,7 @@ def republish(paths, url: str, *, journal: str | Path | None = None, vhosts=None
                     report.by_queue[queue_ref(p.vhost, q)] = report.by_queue.get(queue_ref(p.vhost, q), 0) + 1
             else:
                 j.write({"op": "fail", "n": n, "why": why})
-                report.failed.append({"vhost": p.vhost, "queues": p.targets, "msg_id": p.row.get("msg_id"),
-                                      "why": why})
+                report.failed.append({"vhost": p.vhost, "queues": p.targets, "msg_id": p.row.get("msg_id"), "why": why})
             if progress:
                 progress(f"{'sent' if why is None else 'FAILED'} {p.describe()}" + (f": {why}" if why else ""))
     finally:

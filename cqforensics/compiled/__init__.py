@@ -36,13 +36,23 @@ try:
     import cqforensics_core as _native
 except ImportError as e:  # not built (a checkout never installed with pip)
     # every path has a pure-Python twin (differential-tested): slower, same answers
-    _native, _why = None, (f"not built ({e}): running the pure-Python paths (slower, same answers); "
-                           "to build it: install a Rust toolchain, then python3 -m pip install .")
+    _native, _why = (
+        None,
+        (
+            f"not built ({e}): running the pure-Python paths (slower, same answers); "
+            "to build it: install a Rust toolchain, then python3 -m pip install ."
+        ),
+    )
 else:
     _why = None
     if getattr(_native, "ABI", None) != ABI:
-        _native, _why = None, (f"stale build (ABI {getattr(_native, 'ABI', '?')}, sources {ABI}): running the "
-                               "pure-Python paths; run: python3 -m pip install .")
+        _native, _why = (
+            None,
+            (
+                f"stale build (ABI {getattr(_native, 'ABI', '?')}, sources {ABI}): running the "
+                "pure-Python paths; run: python3 -m pip install ."
+            ),
+        )
 
 #: rows decoded by the core / handed to the reference, since the process started
 COUNTS: Counter = Counter()
@@ -73,9 +83,18 @@ def walk_rdq(data, extents=None, referenced: bytes | None = None, directory: byt
     ``directory`` (``readers.rdq.Referenced.directory``, or None). A map's pages are dropped
     behind the walk (memory stays flat over a huge file)."""
     w = _native.walk_rdq(data, extents, referenced, isinstance(data, mmap.mmap), directory)
-    return (np.frombuffer(w.offsets, np.int64), np.frombuffer(w.totals, np.int64), np.frombuffer(w.ids, "V16"),
-            (np.frombuffer(w.hole_offsets, np.int64), np.frombuffer(w.hole_lengths, np.int64),
-             np.frombuffer(w.hole_kinds, np.uint8)), w.torn, w.rejected)
+    return (
+        np.frombuffer(w.offsets, np.int64),
+        np.frombuffer(w.totals, np.int64),
+        np.frombuffer(w.ids, "V16"),
+        (
+            np.frombuffer(w.hole_offsets, np.int64),
+            np.frombuffer(w.hole_lengths, np.int64),
+            np.frombuffer(w.hole_kinds, np.uint8),
+        ),
+        w.torn,
+        w.rejected,
+    )
 
 
 def check_qs(data, offsets: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -97,8 +116,13 @@ def read_spans(sources: list, file_ix: np.ndarray, starts: np.ndarray, lengths: 
     """Arrow binary: row k the bytes ``[starts[k], starts[k] + lengths[k])`` of
     ``sources[file_ix[k]]`` (a buffer or an open file's descriptor; cut where it ends; null where
     ``file_ix[k] < 0``), read a run of nearby spans at a time."""
-    col = _native.read_spans(sources, np.ascontiguousarray(file_ix, np.int32), np.ascontiguousarray(starts, np.int64),
-                             np.ascontiguousarray(lengths, np.int64), pa.allocate_buffer)
+    col = _native.read_spans(
+        sources,
+        np.ascontiguousarray(file_ix, np.int32),
+        np.ascontiguousarray(starts, np.int64),
+        np.ascontiguousarray(lengths, np.int64),
+        pa.allocate_buffer,
+    )
     return _var(pa.binary(), len(file_ix), col)
 
 
@@ -136,8 +160,9 @@ def _validity(col):
 
 def _var(typ, n: int, col, data=None) -> pa.Array:
     """A ``VarColumn`` of the core as an Arrow array (``data``: its data buffer, when cut)."""
-    return pa.Array.from_buffers(typ, n, [_validity(col), _buf(col.offsets), _buf(col.data if data is None else data)],
-                                 null_count=col.null_count)
+    return pa.Array.from_buffers(
+        typ, n, [_validity(col), _buf(col.offsets), _buf(col.data if data is None else data)], null_count=col.null_count
+    )
 
 
 def _num(typ, n: int, col) -> pa.Array:
@@ -177,8 +202,16 @@ def scattered(file_ix: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> b
     return between > SCATTERED * len(f) and between > int(n.sum())
 
 
-def decode_messages(sources: list, file_ix: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
-                    index_ids: bytes | np.ndarray, has_id: np.ndarray, bodies: bool, map_files: bool | None = None) -> tuple[np.ndarray, dict]:
+def decode_messages(
+    sources: list,
+    file_ix: np.ndarray,
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    index_ids: bytes | np.ndarray,
+    has_id: np.ndarray,
+    bodies: bool,
+    map_files: bool | None = None,
+) -> tuple[np.ndarray, dict]:
     """The decoded ``messages`` columns of stored terms as Arrow arrays, and each row's status
     (0 decoded, ``FALLBACK``: for the reference, ``NO_TERM``). Row k's term is the byte range
     ``[starts[k], starts[k] + lengths[k])`` of ``sources[file_ix[k]]`` (-1: no term): a buffer,
@@ -196,9 +229,17 @@ def decode_messages(sources: list, file_ix: np.ndarray, starts: np.ndarray, leng
         index_ids = np.ascontiguousarray(index_ids).view(np.uint8)
     has_id = np.ascontiguousarray(has_id)
     has_id = has_id.view(np.uint8) if has_id.dtype == np.bool_ else has_id.astype(np.uint8, copy=False)
-    out = _native.decode_messages(sources, np.ascontiguousarray(file_ix, np.int32),
-                                  np.ascontiguousarray(starts, np.int64), np.ascontiguousarray(lengths, np.int64),
-                                  index_ids, has_id, bodies, pa.allocate_buffer, map_files)
+    out = _native.decode_messages(
+        sources,
+        np.ascontiguousarray(file_ix, np.int32),
+        np.ascontiguousarray(starts, np.int64),
+        np.ascontiguousarray(lengths, np.int64),
+        index_ids,
+        has_id,
+        bodies,
+        pa.allocate_buffer,
+        map_files,
+    )
     n = len(has_id)
     status = np.frombuffer(out["status"], np.uint8)
     props = []
@@ -210,10 +251,12 @@ def decode_messages(sources: list, file_ix: np.ndarray, starts: np.ndarray, leng
     cols = {
         "msg_id": _var(pa.binary(), n, out["msg_id"]),
         "exchange": _var(pa.string(), n, out["exchange"]),
-        "routing_keys": pa.Array.from_buffers(STRINGS, n, [_validity(rks), _buf(rks.offsets)],
-                                              null_count=rks.null_count, children=[keys]),
-        "properties": pa.Array.from_buffers(PROPERTIES, n, [_validity(valid)], null_count=valid.null_count,
-                                            children=props),
+        "routing_keys": pa.Array.from_buffers(
+            STRINGS, n, [_validity(rks), _buf(rks.offsets)], null_count=rks.null_count, children=[keys]
+        ),
+        "properties": pa.Array.from_buffers(
+            PROPERTIES, n, [_validity(valid)], null_count=valid.null_count, children=props
+        ),
         "headers": _var(pa.string(), n, out["headers"]),
         "annotations": _var(pa.string(), n, out["annotations"]),
         "body": _var(pa.binary(), n, out["body"], _used(out["body"])),
@@ -229,4 +272,17 @@ def decode_messages(sources: list, file_ix: np.ndarray, starts: np.ndarray, leng
     return status, cols
 
 
-__all__ = ["ABI", "COUNTS", "FALLBACK", "NO_TERM", "check_qs", "decode_messages", "disk_log_items", "qs_garbage", "read_spans", "native", "status", "walk_rdq"]
+__all__ = [
+    "ABI",
+    "COUNTS",
+    "FALLBACK",
+    "NO_TERM",
+    "check_qs",
+    "decode_messages",
+    "disk_log_items",
+    "qs_garbage",
+    "read_spans",
+    "native",
+    "status",
+    "walk_rdq",
+]

@@ -17,8 +17,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cqforensics.codecs import textfiles
 from cqforensics.base.errors import FormatError, OperationalError, display
+from cqforensics.codecs import textfiles
 from cqforensics.grammar.idx import LEGACY_SEGMENT_ENTRY_COUNT
 from cqforensics.readers import files as r_files
 from cqforensics.readers import registry
@@ -159,11 +159,14 @@ class StorageKind:
 #: cqforensics reads: classic queues; quorum queues (their Ra logs, docs/quorum.md) and streams
 #: (osiris, docs/streams.md) in every front end (tables, fsck, report, export, audit, republish,
 #: Spark; compact and rebuild carry quorum/ and stream/ over as they are).
-STORAGE_KINDS: dict[str, StorageKind] = {k.name: k for k in (
-    StorageKind("classic", "rabbit_classic_queue", "classic queue", True, "msg_stores/vhosts/*/queues/*"),
-    StorageKind("quorum", "rabbit_quorum_queue", "quorum queue", True, "quorum/*/*"),
-    StorageKind("stream", "rabbit_stream_queue", "stream", True, "stream/*"),
-)}
+STORAGE_KINDS: dict[str, StorageKind] = {
+    k.name: k
+    for k in (
+        StorageKind("classic", "rabbit_classic_queue", "classic queue", True, "msg_stores/vhosts/*/queues/*"),
+        StorageKind("quorum", "rabbit_quorum_queue", "quorum queue", True, "quorum/*/*"),
+        StorageKind("stream", "rabbit_stream_queue", "stream", True, "stream/*"),
+    )
+}
 
 
 def storage_kind(queue_type: str | None) -> StorageKind | None:
@@ -250,9 +253,15 @@ def read_name_file(path: Path, problems: list[FileProblem], what: str, listed: b
     either). ``listed``: a listing just showed it as a regular file, not a symlink."""
     raw = _read_small(path, problems, NAME_FILE_LIMIT + 1, listed=listed)
     if raw is not None and len(raw) > NAME_FILE_LIMIT:
-        problems.append(FileProblem("missing-queue-name", path, f"{what} holds more than {NAME_FILE_LIMIT} bytes: "
-                                    "longer than any name the broker writes there (damaged); no name is read from it",
-                                    NAME_FILE_LIMIT))
+        problems.append(
+            FileProblem(
+                "missing-queue-name",
+                path,
+                f"{what} holds more than {NAME_FILE_LIMIT} bytes: "
+                "longer than any name the broker writes there (damaged); no name is read from it",
+                NAME_FILE_LIMIT,
+            )
+        )
         return None
     return raw
 
@@ -277,8 +286,11 @@ def _read_small(path: Path, problems: list[FileProblem], limit: int = 1 << 20, l
 
 
 def _not_regular_paths(problems: list[FileProblem]) -> set[Path]:
-    return problems.not_regular if isinstance(problems, Problems) else \
-        {p.path for p in problems if p.code == "not-regular-file"}
+    return (
+        problems.not_regular
+        if isinstance(problems, Problems)
+        else {p.path for p in problems if p.code == "not-regular-file"}
+    )
 
 
 def _not_regular(problems: list[FileProblem], path: Path, message: str) -> None:
@@ -382,8 +394,11 @@ def read_queue_dir(path: Path, vhost_raw: bytes | None, problems: list[FileProbl
     # the listing tells whether there is one to read: a regular file (not a link) is opened
     # without a stat first (its open and fstat still check it), an absent one is not asked for
     before = len(problems)
-    raw = None if listed is None and stub not in _not_regular_paths(problems) else \
-        read_name_file(stub, problems, ".queue_name", listed=listed is not None and _plain_file(listed))
+    raw = (
+        None
+        if listed is None and stub not in _not_regular_paths(problems)
+        else read_name_file(stub, problems, ".queue_name", listed=listed is not None and _plain_file(listed))
+    )
     if raw is None and len(problems) == before and stub not in _not_regular_paths(problems):
         problems.append(FileProblem("missing-queue-name", stub, "queue dir has no .queue_name"))
         return q
@@ -397,12 +412,16 @@ def read_queue_dir(path: Path, vhost_raw: bytes | None, problems: list[FileProbl
         return q
     q.index_hint = qn.index
     if vhost_raw is not None and qn.vhost != vhost_raw:
-        problems.append(FileProblem("queue-dir-mismatch", stub,
-                                    f".queue_name names vhost {qn.vhost!r}, the dir is in {vhost_raw!r}"))
+        problems.append(
+            FileProblem(
+                "queue-dir-mismatch", stub, f".queue_name names vhost {qn.vhost!r}, the dir is in {vhost_raw!r}"
+            )
+        )
     expected = textfiles.queue_dir_name(vhost_raw if vhost_raw is not None else qn.vhost, qn.name)
     if expected != q.dir_name:
-        problems.append(FileProblem("queue-dir-mismatch", path,
-                                    f".queue_name says {qn.name!r}, whose dir would be {expected}"))
+        problems.append(
+            FileProblem("queue-dir-mismatch", path, f".queue_name says {qn.name!r}, whose dir would be {expected}")
+        )
         return q
     q.name_raw, q.priority = qn.name, qn.priority
     q.name = qn.base.decode("utf-8", "replace")
@@ -419,9 +438,14 @@ def read_vhost_dir(path: Path) -> VhostDir:
     elif raw is None:
         v.problems.append(FileProblem("missing-queue-name", path / ".vhost", "vhost dir has no .vhost"))
     elif textfiles.vhost_dir_name(raw) != path.name:
-        v.problems.append(FileProblem("queue-dir-mismatch", path / ".vhost",
-                                      f".vhost says {raw[:200]!r}{'...' if len(raw) > 200 else ''} ({len(raw)} "
-                                      f"bytes), whose dir would be {textfiles.vhost_dir_name(raw)}"))
+        v.problems.append(
+            FileProblem(
+                "queue-dir-mismatch",
+                path / ".vhost",
+                f".vhost says {raw[:200]!r}{'...' if len(raw) > 200 else ''} ({len(raw)} "
+                f"bytes), whose dir would be {textfiles.vhost_dir_name(raw)}",
+            )
+        )
     else:
         v.name_raw, v.name = raw, raw.decode("utf-8", "replace")
     cfg = _read_small(path / ".config", v.problems)

@@ -12,25 +12,30 @@ from __future__ import annotations
 
 import struct
 
-from construct import BitStruct, BitsInteger, Bytes, Flag, If, Int32ub, Int64ub, Struct, this
+from construct import BitsInteger, BitStruct, Bytes, Flag, If, Int32ub, Int64ub, Struct, this
 
 REL_SEQ_BITS = 14  # QI1 ?REL_SEQ_BITS
 LEGACY_SEGMENT_ENTRY_COUNT = 16384  # used when the vhost has no .config
 PUB_HEAD_SIZE = 2 + 16 + 8 + 4 + 4  # 34 bytes before the embedded message
 
 record = Struct(
-    "head" / BitStruct(
+    "head"
+    / BitStruct(
         "publish" / Flag,  # 1 = publish record
         "bit2" / Flag,  # publish: is_persistent; otherwise must be 1 (deliver/ack)
         "rel_seq" / BitsInteger(REL_SEQ_BITS),
     ),
-    "pub" / If(this.head.publish, Struct(
-        "msg_id" / Bytes(16),
-        "expiry" / Int64ub,  # microseconds since the epoch; 0 = none
-        "size" / Int32ub,  # body size
-        "embedded_size" / Int32ub,  # 0 = body in the shared store
-        "embedded" / Bytes(this.embedded_size),  # term_to_binary(Msg)
-    )),
+    "pub"
+    / If(
+        this.head.publish,
+        Struct(
+            "msg_id" / Bytes(16),
+            "expiry" / Int64ub,  # microseconds since the epoch; 0 = none
+            "size" / Int32ub,  # body size
+            "embedded_size" / Int32ub,  # 0 = body in the shared store
+            "embedded" / Bytes(this.embedded_size),  # term_to_binary(Msg)
+        ),
+    ),
 )
 
 #: struct twins

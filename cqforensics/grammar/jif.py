@@ -12,20 +12,24 @@ from __future__ import annotations
 
 import struct
 
-from construct import BitStruct, BitsInteger, Bytes, If, Int32ub, Int64ub, Struct, this
+from construct import BitsInteger, BitStruct, Bytes, If, Int32ub, Int64ub, Struct, this
 
 PUB_PERSISTENT, PUB_TRANSIENT, DELIVER, ACK = 0, 1, 2, 3
 PUB_HEAD_SIZE = 8 + 16 + 8 + 4 + 4  # 40 bytes before the embedded message
 
 record = Struct(
     "head" / BitStruct("prefix" / BitsInteger(2), "seq_id" / BitsInteger(62)),
-    "pub" / If(this.head.prefix <= PUB_TRANSIENT, Struct(
-        "msg_id" / Bytes(16),
-        "expiry" / Int64ub,
-        "size" / Int32ub,
-        "embedded_size" / Int32ub,
-        "embedded" / Bytes(this.embedded_size),
-    )),
+    "pub"
+    / If(
+        this.head.prefix <= PUB_TRANSIENT,
+        Struct(
+            "msg_id" / Bytes(16),
+            "expiry" / Int64ub,
+            "size" / Int32ub,
+            "embedded_size" / Int32ub,
+            "embedded" / Bytes(this.embedded_size),
+        ),
+    ),
 )
 
 #: struct twins

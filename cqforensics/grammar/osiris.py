@@ -15,8 +15,22 @@ from __future__ import annotations
 import struct
 
 import numpy as np
-from construct import (BitsInteger, BitStruct, Bytes, Const, GreedyRange, Int8ub, Int16ub, Int32ub, Int64sb,
-                       Int64ub, Prefixed, Struct, Switch, this)
+from construct import (
+    BitsInteger,
+    BitStruct,
+    Bytes,
+    Const,
+    GreedyRange,
+    Int8ub,
+    Int16ub,
+    Int32ub,
+    Int64sb,
+    Int64ub,
+    Prefixed,
+    Struct,
+    Switch,
+    this,
+)
 
 LOG_MAGIC = b"OSIL"  # OH ?LOG_HEADER
 IDX_MAGIC = b"OSII"  # OH ?IDX_HEADER
@@ -41,7 +55,9 @@ COMPRESSIONS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 TRK_SEQUENCE, TRK_OFFSET, TRK_TIMESTAMP = 0, 1, 2
 TRACKING_TYPES = {TRK_SEQUENCE: "sequence", TRK_OFFSET: "offset", TRK_TIMESTAMP: "timestamp"}
 
-log_header = Struct("magic" / Const(LOG_MAGIC), "version" / Const(LOG_VERSION, Int32ub))  # OL init/2, open_new_segment/1
+log_header = Struct(
+    "magic" / Const(LOG_MAGIC), "version" / Const(LOG_VERSION, Int32ub)
+)  # OL init/2, open_new_segment/1
 index_header = Struct("magic" / Const(IDX_MAGIC), "version" / Const(IDX_VERSION, Int32ub))
 
 #: OL make_chunk/7 (writer) and parse_header/2 (reader).
@@ -81,11 +97,20 @@ index_record = Struct(
 #: ``<<1:1, Cmp:3, 0:4, NumRecords:16, UncompressedLen:32, Len:32>>``.
 entry_head = BitStruct(
     "sub_batch" / BitsInteger(1),
-    "rest" / Switch(this.sub_batch, {
-        0: Struct("length" / BitsInteger(31)),
-        1: Struct("compression" / BitsInteger(3), "reserved" / BitsInteger(4), "num_records" / BitsInteger(16),
-                  "uncompressed_length" / BitsInteger(32), "length" / BitsInteger(32)),
-    }),
+    "rest"
+    / Switch(
+        this.sub_batch,
+        {
+            0: Struct("length" / BitsInteger(31)),
+            1: Struct(
+                "compression" / BitsInteger(3),
+                "reserved" / BitsInteger(4),
+                "num_records" / BitsInteger(16),
+                "uncompressed_length" / BitsInteger(32),
+                "length" / BitsInteger(32),
+            ),
+        },
+    ),
 )
 
 #: A record inside an (uncompressed or decompressed) sub-batch: ``<<0:1, Len:31, Msg>>``
@@ -122,15 +147,16 @@ SIMPLE_HEAD_SIZE, SUB_BATCH_HEAD_SIZE = 4, 11
 MAGIC_VERSION_BYTE = CHUNK_MAGIC << 4 | CHUNK_VERSION
 
 #: numpy twin of ``index_record`` (raw: no validation)
-INDEX_DTYPE = np.dtype({
-    "names": ["chunk_id", "timestamp", "epoch", "file_pos", "chunk_type"],
-    "formats": [">u8", ">i8", ">u8", ">u4", "u1"],
-    "offsets": [0, 8, 16, 24, 28],
-    "itemsize": INDEX_RECORD_SIZE,
-})
+INDEX_DTYPE = np.dtype(
+    {
+        "names": ["chunk_id", "timestamp", "epoch", "file_pos", "chunk_type"],
+        "formats": [">u8", ">i8", ">u8", ">u4", "u1"],
+        "offsets": [0, 8, 16, 24, 28],
+        "itemsize": INDEX_RECORD_SIZE,
+    }
+)
 
 
 def file_name(first_chunk_id: int, kind: str) -> str:
     """The name osiris gives the segment or index file starting at ``first_chunk_id``."""
     return f"{first_chunk_id:0{NAME_DIGITS}d}.{kind}"
-

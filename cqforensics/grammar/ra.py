@@ -13,8 +13,22 @@ from __future__ import annotations
 
 import struct
 
-from construct import (BitsInteger, BitStruct, Bytes, Const, Flag, GreedyBytes, If, Int8ub, Int16ub, Int32ub,
-                       Int64ub, Prefixed, Struct, this)
+from construct import (
+    BitsInteger,
+    BitStruct,
+    Bytes,
+    Const,
+    Flag,
+    GreedyBytes,
+    If,
+    Int8ub,
+    Int16ub,
+    Int32ub,
+    Int64ub,
+    Prefixed,
+    Struct,
+    this,
+)
 
 # -- write-ahead log ``<N>.wal`` (8 digits up to Ra 2.14, 16 from Ra 2.16: ra_lib zpad_upgrade) -----
 

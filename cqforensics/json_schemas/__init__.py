@@ -74,8 +74,14 @@ def _arrow(field) -> tuple[str, dict]:
 
 def row_schema(arrow_schema, sid: str, title: str, required: bool = False) -> dict:
     props = dict(_arrow(f) for f in arrow_schema)
-    out = {"$schema": DIALECT, "$id": BASE + sid, "title": title, "type": "object", "properties": props,
-           "additionalProperties": False}
+    out = {
+        "$schema": DIALECT,
+        "$id": BASE + sid,
+        "title": title,
+        "type": "object",
+        "properties": props,
+        "additionalProperties": False,
+    }
     if required:
         out["required"] = sorted(props)
     return out
@@ -88,13 +94,16 @@ def generated() -> dict[str, dict]:
 
     out = {}
     for t in TABLES:
-        out[f"read-{t}"] = row_schema(cqforensics.schema(t), f"read-{t}.json",
-                                      f"cqforensics read --table {t} --format jsonl: one line (a row; --columns "
-                                      "may leave columns out)")
+        out[f"read-{t}"] = row_schema(
+            cqforensics.schema(t),
+            f"read-{t}.json",
+            f"cqforensics read --table {t} --format jsonl: one line (a row; --columns may leave columns out)",
+        )
     from cqforensics.commands.export import SCHEMA
 
-    out["export-line"] = row_schema(SCHEMA, "export-line.json",
-                                    "cqforensics export --format jsonl: one line of messages.jsonl", required=True)
+    out["export-line"] = row_schema(
+        SCHEMA, "export-line.json", "cqforensics export --format jsonl: one line of messages.jsonl", required=True
+    )
     return out
 
 

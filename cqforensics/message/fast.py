@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import struct
 
+from cqforensics.base.errors import FormatError
 from cqforensics.codecs import etf
 from cqforensics.message import reference as message
-from cqforensics.base.errors import FormatError
 
 _U32 = struct.Struct(">I").unpack_from
 _I32 = struct.Struct(">i").unpack_from
@@ -46,26 +46,26 @@ def _map(raw: bytes, p: int) -> tuple[dict, int]:
     for _ in range(n):
         tag = raw[p]
         if tag == 119:  # SMALL_ATOM_UTF8
-            k = raw[p + 2:p + 2 + raw[p + 1]]
+            k = raw[p + 2 : p + 2 + raw[p + 1]]
             key, p = _atom_of(k, True), p + 2 + len(k)
         elif tag == 100:  # ATOM_EXT
             ln = (raw[p + 1] << 8) | raw[p + 2]
-            key, p = _atom_of(raw[p + 3:p + 3 + ln], False), p + 3 + ln
+            key, p = _atom_of(raw[p + 3 : p + 3 + ln], False), p + 3 + ln
         else:
             key, p = etf.decode_at(raw, p)
         tag = raw[p]
         if tag == 109:  # BINARY
             (ln,) = _U32(raw, p + 1)
-            v, p = raw[p + 5:p + 5 + ln], p + 5 + ln
+            v, p = raw[p + 5 : p + 5 + ln], p + 5 + ln
         elif tag == 97:  # SMALL_INTEGER
             v, p = raw[p + 1], p + 2
         elif tag == 98:  # INTEGER
             v, p = _I32(raw, p + 1)[0], p + 5
         elif tag == 110 and raw[p + 2] == 0:  # SMALL_BIG, positive (ms timestamps)
             ln = raw[p + 1]
-            v, p = int.from_bytes(raw[p + 3:p + 3 + ln], "little"), p + 3 + ln
+            v, p = int.from_bytes(raw[p + 3 : p + 3 + ln], "little"), p + 3 + ln
         elif tag == 119:
-            a = raw[p + 2:p + 2 + raw[p + 1]]
+            a = raw[p + 2 : p + 2 + raw[p + 1]]
             v, p = _atom_of(a, True), p + 2 + len(a)
         elif tag == 108 and raw[p + 5] == 109:  # LIST of binaries (routing keys)
             v, p = _binaries(raw, p)
@@ -87,7 +87,7 @@ def _binaries(raw: bytes, p: int) -> tuple[list, int]:
         if raw[q] != 109:
             return etf.decode_at(raw, p)
         (ln,) = _U32(raw, q + 1)
-        items.append(raw[q + 5:q + 5 + ln])
+        items.append(raw[q + 5 : q + 5 + ln])
         q += 5 + ln
     if raw[q] != 106:
         return etf.decode_at(raw, p)
@@ -121,7 +121,7 @@ def _binary(raw: bytes, p: int) -> tuple[bytes, int]:
     end = p + 4 + n
     if end > len(raw):
         raise FormatError("binary runs past the term", offset=p)
-    return raw[p + 4:end], end
+    return raw[p + 4 : end], end
 
 
 def _content(raw: bytes, p: int, lay: dict):
@@ -132,7 +132,7 @@ def _content(raw: bytes, p: int, lay: dict):
     if not raw.startswith(lay["framing"], p):
         return None
     body, p = _binary(raw, p + len(lay["framing"]))
-    if raw[p:p + 1] != b"j":
+    if raw[p : p + 1] != b"j":
         return None
     return props, body, p + 1
 
@@ -156,7 +156,7 @@ def _mc_amqpl(raw: bytes, lay: dict) -> dict | None:
     if c is None:
         return None
     props_bin, body, p = c
-    if raw[p:p + 1] != b"t":
+    if raw[p : p + 1] != b"t":
         return None
     anns, end = _map(raw, p)
     props, headers = _PROPS.get(props_bin)
@@ -165,8 +165,9 @@ def _mc_amqpl(raw: bytes, lay: dict) -> dict | None:
     common = message._mc_common(anns, marks)
     if anns.keys() <= _PLAIN_ANNS:  # nothing for the 0-9-1 view to apply (mc_amqpl:protocol_state)
         rts = anns.get("rts")
-        annotations = None if rts is None else f'{{"rts":{rts}}}' if type(rts) is int \
-            else message._annotations_json(anns)
+        annotations = (
+            None if rts is None else f'{{"rts":{rts}}}' if type(rts) is int else message._annotations_json(anns)
+        )
         if props["delivery_mode"] is None:
             props["delivery_mode"] = 2
         ts = None if props["timestamp"] is None else props["timestamp"] * 1000
@@ -175,8 +176,16 @@ def _mc_amqpl(raw: bytes, lay: dict) -> dict | None:
         if ts is None and props["timestamp"] is not None:
             ts = props["timestamp"] * 1000
         annotations = message._annotations_json(anns)
-    return {**common, "properties": props, "timestamp_ms": ts, "headers": headers,
-            "annotations": annotations, "body": body, "term_format": "mc_amqpl", "marks": marks}
+    return {
+        **common,
+        "properties": props,
+        "timestamp_ms": ts,
+        "headers": headers,
+        "annotations": annotations,
+        "body": body,
+        "term_format": "mc_amqpl",
+        "marks": marks,
+    }
 
 
 def _basic_message(raw: bytes, lay: dict) -> dict | None:
@@ -189,9 +198,9 @@ def _basic_message(raw: bytes, lay: dict) -> dict | None:
     if c is None:
         return None
     props_bin, body, p = c
-    if raw[p:p + 5] != b"m\x00\x00\x00\x10":
+    if raw[p : p + 5] != b"m\x00\x00\x00\x10":
         return None
-    msg_id = raw[p + 5:p + 21]
+    msg_id = raw[p + 5 : p + 21]
     p += 21
     if raw.startswith(lay["true"], p):
         persistent = True
@@ -201,7 +210,16 @@ def _basic_message(raw: bytes, lay: dict) -> dict | None:
         return None
     props, headers = message.props_from_bin(props_bin)
     marks: list[str] = []
-    return {"msg_id": msg_id, "persistent": persistent, "exchange": x.decode("utf-8", "replace"),
-            "routing_keys": message._texts(marks, "routing_keys", rks), "properties": props,
-            "timestamp_ms": None if props["timestamp"] is None else props["timestamp"] * 1000,
-            "headers": headers, "annotations": None, "body": body, "term_format": "basic_message", "marks": marks}
+    return {
+        "msg_id": msg_id,
+        "persistent": persistent,
+        "exchange": x.decode("utf-8", "replace"),
+        "routing_keys": message._texts(marks, "routing_keys", rks),
+        "properties": props,
+        "timestamp_ms": None if props["timestamp"] is None else props["timestamp"] * 1000,
+        "headers": headers,
+        "annotations": None,
+        "body": body,
+        "term_format": "basic_message",
+        "marks": marks,
+    }

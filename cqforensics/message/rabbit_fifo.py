@@ -13,21 +13,52 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cqforensics.base.errors import FormatError
 from cqforensics.codecs import etf
 from cqforensics.message import reference as message
-from cqforensics.base.errors import FormatError
 
 #: the command names (``Command.name``; the ``raft_log`` table's ``command`` column)
-COMMANDS = ("enqueue", "requeue", "register_enqueuer", "checkout", "settle", "return", "discard", "modify", "credit",
-            "purge", "purge_nodes", "update_config", "garbage_collection", "down", "nodeup", "nodedown", "timeout",
-            "dlx_checkout", "dlx_settle", "machine_version", "unknown")
+COMMANDS = (
+    "enqueue",
+    "requeue",
+    "register_enqueuer",
+    "checkout",
+    "settle",
+    "return",
+    "discard",
+    "modify",
+    "credit",
+    "purge",
+    "purge_nodes",
+    "update_config",
+    "garbage_collection",
+    "down",
+    "nodeup",
+    "nodedown",
+    "timeout",
+    "dlx_checkout",
+    "dlx_settle",
+    "machine_version",
+    "unknown",
+)
 
 #: the entry kinds (``Entry.kind``)
 ENTRY_KINDS = ("command", "noop", "cluster_change", "first", "other")
 
 _RECORD_ARITY = {  # FIFO command records: name -> tuple size (name included)
-    "enqueue": 4, "requeue": 6, "register_enqueuer": 2, "checkout": 4, "settle": 3, "return": 3, "discard": 3,
-    "credit": 5, "modify": 6, "purge": 1, "purge_nodes": 2, "update_config": 2, "garbage_collection": 1,
+    "enqueue": 4,
+    "requeue": 6,
+    "register_enqueuer": 2,
+    "checkout": 4,
+    "settle": 3,
+    "return": 3,
+    "discard": 3,
+    "credit": 5,
+    "modify": 6,
+    "purge": 1,
+    "purge_nodes": 2,
+    "update_config": 2,
+    "garbage_collection": 1,
 }
 
 
@@ -132,8 +163,9 @@ def _command(cmd) -> Command:
             pid = None if _atom(cmd[1], "undefined") else cmd[1]
             return Command("enqueue", pid=pid, seq=_int(cmd[2]), msg=cmd[3])
         if name == "requeue":
-            return Command("requeue", consumer=cmd[1], msg_ids=(_int(cmd[2]),), index=_int(cmd[3]), header=cmd[4],
-                           msg=cmd[5])
+            return Command(
+                "requeue", consumer=cmd[1], msg_ids=(_int(cmd[2]),), index=_int(cmd[3]), header=cmd[4], msg=cmd[5]
+            )
         if name == "register_enqueuer":
             return Command("register_enqueuer", pid=cmd[1])
         if name == "checkout":
@@ -141,12 +173,17 @@ def _command(cmd) -> Command:
         if name in ("settle", "return", "discard"):
             return Command(name, consumer=cmd[1], msg_ids=_ints(cmd[2]))
         if name == "modify":
-            return Command("modify", consumer=cmd[1], msg_ids=_ints(cmd[2]), flags=(cmd[3] == "true",
-                                                                                    cmd[4] == "true"),
-                           annotations=cmd[5])
+            return Command(
+                "modify",
+                consumer=cmd[1],
+                msg_ids=_ints(cmd[2]),
+                flags=(cmd[3] == "true", cmd[4] == "true"),
+                annotations=cmd[5],
+            )
         if name == "credit":
-            return Command("credit", consumer=cmd[1], credit=_int(cmd[2]), delivery_count=cmd[3],
-                           drain=cmd[4] == "true")
+            return Command(
+                "credit", consumer=cmd[1], credit=_int(cmd[2]), delivery_count=cmd[3], drain=cmd[4] == "true"
+            )
         if name == "purge":
             return Command("purge")
         if name == "purge_nodes":
@@ -209,5 +246,14 @@ def consumer_tag(consumer) -> bytes | None:
     return None
 
 
-__all__ = ["COMMANDS", "Command", "ENTRY_KINDS", "Entry", "consumer_tag", "decode", "decode_command", "decode_entry",
-           "message_fields"]
+__all__ = [
+    "COMMANDS",
+    "Command",
+    "ENTRY_KINDS",
+    "Entry",
+    "consumer_tag",
+    "decode",
+    "decode_command",
+    "decode_entry",
+    "message_fields",
+]

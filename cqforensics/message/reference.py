@@ -26,11 +26,21 @@ from __future__ import annotations
 import base64
 import json
 
-from cqforensics.codecs import amqp10, amqp091, etf
 from cqforensics.base.errors import FormatError
+from cqforensics.codecs import amqp091, amqp10, etf
 
-FIELDS = ("msg_id", "persistent", "exchange", "routing_keys", "properties", "timestamp_ms", "headers",
-          "annotations", "body", "term_format")
+FIELDS = (
+    "msg_id",
+    "persistent",
+    "exchange",
+    "routing_keys",
+    "properties",
+    "timestamp_ms",
+    "headers",
+    "annotations",
+    "body",
+    "term_format",
+)
 
 _PROPS_CACHE = amqp091.PropertiesCache()
 _EMPTY_PROPS = dict.fromkeys(amqp091.SCALAR_PROPERTIES)
@@ -77,8 +87,15 @@ def _kind(v) -> str:
         return "an atom"
     if isinstance(v, bool) or isinstance(v, int):
         return "an integer"
-    return {bytes: "a binary", float: "a float", list: "a list", tuple: "a tuple", dict: "a map",
-            etf.ImproperList: "an improper list", etf.BitBinary: "a bit string"}.get(type(v), "a pid, port, ref or fun")
+    return {
+        bytes: "a binary",
+        float: "a float",
+        list: "a list",
+        tuple: "a tuple",
+        dict: "a map",
+        etf.ImproperList: "an improper list",
+        etf.BitBinary: "a bit string",
+    }.get(type(v), "a pid, port, ref or fun")
 
 
 def mark(marks: list, name: str, v, want: str) -> None:
@@ -215,26 +232,43 @@ def _deaths(deaths) -> tuple[list[dict], list]:
     out, tables = [], []
     for (queue, reason), death in recs:
         _, exchange, rks, count, anns = death
-        if not (isinstance(queue, bytes) and isinstance(reason, etf.Atom) and isinstance(exchange, bytes)
-                and isinstance(rks, list) and all(isinstance(k, bytes) for k in rks) and isinstance(count, int)
-                and isinstance(anns, dict) and all(isinstance(anns.get(k, 0), int) for k in ("first_time", "last_time"))):
+        if not (
+            isinstance(queue, bytes)
+            and isinstance(reason, etf.Atom)
+            and isinstance(exchange, bytes)
+            and isinstance(rks, list)
+            and all(isinstance(k, bytes) for k in rks)
+            and isinstance(count, int)
+            and isinstance(anns, dict)
+            and all(isinstance(anns.get(k, 0), int) for k in ("first_time", "last_time"))
+        ):
             raise FormatError("a dead-letter record (#death{}) holds values of another kind than the broker writes")
         ttl = anns.get("ttl")
-        out.append({"queue": _s(queue), "reason": _s(reason), "exchange": _s(exchange),
-                    "routing_keys": [_s(k) for k in rks], "count": count,
-                    "first_time": anns.get("first_time"), "last_time": anns.get("last_time"),
-                    **({"ttl": ttl} if ttl is not None else {})})
+        out.append(
+            {
+                "queue": _s(queue),
+                "reason": _s(reason),
+                "exchange": _s(exchange),
+                "routing_keys": [_s(k) for k in rks],
+                "count": count,
+                "first_time": anns.get("first_time"),
+                "last_time": anns.get("last_time"),
+                **({"ttl": ttl} if ttl is not None else {}),
+            }
+        )
         t = {}
         if ttl is not None:
             t["original-expiration"] = {"type": "longstr", "value": str(ttl)}
-        t.update({
-            "count": {"type": "long", "value": count},
-            "reason": {"type": "longstr", "value": _s(reason)},
-            "queue": {"type": "longstr", "value": _s(queue)},
-            "time": {"type": "timestamp", "value": anns.get("first_time", 0) // 1000},
-            "exchange": {"type": "longstr", "value": _s(exchange)},
-            "routing-keys": {"type": "array", "value": [{"type": "longstr", "value": _s(k)} for k in rks]},
-        })
+        t.update(
+            {
+                "count": {"type": "long", "value": count},
+                "reason": {"type": "longstr", "value": _s(reason)},
+                "queue": {"type": "longstr", "value": _s(queue)},
+                "time": {"type": "timestamp", "value": anns.get("first_time", 0) // 1000},
+                "exchange": {"type": "longstr", "value": _s(exchange)},
+                "routing-keys": {"type": "array", "value": [{"type": "longstr", "value": _s(k)} for k in rks]},
+            }
+        )
         tables.append({"type": "table", "value": t})
     return out, tables
 
@@ -315,18 +349,30 @@ def _amqp10_bare(bare: bytes, anns_list) -> tuple[dict, str | None, dict, bytes]
             body_parts.append(bytes(bare[start:end]))
         elif code == amqp10.FOOTER:
             footer = val
-    msg_anns = {amqp10.plain(k) if not isinstance(k, tuple) else amqp10.erlang_value(k)["value"]:
-                amqp10.erlang_value(v) for k, v in (anns_list or [])} if isinstance(anns_list, list) else {}
-    detail = {"properties": amqp10.fields(props10, amqp10.PROPERTY_FIELDS),
-              "application_properties": amqp10.map_object(app),
-              "message_annotations": {str(k): v for k, v in msg_anns.items()},
-              "body_section": section}
+    msg_anns = (
+        {
+            amqp10.plain(k) if not isinstance(k, tuple) else amqp10.erlang_value(k)["value"]: amqp10.erlang_value(v)
+            for k, v in (anns_list or [])
+        }
+        if isinstance(anns_list, list)
+        else {}
+    )
+    detail = {
+        "properties": amqp10.fields(props10, amqp10.PROPERTY_FIELDS),
+        "application_properties": amqp10.map_object(app),
+        "message_annotations": {str(k): v for k, v in msg_anns.items()},
+        "body_section": section,
+    }
     if value is not None:
         detail["body_value"] = value
     if footer is not None:
         detail["footer"] = amqp10.map_object(footer)
-    return detail, amqp091.headers_json(detail["application_properties"]) if app is not None else None, \
-        detail["properties"], b"".join(body_parts)
+    return (
+        detail,
+        amqp091.headers_json(detail["application_properties"]) if app is not None else None,
+        detail["properties"],
+        b"".join(body_parts),
+    )
 
 
 def _amqp10_records(msg: tuple) -> tuple[dict, str | None, dict, bytes]:
@@ -357,8 +403,12 @@ def _amqp10_records(msg: tuple) -> tuple[dict, str | None, dict, bytes]:
     if isinstance(ma, tuple) and ma and ma[0] == "v1_0.message_annotations":
         for k, v in ma[1]:
             ma_obj[str(amqp10.plain(amqp10.erlang_value(k)))] = amqp10.erlang_value(v)
-    detail = {"properties": p, "application_properties": app_obj, "message_annotations": ma_obj,
-              "body_section": section}
+    detail = {
+        "properties": p,
+        "application_properties": app_obj,
+        "message_annotations": ma_obj,
+        "body_section": section,
+    }
     if value is not None:
         detail["body_value"] = value
     return detail, amqp091.headers_json(app_obj) if app_obj else None, p, b"".join(parts)
@@ -366,6 +416,7 @@ def _amqp10_records(msg: tuple) -> tuple[dict, str | None, dict, bytes]:
 
 def _amqp10_props(p10: dict, anns: dict, marks: list) -> tuple[dict, int | None]:
     """AMQP 1.0 properties (+ annotations p/d/ttl) -> the 13 AMQP 0-9-1 properties."""
+
     def text(name):
         v = p10.get(name)
         if v is None:
@@ -375,17 +426,26 @@ def _amqp10_props(p10: dict, anns: dict, marks: list) -> tuple[dict, int | None]
 
     created = p10.get("creation_time")
     if created is not None:
-        created = amqp10.plain(created) if created.get("type") == "timestamp" else \
-            mark(marks, "timestamp", created.get("type"), "an AMQP 1.0 timestamp")
+        created = (
+            amqp10.plain(created)
+            if created.get("type") == "timestamp"
+            else mark(marks, "timestamp", created.get("type"), "an AMQP 1.0 timestamp")
+        )
     ttl = _integer(marks, "expiration", anns.get("ttl"))
     props = {
-        "content_type": text("content_type"), "content_encoding": text("content_encoding"),
+        "content_type": text("content_type"),
+        "content_encoding": text("content_encoding"),
         "delivery_mode": 1 if anns.get("d") == "false" else 2,
         "priority": _integer(marks, "priority", anns.get("p")),
-        "correlation_id": text("correlation_id"), "reply_to": text("reply_to"),
-        "expiration": None if ttl is None else str(ttl), "message_id": text("message_id"),
-        "timestamp": created // 1000 if isinstance(created, int) else None, "type": text("subject"),
-        "user_id": text("user_id"), "app_id": None, "cluster_id": None,
+        "correlation_id": text("correlation_id"),
+        "reply_to": text("reply_to"),
+        "expiration": None if ttl is None else str(ttl),
+        "message_id": text("message_id"),
+        "timestamp": created // 1000 if isinstance(created, int) else None,
+        "type": text("subject"),
+        "user_id": text("user_id"),
+        "app_id": None,
+        "cluster_id": None,
     }
     return props, created if isinstance(created, int) else None
 
@@ -398,9 +458,17 @@ def _amqp10_props(p10: dict, anns: dict, marks: list) -> tuple[dict, int | None]
 # empty for MQTT 3.1.1). A 0-9-1 consumer receives mc_mqtt:convert_to(mc_amqpl) (unchanged from
 # 3.13 to 4.3) followed by mc_amqpl:protocol_state.
 
-_MQTT_PROPERTY_NAMES = ("Payload-Format-Indicator", "Message-Expiry-Interval", "Content-Type", "Response-Topic",
-                        "Correlation-Data", "Subscription-Identifier", "Topic-Alias", "User-Property",
-                        "Will-Delay-Interval")
+_MQTT_PROPERTY_NAMES = (
+    "Payload-Format-Indicator",
+    "Message-Expiry-Interval",
+    "Content-Type",
+    "Response-Topic",
+    "Correlation-Data",
+    "Subscription-Identifier",
+    "Topic-Alias",
+    "User-Property",
+    "Will-Delay-Interval",
+)
 
 
 def _utf8_no_null(b: bytes) -> bool:
@@ -429,9 +497,13 @@ def _mqtt_json(v):
 
 
 #: the MQTT 5.0 properties the conversion to AMQP 0-9-1 reads, and the kind each holds
-_MQTT_KINDS = {"Content-Type": (bytes, "a binary"), "Correlation-Data": (bytes, "a binary"),
-               "Response-Topic": (bytes, "a binary"), "Message-Expiry-Interval": (int, "an integer"),
-               "User-Property": (list, "a list of {Name, Value} binaries")}
+_MQTT_KINDS = {
+    "Content-Type": (bytes, "a binary"),
+    "Correlation-Data": (bytes, "a binary"),
+    "Response-Topic": (bytes, "a binary"),
+    "Message-Expiry-Interval": (int, "an integer"),
+    "User-Property": (list, "a list of {Name, Value} binaries"),
+}
 
 
 def _mqtt(data, marks: list) -> tuple[dict, dict, str | None, bytes]:
@@ -457,9 +529,14 @@ def _mqtt(data, marks: list) -> tuple[dict, dict, str | None, bytes]:
             mark(marks, f"mqtt.{name}", v, want)
             del named[name]
     order = {n: i for i, n in enumerate(_MQTT_PROPERTY_NAMES)}
-    view = {"topic": _text(marks, "mqtt.topic", topic), "qos": qos, "retain": _flag(marks, "mqtt.retain", retain, None),
-            "dup": _flag(marks, "mqtt.dup", dup, None), "packet_id": _integer(marks, "mqtt.packet_id", packet_id),
-            "properties": {k: _mqtt_json(named[k]) for k in sorted(named, key=lambda k: (order.get(k, 99), k))}}
+    view = {
+        "topic": _text(marks, "mqtt.topic", topic),
+        "qos": qos,
+        "retain": _flag(marks, "mqtt.retain", retain, None),
+        "dup": _flag(marks, "mqtt.dup", dup, None),
+        "packet_id": _integer(marks, "mqtt.packet_id", packet_id),
+        "properties": {k: _mqtt_json(named[k]) for k in sorted(named, key=lambda k: (order.get(k, 99), k))},
+    }
     if len(data) > 8:
         ts = _integer(marks, "mqtt.timestamp", data[8])
         if ts is not None:
@@ -481,8 +558,13 @@ def _mqtt(data, marks: list) -> tuple[dict, dict, str | None, bytes]:
     if isinstance(reply, bytes):
         headers.append((b"x-reply-to-topic", _longstr(mqtt_to_amqp(reply))))
     for kv in named.get("User-Property") or []:
-        if isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], bytes) and len(kv[0]) < 256 \
-                and isinstance(kv[1], bytes):
+        if (
+            isinstance(kv, tuple)
+            and len(kv) == 2
+            and isinstance(kv[0], bytes)
+            and len(kv[0]) < 256
+            and isinstance(kv[1], bytes)
+        ):
             headers.append((kv[0], _longstr(kv[1])))
     mei = named.get("Message-Expiry-Interval")
     if isinstance(mei, int):
@@ -532,8 +614,12 @@ def _iodata(v) -> bytes:
 def _mc_common(anns: dict, marks: list) -> dict:
     """The columns every ``#mc{}`` takes from its annotations: the message id (``id``), whether
     it is persistent (``d``), the exchange (``x``) and the routing keys (``rk``)."""
-    return {"msg_id": _guid(marks, anns.get("id")), "persistent": _flag(marks, "persistent", anns.get("d"), True),
-            "exchange": _text(marks, "exchange", anns.get("x")), "routing_keys": _texts(marks, "routing_keys", anns.get("rk", []))}
+    return {
+        "msg_id": _guid(marks, anns.get("id")),
+        "persistent": _flag(marks, "persistent", anns.get("d"), True),
+        "exchange": _text(marks, "exchange", anns.get("x")),
+        "routing_keys": _texts(marks, "routing_keys", anns.get("rk", [])),
+    }
 
 
 def normalise(term) -> dict:
@@ -551,11 +637,19 @@ def normalise(term) -> dict:
         else:
             exchange = None
             mark(marks, "exchange", xres, "an exchange's #resource{}")
-        return {"msg_id": _guid(marks, msg_id), "persistent": _flag(marks, "persistent", persistent, False),
-                "exchange": exchange, "routing_keys": _texts(marks, "routing_keys", rks),
-                "properties": props, "timestamp_ms": None if props["timestamp"] is None else props["timestamp"] * 1000,
-                "headers": headers, "annotations": None, "body": _body(content), "term_format": "basic_message",
-                "marks": marks}
+        return {
+            "msg_id": _guid(marks, msg_id),
+            "persistent": _flag(marks, "persistent", persistent, False),
+            "exchange": exchange,
+            "routing_keys": _texts(marks, "routing_keys", rks),
+            "properties": props,
+            "timestamp_ms": None if props["timestamp"] is None else props["timestamp"] * 1000,
+            "headers": headers,
+            "annotations": None,
+            "body": _body(content),
+            "term_format": "basic_message",
+            "marks": marks,
+        }
     if tag == "mc" and len(term) == 4:
         _, proto, data, anns = term
         if not isinstance(anns, dict):
@@ -566,9 +660,16 @@ def normalise(term) -> dict:
             props, headers, ts = _amqpl_view(props, headers, anns, marks)
             if ts is None and props["timestamp"] is not None:
                 ts = props["timestamp"] * 1000
-            return {**common, "properties": props, "timestamp_ms": ts, "headers": headers,
-                    "annotations": _annotations_json(anns), "body": _body(data), "term_format": "mc_amqpl",
-                    "marks": marks}
+            return {
+                **common,
+                "properties": props,
+                "timestamp_ms": ts,
+                "headers": headers,
+                "annotations": _annotations_json(anns),
+                "body": _body(data),
+                "term_format": "mc_amqpl",
+                "marks": marks,
+            }
         if proto == "mc_amqp":
             if isinstance(data, tuple) and data and data[0] == "v1":
                 if not isinstance(data[2], bytes):
@@ -579,17 +680,33 @@ def normalise(term) -> dict:
                 detail, headers, p10, body = _amqp10_records(data)
                 fmt = "mc_amqp_3.13"
             else:
-                raise FormatError(f"unknown mc_amqp state {short(data[0] if isinstance(data, tuple) and data else data)!r}")
+                raise FormatError(
+                    f"unknown mc_amqp state {short(data[0] if isinstance(data, tuple) and data else data)!r}"
+                )
             props, created = _amqp10_props(p10, anns, marks)
-            return {**common, "properties": props, "timestamp_ms": created, "headers": headers,
-                    "annotations": _annotations_json(anns, {"amqp10": detail}), "body": body, "term_format": fmt,
-                    "marks": marks}
+            return {
+                **common,
+                "properties": props,
+                "timestamp_ms": created,
+                "headers": headers,
+                "annotations": _annotations_json(anns, {"amqp10": detail}),
+                "body": body,
+                "term_format": fmt,
+                "marks": marks,
+            }
         if proto == "mc_mqtt":
             mqtt, props, headers, body = _mqtt(data, marks)
             props, headers, ts = _amqpl_view(props, headers, anns, marks)
-            return {**common, "properties": props, "timestamp_ms": ts, "headers": headers,
-                    "annotations": _annotations_json(anns, {"mqtt": mqtt}), "body": body, "term_format": "mc_mqtt",
-                    "marks": marks}
+            return {
+                **common,
+                "properties": props,
+                "timestamp_ms": ts,
+                "headers": headers,
+                "annotations": _annotations_json(anns, {"mqtt": mqtt}),
+                "body": body,
+                "term_format": "mc_mqtt",
+                "marks": marks,
+            }
         raise FormatError(f"unknown #mc{{}} protocol {short(proto)!r}")
     raise FormatError(f"unknown stored term {short(tag)!r}/{len(term)}")
 
@@ -640,9 +757,21 @@ def normalise_checked(term) -> dict:
 # Both add the ``x-stream-offset`` header (long) at delivery: that is the ``stream_offset``
 # column, not repeated in ``headers``.
 
-_T091 = {"string": "longstr", "long": "long", "byte": "byte", "ubyte": "unsignedbyte", "short": "short",
-         "ushort": "unsignedshort", "uint": "unsignedint", "int": "signedint", "double": "double", "float": "float",
-         "timestamp": "timestamp", "boolean": "bool", "null": "void"}
+_T091 = {
+    "string": "longstr",
+    "long": "long",
+    "byte": "byte",
+    "ubyte": "unsignedbyte",
+    "short": "short",
+    "ushort": "unsignedshort",
+    "uint": "unsignedint",
+    "int": "signedint",
+    "double": "double",
+    "float": "float",
+    "timestamp": "timestamp",
+    "boolean": "bool",
+    "null": "void",
+}
 
 
 def _h(t: str, v) -> dict:
@@ -677,8 +806,10 @@ def _to091_msg_record(v: dict) -> dict:
         return {"type": "void", "value": None}
     if t in _T091 and t != "string":
         return {"type": _T091[t], "value": v["value"]}
-    raise FormatError(f"an application property of AMQP 1.0 type {t} has no AMQP 0-9-1 form "
-                      "(rabbit_msg_record:to_091/2): the conversion fails")
+    raise FormatError(
+        f"an application property of AMQP 1.0 type {t} has no AMQP 0-9-1 form "
+        "(rabbit_msg_record:to_091/2): the conversion fails"
+    )
 
 
 def _to091_mc(v: dict) -> dict:
@@ -823,8 +954,15 @@ def decode_amqp10_entry(raw: bytes, model) -> dict:
         for k, v in rest:
             headers[k] = _to091_msg_record(v)
         prio, mode, exp = ma_plain("x-basic-priority"), ma_plain("x-basic-delivery-mode"), ma.get("x-basic-expiration")
-        props = {"delivery_mode": mode, "priority": prio, "expiration": _amqp10_text(exp), "type": typ, "app_id": app,
-                 "user_id": _amqp10_text(p10.get("user_id")), "reply_to": _amqp10_text(p10.get("reply_to"))}
+        props = {
+            "delivery_mode": mode,
+            "priority": prio,
+            "expiration": _amqp10_text(exp),
+            "type": typ,
+            "app_id": app,
+            "user_id": _amqp10_text(p10.get("user_id")),
+            "reply_to": _amqp10_text(p10.get("reply_to")),
+        }
     else:
         if body_secs and all(c == amqp10.DATA for c, _, _ in body_secs):
             body, typ0 = b"".join(base64.b64decode(v["base64"]) for _, v, _ in body_secs), None
@@ -846,8 +984,12 @@ def decode_amqp10_entry(raw: bytes, model) -> dict:
                 headers["CC"] = _to091_mc(v)
             elif k == "x-opt-rabbitmq-received-time" and v.get("type") == "timestamp":
                 headers["timestamp_in_ms"] = {"type": "long", "value": v["value"]}
-            elif (k.startswith("x-") and len(k.encode()) <= 255 and not k.startswith("x-basic-")
-                  and k not in ("x-routing-key", "x-exchange", "x-death", "x-opt-deaths")):
+            elif (
+                k.startswith("x-")
+                and len(k.encode()) <= 255
+                and not k.startswith("x-basic-")
+                and k not in ("x-routing-key", "x-exchange", "x-death", "x-opt-deaths")
+            ):
                 headers[k] = _to091_mc(v)
         for k, v in ap:
             if len(k.encode()) <= 255:
@@ -855,35 +997,64 @@ def decode_amqp10_entry(raw: bytes, model) -> dict:
         reply = _short(p10.get("reply_to"))
         if model.amqp10_reply_to_urldecoded and reply is not None and reply.startswith("/queues/"):
             from urllib.parse import unquote_to_bytes
+
             try:
-                reply = unquote_to_bytes(reply[len("/queues/"):]).decode("utf-8")
+                reply = unquote_to_bytes(reply[len("/queues/") :]).decode("utf-8")
             except UnicodeDecodeError:
                 reply = None
         user = _raw_text(p10.get("user_id")) if p10.get("user_id") else None
-        props = {"delivery_mode": mode, "priority": prio, "expiration": exp, "type": typ,
-                 "app_id": _short(p10.get("group_id")), "reply_to": reply,
-                 "user_id": user.decode("utf-8", "replace") if user is not None and len(user) <= 255 else None}
-    msg_id = _message_id(p10.get("message_id"), "x-message-id-type" if conversion == "msg_record"
-                         else "x-message-id", headers, conversion)
-    corr_id = _message_id(p10.get("correlation_id"), "x-correlation-id-type" if conversion == "msg_record"
-                          else "x-correlation-id", headers, conversion)
+        props = {
+            "delivery_mode": mode,
+            "priority": prio,
+            "expiration": exp,
+            "type": typ,
+            "app_id": _short(p10.get("group_id")),
+            "reply_to": reply,
+            "user_id": user.decode("utf-8", "replace") if user is not None and len(user) <= 255 else None,
+        }
+    msg_id = _message_id(
+        p10.get("message_id"),
+        "x-message-id-type" if conversion == "msg_record" else "x-message-id",
+        headers,
+        conversion,
+    )
+    corr_id = _message_id(
+        p10.get("correlation_id"),
+        "x-correlation-id-type" if conversion == "msg_record" else "x-correlation-id",
+        headers,
+        conversion,
+    )
     created = amqp10.plain(p10["creation_time"]) if p10.get("creation_time") else None
-    props.update(content_type=_amqp10_text(p10.get("content_type")), content_encoding=_amqp10_text(p10.get("content_encoding")),
-                 message_id=msg_id, correlation_id=corr_id, cluster_id=None,
-                 timestamp=created // 1000 if isinstance(created, int) else None)
+    props.update(
+        content_type=_amqp10_text(p10.get("content_type")),
+        content_encoding=_amqp10_text(p10.get("content_encoding")),
+        message_id=msg_id,
+        correlation_id=corr_id,
+        cluster_id=None,
+        timestamp=created // 1000 if isinstance(created, int) else None,
+    )
     for k in ("delivery_mode", "priority"):
         if props[k] is not None and not isinstance(props[k], int):
             raise FormatError(f"{k} annotation is no integer: the conversion fails")
     exchange, rk = ma.get("x-exchange"), ma.get("x-routing-key")
-    detail = {"header": header or None,
-              "message_annotations": {k: v for k, v in ma.items()},
-              "properties": p10,
-              "application_properties": {k: v for k, v in ap},
-              "body_section": None if not body_secs else amqp10.SECTION_NAMES[body_secs[0][0]]}
+    detail = {
+        "header": header or None,
+        "message_annotations": {k: v for k, v in ma.items()},
+        "properties": p10,
+        "application_properties": {k: v for k, v in ap},
+        "body_section": None if not body_secs else amqp10.SECTION_NAMES[body_secs[0][0]],
+    }
     if "footer" in secs:
         detail["footer"] = amqp10.map_object(secs["footer"])
-    return {"msg_id": None, "persistent": props["delivery_mode"] == 2, "exchange": _amqp10_text(exchange),
-            "routing_keys": [_amqp10_text(rk)] if rk is not None else [], "properties": props,
-            "timestamp_ms": created if isinstance(created, int) else None,
-            "headers": amqp091.headers_json(headers) if headers else None,
-            "annotations": _annotations_json({}, {"amqp10": detail}), "body": body, "term_format": "amqp10"}
+    return {
+        "msg_id": None,
+        "persistent": props["delivery_mode"] == 2,
+        "exchange": _amqp10_text(exchange),
+        "routing_keys": [_amqp10_text(rk)] if rk is not None else [],
+        "properties": props,
+        "timestamp_ms": created if isinstance(created, int) else None,
+        "headers": amqp091.headers_json(headers) if headers else None,
+        "annotations": _annotations_json({}, {"amqp10": detail}),
+        "body": body,
+        "term_format": "amqp10",
+    }

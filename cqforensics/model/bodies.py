@@ -18,9 +18,9 @@ import pyarrow as pa
 
 from cqforensics import compiled as core
 from cqforensics.base.enums import QsStatus
+from cqforensics.base.schema import binary_array
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers.files import map_file, open_file
-from cqforensics.base.schema import binary_array
 
 
 class Bodies:
@@ -52,7 +52,7 @@ class Bodies:
 
     def read(self, path: Path, start: int, length: int) -> bytes:
         """``length`` bytes of ``path`` from ``start`` (fewer where the file ends first)."""
-        return self._data(path)[start:start + length]
+        return self._data(path)[start : start + length]
 
     def read_many(self, paths, starts, lengths) -> list[bytes]:
         """Byte ranges of files, looking each file up once per run of equal paths."""
@@ -60,7 +60,7 @@ class Bodies:
         for path, start, length in zip(paths, starts, lengths):
             if path is not last:
                 data, last = self._data(path), path
-            out.append(data[start:start + length])
+            out.append(data[start : start + length])
         return out
 
     def column(self, paths: list[Path], file_ix: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
@@ -70,8 +70,9 @@ class Bodies:
         if core.native() is None or int(np.maximum(lengths, 0).sum()) >= 1 << 31:  # past int32 offsets
             return binary_array(self.read_many([paths[f] for f in file_ix.tolist()], starts.tolist(), lengths.tolist()))
         used, local = np.unique(file_ix, return_inverse=True)
-        return core.read_spans(self.descriptors([paths[f] for f in used.tolist()]), local.astype(np.int32),
-                               starts, lengths)
+        return core.read_spans(
+            self.descriptors([paths[f] for f in used.tolist()]), local.astype(np.int32), starts, lengths
+        )
 
     def descriptors(self, paths: list[Path]) -> list[int]:
         """A descriptor of each of ``paths`` open for reading, all valid together (the compiled

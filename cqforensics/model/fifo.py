@@ -44,7 +44,7 @@ class Msg:
         self.header = header
         self.priority = priority  # the queue it was enqueued to (4.x): FIFOQ hi/no, PQ level
 
-    def copy(self) -> "Msg":
+    def copy(self) -> Msg:
         return Msg(self.index, dict(self.header), self.priority)
 
     def __repr__(self) -> str:
@@ -351,7 +351,7 @@ def _facts(msg, size) -> MsgFacts:
         return MsgFacts(body, ttl, pri)
     if isinstance(msg, tuple) and msg and msg[0] == "mc":
         anns = msg[3] if isinstance(msg[3], dict) else {}
-        meta, payload = (size if isinstance(size, tuple) and len(size) == 2 else (0, 0))
+        meta, payload = size if isinstance(size, tuple) and len(size) == 2 else (0, 0)
         ttl = _opt_int(anns.get("ttl"))
         pri = _opt_int(anns.get("p"))
         dc = _opt_int(anns.get("delivery_count"))
@@ -729,7 +729,7 @@ class Fifo:
                 key = meta["index"] if len(spec) == 2 else cid
         else:
             key, existing = cid, self.consumers.get(cid)
-        tag, pid = (cid if isinstance(cid, tuple) and len(cid) == 2 else (None, cid))
+        tag, pid = cid if isinstance(cid, tuple) and len(cid) == 2 else (None, cid)
         self._update_consumer(meta, key, tag, pid, cmeta, life, mode, credit, prio, existing)
         self._activate_next()
         self.checkout(meta)
@@ -770,8 +770,15 @@ class Fifo:
             return
         if self._find(cid)[1] is not None:
             return
-        con = Consumer(cid, cid[0] if isinstance(cid, tuple) else None, cid[1] if isinstance(cid, tuple) else cid,
-                       "once", ("simple_prefetch", 1) if self.mv >= 3 else "simple_prefetch", 0, 1)
+        con = Consumer(
+            cid,
+            cid[0] if isinstance(cid, tuple) else None,
+            cid[1] if isinstance(cid, tuple) else cid,
+            "once",
+            ("simple_prefetch", 1) if self.mv >= 3 else "simple_prefetch",
+            0,
+            1,
+        )
         self.consumers[cid] = con
         self.service.put(cid, 0)
         ok = self._checkout_one(meta)
@@ -1059,8 +1066,22 @@ def _pid_node(pid):
     return etf.pid_node(pid)
 
 
-__all__ = ["Cfg", "Consumer", "Dlx", "Event", "Fifo", "FifoQ", "Msg", "MsgFacts", "PlainQ", "PrioQ", "Unsupported",
-           "cfg_from_map", "header_from_term", "message_facts"]
+__all__ = [
+    "Cfg",
+    "Consumer",
+    "Dlx",
+    "Event",
+    "Fifo",
+    "FifoQ",
+    "Msg",
+    "MsgFacts",
+    "PlainQ",
+    "PrioQ",
+    "Unsupported",
+    "cfg_from_map",
+    "header_from_term",
+    "message_facts",
+]
 
 
 # -- a snapshot's machine state -------------------------------------------------------------------
@@ -1106,9 +1127,9 @@ def _consumer(key, t, mv: int) -> Consumer | None:
     if not (isinstance(t, tuple) and len(t) >= 7 and t[0] == "consumer"):
         return None
     ccfg = t[1]
-    meta, pid, tag, mode, life, prio = (ccfg[1:7] if isinstance(ccfg, tuple) and len(ccfg) >= 7 else ({}, None, None,
-                                                                                                        "simple_prefetch",
-                                                                                                        "once", 0))
+    meta, pid, tag, mode, life, prio = (
+        ccfg[1:7] if isinstance(ccfg, tuple) and len(ccfg) >= 7 else ({}, None, None, "simple_prefetch", "once", 0)
+    )
     status = t[2]
     if isinstance(status, tuple) and status:
         status = status[0]
@@ -1125,10 +1146,20 @@ def _consumer(key, t, mv: int) -> Consumer | None:
     else:
         mode = str(mode)
     dc = t[6] if isinstance(t[6], int) else 0
-    return Consumer(key, tag if isinstance(tag, bytes) else None, pid, str(life), mode,
-                    prio if isinstance(prio, int) else 0, t[5] if isinstance(t[5], int) else 0, str(status),
-                    t[3] if isinstance(t[3], int) else 0, dc, dict(sorted(checked.items())),
-                    meta if isinstance(meta, dict) else {})
+    return Consumer(
+        key,
+        tag if isinstance(tag, bytes) else None,
+        pid,
+        str(life),
+        mode,
+        prio if isinstance(prio, int) else 0,
+        t[5] if isinstance(t[5], int) else 0,
+        str(status),
+        t[3] if isinstance(t[3], int) else 0,
+        dc,
+        dict(sorted(checked.items())),
+        meta if isinstance(meta, dict) else {},
+    )
 
 
 def from_snapshot(state, mv: int, cfg: Cfg | None = None) -> Fifo:
@@ -1144,8 +1175,13 @@ def from_snapshot(state, mv: int, cfg: Cfg | None = None) -> Fifo:
         if isinstance(c[2], tuple) and len(c[2]) == 4:
             cfg.resource = (c[2][1], c[2][3])
         dlh = c[4]
-        cfg.dead_letter_handler = ("at_most_once" if isinstance(dlh, tuple) and dlh and dlh[0] == "at_most_once"
-                                   else "at_least_once" if dlh == "at_least_once" else None)
+        cfg.dead_letter_handler = (
+            "at_most_once"
+            if isinstance(dlh, tuple) and dlh and dlh[0] == "at_most_once"
+            else "at_least_once"
+            if dlh == "at_least_once"
+            else None
+        )
         cfg.overflow = str(c[6])
         cfg.max_length, cfg.max_bytes = _opt_int(c[7]), _opt_int(c[8])
         cfg.single_active = c[9] == "single_active"

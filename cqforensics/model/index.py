@@ -16,10 +16,10 @@ import numpy as np
 
 from cqforensics.base.enums import AckEvidence, Location, RecordKind, SlotClass
 from cqforensics.base.findings import Finding
+from cqforensics.base.schema import TS, fits
 from cqforensics.discovery.nodes import QueueDir, VhostDir
 from cqforensics.readers import qi as r_qi
 from cqforensics.readers.v1 import read_v1_queue
-from cqforensics.base.schema import TS, fits
 
 OFFSET_OUT_OF_RANGE = (1 << 63) - (1 << 34)  # a .qs offset >= 2^63, as the records keep it
 
@@ -46,16 +46,27 @@ class Records:
     delivered: np.ndarray  # int8: 1, 0, -1 unknown
 
     @classmethod
-    def empty(cls, n: int) -> "Records":
-        return cls(np.zeros(n, np.int32), np.zeros(n, np.int64), np.zeros(n, np.uint8), np.zeros(n, np.int64),
-                   np.full(n, -1, np.int8), np.full(n, Location.NONE, np.int8), np.zeros(n, ID),
-                   np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64),
-                   np.full(n, -1, np.int32), np.full(n, -1, np.int8))
+    def empty(cls, n: int) -> Records:
+        return cls(
+            np.zeros(n, np.int32),
+            np.zeros(n, np.int64),
+            np.zeros(n, np.uint8),
+            np.zeros(n, np.int64),
+            np.full(n, -1, np.int8),
+            np.full(n, Location.NONE, np.int8),
+            np.zeros(n, ID),
+            np.zeros(n, np.int64),
+            np.zeros(n, np.int64),
+            np.zeros(n, np.int64),
+            np.zeros(n, np.int64),
+            np.full(n, -1, np.int32),
+            np.full(n, -1, np.int8),
+        )
 
     def __len__(self) -> int:
         return len(self.seq)
 
-    def take(self, rows) -> "Records":
+    def take(self, rows) -> Records:
         """The records at ``rows`` (positions or a slice), every column."""
         return Records(*(getattr(self, f.name)[rows] for f in fields(self)))
 
@@ -71,7 +82,7 @@ class Records:
             out[f.name] = getattr(self, f.name)[rows]
 
     @classmethod
-    def from_rows(cls, rows: np.ndarray) -> "Records":
+    def from_rows(cls, rows: np.ndarray) -> Records:
         """The records of structured ``rows`` (``row_dtype``'s fields), each column contiguous."""
         return cls(*(np.ascontiguousarray(rows[f.name]) for f in fields(cls)))
 
@@ -88,9 +99,15 @@ class AckRecords:
     has_id: np.ndarray  # bool
 
     @classmethod
-    def empty(cls, n: int) -> "AckRecords":
-        return cls(np.zeros(n, np.int32), np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int8),
-                   np.zeros(n, ID), np.zeros(n, bool))
+    def empty(cls, n: int) -> AckRecords:
+        return cls(
+            np.zeros(n, np.int32),
+            np.zeros(n, np.int64),
+            np.zeros(n, np.int64),
+            np.zeros(n, np.int8),
+            np.zeros(n, ID),
+            np.zeros(n, bool),
+        )
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -131,7 +148,9 @@ class IndexChunk:
     @property
     def nbytes(self) -> int:
         """Bytes its arrays hold (a chunk kept between two reads counts against a budget)."""
-        arrays = [getattr(self.rec, f.name) for f in fields(self.rec)] + [getattr(self.acks, f.name) for f in fields(self.acks)]
+        arrays = [getattr(self.rec, f.name) for f in fields(self.rec)] + [
+            getattr(self.acks, f.name) for f in fields(self.acks)
+        ]
         return self.live.nbytes + sum(a.nbytes for a in arrays)
 
     @property
@@ -175,9 +194,9 @@ def _v2_chunk(qdir: QueueDir, number: int, path: Path, reference: bool = False) 
     empty = np.flatnonzero(kl == SlotClass.EMPTY)
     ghosts = np.flatnonzero(c.kind == RecordKind.GHOST)
     a = qx.acks = AckRecords.empty(len(empty) + len(ghosts))
-    a.offset[:len(empty)] = seg.offsets()[empty]
-    a.seq[:len(empty)] = seg.from_seq_id + empty
-    a.evidence[:len(empty)] = AckEvidence.V2_ZEROED_SLOT
+    a.offset[: len(empty)] = seg.offsets()[empty]
+    a.seq[: len(empty)] = seg.from_seq_id + empty
+    a.evidence[: len(empty)] = AckEvidence.V2_ZEROED_SLOT
     if len(ghosts):
         g = slice(len(empty), None)
         a.offset[g], a.seq[g], a.evidence[g] = c.offset[ghosts], c.seq[ghosts], AckEvidence.V2_DROPPED_BY_RECOVERY
@@ -194,11 +213,15 @@ def _slot_records(seg) -> tuple[np.ndarray, Records, np.ndarray]:
     used = np.flatnonzero(kl != SlotClass.EMPTY)
     c = Records.empty(len(used))
     s = r_qi.take(seg.slots, used)
-    c.kind = np.where(kl[used] == SlotClass.GHOST, RecordKind.GHOST,
-                      np.where(kl[used] == SlotClass.BAD, RecordKind.BAD, RecordKind.PUBLISH)).astype(np.uint8)
+    c.kind = np.where(
+        kl[used] == SlotClass.GHOST,
+        RecordKind.GHOST,
+        np.where(kl[used] == SlotClass.BAD, RecordKind.BAD, RecordKind.PUBLISH),
+    ).astype(np.uint8)
     c.persistent = (s["flags"] & 1).astype(np.int8)
-    c.loc = np.where((s["loc_kind"] <= Location.QUEUE_STORE) & ~seg.malformed[used], s["loc_kind"],
-                     Location.NONE).astype(np.int8)
+    c.loc = np.where(
+        (s["loc_kind"] <= Location.QUEUE_STORE) & ~seg.malformed[used], s["loc_kind"], Location.NONE
+    ).astype(np.int8)
     c.msg_id = np.where(s["loc_kind"] == Location.SHARED_STORE, s["msg_id"], ZERO_ID)
     is_qs = s["loc_kind"] == Location.QUEUE_STORE
     # an offset past int64 (the reader's finding) stands as OFFSET_OUT_OF_RANGE: past any file, and
@@ -217,10 +240,21 @@ def _core_records(seg) -> tuple[np.ndarray, Records, np.ndarray]:
     n = len(used)
     store_offset = np.minimum(np.frombuffer(d["store_offset"], np.uint64), np.uint64(OFFSET_OUT_OF_RANGE))
     # offset, seq and expiry: set by the caller
-    c = Records(np.zeros(n, np.int32), None, np.frombuffer(d["kind"], np.uint8), None,
-                np.frombuffer(d["persistent"], np.int8), np.frombuffer(d["loc"], np.int8),
-                np.frombuffer(d["msg_id"], ID), store_offset.astype(np.int64), np.frombuffer(d["store_size"], np.int64),
-                np.frombuffer(d["size"], np.int64), None, np.frombuffer(d["status"], np.int32), np.full(n, -1, np.int8))
+    c = Records(
+        np.zeros(n, np.int32),
+        None,
+        np.frombuffer(d["kind"], np.uint8),
+        None,
+        np.frombuffer(d["persistent"], np.int8),
+        np.frombuffer(d["loc"], np.int8),
+        np.frombuffer(d["msg_id"], ID),
+        store_offset.astype(np.int64),
+        np.frombuffer(d["store_size"], np.int64),
+        np.frombuffer(d["size"], np.int64),
+        None,
+        np.frombuffer(d["status"], np.int32),
+        np.full(n, -1, np.int8),
+    )
     seg.records = None  # handed over: the segment keeps only what its own readers use
     return used, c, np.frombuffer(d["live"], np.int64)
 

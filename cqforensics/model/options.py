@@ -18,8 +18,18 @@ from cqforensics.model import versions
 
 #: columns of the ``messages`` table that need the stored term decoded (the rest come from the
 #: index); a projection without any of them skips decoding.
-DECODED_COLUMNS = ("exchange", "routing_keys", "properties", "headers", "annotations", "body", "body_size",
-                   "term_format", "msg_id", "decode_error")
+DECODED_COLUMNS = (
+    "exchange",
+    "routing_keys",
+    "properties",
+    "headers",
+    "annotations",
+    "body",
+    "body_size",
+    "term_format",
+    "msg_id",
+    "decode_error",
+)
 
 #: timestamps beyond 9999-12-31 cannot be shown by any front end
 _MAX_MS = 253402300799999
@@ -67,18 +77,26 @@ def parse_as_of(value, what: str = "as_of") -> int | None:
                 t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
             except ValueError:
                 raise UsageError(f"{what}: not ISO 8601 or epoch ms: {value!r}") from None
-            ms = int((t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)).timestamp() * 1000)
+            ms = int((t if t.tzinfo else t.replace(tzinfo=dt.UTC)).timestamp() * 1000)
     else:
-        raise UsageError(f"{what} must be a datetime, an ISO 8601 string or epoch milliseconds, "
-                         f"not {type(value).__name__}")
+        raise UsageError(
+            f"{what} must be a datetime, an ISO 8601 string or epoch milliseconds, not {type(value).__name__}"
+        )
     if not 0 <= ms <= _MAX_MS:
         raise UsageError(f"{what}: {value!r} is outside 1970-01-01 .. 9999-12-31")
     return ms
 
 
-def make_options(broker_version: str | None = None, as_of=None, bodies: bool = True, decode: bool = True,
-                 batch_rows: int = 8192, batch_bytes: int = 16 << 20, assume_dirty: bool = False,
-                 jobs: int = 1) -> Options:
+def make_options(
+    broker_version: str | None = None,
+    as_of=None,
+    bodies: bool = True,
+    decode: bool = True,
+    batch_rows: int = 8192,
+    batch_bytes: int = 16 << 20,
+    assume_dirty: bool = False,
+    jobs: int = 1,
+) -> Options:
     """Options from keyword arguments, validated. ``as_of`` (see ``parse_as_of``) is the time TTLs
     are judged at for ``survives_restart`` (default: now); ``assume_dirty`` predicts the boot as
     if the clean-shutdown files were removed (the broker then rebuilds and verifies); ``jobs``
@@ -90,8 +108,17 @@ def make_options(broker_version: str | None = None, as_of=None, bodies: bool = T
         raise UsageError(f"batch_bytes must be a positive integer, not {batch_bytes!r}")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise UsageError(f"jobs must be a positive integer, not {jobs!r}")
-    return Options(broker_version, parse_as_of(as_of), bool(bodies), bool(decode), batch_rows, batch_bytes,
-                   bool(assume_dirty), model, jobs)
+    return Options(
+        broker_version,
+        parse_as_of(as_of),
+        bool(bodies),
+        bool(decode),
+        batch_rows,
+        batch_bytes,
+        bool(assume_dirty),
+        model,
+        jobs,
+    )
 
 
 def narrowed(opts: Options, table: str, columns) -> Options:

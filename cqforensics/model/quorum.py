@@ -20,10 +20,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cqforensics.codecs import etf
-from cqforensics.message import rabbit_fifo
 from cqforensics.base.enums import Fate
 from cqforensics.base.errors import FormatError
+from cqforensics.codecs import etf
+from cqforensics.message import rabbit_fifo
 from cqforensics.model import fifo as m_fifo
 from cqforensics.model import recovery as m_rec
 from cqforensics.model.versions import BrokerModel
@@ -94,7 +94,9 @@ def replay(log: ServerLog, bodies, upto: int | None = None, lenient: bool = Fals
     ``bodies``: the ``model.bodies.Bodies`` the entries are read through. ``lenient``: the log
     misses entries to damage (``Fifo.lenient``)."""
     buffers = bodies
-    cfg = m_fifo.cfg_from_map(log.config.machine_config) if log.config is not None and log.config.terms else m_fifo.Cfg()
+    cfg = (
+        m_fifo.cfg_from_map(log.config.machine_config) if log.config is not None and log.config.terms else m_fifo.Cfg()
+    )
     fifo = None
     start = 0
     out = Replay(log, None)
@@ -189,11 +191,29 @@ def boot(rep: Replay, machine_version: int | None, as_of_ms: int) -> list[Delive
         if m is None:
             break
         dc = _reported_count(m, f.mv)
-        out.append(Delivery(m, pos, m.index in held, dc, dc > 0, "delivered",
-                            "checked_out" if m.index in held else "returned" if m.index in returned else "ready"))
+        out.append(
+            Delivery(
+                m,
+                pos,
+                m.index in held,
+                dc,
+                dc > 0,
+                "delivered",
+                "checked_out" if m.index in held else "returned" if m.index in returned else "ready",
+            )
+        )
     for reason, m, _ in f.dead_lettered:  # expired at the drain
-        out.append(Delivery(m, -1, m.index in held, _reported_count(m, f.mv), False, reason,
-                            "checked_out" if m.index in held else "ready"))
+        out.append(
+            Delivery(
+                m,
+                -1,
+                m.index in held,
+                _reported_count(m, f.mv),
+                False,
+                reason,
+                "checked_out" if m.index in held else "ready",
+            )
+        )
     for idx in sorted(limited):
         pass
     return out
@@ -308,9 +328,16 @@ def read_system(ra_dir, model: BrokerModel) -> System:
             for i in range(len(seg)):
                 idx = int(seg.index[i])
                 status = int(seg.status[i])
-                log.entries[idx] = LogEntry(idx, int(seg.term[i]), path, int(seg.offset[i]), int(seg.offset[i]),
-                                            int(seg.length[i]), "segment",
-                                            "ok" if status == r_seg.ENTRY_OK else r_seg.ENTRY_LABELS[status])
+                log.entries[idx] = LogEntry(
+                    idx,
+                    int(seg.term[i]),
+                    path,
+                    int(seg.offset[i]),
+                    int(seg.offset[i]),
+                    int(seg.length[i]),
+                    "segment",
+                    "ok" if status == r_seg.ENTRY_OK else r_seg.ENTRY_LABELS[status],
+                )
         sys_.segments[srv.uid] = segs
         logs[srv.uid] = log
     for _, path in ra_dir.wal:
@@ -324,8 +351,16 @@ def read_system(ra_dir, model: BrokerModel) -> System:
                 continue
             idx = int(scan.index[i])
             check = r_wal.CHECK_LABELS[int(scan.checksum[i])]
-            log.entries[idx] = LogEntry(idx, int(scan.term[i]), path, int(scan.offset[i]), int(scan.data_offset[i]),
-                                        int(scan.length[i]), "wal", check)
+            log.entries[idx] = LogEntry(
+                idx,
+                int(scan.term[i]),
+                path,
+                int(scan.offset[i]),
+                int(scan.data_offset[i]),
+                int(scan.length[i]),
+                "wal",
+                check,
+            )
     sys_.servers = [logs[k] for k in sorted(logs)]
     return sys_
 
@@ -343,13 +378,16 @@ def message_term(rep: Replay, index: int, buffers):
     return cmd.msg if cmd is not None and cmd.name in ("enqueue", "requeue") else None
 
 
-
-
-
 # -- a node's quorum queues and what the next boot does with each -------------------------------------
 
 #: a quorum queue's fate at the next boot (``QuorumQueue.fate``), beside ``m_rec.RA_OK``
-Q_OK, Q_NODE_DOWN, Q_CRASH, Q_UNAVAILABLE, Q_DELETED = "ok", "node_refuses_start", "queue_crash", "unavailable", "deleted"
+Q_OK, Q_NODE_DOWN, Q_CRASH, Q_UNAVAILABLE, Q_DELETED = (
+    "ok",
+    "node_refuses_start",
+    "queue_crash",
+    "unavailable",
+    "deleted",
+)
 
 
 @dataclass
@@ -422,11 +460,20 @@ class QuorumQueue:
 
 
 #: a queue's fate -> the drop reason of every message it holds
-_Q_FATE = {Q_NODE_DOWN: Fate.BOOT_HANG, Q_CRASH: Fate.QUEUE_CRASH, Q_UNAVAILABLE: Fate.QUEUE_UNAVAILABLE,
-           Q_DELETED: Fate.QUEUE_DELETED}
+_Q_FATE = {
+    Q_NODE_DOWN: Fate.BOOT_HANG,
+    Q_CRASH: Fate.QUEUE_CRASH,
+    Q_UNAVAILABLE: Fate.QUEUE_UNAVAILABLE,
+    Q_DELETED: Fate.QUEUE_DELETED,
+}
 #: a delivery's fate at the boot's drain -> Fate
-_D_FATE = {"delivered": Fate.DELIVERED, "expired": Fate.EXPIRED, "delivery_limit": Fate.DELIVERY_LIMIT,
-           "rejected": Fate.DELIVERY_LIMIT, "maxlen": Fate.DELIVERY_LIMIT}
+_D_FATE = {
+    "delivered": Fate.DELIVERED,
+    "expired": Fate.EXPIRED,
+    "delivery_limit": Fate.DELIVERY_LIMIT,
+    "rejected": Fate.DELIVERY_LIMIT,
+    "maxlen": Fate.DELIVERY_LIMIT,
+}
 
 
 def _header_count(m: m_fifo.Msg) -> int:
@@ -446,16 +493,31 @@ def _permissive(system: System, log: ServerLog) -> ServerLog:
         for i in range(len(seg)):
             if int(seg.status[i]) in (r_seg.ENTRY_OK, r_seg.ENTRY_NO_CRC):
                 idx = int(seg.index[i])
-                out.entries[idx] = LogEntry(idx, int(seg.term[i]), sf.path, int(seg.offset[i]), int(seg.offset[i]),
-                                            int(seg.length[i]), "segment", "ok")
+                out.entries[idx] = LogEntry(
+                    idx,
+                    int(seg.term[i]),
+                    sf.path,
+                    int(seg.offset[i]),
+                    int(seg.offset[i]),
+                    int(seg.length[i]),
+                    "segment",
+                    "ok",
+                )
     uid = log.uid.encode()
     for scan, _ in system.wal:
         for i in range(len(scan)):
             if scan.uid(i) == uid and scan.checksum[i] != r_wal.CHECK_BAD:
                 idx = int(scan.index[i])
-                out.entries[idx] = LogEntry(idx, int(scan.term[i]), scan.path, int(scan.offset[i]),
-                                            int(scan.data_offset[i]), int(scan.length[i]), "wal",
-                                            r_wal.CHECK_LABELS[int(scan.checksum[i])])
+                out.entries[idx] = LogEntry(
+                    idx,
+                    int(scan.term[i]),
+                    scan.path,
+                    int(scan.offset[i]),
+                    int(scan.data_offset[i]),
+                    int(scan.length[i]),
+                    "wal",
+                    r_wal.CHECK_LABELS[int(scan.checksum[i])],
+                )
     return out
 
 
@@ -477,12 +539,18 @@ def refusal(system: System) -> tuple[str, Path, int | None] | None:
     start, nor does the node (whatever quorum queues it has)."""
     for scan, rec in system.wal:
         if rec.outcome != m_rec.RA_OK:
-            return (f"{scan.path.name}: {rec.stop} ({rec.detail or 'the WAL does not recover'}): the "
-                    "quorum queue Ra system does not start, nor does the node", scan.path, rec.stop_offset)
+            return (
+                f"{scan.path.name}: {rec.stop} ({rec.detail or 'the WAL does not recover'}): the "
+                "quorum queue Ra system does not start, nor does the node",
+                scan.path,
+                rec.stop_offset,
+            )
     return None
 
 
-def _server_fate(system: System, log: ServerLog, model: BrokerModel, known: set | None) -> tuple[str, str, Path | None, int | None]:
+def _server_fate(
+    system: System, log: ServerLog, model: BrokerModel, known: set | None
+) -> tuple[str, str, Path | None, int | None]:
     """(fate, why, file, offset) of one server at the next boot."""
     down = refusal(system)
     if down is not None:
@@ -491,9 +559,14 @@ def _server_fate(system: System, log: ServerLog, model: BrokerModel, known: set 
         return Q_DELETED, "the metadata holds no such queue: the broker never starts this server", log.path, None
     unregistered = system.registered is not None and log.uid.encode() not in system.registered
     if unregistered and not model.qq_recover_elects_new_member:
-        return (Q_UNAVAILABLE, "names.dets does not register this server: ra:restart_server fails "
-                "(name_not_registered), RabbitMQ starts a new member under a new uid (an empty dir, this one left "
-                "unread) and no election: the queue gets no leader", system.dir.names or system.dir.path, None)
+        return (
+            Q_UNAVAILABLE,
+            "names.dets does not register this server: ra:restart_server fails "
+            "(name_not_registered), RabbitMQ starts a new member under a new uid (an empty dir, this one left "
+            "unread) and no election: the queue gets no leader",
+            system.dir.names or system.dir.path,
+            None,
+        )
     for sf in system.segments.get(log.uid, []):
         if not sf.usable:
             return Q_CRASH, f"{sf.path.name}: {sf.why}: the server crashes opening it", sf.path, 0
@@ -501,25 +574,36 @@ def _server_fate(system: System, log: ServerLog, model: BrokerModel, known: set 
     for idx in sorted(i for i in log.entries if i > snap_idx):
         e = log.entries[idx]
         if e.source == "segment" and e.checksum in ("crc_mismatch", "past_eof", "inside_index"):
-            what = {"crc_mismatch": "ra_log_segment_crc_check_failure", "past_eof": "ra_log_segment_unexpected_eof",
-                    "inside_index": "an entry placed inside the index area"}[e.checksum]
+            what = {
+                "crc_mismatch": "ra_log_segment_crc_check_failure",
+                "past_eof": "ra_log_segment_unexpected_eof",
+                "inside_index": "an entry placed inside the index area",
+            }[e.checksum]
             return (Q_CRASH, f"entry {idx} of {e.file.name}: {what} when the server applies it", e.file, e.offset)
     if log.entries:
         first = min(log.entries)
         if first - snap_idx > 1 and not (snap_idx == -1 and first <= 1):
-            return (Q_CRASH, f"the log starts at {first}, after the snapshot at {snap_idx}: "
-                    "{corrupt_log, gap_between_snapshot_and_first_index}", log.path, None)
+            return (
+                Q_CRASH,
+                f"the log starts at {first}, after the snapshot at {snap_idx}: "
+                "{corrupt_log, gap_between_snapshot_and_first_index}",
+                log.path,
+                None,
+            )
         # a hole further on (a segment file gone) is no crash: Ra's reads plan over the segment
         # files present only (ra_log_reader:segrefs_to_read/4, Ra 2.x; ra_log_segments
         # segment_fold_plan/3, Ra 3), so recovery skips the missing entries without a word and
         # the machine applies the rest (seen on 4.0.5: a middle segment deleted, the queue up)
-    if snap_idx < 1 and not any(i >= 1 for i in log.entries) and not unregistered \
-            and not model.qq_empty_member_elected:
+    if snap_idx < 1 and not any(i >= 1 for i in log.entries) and not unregistered and not model.qq_empty_member_elected:
         # ra_server:is_new/1 (next_index =:= 1): ra_server_proc follower(enter) sets no election
         # timer for a new member; RabbitMQ's recover/2 restarts it and triggers no election
-        return (Q_UNAVAILABLE, "nothing of its log is left after recovery (no snapshot, no entry): Ra takes the "
-                "server for a new member and waits for an election nobody calls: the queue gets no leader",
-                log.path, None)
+        return (
+            Q_UNAVAILABLE,
+            "nothing of its log is left after recovery (no snapshot, no entry): Ra takes the "
+            "server for a new member and waits for an election nobody calls: the queue gets no leader",
+            log.path,
+            None,
+        )
     return Q_OK, "", None, None
 
 
@@ -537,7 +621,7 @@ def newest_machine_version(ra_dir) -> int | None:
         data = read_bytes(path)
         for i in small:
             try:
-                e = rabbit_fifo.decode(data[int(scan.data_offset[i]):scan.record_end(i)])
+                e = rabbit_fifo.decode(data[int(scan.data_offset[i]) : scan.record_end(i)])
             except FormatError:
                 continue
             if e.kind == "noop" and e.machine_version is not None:
@@ -551,8 +635,9 @@ def newest_machine_version(ra_dir) -> int | None:
     return best
 
 
-def node_quorum(systems: list[System], model: BrokerModel, as_of_ms: int, bodies,
-                known: set | None = None) -> list[QuorumQueue]:
+def node_quorum(
+    systems: list[System], model: BrokerModel, as_of_ms: int, bodies, known: set | None = None
+) -> list[QuorumQueue]:
     """Every quorum queue member of a node's Ra systems (``read_system`` of each
     ``layout.NodeDir.quorum``), replayed, with the next boot of ``model`` predicted. ``known``:
     the (vhost, name) pairs the metadata holds (None: unreadable metadata)."""
@@ -568,23 +653,29 @@ def node_quorum(systems: list[System], model: BrokerModel, as_of_ms: int, bodies
             data = _permissive(system, log)
             floor = log.snapshot.index if log.snapshot is not None and log.snapshot.index is not None else -1
             above = {i for i in data.entries if i > floor}  # below the snapshot: applied already, not a loss
-            if above != {i for i in log.entries if i > floor} or any(
-                    data.entries[i].file != log.entries[i].file for i in above if i in log.entries) or \
-                    log_holes(log) or (q.fate != Q_OK and (not log.entries or min(log.entries) - floor > 1)):
+            if (
+                above != {i for i in log.entries if i > floor}
+                or any(data.entries[i].file != log.entries[i].file for i in above if i in log.entries)
+                or log_holes(log)
+                or (q.fate != Q_OK and (not log.entries or min(log.entries) - floor > 1))
+            ):
                 # the files' own state: what a queue the boot loses holds, or what recovery drops (a
                 # log with holes: an enqueue past one is not an out-of-sequence publish)
                 q.data_replay = replay(data, bodies, lenient=True)
             if q.fate == Q_OK:
                 q.deliveries = boot(rep, model.fifo_machine_version, as_of_ms)
                 if rep.fifo is not None and rep.fifo.cfg.dead_letter_handler == "at_most_once":
-                    applied = log.meta.last_applied if log.meta is not None and log.meta.last_applied is not None \
-                        else -1
+                    applied = (
+                        log.meta.last_applied if log.meta is not None and log.meta.last_applied is not None else -1
+                    )
                     q.boot_dead_letters = [(r, m) for i, r, m in rep.fifo.published if i > applied]
-                    q.boot_dead_letters += [("delivery_limit", d.msg) for d in q.deliveries
-                                            if d.fate == "delivery_limit"]
+                    q.boot_dead_letters += [
+                        ("delivery_limit", d.msg) for d in q.deliveries if d.fate == "delivery_limit"
+                    ]
                 if rep.fifo is not None:
-                    q.pending_dlx = list(rep.fifo.dlx.discards) + [rep.fifo.dlx.checked_out[k]
-                                                                  for k in sorted(rep.fifo.dlx.checked_out)]
+                    q.pending_dlx = list(rep.fifo.dlx.discards) + [
+                        rep.fifo.dlx.checked_out[k] for k in sorted(rep.fifo.dlx.checked_out)
+                    ]
             if q.fate == Q_OK and q.data_replay is not None and q.data_replay.fifo is not None:
                 now = {d.msg.index for d in q.deliveries} | {m.index for _, m in q.pending_dlx}
                 q.lost = [m for m in held_messages(q.data_replay.fifo) if m.index not in now]
@@ -592,8 +683,15 @@ def node_quorum(systems: list[System], model: BrokerModel, as_of_ms: int, bodies
     return out
 
 
-def dead_letter_view(fields: dict, reason: str, source: tuple[bytes, bytes], exchange: bytes, rk: bytes | None,
-                     as_of_ms: int, broker: tuple[int, int, int]) -> dict:
+def dead_letter_view(
+    fields: dict,
+    reason: str,
+    source: tuple[bytes, bytes],
+    exchange: bytes,
+    rk: bytes | None,
+    as_of_ms: int,
+    broker: tuple[int, int, int],
+) -> dict:
     """A message as rabbit_dead_letter:make_msg/5 (3.10-3.12; 3.13+ mc:record_death and the
     0-9-1 view of its deaths) republishes it, for a first death: the ``x-death`` header
     (count, reason, queue, time, exchange, routing-keys), ``x-first-death-*`` (and 4.x
@@ -604,12 +702,14 @@ def dead_letter_view(fields: dict, reason: str, source: tuple[bytes, bytes], exc
     out = dict(fields)
     vhost, queue = source
     keys = list(out.get("routing_keys") or [])
-    death = {"count": {"type": "long", "value": 1},
-             "exchange": {"type": "longstr", "value": out.get("exchange") or ""},
-             "queue": {"type": "longstr", "value": queue.decode("utf-8", "replace")},
-             "reason": {"type": "longstr", "value": reason},
-             "routing-keys": {"type": "array", "value": [{"type": "longstr", "value": k} for k in keys[:1]]},
-             "time": {"type": "timestamp", "value": as_of_ms // 1000}}
+    death = {
+        "count": {"type": "long", "value": 1},
+        "exchange": {"type": "longstr", "value": out.get("exchange") or ""},
+        "queue": {"type": "longstr", "value": queue.decode("utf-8", "replace")},
+        "reason": {"type": "longstr", "value": reason},
+        "routing-keys": {"type": "array", "value": [{"type": "longstr", "value": k} for k in keys[:1]]},
+        "time": {"type": "timestamp", "value": as_of_ms // 1000},
+    }
     headers = json.loads(out["headers"]) if out.get("headers") else {}
     headers = {k: v for k, v in headers.items() if k != "x-delivery-count"}
     if "x-death" not in headers:
@@ -642,5 +742,19 @@ def held_messages(f: m_fifo.Fifo) -> list[m_fifo.Msg]:
     return out
 
 
-__all__ = ["Delivery", "LogEntry", "QuorumQueue", "Replay", "SegmentFile", "ServerLog", "System", "boot",
-           "delivered_view", "held_messages", "message_term", "node_quorum", "read_system", "replay"]
+__all__ = [
+    "Delivery",
+    "LogEntry",
+    "QuorumQueue",
+    "Replay",
+    "SegmentFile",
+    "ServerLog",
+    "System",
+    "boot",
+    "delivered_view",
+    "held_messages",
+    "message_term",
+    "node_quorum",
+    "read_system",
+    "replay",
+]

@@ -55,8 +55,9 @@ def appended_reach(rdq: r_rdq.RdqFile, rdt: r_rdq.RdqFile, model: BrokerModel) -
     return reachable(rdt, model) if end == rdq.size else np.zeros(len(rdt), bool)
 
 
-def claims(e_file: np.ndarray, e_offset: np.ndarray, reach: np.ndarray, group: np.ndarray, n_ids: int,
-           model: BrokerModel) -> np.ndarray:
+def claims(
+    e_file: np.ndarray, e_offset: np.ndarray, reach: np.ndarray, group: np.ndarray, n_ids: int, model: BrokerModel
+) -> np.ndarray:
     """Per distinct id: the entry the next boot uses, -1 when its scan reaches none: the first
     reachable copy in walk order (file, offset); <= 3.12 folds each file's candidates in reverse
     (build_index_worker foldl), so there the last copy within the first file holding it wins."""
@@ -83,8 +84,9 @@ def mode(vhost, assume_dirty: bool, model: BrokerModel | None = None) -> str:
     return clean_state(vhost, assume_dirty, model)[0]
 
 
-def clean_state(vhost, assume_dirty: bool, model: BrokerModel | None = None,
-                files: r_terms.TermFiles | None = None) -> tuple[str, str, Path]:
+def clean_state(
+    vhost, assume_dirty: bool, model: BrokerModel | None = None, files: r_terms.TermFiles | None = None
+) -> tuple[str, str, Path]:
     """``(mode, why, file)``: 'clean' or 'dirty' (see ``mode``), the reason, and the file it
     rests on. Clean needs the persistent store's clean.dot, file_summary.ets and
     msg_store_index.ets intact and recovery terms whose persistent_refs are exactly clean.dot's
@@ -96,15 +98,24 @@ def clean_state(vhost, assume_dirty: bool, model: BrokerModel | None = None,
     files = files if files is not None else r_terms.TermFiles()
     st = vhost.stores.get("persistent")
     if st is not None and st.file_summary.exists() and files.ets(st.file_summary).load_outcome() is RAISES:
-        return "dirty", (f"{st.file_summary.name} makes ets:file2tab raise: the message store's init crashes at "
-                         "every start of the vhost, which stays down"), st.file_summary
+        return (
+            "dirty",
+            (
+                f"{st.file_summary.name} makes ets:file2tab raise: the message store's init crashes at "
+                "every start of the vhost, which stays down"
+            ),
+            st.file_summary,
+        )
     if assume_dirty:
         return "dirty", "--assume-dirty", vhost.path
     if st is None or not st.clean_dot.exists():
         return "dirty", "no clean.dot", vhost.path
     if st.rdt and (model is None or model.appends_rdt):  # only <= 3.12 writes them
-        return "dirty", (f"{st.rdt[0][1].name} (an interrupted file combine): the store trusts neither "
-                         "file_summary nor its index"), st.rdt[0][1]
+        return (
+            "dirty",
+            (f"{st.rdt[0][1].name} (an interrupted file combine): the store trusts neither file_summary nor its index"),
+            st.rdt[0][1],
+        )
     dot = files.clean_dot(st.clean_dot)
     if not dot:
         return "dirty", "clean.dot is unreadable", st.clean_dot
@@ -125,12 +136,21 @@ def clean_state(vhost, assume_dirty: bool, model: BrokerModel | None = None,
     client = dot.get("client_refs")
     if isinstance(client, list) and sorted(client) == refs:
         if raises is not None:
-            return "dirty", (f"{raises.name} makes ets:file2tab raise: the vhost's first start fails (its message "
-                             "store's init crashes, clean.dot already consumed); restarted, it recovers dirty"), raises
+            return (
+                "dirty",
+                (
+                    f"{raises.name} makes ets:file2tab raise: the vhost's first start fails (its message "
+                    "store's init crashes, clean.dot already consumed); restarted, it recovers dirty"
+                ),
+                raises,
+            )
         return "clean", "clean shutdown", st.clean_dot
     n = len(client) if isinstance(client, list) else "no"
-    return "dirty", (f"clean.dot's client_refs ({n}) are not the persistent_refs of the queues' recovery terms "
-                     f"({len(refs)})"), st.clean_dot
+    return (
+        "dirty",
+        (f"clean.dot's client_refs ({n}) are not the persistent_refs of the queues' recovery terms ({len(refs)})"),
+        st.clean_dot,
+    )
 
 
 def start_crash(vs) -> str | None:
@@ -138,8 +158,11 @@ def start_crash(vs) -> str | None:
     stays down: nothing of it is served) or the "first" (a restart, ``rabbitmqctl
     restart_vhost`` or the next boot, recovers it dirty); None when it starts."""
     path = vs.recovery_state[2]
-    if path.name in ("file_summary.ets", "msg_store_index.ets") and path.is_file() \
-            and vs.term_files.ets(path).load_outcome() is RAISES:
+    if (
+        path.name in ("file_summary.ets", "msg_store_index.ets")
+        and path.is_file()
+        and vs.term_files.ets(path).load_outcome() is RAISES
+    ):
         return "every" if path.name == "file_summary.ets" else "first"
     return None
 
@@ -165,10 +188,20 @@ def recorded_summary(st) -> dict[int, tuple[int, int]] | None:
     if "summary" not in cache:
         path = st.store.file_summary
         objs = r_terms.file2tab_objects(path) if path.exists() else None
-        cache["summary"] = None if objs is None or objs is RAISES else {
-            o[1]: (o[2], o[5]) for o in objs
-            if isinstance(o, tuple) and len(o) == 8 and o[0] == "file_summary" and isinstance(o[1], int)
-            and isinstance(o[2], int) and isinstance(o[5], int)}
+        cache["summary"] = (
+            None
+            if objs is None or objs is RAISES
+            else {
+                o[1]: (o[2], o[5])
+                for o in objs
+                if isinstance(o, tuple)
+                and len(o) == 8
+                and o[0] == "file_summary"
+                and isinstance(o[1], int)
+                and isinstance(o[2], int)
+                and isinstance(o[5], int)
+            }
+        )
     return cache["summary"]
 
 
@@ -290,8 +323,12 @@ def _other_ok(st, raw: bytes, rec: tuple) -> bool:
         return False
     keys, order = _store_places(st)
     i = int(np.searchsorted(keys, rec[1] * _PLACE + rec[2]))
-    return i < len(keys) and int(keys[i]) == rec[1] * _PLACE + rec[2] and \
-        st.e_id[order[i]].tobytes() == raw and int(st.e_total[order[i]]) == rec[3]
+    return (
+        i < len(keys)
+        and int(keys[i]) == rec[1] * _PLACE + rec[2]
+        and st.e_id[order[i]].tobytes() == raw
+        and int(st.e_total[order[i]]) == rec[3]
+    )
 
 
 @dataclass(frozen=True)
@@ -329,8 +366,13 @@ def queue_starts(vs) -> dict[str, QueueStart]:
         t = terms.get(q.dir_name)
         state = t.get("v2_index_state") if t else None
         count, end = (t.get("persistent_count"), t.get("next_seq_id")) if t else (None, None)
-        if not (isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict)
-                and isinstance(count, int) and isinstance(end, int)):
+        if not (
+            isinstance(state, tuple)
+            and len(state) == 2
+            and isinstance(state[1], dict)
+            and isinstance(count, int)
+            and isinstance(end, int)
+        ):
             continue
         segs = [k for k in state[1] if isinstance(k, int)]
         first = next(iter(vs.index_of(q, restricted=False)), None)  # chunks are read a segment at a time
@@ -372,8 +414,9 @@ def clean_crashes(vs) -> tuple[set[str], bool]:
         once = res.crash_once if res.crash_once is not None else np.zeros(len(crashed), bool)
         if crashed.any() or (once & np.isin(res.fate, _QS_FATE_CODES[_QS_FATE_CODES >= 0])).any():
             queues.add(qx.qdir.label)
-            at = np.flatnonzero(crashed & (qx.rec.loc[qx.live] == Location.SHARED_STORE)
-                                & (qx.rec.persistent[qx.live] == 1))
+            at = np.flatnonzero(
+                crashed & (qx.rec.loc[qx.live] == Location.SHARED_STORE) & (qx.rec.persistent[qx.live] == 1)
+            )
             if current is not None and len(at):
                 vhost |= bool((recorded_files(st, qx.rec.msg_id[qx.live[at]]) == current).any())
     return queues, vhost
@@ -385,8 +428,9 @@ def _refs_placed(vs) -> bool:
     read (no ``DELIVERY_CRASH``, ``NOT_IN_STORE_INDEX``, nor a failed read of an expired one)."""
     if "_refs_placed" not in vs.__dict__:
         st, refs = vs.stores.get("persistent"), vs.references.get("persistent")
-        vs.__dict__["_refs_placed"] = st is None or refs is None or not len(refs.ids) or \
-            bool(recorded_ok(st, refs.ids.ids).all())
+        vs.__dict__["_refs_placed"] = (
+            st is None or refs is None or not len(refs.ids) or bool(recorded_ok(st, refs.ids.ids).all())
+        )
     return vs.__dict__["_refs_placed"]
 
 
@@ -460,8 +504,11 @@ def clean_restarts(vs) -> dict[str, list[str]]:
     if "_clean_restarts" in vs.__dict__:
         return vs.__dict__["_clean_restarts"]
     starts = queue_starts(vs)
-    inits = {q.dir_name for q in vs.all_queue_dirs
-             if starts.get(q.dir_name) is not None and starts[q.dir_name].kind == "restart"}
+    inits = {
+        q.dir_name
+        for q in vs.all_queue_dirs
+        if starts.get(q.dir_name) is not None and starts[q.dir_name].kind == "restart"
+    }
     why: dict[str, str] = {}  # dir name -> its first reason found
     for sub in vs.each_share():
         if _refs_placed(sub):  # no message of this share is missing from the trusted index
@@ -627,8 +674,12 @@ def _gc_sums(vs, st) -> tuple[dict[int, int], dict[int, int], set[int]]:
     return per_file(exact & live), per_file(exact & st.reach), set(numbers[misplaced].tolist())
 
 
-def _gc_hazards(model, summary: dict[int, tuple[int, int]] | None, on_disk: set[int],
-                sums: tuple[dict[int, int], dict[int, int], set[int]]) -> set[int]:
+def _gc_hazards(
+    model,
+    summary: dict[int, tuple[int, int]] | None,
+    on_disk: set[int],
+    sums: tuple[dict[int, int], dict[int, int], set[int]],
+) -> set[int]:
     """Clean start: the store files whose garbage collection can crash the store (``store_gc``),
     from file_summary.ets as loaded and ``_gc_sums`` over the whole vhost. ``combine`` (up to
     3.12): once the store holds more than 2 files' worth (taken as 3 files or more), two
@@ -657,7 +708,7 @@ def _gc_hazards(model, summary: dict[int, tuple[int, int]] | None, on_disk: set[
     for pos, n in enumerate(older):
         if n in on_disk and matching.get(n, 0) == summary[n][0]:
             continue
-        if any(stuck[n] + max(1, stuck[m]) <= limit for m in older[max(0, pos - 1):pos] + older[pos + 1:pos + 2]):
+        if any(stuck[n] + max(1, stuck[m]) <= limit for m in older[max(0, pos - 1) : pos] + older[pos + 1 : pos + 2]):
             out.add(n)
     return out
 
@@ -684,8 +735,7 @@ def store_crash(vs) -> StoreCrash | None:
             for qx in sub.live_chunks(whole=True):
                 r, live = qx.rec, qx.live
                 expiry = r.expiry[live]
-                if qx.qdir.label in removes or not ((expiry > 0) & (expiry <= now)).any() \
-                        or dead_letters(sub, qx.qdir):
+                if qx.qdir.label in removes or not ((expiry > 0) & (expiry <= now)).any() or dead_letters(sub, qx.qdir):
                     continue
                 fate = resolve(sub, qx, propagate=False).fate
                 sel = live[(fate == Fate.EXPIRED) & (r.loc[live] == _SHARED) & (r.persistent[live] == 1)]
@@ -705,10 +755,13 @@ def store_crash(vs) -> StoreCrash | None:
             triggers.append(("double-ack", tuple(sorted(doubles, key=str))))
         if triggers:
             kinds = {k for k, _ in triggers}
-            out = StoreCrash(tuple(triggers), certain="read" in kinds,
-                             restart="either" if kinds & {"remove", "gc"} else "dirty",
-                             may_stay_down="gc" in kinds or len(removes) > versions_constant("vhost_restarts")[0],
-                             queues_may_stop="remove" in kinds and vs.node.metadata.kind == "khepri")
+            out = StoreCrash(
+                tuple(triggers),
+                certain="read" in kinds,
+                restart="either" if kinds & {"remove", "gc"} else "dirty",
+                may_stay_down="gc" in kinds or len(removes) > versions_constant("vhost_restarts")[0],
+                queues_may_stop="remove" in kinds and vs.node.metadata.kind == "khepri",
+            )
     vs.__dict__["_store_crash"] = out
     return out
 
@@ -775,9 +828,13 @@ class Resolved:
         return None if f < 0 else (self.body_files[f], int(self.body_start[j]), int(self.body_len[j]))
 
 
-_QS_FATE = {QsStatus.MISSING_FILE: Fate.QS_MISSING_FILE, QsStatus.BAD_HEADER: Fate.QS_BAD_HEADER,
-            QsStatus.OUT_OF_RANGE: Fate.QS_OUT_OF_RANGE, QsStatus.BAD_SIZE: Fate.QS_BAD_SIZE,
-            QsStatus.BAD_CRC: Fate.QS_BAD_CRC}
+_QS_FATE = {
+    QsStatus.MISSING_FILE: Fate.QS_MISSING_FILE,
+    QsStatus.BAD_HEADER: Fate.QS_BAD_HEADER,
+    QsStatus.OUT_OF_RANGE: Fate.QS_OUT_OF_RANGE,
+    QsStatus.BAD_SIZE: Fate.QS_BAD_SIZE,
+    QsStatus.BAD_CRC: Fate.QS_BAD_CRC,
+}
 _QS_FATE_CODES = np.array([_QS_FATE.get(s, -1) for s in sorted(QsStatus, key=int)], np.int8)  # by QsStatus code
 
 
@@ -901,8 +958,15 @@ def resolve(vs, qx, propagate: bool = True, regime: str | None = None) -> Resolv
     # index: then the queue crashes at init and restarts recovering its index from the files
     start = queue_starts(vs).get(qx.qdir.dir_name) if clean else None
     trusted = clean and (start is None or start.kind != "restart")
-    out = Resolved([], np.full(n, -1, np.int32), np.zeros(n, np.int64), np.zeros(n, np.int64),
-                   np.full(n, -1, np.int64), np.zeros(n, np.int8), np.zeros(n, np.int8))
+    out = Resolved(
+        [],
+        np.full(n, -1, np.int32),
+        np.zeros(n, np.int64),
+        np.zeros(n, np.int64),
+        np.full(n, -1, np.int64),
+        np.zeros(n, np.int8),
+        np.zeros(n, np.int8),
+    )
     file_ix: dict[Path, int] = {}
 
     def path_ix(path: Path) -> int:
@@ -943,8 +1007,11 @@ def resolve(vs, qx, propagate: bool = True, regime: str | None = None) -> Resolv
         sel = in_qs[files[in_qs] == f]
         qs_path = qx.qs_of(f)
         qs = vs.qs_files.get(qs_path) if qs_path is not None else None
-        status = np.full(len(sel), QsStatus.MISSING_FILE, np.int8) if qs is None else \
-            vs.bodies.qs_entries(qs, st_off[sel], st_size[sel])
+        status = (
+            np.full(len(sel), QsStatus.MISSING_FILE, np.int8)
+            if qs is None
+            else vs.bodies.qs_entries(qs, st_off[sel], st_size[sel])
+        )
         out.qs_status[sel] = status
         out.store_offset[sel] = st_off[sel]
         if qs is not None:
@@ -981,26 +1048,42 @@ def resolve(vs, qx, propagate: bool = True, regime: str | None = None) -> Resolv
         before = read_before_loss(vs, qx) if at_risk == Fate.QUEUE_CRASH else None
         if before is not None and not vs.model.store_reads_in_batches:
             at_risk = np.where(before, Fate.DELIVERED, Fate.QUEUE_CRASH).astype(np.int8)
-    bad_segment = np.isin(files, list(qx.bad_segments)) if qx.version == 2 and not trusted and qx.bad_segments \
+    bad_segment = (
+        np.isin(files, list(qx.bad_segments))
+        if qx.version == 2 and not trusted and qx.bad_segments
         else np.zeros(n, bool)
+    )
     outside = np.zeros(n, bool)  # seq ids the recovery terms do not cover: never read
     if start is not None and start.kind != "restart":
         seq = r.seq[live]
         outside = (seq < start.low) | (seq >= start.end)
-    intrinsic = np.where(persistent != 1, Fate.TRANSIENT,
-                         np.where(loc == Location.MEMORY, Fate.NOT_ON_DISK, Fate.BAD_LOCATION))
+    intrinsic = np.where(
+        persistent != 1, Fate.TRANSIENT, np.where(loc == Location.MEMORY, Fate.NOT_ON_DISK, Fate.BAD_LOCATION)
+    )
     out.fate[:] = first_of(
-        [(r.kind[live] == _BAD) & (qdrop in (None, Fate.QUEUE_CRASH)) & ~bad_segment,  # header first
-         np.full(n, qdrop is not None),
-         bad_segment,
-         (persistent != 1) | ~_ON_DISK[loc + 1],
-         outside,
-         trusted & expired,  # the queue drops an expired head without reading its body
-         problem >= 0,
-         expired],
-        [Fate.BAD_INDEX_ENTRY, qdrop or 0, Fate.SEGMENT_DELETED, intrinsic, Fate.NOT_IN_RECOVERY_TERMS,
-         Fate.EXPIRED, problem, Fate.EXPIRED],
-        Fate.DELIVERED if at_risk is None else at_risk, n)
+        [
+            (r.kind[live] == _BAD) & (qdrop in (None, Fate.QUEUE_CRASH)) & ~bad_segment,  # header first
+            np.full(n, qdrop is not None),
+            bad_segment,
+            (persistent != 1) | ~_ON_DISK[loc + 1],
+            outside,
+            trusted & expired,  # the queue drops an expired head without reading its body
+            problem >= 0,
+            expired,
+        ],
+        [
+            Fate.BAD_INDEX_ENTRY,
+            qdrop or 0,
+            Fate.SEGMENT_DELETED,
+            intrinsic,
+            Fate.NOT_IN_RECOVERY_TERMS,
+            Fate.EXPIRED,
+            problem,
+            Fate.EXPIRED,
+        ],
+        Fate.DELIVERED if at_risk is None else at_risk,
+        n,
+    )
     return out
 
 
@@ -1018,14 +1101,32 @@ def first_of(conditions: list, choices: list, default: int, n: int) -> np.ndarra
 # -- what writers and checks make of a fate ----------------------------------------------------------
 
 #: the next boot drops these although the message's bytes are intact: rebuild keeps them
-SALVAGEABLE = frozenset({Fate.DELIVERED, Fate.EXPIRED, Fate.BODY_UNREACHABLE, Fate.SEGMENT_DELETED,
-                         Fate.BAD_INDEX_ENTRY, Fate.QUEUE_CRASH, Fate.BOOT_HANG, Fate.V1_UNSUPPORTED,
-                         Fate.DELIVERY_CRASH, Fate.VHOST_CRASH, Fate.NOT_IN_RECOVERY_TERMS,
-                         Fate.NOT_IN_STORE_INDEX, Fate.DELIVERY_LIMIT, Fate.DEAD_LETTERED, Fate.LOG_LOST,
-                         Fate.QUEUE_UNAVAILABLE,
-                         # a stream's records: its dir is carried over by the writers as it is
-                         Fate.STREAM_CHUNK_CUT, Fate.STREAM_NOT_STARTED, Fate.STREAM_UNREACHED,
-                         Fate.STREAM_COMPRESSED_SKIPPED, Fate.STREAM_READ_FAILS})
+SALVAGEABLE = frozenset(
+    {
+        Fate.DELIVERED,
+        Fate.EXPIRED,
+        Fate.BODY_UNREACHABLE,
+        Fate.SEGMENT_DELETED,
+        Fate.BAD_INDEX_ENTRY,
+        Fate.QUEUE_CRASH,
+        Fate.BOOT_HANG,
+        Fate.V1_UNSUPPORTED,
+        Fate.DELIVERY_CRASH,
+        Fate.VHOST_CRASH,
+        Fate.NOT_IN_RECOVERY_TERMS,
+        Fate.NOT_IN_STORE_INDEX,
+        Fate.DELIVERY_LIMIT,
+        Fate.DEAD_LETTERED,
+        Fate.LOG_LOST,
+        Fate.QUEUE_UNAVAILABLE,
+        # a stream's records: its dir is carried over by the writers as it is
+        Fate.STREAM_CHUNK_CUT,
+        Fate.STREAM_NOT_STARTED,
+        Fate.STREAM_UNREACHED,
+        Fate.STREAM_COMPRESSED_SKIPPED,
+        Fate.STREAM_READ_FAILS,
+    }
+)
 #: readable but not deliverable, or not trustworthy: rebuild puts them in lost+found with the bytes
 QUARANTINED = frozenset({Fate.TRANSIENT, Fate.QUEUE_DELETED, Fate.QS_BAD_CRC, Fate.QS_BAD_SIZE})
 #: dropped by design, not by damage (compact drops them; they make no rebuild exit 1)
@@ -1035,19 +1136,35 @@ KEPT_AS_IS = frozenset({Fate.DELIVERED, Fate.EXPIRED})
 
 #: the finding code that names each way the next boot loses a message
 FINDING_OF_FATE = {
-    Fate.QUEUE_DELETED: "unknown-queue", Fate.V1_UNSUPPORTED: "boot-crash", Fate.SEGMENT_DELETED: "qi-bad-header",
-    Fate.BAD_INDEX_ENTRY: "qi-bad-entry", Fate.TRANSIENT: "transient-dropped", Fate.NOT_ON_DISK: "qi-bad-entry",
-    Fate.BAD_LOCATION: "qi-bad-entry", Fate.BODY_MISSING: "msg-missing", Fate.BODY_UNREACHABLE: "rdq-garbage",
-    Fate.QS_MISSING_FILE: "qs-entry-missing", Fate.QS_BAD_HEADER: "qs-bad-header",
-    Fate.QS_OUT_OF_RANGE: "qs-entry-missing", Fate.QS_BAD_SIZE: "qs-entry-crc", Fate.QS_BAD_CRC: "qs-entry-crc",
-    Fate.QUEUE_CRASH: "boot-crash", Fate.BOOT_HANG: "boot-crash", Fate.DELIVERY_CRASH: "boot-crash",
-    Fate.VHOST_CRASH: "boot-crash", Fate.NOT_IN_RECOVERY_TERMS: "recovery-terms-mismatch",
+    Fate.QUEUE_DELETED: "unknown-queue",
+    Fate.V1_UNSUPPORTED: "boot-crash",
+    Fate.SEGMENT_DELETED: "qi-bad-header",
+    Fate.BAD_INDEX_ENTRY: "qi-bad-entry",
+    Fate.TRANSIENT: "transient-dropped",
+    Fate.NOT_ON_DISK: "qi-bad-entry",
+    Fate.BAD_LOCATION: "qi-bad-entry",
+    Fate.BODY_MISSING: "msg-missing",
+    Fate.BODY_UNREACHABLE: "rdq-garbage",
+    Fate.QS_MISSING_FILE: "qs-entry-missing",
+    Fate.QS_BAD_HEADER: "qs-bad-header",
+    Fate.QS_OUT_OF_RANGE: "qs-entry-missing",
+    Fate.QS_BAD_SIZE: "qs-entry-crc",
+    Fate.QS_BAD_CRC: "qs-entry-crc",
+    Fate.QUEUE_CRASH: "boot-crash",
+    Fate.BOOT_HANG: "boot-crash",
+    Fate.DELIVERY_CRASH: "boot-crash",
+    Fate.VHOST_CRASH: "boot-crash",
+    Fate.NOT_IN_RECOVERY_TERMS: "recovery-terms-mismatch",
     Fate.NOT_IN_STORE_INDEX: "store-index-mismatch",
-    Fate.STREAM_CHUNK_CUT: "stream-boot-loss", Fate.STREAM_NOT_STARTED: "stream-boot-loss",
-    Fate.STREAM_UNREACHED: "osiris-chunk-id-gap", Fate.STREAM_COMPRESSED_SKIPPED: "stream-not-served",
+    Fate.STREAM_CHUNK_CUT: "stream-boot-loss",
+    Fate.STREAM_NOT_STARTED: "stream-boot-loss",
+    Fate.STREAM_UNREACHED: "osiris-chunk-id-gap",
+    Fate.STREAM_COMPRESSED_SKIPPED: "stream-not-served",
     Fate.STREAM_READ_FAILS: "stream-not-served",
-    Fate.DELIVERY_LIMIT: "quorum-delivery-limit", Fate.DEAD_LETTERED: "quorum-dead-letter-pending",
-    Fate.LOG_LOST: "quorum-wal-entries-lost", Fate.QUEUE_UNAVAILABLE: "quorum-queue-unavailable",
+    Fate.DELIVERY_LIMIT: "quorum-delivery-limit",
+    Fate.DEAD_LETTERED: "quorum-dead-letter-pending",
+    Fate.LOG_LOST: "quorum-wal-entries-lost",
+    Fate.QUEUE_UNAVAILABLE: "quorum-queue-unavailable",
 }
 
 
@@ -1113,8 +1230,11 @@ class StreamFate:
             if r.offset in served:
                 continue
             own = by_chunk.get((r.chunk.file, r.chunk.pos))
-            amqp[r.offset] = own if own is not None else (
-                Fate.STREAM_COMPRESSED_SKIPPED if r.offset in self.amqp091.skipped else Fate.STREAM_READ_FAILS)
+            amqp[r.offset] = (
+                own
+                if own is not None
+                else (Fate.STREAM_COMPRESSED_SKIPPED if r.offset in self.amqp091.skipped else Fate.STREAM_READ_FAILS)
+            )
         return by_chunk, amqp
 
 
@@ -1131,19 +1251,40 @@ def stream_fate(scan, model: BrokerModel, prefetch: int = AMQP091_PREFETCH) -> S
     indexed = [(stem, seg, idx) for stem, seg, idx in pairs if idx is not None]
     every = [(c.file, c.pos, c.chunk_id) for c in scan.chunks]
     if not indexed:
-        return StreamFate("empty", "no index file: osiris_log:init/2 opens a new segment 0 (truncating it) and the "
-                          "stream restarts empty", set(), [], _no_read(), cut=every, unreached=[])
+        return StreamFate(
+            "empty",
+            "no index file: osiris_log:init/2 opens a new segment 0 (truncating it) and the stream restarts empty",
+            set(),
+            [],
+            _no_read(),
+            cut=every,
+            unreached=[],
+        )
     # maybe_fix_corrupted_files: only the last pair is checked
     while indexed:
         stem, seg_path, idx_path = indexed[-1]
         seg = scan.segments.get(stem)
         if seg_path is None:
             if model.stream_missing_last_segment == "fails":
-                return StreamFate("fails", f"{stem}.segment is missing: osiris 1.3.1 throws missing_file and the "
-                                  "stream does not start", set(), [], _no_read(), cut=[], unreached=[])
+                return StreamFate(
+                    "fails",
+                    f"{stem}.segment is missing: osiris 1.3.1 throws missing_file and the stream does not start",
+                    set(),
+                    [],
+                    _no_read(),
+                    cut=[],
+                    unreached=[],
+                )
             if len(indexed) == 1:  # file_size_or_zero: an empty segment
-                return StreamFate("empty", f"the only segment {stem}.segment is missing: the stream restarts empty",
-                                  set(), [], _no_read(), cut=every, unreached=[])
+                return StreamFate(
+                    "empty",
+                    f"the only segment {stem}.segment is missing: the stream restarts empty",
+                    set(),
+                    [],
+                    _no_read(),
+                    cut=every,
+                    unreached=[],
+                )
             indexed = indexed[:-1]  # its index is deleted
             continue
         if len(indexed) > 1 and seg.size <= g.CHUNK_HEADER_SIZE:
@@ -1168,9 +1309,16 @@ def stream_fate(scan, model: BrokerModel, prefetch: int = AMQP091_PREFETCH) -> S
         # it to its header (file_size =< IDX_HEADER_SIZE + INDEX_RECORD_SIZE_B), and an index
         # without records is no index: init/2 opens a new segment 0 (read from the source, 1.3.1
         # to 1.13.1; not booted)
-        return StreamFate("empty", f"the only index {stem}.index keeps at most one valid record: the boot rewrites "
-                          "it to its header and the stream restarts empty", set(), [], _no_read(), cut=every,
-                          unreached=[])
+        return StreamFate(
+            "empty",
+            f"the only index {stem}.index keeps at most one valid record: the boot rewrites "
+            "it to its header and the stream restarts empty",
+            set(),
+            [],
+            _no_read(),
+            cut=every,
+            unreached=[],
+        )
     kept, cut = set(), []
     kept_stems = {s for s, _, _ in indexed}
     for s, _, _ in pairs:
@@ -1192,8 +1340,9 @@ def stream_fate(scan, model: BrokerModel, prefetch: int = AMQP091_PREFETCH) -> S
         expected = c.chunk_id + c.num_records
     why = "kept" if not cut else f"the boot cuts {len(cut)} chunk(s) after the last valid indexed chunk"
     views = amqp091_views(scan.records, model)
-    return StreamFate("ok", why, kept, served, amqp091_read(served, scan.records, model, prefetch, views), cut,
-                      unreached, views)
+    return StreamFate(
+        "ok", why, kept, served, amqp091_read(served, scan.records, model, prefetch, views), cut, unreached, views
+    )
 
 
 def amqp091_views(records, model: BrokerModel) -> dict:
@@ -1229,8 +1378,9 @@ def _entries(records, views: dict) -> dict:
     return out
 
 
-def amqp091_read(chunks: list, records: list, model: BrokerModel, prefetch: int = AMQP091_PREFETCH,
-                 views: dict | None = None) -> Amqp091Read:
+def amqp091_read(
+    chunks: list, records: list, model: BrokerModel, prefetch: int = AMQP091_PREFETCH, views: dict | None = None
+) -> Amqp091Read:
     """Replay the broker's reads of a stream for an AMQP 0-9-1 consumer from ``first``
     (``AMQP091_PREFETCH``) over ``chunks`` (what a reader from first reads, in order).
 
@@ -1290,8 +1440,13 @@ def amqp091_read(chunks: list, records: list, model: BrokerModel, prefetch: int 
                     c = queue[k]
                     k += 1
                     if checks_crc(c, credit) and not c.crc_ok:
-                        return Amqp091Read(delivered, skipped, c.chunk_id, f"chunk {c.chunk_id} fails its CRC-32: the "
-                                           "read exits crc_validation_failure", step)
+                        return Amqp091Read(
+                            delivered,
+                            skipped,
+                            c.chunk_id,
+                            f"chunk {c.chunk_id} fails its CRC-32: the read exits crc_validation_failure",
+                            step,
+                        )
                     if c.chunk_type == g.CHNK_USER:
                         current = [list(e) for e in entries.get((c.file, c.pos), [])]
                         chunk = c
@@ -1301,10 +1456,18 @@ def amqp091_read(chunks: list, records: list, model: BrokerModel, prefetch: int 
                 if parsed:  # the whole chunk is converted at once
                     for comp, offs, ok, _ in current:
                         if (comp not in (None, "none")) or not ok:
-                            why = (f"{comp} sub-batch" if comp not in (None, "none") else
-                                   f"record {offs[0]} is no AMQP 1.0 message")
-                            return Amqp091Read(delivered, skipped, chunk.chunk_id, f"chunk {chunk.chunk_id}: {why} "
-                                               "cannot be converted for AMQP 0-9-1", step)
+                            why = (
+                                f"{comp} sub-batch"
+                                if comp not in (None, "none")
+                                else f"record {offs[0]} is no AMQP 1.0 message"
+                            )
+                            return Amqp091Read(
+                                delivered,
+                                skipped,
+                                chunk.chunk_id,
+                                f"chunk {chunk.chunk_id}: {why} cannot be converted for AMQP 0-9-1",
+                                step,
+                            )
                     offs = [o for _, os_, _, _ in current for o in os_]
                     step += offs
                     credit -= len(offs)
@@ -1317,8 +1480,7 @@ def amqp091_read(chunks: list, records: list, model: BrokerModel, prefetch: int 
                 skipped.update(offs)
                 continue
             if not ok:
-                return Amqp091Read(delivered, skipped, chunk.chunk_id, f"record {offs[0]} is no AMQP 1.0 message",
-                                   step)
+                return Amqp091Read(delivered, skipped, chunk.chunk_id, f"record {offs[0]} is no AMQP 1.0 message", step)
             take = min(credit, len(offs))
             step += offs[:take]
             buffer = offs[take:]
@@ -1361,8 +1523,9 @@ class WalRecovery:
     below_snapshot: list[int] = field(default_factory=list)  # rows Ra 2.16+ skips as already snapshotted (normal)
 
 
-def wal_recovery(scan, model: BrokerModel, registered: set[bytes] | None = None,
-                 snapshot_index: dict[bytes, int] | None = None) -> WalRecovery:
+def wal_recovery(
+    scan, model: BrokerModel, registered: set[bytes] | None = None, snapshot_index: dict[bytes, int] | None = None
+) -> WalRecovery:
     """Apply the version's WAL recovery rules to a scanned WAL (``readers.ra_wal.walk``):
 
     * no header: the WAL process exits (``unknown_wal_file_format``; an empty or short file has
@@ -1385,8 +1548,15 @@ def wal_recovery(scan, model: BrokerModel, registered: set[bytes] | None = None,
         off = int(scan.offset[i])
         if not scan.known[i]:
             if not modern:
-                return WalRecovery(scan.path, kept, skipped, off, "unknown_reference", RA_NODE_REFUSES,
-                                   f"writer reference {int(scan.ref[i])} was never named in this file")
+                return WalRecovery(
+                    scan.path,
+                    kept,
+                    skipped,
+                    off,
+                    "unknown_reference",
+                    RA_NODE_REFUSES,
+                    f"writer reference {int(scan.ref[i])} was never named in this file",
+                )
             skipped.append(i)
             continue
         uid = scan.uid(i)
@@ -1395,17 +1565,26 @@ def wal_recovery(scan, model: BrokerModel, registered: set[bytes] | None = None,
             continue
         if scan.checksum[i] == r_wal.CHECK_BAD:
             if scan.bad_is_last(i):
-                return WalRecovery(scan.path, kept, skipped, off, "bad_checksum_forgiven", RA_OK,
-                                   "the last record fails its checksum: dropped")
-            return WalRecovery(scan.path, kept, skipped, off, "bad_checksum", RA_NODE_REFUSES,
-                               "wal_checksum_validation_failure")
+                return WalRecovery(
+                    scan.path,
+                    kept,
+                    skipped,
+                    off,
+                    "bad_checksum_forgiven",
+                    RA_OK,
+                    "the last record fails its checksum: dropped",
+                )
+            return WalRecovery(
+                scan.path, kept, skipped, off, "bad_checksum", RA_NODE_REFUSES, "wal_checksum_validation_failure"
+            )
         if modern and snapshot_index is not None and int(scan.index[i]) <= snapshot_index.get(uid, -1):
             below.append(i)
             continue
         kept.append(i)
     end = scan.end
-    return WalRecovery(scan.path, kept, skipped, end.offset if end.kind != "eof" else None, end.kind,
-                       below_snapshot=below)
+    return WalRecovery(
+        scan.path, kept, skipped, end.offset if end.kind != "eof" else None, end.kind, below_snapshot=below
+    )
 
 
 def ra_segment_usable(seg, model: BrokerModel) -> tuple[bool, str]:

@@ -29,8 +29,21 @@ from dataclasses import dataclass, field
 
 from cqforensics.readers.metadata import Binding, Metadata
 
-_INT = {"byte", "short", "signedint", "long", "unsignedbyte", "unsignedshort", "unsignedint", "signedbyte",
-        "unsignedlong", "int", "long_int", "short_int", "timestamp"}
+_INT = {
+    "byte",
+    "short",
+    "signedint",
+    "long",
+    "unsignedbyte",
+    "unsignedshort",
+    "unsignedint",
+    "signedbyte",
+    "unsignedlong",
+    "int",
+    "long_int",
+    "short_int",
+    "timestamp",
+}
 _FLOAT = {"float", "double"}
 _STR = {"longstr", "shortstr", "binary", "string", "symbol", "utf8"}
 
@@ -130,8 +143,14 @@ class Router:
         for b in self.meta.bindings:
             self.by_source.setdefault((b.vhost, b.source), []).append(b)
 
-    def route(self, vhost: bytes, exchange: bytes, routing_keys: list[bytes], headers: dict | None = None,
-              _seen: set | None = None) -> set[bytes] | None:
+    def route(
+        self,
+        vhost: bytes,
+        exchange: bytes,
+        routing_keys: list[bytes],
+        headers: dict | None = None,
+        _seen: set | None = None,
+    ) -> set[bytes] | None:
         """The queue names (of ``vhost``) a message published to ``exchange`` reaches; None when
         the routing cannot be told (unknown exchange or exchange type)."""
         if exchange == b"":  # the default exchange: the queue each routing key names
@@ -174,8 +193,12 @@ class Router:
 
 def _alternate(args: list) -> bytes | None:
     for item in args:
-        if isinstance(item, tuple) and len(item) == 3 and item[0] == b"alternate-exchange" \
-                and isinstance(item[2], (bytes, bytearray)):
+        if (
+            isinstance(item, tuple)
+            and len(item) == 3
+            and item[0] == b"alternate-exchange"
+            and isinstance(item[2], (bytes, bytearray))
+        ):
             return bytes(item[2])
     return None
 
@@ -185,8 +208,9 @@ def route_message(router: Router, vhost: bytes, msg: dict) -> set[bytes] | None:
     exchange = msg.get("exchange")
     if exchange is None:
         return None
-    keys = [k.encode("utf-8", "surrogateescape") if isinstance(k, str) else bytes(k)
-            for k in msg.get("routing_keys") or []]
+    keys = [
+        k.encode("utf-8", "surrogateescape") if isinstance(k, str) else bytes(k) for k in msg.get("routing_keys") or []
+    ]
     headers = msg.get("headers")
     if isinstance(headers, str):
         try:

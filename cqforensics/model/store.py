@@ -122,7 +122,7 @@ class IdSet:
     lo: np.ndarray
 
     @classmethod
-    def build(cls, ids: np.ndarray, order_key: np.ndarray | None = None) -> tuple["IdSet", np.ndarray, np.ndarray]:
+    def build(cls, ids: np.ndarray, order_key: np.ndarray | None = None) -> tuple[IdSet, np.ndarray, np.ndarray]:
         """(set, group of each input, first input of each group in ``order_key`` order)."""
         n = len(ids)
         hi, lo = id_halves(ids)
@@ -182,8 +182,13 @@ class Recorded:
     others: dict
 
     @classmethod
-    def build(cls, rows: np.ndarray, others: list[tuple[int, object, tuple]] = (),
-              positions: np.ndarray | None = None, share: Share | None = None) -> "Recorded":
+    def build(
+        cls,
+        rows: np.ndarray,
+        others: list[tuple[int, object, tuple]] = (),
+        positions: np.ndarray | None = None,
+        share: Share | None = None,
+    ) -> Recorded:
         """From ``LOCATION`` rows in file order, and the other records with their positions among
         all (``readers.terms.RecordedLocations``); ``share``: only the records of its ids."""
         if share is not None and share.parts > 1:
@@ -209,8 +214,9 @@ class Recorded:
         ids = np.ascontiguousarray(rows["id"][::-1])  # the last record of an id first
         idset, _, firsts = IdSet.build(ids)
         firsts = len(rows) - 1 - firsts
-        return cls(idset, *(np.ascontiguousarray(rows[c][firsts]) for c in ("ref_count", "file", "offset", "total")),
-                   others)
+        return cls(
+            idset, *(np.ascontiguousarray(rows[c][firsts]) for c in ("ref_count", "file", "offset", "total")), others
+        )
 
     def __len__(self) -> int:
         return len(self.ids) + len(self.others)
@@ -226,7 +232,7 @@ class Recorded:
     def items(self):
         """(key, (ref_count, file, offset, total)) of every record (Python objects: for tests
         and the rare caller that needs them all)."""
-        for j, raw in enumerate(self.ids.ids.tobytes()[i:i + 16] for i in range(0, 16 * len(self.ids), 16)):
+        for j, raw in enumerate(self.ids.ids.tobytes()[i : i + 16] for i in range(0, 16 * len(self.ids), 16)):
             yield raw, (int(self.ref_count[j]), int(self.file[j]), int(self.offset[j]), int(self.total[j]))
         yield from self.others.items()
 
@@ -306,7 +312,7 @@ class Spill:
         bounds = np.searchsorted(shares[order], np.arange(self.parts + 1))
         for k in range(self.parts):
             if bounds[k + 1] > bounds[k]:
-                data = memoryview(records[order[bounds[k]:bounds[k + 1]]].tobytes())
+                data = memoryview(records[order[bounds[k] : bounds[k + 1]]].tobytes())
                 while data:
                     n = os.pwrite(self.files[k].fileno(), data, self.sizes[k])
                     self.sizes[k] += n
@@ -390,8 +396,14 @@ def walk_positions(files: list[r_rdq.RdqFile]) -> tuple[np.ndarray, np.ndarray]:
     return joined, base
 
 
-def walk_store(store: StoreDir, model: BrokerModel, referenced: r_rdq.Referenced | None, parts: int,
-               pinned: np.ndarray | None = None, jobs: int = 1) -> WalkedStore:
+def walk_store(
+    store: StoreDir,
+    model: BrokerModel,
+    referenced: r_rdq.Referenced | None,
+    parts: int,
+    pinned: np.ndarray | None = None,
+    jobs: int = 1,
+) -> WalkedStore:
     """Walk every file of the store once (trusting ``referenced`` and ``pinned``, see
     ``scan_store``) and sort its entries out by share (``jobs``: see ``walk_files``)."""
     referenced = _pinned(referenced, pinned)
@@ -444,9 +456,16 @@ def _pinned(referenced: r_rdq.Referenced | None, pinned: np.ndarray | None) -> r
     return referenced if referenced is not None and len(referenced) else None
 
 
-def scan_store(store: StoreDir, model: BrokerModel, refs: "References | None" = None, share: Share | None = None,
-               referenced: r_rdq.Referenced | None = None, walked: WalkedStore | None = None,
-               record: StoreRecord | None = None, jobs: int = 1) -> StoreIndex:
+def scan_store(
+    store: StoreDir,
+    model: BrokerModel,
+    refs: References | None = None,
+    share: Share | None = None,
+    referenced: r_rdq.Referenced | None = None,
+    walked: WalkedStore | None = None,
+    record: StoreRecord | None = None,
+    jobs: int = 1,
+) -> StoreIndex:
     """Walk every file of the store. The walk trusts (readers.rdq, "which candidates become
     entries") the ids the queue indexes reference into this store (``referenced``, else those
     of ``refs``) and those msg_store_index.ets records after a clean stop; the rest must earn
@@ -468,22 +487,47 @@ def scan_store(store: StoreDir, model: BrokerModel, refs: "References | None" = 
         files, parts, bad = [], [], []
         for fi, f, reach in walk_files(store, model, referenced, jobs):
             keep = share.holds(f.msg_ids) if share is not None else slice(None)
-            parts.append((np.full(len(f.offsets[keep]), fi, np.int32), f.offsets[keep], f.totals[keep],
-                          f.msg_ids[keep], reach[keep]))
+            parts.append(
+                (
+                    np.full(len(f.offsets[keep]), fi, np.int32),
+                    f.offsets[keep],
+                    f.totals[keep],
+                    f.msg_ids[keep],
+                    reach[keep],
+                )
+            )
             bad += [(fi, o, t, i) for o, t, i in f.bad_markers if share is None or share.holds_key(i)]
             # now in the arrays (fresh empties: a view would keep the walk's whole buffers alive)
             f.offsets, f.totals, f.msg_ids = np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, ID)
             files.append(f)
         e_file, e_offset, e_total, e_id, reach = (
             np.concatenate(c) if c else np.zeros(0, t)
-            for c, t in zip(zip(*parts) if parts else ((),) * 5, (np.int32, np.int64, np.int64, ID, bool)))
+            for c, t in zip(zip(*parts) if parts else ((),) * 5, (np.int32, np.int64, np.int64, ID, bool))
+        )
         del parts
     distinct, group, first = IdSet.build(e_id)
     copies = np.bincount(group, minlength=len(distinct))
     joined, base = walk_positions(files)  # an appended .rdt's entries follow its .rdq's, in that file
     claim = recovery.claims(joined[e_file], e_offset + base[e_file], reach, group, len(distinct), model)
-    return StoreIndex(store, files, e_file, e_offset, e_total, e_id, reach, group, distinct, copies, first, claim,
-                      bad, recorded, clean, share, record.loaded)
+    return StoreIndex(
+        store,
+        files,
+        e_file,
+        e_offset,
+        e_total,
+        e_id,
+        reach,
+        group,
+        distinct,
+        copies,
+        first,
+        claim,
+        bad,
+        recorded,
+        clean,
+        share,
+        record.loaded,
+    )
 
 
 @dataclass
@@ -502,4 +546,3 @@ class References:
         """Distinct (id position * n_queues + queue position), for the queue lists."""
         pairs = self.group * self.n_queues + self.queue
         return pairs if not len(self.count) or self.count.max() <= 1 else distinct(pairs)
-

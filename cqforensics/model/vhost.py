@@ -28,23 +28,42 @@ from cqforensics.base import parallel
 from cqforensics.base.enums import Location, StoreStatus
 from cqforensics.base.errors import CQError, display, plural
 from cqforensics.base.findings import Finding
-from cqforensics.discovery.nodes import (STORAGE_KINDS, NodeDir, QueueDir, StorageKind, VhostDir, read_name_file, storage_kind,
-                                tree_bytes)
+from cqforensics.discovery.nodes import (
+    STORAGE_KINDS,
+    NodeDir,
+    QueueDir,
+    StorageKind,
+    VhostDir,
+    read_name_file,
+    storage_kind,
+    tree_bytes,
+)
 from cqforensics.model import quorum as m_quorum
 from cqforensics.model import recovery, versions
 from cqforensics.model.bodies import Bodies
 from cqforensics.model.index import ID, IndexChunk, Records, iter_chunks
 from cqforensics.model.options import Options, make_options
 from cqforensics.model.recovery import Resolved
-from cqforensics.model.store import (REFERENCE, IdSet, Recorded, References, Share, Spill, StoreIndex, StoreRecord,
-                                     id_share, scan_store, shares_for, walk_store)
-from cqforensics.readers import terms as r_terms
-from cqforensics.readers.metadata import Metadata, QueueRecord, read_metadata
+from cqforensics.model.store import (
+    REFERENCE,
+    IdSet,
+    Recorded,
+    References,
+    Share,
+    Spill,
+    StoreIndex,
+    StoreRecord,
+    id_share,
+    scan_store,
+    shares_for,
+    walk_store,
+)
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
+from cqforensics.readers import terms as r_terms
 from cqforensics.readers.files import read_head, read_optional
+from cqforensics.readers.metadata import Metadata, QueueRecord, read_metadata
 from cqforensics.readers.qs import QsFile, open_qs
-
 
 #: a vhost whose index and store files hold fewer bytes has its indexes read by one process
 #: whatever ``jobs`` says
@@ -126,22 +145,49 @@ def _joined(group: list[tuple[IndexChunk, np.ndarray]]) -> IndexChunk:
         parts.append(rows)
     rows = np.concatenate(parts)
     first = group[0][0]
-    return IndexChunk(first.qdir, first.version, files, Records.from_rows(rows), np.arange(len(rows)),
-                      bad_segments=bad, segments=[c.segment for c, _ in group for _ in c.files])
+    return IndexChunk(
+        first.qdir,
+        first.version,
+        files,
+        Records.from_rows(rows),
+        np.arange(len(rows)),
+        bad_segments=bad,
+        segments=[c.segment for c, _ in group for _ in c.files],
+    )
 
 
 class VhostScan:
     """One vhost of one node, analysed lazily."""
 
     #: facts about the whole vhost, whatever ``only`` and ``share`` say
-    VHOST_WIDE = ("all_queue_dirs", "qs_files", "recovery", "crashing_queues", "clean_crashes", "shares",
-                  "spills", "_lost_on_read", "_queue_starts", "_clean_restarts", "_store_crash", "_double_acked",
-                  "_double_ackers", "start_crash", "term_files")
+    VHOST_WIDE = (
+        "all_queue_dirs",
+        "qs_files",
+        "recovery",
+        "crashing_queues",
+        "clean_crashes",
+        "shares",
+        "spills",
+        "_lost_on_read",
+        "_queue_starts",
+        "_clean_restarts",
+        "_store_crash",
+        "_double_acked",
+        "_double_ackers",
+        "start_crash",
+        "term_files",
+    )
     #: facts about the vhost's ids of one share (all of them, unshared): store indexes, references
     PER_SHARE = ("stores", "index_pass", "store_status")
 
-    def __init__(self, node: "NodeScan", vhost: VhostDir, only: dict[str, set[int] | None] | None = None,
-                 facts: dict | None = None, share: Share | None = None):
+    def __init__(
+        self,
+        node: NodeScan,
+        vhost: VhostDir,
+        only: dict[str, set[int] | None] | None = None,
+        facts: dict | None = None,
+        share: Share | None = None,
+    ):
         """``only`` restricts the queue-level tables to some queue dirs (by dir name), and
         optionally to some of their segments; store-wide facts still cover the whole vhost.
         ``share``: restricts the scan to the message ids of one share (``model.store.Share``):
@@ -179,7 +225,7 @@ class VhostScan:
         """How many id shares a read of this vhost takes (``model.store.shares_for``)."""
         return shares_for(self.vhost.stores.values())
 
-    def share_scan(self, k: int, parts: int | None = None) -> "VhostScan":
+    def share_scan(self, k: int, parts: int | None = None) -> VhostScan:
         """A scan of this vhost restricted to share ``k`` of ``parts`` (default ``shares``), with
         this scan's ``only`` and every vhost-wide fact computed so far; the caller closes it."""
         parts = parts or self.shares
@@ -190,7 +236,7 @@ class VhostScan:
         sub.quorum_names, sub.quorum_uids = self.quorum_names, self.quorum_uids
         return sub
 
-    def each_share(self) -> Iterator["VhostScan"]:
+    def each_share(self) -> Iterator[VhostScan]:
         """This scan (unshared, or its own share) and a scan of every other share of its
         vhost: a fact about every id is gathered share by share. The others are closed."""
         if self.share is None:
@@ -262,12 +308,18 @@ class VhostScan:
     @cached_property
     def all_queue_dirs(self) -> list[QueueDir]:
         """Queue dirs in listing order: name, then priority high to low."""
-        return sorted(self.vhost.queues, key=lambda q: (q.name is None, q.name or q.dir_name,
-                                                        -(q.priority if q.priority is not None else -1),
-                                                        q.dir_name))
+        return sorted(
+            self.vhost.queues,
+            key=lambda q: (
+                q.name is None,
+                q.name or q.dir_name,
+                -(q.priority if q.priority is not None else -1),
+                q.dir_name,
+            ),
+        )
 
     @property
-    def streams(self) -> list["StreamEntry"]:
+    def streams(self) -> list[StreamEntry]:
         """The streams this scan lists (``stream_dirs``); never with a share (the stream rows
         come with the whole vhost, once)."""
         if self.share is not None:
@@ -275,8 +327,11 @@ class VhostScan:
         if self.stream_dirs is None and self.only is not None:
             return []
         home = self.vhost.dir_name
-        return [e for e in self.node.streams if self.node.stream_home(e) == home
-                and (self.stream_dirs is None or e.path.name in self.stream_dirs)]
+        return [
+            e
+            for e in self.node.streams
+            if self.node.stream_home(e) == home and (self.stream_dirs is None or e.path.name in self.stream_dirs)
+        ]
 
     @cached_property
     def queue_dirs(self) -> list[QueueDir]:
@@ -338,12 +393,15 @@ class VhostScan:
     def stores(self) -> dict[str, StoreIndex]:
         if self.share is not None:  # from the one walk of each store, sorted out by share
             walks = self.spill("walks")
-            return {kind: scan_store(st, self.model, share=self.share, walked=walks[kind],
-                                     record=self.store_record(kind))
-                    for kind, st in sorted(self.vhost.stores.items())}
+            return {
+                kind: scan_store(st, self.model, share=self.share, walked=walks[kind], record=self.store_record(kind))
+                for kind, st in sorted(self.vhost.stores.items())
+            }
         refs = self.references  # the walk trusts the ids the indexes reference (readers.rdq)
-        return {kind: scan_store(st, self.model, refs.get(kind), record=self.store_record(kind), jobs=self.options.jobs)
-                for kind, st in sorted(self.vhost.stores.items())}
+        return {
+            kind: scan_store(st, self.model, refs.get(kind), record=self.store_record(kind), jobs=self.options.jobs)
+            for kind, st in sorted(self.vhost.stores.items())
+        }
 
     @cached_property
     def term_files(self) -> r_terms.TermFiles:
@@ -355,8 +413,9 @@ class VhostScan:
         if parts > 1:
             for st in self.vhost.stores.values():
                 spill = files.spills[st.msg_store_index] = Spill(r_terms.LOCATION, parts)
-                files.sinks[st.msg_store_index] = \
-                    lambda rows, _, spill=spill: spill.add(rows, id_share(np.ascontiguousarray(rows["id"]), parts))
+                files.sinks[st.msg_store_index] = lambda rows, _, spill=spill: spill.add(
+                    rows, id_share(np.ascontiguousarray(rows["id"]), parts)
+                )
         return files
 
     def recorded_ids(self, kind: str) -> np.ndarray | None:
@@ -382,8 +441,11 @@ class VhostScan:
         clean = dump.complete and st.clean_dot.exists() and st.file_summary.exists()
         if dump.items.rows is None:  # undamaged, sorted out by share as it was decoded
             spill = self.term_files.spills[st.msg_store_index]
-            rows = spill.load(self.share.k) if self.share is not None else \
-                np.concatenate([spill.load(k) for k in range(spill.parts)])
+            rows = (
+                spill.load(self.share.k)
+                if self.share is not None
+                else np.concatenate([spill.load(k) for k in range(spill.parts)])
+            )
             recorded = Recorded.build(rows)
             return StoreRecord(recorded, recorded, clean, lambda: self.recorded_ids(kind))
         locs = dump.locations()
@@ -403,7 +465,7 @@ class VhostScan:
         """(what, parts) -> a vhost-wide spill (``spill``), kept for every share's scan."""
         return {}
 
-    def spill(self, what: str) -> "dict | LiveSpill":
+    def spill(self, what: str) -> dict | LiveSpill:
         """For a read in shares, made once per vhost: ``refs``, per store the references the
         indexes hold (``REFERENCE`` records, from one pass over every index), sorted out by share;
         ``live``, every live index entry (``LiveSpill``), sorted out by share in the same pass;
@@ -416,8 +478,10 @@ class VhostScan:
         if what in ("refs", "live"):  # one pass over the indexes makes both when both are wanted
             self._spill_indexes(parts, refs=("refs", parts) not in self.spills, live=what == "live")
             return self.spills[key]
-        out = {kind: walk_store(st, self.model, self.trusted(kind), parts, self.recorded_ids(kind), self.options.jobs)
-               for kind, st in sorted(self.vhost.stores.items())}
+        out = {
+            kind: walk_store(st, self.model, self.trusted(kind), parts, self.recorded_ids(kind), self.options.jobs)
+            for kind, st in sorted(self.vhost.stores.items())
+        }
         self.spills[key] = out
         return out
 
@@ -434,10 +498,12 @@ class VhostScan:
                     rows = np.empty(len(live_rows), LIVE)
                     r.put_rows(rows, live_rows)
                     rows["chunk"] = len(held.chunks)
-                    held.chunks.append(IndexChunk(q, qx.version, qx.files, segment=qx.segment,
-                                                  bad_segments=qx.bad_segments))
-                    held.rows.add(rows, share_of(rows["msg_id"], rows["loc"] == Location.SHARED_STORE, rows["seq"],
-                                                 parts))
+                    held.chunks.append(
+                        IndexChunk(q, qx.version, qx.files, segment=qx.segment, bad_segments=qx.bad_segments)
+                    )
+                    held.rows.add(
+                        rows, share_of(rows["msg_id"], rows["loc"] == Location.SHARED_STORE, rows["seq"], parts)
+                    )
                 if not refs:
                     continue
                 causes = recovery.crash_causes(self, qx)
@@ -479,8 +545,9 @@ class VhostScan:
             for kind, spill in spilled.items():
                 rec = spill.load(self.share.k)
                 idset, group, _ = IdSet.build(np.ascontiguousarray(rec["id"]))
-                out[kind] = References(idset, np.bincount(group, minlength=len(idset)), group,
-                                       np.ascontiguousarray(rec["queue"]), nq)
+                out[kind] = References(
+                    idset, np.bincount(group, minlength=len(idset)), group, np.ascontiguousarray(rec["queue"]), nq
+                )
             return out, self.crashing_queues
         ids = {"persistent": [], "transient": []}
         queue = {"persistent": [], "transient": []}
@@ -573,7 +640,7 @@ class VhostScan:
 
     @cached_property
     def start_crash(self) -> str | None:
-        """"every" or "first": the vhost's message store crashes in its init at every start, or
+        """ "every" or "first": the vhost's message store crashes in its init at every start, or
         at the first (model.recovery.start_crash); None when it starts."""
         return recovery.start_crash(self)
 
@@ -658,8 +725,12 @@ class VhostScan:
         to split a read)."""
         total = sum(_size(p) for st in self.vhost.stores.values() for _, p in st.rdq)
         for q in self.all_queue_dirs if every else self.queue_dirs:
-            total += sum(_size(p) for _, p in q.qi) + sum(_size(p) for p in q.qs.values()) + \
-                sum(_size(p) for _, p in q.idx) + (_size(q.journal) if q.journal else 0)
+            total += (
+                sum(_size(p) for _, p in q.qi)
+                + sum(_size(p) for p in q.qs.values())
+                + sum(_size(p) for _, p in q.idx)
+                + (_size(q.journal) if q.journal else 0)
+            )
         return total
 
     def prepare(self) -> None:
@@ -704,7 +775,7 @@ class VhostScan:
         return out
 
     @property
-    def lost_queues(self) -> list["LostQueue"]:
+    def lost_queues(self) -> list[LostQueue]:
         """Durable classic queues of the metadata, homed on this node, whose index dir (a level
         dir, for a priority queue) is missing or unreadable under this vhost dir; the first
         vhost of the node (``NodeScan.vhosts[0]``) also carries those of vhosts with no dir."""
@@ -716,7 +787,7 @@ class VhostScan:
         return out
 
     @property
-    def quorum_queues(self) -> list["m_quorum.QuorumQueue"]:
+    def quorum_queues(self) -> list[m_quorum.QuorumQueue]:
         """The node's quorum queues of this vhost (by the vhost their config names); the node's
         first vhost also gets those of no vhost dir here (a vhost deleted, or a config unread),
         so every quorum queue is listed once. A scan of planned units (``quorum_uids``) reads
@@ -762,7 +833,7 @@ class NodeScan:
     #: node's first vhost); a read restricted to some vhosts names the first it reads
     node_level_vhost: str | None = None
 
-    def carries_node_findings(self, vs: "VhostScan") -> bool:
+    def carries_node_findings(self, vs: VhostScan) -> bool:
         """Whether the check of ``vs`` makes the findings about the node as a whole (its own
         files, the storage not read): those of one vhost per node, whatever the read leaves out
         (a vhost or queue restriction makes scans of its own; a read in shares, one per share)."""
@@ -822,7 +893,7 @@ class NodeScan:
         return bool(self.hang_causes) or self.quorum_refusal is not None
 
     @cached_property
-    def quorum_systems(self) -> list["m_quorum.System"]:
+    def quorum_systems(self) -> list[m_quorum.System]:
         """The node's Ra systems of quorum queues (``quorum/<node>/``: normally one), their WAL
         files walked and recovered as the next boot of ``model`` does; none while the quorum
         kind is not read (``layout.STORAGE_KINDS``)."""
@@ -831,7 +902,7 @@ class NodeScan:
         return [m_quorum.read_system(ra, self.model) for ra in self.node.quorum]
 
     @cached_property
-    def quorum(self) -> list["m_quorum.QuorumQueue"]:
+    def quorum(self) -> list[m_quorum.QuorumQueue]:
         """Every quorum queue member of the node (``quorum/<node>/``), replayed, with what the
         next boot of ``model`` does (``model.quorum.node_quorum``)."""
         meta = self.metadata
@@ -868,20 +939,23 @@ class NodeScan:
                 except CQError:
                     continue
                 keys = [rk] if rk is not None else [k.encode() for k in fields["routing_keys"] if k is not None]
-                queues = router.route(vhost, exchange, keys, json.loads(fields["headers"]) if fields["headers"] else None)
+                queues = router.route(
+                    vhost, exchange, keys, json.loads(fields["headers"]) if fields["headers"] else None
+                )
                 for name in sorted(queues or ()):
                     out.setdefault((vhost.decode("utf-8", "replace"), name.decode("utf-8", "replace")), []).append(
-                        (q, reason, m, fields, exchange, rk))
+                        (q, reason, m, fields, exchange, rk)
+                    )
         return out
 
     @cached_property
-    def streams(self) -> list["StreamEntry"]:
+    def streams(self) -> list[StreamEntry]:
         """The node's streams (``<node dir>/stream/<name>/``), read, each with its owner and its
         next boot's fate (``stream_entries``); none while the stream kind is not read
         (``layout.STORAGE_KINDS``: a kind not read is named, never half read)."""
         return stream_entries(self) if STORAGE_KINDS["stream"].read else []
 
-    def stream_home(self, e: "StreamEntry") -> str | None:
+    def stream_home(self, e: StreamEntry) -> str | None:
         """The vhost dir name whose tables list stream ``e`` (``stream_home``)."""
         return stream_home(e.vhost, [v.vhost for v in self.vhosts])
 
@@ -906,7 +980,8 @@ class NodeScan:
         out: dict[str, set[str]] = {}
         for vhost, name in meta.queues:
             out.setdefault(textfiles.vhost_dir_name(vhost), set()).update(
-                d for d, _, _ in queue_dirs_of(meta, vhost, name))
+                d for d, _, _ in queue_dirs_of(meta, vhost, name)
+            )
         return out
 
     def renamed_dir(self, vhost: VhostDir, qdir: QueueDir) -> tuple[str, bytes, int | None] | None:
@@ -936,7 +1011,7 @@ class NodeScan:
         return out
 
     @cached_property
-    def unread_storage(self) -> list["UnreadStorage"]:
+    def unread_storage(self) -> list[UnreadStorage]:
         """The kinds of queue storage cqforensics does not read (``layout.STORAGE_KINDS``) that
         this node holds data dirs of, each with the queues of that kind the metadata declares
         (the metadata is read only when there are such dirs)."""
@@ -945,12 +1020,15 @@ class NodeScan:
             kind = STORAGE_KINDS[name]
             queues = [rec for rec in self.metadata.queues.values() if storage_kind(rec.type) is kind]
             root = self.node.path / kind.root
-            out.append(UnreadStorage(kind, sorted((display(q.vhost), display(q.name)) for q in queues), here,
-                                     tree_bytes(root), root))
+            out.append(
+                UnreadStorage(
+                    kind, sorted((display(q.vhost), display(q.name)) for q in queues), here, tree_bytes(root), root
+                )
+            )
         return out
 
     @cached_property
-    def lost_queues(self) -> dict[str | None, list["LostQueue"]]:
+    def lost_queues(self) -> dict[str | None, list[LostQueue]]:
         """Vhost dir name -> the durable classic queues of that vhost whose index dir is missing
         or unreadable (None: those whose vhost has no dir at all). See ``lost_queues``."""
         out: dict[str | None, list[LostQueue]] = {}
@@ -1032,16 +1110,29 @@ class UnreadStorage:
         """One sentence: which queues exist, where their data is, and that none of it is read."""
         names = ", ".join(f"{q!r} (vhost {v!r})" for v, q in self.queues[:limit])
         more = f" and {len(self.queues) - limit} more" if len(self.queues) > limit else ""
-        what = (f"{plural(len(self.queues), self.kind.noun)} not read: {names}{more} (declared in the metadata"
-                if self.queues else f"{self.kind.noun} data not read (the metadata declares no {self.kind.noun}")
-        data = (f"{plural(len(self.dirs), 'data dir')} here, {self.bytes:,} bytes under {display(self.root.name)}/"
-                if self.dirs else f"no data dir here under {display(self.root.name)}/")
-        return (f"{what}; {data}): cqforensics does not read {self.kind.noun}s yet, so their messages are in no "
-                "count, table or verdict here")
+        what = (
+            f"{plural(len(self.queues), self.kind.noun)} not read: {names}{more} (declared in the metadata"
+            if self.queues
+            else f"{self.kind.noun} data not read (the metadata declares no {self.kind.noun}"
+        )
+        data = (
+            f"{plural(len(self.dirs), 'data dir')} here, {self.bytes:,} bytes under {display(self.root.name)}/"
+            if self.dirs
+            else f"no data dir here under {display(self.root.name)}/"
+        )
+        return (
+            f"{what}; {data}): cqforensics does not read {self.kind.noun}s yet, so their messages are in no "
+            "count, table or verdict here"
+        )
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind.name, "queues": [{"vhost": v, "queue": q} for v, q in self.queues],
-                "data_dirs": len(self.dirs), "bytes": self.bytes, "path": display(self.root)}
+        return {
+            "kind": self.kind.name,
+            "queues": [{"vhost": v, "queue": q} for v, q in self.queues],
+            "data_dirs": len(self.dirs),
+            "bytes": self.bytes,
+            "path": display(self.root),
+        }
 
 
 @dataclass
@@ -1078,8 +1169,14 @@ def queue_dirs_of(meta: Metadata, vhost: bytes, name: bytes) -> list[tuple[str, 
         return known
     levels = meta.arguments(vhost, name).get("x-max-priority")
     if isinstance(levels, int) and 0 < levels < 256:
-        out = [(textfiles.queue_dir_name(vhost, textfiles.priority_queue_name(name, p)),
-                textfiles.priority_queue_name(name, p), p) for p in range(levels + 1)]
+        out = [
+            (
+                textfiles.queue_dir_name(vhost, textfiles.priority_queue_name(name, p)),
+                textfiles.priority_queue_name(name, p),
+                p,
+            )
+            for p in range(levels + 1)
+        ]
     else:
         out = [(textfiles.queue_dir_name(vhost, name), name, None)]
     meta.queue_dirs[(vhost, name)] = out
@@ -1168,8 +1265,11 @@ def feature_flags(node_dir: Path) -> tuple[str, ...]:
 def collect_evidence(ns: NodeScan) -> versions.Evidence:
     """Collect version evidence cheaply: enabled feature flags, metadata kind, recovery terms,
     clean.dot, and the first bytes of a few stored terms."""
-    ev = versions.Evidence(khepri=ns.metadata.kind == "khepri", mnesia=ns.metadata.kind == "mnesia",
-                           feature_flags=feature_flags(ns.node.path))
+    ev = versions.Evidence(
+        khepri=ns.metadata.kind == "khepri",
+        mnesia=ns.metadata.kind == "mnesia",
+        feature_flags=feature_flags(ns.node.path),
+    )
     scans = {vs.vhost.path: vs for vs in ns.vhosts}  # their term files, decoded once per read
     for v in ns.node.vhosts:
         files = scans[v.path].term_files if v.path in scans else r_terms.TermFiles()
@@ -1282,8 +1382,11 @@ def stream_owners(node_path: Path, metadata: Metadata) -> list[tuple[Path, str |
             owners.append((base64uri(f"{v}_{n}_"), v, n))
     out = []
     for d in sorted(p for p in root.iterdir() if p.is_dir()):
-        hits = [(v, n) for prefix, v, n in owners
-                if d.name.startswith(prefix) and _re.fullmatch(r"[0-9]+", d.name[len(prefix):])]
+        hits = [
+            (v, n)
+            for prefix, v, n in owners
+            if d.name.startswith(prefix) and _re.fullmatch(r"[0-9]+", d.name[len(prefix) :])
+        ]
         out.append((d, hits[0][0], hits[0][1], "metadata") if len(hits) == 1 else (d, None, None, "dir"))
     return out
 
@@ -1312,4 +1415,3 @@ def stream_entries(node_scan) -> list[StreamEntry]:
         scan = r_osiris.read_stream(d)
         out.append(StreamEntry(d, vhost, name, source, scan, stream_fate(scan, node_scan.model)))
     return out
-

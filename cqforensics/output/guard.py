@@ -46,9 +46,9 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from cqforensics.base.errors import OperationalError, UsageError, display
 from cqforensics.discovery import nodes as layout
 from cqforensics.output import provenance
-from cqforensics.base.errors import OperationalError, UsageError, display
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +100,11 @@ def _looks_like_broker_data(d: Path) -> list[str]:
             children = sorted(os.scandir(parent), key=lambda e: e.name)[:1000]
         except OSError:
             continue
-        marks += [f"{Path(c.path).relative_to(d).as_posix()}/ (a node dir)" for c in children
-                  if c.is_dir(follow_symlinks=False) and layout.is_node_dir(Path(c.path))]
+        marks += [
+            f"{Path(c.path).relative_to(d).as_posix()}/ (a node dir)"
+            for c in children
+            if c.is_dir(follow_symlinks=False) and layout.is_node_dir(Path(c.path))
+        ]
     return marks
 
 
@@ -167,8 +170,9 @@ def _tree(root: Path, hashed: bool) -> dict[str, dict]:
     return out
 
 
-def write_manifest(target: Path, command: str, *, content: Path | None = None, broker_version=None,
-                   inputs: Iterable = ()) -> Path:
+def write_manifest(
+    target: Path, command: str, *, content: Path | None = None, broker_version=None, inputs: Iterable = ()
+) -> Path:
     """Write the manifest of the output ``target``: for a dir, ``target/MANIFEST`` listing the
     tree; for a file (``content``: the file as written, under its partial name), the sidecar's
     partial file, to be renamed to ``sidecar(final name)`` by the caller. Returns its path."""
@@ -176,11 +180,16 @@ def write_manifest(target: Path, command: str, *, content: Path | None = None, b
         entries, where = list(_tree(target, True).values()), target / MANIFEST
     else:
         entries, where = [_entry(content, target.name)], partial_name(sidecar(target))
-    doc = {"format": FORMAT, "tool": "cqforensics", "version": sys.modules["cqforensics"].__version__,
-           "command": command, "created": provenance.iso(provenance.now_ms()),
-           "broker_version": broker_version or None,
-           "inputs": [display(Path(p).absolute()) for p in inputs],
-           "entries": sorted(entries, key=lambda e: e["path"])}
+    doc = {
+        "format": FORMAT,
+        "tool": "cqforensics",
+        "version": sys.modules["cqforensics"].__version__,
+        "command": command,
+        "created": provenance.iso(provenance.now_ms()),
+        "broker_version": broker_version or None,
+        "inputs": [display(Path(p).absolute()) for p in inputs],
+        "entries": sorted(entries, key=lambda e: e["path"]),
+    }
     with open(where, "w", encoding="ascii") as fh:  # ASCII: undecodable names as \\udcXX escapes
         json.dump(doc, fh, indent=1, sort_keys=True)
         fh.write("\n")
@@ -199,8 +208,12 @@ def manifest_of(path: Path) -> dict | None:
         doc = json.loads(where.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("entries"), list) \
-            or not all(isinstance(e, dict) and isinstance(e.get("path"), str) for e in doc["entries"]):
+    if (
+        not isinstance(doc, dict)
+        or doc.get("format") != FORMAT
+        or not isinstance(doc.get("entries"), list)
+        or not all(isinstance(e, dict) and isinstance(e.get("path"), str) for e in doc["entries"])
+    ):
         return None
     return doc
 
@@ -238,18 +251,23 @@ def not_own(path: Path, deep: bool = True) -> str | None:
     doc = manifest_of(path)
     if doc is None:
         marks = _looks_like_broker_data(path) if path.is_dir() else []
-        return (f"it is not an output of cqforensics (no {MANIFEST if path.is_dir() else sidecar(path).name})"
-                + (f"; it looks like RabbitMQ data ({', '.join(marks)})" if marks else ""))
+        return f"it is not an output of cqforensics (no {MANIFEST if path.is_dir() else sidecar(path).name})" + (
+            f"; it looks like RabbitMQ data ({', '.join(marks)})" if marks else ""
+        )
     forged = [e["path"] for e in doc["entries"] if _broker_only(e["path"])]
     if forged:
-        return (f"its manifest lists {forged[0]}, a clean-shutdown file only a broker writes (no writer of "
-                "cqforensics does): a broker has run on it, or the manifest is not cqforensics's")
+        return (
+            f"its manifest lists {forged[0]}, a clean-shutdown file only a broker writes (no writer of "
+            "cqforensics does): a broker has run on it, or the manifest is not cqforensics's"
+        )
     if not path.is_dir() and [e["path"] for e in doc["entries"]] != [path.name]:
         return f"its manifest {sidecar(path).name} describes another file"
     diff = _differences(path, doc, deep)
     if diff:
-        return (f"it has changed since cqforensics {doc.get('command', '?')} wrote it ({', '.join(diff)}): "
-                "what is in it now was not written by cqforensics")
+        return (
+            f"it has changed since cqforensics {doc.get('command', '?')} wrote it ({', '.join(diff)}): "
+            "what is in it now was not written by cqforensics"
+        )
     return None
 
 
@@ -269,8 +287,15 @@ def _real(p) -> Path:
     return Path(os.path.realpath(Path(p).absolute()))
 
 
-def check_output(out, inputs, *, directory: bool = False, force: bool = False,
-                 continued: Callable[[Path], str | None] | None = None, deep: bool = True) -> Path:
+def check_output(
+    out,
+    inputs,
+    *,
+    directory: bool = False,
+    force: bool = False,
+    continued: Callable[[Path], str | None] | None = None,
+    deep: bool = True,
+) -> Path:
     """The rule (module doc) for the output path ``out`` of a job reading ``inputs``: returns it
     absolute, or raises UsageError naming it and why. ``directory``: the output is a dir (else a
     file); ``force``: an existing output may be replaced, if it is cqforensics's own (``not_own``,
@@ -282,23 +307,31 @@ def check_output(out, inputs, *, directory: bool = False, force: bool = False,
     for p in [inputs] if isinstance(inputs, (str, os.PathLike)) else inputs:
         rp = _real(p)
         if _inside(real, rp) or _inside(rp, real):
-            raise UsageError(f"{display(out)}: the output may not be inside an input or contain one "
-                             f"({display(Path(p).absolute())}): evidence is never written to")
+            raise UsageError(
+                f"{display(out)}: the output may not be inside an input or contain one "
+                f"({display(Path(p).absolute())}): evidence is never written to"
+            )
     for a in real.parents:
         marks = broker_marks(a)
         if marks:
-            raise UsageError(f"{display(out)}: the output may not be inside RabbitMQ data ({display(a)} holds "
-                             f"{', '.join(marks)}): evidence is never written to; write it elsewhere")
+            raise UsageError(
+                f"{display(out)}: the output may not be inside RabbitMQ data ({display(a)} holds "
+                f"{', '.join(marks)}): evidence is never written to; write it elsewhere"
+            )
     if out.is_symlink():
-        raise UsageError(f"{display(out)}: is a symbolic link (to {display(os.readlink(out))}): outputs are never "
-                         "written through a link, with or without --force")
+        raise UsageError(
+            f"{display(out)}: is a symbolic link (to {display(os.readlink(out))}): outputs are never "
+            "written through a link, with or without --force"
+        )
     if directory:
         if out.exists() and not out.is_dir():
             raise UsageError(f"{display(out)}: exists and is not a directory")
         if out.is_dir() and any(out.iterdir()):
             if not force:
-                raise UsageError(f"{display(out)}: exists and is not empty (writers never write into existing "
-                                 "data; --force replaces a previous output of cqforensics, nothing else)")
+                raise UsageError(
+                    f"{display(out)}: exists and is not empty (writers never write into existing "
+                    "data; --force replaces a previous output of cqforensics, nothing else)"
+                )
             why = not_own(out, deep)
             if why:
                 raise UsageError(f"{display(out)}: {_NEVER}: {why}")
@@ -312,13 +345,18 @@ def check_output(out, inputs, *, directory: bool = False, force: bool = False,
                 raise UsageError(f"{display(out)}: not written to: {why}")
             return out
         if not force:
-            raise UsageError(f"{display(out)}: exists (not overwritten without --force; --force replaces a "
-                             "previous output of cqforensics, nothing else)")
+            raise UsageError(
+                f"{display(out)}: exists (not overwritten without --force; --force replaces a "
+                "previous output of cqforensics, nothing else)"
+            )
         why = not_own(out, deep)
         if why:
             raise UsageError(f"{display(out)}: {_NEVER}: {why}")
-    elif continued is None and (sidecar(out).exists() or sidecar(out).is_symlink()) \
-            and (sidecar(out).is_symlink() or manifest_of(out) is None):
+    elif (
+        continued is None
+        and (sidecar(out).exists() or sidecar(out).is_symlink())
+        and (sidecar(out).is_symlink() or manifest_of(out) is None)
+    ):
         raise UsageError(f"{display(sidecar(out))}: exists and is not a manifest of cqforensics (not replaced)")
     return out
 
@@ -350,8 +388,8 @@ def partials(target: Path) -> list[tuple[Path, int]]:
     except OSError:
         return out
     for name in names:
-        if name.startswith(prefix) and name[len(prefix):].isdigit():
-            out.append((target.parent / name, int(name[len(prefix):])))
+        if name.startswith(prefix) and name[len(prefix) :].isdigit():
+            out.append((target.parent / name, int(name[len(prefix) :])))
     return sorted(out)
 
 
@@ -370,8 +408,10 @@ def remove_stale_partials(target: Path) -> list[Path]:
         except FileNotFoundError:
             continue
         except OSError as e:
-            raise OperationalError(f"{p}: a partial output of an interrupted run (pid {pid}) cannot be removed: "
-                                   f"{e.strerror}; remove it by hand (rm -r '{p}')") from e
+            raise OperationalError(
+                f"{p}: a partial output of an interrupted run (pid {pid}) cannot be removed: "
+                f"{e.strerror}; remove it by hand (rm -r '{p}')"
+            ) from e
         log.warning("removed %s, the partial output of an interrupted run (pid %d)", display(p), pid)
         removed.append(p)
     return removed
@@ -454,8 +494,9 @@ def staged_file(target: Path, mode: str = "wb", *, replace: bool = False, comman
                 try:
                     _rename_new(tmp, target)  # a half-written output never has the final name
                 except FileExistsError:
-                    raise UsageError(f"{display(target)}: appeared while the output was written; not overwritten") \
-                        from None
+                    raise UsageError(
+                        f"{display(target)}: appeared while the output was written; not overwritten"
+                    ) from None
             done = True
             os.replace(man, sidecar(target))
     finally:
@@ -537,8 +578,16 @@ class Staging:
     at every moment the old tree or the new one), then removes. ``commit`` writes the output's
     manifest first."""
 
-    def __init__(self, dst: Path, inputs, dry_run: bool = False, replace: bool = False, *, command: str = "write",
-                 broker_version: str | None = None):
+    def __init__(
+        self,
+        dst: Path,
+        inputs,
+        dry_run: bool = False,
+        replace: bool = False,
+        *,
+        command: str = "write",
+        broker_version: str | None = None,
+    ):
         self.inputs = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
         self.dst = check_output(dst, self.inputs, directory=True, force=replace, deep=False)
         self.dry_run = dry_run
@@ -549,7 +598,7 @@ class Staging:
         self.removed_stale: list[Path] = []
         self.committed = False
 
-    def __enter__(self) -> "Staging":
+    def __enter__(self) -> Staging:
         if self.dry_run:
             return self
         if not self.dst.parent.is_dir():
@@ -609,6 +658,21 @@ class Staging:
                 shutil.rmtree(self.path, ignore_errors=True)
 
 
-__all__ = ["MANIFEST", "PARTIAL", "Staging", "broker_marks", "check_output", "manifest_of", "not_own",
-           "partial_name", "partials", "process_gone", "remove_stale_partials", "sidecar", "signals_held",
-           "staged_file", "sync_tree", "write_manifest"]
+__all__ = [
+    "MANIFEST",
+    "PARTIAL",
+    "Staging",
+    "broker_marks",
+    "check_output",
+    "manifest_of",
+    "not_own",
+    "partial_name",
+    "partials",
+    "process_gone",
+    "remove_stale_partials",
+    "sidecar",
+    "signals_held",
+    "staged_file",
+    "sync_tree",
+    "write_manifest",
+]

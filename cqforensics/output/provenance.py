@@ -39,7 +39,7 @@ def now_ms() -> int:
 def iso(ms: int | None) -> str | None:
     if ms is None:
         return None
-    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat().replace("+00:00", "Z")
 
 
 def _regular_files(root: str, out: set[str]) -> None:
@@ -67,8 +67,10 @@ def _entry(path: str) -> dict | None:
     ``holes`` lists its zeroed ranges ``[offset, length]``, ``data_sha256`` the SHA-256 of the
     bytes outside them, in file order (the file is that data with zeros in the holes)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-                     | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(
+            path,
+            os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0),
+        )
     except OSError:
         try:
             st = os.lstat(path)
@@ -157,9 +159,16 @@ def record(command: str, paths, broker_version: str | None, as_of_ms: int | None
     # the package's version: its __init__ is always loaded before any submodule (importing the
     # package root here would be an upward import, through cqforensics.read.api)
     version = sys.modules["cqforensics"].__version__
-    return {"tool": "cqforensics", "version": version, "core": core.status(), "command": command,
-            "created": iso(now_ms()), "broker_version": broker_version or None, "as_of": iso(as_of_ms),
-            "inputs": inputs_manifest(paths, jobs)}
+    return {
+        "tool": "cqforensics",
+        "version": version,
+        "core": core.status(),
+        "command": command,
+        "created": iso(now_ms()),
+        "broker_version": broker_version or None,
+        "as_of": iso(as_of_ms),
+        "inputs": inputs_manifest(paths, jobs),
+    }
 
 
 def to_json(p: dict) -> str:

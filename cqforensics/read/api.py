@@ -1,9 +1,9 @@
 """The embedded API: read any table of one or many node dirs as Arrow, no JVM.
 
-    import cqforensics
-    t = cqforensics.read_table("/var/lib/rabbitmq/mnesia/rabbit@host", table="messages")
-    for batch in cqforensics.iter_batches(path, table="store", columns=["file", "offset", "msg_id"]):
-        ...
+import cqforensics
+t = cqforensics.read_table("/var/lib/rabbitmq/mnesia/rabbit@host", table="messages")
+for batch in cqforensics.iter_batches(path, table="store", columns=["file", "offset", "msg_id"]):
+    ...
 """
 
 from __future__ import annotations
@@ -13,17 +13,25 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from cqforensics.read import driver
 from cqforensics.base.errors import UsageError
-from cqforensics.model.options import make_options, needs
 from cqforensics.base.schema import TABLES
-
+from cqforensics.model.options import make_options, needs
+from cqforensics.read import driver
 
 _OPTIONS = frozenset(inspect.signature(make_options).parameters)
 
 
-def iter_batches(path, table: str = "messages", *, columns: list[str] | None = None, vhosts=None, queues=None,
-                 progress=None, render=None, **options) -> Iterator[pa.RecordBatch]:
+def iter_batches(
+    path,
+    table: str = "messages",
+    *,
+    columns: list[str] | None = None,
+    vhosts=None,
+    queues=None,
+    progress=None,
+    render=None,
+    **options,
+) -> Iterator[pa.RecordBatch]:
     """Stream one table of every node dir under ``path`` (a path or a list of paths).
 
     ``columns`` projects (leaving out ``body`` skips reading bodies); ``vhosts`` restricts the
@@ -46,8 +54,9 @@ def iter_batches(path, table: str = "messages", *, columns: list[str] | None = N
     if unknown:
         raise UsageError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(_OPTIONS))}")
     opts = make_options(**{**needs(table, columns), **options})
-    yield from driver.read(table, opts, paths=path, columns=columns, vhosts=vhosts, queues=queues, progress=progress,
-                           render=render)
+    yield from driver.read(
+        table, opts, paths=path, columns=columns, vhosts=vhosts, queues=queues, progress=progress, render=render
+    )
 
 
 def read_table(path, table: str = "messages", **kwargs) -> pa.Table:

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from cqforensics.discovery import nodes as layout
 from cqforensics.base import parallel
-from cqforensics.discovery.nodes import STORAGE_KINDS, storage_kind
 from cqforensics.base.errors import OperationalError, UsageError, display
+from cqforensics.base.schema import schema
+from cqforensics.discovery import nodes as layout
+from cqforensics.discovery.nodes import STORAGE_KINDS, storage_kind
 from cqforensics.model.options import Options
 from cqforensics.model.vhost import NodeScan, VhostScan, passes
-from cqforensics.base.schema import schema
 from cqforensics.tables.builders import BUILDERS, INDEXED_TABLES, SPLIT_WITH_TAIL
 
 #: tables whose rows come queue by queue (a unit of them may name a queue dir and a segment)
@@ -76,7 +76,7 @@ class Progress:
         self._text = ""
 
     @classmethod
-    def of(cls, progress, passes: int = 1) -> "Progress | None":
+    def of(cls, progress, passes: int = 1) -> Progress | None:
         """``progress`` as a ``Progress``: None stays None, a display ``(text, done, total)`` is
         wrapped (for ``passes`` passes)."""
         if progress is None or isinstance(progress, Progress):
@@ -94,8 +94,9 @@ class Progress:
             for v in (vs.vhost for vs in ns.vhosts):  # named as the read names them (metadata too)
                 if vhosts is not None and v.name not in vhosts:
                     continue
-                index = sum(_size(p) for q in v.queues for _, p in q.qi + q.idx) + \
-                    sum(_size(q.journal) for q in v.queues if q.journal is not None)
+                index = sum(_size(p) for q in v.queues for _, p in q.qi + q.idx) + sum(
+                    _size(q.journal) for q in v.queues if q.journal is not None
+                )
                 self.sizes[(str(ns.node.path), v.dir_name)] = (layout.tree_bytes(v.path), index)
         self.total = max(1, self.passes * sum(b for b, _ in self.sizes.values()))
 
@@ -110,9 +111,11 @@ class Progress:
         self._scale = nbytes / index if index else 0.0
         node = str(ns.node.path)
         k = self.nodes.index(node) + 1 if node in self.nodes else 0
-        parts = [f"{what} (pass {self.pass_no + 1} of {self.passes})" if self.passes > 1 else what,
-                 f"node {k} of {len(self.nodes)}: {display(ns.node.node)}" if len(self.nodes) > 1 else
-                 display(ns.node.node), f"vhost {display(vs.vhost.label)}"]
+        parts = [
+            f"{what} (pass {self.pass_no + 1} of {self.passes})" if self.passes > 1 else what,
+            f"node {k} of {len(self.nodes)}: {display(ns.node.node)}" if len(self.nodes) > 1 else display(ns.node.node),
+            f"vhost {display(vs.vhost.label)}",
+        ]
         self._text = " · ".join(p for p in parts if p)
         self.show(self._text, int(self.done), self.total)
 
@@ -183,9 +186,14 @@ def check_names(scans, vhosts, queues) -> None:
     missing = sorted(queues - read)
     kinds = [q for q in missing if q in unread]
     if kinds:
-        raise UsageError("; ".join(f"queue {q!r} is a {unread[q]}" for q in kinds) + ": cqforensics does not read "
-                         + " or ".join(sorted({unread[q] + "s" for q in kinds}))
-                         + " yet (it reads " + " and ".join(k.noun + "s" for k in STORAGE_KINDS.values() if k.read) + ")")
+        raise UsageError(
+            "; ".join(f"queue {q!r} is a {unread[q]}" for q in kinds)
+            + ": cqforensics does not read "
+            + " or ".join(sorted({unread[q] + "s" for q in kinds}))
+            + " yet (it reads "
+            + " and ".join(k.noun + "s" for k in STORAGE_KINDS.values() if k.read)
+            + ")"
+        )
     if missing:
         if vhosts is not None:
             where = f"in vhost {' or '.join(map(repr, sorted(vhosts)))} {where}"
@@ -243,11 +251,21 @@ class Build:
             yield from self.tail(vs, state)
 
 
-def read(table: str, options: Options, *, paths=None, units: Iterable | None = None, columns=None, vhosts=None,
-         queues=None, cache: dict | None = None, cache_scope=None,
-         build: "Callable[[VhostScan], Iterator[pa.RecordBatch]] | Build | None" = None,
-         progress: Progress | None = None,
-         render: Callable[[pa.RecordBatch], object] | None = None) -> Iterator:
+def read(
+    table: str,
+    options: Options,
+    *,
+    paths=None,
+    units: Iterable | None = None,
+    columns=None,
+    vhosts=None,
+    queues=None,
+    cache: dict | None = None,
+    cache_scope=None,
+    build: Callable[[VhostScan], Iterator[pa.RecordBatch]] | Build | None = None,
+    progress: Progress | None = None,
+    render: Callable[[pa.RecordBatch], object] | None = None,
+) -> Iterator:
     """Batches of ``table`` (projected to ``columns``), read with ``options``.
 
     Either ``paths`` (node dirs, mnesia bases or folders of them; every node dir found is read,
@@ -277,11 +295,17 @@ def read(table: str, options: Options, *, paths=None, units: Iterable | None = N
         part, tail = SPLIT_WITH_TAIL[table]
         build = Build(part, splittable=True, in_passes=table in INDEXED_TABLES, tail=lambda vs, _: tail(vs))
     elif not isinstance(build, Build):
-        build = Build(build or BUILDERS[table], splittable=build is None and table in QUEUE_LEVEL,
-                      in_passes=table in INDEXED_TABLES)
+        build = Build(
+            build or BUILDERS[table],
+            splittable=build is None and table in QUEUE_LEVEL,
+            in_passes=table in INDEXED_TABLES,
+        )
     if columns is not None or render is not None:
-        build = dataclasses.replace(build, part=_finished(build.part, columns, render),
-                                    tail=_finished(build.tail, columns, render) if build.tail else None)
+        build = dataclasses.replace(
+            build,
+            part=_finished(build.part, columns, render),
+            tail=_finished(build.tail, columns, render) if build.tail else None,
+        )
     if options.jobs > 1 and units is None:
         batches = _parallel(table, options, paths, vhosts, queues, build, progress)
     else:
@@ -295,17 +319,28 @@ def read(table: str, options: Options, *, paths=None, units: Iterable | None = N
 def _finished(make: Callable, columns, render):
     """``make`` (a ``Build``'s part or tail) with its batches projected to ``columns`` and
     passed through ``render``, where they are made."""
+
     def finished(*args):
         for b in make(*args):
             if columns is not None:
                 b = b.select(columns)
             yield render(b) if render is not None else b
+
     return finished
 
 
 def _serial(table, options, paths, units, vhosts, queues, cache, cache_scope, build: Build, progress=None):
-    for vs in scans(table, options, paths=paths, units=units, vhosts=vhosts, queues=queues, cache=cache,
-                    cache_scope=cache_scope, progress=progress):
+    for vs in scans(
+        table,
+        options,
+        paths=paths,
+        units=units,
+        vhosts=vhosts,
+        queues=queues,
+        cache=cache,
+        cache_scope=cache_scope,
+        progress=progress,
+    ):
         yield from build.run(vs)
 
 
@@ -316,8 +351,9 @@ SPLIT_BYTES = 32 << 20
 PARTS_PER_JOB = 4
 
 
-def _parallel(table: str, options: Options, paths, vhosts, queues, build: Build,
-              progress: Progress | None = None) -> Iterator[pa.RecordBatch]:
+def _parallel(
+    table: str, options: Options, paths, vhosts, queues, build: Build, progress: Progress | None = None
+) -> Iterator[pa.RecordBatch]:
     """``read`` by ``options.jobs`` processes: per node, runs of small vhosts one vhost a task;
     a big vhost pass by pass (``model.vhost.passes``), each pass's facts made here and its
     listing cut into ranges read by the processes (a table whose rows each belong to an index
@@ -340,8 +376,7 @@ def _parallel(table: str, options: Options, paths, vhosts, queues, build: Build,
         for base in ns.vhosts:
             if vhosts is not None and base.vhost.name not in vhosts:
                 continue
-            restrict = None if queues is None else \
-                {q.dir_name: None for q in base.all_queue_dirs if q.name in queues}
+            restrict = None if queues is None else {q.dir_name: None for q in base.all_queue_dirs if q.name in queues}
             vs = base if restrict is None else VhostScan(ns, base.vhost, restrict, base.vhost_facts())
             if queues is not None:  # the streams and quorum queues it lists, by name (as _scans)
                 vs.stream_dirs = {e.path.name for e in ns.streams if e.label in queues}
@@ -354,6 +389,7 @@ def _parallel(table: str, options: Options, paths, vhosts, queues, build: Build,
             while j < len(chosen) and chosen[j].listing_bytes() < SPLIT_BYTES:
                 j += 1
             if j > i:  # small vhosts, one a task
+
                 def whole(task: tuple[int, VhostScan]) -> Iterator[tuple[int, pa.RecordBatch]]:
                     k, vs = task
                     try:
@@ -361,6 +397,7 @@ def _parallel(table: str, options: Options, paths, vhosts, queues, build: Build,
                             yield k, b
                     finally:
                         vs.close()
+
                 shown = None
                 for k, b in parallel.ordered(list(enumerate(chosen[i:j], i)), whole, jobs):
                     if progress is not None and k != shown:
@@ -399,6 +436,7 @@ def _split_vhost(vs: VhostScan, build: Build, jobs: int) -> Iterator[pa.RecordBa
                 yield from build.part(scan)
             finally:
                 scan.close()
+
         for b in parallel.ordered(sub.ranges(jobs * PARTS_PER_JOB), part, jobs):
             if build.see:
                 build.see(state, b)
@@ -407,8 +445,18 @@ def _split_vhost(vs: VhostScan, build: Build, jobs: int) -> Iterator[pa.RecordBa
         yield from build.tail(vs, state)
 
 
-def scans(table: str, options: Options, *, paths=None, units: Iterable | None = None, vhosts=None, queues=None,
-          cache: dict | None = None, cache_scope=None, progress: Progress | None = None) -> Iterator[VhostScan]:
+def scans(
+    table: str,
+    options: Options,
+    *,
+    paths=None,
+    units: Iterable | None = None,
+    vhosts=None,
+    queues=None,
+    cache: dict | None = None,
+    cache_scope=None,
+    progress: Progress | None = None,
+) -> Iterator[VhostScan]:
     """The vhost scans ``read`` builds ``table`` from (arguments: see ``read``); each is closed
     when the next is asked for."""
     if (paths is None) == (units is None):
@@ -499,17 +547,27 @@ def _grouped(units, table: str):
         u = units[i]
         stream = getattr(u, "stream", None) is not None
         j = i + 1
-        while j < len(units) and (units[j].node_path, units[j].vhost_dir) == (u.node_path, u.vhost_dir) \
-                and (getattr(units[j], "stream", None) is not None) == stream:
+        while (
+            j < len(units)
+            and (units[j].node_path, units[j].vhost_dir) == (u.node_path, u.vhost_dir)
+            and (getattr(units[j], "stream", None) is not None) == stream
+        ):
             j += 1
         if stream:
-            yield (u.node_path, u.node_label), (u.node_path, u.node_label), u.vhost_dir or None, {}, \
-                {g.stream for g in units[i:j]}, set()  # a stream unit: no quorum queue member
+            yield (
+                (u.node_path, u.node_label),
+                (u.node_path, u.node_label),
+                u.vhost_dir or None,
+                {},
+                {g.stream for g in units[i:j]},
+                set(),
+            )  # a stream unit: no quorum queue member
             i = j
             continue
         only, quorum = None, None
-        if table in QUEUE_LEVEL and all(g.queue_dir is not None or getattr(g, "quorum", None)
-                                        for g in units[i:j]):  # else: whole vhosts
+        if table in QUEUE_LEVEL and all(
+            g.queue_dir is not None or getattr(g, "quorum", None) for g in units[i:j]
+        ):  # else: whole vhosts
             only, quorum = {}, set()
             for g in units[i:j]:
                 if getattr(g, "quorum", None):
@@ -525,8 +583,11 @@ def _grouped(units, table: str):
 def _scans(options, groups, vhosts, queues, cache, cache_scope):
     ns, ns_id = None, None
     for node_id, node, vhost_dir, only, streams, quorum in groups:
-        key = (cache_scope, *node_id, vhost_dir) if cache is not None and cache_scope is not None \
-            and vhost_dir is not None else None
+        key = (
+            (cache_scope, *node_id, vhost_dir)
+            if cache is not None and cache_scope is not None and vhost_dir is not None
+            else None
+        )
         cached, facts = cache.get(key, (None, {})) if key is not None else (None, {})
         if cached is not None:
             ns, ns_id = cached, node_id
@@ -548,8 +609,11 @@ def _scans(options, groups, vhosts, queues, cache, cache_scope):
                 restrict = {q.dir_name: None for q in base.all_queue_dirs if q.name in queues}
             # the node's own scan when reading a whole vhost afresh: facts computed for it (the
             # index pass a boot-hang check needs) serve the whole node
-            vs = base if restrict is None and not facts else \
-                VhostScan(ns, base.vhost, restrict, facts or base.vhost_facts())
+            vs = (
+                base
+                if restrict is None and not facts
+                else VhostScan(ns, base.vhost, restrict, facts or base.vhost_facts())
+            )
             if streams is not None or queues is not None:  # the streams it lists, by dir name
                 dirs = streams
                 if queues is not None:

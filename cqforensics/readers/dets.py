@@ -84,8 +84,8 @@ from pathlib import Path
 import numpy as np
 
 from cqforensics.base.errors import plural
-from cqforensics.codecs import etf
 from cqforensics.base.findings import INFO, Finding
+from cqforensics.codecs import etf
 from cqforensics.readers import files
 
 COOKIE = 0x00ABCDEF  # dets.hrl ?MAGIC
@@ -124,9 +124,22 @@ _U32x2 = struct.Struct(">II").unpack_from
 _U32x3 = struct.Struct(">III").unpack_from
 _HEAD = struct.Struct(">14I")
 
-FIELDS = {0: "free-list pointer", 4: "cookie", 8: "closed-properly flag", 12: "type", 16: "version",
-          20: "m (hash modulus)", 24: "next (slots in use)", 28: "keypos", 32: "no_objects", 36: "no_keys",
-          40: "min_no_slots", 44: "max_no_slots", 48: "hash method", 52: "n (split pointer)"}
+FIELDS = {
+    0: "free-list pointer",
+    4: "cookie",
+    8: "closed-properly flag",
+    12: "type",
+    16: "version",
+    20: "m (hash modulus)",
+    24: "next (slots in use)",
+    28: "keypos",
+    32: "no_objects",
+    36: "no_keys",
+    40: "min_no_slots",
+    44: "max_no_slots",
+    48: "hash method",
+    52: "n (split pointer)",
+}
 TYPES = {SET: "set", BAG: "bag", DUPLICATE_BAG: "duplicate_bag"}
 OPEN_FAILS = "OTP's dets:open_file fails on it (no repair)"
 
@@ -172,7 +185,7 @@ class Header:
     def parse(cls, head) -> Header:
         words = _HEAD.unpack_from(head, 0)
         counters = struct.unpack_from(">28I", head, COUNTERS_AT)
-        return cls(*words, counters, bytes(head[MD5_AT:MD5_AT + 16]), _U32(head, FL_BASE_AT)[0])
+        return cls(*words, counters, bytes(head[MD5_AT : MD5_AT + 16]), _U32(head, FL_BASE_AT)[0])
 
     @property
     def has_counters(self) -> bool:
@@ -481,8 +494,15 @@ class _Check:
         self.scored = self.fixes = 0
 
     # -- problems ---------------------------------------------------------------------------
-    def problem(self, kind: str, message: str, offset: int | None, pointer: int | None = None,
-                severity: str | None = None, **details) -> _Problem:
+    def problem(
+        self,
+        kind: str,
+        message: str,
+        offset: int | None,
+        pointer: int | None = None,
+        severity: str | None = None,
+        **details,
+    ) -> _Problem:
         n = self.kinds[kind] = self.kinds.get(kind, 0) + 1
         p = _Problem(kind, message, offset, pointer, severity, details)
         if n <= KEEP:  # beyond: only counted (hostile input: bounded memory)
@@ -494,13 +514,28 @@ class _Check:
         for p in self.problems:
             n = shown[p.kind] = shown.get(p.kind, 0) + 1
             if n <= MAX_REPORTED:
-                out.append(Finding("term-file-damaged", p.message, str(self.path), p.offset, severity=p.severity,
-                                   details={"check": p.kind, **p.details}))
+                out.append(
+                    Finding(
+                        "term-file-damaged",
+                        p.message,
+                        str(self.path),
+                        p.offset,
+                        severity=p.severity,
+                        details={"check": p.kind, **p.details},
+                    )
+                )
         for kind, n in self.kinds.items():
             more = n - min(shown.get(kind, 0), MAX_REPORTED)
             if more > 0:
-                out.append(Finding("term-file-damaged", f"{more} more problems of the same kind ({kind}) are not "
-                                   "listed", str(self.path), None, details={"check": kind, "more": more}))
+                out.append(
+                    Finding(
+                        "term-file-damaged",
+                        f"{more} more problems of the same kind ({kind}) are not listed",
+                        str(self.path),
+                        None,
+                        details={"check": kind, "more": more},
+                    )
+                )
         return out
 
     def word(self, off: int) -> int:
@@ -513,19 +548,34 @@ class _Check:
         which single bit flipped, the header as it was before the flip."""
         h = Header.parse(bytes(self.data[:HEADSZ]))
         if h.md5 != bytes(16):
-            digested = bytearray(self.data[DIGESTED[0]:DIGESTED[1]])
+            digested = bytearray(self.data[DIGESTED[0] : DIGESTED[1]])
             actual = hashlib.md5(digested).digest()
             if actual != h.md5:
                 h = self.md5_mismatch(h, digested, actual)
         if h.type not in TYPES:
-            self.problem("header-type", f"the header's type code is {h.type} (1 set, 2 bag, 3 duplicate_bag): "
-                         f"{OPEN_FAILS} (invalid_type_code)", 12, field="type", value=h.type)
+            self.problem(
+                "header-type",
+                f"the header's type code is {h.type} (1 set, 2 bag, 3 duplicate_bag): {OPEN_FAILS} (invalid_type_code)",
+                12,
+                field="type",
+                value=h.type,
+            )
         if h.hash_method not in (PHASH, PHASH2):
-            self.problem("header-hash-method", f"the header's hash method is {h.hash_method} (0 phash, 1 phash2): "
-                         f"{OPEN_FAILS} (bad_hash_bif)", 48, field="hash method", value=h.hash_method)
+            self.problem(
+                "header-hash-method",
+                f"the header's hash method is {h.hash_method} (0 phash, 1 phash2): {OPEN_FAILS} (bad_hash_bif)",
+                48,
+                field="hash method",
+                value=h.hash_method,
+            )
         if h.closed not in (0, 1):
-            self.problem("header-closed", f"the closed-properly flag is {h.closed:#x} (OTP writes 0 or 1): "
-                         f"{OPEN_FAILS} (not_a_dets_file)", 8, field="closed-properly flag", value=h.closed)
+            self.problem(
+                "header-closed",
+                f"the closed-properly flag is {h.closed:#x} (OTP writes 0 or 1): {OPEN_FAILS} (not_a_dets_file)",
+                8,
+                field="closed-properly flag",
+                value=h.closed,
+            )
         return h
 
     def md5_mismatch(self, h: Header, digested: bytearray, actual: bytes) -> Header:
@@ -537,22 +587,38 @@ class _Check:
                     off = DIGESTED[0] + i
                     word = off & ~3
                     was, now = _U32(digested, word - DIGESTED[0])[0], self.word(word)
-                    self.problem("header-md5", f"the header does not match its MD5: bit {b} of byte {off} is flipped "
-                                 f"({field_name(word)} reads {now}, the MD5 says it was {was}); {OPEN_FAILS} "
-                                 "(not_a_dets_file)", off, field=field_name(word), value=now, was=was)
+                    self.problem(
+                        "header-md5",
+                        f"the header does not match its MD5: bit {b} of byte {off} is flipped "
+                        f"({field_name(word)} reads {now}, the MD5 says it was {was}); {OPEN_FAILS} "
+                        "(not_a_dets_file)",
+                        off,
+                        field=field_name(word),
+                        value=now,
+                        was=was,
+                    )
                     fixed = bytearray(self.data[:HEADSZ])
-                    fixed[DIGESTED[0]:DIGESTED[1]] = digested
+                    fixed[DIGESTED[0] : DIGESTED[1]] = digested
                     return Header.parse(bytes(fixed))
                 digested[i] ^= 1 << b
         diff = [i for i in range(16) if actual[i] != h.md5[i]]
         if len(diff) == 1 and _one_bit(actual[diff[0]], h.md5[diff[0]]):
             off = MD5_AT + diff[0]
-            self.problem("header-md5", f"the header's MD5 has a flipped bit in byte {off} (the fields match it with "
-                         f"that bit restored); {OPEN_FAILS} (not_a_dets_file)", off, field="the header MD5")
+            self.problem(
+                "header-md5",
+                f"the header's MD5 has a flipped bit in byte {off} (the fields match it with "
+                f"that bit restored); {OPEN_FAILS} (not_a_dets_file)",
+                off,
+                field="the header MD5",
+            )
             return h
-        self.problem("header-md5", "the header's fields (bytes 12..167) do not match their MD5 (bytes 168..183), "
-                     f"and no single flipped bit explains it; {OPEN_FAILS} (not_a_dets_file)", MD5_AT,
-                     field="the header MD5")
+        self.problem(
+            "header-md5",
+            "the header's fields (bytes 12..167) do not match their MD5 (bytes 168..183), "
+            f"and no single flipped bit explains it; {OPEN_FAILS} (not_a_dets_file)",
+            MD5_AT,
+            field="the header MD5",
+        )
         return h
 
     def fields(self, h: Header) -> bool:
@@ -565,8 +631,13 @@ class _Check:
             nonlocal ok
             ok = ok and not geometry
             value = self.word(off)
-            self.problem("header-field", f"the header's {field_name(off)} is {value}: {why}", off,
-                         field=field_name(off), value=value)
+            self.problem(
+                "header-field",
+                f"the header's {field_name(off)} is {value}: {why}",
+                off,
+                field=field_name(off),
+                value=value,
+            )
 
         if h.keypos < 1:
             bad(28, "keypos counts from 1 (element(KeyPos, Object) fails on every object)", False)
@@ -581,8 +652,11 @@ class _Check:
             if h.next != h.m + h.n:
                 bad(24, f"it is always m + n ({h.m} + {h.n}): OTP's hash and the slots in use disagree")
             elif not h.min_slots <= h.m <= h.next <= h.max_slots:
-                bad(40, f"OTP keeps min_no_slots <= m <= next <= max_no_slots ({h.min_slots}, {h.m}, {h.next}, "
-                    f"{h.max_slots})")
+                bad(
+                    40,
+                    f"OTP keeps min_no_slots <= m <= next <= max_no_slots ({h.min_slots}, {h.m}, {h.next}, "
+                    f"{h.max_slots})",
+                )
         if h.no_keys > h.no_objects:
             bad(36, f"more keys than objects ({h.no_objects})", False)
         elif h.type == SET and h.no_keys != h.no_objects:
@@ -593,8 +667,13 @@ class _Check:
         r = bytes(self.data[HEADSZ:HEADEND])
         if any(r):
             i = next(i for i, b in enumerate(r) if b)
-            self.problem("header-reserved", f"reserved header byte {HEADSZ + i} is {r[i]:#04x}: OTP writes zeros "
-                         "there and never reads them (harmless, but a changed byte)", HEADSZ + i, severity=INFO)
+            self.problem(
+                "header-reserved",
+                f"reserved header byte {HEADSZ + i} is {r[i]:#04x}: OTP writes zeros "
+                "there and never reads them (harmless, but a changed byte)",
+                HEADSZ + i,
+                severity=INFO,
+            )
 
     # -- free lists -------------------------------------------------------------------------
     def freelists(self, h: Header) -> tuple[int, _Chain | None]:
@@ -619,17 +698,28 @@ class _Check:
             ch = chain(c)
             if ch is None or ch.problem is not None or (here is not None and fl not in ch.starts):
                 continue
-            effect = ("OTP reads the free lists from there, fails (bad_freelists) and repairs the table at open"
-                      if here is None else "OTP reads only the free lists from there on: the free blocks listed "
-                      f"before ({len(ch.free) - len(here.free)}) are lost to it")
-            self.problem("free-list-pointer", f"the header's free-list pointer is {fl}: bit {k} is flipped (the free "
-                         f"lists start at {c}, where a chain of them ends at the file's size word); {effect}", 0,
-                         pointer=fl, was=c)
+            effect = (
+                "OTP reads the free lists from there, fails (bad_freelists) and repairs the table at open"
+                if here is None
+                else "OTP reads only the free lists from there on: the free blocks listed "
+                f"before ({len(ch.free) - len(here.free)}) are lost to it"
+            )
+            self.problem(
+                "free-list-pointer",
+                f"the header's free-list pointer is {fl}: bit {k} is flipped (the free "
+                f"lists start at {c}, where a chain of them ends at the file's size word); {effect}",
+                0,
+                pointer=fl,
+                was=c,
+            )
             return c, ch
         if here is not None and here.problem is not None:
             off, why = here.problem
-            self.problem("free-lists", f"{why}: OTP cannot read the free lists (bad_freelists) and repairs the table "
-                         "at open", off)
+            self.problem(
+                "free-lists",
+                f"{why}: OTP cannot read the free lists (bad_freelists) and repairs the table at open",
+                off,
+            )
         end = fl if BASE <= fl <= size else size
         return end, here
 
@@ -650,9 +740,14 @@ class _Check:
             off, what = FL_BASE_AT, f"the header's buddy-system base ({h.fl_base}) has a flipped bit"
         else:
             off, what = self.size - 4, f"the size word at the end ({last}) is wrong"
-        self.problem("trailer", f"{what}: size word + base = {last + h.fl_base}, the file has {plural(self.size, 'byte')}; OTP "
-                     "takes the table for not closed properly and repairs it at open (a full scan)", off,
-                     size_word=last, base=h.fl_base)
+        self.problem(
+            "trailer",
+            f"{what}: size word + base = {last + h.fl_base}, the file has {plural(self.size, 'byte')}; OTP "
+            "takes the table for not closed properly and repairs it at open (a full scan)",
+            off,
+            size_word=last,
+            base=h.fl_base,
+        )
 
     # -- parts and segments -----------------------------------------------------------------
     def in_free(self, a: int, b: int) -> bool:
@@ -732,10 +827,15 @@ class _Check:
             if i < nparts:
                 parts.append((i, p, at))
             elif p:
-                self.problem("unused-pointer", f"part pointer {i} (at byte {at}) is {p:#x}, but the table has {nparts} "
-                             f"part(s): OTP writes 0 there and ignores it until the table grows past "
-                             f"{plural(i * SEGPARTSZ * SEGSZP, 'slot')} (then overwrites it); a flipped bit", at, pointer=p,
-                             severity=INFO)
+                self.problem(
+                    "unused-pointer",
+                    f"part pointer {i} (at byte {at}) is {p:#x}, but the table has {nparts} "
+                    f"part(s): OTP writes 0 there and ignores it until the table grows past "
+                    f"{plural(i * SEGPARTSZ * SEGSZP, 'slot')} (then overwrites it); a flipped bit",
+                    at,
+                    pointer=p,
+                    severity=INFO,
+                )
         part_addrs = [p for _, p, _ in parts]
         segments = []
         for i, p, at in parts:
@@ -747,23 +847,42 @@ class _Check:
             anomalies = self.part_anomalies(p, i, nsegs, end) if why is None else None
             good = None
             if why or anomalies:
+
                 def ok(c, i=i):
-                    return ((c == BASE) if i == 0 else c not in part_addrs and not self.in_free(c, c + PART_BYTES)) \
-                        and self.area(c, PART_BYTES, end) is None and self.part_anomalies(c, i, nsegs, end) == 0
+                    return (
+                        ((c == BASE) if i == 0 else c not in part_addrs and not self.in_free(c, c + PART_BYTES))
+                        and self.area(c, PART_BYTES, end) is None
+                        and self.part_anomalies(c, i, nsegs, end) == 0
+                    )
+
                 good = self.fix(p, ok) if (why or anomalies >= 2) else None
                 if why is None and good is not None:
                     why = f"{anomalies} of the words read there are no segment pointers of this part"
             if why:
                 was = f"; one bit away, {good} holds the part (a flipped bit)" if good else ""
-                self.problem("part-pointer", f"part pointer {i} (at byte {at}) is {p:#x}: {why}{was}; OTP reads the "
-                             f"segment pointers of slots {i * SEGPARTSZ * SEGSZP}.. from there, so lookups in them "
-                             "fail or read garbage", at, pointer=p, **({"was": good} if good else {}))
+                self.problem(
+                    "part-pointer",
+                    f"part pointer {i} (at byte {at}) is {p:#x}: {why}{was}; OTP reads the "
+                    f"segment pointers of slots {i * SEGPARTSZ * SEGSZP}.. from there, so lookups in them "
+                    "fail or read garbage",
+                    at,
+                    pointer=p,
+                    **({"was": good} if good else {}),
+                )
                 if good is None:
                     self.lost = True
                     continue
                 p, anomalies = good, 0
-            self.items.append(_Item(p, p + PART_BYTES, f"segment-array part {i}", at, "part",
-                                    verified=anomalies == 0 and (i > 0 or p == BASE)))
+            self.items.append(
+                _Item(
+                    p,
+                    p + PART_BYTES,
+                    f"segment-array part {i}",
+                    at,
+                    "part",
+                    verified=anomalies == 0 and (i > 0 or p == BASE),
+                )
+            )
             words = np.frombuffer(data, dtype=">u4", count=SEGPARTSZ, offset=p)
             want = self.segments_in(i, nsegs, words)
             for k in range(SEGPARTSZ):
@@ -771,10 +890,16 @@ class _Check:
                 if k < want:
                     segments.append([segno, s, sat])
                 elif s:
-                    self.problem("unused-pointer", f"segment pointer {segno} (at byte {sat}) is {s:#x}, but the table "
-                                 f"uses {nsegs if nsegs is not None else want} segment(s): OTP writes 0 there and "
-                                 "ignores it until the table grows into that segment (then overwrites it); a flipped "
-                                 "bit", sat, pointer=s, severity=INFO)
+                    self.problem(
+                        "unused-pointer",
+                        f"segment pointer {segno} (at byte {sat}) is {s:#x}, but the table "
+                        f"uses {nsegs if nsegs is not None else want} segment(s): OTP writes 0 there and "
+                        "ignores it until the table grows into that segment (then overwrites it); a flipped "
+                        "bit",
+                        sat,
+                        pointer=s,
+                        severity=INFO,
+                    )
         known = set(part_addrs) | {s for _, s, _ in segments}
         counts: dict[int, int] = {}
         for _, s, _ in segments:
@@ -782,6 +907,7 @@ class _Check:
         first0 = BASE + PART_BYTES, BASE + PART_BYTES * max(1, len(parts))
         out = []
         for segno, s, sat in segments:
+
             def usable(c, segno=segno):
                 return not (self.area(c, SEG_BYTES, end) or (segno == 0 and not first0[0] <= c <= first0[1]))
 
@@ -795,28 +921,39 @@ class _Check:
                 bad, good = self.seg_score(s, end)
             fixed = None
             if why is not None or bad:
+
                 def ok(c, segno=segno, floor=good):
                     if c in known or not usable(c) or self.in_free(c, c + SEG_BYTES):
                         return False
                     b, g = self.seg_score(c, end)
                     return b == 0 and g >= max(1, floor)
+
                 fixed = self.fix(s, ok)
                 if fixed is not None and why is None:
                     why = f"{bad} of the slots read there point at no object block"
             if why:
                 was = f"; one bit away, {fixed} holds the segment (a flipped bit)" if fixed else ""
-                tail = (" OTP stops reading segment pointers at the first 0, so lookups in these slots crash"
-                        if s == 0 else " lookups in these slots read garbage or miss")
-                self.problem("segment-pointer", f"segment {segno}'s pointer (at byte {sat}) is {s:#x}: {why}{was}; it "
-                             f"holds slots {segno * SEGSZP}..{segno * SEGSZP + SEGSZP - 1}:{tail}", sat, pointer=s,
-                             **({"was": fixed} if fixed else {}))
+                tail = (
+                    " OTP stops reading segment pointers at the first 0, so lookups in these slots crash"
+                    if s == 0
+                    else " lookups in these slots read garbage or miss"
+                )
+                self.problem(
+                    "segment-pointer",
+                    f"segment {segno}'s pointer (at byte {sat}) is {s:#x}: {why}{was}; it "
+                    f"holds slots {segno * SEGSZP}..{segno * SEGSZP + SEGSZP - 1}:{tail}",
+                    sat,
+                    pointer=s,
+                    **({"was": fixed} if fixed else {}),
+                )
                 if fixed is None:
                     self.lost = True
                     continue
                 s, bad, good = fixed, 0, 1
             pinned = segno == 0 and first0[0] == first0[1] == s
-            self.items.append(_Item(s, s + SEG_BYTES, f"segment {segno}", sat, "segment",
-                                    verified=bad == 0 and (good > 0 or pinned)))
+            self.items.append(
+                _Item(s, s + SEG_BYTES, f"segment {segno}", sat, "segment", verified=bad == 0 and (good > 0 or pinned))
+            )
             out.append((segno, s, sat))
         return out
 
@@ -833,10 +970,17 @@ class _Check:
         And a used slot names the ``<<Size, ACTIVE>>`` block the repair finds its objects in (it
         writes the block and the slot in one pwrite): a block header or object damaged there is
         skipped by the repair (``fsck_objs``), its objects lost (a warning)."""
+
         def bad(kind: str, at: int, value: int, why: str) -> None:
-            self.problem("open-table", f"{kind} (at byte {at}) is {value:#x}: {why}; the table was not closed "
-                         "properly, so OTP repairs it at open from its object blocks and never reads this word, "
-                         "but it writes no such value there (a flipped bit)", at, pointer=value, severity=INFO)
+            self.problem(
+                "open-table",
+                f"{kind} (at byte {at}) is {value:#x}: {why}; the table was not closed "
+                "properly, so OTP repairs it at open from its object blocks and never reads this word, "
+                "but it writes no such value there (a flipped bit)",
+                at,
+                pointer=value,
+                severity=INFO,
+            )
 
         def pointers(first: int, count: int, what, need: int) -> list[tuple[int, int]]:
             """The valid pointers of ``count`` words from ``first`` (in order, up to the first 0)."""
@@ -857,9 +1001,13 @@ class _Check:
 
         if self.size < BASE + PART_BYTES + SEG_BYTES:
             least = BASE + PART_BYTES + SEG_BYTES
-            self.problem("truncated", f"the file ends at {self.size}, before the end of segment 0 ({least}): OTP writes "
-                         "the header, part 0 and segment 0 when it creates a table, so the file is torn (OTP's repair "
-                         "at open finds no object past its end)", self.size)
+            self.problem(
+                "truncated",
+                f"the file ends at {self.size}, before the end of segment 0 ({least}): OTP writes "
+                "the header, part 0 and segment 0 when it creates a table, so the file is torn (OTP's repair "
+                "at open finds no object past its end)",
+                self.size,
+            )
             return
         parts = pointers(HEADEND, SEGARRSZ, lambda k: f"part pointer {k}", PART_BYTES)
         first = self.word(HEADEND)
@@ -867,25 +1015,39 @@ class _Check:
             bad("part pointer 0", HEADEND, first, f"part 0 always lies at {BASE} (OTP writes it first)")
         parts = [(0, BASE)] + [x for x in parts if x[0] > 0]  # part 0 read where it always is
         segments = []
-        for i, p in parts[:MAX_SLOTS // (SEGPARTSZ * SEGSZP) + 1]:
+        for i, p in parts[: MAX_SLOTS // (SEGPARTSZ * SEGSZP) + 1]:
             segments += pointers(p, SEGPARTSZ, lambda k, i=i: f"segment pointer {i * SEGPARTSZ + k}", SEG_BYTES)
-        for _, sp in segments[:MAX_SLOTS // SEGSZP]:
+        for _, sp in segments[: MAX_SLOTS // SEGSZP]:
             arr = np.frombuffer(self.data, dtype=">u4", count=2 * SEGSZP, offset=sp).reshape(SEGSZP, 2).astype(np.int64)
             size, ptr = arr[:, 0], arr[:, 1]
             buddy = np.maximum(1, 1 << np.ceil(np.log2(np.maximum(size, 1))).astype(np.int64))
-            wrong = ((size == 0) != (ptr == 0)) | ((size != 0) & ((size < 14) | (ptr < BASE)
-                                                                  | ((ptr - BASE) % np.minimum(buddy, ALIGN) != 0)))
+            wrong = ((size == 0) != (ptr == 0)) | (
+                (size != 0) & ((size < 14) | (ptr < BASE) | ((ptr - BASE) % np.minimum(buddy, ALIGN) != 0))
+            )
             for k in np.flatnonzero(wrong)[:MAX_REPORTED].tolist():
-                bad(f"slot {k} of the segment at {sp}", sp + 8 * k, int(size[k]) << 32 | int(ptr[k]),
-                    "an empty slot is two zero words, a used one a size and a pointer on its buddy boundary")
+                bad(
+                    f"slot {k} of the segment at {sp}",
+                    sp + 8 * k,
+                    int(size[k]) << 32 | int(ptr[k]),
+                    "an empty slot is two zero words, a used one a size and a pointer on its buddy boundary",
+                )
             for k in np.flatnonzero(~wrong & (size != 0) & (ptr + size <= self.size)).tolist():
                 at, n = int(ptr[k]), int(size[k])
-                why = self.parse(h, at, n, self.size, decode=True) if _U32x2(self.data, at) == (n, ACTIVE) else \
-                    (at, f"no <<{n}, ACTIVE>> block header there")
+                why = (
+                    self.parse(h, at, n, self.size, decode=True)
+                    if _U32x2(self.data, at) == (n, ACTIVE)
+                    else (at, f"no <<{n}, ACTIVE>> block header there")
+                )
                 if isinstance(why, tuple):
-                    self.problem("open-table", f"slot {k} of the segment at {sp} names the {n}-byte object block at {at}: "
-                                 f"{why[1]}; the table was not closed properly, and OTP's repair at open skips such a "
-                                 "block (fsck_objs): its objects are lost", why[0], slot_offset=sp + 8 * k, block=at)
+                    self.problem(
+                        "open-table",
+                        f"slot {k} of the segment at {sp} names the {n}-byte object block at {at}: "
+                        f"{why[1]}; the table was not closed properly, and OTP's repair at open skips such a "
+                        "block (fsck_objs): its objects are lost",
+                        why[0],
+                        slot_offset=sp + 8 * k,
+                        block=at,
+                    )
 
     # -- slots and blocks -------------------------------------------------------------------
     def structure_at(self, ptr: int) -> _Item | None:
@@ -919,52 +1081,95 @@ class _Check:
             if self.kinds.get("slot", 0) >= KEEP:  # only counted: do not build the message
                 self.kinds["slot"] += 1
                 return
-            self.problem("slot", f"slot {s} (at byte {at}: size {size}, pointer {ptr:#x}) {why}", off,
-                         pointer=ptr if pointer else None, slot=s, slot_offset=at, pointer_offset=at + 4, **details)
+            self.problem(
+                "slot",
+                f"slot {s} (at byte {at}: size {size}, pointer {ptr:#x}) {why}",
+                off,
+                pointer=ptr if pointer else None,
+                slot=s,
+                slot_offset=at,
+                pointer_offset=at + 4,
+                **details,
+            )
 
         def ref(block_size: int, ok: bool):
             refs.setdefault(ptr, []).append(_Ref(s, at, size, block_size, ok))
 
         if size == 0:
-            return bad(at + 4, "has size 0 but a pointer: an empty slot is two zero words; OTP's reads of this slot "
-                       "fail and mark the table corrupt", True)
+            return bad(
+                at + 4,
+                "has size 0 but a pointer: an empty slot is two zero words; OTP's reads of this slot "
+                "fail and mark the table corrupt",
+                True,
+            )
         if ptr == 0:
-            return bad(at, "has a size but pointer 0: OTP reads the file header as its objects and marks the table "
-                       "corrupt")
+            return bad(
+                at, "has a size but pointer 0: OTP reads the file header as its objects and marks the table corrupt"
+            )
         if ptr < BASE or ptr + 8 > end:
-            return bad(at + 4, f"points outside the object area ({BASE}..{end}): OTP's lookups in this slot fail and "
-                       "mark the table corrupt", True)
+            return bad(
+                at + 4,
+                f"points outside the object area ({BASE}..{end}): OTP's lookups in this slot fail and "
+                "mark the table corrupt",
+                True,
+            )
         inside = self.structure_at(ptr)
         if inside is not None:
-            return bad(at + 4, f"points into {inside.what} ({inside.start}..{inside.end}), not at an object block: "
-                       "OTP's lookups in this slot fail or read garbage", True)
+            return bad(
+                at + 4,
+                f"points into {inside.what} ({inside.start}..{inside.end}), not at an object block: "
+                "OTP's lookups in this slot fail or read garbage",
+                True,
+            )
         word, status = _U32x2(self.data, ptr)
         if word != size:
             if status == ACTIVE and 8 < word <= end - ptr and self.parse(h, ptr, word, end) is None:
                 ref(word, False)
-                return bad(at, f"names {plural(size, 'byte')}, but the block it points at has {word}: a flipped bit in the slot; "
-                           "OTP's match on the block header fails, lookups in this slot fail")
+                return bad(
+                    at,
+                    f"names {plural(size, 'byte')}, but the block it points at has {word}: a flipped bit in the slot; "
+                    "OTP's match on the block header fails, lookups in this slot fail",
+                )
             if status == ACTIVE and ptr + size <= end and self.parse(h, ptr, size, end) is None:
                 ref(size, False)
-                return bad(ptr, f"points at a block whose size word reads {word}: a flipped bit in the block header; "
-                           "OTP's lookups in this slot fail", block=ptr)
-            return bad(at + 4, "points at no object block (no <<Size, ACTIVE>> header of that size there): OTP's "
-                       "lookups in this slot fail or read garbage", True)
+                return bad(
+                    ptr,
+                    f"points at a block whose size word reads {word}: a flipped bit in the block header; "
+                    "OTP's lookups in this slot fail",
+                    block=ptr,
+                )
+            return bad(
+                at + 4,
+                "points at no object block (no <<Size, ACTIVE>> header of that size there): OTP's "
+                "lookups in this slot fail or read garbage",
+                True,
+            )
         if ptr + size > end:
-            return bad(at, f"names a block that runs past the end of the table's data ({end}): OTP cuts it off at "
-                       "the next write")
+            return bad(
+                at,
+                f"names a block that runs past the end of the table's data ({end}): OTP cuts it off at the next write",
+            )
         if (ptr - BASE) % min(_buddy(size), ALIGN):
-            return bad(at + 4, f"points at {ptr}, which is not on a boundary of its {_buddy(size)}-byte buddy block",
-                       True)
+            return bad(
+                at + 4, f"points at {ptr}, which is not on a boundary of its {_buddy(size)}-byte buddy block", True
+            )
         limit = self.limit
         if limit is not None and size > limit:
             ref(size, False)
-            return bad(at, f"names {plural(size, 'byte')}, more than the biggest collection the header counts ({limit}): OTP "
-                       "refuses the read (eof) and marks the table corrupt")
+            return bad(
+                at,
+                f"names {plural(size, 'byte')}, more than the biggest collection the header counts ({limit}): OTP "
+                "refuses the read (eof) and marks the table corrupt",
+            )
         if status != ACTIVE:
             ref(size, False)
-            return bad(ptr + 4, f"points at a block whose status is {status:#x}, not ACTIVE: OTP's updates and "
-                       "single-key lookups in this slot fail (per_key wants ACTIVE)", True, block=ptr)
+            return bad(
+                ptr + 4,
+                f"points at a block whose status is {status:#x}, not ACTIVE: OTP's updates and "
+                "single-key lookups in this slot fail (per_key wants ACTIVE)",
+                True,
+                block=ptr,
+            )
         ref(size, True)
 
     def block(self, h: Header, ptr: int, rs: list, end: int, hash_ok: bool) -> None:
@@ -978,12 +1183,26 @@ class _Check:
                 if r is not owner and self.kinds.get("slot", 0) >= KEEP:
                     self.kinds["slot"] += 1
                 elif r is not owner:
-                    self.problem("slot", f"slot {r.slot} (at byte {r.at}) points at {ptr}, the block of slot {owner.slot}"
-                                 f"{' (its keys hash there)' if cand else ''}: a flipped bit in this pointer; every "
-                                 f"object block belongs to one slot, OTP's lookups in slot {r.slot} miss their objects",
-                                 r.at + 4, pointer=ptr, slot=r.slot, slot_offset=r.at)
-        self.blocks.append(_Item(ptr, ptr + _buddy(owner.block_size), f"the object block of slot {owner.slot}",
-                                 owner.at + 4, "block", verified=owner.ok and not isinstance(got, tuple)))
+                    self.problem(
+                        "slot",
+                        f"slot {r.slot} (at byte {r.at}) points at {ptr}, the block of slot {owner.slot}"
+                        f"{' (its keys hash there)' if cand else ''}: a flipped bit in this pointer; every "
+                        f"object block belongs to one slot, OTP's lookups in slot {r.slot} miss their objects",
+                        r.at + 4,
+                        pointer=ptr,
+                        slot=r.slot,
+                        slot_offset=r.at,
+                    )
+        self.blocks.append(
+            _Item(
+                ptr,
+                ptr + _buddy(owner.block_size),
+                f"the object block of slot {owner.slot}",
+                owner.at + 4,
+                "block",
+                verified=owner.ok and not isinstance(got, tuple),
+            )
+        )
         self.reached.add(ptr)
         if isinstance(got, tuple):
             off, why = got
@@ -996,9 +1215,15 @@ class _Check:
                 if want is not None and want != owner.slot:
                     text = etf.format_term(key)
                     text = text if len(text) <= 120 else text[:117] + "..."
-                    self.problem("object", f"slot {owner.slot}'s block at {ptr}: the object at {off} has key {text}, "
-                                 f"which phash2 puts in slot {want}: OTP's lookups of that key look in slot {want} and "
-                                 "miss it (a flipped bit in the key)", off, slot=owner.slot, block=ptr)
+                    self.problem(
+                        "object",
+                        f"slot {owner.slot}'s block at {ptr}: the object at {off} has key {text}, "
+                        f"which phash2 puts in slot {want}: OTP's lookups of that key look in slot {want} and "
+                        "miss it (a flipped bit in the key)",
+                        off,
+                        slot=owner.slot,
+                        block=ptr,
+                    )
                     break
 
     def parse(self, h: Header, ptr: int, size: int, end: int, decode: bool = False, hash_ok: bool = False):
@@ -1011,7 +1236,7 @@ class _Check:
         if decode and (size > MAX_COLLECTION or self.decoded + size > MAX_DECODE_BYTES or self.objects >= MAX_OBJECTS):
             self.complete = False
             decode = False
-        buf = bytes(self.data[ptr:ptr + size]) if decode else self.data
+        buf = bytes(self.data[ptr : ptr + size]) if decode else self.data
         base = 0 if decode else ptr
         pos, stop = base + 8, base + size
         bag = h.type in (BAG, DUPLICATE_BAG)
@@ -1057,8 +1282,10 @@ class _Check:
         except (etf.EtfError, RecursionError, ValueError, OverflowError, IndexError, struct.error) as e:
             return f"the object at {ptr + start} does not decode ({getattr(e, 'message', e)}): OTP's reads of this slot fail"
         if type(term) is not tuple or len(term) < max(1, h.keypos):
-            return (f"the object at {ptr + start} is no tuple of at least {h.keypos} elements: element(KeyPos) fails on "
-                    "it, OTP's reads of this slot fail")
+            return (
+                f"the object at {ptr + start} is no tuple of at least {h.keypos} elements: element(KeyPos) fails on "
+                "it, OTP's reads of this slot fail"
+            )
         if hash_ok:
             key = term[h.keypos - 1]
             want = slot_of(key, h.m, h.n)
@@ -1118,6 +1345,7 @@ class _Check:
         the parts and segments it allocates first): the header's base when the size word agrees
         with it, else the one the top free block implies (the upper 2^30 bytes, or all 2^31 of an
         empty table, never split), else the end of the free blocks - 2^31. None: no such base."""
+
         def valid(b: int) -> bool:
             return BASE + 2 * ALIGN <= b and (b - BASE) % ALIGN == 0 and (lowest is None or b <= lowest)
 
@@ -1141,10 +1369,15 @@ class _Check:
         for a, size, at, pos_at in free:
             it = _Item(a, a + size, f"the free block at {a} ({plural(size, 'byte')})", at, "free", (pos_at,))
             if a < BASE or (a - BASE) % min(size, ALIGN):
-                self.problem("free-lists", f"the free lists give a free block of {plural(size, 'byte')} at {a} (entry at byte {at}),"
-                             " which is not on a boundary of its size: a flipped bit in the address or its size class "
-                             f"(at byte {pos_at}); OTP would hand out or merge the wrong bytes", at, pointer=a,
-                             offsets=[at, pos_at])
+                self.problem(
+                    "free-lists",
+                    f"the free lists give a free block of {plural(size, 'byte')} at {a} (entry at byte {at}),"
+                    " which is not on a boundary of its size: a flipped bit in the address or its size class "
+                    f"(at byte {pos_at}); OTP would hand out or merge the wrong bytes",
+                    at,
+                    pointer=a,
+                    offsets=[at, pos_at],
+                )
                 continue
             items.append(it)
             aligned.append((a, size, at, pos_at))
@@ -1153,10 +1386,15 @@ class _Check:
         if base is None:
             if aligned and not self.kinds.get("free-lists"):
                 a, size, at, pos_at = max(aligned)
-                self.problem("free-lists", f"the free blocks do not reach the top of the buddy space (2^31 bytes from "
-                             "its base, which lies right after the parts and segments): the last free block "
-                             f"({a}, {plural(size, 'byte')}, entry at byte {at}) has a flipped bit in its address or size "
-                             f"class (byte {pos_at}); OTP would hand out the wrong bytes", at, offsets=[at, pos_at])
+                self.problem(
+                    "free-lists",
+                    f"the free blocks do not reach the top of the buddy space (2^31 bytes from "
+                    "its base, which lies right after the parts and segments): the last free block "
+                    f"({a}, {plural(size, 'byte')}, entry at byte {at}) has a flipped bit in its address or size "
+                    f"class (byte {pos_at}); OTP would hand out the wrong bytes",
+                    at,
+                    offsets=[at, pos_at],
+                )
             return
         top = base + (1 << MAX_LOG)
         items.sort(key=lambda it: (it.start, it.end))
@@ -1180,38 +1418,67 @@ class _Check:
 
         def blame(culprit: _Item, g0: int, g1: int) -> None:
             blamed.add(id(culprit))
-            effect = "OTP would hand out the wrong bytes" if culprit.kind == "free" else "OTP reads it from the wrong place"
-            self.problem("free-lists" if culprit.kind == "free" else "coverage",
-                         f"{culprit.what} is named at byte {culprit.at} as {culprit.start}, one flipped bit away from "
-                         f"{g0}, where {plural(g1 - g0, 'byte')} nothing else accounts for lie: {effect}", culprit.at,
-                         pointer=culprit.start, was=g0, offsets=[culprit.at, *culprit.extra])
+            effect = (
+                "OTP would hand out the wrong bytes" if culprit.kind == "free" else "OTP reads it from the wrong place"
+            )
+            self.problem(
+                "free-lists" if culprit.kind == "free" else "coverage",
+                f"{culprit.what} is named at byte {culprit.at} as {culprit.start}, one flipped bit away from "
+                f"{g0}, where {plural(g1 - g0, 'byte')} nothing else accounts for lie: {effect}",
+                culprit.at,
+                pointer=culprit.start,
+                was=g0,
+                offsets=[culprit.at, *culprit.extra],
+            )
 
         for g0, g1, before in gaps:
-            near = [it for it in items if it.at is not None and it.kind != "unreached" and _one_bit(it.start, g0)
-                    and id(it) not in blamed]
+            near = [
+                it
+                for it in items
+                if it.at is not None and it.kind != "unreached" and _one_bit(it.start, g0) and id(it) not in blamed
+            ]
             near.sort(key=lambda it: (id(it) not in suspicious, it.verified, it.kind != "free"))
             if near and id(near[0]) in suspicious:
                 blame(near[0], g0, g1)
-            elif before is not None and before.kind == "free" and before.end == g0 and _pow2(g1 - before.start) \
-                    and _one_bit((g1 - before.start).bit_length(), (before.end - before.start).bit_length()):
+            elif (
+                before is not None
+                and before.kind == "free"
+                and before.end == g0
+                and _pow2(g1 - before.start)
+                and _one_bit((g1 - before.start).bit_length(), (before.end - before.start).bit_length())
+            ):
                 blamed.add(id(before))  # its size class lost a bit: the block is bigger than the entry says
-                self.problem("free-lists", f"the free-list block at byte {before.extra[0] - 8} says the free block at "
-                             f"{before.start} has {plural(before.end - before.start, 'byte')}, but {plural(g1 - before.start, 'byte')} are "
-                             f"free there: a flipped bit in its size class (byte {before.extra[0]}); OTP would lose or "
-                             "hand out the wrong bytes", before.extra[0], offsets=[before.at, *before.extra])
+                self.problem(
+                    "free-lists",
+                    f"the free-list block at byte {before.extra[0] - 8} says the free block at "
+                    f"{before.start} has {plural(before.end - before.start, 'byte')}, but {plural(g1 - before.start, 'byte')} are "
+                    f"free there: a flipped bit in its size class (byte {before.extra[0]}); OTP would lose or "
+                    "hand out the wrong bytes",
+                    before.extra[0],
+                    offsets=[before.at, *before.extra],
+                )
             elif near:
                 blame(near[0], g0, g1)
             else:
                 named = [before.at, *before.extra] if before is not None and before.at is not None else []
-                self.problem("coverage", f"bytes {g0}..{g1} ({plural(g1 - g0, 'byte')}) are neither free nor used by a part, a "
-                             "segment or an object block: a pointer or a free-list entry lost them (a flipped bit)", g0,
-                             length=g1 - g0, offsets=named)
+                self.problem(
+                    "coverage",
+                    f"bytes {g0}..{g1} ({plural(g1 - g0, 'byte')}) are neither free nor used by a part, a "
+                    "segment or an object block: a pointer or a free-list entry lost them (a flipped bit)",
+                    g0,
+                    length=g1 - g0,
+                    offsets=named,
+                )
         for it in items:
             if it.end > top and id(it) not in blamed:
                 blamed.add(id(it))
-                self.problem("free-lists" if it.kind == "free" else "coverage",
-                             f"{it.what} (named at byte {it.at}) runs past the top of the buddy space ({base} + 2^31 = "
-                             f"{top}): a flipped bit", it.at, offsets=[it.at, *it.extra])
+                self.problem(
+                    "free-lists" if it.kind == "free" else "coverage",
+                    f"{it.what} (named at byte {it.at}) runs past the top of the buddy space ({base} + 2^31 = "
+                    f"{top}): a flipped bit",
+                    it.at,
+                    offsets=[it.at, *it.extra],
+                )
         for a, b in overlaps:
             if id(a) in blamed or id(b) in blamed:
                 continue
@@ -1223,24 +1490,44 @@ class _Check:
                 culprit = b if a.verified or not b.verified else a
             other = b if culprit is a else a
             blamed.add(id(culprit))
-            self.problem("coverage", f"{culprit.what} (named at byte {culprit.at}) overlaps {other.what} (named at byte "
-                         f"{other.at}): two things claim the same bytes, a flipped bit in one of them; OTP would hand "
-                         "out or overwrite live bytes", culprit.at, offsets=[culprit.at, *culprit.extra, other.at])
+            self.problem(
+                "coverage",
+                f"{culprit.what} (named at byte {culprit.at}) overlaps {other.what} (named at byte "
+                f"{other.at}): two things claim the same bytes, a flipped bit in one of them; OTP would hand "
+                "out or overwrite live bytes",
+                culprit.at,
+                offsets=[culprit.at, *culprit.extra, other.at],
+            )
 
     def totals(self, h: Header) -> None:
         if self.found_objects != h.no_objects:
-            self.problem("count", f"the header records {plural(h.no_objects, 'object')}, the slots reach {self.found_objects}", 32,
-                         recorded=h.no_objects, found=self.found_objects)
+            self.problem(
+                "count",
+                f"the header records {plural(h.no_objects, 'object')}, the slots reach {self.found_objects}",
+                32,
+                recorded=h.no_objects,
+                found=self.found_objects,
+            )
         if self.found_keys != h.no_keys:
-            self.problem("count", f"the header records {plural(h.no_keys, 'key')}, the slots reach {self.found_keys}", 36,
-                         recorded=h.no_keys, found=self.found_keys)
+            self.problem(
+                "count",
+                f"the header records {plural(h.no_keys, 'key')}, the slots reach {self.found_keys}",
+                36,
+                recorded=h.no_keys,
+                found=self.found_keys,
+            )
         if h.has_counters:
             for i, c in enumerate(h.counters):
                 got = self.collections.get(1 << (i + MIN_LOG), 0)
                 if got != c:
-                    self.problem("count", f"the header counts {c} object collections of {plural(1 << (i + MIN_LOG), 'byte')}, "
-                                 f"the slots reach {got}: OTP sizes its reads by these counters", COUNTERS_AT + 4 * i,
-                                 recorded=c, found=got)
+                    self.problem(
+                        "count",
+                        f"the header counts {c} object collections of {plural(1 << (i + MIN_LOG), 'byte')}, "
+                        f"the slots reach {got}: OTP sizes its reads by these counters",
+                        COUNTERS_AT + 4 * i,
+                        recorded=c,
+                        found=got,
+                    )
 
     def run(self) -> None:
         h = self.header()
@@ -1251,8 +1538,12 @@ class _Check:
         geometry_ok = self.fields(h)
         self.reserved()
         if self.size < BASE + PART_BYTES:
-            self.problem("truncated", f"the file ends at {self.size}, before the first segment-array part "
-                         f"({BASE}..{BASE + PART_BYTES}): OTP cannot read the table", self.size)
+            self.problem(
+                "truncated",
+                f"the file ends at {self.size}, before the first segment-array part "
+                f"({BASE}..{BASE + PART_BYTES}): OTP cannot read the table",
+                self.size,
+            )
             return
         end, chain = self.freelists(h)
         free = chain.free if chain is not None and chain.problem is None else None
@@ -1278,14 +1569,23 @@ class _Check:
         lost = self.explain(self.orphans(h, end))
         if len(lost) > 3:
             shown = ", ".join(str(b.start) for b in lost[:8])
-            self.problem("unreached", f"{plural(len(lost), 'object block')} ({shown}{', ...' if len(lost) > 8 else ''}) are "
-                         "reached by no slot: OTP's lookups never find their objects (a part, segment or slot pointer "
-                         "lost them)", lost[0].start, blocks=[b.start for b in lost[:64]])
+            self.problem(
+                "unreached",
+                f"{plural(len(lost), 'object block')} ({shown}{', ...' if len(lost) > 8 else ''}) are "
+                "reached by no slot: OTP's lookups never find their objects (a part, segment or slot pointer "
+                "lost them)",
+                lost[0].start,
+                blocks=[b.start for b in lost[:64]],
+            )
         else:
             for b in lost:
-                self.problem("unreached", f"the object block at {b.start} is reached by no slot: OTP's lookups never "
-                             "find its objects (its slot pointer has a flipped bit, or the block was injected)",
-                             b.start, block=b.start)
+                self.problem(
+                    "unreached",
+                    f"the object block at {b.start} is reached by no slot: OTP's lookups never "
+                    "find its objects (its slot pointer has a flipped bit, or the block was injected)",
+                    b.start,
+                    block=b.start,
+                )
         if free is not None:
             self.coverage(self.items + self.blocks + lost, free)
         structural = any(self.kinds.get(k) for k in ("part-pointer", "segment-pointer", "slot", "object", "unreached"))
@@ -1310,8 +1610,15 @@ def structure_findings(path: Path, data) -> list[Finding]:
     if size < 20 or _U32(data, 4)[0] != COOKIE or _U32(data, 16)[0] != VERSION:
         return []  # no DETS v9 table: dets_findings says so
     if size < HEADSZ:
-        return [Finding("term-file-damaged", f"a DETS table of {plural(size, 'byte')} ends inside its {HEADSZ}-byte header: OTP "
-                        "cannot open it", str(path), size, details={"check": "truncated"})]
+        return [
+            Finding(
+                "term-file-damaged",
+                f"a DETS table of {plural(size, 'byte')} ends inside its {HEADSZ}-byte header: OTP cannot open it",
+                str(path),
+                size,
+                details={"check": "truncated"},
+            )
+        ]
     check = _Check(path, data)
     check.run()
     return check.emit()

@@ -17,8 +17,13 @@ import numpy as np
 
 from cqforensics.base.errors import FormatError, OperationalError, display
 
-_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a directory"),
+)
 
 
 class NotRegularFile(FormatError):
@@ -280,5 +285,3 @@ def fd_extents(fd: int, size: int) -> list[tuple[int, int]] | None:
         return out
     except OSError:
         return None
-
-

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cqforensics.codecs import etf
 from cqforensics.base.errors import FormatError
+from cqforensics.codecs import etf
 from cqforensics.readers.files import is_regular, read_bytes
 from cqforensics.readers.terms import read_disk_log
 
@@ -86,7 +86,7 @@ class Metadata:
     def arguments(self, vhost: bytes, name: bytes) -> dict:
         q = self.queues.get((vhost, name))
         out = {}
-        for item in (q.arguments if q else []):
+        for item in q.arguments if q else []:
             if isinstance(item, tuple) and len(item) == 3:
                 out[bytes(item[0]).decode("utf-8", "replace") if isinstance(item[0], bytes) else str(item[0])] = item[2]
         return out
@@ -110,16 +110,27 @@ def queue_record(term, source: str) -> QueueRecord | None:
     qtype = term[19] if len(term) > 19 and isinstance(term[19], str) else None
     args = term[5] if isinstance(term[5], list) else []
     node = etf.pid_node(term[6]) if len(term) > 6 else None
-    if node is None and len(term) > 6 and isinstance(term[6], tuple) and len(term[6]) == 2 \
-            and isinstance(term[6][1], etf.Atom):  # a quorum queue's leader: {RaName, Node}
+    if (
+        node is None
+        and len(term) > 6
+        and isinstance(term[6], tuple)
+        and len(term[6]) == 2
+        and isinstance(term[6][1], etf.Atom)
+    ):  # a quorum queue's leader: {RaName, Node}
         node = str(term[6][1])
     return QueueRecord(vhost, name, term[2] == "true", args, qtype, source, node)
 
 
 def _resource(t, kind: str) -> tuple[bytes, bytes] | None:
     """A #resource{virtual_host, kind, name} of ``kind`` -> (vhost, name)."""
-    if isinstance(t, tuple) and len(t) == 4 and t[0] == "resource" and t[2] == kind \
-            and isinstance(t[1], bytes) and isinstance(t[3], bytes):
+    if (
+        isinstance(t, tuple)
+        and len(t) == 4
+        and t[0] == "resource"
+        and t[2] == kind
+        and isinstance(t[1], bytes)
+        and isinstance(t[3], bytes)
+    ):
         return t[1], t[3]
     return None
 
@@ -153,7 +164,9 @@ def binding_record(term) -> Binding | None:
     for kind in ("queue", "exchange"):
         dst = _resource(term[3], kind)
         if dst is not None and dst[0] == src[0]:
-            args = tuple(a for a in term[4] if isinstance(a, tuple) and len(a) == 3) if isinstance(term[4], list) else ()
+            args = (
+                tuple(a for a in term[4] if isinstance(a, tuple) and len(a) == 3) if isinstance(term[4], list) else ()
+            )
             return Binding(src[0], src[1], term[2], kind, dst[1], args)
     return None
 
@@ -255,7 +268,9 @@ def _mnesia(node: Path) -> Metadata:
             if isinstance(item, tuple) and len(item) > 2 and item[0] == "commit":
                 # #commit{node, decision, ram_copies, disc_copies, disc_only_copies, ext, schema_ops}
                 if not _commits_at_boot(item[2], committed):
-                    meta.notes.append(f"{path.name}: a transaction without its logged outcome: Mnesia aborts it at boot")
+                    meta.notes.append(
+                        f"{path.name}: a transaction without its logged outcome: Mnesia aborts it at boot"
+                    )
                     continue
                 for ops in item[3:6]:
                     for op in ops if isinstance(ops, list) else []:
@@ -323,7 +338,7 @@ def _carved(data: bytes, carver: tuple[bytes, frozenset[bytes]]):
     at = data.find(atom)
     while at >= 0:
         for t in (2, 3):
-            if data[at - t:at] in tags:
+            if data[at - t : at] in tags:
                 a = at - t  # the atom term's start
                 if a >= 2 and data[a - 2] == 0x68:
                     yield a - 2
@@ -332,11 +347,18 @@ def _carved(data: bytes, carver: tuple[bytes, frozenset[bytes]]):
         at = data.find(atom, at + 1)
 
 
-_CARVE = {TABLE: _carver(b"amqqueue"), VHOST_TABLE: _carver(b"vhost"), EXCHANGE_TABLE: _carver(b"exchange"),
-          ROUTE_TABLE: _carver(b"binding")}
-_CARVE_CHECK = {TABLE: lambda t: queue_record(t, "") is not None, VHOST_TABLE: lambda t: vhost_record(t) is not None,
-                EXCHANGE_TABLE: lambda t: exchange_record(t) is not None,
-                ROUTE_TABLE: lambda t: binding_record(t) is not None}
+_CARVE = {
+    TABLE: _carver(b"amqqueue"),
+    VHOST_TABLE: _carver(b"vhost"),
+    EXCHANGE_TABLE: _carver(b"exchange"),
+    ROUTE_TABLE: _carver(b"binding"),
+}
+_CARVE_CHECK = {
+    TABLE: lambda t: queue_record(t, "") is not None,
+    VHOST_TABLE: lambda t: vhost_record(t) is not None,
+    EXCHANGE_TABLE: lambda t: exchange_record(t) is not None,
+    ROUTE_TABLE: lambda t: binding_record(t) is not None,
+}
 
 
 def _khepri(coord: Path) -> Metadata:
@@ -353,9 +375,9 @@ def _khepri(coord: Path) -> Metadata:
             for start in _carved(data, carver):
                 try:  # a record within 64 KiB of its start (a view: no copy per candidate)
                     if table == TABLE:  # the fields queue_record reads (a node may hold many queues)
-                        term, _ = etf.decode_fields_at(view[start:start + 65536], 0, QUEUE_FIELDS)
+                        term, _ = etf.decode_fields_at(view[start : start + 65536], 0, QUEUE_FIELDS)
                     else:
-                        term, _ = etf.decode_at(view[start:start + 65536], 0)
+                        term, _ = etf.decode_at(view[start : start + 65536], 0)
                 except etf.EtfError:
                     continue
                 if not _CARVE_CHECK[table](term):

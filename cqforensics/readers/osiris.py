@@ -48,8 +48,9 @@ def decompress(code: int, data: bytes, uncompressed_length: int) -> bytes:
     try:
         import cramjam
     except ImportError:
-        raise CodecMissing(f"{g.COMPRESSIONS[code]} sub-batch: the codec is not installed "
-                           "(pip install 'cqforensics[streams]')") from None
+        raise CodecMissing(
+            f"{g.COMPRESSIONS[code]} sub-batch: the codec is not installed (pip install 'cqforensics[streams]')"
+        ) from None
     mod = {2: cramjam.snappy, 3: cramjam.lz4, 4: cramjam.zstd}[code]
     try:
         return bytes(mod.decompress(bytes(data)))
@@ -67,7 +68,7 @@ class Record:
     """One record (a message) of a user chunk."""
 
     offset: int  # the stream offset
-    chunk: "Chunk"
+    chunk: Chunk
     entry_pos: int  # file position of its entry (simple entry or the sub-batch holding it)
     body: bytes | None  # the AMQP 1.0 message bytes; None when they cannot be had
     sub_batch: bool = False
@@ -157,18 +158,22 @@ def read_index(path: Path) -> tuple[IndexFile, list[Finding]]:
     data = read_bytes(path)
     name = str(path)
     findings = []
-    ok = data[:g.IDX_HEADER_SIZE] == g.IDX_MAGIC + g.IDX_VERSION.to_bytes(4, "big")
+    ok = data[: g.IDX_HEADER_SIZE] == g.IDX_MAGIC + g.IDX_VERSION.to_bytes(4, "big")
     if not ok:
-        findings.append(Finding("osiris-bad-header", f"index file header is {bytes(data[:8])!r}, not OSII v1",
-                                name, 0))
-    body = data[g.IDX_HEADER_SIZE:] if len(data) > g.IDX_HEADER_SIZE else b""
+        findings.append(Finding("osiris-bad-header", f"index file header is {bytes(data[:8])!r}, not OSII v1", name, 0))
+    body = data[g.IDX_HEADER_SIZE :] if len(data) > g.IDX_HEADER_SIZE else b""
     n = len(body) // g.INDEX_RECORD_SIZE
-    recs = np.frombuffer(bytes(body[:n * g.INDEX_RECORD_SIZE]), g.INDEX_DTYPE)
+    recs = np.frombuffer(bytes(body[: n * g.INDEX_RECORD_SIZE]), g.INDEX_DTYPE)
     partial = len(body) - n * g.INDEX_RECORD_SIZE
     if partial:
-        findings.append(Finding("osiris-index-torn", f"index ends inside a record ({partial} of "
-                                f"{g.INDEX_RECORD_SIZE} bytes): the next boot ignores them", name,
-                                g.IDX_HEADER_SIZE + n * g.INDEX_RECORD_SIZE))
+        findings.append(
+            Finding(
+                "osiris-index-torn",
+                f"index ends inside a record ({partial} of {g.INDEX_RECORD_SIZE} bytes): the next boot ignores them",
+                name,
+                g.IDX_HEADER_SIZE + n * g.INDEX_RECORD_SIZE,
+            )
+        )
     return IndexFile(path, len(data), ok, recs, partial), findings
 
 
@@ -179,26 +184,47 @@ def walk_segment(path: Path, index: IndexFile | None = None, data=None) -> tuple
         data = read_bytes(path)
     name = str(path)
     findings: list[Finding] = []
-    ok = data[:g.LOG_HEADER_SIZE] == g.LOG_MAGIC + g.LOG_VERSION.to_bytes(4, "big")
+    ok = data[: g.LOG_HEADER_SIZE] == g.LOG_MAGIC + g.LOG_VERSION.to_bytes(4, "big")
     seg = Segment(path, len(data), ok, end=min(len(data), g.LOG_HEADER_SIZE))
     if not ok:
-        findings.append(Finding("osiris-bad-header", f"segment file header is {bytes(data[:8])!r}, not OSIL v1",
-                                name, 0))
+        findings.append(
+            Finding("osiris-bad-header", f"segment file header is {bytes(data[:8])!r}, not OSIL v1", name, 0)
+        )
     positions = sorted({int(p) for p in index.records["file_pos"]} if index is not None else set())
     pos = g.LOG_HEADER_SIZE
     while pos < len(data):
         h = parse_header(data, pos)
         if h is None:
-            rest = bytes(data[pos:pos + g.CHUNK_HEADER_SIZE])
+            rest = bytes(data[pos : pos + g.CHUNK_HEADER_SIZE])
             if pos + g.CHUNK_HEADER_SIZE > len(data) and rest and rest[0] == g.MAGIC_VERSION_BYTE:
-                findings.append(Finding("osiris-chunk-torn", f"the segment ends inside a chunk header "
-                                        f"({len(data) - pos} of {g.CHUNK_HEADER_SIZE} bytes)", name, pos))
+                findings.append(
+                    Finding(
+                        "osiris-chunk-torn",
+                        f"the segment ends inside a chunk header ({len(data) - pos} of {g.CHUNK_HEADER_SIZE} bytes)",
+                        name,
+                        pos,
+                    )
+                )
             elif not any(data[pos:]):
-                findings.append(Finding("osiris-trailing-bytes", f"{len(data) - pos} zero bytes after the last "
-                                        "chunk", name, pos, details={"length": len(data) - pos}))
+                findings.append(
+                    Finding(
+                        "osiris-trailing-bytes",
+                        f"{len(data) - pos} zero bytes after the last chunk",
+                        name,
+                        pos,
+                        details={"length": len(data) - pos},
+                    )
+                )
             else:
-                findings.append(Finding("osiris-chunk-bad-header", "bytes that are no chunk header where a chunk "
-                                        "should start", name, pos, details={"length": len(data) - pos}))
+                findings.append(
+                    Finding(
+                        "osiris-chunk-bad-header",
+                        "bytes that are no chunk header where a chunk should start",
+                        name,
+                        pos,
+                        details={"length": len(data) - pos},
+                    )
+                )
             nxt = next((p for p in positions if p > pos), None)
             if nxt is None or len(findings) >= MAX_FINDINGS_PER_FILE:
                 break
@@ -208,18 +234,32 @@ def walk_segment(path: Path, index: IndexFile | None = None, data=None) -> tuple
         c = Chunk(name, pos, ctype, n_entries, n_records, ts, epoch, chunk_id, crc, dsize, tsize, bsize)
         if c.end > len(data):
             c.complete = False
-            have = data[c.data_pos:c.data_pos + dsize]
+            have = data[c.data_pos : c.data_pos + dsize]
             c.crc_ok = None if len(have) < dsize else zlib.crc32(have) == crc
-            findings.append(Finding("osiris-chunk-torn", f"chunk {chunk_id} ({c.type_name}) needs "
-                                    f"{c.end - pos} bytes, the segment has {len(data) - pos} left", name, pos,
-                                    details={"chunk_id": chunk_id, "missing": c.end - len(data)}))
+            findings.append(
+                Finding(
+                    "osiris-chunk-torn",
+                    f"chunk {chunk_id} ({c.type_name}) needs "
+                    f"{c.end - pos} bytes, the segment has {len(data) - pos} left",
+                    name,
+                    pos,
+                    details={"chunk_id": chunk_id, "missing": c.end - len(data)},
+                )
+            )
             seg.chunks.append(c)
             break
-        c.bloom = bytes(data[pos + g.CHUNK_HEADER_SIZE:c.data_pos])
-        c.crc_ok = zlib.crc32(data[c.data_pos:c.data_pos + dsize]) == crc
+        c.bloom = bytes(data[pos + g.CHUNK_HEADER_SIZE : c.data_pos])
+        c.crc_ok = zlib.crc32(data[c.data_pos : c.data_pos + dsize]) == crc
         if not c.crc_ok:
-            findings.append(Finding("osiris-chunk-crc", f"chunk {chunk_id} ({c.type_name}) fails its CRC-32",
-                                    name, pos, details={"chunk_id": chunk_id, "crc": crc}))
+            findings.append(
+                Finding(
+                    "osiris-chunk-crc",
+                    f"chunk {chunk_id} ({c.type_name}) fails its CRC-32",
+                    name,
+                    pos,
+                    details={"chunk_id": chunk_id, "crc": crc},
+                )
+            )
         if ctype not in g.CHUNK_TYPES:
             findings.append(Finding("osiris-chunk-bad-header", f"chunk {chunk_id} has unknown type {ctype}", name, pos))
         seg.chunks.append(c)
@@ -240,41 +280,68 @@ def records_of(chunk: Chunk, data) -> tuple[list[Record], list[Tracking], list[F
     offset = chunk.chunk_id
     for _ in range(chunk.num_entries):
         if p + 4 > end:
-            findings.append(Finding("osiris-entry-bad", f"chunk {chunk.chunk_id}: entry data ends before its "
-                                    f"{chunk.num_entries} entries", chunk.file, p))
+            findings.append(
+                Finding(
+                    "osiris-entry-bad",
+                    f"chunk {chunk.chunk_id}: entry data ends before its {chunk.num_entries} entries",
+                    chunk.file,
+                    p,
+                )
+            )
             break
         first = data[p]
         if not first & 0x80:  # simple entry
             (n,) = _U32(data, p)
             if p + 4 + n > end:
-                findings.append(Finding("osiris-entry-bad", f"chunk {chunk.chunk_id}: a simple entry of {n} bytes "
-                                        "runs past the chunk's data", chunk.file, p))
+                findings.append(
+                    Finding(
+                        "osiris-entry-bad",
+                        f"chunk {chunk.chunk_id}: a simple entry of {n} bytes runs past the chunk's data",
+                        chunk.file,
+                        p,
+                    )
+                )
                 break
-            body = bytes(data[p + 4:p + 4 + n])
+            body = bytes(data[p + 4 : p + 4 + n])
             if chunk.chunk_type == g.CHNK_USER:
                 recs.append(Record(offset, chunk, p, body))
             else:
-                trk.extend(parse_tracking(body, chunk, "snapshot" if chunk.chunk_type == g.CHNK_TRK_SNAPSHOT
-                                          else "delta", findings))
+                trk.extend(
+                    parse_tracking(
+                        body, chunk, "snapshot" if chunk.chunk_type == g.CHNK_TRK_SNAPSHOT else "delta", findings
+                    )
+                )
             offset += 1
             p += 4 + n
             continue
         if p + g.SUB_BATCH_HEAD_SIZE > end:
-            findings.append(Finding("osiris-entry-bad", f"chunk {chunk.chunk_id}: a sub-batch header runs past "
-                                    "the chunk's data", chunk.file, p))
+            findings.append(
+                Finding(
+                    "osiris-entry-bad",
+                    f"chunk {chunk.chunk_id}: a sub-batch header runs past the chunk's data",
+                    chunk.file,
+                    p,
+                )
+            )
             break
         b0, n_recs, ulen, clen = _SUB_HEAD(data, p)
         code = (b0 >> 4) & 0x7
         start = p + g.SUB_BATCH_HEAD_SIZE
         if start + clen > end:
-            findings.append(Finding("osiris-entry-bad", f"chunk {chunk.chunk_id}: a sub-batch of {clen} bytes "
-                                    "runs past the chunk's data", chunk.file, p))
+            findings.append(
+                Finding(
+                    "osiris-entry-bad",
+                    f"chunk {chunk.chunk_id}: a sub-batch of {clen} bytes runs past the chunk's data",
+                    chunk.file,
+                    p,
+                )
+            )
             break
         comp = g.COMPRESSIONS.get(code, f"unknown({code})")
         error = None
         bodies: list[bytes] = []
         try:
-            raw = decompress(code, data[start:start + clen], ulen)
+            raw = decompress(code, data[start : start + clen], ulen)
             if len(raw) != ulen:
                 raise ValueError(f"{len(raw)} bytes after decompression, the header says {ulen}")
             q = 0
@@ -282,33 +349,52 @@ def records_of(chunk: Chunk, data) -> tuple[list[Record], list[Tracking], list[F
                 (n,) = _U32(raw, q)
                 if n & 0x80000000 or q + 4 + n > len(raw):
                     raise ValueError(f"record {len(bodies)} of the sub-batch runs past its body")
-                bodies.append(bytes(raw[q + 4:q + 4 + n]))
+                bodies.append(bytes(raw[q + 4 : q + 4 + n]))
                 q += 4 + n
             if len(bodies) != n_recs or q != len(raw):
-                raise ValueError(f"the sub-batch holds {len(bodies)} records in {q} of {len(raw)} bytes, its "
-                                 f"header says {n_recs}")
+                raise ValueError(
+                    f"the sub-batch holds {len(bodies)} records in {q} of {len(raw)} bytes, its header says {n_recs}"
+                )
         except CodecMissing as e:
             error = str(e)
         except (ValueError, IndexError, Exception) as e:  # noqa: B014 - a codec's own error types
             error = f"sub-batch does not decode: {str(e)[:200]}"
-            findings.append(Finding("osiris-entry-bad", f"chunk {chunk.chunk_id}: {comp} sub-batch of {n_recs} "
-                                    f"records: {error}", chunk.file, p,
-                                    details={"chunk_id": chunk.chunk_id, "compression": comp}))
+            findings.append(
+                Finding(
+                    "osiris-entry-bad",
+                    f"chunk {chunk.chunk_id}: {comp} sub-batch of {n_recs} records: {error}",
+                    chunk.file,
+                    p,
+                    details={"chunk_id": chunk.chunk_id, "compression": comp},
+                )
+            )
         for i in range(n_recs):
             body = bodies[i] if error is None else None
             recs.append(Record(offset + i, chunk, p, body, True, comp, error))
         offset += n_recs
         p = start + clen
     if p != end and not findings:
-        findings.append(Finding("osiris-entry-bad", f"chunk {chunk.chunk_id}: its {chunk.num_entries} entries "
-                                f"end {end - p} bytes before its data does", chunk.file, p))
+        findings.append(
+            Finding(
+                "osiris-entry-bad",
+                f"chunk {chunk.chunk_id}: its {chunk.num_entries} entries end {end - p} bytes before its data does",
+                chunk.file,
+                p,
+            )
+        )
     if offset - chunk.chunk_id != chunk.num_records and not findings:
-        findings.append(Finding("osiris-entry-bad", f"chunk {chunk.chunk_id}: its entries hold "
-                                f"{offset - chunk.chunk_id} records, its header says {chunk.num_records}",
-                                chunk.file, chunk.pos))
+        findings.append(
+            Finding(
+                "osiris-entry-bad",
+                f"chunk {chunk.chunk_id}: its entries hold "
+                f"{offset - chunk.chunk_id} records, its header says {chunk.num_records}",
+                chunk.file,
+                chunk.pos,
+            )
+        )
     if chunk.trailer_size:
         t0 = chunk.data_pos + chunk.data_size
-        trk.extend(parse_tracking(bytes(data[t0:t0 + chunk.trailer_size]), chunk, "trailer", findings))
+        trk.extend(parse_tracking(bytes(data[t0 : t0 + chunk.trailer_size]), chunk, "trailer", findings))
     return recs, trk, findings
 
 
@@ -322,18 +408,24 @@ def parse_tracking(buf: bytes, chunk: Chunk, source: str, findings: list) -> lis
             break
         typ, n = buf[p], buf[p + 1]
         q = p + 2 + n
-        ref = buf[p + 2:q]
+        ref = buf[p + 2 : q]
         size = 16 if snap and typ == g.TRK_SEQUENCE else 8
         if typ not in g.TRACKING_TYPES or q + size > len(buf):
-            findings.append(Finding("osiris-tracking-bad", f"chunk {chunk.chunk_id}: {source} tracking data "
-                                    f"does not parse at byte {p} of {len(buf)}", chunk.file, chunk.pos,
-                                    details={"chunk_id": chunk.chunk_id, "source": source}))
+            findings.append(
+                Finding(
+                    "osiris-tracking-bad",
+                    f"chunk {chunk.chunk_id}: {source} tracking data does not parse at byte {p} of {len(buf)}",
+                    chunk.file,
+                    chunk.pos,
+                    details={"chunk_id": chunk.chunk_id, "source": source},
+                )
+            )
             break
         ch = chunk.chunk_id
         if snap and typ == g.TRK_SEQUENCE:
-            ch = int.from_bytes(buf[q:q + 8], "big")
+            ch = int.from_bytes(buf[q : q + 8], "big")
             q += 8
-        value = int.from_bytes(buf[q:q + 8], "big", signed=typ == g.TRK_TIMESTAMP)
+        value = int.from_bytes(buf[q : q + 8], "big", signed=typ == g.TRK_TIMESTAMP)
         out.append(Tracking(g.TRACKING_TYPES[typ], bytes(ref), value, ch, source, chunk.file, chunk.pos))
         p = q + 8
     return out
@@ -370,7 +462,7 @@ class StreamScan:
 
 
 def _stem(name: str, ext: str) -> str | None:
-    stem = name[:-len(ext)]
+    stem = name[: -len(ext)]
     return stem if name.endswith(ext) and len(stem) == g.NAME_DIGITS and stem.isdigit() else None
 
 
@@ -399,29 +491,53 @@ def read_stream(stream_dir: Path | str, with_records: bool = True) -> StreamScan
             scan.indexes[stem] = index
             scan.findings += f
         if seg_path is None:
-            scan.findings.append(Finding("osiris-segment-missing", f"index {idx_path.name} has no segment "
-                                         f"{stem}.segment", str(idx_path), None,
-                                         details={"last": n == len(scan.pairs) - 1}))
+            scan.findings.append(
+                Finding(
+                    "osiris-segment-missing",
+                    f"index {idx_path.name} has no segment {stem}.segment",
+                    str(idx_path),
+                    None,
+                    details={"last": n == len(scan.pairs) - 1},
+                )
+            )
             continue
         if idx_path is None:
-            scan.findings.append(Finding("osiris-index-missing", f"segment {seg_path.name} has no index "
-                                         f"{stem}.index", str(seg_path), None,
-                                         details={"last": n == len(scan.pairs) - 1}))
+            scan.findings.append(
+                Finding(
+                    "osiris-index-missing",
+                    f"segment {seg_path.name} has no index {stem}.index",
+                    str(seg_path),
+                    None,
+                    details={"last": n == len(scan.pairs) - 1},
+                )
+            )
         data = read_bytes(seg_path)
         seg, f = walk_segment(seg_path, index, data)
         scan.segments[stem] = seg
         scan.findings += f
         if seg.chunks and int(stem) != seg.chunks[0].chunk_id:
-            scan.findings.append(Finding("osiris-chunk-id-gap", f"segment {seg_path.name} starts with chunk "
-                                         f"{seg.chunks[0].chunk_id}, not the chunk its name says", str(seg_path),
-                                         seg.chunks[0].pos))
+            scan.findings.append(
+                Finding(
+                    "osiris-chunk-id-gap",
+                    f"segment {seg_path.name} starts with chunk {seg.chunks[0].chunk_id}, not the chunk its name says",
+                    str(seg_path),
+                    seg.chunks[0].pos,
+                )
+            )
         for c in seg.chunks:
             if expected is not None and c.chunk_id != expected:
                 what = "gap" if c.chunk_id > expected else "overlap"
-                scan.findings.append(Finding("osiris-chunk-id-gap", f"chunk {c.chunk_id} follows a chunk that ends "
-                                             f"at offset {expected} ({what} of {abs(c.chunk_id - expected)}): a "
-                                             "reader stops there", c.file, c.pos,
-                                             details={"expected": expected, "chunk_id": c.chunk_id}))
+                scan.findings.append(
+                    Finding(
+                        "osiris-chunk-id-gap",
+                        f"chunk {c.chunk_id} follows a chunk that ends "
+                        f"at offset {expected} ({what} of {abs(c.chunk_id - expected)}): a "
+                        "reader stops there",
+                        c.file,
+                        c.pos,
+                        details={"expected": expected, "chunk_id": c.chunk_id},
+                    )
+                )
             expected = c.chunk_id + c.num_records
             if with_records:
                 recs, trk, f = records_of(c, data)
@@ -432,9 +548,16 @@ def read_stream(stream_dir: Path | str, with_records: bool = True) -> StreamScan
             scan.findings += compare_index(seg, index)
     if scan.pairs and scan.chunks and scan.chunks[0].chunk_id > 0:
         c0 = scan.chunks[0]
-        scan.findings.append(Finding("stream-retention", f"the stream starts at offset {c0.chunk_id}: offsets "
-                                     "below it were deleted (retention or by hand); nothing of them is on disk",
-                                     c0.file, c0.pos, details={"first_offset": c0.chunk_id}))
+        scan.findings.append(
+            Finding(
+                "stream-retention",
+                f"the stream starts at offset {c0.chunk_id}: offsets "
+                "below it were deleted (retention or by hand); nothing of them is on disk",
+                c0.file,
+                c0.pos,
+                details={"first_offset": c0.chunk_id},
+            )
+        )
     return scan
 
 
@@ -449,28 +572,55 @@ def compare_index(seg: Segment, index: IndexFile) -> list[Finding]:
     for k, r in enumerate(index.records):
         at = g.IDX_HEADER_SIZE + k * g.INDEX_RECORD_SIZE
         if not any(r.tobytes()):
-            out.append(Finding("osiris-index-mismatch", "an all-zero index record (pre-allocated or zeroed)", name, at,
-                               details={"kind": "zero_record"}))
+            out.append(
+                Finding(
+                    "osiris-index-mismatch",
+                    "an all-zero index record (pre-allocated or zeroed)",
+                    name,
+                    at,
+                    details={"kind": "zero_record"},
+                )
+            )
             continue
         c = by_pos.get(int(r["file_pos"]))
         if c is None:
-            out.append(Finding("osiris-index-mismatch", f"index record of chunk {int(r['chunk_id'])} points at "
-                               f"segment position {int(r['file_pos'])}, where no chunk starts", name, at,
-                               details={"kind": "no_chunk", "chunk_id": int(r["chunk_id"]),
-                                        "file_pos": int(r["file_pos"])}))
+            out.append(
+                Finding(
+                    "osiris-index-mismatch",
+                    f"index record of chunk {int(r['chunk_id'])} points at "
+                    f"segment position {int(r['file_pos'])}, where no chunk starts",
+                    name,
+                    at,
+                    details={"kind": "no_chunk", "chunk_id": int(r["chunk_id"]), "file_pos": int(r["file_pos"])},
+                )
+            )
             continue
         listed.add(c.pos)
         if (c.chunk_id, c.epoch, c.chunk_type) != (int(r["chunk_id"]), int(r["epoch"]), int(r["chunk_type"])):
-            out.append(Finding("osiris-index-mismatch", f"index record says chunk {int(r['chunk_id'])} epoch "
-                               f"{int(r['epoch'])} type {int(r['chunk_type'])}, the segment has chunk {c.chunk_id} "
-                               f"epoch {c.epoch} type {c.chunk_type} there", name, at,
-                               details={"kind": "differs", "chunk_id": c.chunk_id}))
+            out.append(
+                Finding(
+                    "osiris-index-mismatch",
+                    f"index record says chunk {int(r['chunk_id'])} epoch "
+                    f"{int(r['epoch'])} type {int(r['chunk_type'])}, the segment has chunk {c.chunk_id} "
+                    f"epoch {c.epoch} type {c.chunk_type} there",
+                    name,
+                    at,
+                    details={"kind": "differs", "chunk_id": c.chunk_id},
+                )
+            )
     unlisted = [c for c in seg.chunks if c.pos not in listed]
     if unlisted:
-        out.append(Finding("osiris-index-mismatch", f"{len(unlisted)} chunk(s) of the segment are not in its index "
-                           f"(first: chunk {unlisted[0].chunk_id}); chunks after the last indexed one are cut by "
-                           "the next boot", str(seg.path), unlisted[0].pos,
-                           details={"kind": "unlisted", "chunks": [c.chunk_id for c in unlisted[:50]]}))
+        out.append(
+            Finding(
+                "osiris-index-mismatch",
+                f"{len(unlisted)} chunk(s) of the segment are not in its index "
+                f"(first: chunk {unlisted[0].chunk_id}); chunks after the last indexed one are cut by "
+                "the next boot",
+                str(seg.path),
+                unlisted[0].pos,
+                details={"kind": "unlisted", "chunks": [c.chunk_id for c in unlisted[:50]]},
+            )
+        )
     return out
 
 
@@ -507,20 +657,53 @@ def dump_segment(path: Path, segment_entry_count: int | None = None):
     seg, findings = walk_segment(path, index, data)
     yield {"offset": 0, "kind": "header", "status": "ok" if seg.header_ok else "bad header"}, None
     for c in seg.chunks:
-        yield {"offset": c.pos, "kind": "chunk", "chunk_type": c.type_name, "chunk_id": c.chunk_id,
-               "entries": c.num_entries, "records": c.num_records, "timestamp_ms": c.timestamp, "epoch": c.epoch,
-               "size": c.end - c.pos, "bloom_size": c.bloom_size, "trailer_size": c.trailer_size,
-               "status": "ok" if c.valid else ("torn" if not c.complete else "bad crc")}, None
+        yield (
+            {
+                "offset": c.pos,
+                "kind": "chunk",
+                "chunk_type": c.type_name,
+                "chunk_id": c.chunk_id,
+                "entries": c.num_entries,
+                "records": c.num_records,
+                "timestamp_ms": c.timestamp,
+                "epoch": c.epoch,
+                "size": c.end - c.pos,
+                "bloom_size": c.bloom_size,
+                "trailer_size": c.trailer_size,
+                "status": "ok" if c.valid else ("torn" if not c.complete else "bad crc"),
+            },
+            None,
+        )
         recs, trk, f = records_of(c, data)
         findings += f
         for r in recs:
-            yield {"offset": r.entry_pos, "kind": "record", "stream_offset": r.offset, "chunk_id": c.chunk_id,
-                   "sub_batch": r.sub_batch, "compression": r.compression,
-                   "size": None if r.body is None else len(r.body), "status": r.error or "ok"}, None
+            yield (
+                {
+                    "offset": r.entry_pos,
+                    "kind": "record",
+                    "stream_offset": r.offset,
+                    "chunk_id": c.chunk_id,
+                    "sub_batch": r.sub_batch,
+                    "compression": r.compression,
+                    "size": None if r.body is None else len(r.body),
+                    "status": r.error or "ok",
+                },
+                None,
+            )
         for t in trk:
-            yield {"offset": c.pos, "kind": "tracking", "tracking": t.kind, "source": t.source,
-                   "reference": t.reference.decode("utf-8", "replace"), "value": t.value, "chunk_id": t.chunk_id,
-                   "status": "ok"}, None
+            yield (
+                {
+                    "offset": c.pos,
+                    "kind": "tracking",
+                    "tracking": t.kind,
+                    "source": t.source,
+                    "reference": t.reference.decode("utf-8", "replace"),
+                    "value": t.value,
+                    "chunk_id": t.chunk_id,
+                    "status": "ok",
+                },
+                None,
+            )
     for f in findings:
         yield {"offset": f.offset, "kind": "problem", "status": f"{f.code}: {f.message}"}, None
 
@@ -530,10 +713,18 @@ def dump_index(path: Path, segment_entry_count: int | None = None):
     index, findings = read_index(Path(path))
     yield {"offset": 0, "kind": "header", "status": "ok" if index.header_ok else "bad header"}, None
     for k, r in enumerate(index.records):
-        yield {"offset": g.IDX_HEADER_SIZE + k * g.INDEX_RECORD_SIZE, "kind": "index_record",
-               "chunk_id": int(r["chunk_id"]), "timestamp_ms": int(r["timestamp"]), "epoch": int(r["epoch"]),
-               "file_pos": int(r["file_pos"]), "chunk_type": g.CHUNK_TYPES.get(int(r["chunk_type"]),
-                                                                                str(int(r["chunk_type"]))),
-               "status": "zero record" if not any(r.tobytes()) else "ok"}, None
+        yield (
+            {
+                "offset": g.IDX_HEADER_SIZE + k * g.INDEX_RECORD_SIZE,
+                "kind": "index_record",
+                "chunk_id": int(r["chunk_id"]),
+                "timestamp_ms": int(r["timestamp"]),
+                "epoch": int(r["epoch"]),
+                "file_pos": int(r["file_pos"]),
+                "chunk_type": g.CHUNK_TYPES.get(int(r["chunk_type"]), str(int(r["chunk_type"]))),
+                "status": "zero record" if not any(r.tobytes()) else "ok",
+            },
+            None,
+        )
     for f in findings:
         yield {"offset": f.offset, "kind": "problem", "status": f"{f.code}: {f.message}"}, None

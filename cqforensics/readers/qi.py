@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 from construct import ConstructError
 
+from cqforensics import compiled as core
 from cqforensics.base.enums import SlotClass
 from cqforensics.base.errors import FormatError, plural
 from cqforensics.base.findings import Finding
-from cqforensics.grammar import qi as c_qi
-from cqforensics import compiled as core
 from cqforensics.base.schema import TS, TS_MAX_US, fit_array
+from cqforensics.grammar import qi as c_qi
 from cqforensics.readers.files import map_file, read_bytes
 
 EMPTY, LIVE, GHOST, BAD = SlotClass.EMPTY, SlotClass.LIVE, SlotClass.GHOST, SlotClass.BAD
@@ -84,8 +84,12 @@ def classify(slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     msg_id_zero = ((w[:, 0] >> np.uint64(32)) | w[:, 1] | (w[:, 2] & np.uint64(0xFFFFFFFF))) == 0  # bytes 4..19
     persistent = (slots["flags"] & 1) == 1
     reserved = ((slots["flags"] & 0xFE) != 0) | (slots["reserved"] != 0)
-    malformed = (status == 1) & persistent & ~reserved & ((kind > 2) | ((kind == 0) & ~msg_id_zero)
-                                                           | ((kind == 2) & (slots["loc_pad"] != 0)))
+    malformed = (
+        (status == 1)
+        & persistent
+        & ~reserved
+        & ((kind > 2) | ((kind == 0) & ~msg_id_zero) | ((kind == 2) & (slots["loc_pad"] != 0)))
+    )
     out = np.full(len(slots), EMPTY, np.uint8)
     out[(status == 0) & anything] = GHOST
     out[status == 1] = LIVE
@@ -106,8 +110,13 @@ def odd_transient(slots: np.ndarray) -> np.ndarray:
     w = np.ascontiguousarray(slots).view(_WORDS).reshape(-1, c_qi.ENTRY_SIZE // 8)
     msg_id_zero = ((w[:, 0] >> np.uint64(32)) | w[:, 1] | (w[:, 2] & np.uint64(0xFFFFFFFF))) == 0
     kind = slots["loc_kind"]
-    odd = ((slots["flags"] & 0xFE) != 0) | (slots["reserved"] != 0) | (kind > 2) | ((kind == 0) & ~msg_id_zero) \
+    odd = (
+        ((slots["flags"] & 0xFE) != 0)
+        | (slots["reserved"] != 0)
+        | (kind > 2)
+        | ((kind == 0) & ~msg_id_zero)
         | ((kind == 2) & (slots["loc_pad"] != 0))
+    )
     return np.flatnonzero((slots["status"] == 1) & ((slots["flags"] & 1) == 0) & odd)
 
 
@@ -137,20 +146,41 @@ def slot_facts(slots: np.ndarray, reference: bool = False) -> SlotFacts:
     if native is not None:
         d = native.qi_slots(np.ascontiguousarray(slots).view(np.uint8), _EXPIRY_MAX)
         ints = {k: np.frombuffer(d[k], np.int64) for k in ("expiry", "bad_expiry", "stray", "qs_range", "rejected")}
-        return SlotFacts(np.frombuffer(d["klass"], np.uint8), np.frombuffer(d["malformed"], np.bool_), ints["expiry"],
-                         ints["bad_expiry"], ints["stray"], ints["qs_range"], ints["rejected"], d["duplicates"], d)
+        return SlotFacts(
+            np.frombuffer(d["klass"], np.uint8),
+            np.frombuffer(d["malformed"], np.bool_),
+            ints["expiry"],
+            ints["bad_expiry"],
+            ints["stray"],
+            ints["qs_range"],
+            ints["rejected"],
+            d["duplicates"],
+            d,
+        )
     klass, malformed = classify(slots)
     expiry, bad_expiry = fit_array(slots["expiry"], TS, none=0)
     used = klass != EMPTY
     stray = (klass == GHOST) & (slots["loc_kind"] != 1) & (slots["loc_kind"] != 2)
     qs_range = (slots["qs_offset"] >= 1 << 63) & (slots["loc_kind"] == 2) & used
-    return SlotFacts(klass, malformed, expiry, np.flatnonzero(bad_expiry & used), np.flatnonzero(stray),
-                     np.flatnonzero(qs_range), np.flatnonzero((klass == BAD) | malformed),
-                     duplicate_slots(slots, klass))
+    return SlotFacts(
+        klass,
+        malformed,
+        expiry,
+        np.flatnonzero(bad_expiry & used),
+        np.flatnonzero(stray),
+        np.flatnonzero(qs_range),
+        np.flatnonzero((klass == BAD) | malformed),
+        duplicate_slots(slots, klass),
+    )
 
 
-def read_qi(path: Path, number: int, segment_entry_count: int = c_qi.DEFAULT_SEGMENT_ENTRY_COUNT,
-            data: bytes | None = None, reference: bool = False) -> QiSegment:
+def read_qi(
+    path: Path,
+    number: int,
+    segment_entry_count: int = c_qi.DEFAULT_SEGMENT_ENTRY_COUNT,
+    data: bytes | None = None,
+    reference: bool = False,
+) -> QiSegment:
     """Decode one segment file. Never raises on damaged content. The slots are judged by the
     compiled core when it is built, else (or with ``reference=True``) by ``slot_facts``'s numpy
     reference."""
@@ -171,84 +201,165 @@ def read_qi(path: Path, number: int, segment_entry_count: int = c_qi.DEFAULT_SEG
             # a valid header of segment h_from / count: the file was swapped with (or renamed from)
             # that segment; the broker goes by the file name, so its slots get this number's seq ids
             from_seq, to_seq = number * count, (number + 1) * count
-            findings.append(Finding("segment-misplaced", f"segment {number} holds the header of segment "
-                                    f"{h_from // count} (seq ids {h_from}..{h_to}): swapped or renamed; the broker "
-                                    f"reads its entries as seq ids {from_seq}..{to_seq}", str(path), 5,
-                                    details={"from_seq_id": h_from, "to_seq_id": h_to,
-                                             "holds_segment": h_from // count}))
+            findings.append(
+                Finding(
+                    "segment-misplaced",
+                    f"segment {number} holds the header of segment "
+                    f"{h_from // count} (seq ids {h_from}..{h_to}): swapped or renamed; the broker "
+                    f"reads its entries as seq ids {from_seq}..{to_seq}",
+                    str(path),
+                    5,
+                    details={"from_seq_id": h_from, "to_seq_id": h_to, "holds_segment": h_from // count},
+                )
+            )
         else:
-            findings.append(Finding("qi-bad-header", f"header says seq ids {h_from}..{h_to}, inconsistent with "
-                                    f"segment number {number}; assuming {segment_entry_count}-entry segments",
-                                    str(path), 5, severity="warning",
-                                    details={"from_seq_id": h_from, "to_seq_id": h_to}))
-        reserved = bytes(data[c_qi.RESERVED_AT:c_qi.HEADER_SIZE])
+            findings.append(
+                Finding(
+                    "qi-bad-header",
+                    f"header says seq ids {h_from}..{h_to}, inconsistent with "
+                    f"segment number {number}; assuming {segment_entry_count}-entry segments",
+                    str(path),
+                    5,
+                    severity="warning",
+                    details={"from_seq_id": h_from, "to_seq_id": h_to},
+                )
+            )
+        reserved = bytes(data[c_qi.RESERVED_AT : c_qi.HEADER_SIZE])
         if any(reserved):  # IDX2 writes <<0:344>> and never reads it: a changed byte, no effect at boot
             at = c_qi.RESERVED_AT + next(i for i, b in enumerate(reserved) if b)
-            findings.append(Finding("qi-bad-header", f"the header's reserved bytes are not zeros (byte {at} is "
-                                    f"{data[at]:#04x}): the broker writes zeros there and never reads them, so a byte "
-                                    "of this file was flipped or overwritten, with no effect at boot",
-                                    str(path), at, severity="info"))
+            findings.append(
+                Finding(
+                    "qi-bad-header",
+                    f"the header's reserved bytes are not zeros (byte {at} is "
+                    f"{data[at]:#04x}): the broker writes zeros there and never reads them, so a byte "
+                    "of this file was flipped or overwritten, with no effect at boot",
+                    str(path),
+                    at,
+                    severity="info",
+                )
+            )
     else:
         got = data[:5]
-        findings.append(Finding("qi-bad-header", f"bad segment header ({plural(len(data), 'byte')}, starts {got.hex()}): "
-                                "the broker deletes this segment and its .qs on a dirty start", str(path), 0))
+        findings.append(
+            Finding(
+                "qi-bad-header",
+                f"bad segment header ({plural(len(data), 'byte')}, starts {got.hex()}): "
+                "the broker deletes this segment and its .qs on a dirty start",
+                str(path),
+                0,
+            )
+        )
     body_len = max(0, len(data) - c_qi.HEADER_SIZE)  # never sliced: ``data`` may be a map of a huge file
     n = body_len // c_qi.ENTRY_SIZE
     max_slots = to_seq - from_seq
     tail = body_len - n * c_qi.ENTRY_SIZE
     if n > max_slots:
-        findings.append(Finding("unknown-file", f"{plural(body_len - max_slots * c_qi.ENTRY_SIZE, 'byte')} beyond the "
-                                f"segment's {plural(max_slots, 'slot')}", str(path),
-                                c_qi.HEADER_SIZE + max_slots * c_qi.ENTRY_SIZE))
+        findings.append(
+            Finding(
+                "unknown-file",
+                f"{plural(body_len - max_slots * c_qi.ENTRY_SIZE, 'byte')} beyond the "
+                f"segment's {plural(max_slots, 'slot')}",
+                str(path),
+                c_qi.HEADER_SIZE + max_slots * c_qi.ENTRY_SIZE,
+            )
+        )
         n, tail = max_slots, 0
-    slots = (np.frombuffer(data, _RAW, count=n, offset=c_qi.HEADER_SIZE).copy().view(c_qi.ENTRY_DTYPE) if n
-             else np.zeros(0, c_qi.ENTRY_DTYPE))
+    slots = (
+        np.frombuffer(data, _RAW, count=n, offset=c_qi.HEADER_SIZE).copy().view(c_qi.ENTRY_DTYPE)
+        if n
+        else np.zeros(0, c_qi.ENTRY_DTYPE)
+    )
     facts = slot_facts(slots, reference)
-    seg = QiSegment(path, number, len(data), header_ok, from_seq, to_seq, slots, facts.klass, facts.malformed,
-                    tail_bytes=tail, findings=findings, expiry=facts.expiry, records=facts.records)
+    seg = QiSegment(
+        path,
+        number,
+        len(data),
+        header_ok,
+        from_seq,
+        to_seq,
+        slots,
+        facts.klass,
+        facts.malformed,
+        tail_bytes=tail,
+        findings=findings,
+        expiry=facts.expiry,
+        records=facts.records,
+    )
     for i in facts.bad_expiry.tolist():
-        findings.append(Finding.out_of_range("expiry", int(slots["expiry"][i]), path,
-                                             c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i))
+        findings.append(
+            Finding.out_of_range("expiry", int(slots["expiry"][i]), path, c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i)
+        )
     # an acked slot is zeroed whole; one a dirty recovery dropped keeps its location (1 or 2): a
     # status-0 slot with bytes but no location is neither (never seen in a broker's files)
     for i in facts.stray.tolist():
-        findings.append(Finding("qi-bad-entry", f"slot {i} is empty (status 0) but holds stray bytes and no "
-                                "location: neither an acked slot (all zeros) nor one a recovery dropped; a flipped "
-                                "or overwritten byte (the broker reads it as acked)", str(path),
-                                c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i, severity="warning",
-                                details={"seq_id": from_seq + i}))
+        findings.append(
+            Finding(
+                "qi-bad-entry",
+                f"slot {i} is empty (status 0) but holds stray bytes and no "
+                "location: neither an acked slot (all zeros) nor one a recovery dropped; a flipped "
+                "or overwritten byte (the broker reads it as acked)",
+                str(path),
+                c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i,
+                severity="warning",
+                details={"seq_id": from_seq + i},
+            )
+        )
     for i in odd_transient(slots).tolist():
-        findings.append(Finding("qi-bad-entry", f"transient slot {i} holds bytes the broker never writes there (reserved "
-                                "bits, a location kind or padding): a flipped byte; the next boot drops the entry as "
-                                "transient without reading them", str(path), c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i,
-                                severity="info", details={"seq_id": from_seq + i}))
+        findings.append(
+            Finding(
+                "qi-bad-entry",
+                f"transient slot {i} holds bytes the broker never writes there (reserved "
+                "bits, a location kind or padding): a flipped byte; the next boot drops the entry as "
+                "transient without reading them",
+                str(path),
+                c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i,
+                severity="info",
+                details={"seq_id": from_seq + i},
+            )
+        )
     for i in facts.qs_range.tolist():
-        findings.append(Finding.out_of_range("qs_offset", int(slots["qs_offset"][i]), path,
-                                             c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i))
+        findings.append(
+            Finding.out_of_range("qs_offset", int(slots["qs_offset"][i]), path, c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i)
+        )
     klass = facts.klass
     for i in facts.rejected.tolist():
         off = c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * int(i)
-        why = strict_parse_error(data[off:off + c_qi.ENTRY_SIZE]) or f"status byte {int(slots['status'][i])}"
+        why = strict_parse_error(data[off : off + c_qi.ENTRY_SIZE]) or f"status byte {int(slots['status'][i])}"
         seg.bad_reason[int(i)] = why
         crash = klass[i] == BAD
-        findings.append(Finding("qi-bad-entry", f"slot {int(i)} (seq id {from_seq + int(i)}): {why}"
-                                + ("" if crash else "; recovery drops it"), str(path), off,
-                                severity="error" if crash else "warning",
-                                details={"seq_id": from_seq + int(i), "status": int(slots["status"][i]),
-                                         "flags": int(slots["flags"][i]), "crashes_queue": bool(crash)},
-                                crashes_queue=bool(crash)))
+        findings.append(
+            Finding(
+                "qi-bad-entry",
+                f"slot {int(i)} (seq id {from_seq + int(i)}): {why}" + ("" if crash else "; recovery drops it"),
+                str(path),
+                off,
+                severity="error" if crash else "warning",
+                details={
+                    "seq_id": from_seq + int(i),
+                    "status": int(slots["status"][i]),
+                    "flags": int(slots["flags"][i]),
+                    "crashes_queue": bool(crash),
+                },
+                crashes_queue=bool(crash),
+            )
+        )
     findings += duplicate_findings(seg, path, facts.duplicates)
     if tail:
         off = c_qi.HEADER_SIZE + n * c_qi.ENTRY_SIZE
         status = data[off]
         # file:read returns the short slot: only <<0, _>> and a transient <<1, _:7, 0:1, _>> match a clause
         crash = status > 1 or (status == 1 and (tail < 2 or data[off + 1] & 1))
-        findings.append(Finding("qi-bad-entry" if status else "unknown-file",
-                                f"segment ends inside slot {n} ({tail} of 32 bytes, status byte {status})",
-                                str(path), off, severity="error" if crash else "info",
-                                details={"seq_id": from_seq + n, "tail_bytes": tail, "status": status,
-                                         "crashes_queue": bool(crash)},
-                                crashes_queue=bool(crash)))
+        findings.append(
+            Finding(
+                "qi-bad-entry" if status else "unknown-file",
+                f"segment ends inside slot {n} ({tail} of 32 bytes, status byte {status})",
+                str(path),
+                off,
+                severity="error" if crash else "info",
+                details={"seq_id": from_seq + n, "tail_bytes": tail, "status": status, "crashes_queue": bool(crash)},
+                crashes_queue=bool(crash),
+            )
+        )
     return seg
 
 
@@ -283,13 +394,24 @@ def duplicate_findings(seg: QiSegment, path: Path, duplicates) -> list[Finding]:
     out = []
     for i, j, loc in duplicates:
         slot = seg.slots[i]
-        what, value = ("message id", slot["msg_id"].tobytes().hex()) if loc == 1 else (".qs entry", int(slot["qs_offset"]))
-        out.append(Finding("index-duplicate-entry", f"slot {i} (seq id {seg.from_seq_id + i}) holds the same "
-                           f"{what} as slot {j} (seq id {seg.from_seq_id + j}): a copy of it", str(path),
-                           c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i,
-                           details={"seq_id": seg.from_seq_id + i, "copy_of_seq_id": seg.from_seq_id + j,
-                                    "copy_of_offset": c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * j,
-                                    "msg_id" if loc == 1 else "qs_offset": value}))
+        what, value = (
+            ("message id", slot["msg_id"].tobytes().hex()) if loc == 1 else (".qs entry", int(slot["qs_offset"]))
+        )
+        out.append(
+            Finding(
+                "index-duplicate-entry",
+                f"slot {i} (seq id {seg.from_seq_id + i}) holds the same "
+                f"{what} as slot {j} (seq id {seg.from_seq_id + j}): a copy of it",
+                str(path),
+                c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * i,
+                details={
+                    "seq_id": seg.from_seq_id + i,
+                    "copy_of_seq_id": seg.from_seq_id + j,
+                    "copy_of_offset": c_qi.HEADER_SIZE + c_qi.ENTRY_SIZE * j,
+                    "msg_id" if loc == 1 else "qs_offset": value,
+                },
+            )
+        )
     return out
 
 
@@ -307,8 +429,16 @@ def dump_rows(path: Path, segment_entry_count: int | None = None):
     except ValueError:
         number = 0
     seg = read_qi(path, number, data=map_file(path))  # mapped: never the whole file in memory
-    yield {"offset": 0, "kind": "header", "status": "ok" if seg.header_ok else "bad header",
-           "from_seq_id": seg.from_seq_id, "to_seq_id": seg.to_seq_id}, None
+    yield (
+        {
+            "offset": 0,
+            "kind": "header",
+            "status": "ok" if seg.header_ok else "bad header",
+            "from_seq_id": seg.from_seq_id,
+            "to_seq_id": seg.to_seq_id,
+        },
+        None,
+    )
     qs = path.with_suffix(".qs")
     qs_data = None  # the sibling .qs, mapped when a slot first points into it
     qs_exists = qs.exists()
@@ -316,10 +446,16 @@ def dump_rows(path: Path, segment_entry_count: int | None = None):
     for i in np.flatnonzero(seg.klass != EMPTY):
         s = seg.slots[i]
         loc = int(s["loc_kind"])
-        row = {"offset": int(offsets[i]), "kind": _CLASS_NAMES[int(seg.klass[i])], "seq_id": seg.from_seq_id + int(i),
-               "persistent": bool(s["flags"] & 1), "size": int(s["size"]),
-               "location": _LOCATIONS.get(loc, f"invalid ({loc})"),
-               "expiry_us": int(s["expiry"]) or None, "status": seg.bad_reason.get(int(i), "ok")}
+        row = {
+            "offset": int(offsets[i]),
+            "kind": _CLASS_NAMES[int(seg.klass[i])],
+            "seq_id": seg.from_seq_id + int(i),
+            "persistent": bool(s["flags"] & 1),
+            "size": int(s["size"]),
+            "location": _LOCATIONS.get(loc, f"invalid ({loc})"),
+            "expiry_us": int(s["expiry"]) or None,
+            "status": seg.bad_reason.get(int(i), "ok"),
+        }
         term = None
         if loc == 1:
             row["msg_id"] = s["msg_id"].tobytes().hex()

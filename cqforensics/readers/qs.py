@@ -13,13 +13,18 @@ import numpy as np
 
 from cqforensics import compiled as core
 from cqforensics.base.enums import QsStatus
-from cqforensics.grammar import qs as c_qs
 from cqforensics.base.errors import CQError, FormatError
+from cqforensics.grammar import qs as c_qs
 from cqforensics.readers.files import data_extents, drop_pages, find, map_file, next_nonzero, open_regular
 
 _ENTRY_HEADER = c_qs.ENTRY_HEADER.unpack_from
 
-OK, MISSING_FILE, BAD_HEADER, OUT_OF_RANGE = QsStatus.OK, QsStatus.MISSING_FILE, QsStatus.BAD_HEADER, QsStatus.OUT_OF_RANGE
+OK, MISSING_FILE, BAD_HEADER, OUT_OF_RANGE = (
+    QsStatus.OK,
+    QsStatus.MISSING_FILE,
+    QsStatus.BAD_HEADER,
+    QsStatus.OUT_OF_RANGE,
+)
 BAD_SIZE, BAD_CRC = QsStatus.BAD_SIZE, QsStatus.BAD_CRC
 
 
@@ -53,7 +58,7 @@ def check_entry(data, offset: int, size: int) -> tuple[QsStatus, int]:
     if h_size != size:
         return BAD_SIZE, flags & 1
     if flags & 1:
-        term = data[offset + c_qs.ENTRY_HEADER_SIZE:end]
+        term = data[offset + c_qs.ENTRY_HEADER_SIZE : end]
         if zlib.crc32(term) & 0xFFFF != crc:
             return BAD_CRC, 1
     return OK, flags & 1
@@ -64,8 +69,9 @@ def check_entries(data, offsets, sizes, reference: bool = False) -> np.ndarray:
     core when it is built, else (or with ``reference=True``) entry by entry."""
     if not reference and core.native() is not None:
         return core.check_qs(data, offsets, sizes)
-    return np.array([check_entry(data, o, s)[0] for o, s in zip(np.asarray(offsets).tolist(),
-                                                              np.asarray(sizes).tolist())], np.int8)
+    return np.array(
+        [check_entry(data, o, s)[0] for o, s in zip(np.asarray(offsets).tolist(), np.asarray(sizes).tolist())], np.int8
+    )
 
 
 @dataclass
@@ -137,8 +143,13 @@ def scan_entries(data, start: int, extents=None):
         if o + c_qs.ENTRY_HEADER_SIZE + 1 <= end:
             size, flags, crc, reserved = _ENTRY_HEADER(data, o)
             t_start, length = term_span(o, size)
-            if 0 < size <= end - t_start and flags in (0, 1) and reserved == 0 and data[t_start] == 0x83 \
-                    and (not flags or zlib.crc32(data[t_start:t_start + length]) & 0xFFFF == crc):
+            if (
+                0 < size <= end - t_start
+                and flags in (0, 1)
+                and reserved == 0
+                and data[t_start] == 0x83
+                and (not flags or zlib.crc32(data[t_start : t_start + length]) & 0xFFFF == crc)
+            ):
                 if gap is not None:
                     yield "gap", gap, o, gap_zero
                     gap, gap_zero = None, True
@@ -221,7 +232,9 @@ def dump_rows(path: Path, segment_entry_count: int | None = None):
     for kind, o, a, b in scan_entries(data, first_entry_offset(), extents):
         if kind == "entry":
             start, length = term_span(o, a)
-            yield ({"offset": o, "kind": "entry", "size": a, "crc": "ok" if b else "none", "status": "ok"},
-                   (data, start, length))
+            yield (
+                {"offset": o, "kind": "entry", "size": a, "crc": "ok" if b else "none", "status": "ok"},
+                (data, start, length),
+            )
         else:
             yield {"offset": o, "kind": "gap", "size": a - o, "status": "zeroed" if b else "unparsed bytes"}, None

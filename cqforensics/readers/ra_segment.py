@@ -30,8 +30,15 @@ HEADER_MISSING = "missing"  # fewer than 8 bytes: read_header/1 returns eof (mis
 HEADER_BAD = "bad"  # not "RASG" or a version above 2: invalid_segment_format
 HEADER_VERSION0 = "version0"  # "RASG" version 0: read_header/1 accepts it, index_record_size/1 has no clause
 
-_COLUMNS = {"slot": np.int32, "index": np.uint64, "term": np.uint64, "offset": np.int64, "length": np.int64,
-            "crc": np.uint32, "status": np.uint8}
+_COLUMNS = {
+    "slot": np.int32,
+    "index": np.uint64,
+    "term": np.uint64,
+    "offset": np.int64,
+    "length": np.int64,
+    "crc": np.uint32,
+    "status": np.uint8,
+}
 
 
 @dataclass
@@ -100,7 +107,7 @@ def read_segment(path: Path, data=None) -> Segment:
         if o + rsize > area_end:
             seg.torn_index = True  # SEG parse_index_data/6 (2.x) has no clause for a partial record
             break
-        chunk = data[o:o + rsize]
+        chunk = data[o : o + rsize]
         if chunk == zero:
             break
         idx, term, off, length, crc = rec.unpack_from(data, o)
@@ -122,12 +129,13 @@ def read_segment(path: Path, data=None) -> Segment:
         elif crc == 0:
             status.append(ENTRY_NO_CRC)
         else:
-            status.append(ENTRY_OK if crc32(data[off:off + length]) == crc else ENTRY_BAD_CRC)
+            status.append(ENTRY_OK if crc32(data[off : off + length]) == crc else ENTRY_BAD_CRC)
     if rows:
         cols = list(zip(*rows))
         seg.slot, seg.index, seg.term, seg.offset, seg.length, seg.crc = (
-            np.asarray(c, dtype=t) for c, t in zip(cols, (np.int32, np.uint64, np.uint64, np.int64, np.int64,
-                                                          np.uint32)))
+            np.asarray(c, dtype=t)
+            for c, t in zip(cols, (np.int32, np.uint64, np.uint64, np.int64, np.int64, np.uint32))
+        )
     seg.status = np.asarray(status, dtype=np.uint8)
     return seg
 
@@ -135,7 +143,7 @@ def read_segment(path: Path, data=None) -> Segment:
 def entry_data(data, seg: Segment, i: int):
     """The stored term bytes of entry ``i`` (a view into ``data``; short when past the end)."""
     start = int(seg.offset[i])
-    return data[start:start + int(seg.length[i])]
+    return data[start : start + int(seg.length[i])]
 
 
 def dump_rows(path: Path, segment_entry_count: int | None = None):
@@ -145,16 +153,34 @@ def dump_rows(path: Path, segment_entry_count: int | None = None):
     status = seg.header if seg.header != HEADER_OK else f"ok: version {seg.version}, {seg.max_count} index slots"
     yield {"offset": 0, "kind": "header", "status": status}, None
     for i in range(len(seg)):
-        row = {"offset": int(seg.offset[i]), "kind": "entry", "size": int(seg.length[i]),
-               "raft_index": int(seg.index[i]), "raft_term": int(seg.term[i]),
-               "slot_offset": c_ra.SEG_HEADER_SIZE + int(seg.slot[i]) * seg.record_size(),
-               "status": ENTRY_LABELS[int(seg.status[i])]}
+        row = {
+            "offset": int(seg.offset[i]),
+            "kind": "entry",
+            "size": int(seg.length[i]),
+            "raft_index": int(seg.index[i]),
+            "raft_term": int(seg.term[i]),
+            "slot_offset": c_ra.SEG_HEADER_SIZE + int(seg.slot[i]) * seg.record_size(),
+            "status": ENTRY_LABELS[int(seg.status[i])],
+        }
         term = (data, int(seg.offset[i]), int(seg.length[i])) if seg.status[i] != ENTRY_PAST_EOF else None
         yield row, term
     if seg.torn_index:
         yield {"offset": seg.index_end, "kind": "end", "status": "the file ends inside an index record"}, None
 
 
-__all__ = ["ENTRY_BAD_CRC", "ENTRY_BEFORE_DATA", "ENTRY_LABELS", "ENTRY_NO_CRC", "ENTRY_OK", "ENTRY_PAST_EOF",
-           "HEADER_BAD", "HEADER_MISSING", "HEADER_OK", "HEADER_VERSION0", "Segment", "dump_rows", "entry_data",
-           "read_segment"]
+__all__ = [
+    "ENTRY_BAD_CRC",
+    "ENTRY_BEFORE_DATA",
+    "ENTRY_LABELS",
+    "ENTRY_NO_CRC",
+    "ENTRY_OK",
+    "ENTRY_PAST_EOF",
+    "HEADER_BAD",
+    "HEADER_MISSING",
+    "HEADER_OK",
+    "HEADER_VERSION0",
+    "Segment",
+    "dump_rows",
+    "entry_data",
+    "read_segment",
+]

@@ -14,8 +14,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from cqforensics.codecs import etf
 from cqforensics.base.errors import FormatError
+from cqforensics.codecs import etf
 from cqforensics.grammar import ra as c_ra
 from cqforensics.readers.files import map_file
 
@@ -69,7 +69,7 @@ class Snapshot:
         if self.state_offset is None:
             raise FormatError("no machine state in this snapshot", str(self.path), 0)
         data = map_file(self.path) if data is None else data
-        return etf.decode(data[self.state_offset:], exact=True)[0]
+        return etf.decode(data[self.state_offset :], exact=True)[0]
 
 
 def _int(meta, key):
@@ -98,7 +98,7 @@ def read_snapshot(path: Path, data=None) -> Snapshot:
         snap.detail = snap.detail or f"a meta of {meta_size} bytes runs past the end"
         return snap
     try:
-        meta = etf.decode(data[13:13 + meta_size], exact=True)[0]
+        meta = etf.decode(data[13 : 13 + meta_size], exact=True)[0]
     except FormatError as e:
         if snap.status == SNAP_OK:
             snap.status, snap.detail = SNAP_META, f"meta: {e.message}"
@@ -171,12 +171,36 @@ def dump_rows(path: Path, segment_entry_count: int | None = None):
     snap = read_snapshot(path, data)
     yield {"offset": 0, "kind": "header", "status": snap.status + (f": {snap.detail}" if snap.detail else "")}, None
     if snap.meta is not None:
-        yield {"offset": snap.meta_offset, "kind": "meta", "term": etf.format_term(snap.meta),
-               "raft_index": snap.index, "status": "ok"}, None
+        yield (
+            {
+                "offset": snap.meta_offset,
+                "kind": "meta",
+                "term": etf.format_term(snap.meta),
+                "raft_index": snap.index,
+                "status": "ok",
+            },
+            None,
+        )
     if snap.state_offset is not None:
-        yield ({"offset": snap.state_offset, "kind": "state", "size": snap.size - snap.state_offset, "status": "ok"},
-               (data, snap.state_offset, snap.size - snap.state_offset))
+        yield (
+            {"offset": snap.state_offset, "kind": "state", "size": snap.size - snap.state_offset, "status": "ok"},
+            (data, snap.state_offset, snap.size - snap.state_offset),
+        )
 
 
-__all__ = ["DIR_NAME", "Indexes", "SNAP_CRC", "SNAP_FORMAT", "SNAP_META", "SNAP_OK", "SNAP_SHORT", "SNAP_VERSION",
-           "Snapshot", "dir_index_term", "dump_rows", "expand_seq", "read_indexes", "read_snapshot"]
+__all__ = [
+    "DIR_NAME",
+    "Indexes",
+    "SNAP_CRC",
+    "SNAP_FORMAT",
+    "SNAP_META",
+    "SNAP_OK",
+    "SNAP_SHORT",
+    "SNAP_VERSION",
+    "Snapshot",
+    "dir_index_term",
+    "dump_rows",
+    "expand_seq",
+    "read_indexes",
+    "read_snapshot",
+]

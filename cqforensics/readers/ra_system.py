@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cqforensics.codecs import etf, textfiles
 from cqforensics.base.errors import CQError, FormatError
+from cqforensics.codecs import etf, textfiles
 from cqforensics.readers import terms as r_terms
 from cqforensics.readers.files import read_optional
 
@@ -60,9 +60,14 @@ def _dets_table(path: Path, record) -> Table:
 
 def read_meta(path: Path) -> Table:
     """``meta.dets``: one MetaRecord per server (the last one stored wins, as the set holds one)."""
-    return _dets_table(path, lambda o, off: MetaRecord(o[0], _int_or_none(o[1]), o[2] if o[2] != "undefined" else None,
-                                                      _int_or_none(o[3]), off)
-                       if isinstance(o, tuple) and len(o) == 4 and isinstance(o[0], bytes) else None)
+    return _dets_table(
+        path,
+        lambda o, off: (
+            MetaRecord(o[0], _int_or_none(o[1]), o[2] if o[2] != "undefined" else None, _int_or_none(o[3]), off)
+            if isinstance(o, tuple) and len(o) == 4 and isinstance(o[0], bytes)
+            else None
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -76,8 +81,14 @@ class NameRecord:
 
 def read_names(path: Path) -> Table:
     """``names.dets``: one NameRecord per registered server."""
-    return _dets_table(path, lambda o, off: NameRecord(str(o[0]), o[1], off) if isinstance(o, tuple) and len(o) == 2
-                       and isinstance(o[0], str) and isinstance(o[1], bytes) else None)
+    return _dets_table(
+        path,
+        lambda o, off: (
+            NameRecord(str(o[0]), o[1], off)
+            if isinstance(o, tuple) and len(o) == 2 and isinstance(o[0], str) and isinstance(o[1], bytes)
+            else None
+        ),
+    )
 
 
 CONFIG_LIMIT = 1 << 20  # a server's config is a few KB
@@ -205,5 +216,17 @@ def dump_term_file(path: Path, segment_entry_count: int | None = None):
         yield {"offset": 0, "kind": "term", "term": etf.format_term(term)}, None
 
 
-__all__ = ["MetaRecord", "NameRecord", "ServerConfig", "Table", "dump_config", "dump_dets_records", "dump_term_file",
-           "read_config", "read_meta", "read_names", "read_term_file", "read_writers"]
+__all__ = [
+    "MetaRecord",
+    "NameRecord",
+    "ServerConfig",
+    "Table",
+    "dump_config",
+    "dump_dets_records",
+    "dump_term_file",
+    "read_config",
+    "read_meta",
+    "read_names",
+    "read_term_file",
+    "read_writers",
+]

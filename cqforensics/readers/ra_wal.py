@@ -36,8 +36,18 @@ END_NO_HEADER = "bad_header"  # no "RAWA" + version 1 header: ra_log_wal exits u
 END_SHORT = "short_header"  # fewer than 5 bytes (an empty file included): open_at_first_record has no clause
 
 #: per-record columns of a scan (numpy dtypes)
-_COLUMNS = {"offset": np.int64, "ref": np.int32, "known": np.bool_, "truncate": np.bool_, "index": np.uint64, "term": np.uint64,
-            "data_offset": np.int64, "length": np.int64, "checksum": np.uint8, "stored_checksum": np.uint32}
+_COLUMNS = {
+    "offset": np.int64,
+    "ref": np.int32,
+    "known": np.bool_,
+    "truncate": np.bool_,
+    "index": np.uint64,
+    "term": np.uint64,
+    "data_offset": np.int64,
+    "length": np.int64,
+    "checksum": np.uint8,
+    "stored_checksum": np.uint32,
+}
 
 
 @dataclass(frozen=True)
@@ -130,7 +140,7 @@ def walk(path: Path, data=None) -> WalScan:
             if p + uid_len > size:
                 end = WalEnd(END_TORN, o, f"the end of the file cuts the writer's id ({uid_len} bytes)")
                 break
-            uid = bytes(data[p:p + uid_len])
+            uid = bytes(data[p : p + uid_len])
             p += uid_len
         if p + _FIXED_SIZE > size:
             if head == 0 and not any(data[o:size]):
@@ -152,11 +162,12 @@ def walk(path: Path, data=None) -> WalScan:
         if stored == 0:
             check = CHECK_NONE
         else:
-            check = CHECK_OK if adler(data[p + 8:d + length]) == stored else CHECK_BAD
+            check = CHECK_OK if adler(data[p + 8 : d + length]) == stored else CHECK_BAD
             if check == CHECK_BAD:
                 end_ = d + length
-                forgiven[len(cols["offset"])] = (size - end_ < c_ra.WAL_LAST_RECORD_PROBE
-                                                 or not any(data[end_:end_ + c_ra.WAL_LAST_RECORD_PROBE]))
+                forgiven[len(cols["offset"])] = size - end_ < c_ra.WAL_LAST_RECORD_PROBE or not any(
+                    data[end_ : end_ + c_ra.WAL_LAST_RECORD_PROBE]
+                )
         cols["offset"].append(o)
         cols["ref"].append(ref)
         cols["truncate"].append(bool(head & 0x800000))
@@ -176,7 +187,7 @@ def walk(path: Path, data=None) -> WalScan:
 def record_data(data, scan: WalScan, i: int):
     """The stored term bytes of record ``i`` (a view into ``data``)."""
     start = int(scan.data_offset[i])
-    return data[start:start + int(scan.length[i])]
+    return data[start : start + int(scan.length[i])]
 
 
 def dump_rows(path: Path, segment_entry_count: int | None = None):
@@ -186,16 +197,42 @@ def dump_rows(path: Path, segment_entry_count: int | None = None):
     yield {"offset": 0, "kind": "header", "status": "ok" if scan.header_ok else scan.end.detail}, None
     for i in range(len(scan)):
         uid = scan.uid(i)
-        row = {"offset": int(scan.offset[i]), "kind": "record", "size": int(scan.length[i]),
-               "id": uid.decode("utf-8", "replace") if uid is not None else f"?ref{int(scan.ref[i])}",
-               "raft_index": int(scan.index[i]), "raft_term": int(scan.term[i]),
-               "status": "checksum " + CHECK_LABELS[int(scan.checksum[i])]
-               + (", truncating write" if scan.truncate[i] else "")}
+        row = {
+            "offset": int(scan.offset[i]),
+            "kind": "record",
+            "size": int(scan.length[i]),
+            "id": uid.decode("utf-8", "replace") if uid is not None else f"?ref{int(scan.ref[i])}",
+            "raft_index": int(scan.index[i]),
+            "raft_term": int(scan.term[i]),
+            "status": "checksum "
+            + CHECK_LABELS[int(scan.checksum[i])]
+            + (", truncating write" if scan.truncate[i] else ""),
+        }
         yield row, (data, int(scan.data_offset[i]), int(scan.length[i]))
     if scan.header_ok:
-        yield {"offset": scan.end.offset, "kind": "end", "status": f"{scan.end.kind}: {scan.end.detail}"
-               if scan.end.detail else scan.end.kind}, None
+        yield (
+            {
+                "offset": scan.end.offset,
+                "kind": "end",
+                "status": f"{scan.end.kind}: {scan.end.detail}" if scan.end.detail else scan.end.kind,
+            },
+            None,
+        )
 
 
-__all__ = ["CHECK_BAD", "CHECK_LABELS", "CHECK_NONE", "CHECK_OK", "END_EOF", "END_NO_HEADER", "END_SHORT", "END_TORN",
-           "END_ZEROED", "WalEnd", "WalScan", "dump_rows", "record_data", "walk"]
+__all__ = [
+    "CHECK_BAD",
+    "CHECK_LABELS",
+    "CHECK_NONE",
+    "CHECK_OK",
+    "END_EOF",
+    "END_NO_HEADER",
+    "END_SHORT",
+    "END_TORN",
+    "END_ZEROED",
+    "WalEnd",
+    "WalScan",
+    "dump_rows",
+    "record_data",
+    "walk",
+]

@@ -41,8 +41,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from cqforensics.base.errors import plural
 from cqforensics import compiled as core
+from cqforensics.base.errors import plural
 from cqforensics.base.findings import Finding
 from cqforensics.grammar import rdq as c_rdq
 from cqforensics.readers.files import data_extents, drop_pages, map_file, reading_whole
@@ -56,6 +56,7 @@ _SPARSE_MIN = 1 << 26  # files this big are walked by their data extents (holes 
 
 class Hole(NamedTuple):
     """A byte range of a file between entries."""
+
     offset: int
     length: int
     kind: str  # one of HOLE_KINDS
@@ -153,7 +154,7 @@ class Referenced:
         s = self.__dict__.get("_set")
         if s is None:
             b = self.sorted
-            s = self.__dict__["_set"] = frozenset(b[i:i + 16] for i in range(0, len(b), 16))
+            s = self.__dict__["_set"] = frozenset(b[i : i + 16] for i in range(0, len(b), 16))
         return s
 
 
@@ -165,13 +166,13 @@ def plausible_term(data, start: int, length: int) -> bool:
         return False
     tag = data[start + 1]
     if tag == _COMPRESSED:
-        return length >= 7 and int.from_bytes(data[start + 2:start + 6], "big") > 0 and data[start + 6] == _ZLIB
+        return length >= 7 and int.from_bytes(data[start + 2 : start + 6], "big") > 0 and data[start + 6] == _ZLIB
     if tag == _TUPLE_SMALL:
         arity, k = data[start + 2], 3
     elif tag == _TUPLE_LARGE:
         if length < 7:
             return False
-        arity, k = int.from_bytes(data[start + 2:start + 6], "big"), 6
+        arity, k = int.from_bytes(data[start + 2 : start + 6], "big"), 6
     else:
         return False
     if arity < 2 or k + 2 > length:
@@ -180,7 +181,7 @@ def plausible_term(data, start: int, length: int) -> bool:
     if atom in _ATOM_U8:
         return k + 2 + data[start + k + 1] <= length
     if atom in _ATOM_U16:
-        return k + 3 <= length and k + 3 + int.from_bytes(data[start + k + 1:start + k + 3], "big") <= length
+        return k + 3 <= length and k + 3 + int.from_bytes(data[start + k + 1 : start + k + 3], "big") <= length
     return False
 
 
@@ -195,8 +196,9 @@ def entry_total(term_length):
     return term_length + c_rdq.ENTRY_HEADER_SIZE + 1
 
 
-def find_candidates(data, start: int, end: int, first_only: bool = False, extents=None,
-                    until: int | None = None) -> np.ndarray:
+def find_candidates(
+    data, start: int, end: int, first_only: bool = False, extents=None, until: int | None = None
+) -> np.ndarray:
     """Offsets in [start, until) where a complete entry (one that fits before ``end``, the end of
     the file) with a 255 marker starts (vectorised); ``until`` defaults to ``end``.
 
@@ -244,8 +246,9 @@ def find_candidates(data, start: int, end: int, first_only: bool = False, extent
 
 
 def _hole_kind(data, o: int, n: int, extents=None) -> str:
-    ranges = [(o, o + n)] if extents is None else \
-        [(max(a, o), min(b, o + n)) for a, b in extents if a < o + n and b > o]
+    ranges = (
+        [(o, o + n)] if extents is None else [(max(a, o), min(b, o + n)) for a, b in extents if a < o + n and b > o]
+    )
     for a, b in ranges:
         for c in range(a, b, _CHUNK):
             if np.frombuffer(data, np.uint8, count=min(_CHUNK, b - c), offset=c).any():
@@ -254,8 +257,7 @@ def _hole_kind(data, o: int, n: int, extents=None) -> str:
     return "zeroed"
 
 
-def walk(path: Path, number: int, data=None, reference: bool = False,
-         referenced: Referenced | None = None) -> RdqFile:
+def walk(path: Path, number: int, data=None, reference: bool = False, referenced: Referenced | None = None) -> RdqFile:
     """Every entry of one file, plus its holes, torn entries and rejected candidates (see the
     module's rule; ``referenced``: the ids to trust, none when not given). Never raises on damaged
     content. A big sparse file is walked by its data extents: its holes are skipped unread.
@@ -273,7 +275,8 @@ def walk(path: Path, number: int, data=None, reference: bool = False,
     if not reference and core.native() is not None:
         trusted = referenced is not None and len(referenced) > 0
         f.offsets, f.totals, f.msg_ids, holes, torn, rejected = core.walk_rdq(
-            data, extents, referenced.sorted if trusted else None, referenced.directory if trusted else None)
+            data, extents, referenced.sorted if trusted else None, referenced.directory if trusted else None
+        )
         f.holes = Holes(*holes)
         f.bad_markers = torn
         f.rejected = rejected
@@ -291,7 +294,7 @@ def walk(path: Path, number: int, data=None, reference: bool = False,
             nxt = o + size + 9
             if size >= 16 and nxt <= end and data[nxt - 1] == mark:  # a candidate
                 reason = None
-                if data[o + 8:o + 24] not in trusted:
+                if data[o + 8 : o + 24] not in trusted:
                     if not plausible_term(data, o + 24, size - 16):
                         reason, hidden = 0, -1
                     else:
@@ -305,9 +308,9 @@ def walk(path: Path, number: int, data=None, reference: bool = False,
                     add_offset(o)
                     o = nxt
                     continue
-                f.rejected.append((o, size + 9, bytes(data[o + 8:o + 24]), REJECT_REASONS[reason], hidden))
+                f.rejected.append((o, size + 9, bytes(data[o + 8 : o + 24]), REJECT_REASONS[reason], hidden))
             elif 16 <= size and nxt <= end:
-                f.bad_markers.append((o, size + 9, bytes(data[o + 8:o + 24])))  # torn: size fits, no marker
+                f.bad_markers.append((o, size + 9, bytes(data[o + 8 : o + 24])))  # torn: size fits, no marker
         if hole < 0:
             hole = o  # the chain breaks at o
         nxt = find_candidates(data, o + 1, end, first_only=True, extents=extents)
@@ -350,7 +353,7 @@ class _TrustedAhead:
             a = max(self.frontier, lo)
             b = max(hi, min(self.end, a + _CHUNK))  # at least a chunk ahead: one numpy pass per MiB
             for c in find_candidates(data, a, self.end, extents=self.extents, until=b).tolist():
-                if data[c + 8:c + 24] in self.trusted:
+                if data[c + 8 : c + 24] in self.trusted:
                     found.append(c)
             self.frontier = b
 
@@ -359,7 +362,7 @@ def _is_truncated_tail(data, o: int, end: int) -> bool:
     """An entry header at o whose size runs past the end of the file (a write cut short)."""
     if o + 8 > end:
         return any(data[o:end])
-    size = int.from_bytes(data[o:o + 8], "big")
+    size = int.from_bytes(data[o : o + 8], "big")
     return size >= 16 and o + size + 9 > end and size < (1 << 40)
 
 
@@ -368,8 +371,10 @@ def rejected_findings(f: RdqFile, store: str) -> list[Finding]:
     out = []
     for o, t, i, why, hidden in f.rejected:
         if why == "hides_referenced":
-            text = (f"candidate entry for {i.hex()} ({plural(t, 'byte')}) is referenced by no index and would hide the "
-                    f"referenced entry at {hidden}: not taken")
+            text = (
+                f"candidate entry for {i.hex()} ({plural(t, 'byte')}) is referenced by no index and would hide the "
+                f"referenced entry at {hidden}: not taken"
+            )
         else:
             text = f"candidate entry for {i.hex()} ({plural(t, 'byte')}) is referenced by no index and holds no message term"
         details = {"store": store, "msg_id": i.hex(), "total_size": t, "reason": why}
@@ -394,7 +399,7 @@ def broker_scan(f: RdqFile, data=None) -> tuple[list[int], int]:
     reached = []
     o = 0
     while o + 8 <= end:
-        size = int.from_bytes(data[o:o + 8], "big")
+        size = int.from_bytes(data[o : o + 8], "big")
         if size == 0 or o + size + 9 > end:
             break
         i = index.get(o)
@@ -410,12 +415,18 @@ def dump_rows(path: Path, segment_entry_count: int | None = None):
     for holes and torn entries). The file is memory-mapped (pages come and go), never read whole."""
     data = map_file(path)
     f = walk(path, 0, data)
-    rows = [(o, {"offset": o, "kind": "entry", "size": t, "msg_id": i.hex(), "status": "ok"})
-            for o, t, i in zip(f.offsets.tolist(), f.totals.tolist(), (m.tobytes() for m in f.msg_ids))]
-    rows += [(o, {"offset": o, "kind": "entry", "size": t, "msg_id": i.hex(), "status": "no write marker"})
-             for o, t, i in f.bad_markers]
-    rows += [(o, {"offset": o, "kind": "candidate", "size": t, "msg_id": i.hex(), "status": f"rejected: {why}"})
-             for o, t, i, why, _ in f.rejected]
+    rows = [
+        (o, {"offset": o, "kind": "entry", "size": t, "msg_id": i.hex(), "status": "ok"})
+        for o, t, i in zip(f.offsets.tolist(), f.totals.tolist(), (m.tobytes() for m in f.msg_ids))
+    ]
+    rows += [
+        (o, {"offset": o, "kind": "entry", "size": t, "msg_id": i.hex(), "status": "no write marker"})
+        for o, t, i in f.bad_markers
+    ]
+    rows += [
+        (o, {"offset": o, "kind": "candidate", "size": t, "msg_id": i.hex(), "status": f"rejected: {why}"})
+        for o, t, i, why, _ in f.rejected
+    ]
     rows += [(h.offset, {"offset": h.offset, "kind": "hole", "size": h.length, "status": h.kind}) for h in f.holes]
     seen: set = set()
     for _, row in sorted(rows, key=lambda r: (r[0], r[1]["kind"] != "hole", r[1]["kind"])):

@@ -68,63 +68,201 @@ class Reader:
         if name in self.names:
             return True
         if self.numbered and name.endswith(self.ext):
-            digits = name[:-len(self.ext)]
+            digits = name[: -len(self.ext)]
             if self.width:
                 return len(digits) == self.width and digits.isascii() and digits.isdigit()
             return bool(_DIGITS[self.digits].fullmatch(digits))
         return False
 
 
-READERS: dict[str, Reader] = {r.kind: r for r in (
-    Reader("vhost", "vhost", "vhost name", names=(".vhost",)),
-    Reader("config", "vhost", "vhost config (CQv1 segment_entry_count)", names=(".config",)),
-    Reader("dets", "vhost", "DETS table (recovery terms)", names=("recovery.dets",), suffixes=(".dets",),
-           read=r_terms.read_dets_objects, dump=r_terms.dump_dets),
-    Reader("rdq", "store", "shared message store file", ext=".rdq", numbered=True, read=r_rdq.walk,
-           dump=r_rdq.dump_rows, term_span=r_rdq.term_span),
-    Reader("rdt", "store", "interrupted store combine (<= 3.12)", ext=".rdt", numbered=True),
-    Reader("dot", "store", "store clean-shutdown terms", names=("clean.dot",), read=r_terms.clean_dot),
-    Reader("ets", "store", "ets:tab2file dump", names=("file_summary.ets", "msg_store_index.ets"),
-           suffixes=(".ets",), read=r_terms.read_ets, dump=r_terms.dump_disk_log),
-    Reader("queue_name", "queue", "queue name", names=(".queue_name",)),
-    Reader("qi", "queue", "CQv2 index segment", ext=".qi", numbered=True, read=r_qi.read_qi, dump=r_qi.dump_rows),
-    Reader("qs", "queue", "CQv2 per-queue store segment", ext=".qs", numbered=True, read=r_qs.open_qs,
-           dump=r_qs.dump_rows, term_span=r_qs.term_span),
-    Reader("idx", "queue", "CQv1 index segment", ext=".idx", numbered=True, read=r_v1.parse_segment,
-           dump=r_v1.dump_segment),
-    Reader("jif", "queue", "CQv1 index journal", names=("journal.jif",), suffixes=(".jif",),
-           read=r_v1.parse_journal, dump=r_v1.dump_journal),
-    Reader("osiris_segment", "stream", "stream (osiris) segment: chunks of messages and tracking", ext=".segment",
-           numbered=True, width=20, read=r_osiris.walk_segment, dump=r_osiris.dump_segment),
-    Reader("osiris_index", "stream", "stream (osiris) index: one record per chunk", ext=".index", numbered=True,
-           width=20, read=r_osiris.read_index, dump=r_osiris.dump_index),
-    Reader("disk_log", "node", "Mnesia disk_log (table dump, table log, transaction log)",
-           suffixes=(".DCD", ".DCL", ".LOG"), read=r_terms.read_disk_log, dump=r_terms.dump_disk_log),
-    Reader("ra_wal", "ra_system", "Ra write-ahead log (every quorum queue's recent log entries)", ext=".wal",
-           numbered=True, digits=16, read=r_ra_wal.walk, dump=r_ra_wal.dump_rows),
-    Reader("ra_names", "ra_system", "Ra directory: server name -> UId (DETS)", names=("names.dets",),
-           read=r_ra_system.read_names, dump=r_ra_system.dump_dets_records),
-    Reader("ra_meta", "ra_system", "Ra servers' current term, vote and last applied index (DETS)",
-           names=("meta.dets",), read=r_ra_system.read_meta, dump=r_ra_system.dump_dets_records),
-    Reader("ra_writers", "ra_system", "Ra 3 WAL writers' last indexes", names=("writers.snapshot",),
-           read=r_ra_system.read_writers, dump=r_ra_system.dump_term_file),
-    Reader("ra_marker", "ra_system", "Ra 2.16+ marker: WAL and segment names upgraded to 16 digits",
-           names=("segment_name_upgrade_marker",)),
-    Reader("ra_config", "ra_server", "Ra server config (the quorum queue's settings)", names=("config",),
-           read=r_ra_system.read_config, dump=r_ra_system.dump_config),
-    Reader("ra_segment", "ra_server", "Ra log segment (entries flushed from the WAL)", ext=".segment",
-           numbered=True, digits=16, read=r_ra_segment.read_segment, dump=r_ra_segment.dump_rows),
-    Reader("ra_compacting", "ra_server", "Ra 3 segment being compacted (a leftover: its compaction did not "
-           "finish)", ext=".compacting", numbered=True, digits=16, read=r_ra_segment.read_segment,
-           dump=r_ra_segment.dump_rows),
-    Reader("ra_compaction_group", "ra_server", "Ra 3 compaction in progress: the segments it merges",
-           ext=".compaction_group", numbered=True, digits=16, read=r_ra_system.read_term_file,
-           dump=r_ra_system.dump_term_file),
-    Reader("ra_snapshot", "ra_snapshot", "Ra snapshot (a machine state at an index; also checkpoints)",
-           names=("snapshot.dat",), read=r_ra_snapshot.read_snapshot, dump=r_ra_snapshot.dump_rows),
-    Reader("ra_indexes", "ra_snapshot", "Ra 3 live indexes kept below a snapshot", names=("indexes",),
-           read=r_ra_snapshot.read_indexes),
-)}
+READERS: dict[str, Reader] = {
+    r.kind: r
+    for r in (
+        Reader("vhost", "vhost", "vhost name", names=(".vhost",)),
+        Reader("config", "vhost", "vhost config (CQv1 segment_entry_count)", names=(".config",)),
+        Reader(
+            "dets",
+            "vhost",
+            "DETS table (recovery terms)",
+            names=("recovery.dets",),
+            suffixes=(".dets",),
+            read=r_terms.read_dets_objects,
+            dump=r_terms.dump_dets,
+        ),
+        Reader(
+            "rdq",
+            "store",
+            "shared message store file",
+            ext=".rdq",
+            numbered=True,
+            read=r_rdq.walk,
+            dump=r_rdq.dump_rows,
+            term_span=r_rdq.term_span,
+        ),
+        Reader("rdt", "store", "interrupted store combine (<= 3.12)", ext=".rdt", numbered=True),
+        Reader("dot", "store", "store clean-shutdown terms", names=("clean.dot",), read=r_terms.clean_dot),
+        Reader(
+            "ets",
+            "store",
+            "ets:tab2file dump",
+            names=("file_summary.ets", "msg_store_index.ets"),
+            suffixes=(".ets",),
+            read=r_terms.read_ets,
+            dump=r_terms.dump_disk_log,
+        ),
+        Reader("queue_name", "queue", "queue name", names=(".queue_name",)),
+        Reader("qi", "queue", "CQv2 index segment", ext=".qi", numbered=True, read=r_qi.read_qi, dump=r_qi.dump_rows),
+        Reader(
+            "qs",
+            "queue",
+            "CQv2 per-queue store segment",
+            ext=".qs",
+            numbered=True,
+            read=r_qs.open_qs,
+            dump=r_qs.dump_rows,
+            term_span=r_qs.term_span,
+        ),
+        Reader(
+            "idx",
+            "queue",
+            "CQv1 index segment",
+            ext=".idx",
+            numbered=True,
+            read=r_v1.parse_segment,
+            dump=r_v1.dump_segment,
+        ),
+        Reader(
+            "jif",
+            "queue",
+            "CQv1 index journal",
+            names=("journal.jif",),
+            suffixes=(".jif",),
+            read=r_v1.parse_journal,
+            dump=r_v1.dump_journal,
+        ),
+        Reader(
+            "osiris_segment",
+            "stream",
+            "stream (osiris) segment: chunks of messages and tracking",
+            ext=".segment",
+            numbered=True,
+            width=20,
+            read=r_osiris.walk_segment,
+            dump=r_osiris.dump_segment,
+        ),
+        Reader(
+            "osiris_index",
+            "stream",
+            "stream (osiris) index: one record per chunk",
+            ext=".index",
+            numbered=True,
+            width=20,
+            read=r_osiris.read_index,
+            dump=r_osiris.dump_index,
+        ),
+        Reader(
+            "disk_log",
+            "node",
+            "Mnesia disk_log (table dump, table log, transaction log)",
+            suffixes=(".DCD", ".DCL", ".LOG"),
+            read=r_terms.read_disk_log,
+            dump=r_terms.dump_disk_log,
+        ),
+        Reader(
+            "ra_wal",
+            "ra_system",
+            "Ra write-ahead log (every quorum queue's recent log entries)",
+            ext=".wal",
+            numbered=True,
+            digits=16,
+            read=r_ra_wal.walk,
+            dump=r_ra_wal.dump_rows,
+        ),
+        Reader(
+            "ra_names",
+            "ra_system",
+            "Ra directory: server name -> UId (DETS)",
+            names=("names.dets",),
+            read=r_ra_system.read_names,
+            dump=r_ra_system.dump_dets_records,
+        ),
+        Reader(
+            "ra_meta",
+            "ra_system",
+            "Ra servers' current term, vote and last applied index (DETS)",
+            names=("meta.dets",),
+            read=r_ra_system.read_meta,
+            dump=r_ra_system.dump_dets_records,
+        ),
+        Reader(
+            "ra_writers",
+            "ra_system",
+            "Ra 3 WAL writers' last indexes",
+            names=("writers.snapshot",),
+            read=r_ra_system.read_writers,
+            dump=r_ra_system.dump_term_file,
+        ),
+        Reader(
+            "ra_marker",
+            "ra_system",
+            "Ra 2.16+ marker: WAL and segment names upgraded to 16 digits",
+            names=("segment_name_upgrade_marker",),
+        ),
+        Reader(
+            "ra_config",
+            "ra_server",
+            "Ra server config (the quorum queue's settings)",
+            names=("config",),
+            read=r_ra_system.read_config,
+            dump=r_ra_system.dump_config,
+        ),
+        Reader(
+            "ra_segment",
+            "ra_server",
+            "Ra log segment (entries flushed from the WAL)",
+            ext=".segment",
+            numbered=True,
+            digits=16,
+            read=r_ra_segment.read_segment,
+            dump=r_ra_segment.dump_rows,
+        ),
+        Reader(
+            "ra_compacting",
+            "ra_server",
+            "Ra 3 segment being compacted (a leftover: its compaction did not finish)",
+            ext=".compacting",
+            numbered=True,
+            digits=16,
+            read=r_ra_segment.read_segment,
+            dump=r_ra_segment.dump_rows,
+        ),
+        Reader(
+            "ra_compaction_group",
+            "ra_server",
+            "Ra 3 compaction in progress: the segments it merges",
+            ext=".compaction_group",
+            numbered=True,
+            digits=16,
+            read=r_ra_system.read_term_file,
+            dump=r_ra_system.dump_term_file,
+        ),
+        Reader(
+            "ra_snapshot",
+            "ra_snapshot",
+            "Ra snapshot (a machine state at an index; also checkpoints)",
+            names=("snapshot.dat",),
+            read=r_ra_snapshot.read_snapshot,
+            dump=r_ra_snapshot.dump_rows,
+        ),
+        Reader(
+            "ra_indexes",
+            "ra_snapshot",
+            "Ra 3 live indexes kept below a snapshot",
+            names=("indexes",),
+            read=r_ra_snapshot.read_indexes,
+        ),
+    )
+}
 
 
 _LOOKUP: tuple | None = None
@@ -192,7 +330,7 @@ def number_of(path: Path | str) -> int | None:
     name = Path(path).name
     for r in READERS.values():
         if r.numbered and r.matches(name):
-            return int(name[:-len(r.ext)])
+            return int(name[: -len(r.ext)])
     return None
 
 
@@ -239,5 +377,18 @@ def reader(kind: str) -> Reader:
     return READERS[kind]
 
 
-__all__ = ["PLACES", "READERS", "Reader", "dumpable", "file_name", "fixed_names", "kind_of", "number_of",
-           "numbered", "numbered_kinds", "other_kind", "placed", "reader"]
+__all__ = [
+    "PLACES",
+    "READERS",
+    "Reader",
+    "dumpable",
+    "file_name",
+    "fixed_names",
+    "kind_of",
+    "number_of",
+    "numbered",
+    "numbered_kinds",
+    "other_kind",
+    "placed",
+    "reader",
+]

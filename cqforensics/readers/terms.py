@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from cqforensics import compiled as core
-from cqforensics.codecs import etf, textfiles
 from cqforensics.base.errors import FormatError, plural
-from cqforensics.grammar import disklog as c_disklog
 from cqforensics.base.findings import Finding
+from cqforensics.codecs import etf, textfiles
+from cqforensics.grammar import disklog as c_disklog
 from cqforensics.readers import dets, files
 from cqforensics.readers.files import data_extents, map_file, read_bytes, read_optional
 
@@ -70,8 +70,9 @@ def read_disk_log(path: Path, data: bytes | None = None) -> TermLog:
             log.error = FormatError(f"undecodable item: {e.message}", str(path), e.offset)
             break
         if used != start + length:  # disk_log wrote term_to_binary of the item: it fills the item
-            log.error = FormatError(f"item of {plural(length, 'byte')} holds a term of {used - start}: damaged inside",
-                                    str(path), used)
+            log.error = FormatError(
+                f"item of {plural(length, 'byte')} holds a term of {used - start}: damaged inside", str(path), used
+            )
             break
         log.items.append(term)
         log.offsets.append(o)
@@ -105,16 +106,23 @@ def read_ets(path: Path, log: TermLog | None = None) -> EtsTable:
 #: a ``#msg_location{msg_id, ref_count, file, offset, total_size}`` record of a store's message
 #: index (rabbit_msg_store.hrl) whose id is a 16-byte binary and whose fields are integers of 64
 #: bits: every record of an undamaged ``msg_store_index.ets``
-LOCATION = np.dtype([("id", "V16"), ("ref_count", np.int64), ("file", np.int64), ("offset", np.int64),
-                     ("total", np.int64)])
+LOCATION = np.dtype(
+    [("id", "V16"), ("ref_count", np.int64), ("file", np.int64), ("offset", np.int64), ("total", np.int64)]
+)
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
 def _location_row(term) -> tuple | None:
     """``term`` as a ``LOCATION`` row, when it is such a record (else None)."""
-    if type(term) is tuple and len(term) == 6 and isinstance(term[0], etf.Atom) and term[0] == "msg_location" \
-            and type(term[1]) is bytes and len(term[1]) == 16 \
-            and all(type(v) is int and _INT64[0] <= v <= _INT64[1] for v in term[2:]):
+    if (
+        type(term) is tuple
+        and len(term) == 6
+        and isinstance(term[0], etf.Atom)
+        and term[0] == "msg_location"
+        and type(term[1]) is bytes
+        and len(term[1]) == 16
+        and all(type(v) is int and _INT64[0] <= v <= _INT64[1] for v in term[2:])
+    ):
         return term[1:]
     return None
 
@@ -127,7 +135,9 @@ class LogItems:
     other item as its term."""
 
     n: int  # items found
-    offsets: dict[int, int]  # item -> where its header starts: every item not a row, each one after such an item, the first two and the last
+    offsets: dict[
+        int, int
+    ]  # item -> where its header starts: every item not a row, each one after such an item, the first two and the last
     n_rows: int  # items that are rows
     rows: np.ndarray | None  # LOCATION, in file order (None: handed to the walk's sink)
     row_items: np.ndarray | None  # int64: the item each row is
@@ -189,15 +199,20 @@ def disk_log_walk(data, path: Path = Path("-"), sink=None) -> LogItems:
                 keep[k:] = False
                 out.error, stopped = term, True
                 # the items the core walked past it are not read: only those up to it count
-                found["md5_items"] = bool((found["lengths"][:k + 1] >= c_disklog.MIN_MD5_TERM).any())
+                found["md5_items"] = bool((found["lengths"][: k + 1] >= c_disklog.MIN_MD5_TERM).any())
                 break
             row = _location_row(term)
             if row is None:
                 out.terms[base + k] = term
             else:  # a record in an encoding the core leaves to the reference
                 decoded[k] = True
-                (found["ids"][k], found["ref_counts"][k], found["files"][k], found["locations"][k],
-                 found["totals"][k]) = row
+                (
+                    found["ids"][k],
+                    found["ref_counts"][k],
+                    found["files"][k],
+                    found["locations"][k],
+                    found["totals"][k],
+                ) = row
         at = np.flatnonzero(decoded & keep)
         items = base + at
         offsets = offsets[keep]
@@ -233,7 +248,7 @@ def _stop_error(data, code: int, at: int, path: Path) -> FormatError:
     if code == 1:
         return FormatError(f"log ends inside an item header ({plural(len(data) - at, 'byte')})", str(path), at)
     if code == 2:
-        return FormatError(f"bad item magic {bytes(data[at:at + 4]).hex()}", str(path), at)
+        return FormatError(f"bad item magic {bytes(data[at : at + 4]).hex()}", str(path), at)
     (length,) = struct.unpack_from(">I", data, at)
     return FormatError(f"item of {plural(length, 'byte')} runs past the end of the log", str(path), at)
 
@@ -246,8 +261,9 @@ def _item_term(data, start: int, length: int, path: Path):
     except etf.EtfError as e:
         return FormatError(f"undecodable item: {e.message}", str(path), e.offset)
     if used != start + length:  # disk_log wrote term_to_binary of the item: it fills the item
-        return FormatError(f"item of {plural(length, 'byte')} holds a term of {used - start}: damaged inside",
-                           str(path), used)
+        return FormatError(
+            f"item of {plural(length, 'byte')} holds a term of {used - start}: damaged inside", str(path), used
+        )
     return term
 
 
@@ -285,8 +301,16 @@ def disk_log_walk_reference(data, path: Path = Path("-")) -> LogItems:
         out[j] = r
     odd = {k: t for k, t in enumerate(terms) if _location_row(t) is None}
     named = {0, 1, len(offsets) - 1} | set(odd) | {k + 1 for k in odd}
-    return LogItems(len(offsets), {k: offsets[k] for k in sorted(named) if 0 <= k < len(offsets)}, len(rows), out,
-                    np.array([k for k, _ in rows], np.int64), odd, error, md5_items)
+    return LogItems(
+        len(offsets),
+        {k: offsets[k] for k in sorted(named) if 0 <= k < len(offsets)},
+        len(rows),
+        out,
+        np.array([k for k, _ in rows], np.int64),
+        odd,
+        error,
+        md5_items,
+    )
 
 
 def _is_end(item) -> bool:
@@ -335,8 +359,7 @@ def file2tab_load(data: bytes) -> list | None:
     import hashlib
 
     head = c_disklog.HEADER_SIZE
-    if len(data) < head or data[:4] != c_disklog.FILE_MAGIC or data[4:8] not in (c_disklog.CLOSED,
-                                                                                 c_disklog.OPENED):
+    if len(data) < head or data[:4] != c_disklog.FILE_MAGIC or data[4:8] not in (c_disklog.CLOSED, c_disklog.OPENED):
         return None
     body = memoryview(data)[head:]
     item_head, big, old = c_disklog.ITEM_HEAD, c_disklog.ITEM_MAGIC, c_disklog.OLD_ITEM_MAGIC
@@ -355,14 +378,14 @@ def file2tab_load(data: bytes) -> list | None:
             size, magic = item_head.unpack_from(buf, i)
             if magic == big and size < min_md5 or magic == old:
                 if rem - head >= size:
-                    items.append(buf[i + head:i + head + size])
+                    items.append(buf[i + head : i + head + size])
                     i, n = i + head + size, n - 1
                     continue
                 return (pos - rem, size + head), items, bad
             if magic == big:
-                good = bytes(buf[i + head:i + head + 16]) == hashlib.md5(bytes(buf[i:i + 4])).digest()
+                good = bytes(buf[i + head : i + head + 16]) == hashlib.md5(bytes(buf[i : i + 4])).digest()
                 if good and rem == head + 16 + size:
-                    return (pos, None), items + [buf[i + head + 16:]], bad
+                    return (pos, None), items + [buf[i + head + 16 :]], bad
                 if good:  # read again from its header, exactly its size (always more than 64 KiB)
                     return (pos - rem, size + head + 16), items, bad
                 if rem - head >= 17:
@@ -380,7 +403,7 @@ def file2tab_load(data: bytes) -> list | None:
             else:
                 if pos >= len(body):
                     return None
-                buf = body[pos:pos + (max_chunk if more is None else max(more, max_chunk))]
+                buf = body[pos : pos + (max_chunk if more is None else max(more, max_chunk))]
                 if len(buf) < head or more is not None and len(buf) < more:
                     return (pos + len(buf), None), []  # cut short: bad bytes, no item
                 r = handle(buf, pos + len(buf), n)
@@ -396,7 +419,7 @@ def file2tab_load(data: bytes) -> list | None:
             try:
                 terms.append(etf.decode(raw)[0])
             except etf.EtfError:
-                return (pos - sum(len(b) + head for b in items[k + 1:]), None), terms
+                return (pos - sum(len(b) + head for b in items[k + 1 :]), None), terms
         return (pos, more), terms
 
     first = chunk(0, None, 1)  # ets get_header_data: the table info
@@ -439,18 +462,25 @@ def _table_info(info):
     for t in info:  # lists:keyfind: the first tuple of each key
         if isinstance(t, tuple) and t and isinstance(t[0], str):
             got.setdefault(t[0], t)
-    if any(len(got.get(k, ())) != 2 for k in ("name", "type", "protection", "keypos", "size")) \
-            or got["named_table"][1:] not in (("true",), ("false",)) \
-            or "compressed" in got and got["compressed"][1:] not in (("true",), ("false",)):
+    if (
+        any(len(got.get(k, ())) != 2 for k in ("name", "type", "protection", "keypos", "size"))
+        or got["named_table"][1:] not in (("true",), ("false",))
+        or "compressed" in got
+        and got["compressed"][1:] not in (("true",), ("false",))
+    ):
         return RAISES  # {Key, V} = lists:keyfind(...) or a case with no clause for it
     got = {k: t[1] for k, t in got.items() if len(t) == 2}
     keypos, absent = got.get("keypos"), object()
-    accepted = (isinstance(got.get("name"), etf.Atom)
-                and got.get("type") in ("set", "ordered_set", "bag", "duplicate_bag")
-                and got.get("protection") in ("public", "protected", "private")
-                and isinstance(keypos, int) and not isinstance(keypos, bool) and keypos >= 1
-                and got.get("write_concurrency", absent) in ("true", "false", "auto", absent)
-                and got.get("read_concurrency", absent) in ("true", "false", absent))
+    accepted = (
+        isinstance(got.get("name"), etf.Atom)
+        and got.get("type") in ("set", "ordered_set", "bag", "duplicate_bag")
+        and got.get("protection") in ("public", "protected", "private")
+        and isinstance(keypos, int)
+        and not isinstance(keypos, bool)
+        and keypos >= 1
+        and got.get("write_concurrency", absent) in ("true", "false", "auto", absent)
+        and got.get("read_concurrency", absent) in ("true", "false", absent)
+    )
     return keypos if accepted else None
 
 
@@ -463,15 +493,23 @@ def loads_whole(status: bytes | None, items: LogItems) -> bool:
     last chunk); and every other item a tuple of at least the key position's elements (none
     ets:insert refuses). An undamaged dump, the common case, so decided on its columns and its
     few other items; any other dump is loaded by ``file2tab_load``."""
-    if status not in (c_disklog.CLOSED, c_disklog.OPENED) or items.error is not None or items.md5_items \
-            or not items.n or items.is_row(0):
+    if (
+        status not in (c_disklog.CLOSED, c_disklog.OPENED)
+        or items.error is not None
+        or items.md5_items
+        or not items.n
+        or items.is_row(0)
+    ):
         return False
     keypos = _table_info(items.terms[0])
     if not isinstance(keypos, int) or items.n_rows and keypos > 6:  # a row is a tuple of 6
         return False
     last = items.n - 1
-    return all(isinstance(t, tuple) and len(t) >= keypos for k, t in items.terms.items()
-               if k != 0 and not (k == last and _file2tab_end(t)))
+    return all(
+        isinstance(t, tuple) and len(t) >= keypos
+        for k, t in items.terms.items()
+        if k != 0 and not (k == last and _file2tab_end(t))
+    )
 
 
 @dataclass
@@ -573,7 +611,7 @@ class EtsDump:
         """(item, object) of the objects items ``ks`` hold (an item is one object, or a list of them)."""
         for k in ks.tolist():
             t = items.term(k)
-            for o in (t if isinstance(t, list) else [t]):
+            for o in t if isinstance(t, list) else [t]:
                 yield k, o
 
     def objects(self) -> list:
@@ -706,7 +744,7 @@ def _dets_terms(data, pos: int, stop: int, block_end: int):
         if not (4 < obj_size <= stop - pos and data[start] == etf.VERSION):
             return
         try:
-            term, _ = etf.decode(data[start:pos + obj_size])
+            term, _ = etf.decode(data[start : pos + obj_size])
         except etf.EtfError:
             return
         yield pos, term, pos + obj_size
@@ -731,8 +769,9 @@ def _dets_objects_in(data, begin: int, stop: int, bag: bool = False):
                     yield at, term
                 pos += group
         else:
-            for at, term, pos in _dets_terms(data, pos, len(data), block_end):
+            for at, term, end in _dets_terms(data, pos, len(data), block_end):
                 yield at, term
+                pos = end
         o = files.find(data, DETS_ACTIVE, max(o + 4, pos), stop)
 
 
@@ -777,8 +816,10 @@ _PLAIN_ATOM = re.compile(r"[a-z][a-z0-9_]*")
 
 def _proplist(terms: list) -> bool:
     """Recovery terms: {Key, Value} pairs whose keys are the broker's plain lower-case atoms."""
-    return all(isinstance(t, tuple) and len(t) == 2 and isinstance(t[0], etf.Atom)
-               and _PLAIN_ATOM.fullmatch(str(t[0])) for t in terms)
+    return all(
+        isinstance(t, tuple) and len(t) == 2 and isinstance(t[0], etf.Atom) and _PLAIN_ATOM.fullmatch(str(t[0]))
+        for t in terms
+    )
 
 
 #: the broker's DETS tables, by file name: the type and keypos its writer opens it with (a file of
@@ -789,19 +830,43 @@ def _proplist(terms: list) -> bool:
 #: {ServerName, UId}; the MQTT plugin's rabbit_mqtt_retained_msg_store_dets
 #: #retained_message{topic, mqtt_msg} (keypos #retained_message.topic = 2). All are sets.
 DETS_SHAPES = {
-    "recovery.dets": (DETS_SET, 1, "{QueueDirName, Terms}",
-                      lambda o: len(o) == 2 and _is_text(o[0]) and isinstance(o[1], list) and _proplist(o[1])),
-    "schema.DAT": (DETS_SET, 2, "{schema, Table, Cs}",
-                   lambda o: len(o) == 3 and o[0] == "schema" and isinstance(o[1], etf.Atom)),
+    "recovery.dets": (
+        DETS_SET,
+        1,
+        "{QueueDirName, Terms}",
+        lambda o: len(o) == 2 and _is_text(o[0]) and isinstance(o[1], list) and _proplist(o[1]),
+    ),
+    "schema.DAT": (
+        DETS_SET,
+        2,
+        "{schema, Table, Cs}",
+        lambda o: len(o) == 3 and o[0] == "schema" and isinstance(o[1], etf.Atom),
+    ),
     # a field never stored is the atom undefined (ra_log_meta handle_batch/2 starts a record as
     # {Id, undefined, undefined, undefined}): seen for LastApplied on a 3.10.8 node killed early
-    "meta.dets": (DETS_SET, 1, "{UId, CurrentTerm, VotedFor, LastApplied}",
-                  lambda o: len(o) == 4 and isinstance(o[0], bytes) and (isinstance(o[1], int) or o[1] == "undefined")
-                  and (isinstance(o[3], int) or o[3] == "undefined")),
-    "names.dets": (DETS_SET, 1, "{ServerName, UId}", lambda o: len(o) == 2 and isinstance(o[0], etf.Atom)
-                   and isinstance(o[1], bytes)),
-    "mqtt_retained_*.dets": (DETS_SET, 2, "#retained_message{topic, mqtt_msg}",
-                             lambda o: len(o) == 3 and o[0] == "retained_message" and isinstance(o[1], bytes)),
+    "meta.dets": (
+        DETS_SET,
+        1,
+        "{UId, CurrentTerm, VotedFor, LastApplied}",
+        lambda o: (
+            len(o) == 4
+            and isinstance(o[0], bytes)
+            and (isinstance(o[1], int) or o[1] == "undefined")
+            and (isinstance(o[3], int) or o[3] == "undefined")
+        ),
+    ),
+    "names.dets": (
+        DETS_SET,
+        1,
+        "{ServerName, UId}",
+        lambda o: len(o) == 2 and isinstance(o[0], etf.Atom) and isinstance(o[1], bytes),
+    ),
+    "mqtt_retained_*.dets": (
+        DETS_SET,
+        2,
+        "#retained_message{topic, mqtt_msg}",
+        lambda o: len(o) == 3 and o[0] == "retained_message" and isinstance(o[1], bytes),
+    ),
 }
 
 
@@ -827,16 +892,32 @@ def dets_shape_findings(path: Path, data) -> list[Finding]:
     out = []
     for off, what, want, got in ((12, "type", kind, got_kind), (28, "keypos", keypos, got_keypos)):
         if got != want:
-            out.append(_damaged(f"the header's {what} is {got}, but {path.name} is opened with {what} {want}: the "
-                                f"broker's dets:open_file fails on it ({what}_mismatch); another table in its place, "
-                                "or a damaged header", path, off, field=what, expected=want, found=got))
+            out.append(
+                _damaged(
+                    f"the header's {what} is {got}, but {path.name} is opened with {what} {want}: the "
+                    f"broker's dets:open_file fails on it ({what}_mismatch); another table in its place, "
+                    "or a damaged header",
+                    path,
+                    off,
+                    field=what,
+                    expected=want,
+                    found=got,
+                )
+            )
     extents = data_extents(path, len(data)) if len(data) > (64 << 20) else None
     for off, obj in _dets_objects(data, None, extents):
         if not (isinstance(obj, tuple) and fits(obj)):
             text = etf.format_term(obj)
-            out.append(_damaged(f"holds {text[:120]}{'...' if len(text) > 120 else ''}, not the {record} records "
-                                f"{path.name} holds: another table's objects in its place (swapped or copied), or "
-                                "a damaged object", path, off, expected=record))
+            out.append(
+                _damaged(
+                    f"holds {text[:120]}{'...' if len(text) > 120 else ''}, not the {record} records "
+                    f"{path.name} holds: another table's objects in its place (swapped or copied), or "
+                    "a damaged object",
+                    path,
+                    off,
+                    expected=record,
+                )
+            )
             break
     return out
 
@@ -853,22 +934,44 @@ def _dets_ends(path: Path, data) -> list[Finding]:
     if cookie != DETS_COOKIE or version != DETS_VERSION:
         return [_damaged(f"no DETS v9 header (cookie {cookie:#x}, version {version})", path, 4)]
     if fl > size:  # open or closed, the pointer never lies past the end (checked on every sample)
-        return [_damaged(f"the header's free-list pointer {fl} lies past the end of the file ({plural(size, 'byte')}): "
-                         "the table is torn", path, 0, free_list_pointer=fl, size=size)]
+        return [
+            _damaged(
+                f"the header's free-list pointer {fl} lies past the end of the file ({plural(size, 'byte')}): "
+                "the table is torn",
+                path,
+                0,
+                free_list_pointer=fl,
+                size=size,
+            )
+        ]
     if closed != 1:
         return []  # not closed properly: OTP repairs it when it opens it (the state after kill -9)
     if fl < 40:
-        return [_damaged(f"the header's free-list pointer {fl} lies inside the header: the table is damaged",
-                         path, 0, free_list_pointer=fl, size=size)]
+        return [
+            _damaged(
+                f"the header's free-list pointer {fl} lies inside the header: the table is damaged",
+                path,
+                0,
+                free_list_pointer=fl,
+                size=size,
+            )
+        ]
     o = fl
     for _ in range(DETS_MAX_FREE_BLOCKS):
         if o + 12 > size:
-            return [_damaged(f"the file ends inside its free lists at {o} ({plural(size, 'byte')}): the table is torn",
-                             path, o, size=size)]
+            return [
+                _damaged(
+                    f"the file ends inside its free lists at {o} ({plural(size, 'byte')}): the table is torn",
+                    path,
+                    o,
+                    size=size,
+                )
+            ]
         block, magic, word = struct.unpack_from(">III", data, o)
         if magic != DETS_FREELIST_MAGIC or block < 8:
-            return [_damaged(f"bad free-list block at {o} (size {block}, magic {magic:#x}): the table is damaged",
-                             path, o)]
+            return [
+                _damaged(f"bad free-list block at {o} (size {block}, magic {magic:#x}): the table is damaged", path, o)
+            ]
         if block == 12 and word == DETS_END_WORD:
             end = o + 16
             break
@@ -877,8 +980,15 @@ def _dets_ends(path: Path, data) -> list[Finding]:
         return []  # more free-list blocks than any table has: a hostile chain, not followed further
     out = []
     if end < size:
-        out.append(_damaged(f"{plural(size - end, 'byte')} after the end of the table's free lists: junk appended or "
-                            "a torn rewrite", path, end, extra_bytes=size - end))
+        out.append(
+            _damaged(
+                f"{plural(size - end, 'byte')} after the end of the table's free lists: junk appended or "
+                "a torn rewrite",
+                path,
+                end,
+                extra_bytes=size - end,
+            )
+        )
     elif end > size:
         out.append(_damaged("the file ends inside its last free-list block: the table is torn", path, size - 4))
     (objects, _) = DETS_COUNTS.unpack_from(data, 32)
@@ -887,9 +997,16 @@ def _dets_ends(path: Path, data) -> list[Finding]:
     for off, _ in _dets_objects(data, fl, extents):  # counted, not kept
         found, last = found + 1, off
     if found != objects:
-        out.append(_damaged(f"the header records {plural(objects, 'object')}, {found} are found: an object is "
-                            f"{'missing or torn' if found < objects else 'extra (copied or injected)'}",
-                            path, last if found > objects else 32, recorded=objects, found=found))
+        out.append(
+            _damaged(
+                f"the header records {plural(objects, 'object')}, {found} are found: an object is "
+                f"{'missing or torn' if found < objects else 'extra (copied or injected)'}",
+                path,
+                last if found > objects else 32,
+                recorded=objects,
+                found=found,
+            )
+        )
     return out
 
 
@@ -902,24 +1019,43 @@ def disk_log_findings(path: Path, data=None, table_dump: bool | None = None) -> 
     out = []
     if data[:4] == c_disklog.FILE_MAGIC and data[4:8] not in (c_disklog.CLOSED, c_disklog.OPENED):
         # disk_log_1 is_head: a status word that is neither ?CLOSED nor ?OPENED is no log header
-        out.append(_damaged(f"header status {bytes(data[4:8]).hex()} is neither closed ({c_disklog.CLOSED.hex()}) "
-                            f"nor open ({c_disklog.OPENED.hex()}): OTP's disk_log refuses the file as no log "
-                            "(its items are read here all the same)", path, 4))
+        out.append(
+            _damaged(
+                f"header status {bytes(data[4:8]).hex()} is neither closed ({c_disklog.CLOSED.hex()}) "
+                f"nor open ({c_disklog.OPENED.hex()}): OTP's disk_log refuses the file as no log "
+                "(its items are read here all the same)",
+                path,
+                4,
+            )
+        )
     if log.error is not None:
         out.append(_damaged(f"{log.error.message}: the items after it are lost", path, log.error.offset))
     kind = mnesia_log_kind(path.name)
     if kind is not None and log.items:
         why = _log_header_problem(log.items[0], kind)
         if why is not None:
-            out.append(_damaged(f"its first item is no Mnesia {kind} log header ({why}): a damaged header, or another "
-                                "file in its place", path,
-                                log.offsets[0], expected=kind))
+            out.append(
+                _damaged(
+                    f"its first item is no Mnesia {kind} log header ({why}): a damaged header, or another "
+                    "file in its place",
+                    path,
+                    log.offsets[0],
+                    expected=kind,
+                )
+            )
         elif "@" in path.parent.name and log.items[0][4] != path.parent.name:
             # Mnesia's dir is the node dir, named after the node (RabbitMQ's layout; on every sample)
-            out.append(Finding("term-file-damaged", f"its header names node {log.items[0][4]}, not this node dir's "
-                               f"({path.parent.name}): a changed byte, or another node's log (or the dir renamed)",
-                               str(path), log.offsets[0], severity="info",
-                               details={"node": str(log.items[0][4]), "node_dir": path.parent.name}))
+            out.append(
+                Finding(
+                    "term-file-damaged",
+                    f"its header names node {log.items[0][4]}, not this node dir's "
+                    f"({path.parent.name}): a changed byte, or another node's log (or the dir renamed)",
+                    str(path),
+                    log.offsets[0],
+                    severity="info",
+                    details={"node": str(log.items[0][4]), "node_dir": path.parent.name},
+                )
+            )
     if table_dump if table_dump is not None else str(path).endswith(".DCD"):
         seen: dict[str, int] = {}
         for off, item in zip(log.offsets, log.items):
@@ -927,8 +1063,15 @@ def disk_log_findings(path: Path, data=None, table_dump: bool | None = None) -> 
             if len(key) > 1 << 16:
                 continue
             if key in seen:
-                out.append(_damaged(f"item at {off} repeats the item at {seen[key]}: a table dump holds each "
-                                    "record once (a copied item)", path, off, copy_of_offset=seen[key]))
+                out.append(
+                    _damaged(
+                        f"item at {off} repeats the item at {seen[key]}: a table dump holds each "
+                        "record once (a copied item)",
+                        path,
+                        off,
+                        copy_of_offset=seen[key],
+                    )
+                )
             else:
                 seen[key] = off
     return out
@@ -936,12 +1079,18 @@ def disk_log_findings(path: Path, data=None, table_dump: bool | None = None) -> 
 
 #: the kind a Mnesia log's header names, by file (mnesia_log: the transaction log LATEST.LOG and the
 #: PREVIOUS.LOG it is renamed to, the decision table dump, a table's .DCL log and .DCD dump)
-MNESIA_LOG_KINDS = {"LATEST.LOG": "trans_log", "PREVIOUS.LOG": "trans_log", "DECISION_TAB.LOG": "decision_tab",
-                    "DECISION.LOG": "decision_log", ".DCL": "dcl_log", ".DCD": "dcd_log"}
+MNESIA_LOG_KINDS = {
+    "LATEST.LOG": "trans_log",
+    "PREVIOUS.LOG": "trans_log",
+    "DECISION_TAB.LOG": "decision_tab",
+    "DECISION.LOG": "decision_log",
+    ".DCL": "dcl_log",
+    ".DCD": "dcd_log",
+}
 
 
 def mnesia_log_kind(name: str) -> str | None:
-    return MNESIA_LOG_KINDS.get(name) or MNESIA_LOG_KINDS.get(name[name.rfind("."):]) if "." in name else None
+    return MNESIA_LOG_KINDS.get(name) or MNESIA_LOG_KINDS.get(name[name.rfind(".") :]) if "." in name else None
 
 
 def _version_text(v) -> bool:
@@ -974,9 +1123,19 @@ ETS_NAMES = {"file_summary.ets": "rabbit_msg_store_file_summary", "msg_store_ind
 #: the options of each dump's table, as its table-info item records them (ets:tab2file of the
 #: table rabbit_msg_store makes: ets:new with these options; the same on every sample, OTP 25 to
 #: 27, 3.10.8 to 4.3.6); ``id``, ``owner`` and ``memory`` are the run's own
-ETS_INFO = {"decentralized_counters": "false", "read_concurrency": "false", "write_concurrency": "false",
-            "compressed": "false", "named_table": "false", "heir": "none", "keypos": 2, "protection": "public",
-            "major_version": 1, "minor_version": 0, "extended_info": ["object_count"]}
+ETS_INFO = {
+    "decentralized_counters": "false",
+    "read_concurrency": "false",
+    "write_concurrency": "false",
+    "compressed": "false",
+    "named_table": "false",
+    "heir": "none",
+    "keypos": 2,
+    "protection": "public",
+    "major_version": 1,
+    "minor_version": 0,
+    "extended_info": ["object_count"],
+}
 ETS_TYPES = {"file_summary.ets": "ordered_set", "msg_store_index.ets": "set"}
 
 
@@ -985,8 +1144,11 @@ def file_summary_records(path: Path, dump: EtsDump | None = None) -> dict[int, t
     records: file number -> (valid_total_size, file_size) (objects of another shape left out);
     ``dump``: the file decoded already."""
     dump = read_ets_dump(path) if dump is None else dump
-    return {o[1]: (o[2], o[5]) for o in dump.objects()
-            if isinstance(o, tuple) and len(o) >= 6 and isinstance(o[1], int) and isinstance(o[5], int)}
+    return {
+        o[1]: (o[2], o[5])
+        for o in dump.objects()
+        if isinstance(o, tuple) and len(o) >= 6 and isinstance(o[1], int) and isinstance(o[5], int)
+    }
 
 
 def ets_findings(path: Path, dump: EtsDump | None = None) -> list[Finding]:
@@ -999,9 +1161,15 @@ def ets_findings(path: Path, dump: EtsDump | None = None) -> list[Finding]:
     out = []
     if dump.status is not None and dump.status not in (c_disklog.CLOSED, c_disklog.OPENED):
         # disk_log_1 is_head: a status word that is neither ?CLOSED nor ?OPENED is no log header
-        out.append(_damaged(f"header status {dump.status.hex()} is neither closed ({c_disklog.CLOSED.hex()}) "
-                            f"nor open ({c_disklog.OPENED.hex()}): OTP's disk_log refuses the file as no log "
-                            "(its items are read here all the same)", path, 4))
+        out.append(
+            _damaged(
+                f"header status {dump.status.hex()} is neither closed ({c_disklog.CLOSED.hex()}) "
+                f"nor open ({c_disklog.OPENED.hex()}): OTP's disk_log refuses the file as no log "
+                "(its items are read here all the same)",
+                path,
+                4,
+            )
+        )
     if dump.unreadable is not None:
         raise dump.unreadable
     if log.error is not None:
@@ -1012,43 +1180,78 @@ def ets_findings(path: Path, dump: EtsDump | None = None) -> list[Finding]:
     if dump.end_marker() is None:
         marker = next((k for k in sorted(log.terms) if k >= 1 and _is_end(log.terms[k])), None)
         if marker is not None:  # items after the end marker: appended (ets:file2tab rejects the file)
-            out.append(_damaged(f"{plural(n - marker - 1, 'item')} after the '$end_of_table' marker: extra items",
-                                path, log.offsets[marker + 1], extra_items=n - marker - 1))
+            out.append(
+                _damaged(
+                    f"{plural(n - marker - 1, 'item')} after the '$end_of_table' marker: extra items",
+                    path,
+                    log.offsets[marker + 1],
+                    extra_items=n - marker - 1,
+                )
+            )
         else:
-            out.append(_damaged("no '$end_of_table' marker: the dump is torn (the broker rebuilds from the files)",
-                                path, log.offsets[n - 1] if n else 0))
+            out.append(
+                _damaged(
+                    "no '$end_of_table' marker: the dump is torn (the broker rebuilds from the files)",
+                    path,
+                    log.offsets[n - 1] if n else 0,
+                )
+            )
         return out
     info = log.term(0) if n and (not log.is_row(0) or log.rows is not None) else ()
     info = info if isinstance(info, tuple) else ()
     name = next((kv[1] for kv in info if isinstance(kv, tuple) and len(kv) == 2 and kv[0] == "name"), None)
     if path.name in ETS_NAMES and name != ETS_NAMES[path.name]:
-        out.append(_damaged(f"its table info names table {name}, not {ETS_NAMES[path.name]}: another table's dump, "
-                            "or a damaged one", path, log.offsets.get(0, 0),
-                            expected=ETS_NAMES[path.name], found=str(name)))
+        out.append(
+            _damaged(
+                f"its table info names table {name}, not {ETS_NAMES[path.name]}: another table's dump, "
+                "or a damaged one",
+                path,
+                log.offsets.get(0, 0),
+                expected=ETS_NAMES[path.name],
+                found=str(name),
+            )
+        )
     ks = dump._object_items()
     odd = np.isin(ks, list(log.terms))
-    objects = int((~odd).sum()) + sum(len(t) if isinstance(t, list) else 1
-                                      for t in (log.terms[k] for k in ks[odd].tolist()))
+    objects = int((~odd).sum()) + sum(
+        len(t) if isinstance(t, list) else 1 for t in (log.terms[k] for k in ks[odd].tolist())
+    )
     if path.name in ETS_TYPES:
         out += _ets_info_findings(path, info, objects, log.offsets.get(0, 0))
     tag = ETS_RECORDS.get(path.name)
     if tag is not None:
-        other = next(((k, o) for k, o in dump._objects_of(log, ks[odd])
-                      if not (isinstance(o, tuple) and o and o[0] == tag)), None)
+        other = next(
+            ((k, o) for k, o in dump._objects_of(log, ks[odd]) if not (isinstance(o, tuple) and o and o[0] == tag)),
+            None,
+        )
         first_row = next((k for k in ks.tolist() if log.is_row(k)), None) if tag != "msg_location" else None
         if first_row is not None and (other is None or first_row < other[0]):
             other = (first_row, (etf.Atom("msg_location"),))
         if other is not None:
             found = other[1][0] if isinstance(other[1], tuple) and other[1] else type(other[1]).__name__
-            out.append(_damaged(f"holds {found} objects, not the #{tag}{{}} records this dump holds: another table's "
-                                "dump in its place (swapped or copied)", path, log.offsets.get(1, 0) if n > 1 else 0,
-                                expected=str(tag), found=str(found)))
+            out.append(
+                _damaged(
+                    f"holds {found} objects, not the #{tag}{{}} records this dump holds: another table's "
+                    "dump in its place (swapped or copied)",
+                    path,
+                    log.offsets.get(1, 0) if n > 1 else 0,
+                    expected=str(tag),
+                    found=str(found),
+                )
+            )
     if not dump.complete:
         end = dump.end_marker()
         counts = textfiles.proplist(end[1]) if len(end) > 1 else {}
-        out.append(_damaged(f"the end marker records {counts.get('count')} objects, {objects} are "
-                            "found: an item is missing or extra", path, log.offsets[n - 1],
-                            recorded=counts.get("count"), found=objects))
+        out.append(
+            _damaged(
+                f"the end marker records {counts.get('count')} objects, {objects} are "
+                "found: an item is missing or extra",
+                path,
+                log.offsets[n - 1],
+                recorded=counts.get("count"),
+                found=objects,
+            )
+        )
     return out
 
 
@@ -1073,9 +1276,15 @@ def _ets_info_findings(path: Path, info: tuple, objects: int, offset: int) -> li
         problems.append(f"keys tab2file does not write: {', '.join(k[:30] for k in unknown[:4])}")
     if not problems:
         return []
-    return [_damaged(f"its table info is not the broker's table: {'; '.join(problems[:4])} (a flipped bit: the "
-                     "dump has no checksum; ets:file2tab makes the table with what it says)", path, offset,
-                     problems=problems[:8])]
+    return [
+        _damaged(
+            f"its table info is not the broker's table: {'; '.join(problems[:4])} (a flipped bit: the "
+            "dump has no checksum; ets:file2tab makes the table with what it says)",
+            path,
+            offset,
+            problems=problems[:8],
+        )
+    ]
 
 
 #: Ra WAL (ra_log_wal.erl, checked on every sample): "RAWA", version 1, then records
@@ -1114,45 +1323,69 @@ def _wal(path: Path, data=None) -> tuple[list[Finding], list[tuple[int, bytes]]]
         return [_damaged(f"no Ra WAL header (starts {bytes(data[:5]).hex()})", path, 0)], uids
     if size < 5 or data[4] != RA_WAL_VERSION:
         got = data[4] if size > 4 else None
-        return [_damaged(f"Ra WAL format version {got}, not {RA_WAL_VERSION}: Ra refuses the file "
-                         "(exit unknown_wal_file_format), so its Ra system does not start", path, 4,
-                         version=got)], uids
+        return [
+            _damaged(
+                f"Ra WAL format version {got}, not {RA_WAL_VERSION}: Ra refuses the file "
+                "(exit unknown_wal_file_format), so its Ra system does not start",
+                path,
+                4,
+                version=got,
+            )
+        ], uids
     o, n = 5, 0
     refs: set[int] = set()
     out: list[Finding] = []
     while o < size:
         if size - o < 3 + 24:
             if any(data[o:size]):
-                return out + [_damaged(f"the WAL ends inside a record header ({plural(size - o, 'byte')}): torn", path,
-                                       o, records=n)], uids
+                return out + [
+                    _damaged(
+                        f"the WAL ends inside a record header ({plural(size - o, 'byte')}): torn", path, o, records=n
+                    )
+                ], uids
             break
-        h = int.from_bytes(data[o:o + 3], "big")
+        h = int.from_bytes(data[o : o + 3], "big")
         p = o + 3
         known = h >> 22 & 1
         ref = h & 0x3FFFFF
         if not known:
-            if h == 0 and not any(data[o:o + 32]):
-                if any(data[o:min(size, o + (1 << 20))]):
-                    return out + [_damaged("bytes after the zero-filled end of the WAL: junk", path, o,
-                                           records=n)], uids
+            if h == 0 and not any(data[o : o + 32]):
+                if any(data[o : min(size, o + (1 << 20))]):
+                    return out + [
+                        _damaged("bytes after the zero-filled end of the WAL: junk", path, o, records=n)
+                    ], uids
                 break
-            uid_len = int.from_bytes(data[p:p + 2], "big")
-            uids.append((o, bytes(data[p + 2:p + 2 + uid_len])))
+            uid_len = int.from_bytes(data[p : p + 2], "big")
+            uids.append((o, bytes(data[p + 2 : p + 2 + uid_len])))
             refs.add(ref)
             p += 2 + uid_len
         if p + 24 > size:
             return out + [_damaged("the WAL ends inside a record header: torn", path, o, records=n)], uids
         check, length = struct.unpack_from(">II", data, p)
         if p + 24 + length > size:
-            return out + [_damaged(f"a record of {plural(length, 'byte')} runs past the end of the WAL: torn (or junk)",
-                                   path, o, records=n)], uids
-        if zlib.adler32(data[p + 8:p + 24 + length]) != check:
-            return out + [_damaged("a record fails its checksum: damaged, or junk after the last record", path, o,
-                                   records=n)], uids
+            return out + [
+                _damaged(
+                    f"a record of {plural(length, 'byte')} runs past the end of the WAL: torn (or junk)",
+                    path,
+                    o,
+                    records=n,
+                )
+            ], uids
+        if zlib.adler32(data[p + 8 : p + 24 + length]) != check:
+            return out + [
+                _damaged("a record fails its checksum: damaged, or junk after the last record", path, o, records=n)
+            ], uids
         if known and ref not in refs and len(out) < 16:
-            out.append(_damaged(f"a record of writer ref {ref}, which no earlier record of this WAL introduces: Ra "
-                                "takes it for a deleted server's and skips it, so its entry is lost (its header "
-                                "damaged: the checksum does not cover it)", path, o, writer_ref=ref))
+            out.append(
+                _damaged(
+                    f"a record of writer ref {ref}, which no earlier record of this WAL introduces: Ra "
+                    "takes it for a deleted server's and skips it, so its entry is lost (its header "
+                    "damaged: the checksum does not cover it)",
+                    path,
+                    o,
+                    writer_ref=ref,
+                )
+            )
         n += 1
         o = p + 24 + length
     return out, uids
@@ -1160,11 +1393,33 @@ def _wal(path: Path, data=None) -> tuple[list[Finding], list[tuple[int, bytes]]]
 
 #: the keys a Ra server config holds (ra_server.erl ``ra_server_config()``, Ra 2.x to 3.1; and
 #: ``machine_config``, which the Khepri of RabbitMQ 4.x writes too: every sample)
-RA_CONFIG_KEYS = frozenset({
-    "id", "uid", "cluster_name", "log_init_args", "initial_members", "machine", "initial_machine_version",
-    "friendly_name", "metrics_key", "metrics_labels", "broadcast_time", "tick_timeout", "install_snap_rpc_timeout",
-    "await_condition_timeout", "max_pipeline_count", "ra_event_formatter", "counter", "membership", "system_config",
-    "has_changed", "parent", "min_recovery_checkpoint_interval", "machine_config"})
+RA_CONFIG_KEYS = frozenset(
+    {
+        "id",
+        "uid",
+        "cluster_name",
+        "log_init_args",
+        "initial_members",
+        "machine",
+        "initial_machine_version",
+        "friendly_name",
+        "metrics_key",
+        "metrics_labels",
+        "broadcast_time",
+        "tick_timeout",
+        "install_snap_rpc_timeout",
+        "await_condition_timeout",
+        "max_pipeline_count",
+        "ra_event_formatter",
+        "counter",
+        "membership",
+        "system_config",
+        "has_changed",
+        "parent",
+        "min_recovery_checkpoint_interval",
+        "machine_config",
+    }
+)
 
 
 def ra_config_findings(path: Path) -> list[Finding]:
@@ -1181,28 +1436,45 @@ def ra_config_findings(path: Path) -> list[Finding]:
     cfg = textfiles.consult(raw)[0]
     uid = os.fsencode(path.parent.name)
     problems = []
-    for where, value in (("uid", cfg.get("uid")), ("log_init_args uid", (cfg.get("log_init_args") or {}).get("uid")
-                                                     if isinstance(cfg.get("log_init_args"), dict) else None)):
+    for where, value in (
+        ("uid", cfg.get("uid")),
+        (
+            "log_init_args uid",
+            (cfg.get("log_init_args") or {}).get("uid") if isinstance(cfg.get("log_init_args"), dict) else None,
+        ),
+    ):
         if value != uid:
-            problems.append(f"its {where} is {value!r:.60}, not its data dir's name {uid.decode('utf-8', 'replace')}: "
-                            "Ra restarts the server on another (empty) data dir")
+            problems.append(
+                f"its {where} is {value!r:.60}, not its data dir's name {uid.decode('utf-8', 'replace')}: "
+                "Ra restarts the server on another (empty) data dir"
+            )
     ident = cfg.get("id")
     if not (isinstance(ident, tuple) and len(ident) == 2 and isinstance(ident[1], etf.Atom)):
         problems.append(f"its id {str(ident)[:80]} is no {{Name, Node}} server id")
     else:  # Khepri's machine config names its member: the same server
         machine = cfg.get("machine")
-        member = machine[2].get("member") if isinstance(machine, tuple) and len(machine) == 3 \
-            and isinstance(machine[2], dict) else None
+        member = (
+            machine[2].get("member")
+            if isinstance(machine, tuple) and len(machine) == 3 and isinstance(machine[2], dict)
+            else None
+        )
         if member is not None and member != ident:
             problems.append(f"its id {str(ident)[:60]} is not its machine's member {str(member)[:60]}")
     out = [_damaged(f"Ra server config: {p}", path, None) for p in problems]
     unknown = sorted(str(k) for k in cfg if str(k) not in RA_CONFIG_KEYS)
     if unknown:  # Ra ignores a key it does not know (and falls back to the default of the one it lost)
         keys = ", ".join(k[:40] for k in unknown[:4])
-        out.append(Finding("term-file-damaged", f"Ra server config: keys no Ra writes ({keys}): a flipped bit in a "
-                           "key's name (Ra then uses that setting's default), or a Ra newer than those known here",
-                           str(path), None, severity="info",
-                           details={"unknown_keys": unknown[:16]}))
+        out.append(
+            Finding(
+                "term-file-damaged",
+                f"Ra server config: keys no Ra writes ({keys}): a flipped bit in a "
+                "key's name (Ra then uses that setting's default), or a Ra newer than those known here",
+                str(path),
+                None,
+                severity="info",
+                details={"unknown_keys": unknown[:16]},
+            )
+        )
     return out
 
 
@@ -1218,8 +1490,15 @@ def writers_snapshot_findings(path: Path) -> list[Finding]:
         bad = f"not a term ({e.message})"
     if bad is None:
         return []
-    return [Finding("term-file-damaged", f"writers.snapshot is {bad}: Ra warns and starts its WAL with no writers",
-                    str(path), 0, severity="info")]
+    return [
+        Finding(
+            "term-file-damaged",
+            f"writers.snapshot is {bad}: Ra warns and starts its WAL with no writers",
+            str(path),
+            0,
+            severity="info",
+        )
+    ]
 
 
 def recovery_terms(path: Path) -> dict[str, dict]:
@@ -1271,8 +1550,11 @@ def text_findings(path: Path, shape: str, node: str | None = None) -> list[Findi
     if raw is None:
         return []
     if len(raw) > TEXT_LIMIT:
-        return [_damaged(f"{path.name}: larger than {plural(TEXT_LIMIT, 'byte')}, which no writer of it writes",
-                         path, TEXT_LIMIT)]
+        return [
+            _damaged(
+                f"{path.name}: larger than {plural(TEXT_LIMIT, 'byte')}, which no writer of it writes", path, TEXT_LIMIT
+            )
+        ]
     hit = textfiles.text_damage(raw, shape, node)
     return [] if hit is None else [_damaged(f"{path.name}: {hit[0]}", path, hit[1])]
 

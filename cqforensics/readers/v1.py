@@ -77,8 +77,11 @@ def parse_segment(path: Path, number: int, count: int, data: bytes, out: V1Index
     end = len(data)
     if end and not data[0] and (end > _ALL_ZERO_CHECK or _NONZERO.search(data) is None):
         # (a huge file starting with NUL bytes is no segment either: not scanned for a non-zero byte)
-        what = ("starts with NUL bytes (not scanned further: too large)" if end > _ALL_ZERO_CHECK
-                else "holds only NUL bytes")
+        what = (
+            "starts with NUL bytes (not scanned further: too large)"
+            if end > _ALL_ZERO_CHECK
+            else "holds only NUL bytes"
+        )
         out.findings.append(Finding("unknown-file", f"segment {what}: the broker deletes it", str(path), 0))
         return state
     o = 0
@@ -91,48 +94,86 @@ def parse_segment(path: Path, number: int, count: int, data: bytes, out: V1Index
         if rel >= count and head & 0xC000:
             # QI1 segment_new: a fixed array of segment_entry_count entries; array:set past it
             # fails (badarg), so the queue's recovery crashes on this record
-            out.findings.append(Finding("v1-segment-truncated", f"record for RelSeq {rel}, past the vhost's segment "
-                                        f"entry count {count} (its .config): the broker's segment array has {count} "
-                                        "entries, so loading this segment crashes the queue", str(path), o,
-                                        details={"seq_id": base + rel, "rel_seq": rel, "segment_entry_count": count},
-                                        crashes_queue=True))
+            out.findings.append(
+                Finding(
+                    "v1-segment-truncated",
+                    f"record for RelSeq {rel}, past the vhost's segment "
+                    f"entry count {count} (its .config): the broker's segment array has {count} "
+                    "entries, so loading this segment crashes the queue",
+                    str(path),
+                    o,
+                    details={"seq_id": base + rel, "rel_seq": rel, "segment_entry_count": count},
+                    crashes_queue=True,
+                )
+            )
         if head & 0x8000:  # publish
             if o + c_idx.PUB_HEAD_SIZE > end:
                 _crash(out, "v1-segment-truncated", path, o, "segment ends inside a publish record")
                 break
             _, msg_id, expiry, size, emb = _PUB(data, o)
             if o + c_idx.PUB_HEAD_SIZE + emb > end:
-                _crash(out, "v1-segment-truncated", path, o,
-                       f"segment ends inside the {emb}-byte message embedded in a publish record")
+                _crash(
+                    out,
+                    "v1-segment-truncated",
+                    path,
+                    o,
+                    f"segment ends inside the {emb}-byte message embedded in a publish record",
+                )
                 break
-            rec = Record(path, o, "publish", base + rel, bool(head & 0x4000), msg_id, expiry, size,
-                         o + c_idx.PUB_HEAD_SIZE if emb else 0, emb)
+            rec = Record(
+                path,
+                o,
+                "publish",
+                base + rel,
+                bool(head & 0x4000),
+                msg_id,
+                expiry,
+                size,
+                o + c_idx.PUB_HEAD_SIZE if emb else 0,
+                emb,
+            )
             if not fits(expiry, TS):
                 out.findings.append(Finding.out_of_range("expiry", expiry, path, o))
             out.records.append(rec)
             if rel in state:  # QI1 parse_segment_entries: array:set keeps the later one, and counts both
                 first = state[rel][0]
-                out.findings.append(Finding("index-duplicate-entry", f"second publish record for RelSeq {rel} "
-                                            f"(seq id {base + rel}) in this segment (the first at offset "
-                                            f"{first.offset}): a copied record; the broker keeps this one and "
-                                            "miscounts the segment's unacked entries", str(path), o,
-                                            details={"seq_id": base + rel, "copy_of_offset": first.offset,
-                                                     "same_message": first.msg_id == msg_id}))
+                out.findings.append(
+                    Finding(
+                        "index-duplicate-entry",
+                        f"second publish record for RelSeq {rel} "
+                        f"(seq id {base + rel}) in this segment (the first at offset "
+                        f"{first.offset}): a copied record; the broker keeps this one and "
+                        "miscounts the segment's unacked entries",
+                        str(path),
+                        o,
+                        details={
+                            "seq_id": base + rel,
+                            "copy_of_offset": first.offset,
+                            "same_message": first.msg_id == msg_id,
+                        },
+                    )
+                )
             state[rel] = [rec, False, False]
             o += c_idx.PUB_HEAD_SIZE + emb
         elif head & 0x4000:  # deliver or ack
             st = state.get(rel)
             if st is None or st[2]:
                 kind = "ack"
-                _crash(out, "v1-orphan-ack", path, o, f"deliver/ack record for RelSeq {rel} "
-                       f"(seq id {base + rel}) with no live publish before it", base + rel)
+                _crash(
+                    out,
+                    "v1-orphan-ack",
+                    path,
+                    o,
+                    f"deliver/ack record for RelSeq {rel} (seq id {base + rel}) with no live publish before it",
+                    base + rel,
+                )
             else:
                 kind = "ack" if st[1] else "deliver"
                 st[2 if st[1] else 1] = True
             out.records.append(Record(path, o, kind, base + rel))
             o += 2
         else:
-            _crash(out, "v1-segment-truncated", path, o, f"invalid record prefix 00 (bytes {data[o:o + 2].hex()})")
+            _crash(out, "v1-segment-truncated", path, o, f"invalid record prefix 00 (bytes {data[o : o + 2].hex()})")
             break
     return state
 
@@ -146,8 +187,9 @@ def parse_journal(path: Path, count: int, data: bytes, out: V1Index) -> dict[int
     o = 0
     while o < end:
         if o + 8 > end:
-            out.findings.append(Finding("v1-journal-torn", f"journal ends inside a record ({plural(end - o, 'byte')})",
-                                        str(path), o))
+            out.findings.append(
+                Finding("v1-journal-torn", f"journal ends inside a record ({plural(end - o, 'byte')})", str(path), o)
+            )
             break
         (word,) = _JHEAD(data, o)
         prefix, seq = word >> 62, word & ((1 << 62) - 1)
@@ -157,18 +199,29 @@ def parse_journal(path: Path, count: int, data: bytes, out: V1Index) -> dict[int
             _journal_action(state, seq, kind, path, o, out)
             o += 8
             continue
-        if data[o:o + c_jif.PUB_HEAD_SIZE] == _ZERO_JPUB:
+        if data[o : o + c_jif.PUB_HEAD_SIZE] == _ZERO_JPUB:
             break  # preallocated/zeroed tail: the broker stops reading here too
         if o + c_jif.PUB_HEAD_SIZE > end:
             out.findings.append(Finding("v1-journal-torn", "journal ends inside a publish record", str(path), o))
             break
         _, msg_id, expiry, size, emb = _JPUB(data, o)
         if o + c_jif.PUB_HEAD_SIZE + emb > end:
-            out.findings.append(Finding("v1-journal-torn", f"journal ends inside a {emb}-byte embedded message",
-                                        str(path), o))
+            out.findings.append(
+                Finding("v1-journal-torn", f"journal ends inside a {emb}-byte embedded message", str(path), o)
+            )
             break
-        rec = Record(path, o, "publish", seq, prefix == c_jif.PUB_PERSISTENT, msg_id, expiry, size,
-                     o + c_jif.PUB_HEAD_SIZE if emb else 0, emb)
+        rec = Record(
+            path,
+            o,
+            "publish",
+            seq,
+            prefix == c_jif.PUB_PERSISTENT,
+            msg_id,
+            expiry,
+            size,
+            o + c_jif.PUB_HEAD_SIZE if emb else 0,
+            emb,
+        )
         if not fits(expiry, TS):
             out.findings.append(Finding.out_of_range("expiry", expiry, path, o))
         out.records.append(rec)
@@ -192,14 +245,28 @@ def _journal_action(state, seq, kind, path, off, out: V1Index, rec: Record | Non
         else:
             st[2] = True
     else:
-        _crash(out, "v1-journal-torn", path, off, f"journal {kind} for seq id {seq} after "
-               f"{'publish' if pub else ''}{' deliver' if dl else ''}{' ack' if ak else ''}: no such transition",
-               seq)
+        _crash(
+            out,
+            "v1-journal-torn",
+            path,
+            off,
+            f"journal {kind} for seq id {seq} after "
+            f"{'publish' if pub else ''}{' deliver' if dl else ''}{' ack' if ak else ''}: no such transition",
+            seq,
+        )
 
 
 def _crash(out: V1Index, code: str, path: Path, offset: int, message: str, seq_id: int | None = None) -> None:
-    out.findings.append(Finding(code, message, str(path), offset,
-                                details={"seq_id": seq_id} if seq_id is not None else {}, crashes_queue=True))
+    out.findings.append(
+        Finding(
+            code,
+            message,
+            str(path),
+            offset,
+            details={"seq_id": seq_id} if seq_id is not None else {},
+            crashes_queue=True,
+        )
+    )
 
 
 def read_v1_queue(idx_files: list[tuple[int, Path]], journal: Path | None, count: int) -> V1Index:
@@ -217,8 +284,15 @@ def read_v1_queue(idx_files: list[tuple[int, Path]], journal: Path | None, count
         seg = None if e is None else (e.pub, e.delivered, e.acked)
         if not _journal_minus_segment_ok((pub, dl, ak), seg):
             where = pub.offset if pub is not None else 0
-            _crash(out, "v1-journal-torn", journal, where, f"journal state {_describe((pub, dl, ak))} for seq id "
-                   f"{seq} does not combine with segment state {_describe(seg)}", seq)
+            _crash(
+                out,
+                "v1-journal-torn",
+                journal,
+                where,
+                f"journal state {_describe((pub, dl, ak))} for seq id "
+                f"{seq} does not combine with segment state {_describe(seg)}",
+                seq,
+            )
         if e is None:
             if pub is None:  # ack/deliver for a segment that is gone: the broker forgets them
                 continue
@@ -235,13 +309,21 @@ def _describe(state) -> str:
     if state is None:
         return "(none)"
     pub, dl, ak = state
-    return "{" + ", ".join(["pub" if pub is not None else "no_pub", "del" if dl else "no_del",
-                            "ack" if ak else "no_ack"]) + "}"
+    return (
+        "{"
+        + ", ".join(["pub" if pub is not None else "no_pub", "del" if dl else "no_del", "ack" if ak else "no_ack"])
+        + "}"
+    )
 
 
 def _same_pub(a: Record, b: Record) -> bool:
-    return (a.persistent, a.msg_id, a.expiry, a.size, a.embedded_size) == \
-        (b.persistent, b.msg_id, b.expiry, b.size, b.embedded_size)
+    return (a.persistent, a.msg_id, a.expiry, a.size, a.embedded_size) == (
+        b.persistent,
+        b.msg_id,
+        b.expiry,
+        b.size,
+        b.embedded_size,
+    )
 
 
 def _journal_minus_segment_ok(j, s) -> bool:
@@ -253,11 +335,20 @@ def _journal_minus_segment_ok(j, s) -> bool:
     if jp is not None:
         if not _same_pub(jp, sp):
             return False
-        return (jd, ja) == (sd, sa) or (jd, ja, sd, sa) in {(True, False, False, False), (True, True, False, False),
-                                                            (True, True, True, False)}
-    return (jd, ja, sd, sa) in {(True, False, False, False), (True, False, True, False),
-                                (False, True, True, False), (False, True, True, True),
-                                (True, True, False, False), (True, True, True, False), (True, True, True, True)}
+        return (jd, ja) == (sd, sa) or (jd, ja, sd, sa) in {
+            (True, False, False, False),
+            (True, True, False, False),
+            (True, True, True, False),
+        }
+    return (jd, ja, sd, sa) in {
+        (True, False, False, False),
+        (True, False, True, False),
+        (False, True, True, False),
+        (False, True, True, True),
+        (True, True, False, False),
+        (True, True, True, False),
+        (True, True, True, True),
+    }
 
 
 def _dump_rows(path: Path, data: bytes, out: V1Index):
@@ -265,8 +356,13 @@ def _dump_rows(path: Path, data: bytes, out: V1Index):
         row = {"offset": r.offset, "kind": r.kind, "seq_id": r.seq_id}
         term = None
         if r.kind == "publish":
-            row.update(persistent=r.persistent, msg_id=r.msg_id.hex(), size=r.size, expiry_us=r.expiry or None,
-                       embedded_size=r.embedded_size)
+            row.update(
+                persistent=r.persistent,
+                msg_id=r.msg_id.hex(),
+                size=r.size,
+                expiry_us=r.expiry or None,
+                embedded_size=r.embedded_size,
+            )
             if r.embedded_size:
                 term = (data, r.embedded_offset, r.embedded_size)
         yield row, term

@@ -17,28 +17,47 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cqforensics import compiled as core
-from cqforensics.message import fast as fastpath, reference as message, rabbit_fifo
-from cqforensics.checks import check_vhost
+from cqforensics.base.enums import (
+    FATE_LABELS,
+    LOCATION_LABELS,
+    AckEvidence,
+    Fate,
+    Location,
+    RecordKind,
+    RefcountStatus,
+    StoreStatus,
+)
+from cqforensics.base.enums import labels as code_labels
 from cqforensics.base.errors import FormatError, display
 from cqforensics.base.findings import Finding
+from cqforensics.base.schema import (
+    SCHEMAS,
+    STRINGS,
+    TS_MAX_US,
+    TS_MIN_US,
+    binary_array,
+    fit_array,
+    fit_struct,
+    fits,
+    properties_row,
+)
+from cqforensics.base.schema import value_marks as schema_marks
+from cqforensics.checks import check_vhost
 from cqforensics.grammar import qs as c_qs
-from cqforensics.base.enums import (FATE_LABELS, LOCATION_LABELS, AckEvidence, Fate, Location, RecordKind,
-                               RefcountStatus, StoreStatus)
-from cqforensics.base.enums import labels as code_labels
+from cqforensics.message import fast as fastpath
+from cqforensics.message import rabbit_fifo
+from cqforensics.message import reference as message
 from cqforensics.model import fifo as m_fifo
 from cqforensics.model import quorum as m_quorum
+from cqforensics.model import recovery
 from cqforensics.model.index import OFFSET_OUT_OF_RANGE, IndexChunk
 from cqforensics.model.options import DECODED_COLUMNS
-from cqforensics.model import recovery
 from cqforensics.model.recovery import Resolved
 from cqforensics.model.store import IdSet, distinct
 from cqforensics.model.vhost import VhostScan, passes
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers import registry
-from cqforensics.base.schema import (SCHEMAS, STRINGS, TS_MAX_US, TS_MIN_US, binary_array, fit_array, fit_struct,
-                                fits, properties_row)
-from cqforensics.base.schema import value_marks as schema_marks
 
 TS = pa.timestamp("us", tz="UTC")
 
@@ -46,7 +65,7 @@ TS = pa.timestamp("us", tz="UTC")
 # -- column helpers ----------------------------------------------------------------------------
 
 
-def repeat(value, n: int, typ=pa.string()) -> pa.Array:
+def repeat(value, n: int, typ=pa.string()) -> pa.Array:  # noqa: B008 (pa.string() is a singleton)
     """A constant column (pa.repeat is slow for long arrays): a slice of the longest one made
     so far for this value (arrays are immutable; every batch of a read repeats its node, vhost
     and queue names, and a read in shares makes many small batches)."""
@@ -91,8 +110,9 @@ def id_array(ids: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
     np.cumsum(np.where(valid, 16, 0), out=offsets[1:])
     nulls = int(n - valid.sum())
     bitmap = pa.py_buffer(np.packbits(valid, bitorder="little").tobytes()) if nulls else None
-    return pa.Array.from_buffers(pa.binary(), n, [bitmap, pa.py_buffer(offsets.tobytes()),
-                                                  pa.py_buffer(ids[valid].tobytes())], null_count=nulls)
+    return pa.Array.from_buffers(
+        pa.binary(), n, [bitmap, pa.py_buffer(offsets.tobytes()), pa.py_buffer(ids[valid].tobytes())], null_count=nulls
+    )
 
 
 def _fit(cum_bytes: np.ndarray, start: int, n: int, max_rows: int, max_bytes: int) -> int:
@@ -174,8 +194,12 @@ def _where(vs: VhostScan) -> tuple[str, str | None]:
 
 
 def _queue(qx: IndexChunk, n: int, node: str, vhost: str | None) -> dict:
-    return {"node": repeat(node, n), "vhost": repeat(vhost, n), "queue": repeat(qx.qdir.name, n),
-            "priority": repeat(qx.qdir.priority, n, pa.int32())}
+    return {
+        "node": repeat(node, n),
+        "vhost": repeat(vhost, n),
+        "queue": repeat(qx.qdir.name, n),
+        "priority": repeat(qx.qdir.priority, n, pa.int32()),
+    }
 
 
 # -- index / acks ------------------------------------------------------------------------------
@@ -190,27 +214,38 @@ def index_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         mine = vs.chunk_rows(qx)  # the records of the scan's share (None: all)
         rows = None if mine is None else np.flatnonzero(mine)
         for start in range(0, len(r.seq) if rows is None else len(rows), step):
-            sl = slice(start, start + step) if rows is None else rows[start:start + step]
+            sl = slice(start, start + step) if rows is None else rows[start : start + step]
             n = len(r.seq[sl])
             loc, kind = r.loc[sl], r.kind[sl]
             has_loc = (loc != Location.NONE) & np.isin(kind, (RecordKind.PUBLISH, RecordKind.GHOST, RecordKind.BAD))
             in_file = np.isin(loc, (Location.QUEUE_STORE, Location.EMBEDDED))
             at = range(start, start + n) if rows is None else sl.tolist()
             errors = [qx.errors.get(i) for i in at] if qx.errors else None
-            yield batch("index", {
-                **_queue(qx, n, node, vhost), "file": names_array(files, r.file[sl]),
-                "offset": pa.array(r.offset[sl]), "index_version": repeat(qx.version, n, pa.int32()),
-                "kind": names_array(code_labels(RecordKind), kind), "seq_id": pa.array(r.seq[sl]),
-                "persistent": pa.array(r.persistent[sl] == 1, mask=r.persistent[sl] < 0),
-                "location": names_array(LOCATION_LABELS, loc, ~has_loc),
-                "msg_id": id_array(r.msg_id[sl], has_loc & ((loc == Location.SHARED_STORE) |
-                                                            (qx.version == 1) & (kind == RecordKind.PUBLISH))),
-                "store_offset": pa.array(r.store_offset[sl], mask=~in_file | (r.store_offset[sl] == OFFSET_OUT_OF_RANGE)),
-                "store_size": pa.array(r.store_size[sl], mask=~in_file),
-                "size": pa.array(r.size[sl], mask=~has_loc), "expiry": ts_array(r.expiry[sl]),
-                "status": pa.array(r.status[sl], pa.int32(), mask=r.status[sl] < 0),
-                "error": pa.array(errors, pa.string()) if errors else pa.nulls(n, pa.string()),
-            })
+            yield batch(
+                "index",
+                {
+                    **_queue(qx, n, node, vhost),
+                    "file": names_array(files, r.file[sl]),
+                    "offset": pa.array(r.offset[sl]),
+                    "index_version": repeat(qx.version, n, pa.int32()),
+                    "kind": names_array(code_labels(RecordKind), kind),
+                    "seq_id": pa.array(r.seq[sl]),
+                    "persistent": pa.array(r.persistent[sl] == 1, mask=r.persistent[sl] < 0),
+                    "location": names_array(LOCATION_LABELS, loc, ~has_loc),
+                    "msg_id": id_array(
+                        r.msg_id[sl],
+                        has_loc & ((loc == Location.SHARED_STORE) | (qx.version == 1) & (kind == RecordKind.PUBLISH)),
+                    ),
+                    "store_offset": pa.array(
+                        r.store_offset[sl], mask=~in_file | (r.store_offset[sl] == OFFSET_OUT_OF_RANGE)
+                    ),
+                    "store_size": pa.array(r.store_size[sl], mask=~in_file),
+                    "size": pa.array(r.size[sl], mask=~has_loc),
+                    "expiry": ts_array(r.expiry[sl]),
+                    "status": pa.array(r.status[sl], pa.int32(), mask=r.status[sl] < 0),
+                    "error": pa.array(errors, pa.string()) if errors else pa.nulls(n, pa.string()),
+                },
+            )
 
 
 def acks_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
@@ -222,14 +257,21 @@ def acks_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
             a = type(a)(*(getattr(a, f.name)[mine] for f in dataclasses.fields(a)))
         n = len(a.seq)
         if n:
-            yield batch("acks", {
-                **_queue(qx, n, node, vhost), "file": names_array([display(p) for p in qx.files], a.file),
-                "offset": pa.array(a.offset), "seq_id": pa.array(a.seq),
-                "evidence": names_array(code_labels(AckEvidence), a.evidence), "msg_id": id_array(a.msg_id, a.has_id),
-            })
+            yield batch(
+                "acks",
+                {
+                    **_queue(qx, n, node, vhost),
+                    "file": names_array([display(p) for p in qx.files], a.file),
+                    "offset": pa.array(a.offset),
+                    "seq_id": pa.array(a.seq),
+                    "evidence": names_array(code_labels(AckEvidence), a.evidence),
+                    "msg_id": id_array(a.msg_id, a.has_id),
+                },
+            )
 
 
 # -- store / refcounts / holes -----------------------------------------------------------------
+
 
 def store_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     node, vhost = _where(vs)
@@ -246,28 +288,47 @@ def store_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
             m = e.stop - e.start
             body = pa.nulls(m, pa.binary())
             if bodies:
-                body = vs.bodies.column([f.path for f in st.files], st.e_file[e],
-                                        *r_rdq.term_span(st.e_offset[e], st.e_total[e]))
-            yield batch("store", {
-                "node": repeat(node, m), "vhost": repeat(vhost, m), "store": repeat(kind, m),
-                "file": names_array(paths, st.e_file[e]), "offset": pa.array(st.e_offset[e]),
-                "total_size": pa.array(st.e_total[e]), "msg_id": id_array(st.e_id[e]),
-                "marker_ok": repeat(True, m, pa.bool_()), "status": names_array(code_labels(StoreStatus), status[e]),
-                "refs": pa.array(refs[e]), "body": body,
-                "routes_to": _routes(dests, routed, e.start, e.stop),
-            })
+                body = vs.bodies.column(
+                    [f.path for f in st.files], st.e_file[e], *r_rdq.term_span(st.e_offset[e], st.e_total[e])
+                )
+            yield batch(
+                "store",
+                {
+                    "node": repeat(node, m),
+                    "vhost": repeat(vhost, m),
+                    "store": repeat(kind, m),
+                    "file": names_array(paths, st.e_file[e]),
+                    "offset": pa.array(st.e_offset[e]),
+                    "total_size": pa.array(st.e_total[e]),
+                    "msg_id": id_array(st.e_id[e]),
+                    "marker_ok": repeat(True, m, pa.bool_()),
+                    "status": names_array(code_labels(StoreStatus), status[e]),
+                    "refs": pa.array(refs[e]),
+                    "body": body,
+                    "routes_to": _routes(dests, routed, e.start, e.stop),
+                },
+            )
         if st.bad:
             m = len(st.bad)
-            yield batch("store", {
-                "node": repeat(node, m), "vhost": repeat(vhost, m), "store": repeat(kind, m),
-                "file": [paths[f] for f, _, _, _ in st.bad], "offset": [o for _, o, _, _ in st.bad],
-                "total_size": [t for _, _, t, _ in st.bad], "msg_id": [i for _, _, _, i in st.bad],
-                "marker_ok": repeat(False, m, pa.bool_()), "status": repeat(StoreStatus.CORRUPT.label, m),
-                "refs": repeat(0, m, pa.int32()), "routes_to": pa.nulls(m, STRINGS),
-                "body": [bytes(vs.bodies.read(st.files[f].path, *r_rdq.term_span(o, t))) for f, o, t, _ in st.bad]
-                if bodies
-                else pa.nulls(m, pa.binary()),
-            })
+            yield batch(
+                "store",
+                {
+                    "node": repeat(node, m),
+                    "vhost": repeat(vhost, m),
+                    "store": repeat(kind, m),
+                    "file": [paths[f] for f, _, _, _ in st.bad],
+                    "offset": [o for _, o, _, _ in st.bad],
+                    "total_size": [t for _, _, t, _ in st.bad],
+                    "msg_id": [i for _, _, _, i in st.bad],
+                    "marker_ok": repeat(False, m, pa.bool_()),
+                    "status": repeat(StoreStatus.CORRUPT.label, m),
+                    "refs": repeat(0, m, pa.int32()),
+                    "routes_to": pa.nulls(m, STRINGS),
+                    "body": [bytes(vs.bodies.read(st.files[f].path, *r_rdq.term_span(o, t))) for f, o, t, _ in st.bad]
+                    if bodies
+                    else pa.nulls(m, pa.binary()),
+                },
+            )
 
 
 def _routes(dests: dict, routed: np.ndarray, start: int, stop: int) -> pa.Array:
@@ -305,8 +366,11 @@ def refcounts_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         computed = np.where(rg >= 0, refs.count[np.maximum(rg, 0)] if len(refs.count) else 0, 0).astype(np.int32)
         # queue lists: distinct names per id, from the (ref id, queue) pairs
         nn = max(1, len(names))
-        pairs = distinct(refs.pairs // refs.n_queues * nn + name_of[refs.pairs % refs.n_queues]) \
-            if len(refs.pairs) else np.zeros(0, np.int64)
+        pairs = (
+            distinct(refs.pairs // refs.n_queues * nn + name_of[refs.pairs % refs.n_queues])
+            if len(refs.pairs)
+            else np.zeros(0, np.int64)
+        )
         ref_to_row = np.full(len(refs.ids), 0, np.int64)
         ref_to_row[rg[rg >= 0]] = np.flatnonzero(rg >= 0)
         rows_of_pairs = ref_to_row[pairs // nn] if len(pairs) else pairs
@@ -329,13 +393,24 @@ def refcounts_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         offset = st.e_offset[safe] if len(st.e_offset) else safe
         for e in _capped(np.zeros(n, np.int64), n, vs.options.batch_rows, vs.options.batch_bytes):
             m = e.stop - e.start
-            yield batch("refcounts", {
-                "node": repeat(node, m), "vhost": repeat(vhost, m), "store": repeat(kind, m),
-                "file": names_array(paths, file_ix[e], ~has[e]), "offset": pa.array(offset[e], mask=~has[e]),
-                "msg_id": id_array(ids.ids[e]), "copies": pa.array(copies[e]), "computed_refs": pa.array(computed[e]),
-                "recorded_refs": pa.array(recorded[e], pa.int32()) if recorded is not None else pa.nulls(m, pa.int32()),
-                "queues": queues.slice(e.start, m), "status": names_array(code_labels(RefcountStatus), status[e]),
-            })
+            yield batch(
+                "refcounts",
+                {
+                    "node": repeat(node, m),
+                    "vhost": repeat(vhost, m),
+                    "store": repeat(kind, m),
+                    "file": names_array(paths, file_ix[e], ~has[e]),
+                    "offset": pa.array(offset[e], mask=~has[e]),
+                    "msg_id": id_array(ids.ids[e]),
+                    "copies": pa.array(copies[e]),
+                    "computed_refs": pa.array(computed[e]),
+                    "recorded_refs": pa.array(recorded[e], pa.int32())
+                    if recorded is not None
+                    else pa.nulls(m, pa.int32()),
+                    "queues": queues.slice(e.start, m),
+                    "status": names_array(code_labels(RefcountStatus), status[e]),
+                },
+            )
 
 
 def recorded_refs(rec, ids: np.ndarray) -> np.ndarray:
@@ -357,20 +432,47 @@ def holes_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         status, _ = vs.store_status[kind]
         for f in st.files if first else ():
             for h in f.holes:
-                b = rows.add({"node": node, "vhost": vhost, "store": kind, "file": display(f.path), "offset": h.offset,
-                              "length": h.length, "kind": h.kind})
+                b = rows.add(
+                    {
+                        "node": node,
+                        "vhost": vhost,
+                        "store": kind,
+                        "file": display(f.path),
+                        "offset": h.offset,
+                        "length": h.length,
+                        "kind": h.kind,
+                    }
+                )
                 if b is not None:
                     yield b
         for i in np.flatnonzero(status != StoreStatus.LIVE):
-            b = rows.add({"node": node, "vhost": vhost, "store": kind, "file": display(st.files[st.e_file[i]].path),
-                          "offset": int(st.e_offset[i]), "length": int(st.e_total[i]),
-                          "kind": "orphan" if status[i] == StoreStatus.ORPHAN else "stale"})
+            b = rows.add(
+                {
+                    "node": node,
+                    "vhost": vhost,
+                    "store": kind,
+                    "file": display(st.files[st.e_file[i]].path),
+                    "offset": int(st.e_offset[i]),
+                    "length": int(st.e_total[i]),
+                    "kind": "orphan" if status[i] == StoreStatus.ORPHAN else "stale",
+                }
+            )
             if b is not None:
                 yield b
     for qx in vs.chunks(whole=True) if first else ():
         for path, start, length, kind in qs_holes(vs, qx):
-            b = rows.add({"node": node, "vhost": vhost, "queue": qx.qdir.label, "store": "queue", "file": display(path),
-                          "offset": start, "length": length, "kind": kind})
+            b = rows.add(
+                {
+                    "node": node,
+                    "vhost": vhost,
+                    "queue": qx.qdir.label,
+                    "store": "queue",
+                    "file": display(path),
+                    "offset": start,
+                    "length": length,
+                    "kind": kind,
+                }
+            )
             if b is not None:
                 yield b
     b = rows.flush()
@@ -412,7 +514,7 @@ _DECODED = tuple(c for c in DECODED_COLUMNS if c != "properties")  # properties:
 def _index_ids(ids: np.ndarray, has_id: np.ndarray) -> list:
     """The message id the index holds for each row (``IndexChunk.index_ids``), else None."""
     raw = ids.tobytes()
-    return [raw[16 * j:16 * j + 16] if h else None for j, h in enumerate(has_id.tolist())]
+    return [raw[16 * j : 16 * j + 16] if h else None for j, h in enumerate(has_id.tolist())]
 
 
 def _decode_chunk(vs: VhostScan, res, rows: slice, ids: np.ndarray, has_id: np.ndarray) -> dict:
@@ -428,8 +530,14 @@ def _decode_chunk(vs: VhostScan, res, rows: slice, ids: np.ndarray, has_id: np.n
 
 def _arrays(cols: dict) -> dict:
     sch = SCHEMAS["messages"]
-    return {k: v if isinstance(v, pa.Array) else binary_array(v) if k in ("body", "msg_id")
-            else pa.array(v, sch.field(k).type) for k, v in cols.items()}
+    return {
+        k: v
+        if isinstance(v, pa.Array)
+        else binary_array(v)
+        if k in ("body", "msg_id")
+        else pa.array(v, sch.field(k).type)
+        for k, v in cols.items()
+    }
 
 
 def decode_core(vs: VhostScan, res, rows: slice, ids: np.ndarray, has_id: np.ndarray) -> dict:
@@ -440,9 +548,15 @@ def decode_core(vs: VhostScan, res, rows: slice, ids: np.ndarray, has_id: np.nda
     file_ix[used] = np.arange(len(used))
     bf = res.body_file[rows]  # -1: no stored body (and no file at all when every row has none)
     file_ix = np.where(bf >= 0, file_ix[np.maximum(bf, 0)] if len(file_ix) else -1, -1).astype(np.int32)
-    status, cols = core.decode_messages(vs.bodies.descriptors([res.body_files[f] for f in used.tolist()]), file_ix,
-                                        res.body_start[rows], res.body_len[rows],
-                                        np.ascontiguousarray(ids).tobytes(), has_id, vs.options.bodies)
+    status, cols = core.decode_messages(
+        vs.bodies.descriptors([res.body_files[f] for f in used.tolist()]),
+        file_ix,
+        res.body_start[rows],
+        res.body_len[rows],
+        np.ascontiguousarray(ids).tobytes(),
+        has_id,
+        vs.options.bodies,
+    )
     fallback = np.flatnonzero(status == core.FALLBACK)
     if not len(fallback):
         return cols
@@ -549,8 +663,9 @@ def _terms(vs: VhostScan, res, rows) -> list:
     m = len(rows)
     found = np.flatnonzero(res.body_file[rows] >= 0)
     at = rows[found]
-    terms = vs.bodies.read_many([res.body_files[f] for f in res.body_file[at].tolist()], res.body_start[at].tolist(),
-                                res.body_len[at].tolist())
+    terms = vs.bodies.read_many(
+        [res.body_files[f] for f in res.body_file[at].tolist()], res.body_start[at].tolist(), res.body_len[at].tolist()
+    )
     out = [None] * m
     for k, t in zip(found.tolist(), terms):
         out[k] = t
@@ -602,6 +717,7 @@ def classic_messages_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
 def _messages_batch(vs: VhostScan, pieces: list[tuple], node: str, vhost: str | None) -> pa.RecordBatch:
     """The ``messages`` batch of ``pieces``, each ``(chunk, its Resolved, a slice of its live
     entries)``: their rows in order, one decode for all."""
+
     def cat(arrays: list) -> np.ndarray:
         return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
@@ -623,8 +739,15 @@ def _messages_batch(vs: VhostScan, pieces: list[tuple], node: str, vhost: str | 
         at = np.array([store_files.setdefault(f, len(store_files)) for f in res.body_files] + [-1], np.int32)
         body_file.append(at[res.body_file[sl]])  # -1 (no body) takes the last
     m = sum(len(i) for i in idx)
-    res = Resolved(list(store_files), cat(body_file), res_col("body_start"), res_col("body_len"), res_col("store_offset"),
-                   res_col("qs_status"), res_col("fate"))
+    res = Resolved(
+        list(store_files),
+        cat(body_file),
+        res_col("body_start"),
+        res_col("body_len"),
+        res_col("store_offset"),
+        res_col("qs_status"),
+        res_col("fate"),
+    )
     ids = cat([qx.rec.msg_id[i] for (qx, _, _), i in zip(pieces, idx)])
     has_id = cat([qx.index_ids(i) for (qx, _, _), i in zip(pieces, idx)])
     dec = _decode_chunk(vs, res, slice(0, m), ids, has_id)
@@ -634,27 +757,37 @@ def _messages_batch(vs: VhostScan, pieces: list[tuple], node: str, vhost: str | 
     no_priority = np.array([q.priority is None for q in queues])[per_piece]
     delivered, loc, fate = index_col("delivered"), index_col("loc"), res.fate
     cols = {
-        "node": repeat(node, m), "vhost": repeat(vhost, m), "queue": names_array([q.name for q in queues], per_piece),
+        "node": repeat(node, m),
+        "vhost": repeat(vhost, m),
+        "queue": names_array([q.name for q in queues], per_piece),
         "priority": pa.array(priority, pa.int32(), mask=no_priority),
-        "file": names_array([display(f) for f in files], cat(file_ix)), "offset": pa.array(index_col("offset")),
+        "file": names_array([display(f) for f in files], cat(file_ix)),
+        "offset": pa.array(index_col("offset")),
         "seq_id": pa.array(index_col("seq")),
         "index_version": pa.array(np.array([qx.version for qx, _, _ in pieces], np.int32)[per_piece], pa.int32()),
         "persistent": pa.array(index_col("persistent") == 1),
         "delivered": pa.array(delivered == 1, mask=delivered < 0),
         "location": names_array(LOCATION_LABELS, loc, loc < 0),
         "store_file": names_array([display(p) for p in res.body_files], res.body_file, res.body_file < 0),
-        "store_offset": pa.array(res.store_offset, mask=(res.store_offset < 0) | (res.store_offset == OFFSET_OUT_OF_RANGE)),
-        "size": pa.array(index_col("size")), "expiry": ts_array(index_col("expiry")),
+        "store_offset": pa.array(
+            res.store_offset, mask=(res.store_offset < 0) | (res.store_offset == OFFSET_OUT_OF_RANGE)
+        ),
+        "size": pa.array(index_col("size")),
+        "expiry": ts_array(index_col("expiry")),
         "survives_restart": pa.array(fate == Fate.DELIVERED),
         "drop_reason": names_array(FATE_LABELS[1:], fate - 1, fate == Fate.DELIVERED),
-        "queue_type": repeat("classic", m), "raft_index": pa.nulls(m, pa.int64()), "raft_term": pa.nulls(m, pa.int64()),
-        "delivery_count": pa.nulls(m, pa.int64()), "checked_out": pa.nulls(m, pa.bool_()),
+        "queue_type": repeat("classic", m),
+        "raft_index": pa.nulls(m, pa.int64()),
+        "raft_term": pa.nulls(m, pa.int64()),
+        "delivery_count": pa.nulls(m, pa.int64()),
+        "checked_out": pa.nulls(m, pa.bool_()),
         **_arrays(dec),
     }
     return batch("messages", cols)
 
 
 # -- quorum queues -----------------------------------------------------------------------------------
+
 
 class _QuorumRows:
     """The ``messages`` columns of quorum rows, gathered row by row (a quorum queue's messages
@@ -664,8 +797,20 @@ class _QuorumRows:
         self.cols = {f.name: [] for f in SCHEMAS["messages"]}
         self.props: list = []
 
-    def add(self, where: dict, entry, m, fate, count, held, fields, error, queue_type="quorum", location=None,
-            persistent=True):
+    def add(
+        self,
+        where: dict,
+        entry,
+        m,
+        fate,
+        count,
+        held,
+        fields,
+        error,
+        queue_type="quorum",
+        location=None,
+        persistent=True,
+    ):
         c = self.cols
         for k in ("node", "vhost", "queue"):
             c[k].append(where[k])
@@ -746,8 +891,12 @@ def quorum_messages_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
 def _quorum_rows(vs: VhostScan, q, node: str, vhost: str | None) -> _QuorumRows:
     bodies = vs.node._quorum_bodies
     rows = _QuorumRows()
-    where = {"node": node, "vhost": q.vhost if q.vhost is not None else vhost, "queue": q.label,
-             "bodies": vs.options.bodies}
+    where = {
+        "node": node,
+        "vhost": q.vhost if q.vhost is not None else vhost,
+        "queue": q.label,
+        "bodies": vs.options.bodies,
+    }
     for m, fate, d, count, held in q.messages():
         e = q.entry_of(m.index)
         rep = q.replay if q.log.entries.get(m.index) is not None else (q.data_replay or q.replay)
@@ -776,10 +925,26 @@ def _dead_letter_rows(vs: VhostScan, source, node: str) -> _QuorumRows:
         qtype = "quorum" if rec is not None and rec.type == "rabbit_quorum_queue" else "classic"
         where = {"node": node, "vhost": vh, "queue": name, "bodies": vs.options.bodies}
         for q, reason, m, fields, exchange, rk in items:
-            view = m_quorum.dead_letter_view(fields, reason, q.log.resource, exchange, rk, vs.options.now_ms(),
-                                             vs.node.model.version) if vs.options.decode else None
-            rows.add(where, q.entry_of(m.index), m, Fate.DELIVERED, 0, False, view, None, qtype,
-                     "dead_letter_replay", True if qtype == "quorum" else fields["persistent"])
+            view = (
+                m_quorum.dead_letter_view(
+                    fields, reason, q.log.resource, exchange, rk, vs.options.now_ms(), vs.node.model.version
+                )
+                if vs.options.decode
+                else None
+            )
+            rows.add(
+                where,
+                q.entry_of(m.index),
+                m,
+                Fate.DELIVERED,
+                0,
+                False,
+                view,
+                None,
+                qtype,
+                "dead_letter_replay",
+                True if qtype == "quorum" else fields["persistent"],
+            )
     return rows
 
 
@@ -789,8 +954,13 @@ def quorum_summaries(vs: VhostScan) -> Iterator[tuple]:
     for q in vs.quorum_queues:
         if vs.quorum_names is not None and q.name not in vs.quorum_names:
             continue
-        counts = {"messages": 0, "bytes": 0, "persistent": 0, "kept": 0,
-                  "known": None if meta.kind is None or q.log.resource is None else meta.knows(*q.log.resource)}
+        counts = {
+            "messages": 0,
+            "bytes": 0,
+            "persistent": 0,
+            "kept": 0,
+            "known": None if meta.kind is None or q.log.resource is None else meta.knows(*q.log.resource),
+        }
         for m, fate, _, _, _ in q.messages():
             counts["messages"] += 1
             counts["bytes"] += int(m.header.get("size", 0) or 0)
@@ -816,17 +986,37 @@ def raft_log_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
             seg = sf.seg
             for i in range(len(seg)):
                 st = int(seg.status[i])
-                copies.append((sf.path, int(seg.offset[i]), int(seg.offset[i]), int(seg.length[i]), int(seg.index[i]),
-                               int(seg.term[i]), "segment", r_seg_labels[st], None))
+                copies.append(
+                    (
+                        sf.path,
+                        int(seg.offset[i]),
+                        int(seg.offset[i]),
+                        int(seg.length[i]),
+                        int(seg.index[i]),
+                        int(seg.term[i]),
+                        "segment",
+                        r_seg_labels[st],
+                        None,
+                    )
+                )
         for scan, rec in q.system.wal:
             kept = set(rec.kept)
             for i in range(len(scan)):
                 if scan.uid(i) != uid:
                     continue
-                copies.append((scan.path, int(scan.offset[i]), int(scan.data_offset[i]), int(scan.length[i]),
-                               int(scan.index[i]), int(scan.term[i]), "wal",
-                               ("ok", "bad", "not_computed")[int(scan.checksum[i])],
-                               "recovered" if i in kept else "not_recovered"))
+                copies.append(
+                    (
+                        scan.path,
+                        int(scan.offset[i]),
+                        int(scan.data_offset[i]),
+                        int(scan.length[i]),
+                        int(scan.index[i]),
+                        int(scan.term[i]),
+                        "wal",
+                        ("ok", "bad", "not_computed")[int(scan.checksum[i])],
+                        "recovered" if i in kept else "not_recovered",
+                    )
+                )
         for path, off, data_off, length, idx, term, source, check, wal_status in copies:
             recovered = (path, off) in used
             entry, command, ts, body_size = None, None, None, None
@@ -839,11 +1029,26 @@ def raft_log_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
             except (FormatError, ValueError):
                 entry = "undecodable"
             status = "used" if recovered else (wal_status or ("superseded" if idx in q.log.entries else "unused"))
-            b = rows.add({"node": node, "vhost": vh, "queue": q.label, "file": display(path), "offset": off,
-                          "source": source, "raft_index": idx, "raft_term": term, "entry": entry, "command": command,
-                          "entry_size": length, "body_size": body_size, "checksum": check, "recovered": recovered,
-                          "timestamp": ts * 1000 if isinstance(ts, int) and TS_MIN_US <= ts * 1000 <= TS_MAX_US
-                          else None, "status": status})
+            b = rows.add(
+                {
+                    "node": node,
+                    "vhost": vh,
+                    "queue": q.label,
+                    "file": display(path),
+                    "offset": off,
+                    "source": source,
+                    "raft_index": idx,
+                    "raft_term": term,
+                    "entry": entry,
+                    "command": command,
+                    "entry_size": length,
+                    "body_size": body_size,
+                    "checksum": check,
+                    "recovered": recovered,
+                    "timestamp": ts * 1000 if isinstance(ts, int) and TS_MIN_US <= ts * 1000 <= TS_MAX_US else None,
+                    "status": status,
+                }
+            )
             if b is not None:
                 yield b
     b = rows.flush()
@@ -870,9 +1075,21 @@ def each_share(vs: VhostScan) -> Iterator[VhostScan]:
 def queue_summaries(vs: VhostScan) -> Iterator[dict]:
     """Per queue dir: message counts and what the next boot does with them (summed share by
     share for a vhost read in shares)."""
-    out = {q.dir_name: {"qdir": q, "version": q.index_version, "messages": 0, "bytes": 0, "persistent": 0,
-                        "kept": 0, "min": 0, "max": 0, "drops": {}, "segments": len(q.qi) + len(q.idx)}
-           for q in vs.queue_dirs}
+    out = {
+        q.dir_name: {
+            "qdir": q,
+            "version": q.index_version,
+            "messages": 0,
+            "bytes": 0,
+            "persistent": 0,
+            "kept": 0,
+            "min": 0,
+            "max": 0,
+            "drops": {},
+            "segments": len(q.qi) + len(q.idx),
+        }
+        for q in vs.queue_dirs
+    }
     for sub in each_share(vs):
         sub.lists_every_index()
         for qx in sub.live_chunks():  # (a pass in shares: from the vhost's one spill)
@@ -898,31 +1115,62 @@ def queue_summaries(vs: VhostScan) -> Iterator[dict]:
 def queues_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     node, vhost = _where(vs)
     rows = []
-    extra = {name: len(items) for (vh, name), items in vs.node.boot_dead_letters.items()
-             if vh == vs.vhost.name and (vs.share is None or vs.share.k == 0)}
+    extra = {
+        name: len(items)
+        for (vh, name), items in vs.node.boot_dead_letters.items()
+        if vh == vs.vhost.name and (vs.share is None or vs.share.k == 0)
+    }
     for s in queue_summaries(vs):
         q = s["qdir"]
         if q.name in extra and (q.priority is None or q.priority == 0):  # quorum dead letters the boot republishes
             s["messages"] += extra[q.name]
             s["kept"] += extra.pop(q.name)
-        rows.append({"node": node, "vhost": vhost, "queue": q.label, "priority": q.priority,
-                     "queue_dir": display(q.path), "name_source": q.name_source, "durable_known": vs.queue_known(q),
-                     "index_version": s["version"], "segments": s["segments"], "messages": s["messages"],
-                     "bytes": s["bytes"], "persistent": s["persistent"], "predicted_after_restart": s["kept"],
-                     "predicted_min": s["min"], "predicted_max": s["max"], "dropped": s["messages"] - s["kept"],
-                     "queue_type": "classic"})
+        rows.append(
+            {
+                "node": node,
+                "vhost": vhost,
+                "queue": q.label,
+                "priority": q.priority,
+                "queue_dir": display(q.path),
+                "name_source": q.name_source,
+                "durable_known": vs.queue_known(q),
+                "index_version": s["version"],
+                "segments": s["segments"],
+                "messages": s["messages"],
+                "bytes": s["bytes"],
+                "persistent": s["persistent"],
+                "predicted_after_restart": s["kept"],
+                "predicted_min": s["min"],
+                "predicted_max": s["max"],
+                "dropped": s["messages"] - s["kept"],
+                "queue_type": "classic",
+            }
+        )
     for q, counts in quorum_summaries(vs):
         if q.name in extra:
             counts["messages"] += extra[q.name]
             counts["kept"] += extra.pop(q.name)
-        rows.append({"node": node, "vhost": q.vhost if q.vhost is not None else vhost, "queue": q.label,
-                     "priority": None, "queue_dir": display(q.log.path), "name_source": "ra_config",
-                     "durable_known": counts["known"], "index_version": None,
-                     "segments": len(q.system.segments.get(q.log.uid, [])), "messages": counts["messages"],
-                     "bytes": counts["bytes"], "persistent": counts["persistent"],
-                     "predicted_after_restart": counts["kept"], "predicted_min": counts["kept"],
-                     "predicted_max": counts["kept"], "dropped": counts["messages"] - counts["kept"],
-                     "queue_type": "quorum"})
+        rows.append(
+            {
+                "node": node,
+                "vhost": q.vhost if q.vhost is not None else vhost,
+                "queue": q.label,
+                "priority": None,
+                "queue_dir": display(q.log.path),
+                "name_source": "ra_config",
+                "durable_known": counts["known"],
+                "index_version": None,
+                "segments": len(q.system.segments.get(q.log.uid, [])),
+                "messages": counts["messages"],
+                "bytes": counts["bytes"],
+                "persistent": counts["persistent"],
+                "predicted_after_restart": counts["kept"],
+                "predicted_min": counts["kept"],
+                "predicted_max": counts["kept"],
+                "dropped": counts["messages"] - counts["kept"],
+                "queue_type": "quorum",
+            }
+        )
     if rows:
         yield pa.RecordBatch.from_pylist(rows, schema=SCHEMAS["queues"])
 
@@ -952,16 +1200,27 @@ def file_rows(vs: VhostScan) -> Iterator[dict]:
         for kind, st in sub.stores.items():
             status, _ = sub.store_status[kind]
             live = status == StoreStatus.LIVE
-            got = (np.bincount(st.e_file, minlength=len(st.files)),
-                   np.bincount(st.e_file[live], minlength=len(st.files)),
-                   np.bincount(st.e_file[live], weights=st.e_total[live], minlength=len(st.files)))
-            counts[kind] = (st.store, st.files, [a + b for a, b in zip(counts[kind][2], got)] if kind in counts else got)
+            got = (
+                np.bincount(st.e_file, minlength=len(st.files)),
+                np.bincount(st.e_file[live], minlength=len(st.files)),
+                np.bincount(st.e_file[live], weights=st.e_total[live], minlength=len(st.files)),
+            )
+            counts[kind] = (
+                st.store,
+                st.files,
+                [a + b for a, b in zip(counts[kind][2], got)] if kind in counts else got,
+            )
     for kind, (st, files, (per_file, live_n, live_b)) in counts.items():
         walked = set()
         for fi, f in enumerate(files):  # .rdq files, and the .rdt files recovery appends to them
             walked.add(f.path)
-            yield row(f.path, f.path.suffix[1:], entries=int(per_file[fi]), live_entries=int(live_n[fi]),
-                      live_bytes=int(live_b[fi]))
+            yield row(
+                f.path,
+                f.path.suffix[1:],
+                entries=int(per_file[fi]),
+                live_entries=int(live_n[fi]),
+                live_bytes=int(live_b[fi]),
+            )
         for k, numbered in st.numbered.items():  # numbered kinds no column covers (an ignored .rdt)
             if k != "rdq":
                 for _, p in numbered:
@@ -977,25 +1236,53 @@ def file_rows(vs: VhostScan) -> Iterator[dict]:
         for qx in vs.scan_queue(q):
             if qx.version == 2:
                 h = qx.header
-                yield {**row(qx.files[0], "qi", header_ok=h.ok, from_seq_id=h.from_seq_id, to_seq_id=h.to_seq_id,
-                             entries=h.records, live_entries=h.live), **qb}
+                yield {
+                    **row(
+                        qx.files[0],
+                        "qi",
+                        header_ok=h.ok,
+                        from_seq_id=h.from_seq_id,
+                        to_seq_id=h.to_seq_id,
+                        entries=h.records,
+                        live_entries=h.live,
+                    ),
+                    **qb,
+                }
                 path = q.qs.get(qx.segment)
                 if path is not None:
                     seen_qs.add(path)
                     qs = vs.qs_files.get(path)
                     used = qs_used(vs, qx)
-                    yield {**row(path, "qs", c_qs.HEADER_SIZE, header_ok=qs.header_ok if qs else None,
-                                 live_entries=len(used[0]), live_bytes=int(used[1].sum())), **qb}
+                    yield {
+                        **row(
+                            path,
+                            "qs",
+                            c_qs.HEADER_SIZE,
+                            header_ok=qs.header_ok if qs else None,
+                            live_entries=len(used[0]),
+                            live_bytes=int(used[1].sum()),
+                        ),
+                        **qb,
+                    }
             else:
                 live = set(qx.live.tolist())
                 for fi, p in enumerate(qx.files):
                     sel = np.flatnonzero(qx.rec.file == fi)
-                    yield {**row(p, registry.kind_of(p, "queue"), entries=len(sel),
-                                 live_entries=sum(1 for i in sel.tolist() if i in live)), **qb}
+                    yield {
+                        **row(
+                            p,
+                            registry.kind_of(p, "queue"),
+                            entries=len(sel),
+                            live_entries=sum(1 for i in sel.tolist() if i in live),
+                        ),
+                        **qb,
+                    }
         for number, p in sorted(q.qs.items()):
             if p not in seen_qs:  # a .qs whose .qi is gone
-                yield {**row(p, "qs", header_ok=vs.qs_files[p].header_ok if vs.qs_files.get(p) else None,
-                             live_entries=0), **qb}
+                yield {
+                    **row(p, "qs", header_ok=vs.qs_files[p].header_ok if vs.qs_files.get(p) else None, live_entries=0),
+                    **qb,
+                }
         for k, numbered in q.numbered.items():  # numbered kinds the index above does not cover
             if k not in ("qi", "qs", "idx"):
                 for _, p in numbered:
@@ -1025,9 +1312,17 @@ def quorum_file_rows(vs: VhostScan) -> Iterator[dict]:
             yield row(srv.config, "ra_config", q.label, vh)
         for sf in q.system.segments.get(q.log.uid, []):
             seg = sf.seg
-            yield row(sf.path, "ra_segment", q.label, vh, header_ok=seg.header == "ok",
-                      from_seq_id=seg.range[0] if seg.range else None, to_seq_id=seg.range[1] if seg.range else None,
-                      entries=len(seg), live_entries=int((seg.status == 0).sum()) if len(seg) else 0)
+            yield row(
+                sf.path,
+                "ra_segment",
+                q.label,
+                vh,
+                header_ok=seg.header == "ok",
+                from_seq_id=seg.range[0] if seg.range else None,
+                to_seq_id=seg.range[1] if seg.range else None,
+                entries=len(seg),
+                live_entries=int((seg.status == 0).sum()) if len(seg) else 0,
+            )
         for snap in srv.snapshots:
             for f, kind in ((snap.snapshot, "ra_snapshot"), (snap.indexes, "ra_indexes")):
                 if f is not None:
@@ -1038,8 +1333,12 @@ def quorum_file_rows(vs: VhostScan) -> Iterator[dict]:
             yield row(f, registry.kind_of(f, "ra_server") or "ra_compaction_link", q.label, vh)
         for f in srv.others:
             yield row(f, registry.other_kind(f, "ra_server"), q.label, vh)
-    if vs.node.vhosts and vs.vhost.dir_name == vs.node.vhosts[0].vhost.dir_name and vs.share is None \
-            and vs.only is None:
+    if (
+        vs.node.vhosts
+        and vs.vhost.dir_name == vs.node.vhosts[0].vhost.dir_name
+        and vs.share is None
+        and vs.only is None
+    ):
         for ra in vs.node.node.quorum:
             for _, path in ra.wal:
                 yield row(path, "ra_wal", vh=None)
@@ -1063,10 +1362,23 @@ def files_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
 
 def findings_batch(findings: list[Finding]) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist(
-        [{"node": f.node or "", "vhost": f.vhost, "queue": f.queue, "priority": f.priority, "file": f.file,
-          "offset": f.offset, "code": f.code, "severity": f.severity, "message": f.message,
-          "details": json.dumps(f.details, sort_keys=True, default=str) if f.details else None}
-         for f in findings], schema=SCHEMAS["findings"])
+        [
+            {
+                "node": f.node or "",
+                "vhost": f.vhost,
+                "queue": f.queue,
+                "priority": f.priority,
+                "file": f.file,
+                "offset": f.offset,
+                "code": f.code,
+                "severity": f.severity,
+                "message": f.message,
+                "details": json.dumps(f.details, sort_keys=True, default=str) if f.details else None,
+            }
+            for f in findings
+        ],
+        schema=SCHEMAS["findings"],
+    )
 
 
 def findings_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
@@ -1077,14 +1389,18 @@ def findings_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         yield findings_batch(fs)
 
 
-def in_shares(build: Callable[[VhostScan], Iterator[pa.RecordBatch]]) -> Callable[[VhostScan], Iterator[pa.RecordBatch]]:
+def in_shares(
+    build: Callable[[VhostScan], Iterator[pa.RecordBatch]],
+) -> Callable[[VhostScan], Iterator[pa.RecordBatch]]:
     """``build`` over a vhost too big to index at once (``VhostScan.shares`` > 1) as one pass per
     id share, each holding only its share's store entries and references: the rows are those of
     the whole vhost, each once, in another order. A scan already restricted to a share (a Spark
     unit) is built as it is."""
+
     def run(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         for sub in each_share(vs):
             yield from build(sub)
+
     run.__name__ = run.__qualname__ = build.__name__
     return run
 
@@ -1098,9 +1414,16 @@ SHARED_TABLES = frozenset({"messages", "index", "acks", "store", "refcounts", "h
 INDEXED_TABLES = frozenset({"messages", "store", "refcounts", "holes"})
 
 BUILDERS = {
-    "messages": messages_batches, "index": index_batches, "acks": acks_batches, "store": store_batches,
-    "refcounts": refcounts_batches, "holes": holes_batches, "files": files_batches, "queues": queues_batches,
-    "findings": findings_batches, "raft_log": raft_log_batches,
+    "messages": messages_batches,
+    "index": index_batches,
+    "acks": acks_batches,
+    "store": store_batches,
+    "refcounts": refcounts_batches,
+    "holes": holes_batches,
+    "files": files_batches,
+    "queues": queues_batches,
+    "findings": findings_batches,
+    "raft_log": raft_log_batches,
 }
 BUILDERS = {name: in_shares(build) if name in INDEXED_TABLES else build for name, build in BUILDERS.items()}
 
@@ -1123,10 +1446,22 @@ def stream_message_rows(vs: VhostScan, e) -> pa.RecordBatch | None:
     rows = []
     for r in e.scan.records:
         c = r.chunk
-        row = {"node": node, "vhost": vhost, "queue": e.label, "file": display(c.file), "offset": r.entry_pos,
-               "size": None if r.body is None else len(r.body), "queue_type": "stream", "stream_offset": _i64(r.offset),
-               "chunk_id": _i64(c.chunk_id), "epoch": _i64(c.epoch), "persistent": True, "location": "stream",
-               "term_format": "amqp10", "index_version": None}
+        row = {
+            "node": node,
+            "vhost": vhost,
+            "queue": e.label,
+            "file": display(c.file),
+            "offset": r.entry_pos,
+            "size": None if r.body is None else len(r.body),
+            "queue_type": "stream",
+            "stream_offset": _i64(r.offset),
+            "chunk_id": _i64(c.chunk_id),
+            "epoch": _i64(c.epoch),
+            "persistent": True,
+            "location": "stream",
+            "term_format": "amqp10",
+            "index_version": None,
+        }
         ts_us = c.timestamp * 1000
         row["chunk_timestamp"] = ts_us if fits(ts_us, TS) else None
         if r.body is None:
@@ -1145,10 +1480,15 @@ def stream_message_rows(vs: VhostScan, e) -> pa.RecordBatch | None:
                 if props.get("timestamp") is not None:
                     props["timestamp"] = props["timestamp"] * 1_000_000
                 fit_struct(props, _PROP_TYPE)
-                row.update(exchange=d["exchange"] if d["exchange"] is not None else "",
-                           routing_keys=d["routing_keys"] or [e.label], properties=props, headers=d["headers"],
-                           annotations=d["annotations"], body=d["body"] if vs.options.bodies else None,
-                           body_size=len(d["body"]))  # persistent: every record is on disk (the
+                row.update(
+                    exchange=d["exchange"] if d["exchange"] is not None else "",
+                    routing_keys=d["routing_keys"] or [e.label],
+                    properties=props,
+                    headers=d["headers"],
+                    annotations=d["annotations"],
+                    body=d["body"] if vs.options.bodies else None,
+                    body_size=len(d["body"]),
+                )  # persistent: every record is on disk (the
                 # delivery mode a consumer sees is in properties)
             except FormatError as err:
                 row["decode_error"] = f"not an AMQP 1.0 message: {err.message}"
@@ -1166,10 +1506,23 @@ def stream_queue_row(vs: VhostScan, e) -> dict:
     user = e.scan.records
     chunks, _ = e.fate.record_fates(user)
     kept = sum(1 for r in user if (r.chunk.file, r.chunk.pos) not in chunks)
-    return {"node": node, "vhost": vhost, "queue": e.label, "queue_dir": display(e.path), "name_source": e.name_source,
-            "durable_known": e.name_source == "metadata", "segments": len(e.scan.segments), "messages": len(user),
-            "bytes": sum(len(r.body) for r in user if r.body is not None), "persistent": len(user),
-            "predicted_after_restart": kept, "predicted_min": kept, "predicted_max": kept, "dropped": len(user) - kept, "queue_type": "stream"}
+    return {
+        "node": node,
+        "vhost": vhost,
+        "queue": e.label,
+        "queue_dir": display(e.path),
+        "name_source": e.name_source,
+        "durable_known": e.name_source == "metadata",
+        "segments": len(e.scan.segments),
+        "messages": len(user),
+        "bytes": sum(len(r.body) for r in user if r.body is not None),
+        "persistent": len(user),
+        "predicted_after_restart": kept,
+        "predicted_min": kept,
+        "predicted_max": kept,
+        "dropped": len(user) - kept,
+        "queue_type": "stream",
+    }
 
 
 def stream_tracking_rows(vs: VhostScan, e) -> list[dict]:
@@ -1186,11 +1539,23 @@ def stream_tracking_rows(vs: VhostScan, e) -> list[dict]:
             current = {}  # osiris_tracking:init/2: a snapshot replaces the state
         current[(t.kind, t.reference)] = k
     held = set(current.values())
-    return [{"node": node, "vhost": vhost, "queue": e.label, "file": display(t.file), "offset": t.pos,
-             "chunk_id": _i64(t.chunk_id) if t.source != "snapshot" else None, "source": t.source, "kind": t.kind,
-             "reference": t.reference.decode("utf-8", "replace"), "value": _i64(t.value),
-             "sequence_chunk_id": _i64(t.chunk_id) if t.kind == "sequence" else None, "current": k in held}
-            for k, t in enumerate(e.scan.tracking)]
+    return [
+        {
+            "node": node,
+            "vhost": vhost,
+            "queue": e.label,
+            "file": display(t.file),
+            "offset": t.pos,
+            "chunk_id": _i64(t.chunk_id) if t.source != "snapshot" else None,
+            "source": t.source,
+            "kind": t.kind,
+            "reference": t.reference.decode("utf-8", "replace"),
+            "value": _i64(t.value),
+            "sequence_chunk_id": _i64(t.chunk_id) if t.kind == "sequence" else None,
+            "current": k in held,
+        }
+        for k, t in enumerate(e.scan.tracking)
+    ]
 
 
 def stream_messages_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
@@ -1204,6 +1569,7 @@ def stream_messages_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
 def with_streams(table: str, build):
     """``build`` followed by the rows of the streams ``vs`` lists (``VhostScan.streams``; the
     findings come with fsck's checks, ``checks.streams``)."""
+
     def run(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         yield from build(vs)
         if table == "messages":
@@ -1216,6 +1582,7 @@ def with_streams(table: str, build):
                 rows = stream_tracking_rows(vs, e)
                 if rows:
                     yield pa.RecordBatch.from_pylist(rows, schema=SCHEMAS["stream_tracking"])
+
     run.__name__ = run.__qualname__ = getattr(build, "__name__", table)
     return run
 
@@ -1227,7 +1594,13 @@ def _no_rows(vs: VhostScan) -> Iterator[pa.RecordBatch]:
 BUILDERS["stream_tracking"] = _no_rows
 #: tables whose rows a read with jobs > 1 may split by ranges of the listing, then the rows that
 #: come once per vhost after them: (the ranges' builder, the vhost's last rows)
-SPLIT_WITH_TAIL = {"messages": (in_shares(classic_messages_batches), lambda vs: itertools.chain(
-    quorum_messages_batches(vs), stream_messages_batches(vs)))}
-BUILDERS = {name: with_streams(name, build) if name in ("messages", "queues", "stream_tracking")
-            else build for name, build in BUILDERS.items()}
+SPLIT_WITH_TAIL = {
+    "messages": (
+        in_shares(classic_messages_batches),
+        lambda vs: itertools.chain(quorum_messages_batches(vs), stream_messages_batches(vs)),
+    )
+}
+BUILDERS = {
+    name: with_streams(name, build) if name in ("messages", "queues", "stream_tracking") else build
+    for name, build in BUILDERS.items()
+}

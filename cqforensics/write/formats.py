@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cqforensics.codecs import amqp091, etf
-from cqforensics.message import reference as message
 from cqforensics.base.errors import FormatError
+from cqforensics.codecs import amqp091, etf
 from cqforensics.grammar import idx as c_idx
 from cqforensics.grammar import qi as c_qi
 from cqforensics.grammar import qs as c_qs
 from cqforensics.grammar import rdq as c_rdq
+from cqforensics.message import reference as message
 from cqforensics.model.versions import BrokerModel
 from cqforensics.readers import rdq as r_rdq
 
@@ -41,9 +41,18 @@ def segment_header(magic: bytes, number: int, entry_count: int) -> bytes:
     return h.tobytes()
 
 
-def qi_segment(number: int, entry_count: int, slots: np.ndarray, persistent: np.ndarray, loc_kind: np.ndarray,
-               msg_id: np.ndarray, qs_offset: np.ndarray, qs_size: np.ndarray, size: np.ndarray,
-               expiry: np.ndarray) -> bytes:
+def qi_segment(
+    number: int,
+    entry_count: int,
+    slots: np.ndarray,
+    persistent: np.ndarray,
+    loc_kind: np.ndarray,
+    msg_id: np.ndarray,
+    qs_offset: np.ndarray,
+    qs_size: np.ndarray,
+    size: np.ndarray,
+    expiry: np.ndarray,
+) -> bytes:
     """A ``.qi`` segment holding live entries at ``slots`` (ascending); every other slot up to
     the last is zero (acked). Arrays are aligned with ``slots``."""
     n = int(slots[-1]) + 1 if len(slots) else 0
@@ -80,8 +89,9 @@ def rdq_entry_size(term_len: int) -> int:
     return r_rdq.entry_total(term_len)
 
 
-def v1_publish_head(rel_seq: int, persistent: bool, msg_id: bytes, expiry: int, size: int,
-                    embedded_size: int = 0) -> bytes:
+def v1_publish_head(
+    rel_seq: int, persistent: bool, msg_id: bytes, expiry: int, size: int, embedded_size: int = 0
+) -> bytes:
     """A CQv1 segment publish record up to its embedded term (``embedded_size`` bytes follow;
     0: the message is in the shared store)."""
     head = 0x8000 | (0x4000 if persistent else 0) | rel_seq
@@ -96,8 +106,10 @@ def v1_deliver(rel_seq: int) -> bytes:
 def vhost_config(segment_entry_count: int) -> bytes:
     """A vhost's ``.config`` recording its CQv1 segment size (rabbit_vhost_msg_store /
     rabbit_queue_index write it; ``textfiles.segment_entry_count`` reads it)."""
-    return (b"% This file is auto-generated! Edit at your own risk!\n"
-            b"{segment_entry_count, " + str(int(segment_entry_count)).encode() + b"}.")
+    return (
+        b"% This file is auto-generated! Edit at your own risk!\n"
+        b"{segment_entry_count, " + str(int(segment_entry_count)).encode() + b"}."
+    )
 
 
 def queue_name_stub(vhost: bytes, name: bytes, index_version: int) -> bytes:
@@ -129,8 +141,16 @@ _NONE = etf.Atom("none")
 _FRAMING = etf.Atom("rabbit_framing_amqp_0_9_1")
 
 
-def stored_term(model: BrokerModel, msg_id: bytes, vhost: str | bytes, exchange: str | bytes | None,
-                routing_keys: list, props: dict, props_bin: bytes, body: bytes) -> bytes:
+def stored_term(
+    model: BrokerModel,
+    msg_id: bytes,
+    vhost: str | bytes,
+    exchange: str | bytes | None,
+    routing_keys: list,
+    props: dict,
+    props_bin: bytes,
+    body: bytes,
+) -> bytes:
     """The term the target version stores for a persistent AMQP 0-9-1 message published with
     ``props`` (13 scalar properties) encoded as ``props_bin``: ``#basic_message{}`` up to 3.12
     (ATOM_EXT atoms, OTP 25), ``#mc{protocol = mc_amqpl}`` from 3.13 (atoms per
@@ -141,8 +161,14 @@ def stored_term(model: BrokerModel, msg_id: bytes, vhost: str | bytes, exchange:
     rks = [k.encode() if isinstance(k, str) else bytes(k) for k in routing_keys]
     if not model.stores_mc:
         vh = vhost if isinstance(vhost, bytes) else vhost.encode()
-        term = (etf.Atom("basic_message"), (etf.Atom("resource"), vh, etf.Atom("exchange"), x), rks,
-                content, msg_id, etf.Atom("true"))
+        term = (
+            etf.Atom("basic_message"),
+            (etf.Atom("resource"), vh, etf.Atom("exchange"), x),
+            rks,
+            content,
+            msg_id,
+            etf.Atom("true"),
+        )
         return etf.term_to_binary(term, utf8_atoms=model.utf8_atoms)
     anns = {etf.Atom("id"): msg_id, etf.Atom("x"): x, etf.Atom("rk"): rks}
     # the annotations a publish derives from the properties (mc_amqpl essential_properties);
@@ -155,8 +181,7 @@ def stored_term(model: BrokerModel, msg_id: bytes, vhost: str | bytes, exchange:
     ttl = props.get("expiration")
     if ttl and ttl.isdigit():
         anns[etf.Atom("ttl")] = int(ttl)
-    return etf.term_to_binary((etf.Atom("mc"), etf.Atom("mc_amqpl"), content, anns),
-                              utf8_atoms=model.utf8_atoms)
+    return etf.term_to_binary((etf.Atom("mc"), etf.Atom("mc_amqpl"), content, anns), utf8_atoms=model.utf8_atoms)
 
 
 @dataclass(frozen=True)
@@ -186,11 +211,11 @@ def _atom_at(raw: bytes, p: int) -> tuple[str, bool, int] | None:
         return None
     tag = raw[p]
     if tag in (100, 118) and p + 3 <= len(raw):  # ATOM_EXT, ATOM_UTF8_EXT: 2-byte length
-        n = int.from_bytes(raw[p + 1:p + 3], "big")
-        name, end, utf8 = raw[p + 3:p + 3 + n], p + 3 + n, tag == 118
+        n = int.from_bytes(raw[p + 1 : p + 3], "big")
+        name, end, utf8 = raw[p + 3 : p + 3 + n], p + 3 + n, tag == 118
     elif tag in (115, 119) and p + 2 <= len(raw):  # SMALL_ATOM_EXT, SMALL_ATOM_UTF8_EXT
         n = raw[p + 1]
-        name, end, utf8 = raw[p + 2:p + 2 + n], p + 2 + n, tag == 119
+        name, end, utf8 = raw[p + 2 : p + 2 + n], p + 2 + n, tag == 119
     else:
         return None
     if end > len(raw):
@@ -264,12 +289,16 @@ def term_plan(model: BrokerModel, shape: TermShape) -> tuple[str, str]:
         return KEEP, ""
     fmt = {"mc_amqp": "AMQP 1.0", "mc_mqtt": "MQTT"}.get(shape.protocol or "", shape.protocol or "unknown")
     if not model.stores_mc:
-        return UNREPRESENTABLE, (f"an {fmt} message (#mc{{{shape.protocol}}}): RabbitMQ {model} stores AMQP 0-9-1 "
-                                 "messages only (#basic_message; message containers arrived in 3.13)")
+        return UNREPRESENTABLE, (
+            f"an {fmt} message (#mc{{{shape.protocol}}}): RabbitMQ {model} stores AMQP 0-9-1 "
+            "messages only (#basic_message; message containers arrived in 3.13)"
+        )
     if shape.protocol == "mc_amqp" and shape.state in ("v1", "msg") and shape.state != model.amqp10_state:
-        return UNREPRESENTABLE, (f"an AMQP 1.0 message stored in the {'4.x' if shape.state == 'v1' else '3.13'} "
-                                 f"form ({shape.state}): RabbitMQ {model} stores AMQP 1.0 messages as "
-                                 f"{model.amqp10_state}")
+        return UNREPRESENTABLE, (
+            f"an AMQP 1.0 message stored in the {'4.x' if shape.state == 'v1' else '3.13'} "
+            f"form ({shape.state}): RabbitMQ {model} stores AMQP 1.0 messages as "
+            f"{model.amqp10_state}"
+        )
     return KEEP, ""
 
 
@@ -313,5 +342,6 @@ def retarget_or_damage(model: BrokerModel, raw, vhost: bytes, msg_id: bytes | No
     except FormatError:
         raise
     except (ValueError, TypeError, OverflowError, struct.error) as e:
-        raise FormatError(f"cannot be written as RabbitMQ {model} stores messages: {type(e).__name__}: "
-                          f"{str(e)[:120]}") from None
+        raise FormatError(
+            f"cannot be written as RabbitMQ {model} stores messages: {type(e).__name__}: {str(e)[:120]}"
+        ) from None

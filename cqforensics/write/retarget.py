@@ -32,8 +32,8 @@ import json
 import shutil
 from pathlib import Path
 
-from cqforensics.discovery import nodes as layout
 from cqforensics.base.errors import UsageError, queue_ref
+from cqforensics.discovery import nodes as layout
 from cqforensics.model.versions import BrokerModel
 from cqforensics.write import formats
 from cqforensics.write.output import copy_tree
@@ -49,15 +49,20 @@ def metadata_gap(source: BrokerModel, target: BrokerModel) -> str | None:
     if s == t:
         return None
     if t < s:
-        return (f"RabbitMQ {target} cannot boot the metadata of {source}: RabbitMQ supports no downgrade (its "
-                "feature-flag file lists flags the older broker does not know"
-                + ("; and 4.3 keeps its metadata in Khepri only" if s >= (4, 3) else "") + ")")
+        return (
+            f"RabbitMQ {target} cannot boot the metadata of {source}: RabbitMQ supports no downgrade (its "
+            "feature-flag file lists flags the older broker does not know"
+            + ("; and 4.3 keeps its metadata in Khepri only" if s >= (4, 3) else "")
+            + ")"
+        )
     if s[0] == 4:
         return None  # 4.x upgrades between minors (4.0.5 -> 4.3.6 boots, Mnesia moved to Khepri)
     if (s[0] == t[0] and t[1] == s[1] + 1) or (s == (3, 13) and t == (4, 0)):
         return None  # the supported upgrade step (every stable feature flag of the source enabled)
-    return (f"RabbitMQ {target} cannot boot the metadata of {source}: it requires feature flags {source} "
-            "does not have (upgrades go one minor at a time, and to 4.x from 3.13 only)")
+    return (
+        f"RabbitMQ {target} cannot boot the metadata of {source}: it requires feature flags {source} "
+        "does not have (upgrades go one minor at a time, and to 4.x from 3.13 only)"
+    )
 
 
 # -- definitions ---------------------------------------------------------------------------------------
@@ -75,8 +80,7 @@ def _value(kind, value):
     if kind == "table" and isinstance(value, list):
         return _table(value)
     if kind == "array" and isinstance(value, list):
-        return [_value(k, v) for k, v in value] if all(isinstance(x, tuple) and len(x) == 2 for x in value) \
-            else value
+        return [_value(k, v) for k, v in value] if all(isinstance(x, tuple) and len(x) == 2 for x in value) else value
     if kind == "bool":
         return bool(value) if not isinstance(value, str) else value == "true"
     return value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
@@ -127,19 +131,45 @@ def definitions(src, target: BrokerModel) -> dict:
         if not target.index_v2_only:
             declared = meta.arguments(vh, name).get("x-queue-version")
             current = versions.get((vh, _text(name)))
-            args["x-queue-version"] = formats.index_version(target, current=current) if current is not None else \
-                formats.index_version(target, declared if isinstance(declared, int) else None)
-        queues.append({"name": _text(name), "vhost": _text(vh), "durable": True, "auto_delete": False,
-                       "arguments": args})
-    exchanges = [{"name": _text(name), "vhost": _text(vh), "type": kind, "durable": True, "auto_delete": False,
-                  "internal": False, "arguments": _table(meta.exchange_args.get((vh, name)))}
-                 for (vh, name), kind in sorted(meta.exchanges.items())
-                 if name and not name.startswith(_BUILTIN_PREFIX)]
-    bindings = [{"source": _text(b.source), "vhost": _text(b.vhost), "destination": _text(b.destination),
-                 "destination_type": b.dest_kind, "routing_key": _text(b.key), "arguments": _table(b.args)}
-                for b in meta.bindings if b.source]  # the default exchange's bindings are implicit
-    return {"vhosts": [{"name": _text(v)} for v in vhosts], "queues": queues, "exchanges": exchanges,
-            "bindings": bindings}
+            args["x-queue-version"] = (
+                formats.index_version(target, current=current)
+                if current is not None
+                else formats.index_version(target, declared if isinstance(declared, int) else None)
+            )
+        queues.append(
+            {"name": _text(name), "vhost": _text(vh), "durable": True, "auto_delete": False, "arguments": args}
+        )
+    exchanges = [
+        {
+            "name": _text(name),
+            "vhost": _text(vh),
+            "type": kind,
+            "durable": True,
+            "auto_delete": False,
+            "internal": False,
+            "arguments": _table(meta.exchange_args.get((vh, name))),
+        }
+        for (vh, name), kind in sorted(meta.exchanges.items())
+        if name and not name.startswith(_BUILTIN_PREFIX)
+    ]
+    bindings = [
+        {
+            "source": _text(b.source),
+            "vhost": _text(b.vhost),
+            "destination": _text(b.destination),
+            "destination_type": b.dest_kind,
+            "routing_key": _text(b.key),
+            "arguments": _table(b.args),
+        }
+        for b in meta.bindings
+        if b.source
+    ]  # the default exchange's bindings are implicit
+    return {
+        "vhosts": [{"name": _text(v)} for v in vhosts],
+        "queues": queues,
+        "exchanges": exchanges,
+        "bindings": bindings,
+    }
 
 
 def write_definitions(src, target: BrokerModel, path) -> dict:
@@ -183,8 +213,10 @@ def install_template(template, src: Path, staging: Path, nodes: list) -> list[st
         if flags.is_file():
             shutil.copy2(flags, out_node.parent / f"{out_node.name}-feature_flags")
         if tnode.name != out_node.name:
-            notes.append(f"the template is node {tnode.name}, the output node dir is {out_node.name}: rename it "
-                         f"to {tnode.name} before booting (Mnesia and Khepri record the node name)")
+            notes.append(
+                f"the template is node {tnode.name}, the output node dir is {out_node.name}: rename it "
+                f"to {tnode.name} before booting (Mnesia and Khepri record the node name)"
+            )
     return notes
 
 
@@ -201,8 +233,10 @@ def check_written(template, result, target: BrokerModel) -> list[str]:
     for q in result.queues:
         if q.skipped or q.queue is None or q.vhost is None:
             continue
-        key = (q.vhost.encode("utf-8", "surrogateescape") if isinstance(q.vhost, str) else q.vhost,
-               q.queue.encode("utf-8", "surrogateescape"))
+        key = (
+            q.vhost.encode("utf-8", "surrogateescape") if isinstance(q.vhost, str) else q.vhost,
+            q.queue.encode("utf-8", "surrogateescape"),
+        )
         if key not in meta.queues:
             missing.add((q.vhost, q.queue))
             continue
@@ -214,15 +248,20 @@ def check_written(template, result, target: BrokerModel) -> list[str]:
     if missing or mismatched:
         parts = []
         if missing:
-            parts.append("queues the template does not declare (its boot would delete their dirs): "
-                         + ", ".join(queue_ref(v, n) for v, n in sorted(missing)))
+            parts.append(
+                "queues the template does not declare (its boot would delete their dirs): "
+                + ", ".join(queue_ref(v, n) for v, n in sorted(missing))
+            )
         if mismatched:
-            parts.append("queues the template declares with another x-queue-version than written: "
-                         + ", ".join(f"{queue_ref(v, n)} (declared v{d}, written v{w})"
-                                     for v, n, d, w in sorted(mismatched)))
-        raise UsageError(f"{template}: " + "; ".join(parts) + ". Declare them on the target node first: "
-                         "`cqforensics definitions --broker-version V SRC > defs.json`, then "
-                         "`rabbitmqctl import_definitions defs.json` on the node, and stop it")
+            parts.append(
+                "queues the template declares with another x-queue-version than written: "
+                + ", ".join(f"{queue_ref(v, n)} (declared v{d}, written v{w})" for v, n, d, w in sorted(mismatched))
+            )
+        raise UsageError(
+            f"{template}: " + "; ".join(parts) + ". Declare them on the target node first: "
+            "`cqforensics definitions --broker-version V SRC > defs.json`, then "
+            "`rabbitmqctl import_definitions defs.json` on the node, and stop it"
+        )
     return []
 
 
@@ -231,9 +270,11 @@ def carried_metadata_note(source: BrokerModel, target: BrokerModel) -> str | Non
     gap = metadata_gap(source, target)
     if gap is None:
         return None
-    return (f"the metadata, feature flags and recovery files were copied from SRC as they are: {gap}. "
-            "To boot the output, write it with --template (a node dir of the target broker in which the "
-            "queues were declared; see docs/commands.md, 'Moving to another release series')")
+    return (
+        f"the metadata, feature flags and recovery files were copied from SRC as they are: {gap}. "
+        "To boot the output, write it with --template (a node dir of the target broker in which the "
+        "queues were declared; see docs/commands.md, 'Moving to another release series')"
+    )
 
 
 __all__ = [

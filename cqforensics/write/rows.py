@@ -29,20 +29,29 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from cqforensics.base.errors import OperationalError, UsageError, queue_ref
 from cqforensics.codecs import amqp091, textfiles
 from cqforensics.discovery import nodes as layout
-from cqforensics.base.errors import OperationalError, UsageError, queue_ref
 from cqforensics.model import versions
 from cqforensics.write import formats
 
 REQUIRED = {"vhost": pa.string(), "queue": pa.string(), "body": pa.binary()}
 OPTIONAL = ("priority", "expiry", "exchange", "routing_keys", "properties", "headers", "term_format")
 
-PART = pa.schema([
-    ("vhost", pa.string()), ("queue", pa.string()), ("priority", pa.int32()), ("msg_priority", pa.int32()),
-    ("expiry", pa.int64()), ("size", pa.int64()), ("msg_id", pa.binary(16)), ("term_offset", pa.int64()),
-    ("term_length", pa.int64()), ("shared", pa.bool_()),
-])
+PART = pa.schema(
+    [
+        ("vhost", pa.string()),
+        ("queue", pa.string()),
+        ("priority", pa.int32()),
+        ("msg_priority", pa.int32()),
+        ("expiry", pa.int64()),
+        ("size", pa.int64()),
+        ("msg_id", pa.binary(16)),
+        ("term_offset", pa.int64()),
+        ("term_length", pa.int64()),
+        ("shared", pa.bool_()),
+    ]
+)
 
 
 def check_schema(schema: pa.Schema) -> None:
@@ -51,21 +60,42 @@ def check_schema(schema: pa.Schema) -> None:
     for name, typ in REQUIRED.items():
         if name not in schema.names:
             problems.append(f"column {name!r} is missing")
-        elif not (schema.field(name).type == typ or (typ == pa.binary() and pa.types.is_large_binary(
-                schema.field(name).type)) or (typ == pa.string() and pa.types.is_large_string(schema.field(name).type))):
+        elif not (
+            schema.field(name).type == typ
+            or (typ == pa.binary() and pa.types.is_large_binary(schema.field(name).type))
+            or (typ == pa.string() and pa.types.is_large_string(schema.field(name).type))
+        ):
             problems.append(f"column {name!r} is {schema.field(name).type}, not {typ}")
     if problems:
-        raise UsageError("rabbitcq writer: " + "; ".join(problems) + " (write rows of the messages table's schema: "
-                         "at least vhost, queue and body)")
+        raise UsageError(
+            "rabbitcq writer: " + "; ".join(problems) + " (write rows of the messages table's schema: "
+            "at least vhost, queue and body)"
+        )
 
 
 # -- AMQP 1.0 typed values -> AMQP 0-9-1 field values --------------------------------------------------
 
 AMQP10_TO_091 = {
-    "string": "longstr", "symbol": "longstr", "uuid": "longstr", "char": "longstr", "boolean": "bool",
-    "byte": "byte", "ubyte": "unsignedbyte", "short": "short", "ushort": "unsignedshort", "int": "signedint",
-    "uint": "unsignedint", "long": "long", "ulong": "long", "float": "float", "double": "double",
-    "timestamp": "timestamp", "binary": "binary", "null": "void", "map": "table", "list": "array",
+    "string": "longstr",
+    "symbol": "longstr",
+    "uuid": "longstr",
+    "char": "longstr",
+    "boolean": "bool",
+    "byte": "byte",
+    "ubyte": "unsignedbyte",
+    "short": "short",
+    "ushort": "unsignedshort",
+    "int": "signedint",
+    "uint": "unsignedint",
+    "long": "long",
+    "ulong": "long",
+    "float": "float",
+    "double": "double",
+    "timestamp": "timestamp",
+    "binary": "binary",
+    "null": "void",
+    "map": "table",
+    "list": "array",
     "array": "array",
 }
 
@@ -140,14 +170,18 @@ def _column(batch: pa.RecordBatch, name: str):
     return batch.column(name).to_pylist() if name in batch.schema.names else [None] * batch.num_rows
 
 
-def encode_part(batches: Iterable[pa.RecordBatch], model: versions.BrokerModel, out_dir: Path,
-                name: str, partition: int) -> PartInfo:
+def encode_part(
+    batches: Iterable[pa.RecordBatch], model: versions.BrokerModel, out_dir: Path, name: str, partition: int
+) -> PartInfo:
     """Encode rows into ``out_dir/<name>.terms`` + ``<name>.arrow``."""
     terms_path = out_dir / f"{name}.terms"
     index_path = out_dir / f"{name}.arrow"
     rows = nbytes = 0
-    with open(terms_path, "xb") as terms, pa.OSFile(str(index_path), "wb") as sink, \
-            pa.ipc.new_file(sink, PART) as index:
+    with (
+        open(terms_path, "xb") as terms,
+        pa.OSFile(str(index_path), "wb") as sink,
+        pa.ipc.new_file(sink, PART) as index,
+    ):
         for batch in batches:
             if not batch.num_rows:
                 continue
@@ -156,8 +190,9 @@ def encode_part(batches: Iterable[pa.RecordBatch], model: versions.BrokerModel, 
             cols = {k: [] for k in PART.names}
             for i in range(batch.num_rows):
                 if vh[i] is None or qn[i] is None or body[i] is None:
-                    raise UsageError(f"rabbitcq writer: row {rows + i} of partition {partition} has no "
-                                     "vhost, queue or body")
+                    raise UsageError(
+                        f"rabbitcq writer: row {rows + i} of partition {partition} has no vhost, queue or body"
+                    )
                 p = _props(props[i])
                 table = headers_table(hdrs[i], fmts[i])
                 props_bin = amqp091.encode_properties(p, table)
@@ -232,20 +267,34 @@ class QueueRows:
         from cqforensics.write.store import Entry
 
         ids = self.msg_id.tobytes()
-        for n, (k, off, ln, size, exp, sh) in enumerate(zip(self.part.tolist(), self.offset.tolist(),
-                                                           self.length.tolist(), self.size.tolist(),
-                                                           self.expiry.tolist(), self.shared.tolist())):
-            yield Entry(first_seq + n, ids[16 * n:16 * n + 16], size, exp, shared=sh,
-                        src=None if sh else (self.terms[k], off, ln))
+        for n, (k, off, ln, size, exp, sh) in enumerate(
+            zip(
+                self.part.tolist(),
+                self.offset.tolist(),
+                self.length.tolist(),
+                self.size.tolist(),
+                self.expiry.tolist(),
+                self.shared.tolist(),
+            )
+        ):
+            yield Entry(
+                first_seq + n,
+                ids[16 * n : 16 * n + 16],
+                size,
+                exp,
+                shared=sh,
+                src=None if sh else (self.terms[k], off, ln),
+            )
 
     def shared_terms(self):
         ids = self.msg_id.tobytes()
         for n in np.flatnonzero(self.shared).tolist():
-            yield ids[16 * n:16 * n + 16], self.terms[int(self.part[n])], int(self.offset[n]), int(self.length[n])
+            yield ids[16 * n : 16 * n + 16], self.terms[int(self.part[n])], int(self.offset[n]), int(self.length[n])
 
 
-def plan_queues(parts: list[PartInfo], model: versions.BrokerModel, meta, queue_version: int | None,
-                existing: dict[str, int]) -> dict[str, QueueRows]:
+def plan_queues(
+    parts: list[PartInfo], model: versions.BrokerModel, meta, queue_version: int | None, existing: dict[str, int]
+) -> dict[str, QueueRows]:
     """Group the rows by queue dir (write order kept) and check each queue against the
     metadata: it must be a durable queue there; its x-max-priority picks the level dir and,
     up to 3.13, its x-queue-version the index version (``queue_version`` overrides)."""
@@ -256,10 +305,14 @@ def plan_queues(parts: list[PartInfo], model: versions.BrokerModel, meta, queue_
         t = pa.ipc.open_file(part.index).read_all()
         if not t.num_rows:
             continue
-        cols = {"offset": t.column("term_offset").to_numpy(), "length": t.column("term_length").to_numpy(),
-                "size": t.column("size").to_numpy(), "expiry": t.column("expiry").to_numpy(),
-                "shared": t.column("shared").to_numpy(zero_copy_only=False),
-                "msg_id": np.frombuffer(b"".join(t.column("msg_id").to_pylist()), "V16")}
+        cols = {
+            "offset": t.column("term_offset").to_numpy(),
+            "length": t.column("term_length").to_numpy(),
+            "size": t.column("size").to_numpy(),
+            "expiry": t.column("expiry").to_numpy(),
+            "shared": t.column("shared").to_numpy(zero_copy_only=False),
+            "msg_id": np.frombuffer(b"".join(t.column("msg_id").to_pylist()), "V16"),
+        }
         vh, qn = t.column("vhost").to_pylist(), t.column("queue").to_pylist()
         prio, mprio = t.column("priority").to_pylist(), t.column("msg_priority").to_pylist()
         dirs: dict[tuple, QueueRows | None] = {}
@@ -275,8 +328,10 @@ def plan_queues(parts: list[PartInfo], model: versions.BrokerModel, meta, queue_
             plans[dir_name].extend(k, cols, np.array(pos, np.int64))
     if unknown:
         shown = ", ".join(f"{q!r} in vhost {v!r}" for v, q in sorted(unknown)[:10])
-        raise UsageError(f"rabbitcq writer: {len(unknown)} queue(s) are not durable queues in the node's metadata "
-                         f"({shown}); the broker would delete their data at boot: declare them first")
+        raise UsageError(
+            f"rabbitcq writer: {len(unknown)} queue(s) are not durable queues in the node's metadata "
+            f"({shown}); the broker would delete their data at boot: declare them first"
+        )
     return plans
 
 
@@ -334,9 +389,13 @@ def write_new_vhost(vhost: bytes, plans: list[QueueRows], out: Path, sources, li
         (out / ".config").write_bytes(formats.vhost_config(V1_SEGMENT_ENTRY_COUNT))
     shared = SharedStoreWriter(out / "msg_store_persistent", sources, limit)
     for plan in sorted(plans, key=lambda p: p.dir_name):
-        w = QueueWriter(out / "queues" / plan.dir_name, sources, plan.index_version,
-                        V1_SEGMENT_ENTRY_COUNT if plan.index_version == 1 else c_qi.DEFAULT_SEGMENT_ENTRY_COUNT,
-                        plan.stub)
+        w = QueueWriter(
+            out / "queues" / plan.dir_name,
+            sources,
+            plan.index_version,
+            V1_SEGMENT_ENTRY_COUNT if plan.index_version == 1 else c_qi.DEFAULT_SEGMENT_ENTRY_COUNT,
+            plan.stub,
+        )
         w.add(plan.entries(0))
         w.close()
         for t in plan.shared_terms():
@@ -363,14 +422,23 @@ def check_destination(dst: Path, template: Path | None, model: versions.BrokerMo
         except UsageError:
             gap = None
         if gap:
-            raise UsageError(f"rabbitcq writer: {dst} holds metadata written for RabbitMQ {before['broker_version']}, "
-                             f"kept by overwrite and append: {gap}; write into a new DST with a template of the "
-                             "target broker")
+            raise UsageError(
+                f"rabbitcq writer: {dst} holds metadata written for RabbitMQ {before['broker_version']}, "
+                f"kept by overwrite and append: {gap}; write into a new DST with a template of the "
+                "target broker"
+            )
     return dst
 
 
-def build(parts: list[PartInfo], dst: Path, model: versions.BrokerModel, mode: str, template: Path | None = None,
-          queue_version: int | None = None, file_size_limit: int | None = None) -> BuildResult:
+def build(
+    parts: list[PartInfo],
+    dst: Path,
+    model: versions.BrokerModel,
+    mode: str,
+    template: Path | None = None,
+    queue_version: int | None = None,
+    file_size_limit: int | None = None,
+) -> BuildResult:
     """Write the parts' rows into ``dst`` (see the module doc). ``mode``: "overwrite" replaces
     DST's message stores, "append" adds the rows after the messages DST holds. A new DST is a
     copy of ``template`` (a node dir: its metadata comes along) with these stores, or a bare
@@ -401,8 +469,9 @@ def build(parts: list[PartInfo], dst: Path, model: versions.BrokerModel, mode: s
     plans = plan_queues(parts, model, _metadata(base), queue_version, existing)
     result = BuildResult(str(dst), mode, model.label)
     limit = file_size_limit or c_rdq.FILE_SIZE_LIMIT
-    with Staging(dst, [template] if template is not None else [], replace=True, command="spark-write",
-                 broker_version=model.label) as staging:
+    with Staging(
+        dst, [template] if template is not None else [], replace=True, command="spark-write", broker_version=model.label
+    ) as staging:
         sources = Sources()
         try:
             if base is not None:
@@ -425,8 +494,10 @@ def build(parts: list[PartInfo], dst: Path, model: versions.BrokerModel, mode: s
                     finally:
                         vs.close()
                 if ctx.damage:
-                    raise OperationalError(f"rabbitcq writer: {dst} holds damaged messages ({ctx.damage[0]}); "
-                                           "append only to a consistent store (see cqforensics rebuild)")
+                    raise OperationalError(
+                        f"rabbitcq writer: {dst} holds damaged messages ({ctx.damage[0]}); "
+                        "append only to a consistent store (see cqforensics rebuild)"
+                    )
                 result.kept = sum(q.written for q in ctx.result.queues)
             for vhost, vplans in sorted(by_vhost.items()):
                 write_new_vhost(vhost, vplans, vhosts_dir / textfiles.vhost_dir_name(vhost), sources, limit)
@@ -441,8 +512,9 @@ def build(parts: list[PartInfo], dst: Path, model: versions.BrokerModel, mode: s
         check = verify(staging.path, broker_version=model.label)
         if not check.consistent:
             f = check.violations[0]
-            raise OperationalError(f"rabbitcq writer: the written store failed verification ({f.code}: {f.message});"
-                                   f" {dst} is unchanged")
+            raise OperationalError(
+                f"rabbitcq writer: the written store failed verification ({f.code}: {f.message}); {dst} is unchanged"
+            )
         result.verified = True
         staging.commit()
     return result

@@ -35,12 +35,12 @@ from pathlib import Path
 import numpy as np
 
 from cqforensics.base import exitcodes
-from cqforensics.message import fast as fastpath
-from cqforensics.discovery import nodes as layout
 from cqforensics.base.enums import Fate, Location
 from cqforensics.base.errors import CQError, FormatError, OperationalError, display, display_all, plural, queue_ref
+from cqforensics.discovery import nodes as layout
 from cqforensics.grammar import qi as c_qi
 from cqforensics.grammar import rdq as c_rdq
+from cqforensics.message import fast as fastpath
 from cqforensics.model.options import make_options
 from cqforensics.model.recovery import (
     BY_DESIGN,
@@ -54,11 +54,11 @@ from cqforensics.model.store import Spill, distinct
 from cqforensics.model.versions import BrokerModel
 from cqforensics.model.versions import model as version_model
 from cqforensics.model.vhost import NodeScan, VhostScan
+from cqforensics.output.guard import check_output
 from cqforensics.readers import files as r_files
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.write import formats
-from cqforensics.output.guard import check_output
 from cqforensics.write.output import Staging, copy_tree
 from cqforensics.write.store import Entry, QueueWriter, SharedStoreWriter, Sources
 
@@ -91,12 +91,24 @@ class QueueResult:
     restored: int = 0  # rebuild --restore-orphans: orphaned store messages written into this queue (in ``written``)
 
     def to_dict(self) -> dict:
-        return {"node": self.node, "vhost": self.vhost, "queue": self.queue, "priority": self.priority,
-                "queue_dir": self.dir, "index_version": self.index_version, "written_version": self.written_version,
-                "messages": self.messages, "written": self.written, "restored_orphans": self.restored,
-                "broker_would_deliver": self.broker_would_deliver,
-                "broker_would_expire": self.broker_would_expire,
-                "dropped": self.dropped, "quarantined": self.quarantined, "lost": self.lost, "skipped": self.skipped}
+        return {
+            "node": self.node,
+            "vhost": self.vhost,
+            "queue": self.queue,
+            "priority": self.priority,
+            "queue_dir": self.dir,
+            "index_version": self.index_version,
+            "written_version": self.written_version,
+            "messages": self.messages,
+            "written": self.written,
+            "restored_orphans": self.restored,
+            "broker_would_deliver": self.broker_would_deliver,
+            "broker_would_expire": self.broker_would_expire,
+            "dropped": self.dropped,
+            "quarantined": self.quarantined,
+            "lost": self.lost,
+            "skipped": self.skipped,
+        }
 
 
 @dataclass
@@ -132,8 +144,11 @@ class Result:
     @property
     def rescued(self) -> int:
         """Messages written that SRC's own next boot would have lost."""
-        return sum(max(0, q.written - q.broker_would_deliver - q.broker_would_expire) for q in self.queues
-                   if q.broker_would_deliver is not None)
+        return sum(
+            max(0, q.written - q.broker_would_deliver - q.broker_would_expire)
+            for q in self.queues
+            if q.broker_would_deliver is not None
+        )
 
     @property
     def exit_code(self) -> int:
@@ -155,24 +170,43 @@ class Result:
                     out[k] = out.get(k, 0) + v
             return out
 
-        return {"messages": sum(q.messages for q in self.queues), "written": sum(q.written for q in self.queues),
-                "rescued": self.rescued, "restored_orphans": sum(q.restored for q in self.queues), "dropped": total("dropped"), "quarantined": total("quarantined"),
-                "lost": total("lost")}
+        return {
+            "messages": sum(q.messages for q in self.queues),
+            "written": sum(q.written for q in self.queues),
+            "rescued": self.rescued,
+            "restored_orphans": sum(q.restored for q in self.queues),
+            "dropped": total("dropped"),
+            "quarantined": total("quarantined"),
+            "lost": total("lost"),
+        }
 
     def to_dict(self) -> dict:
-        return {"format": f"cqforensics-{self.command}/1", "command": self.command, "source": self.source,
-                "output": self.output, "dry_run": self.dry_run, "broker_version": self.broker_version,
-                "source_version": self.source_version,
-                "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,
-                "bytes_reclaimed": self.bytes_before - self.bytes_after,
-                "store_entries_before": self.store_entries_before, "store_entries_written": self.store_entries_written,
-                "store_files_written": self.store_files_written, "garbage_not_written": self.garbage,
-                "threshold": self.threshold, "store_files": self.store_files,
-                "lost_found": {"items": self.lost_found, "path": self.lost_found_path}, "totals": self.totals(),
-                "restored_orphans": display_all(self.restored),
-                "queues": [q.to_dict() for q in self.queues], "notes": display_all(self.notes), "verified": self.verified,
-                "cannot_boot": display_all(self.cannot_boot),
-                "exit_code": self.exit_code}
+        return {
+            "format": f"cqforensics-{self.command}/1",
+            "command": self.command,
+            "source": self.source,
+            "output": self.output,
+            "dry_run": self.dry_run,
+            "broker_version": self.broker_version,
+            "source_version": self.source_version,
+            "bytes_before": self.bytes_before,
+            "bytes_after": self.bytes_after,
+            "bytes_reclaimed": self.bytes_before - self.bytes_after,
+            "store_entries_before": self.store_entries_before,
+            "store_entries_written": self.store_entries_written,
+            "store_files_written": self.store_files_written,
+            "garbage_not_written": self.garbage,
+            "threshold": self.threshold,
+            "store_files": self.store_files,
+            "lost_found": {"items": self.lost_found, "path": self.lost_found_path},
+            "totals": self.totals(),
+            "restored_orphans": display_all(self.restored),
+            "queues": [q.to_dict() for q in self.queues],
+            "notes": display_all(self.notes),
+            "verified": self.verified,
+            "cannot_boot": display_all(self.cannot_boot),
+            "exit_code": self.exit_code,
+        }
 
 
 def _bump(d: dict, key: str, n: int = 1) -> None:
@@ -223,11 +257,17 @@ def _summary(raw: bytes) -> dict:
     except Exception as e:  # damaged bytes are why many items are here
         return {"decode_error": f"{type(e).__name__}: {e}"[:300]}
     props = dict(m["properties"])
-    return {"term_format": m["term_format"], "msg_id": m["msg_id"].hex() if m["msg_id"] else None,
-            "exchange": m["exchange"], "routing_keys": m["routing_keys"], "properties": props,
-            "headers": json.loads(m["headers"]) if m["headers"] else None,
-            "body_size": len(m["body"]), "body_sha256": hashlib.sha256(m["body"]).hexdigest(),
-            "body_base64": base64.b64encode(m["body"][:4096]).decode() if len(m["body"]) <= 4096 else None}
+    return {
+        "term_format": m["term_format"],
+        "msg_id": m["msg_id"].hex() if m["msg_id"] else None,
+        "exchange": m["exchange"],
+        "routing_keys": m["routing_keys"],
+        "properties": props,
+        "headers": json.loads(m["headers"]) if m["headers"] else None,
+        "body_size": len(m["body"]),
+        "body_sha256": hashlib.sha256(m["body"]).hexdigest(),
+        "body_base64": base64.b64encode(m["body"][:4096]).decode() if len(m["body"]) <= 4096 else None,
+    }
 
 
 # -- one vhost --------------------------------------------------------------------------------------
@@ -248,7 +288,7 @@ class RewriteContext:
     damage: list[str] = field(default_factory=list)  # compact: what makes SRC unfit (the first few)
     damaged: int = 0  # compact: messages that make SRC unfit
     target: BrokerModel | None = None  # the version the output is written for (None: SRC's)
-    reterm: "Reterms | None" = None  # this vhost: the shared-store terms re-encoded for the target
+    reterm: Reterms | None = None  # this vhost: the shared-store terms re-encoded for the target
     v2_count: dict[Path, int] = field(default_factory=dict)  # vhost dir -> v2 segment size seen
     torn: dict[bytes, tuple] = field(default_factory=dict)  # this vhost: id -> marker-less entry
     repaired: dict[bytes, bytes] = field(default_factory=dict)  # this vhost: id -> whole term of a torn entry
@@ -257,14 +297,29 @@ class RewriteContext:
     restore_orphans: frozenset = frozenset()  # rebuild: queue names (bytes) orphans are written back into
 
     @classmethod
-    def start(cls, command: str, source, output, sources: Sources, limit: int = c_rdq.FILE_SIZE_LIMIT,
-              lost_found: Path | None = None, dry_run: bool = False,
-              target: BrokerModel | None = None) -> "RewriteContext":
+    def start(
+        cls,
+        command: str,
+        source,
+        output,
+        sources: Sources,
+        limit: int = c_rdq.FILE_SIZE_LIMIT,
+        lost_found: Path | None = None,
+        dry_run: bool = False,
+        target: BrokerModel | None = None,
+    ) -> RewriteContext:
         """A context with a new, empty ``Result``; ``lost_found``: where lost+found goes
         (None: items are only counted); ``target``: the version written for (None: each
         vhost's own)."""
-        return cls(command, Result(command, display(source), display(output), dry_run), sources, LostFound(lost_found),
-                   dry_run, limit, target=target)
+        return cls(
+            command,
+            Result(command, display(source), display(output), dry_run),
+            sources,
+            LostFound(lost_found),
+            dry_run,
+            limit,
+            target=target,
+        )
 
     @property
     def rebuild(self) -> bool:
@@ -293,7 +348,7 @@ class _QueuePlan:
     """One queue dir the rewrite writes (or skips): a source queue dir (``q``), or the dir of a
     durable queue whose index dir is gone that --restore-orphans writes (``q`` None)."""
 
-    q: "layout.QueueDir | None"
+    q: layout.QueueDir | None
     qr: QueueResult
     out_dir: str
     vout: int | None  # the index version written (None: not written)
@@ -322,14 +377,22 @@ def _plan_dirs(vs: VhostScan, ctx: RewriteContext, model: BrokerModel) -> list[_
         own = vs.node.renamed_dir(vh, q) if ctx.rebuild else None
         out_dir = own[0] if own is not None else q.dir_name
         if own is not None:
-            ctx.result.notes.append(f"{node}: vhost {vhost_label!r}: queue dir {q.dir_name} holds the index of "
-                                    f"queue {q.label!r}, whose own dir {own[0]} is missing: written back as {own[0]}")
+            ctx.result.notes.append(
+                f"{node}: vhost {vhost_label!r}: queue dir {q.dir_name} holds the index of "
+                f"queue {q.label!r}, whose own dir {own[0]} is missing: written back as {own[0]}"
+            )
         if known is False:
             qr.skipped = "not a durable queue in the metadata: the broker deletes this dir at boot"
         vin = q.index_version
         vout = formats.index_version(model, current=vin) if vin is not None else None
-        if not qr.skipped and q.name_source != ".queue_name" and q.name_raw is None and not q.qi and not q.idx \
-                and q.journal is None:  # a dir with no name and no index: nothing a boot could read
+        if (
+            not qr.skipped
+            and q.name_source != ".queue_name"
+            and q.name_raw is None
+            and not q.qi
+            and not q.idx
+            and q.journal is None
+        ):  # a dir with no name and no index: nothing a boot could read
             qr.skipped = "an empty queue dir without a readable .queue_name: nothing to write"
         qr.written_version = None if qr.skipped else vout
         stub = None
@@ -345,10 +408,12 @@ def _plan_dirs(vs: VhostScan, ctx: RewriteContext, model: BrokerModel) -> list[_
         if lq.vhost_dir != vh.dir_name or lq.name not in ctx.restore_orphans:
             continue
         if lq.levels > 1:
-            ctx.result.notes.append(f"{node}: vhost {vhost_label!r}: queue {lq.label!r} is a priority queue: "
-                                    "--restore-orphans does not write its levels")
+            ctx.result.notes.append(
+                f"{node}: vhost {vhost_label!r}: queue {lq.label!r} is a priority queue: "
+                "--restore-orphans does not write its levels"
+            )
             continue
-        (dir_name, _, _), = lq.dirs
+        ((dir_name, _, _),) = lq.dirs
         stored = lq.name  # not a priority queue: the dir is named from the queue's own name
         declared = vs.node.metadata.arguments(lq.vhost, lq.name).get("x-queue-version")
         vout = formats.index_version(model, declared if isinstance(declared, int) else None)
@@ -392,8 +457,9 @@ def _plan_chunks(vs: VhostScan, plan: _QueuePlan, ctx: RewriteContext, refs, sto
         yield count, pos[at], entries
 
 
-def _write_queue(vs: VhostScan, out: Path, ctx: RewriteContext, plan: _QueuePlan, chunks, orphans: Callable,
-                 extra: dict | None) -> list:
+def _write_queue(
+    vs: VhostScan, out: Path, ctx: RewriteContext, plan: _QueuePlan, chunks, orphans: Callable, extra: dict | None
+) -> list:
     """Write one planned queue dir from its chunks (``(segment size or None, positions, entries)``,
     in seq order), then the orphans restored into it and the Spark writer's rows for it; returns
     the rows written (in a list: none or one)."""
@@ -401,9 +467,14 @@ def _write_queue(vs: VhostScan, out: Path, ctx: RewriteContext, plan: _QueuePlan
     writer = None
     if plan.written:
         vout = plan.vout or 2
-        writer = QueueWriter(out / "queues" / plan.out_dir, ctx.sources, vout,
-                             vh.segment_entry_count if vout == 1 else c_qi.DEFAULT_SEGMENT_ENTRY_COUNT, plan.stub,
-                             dry=ctx.dry)
+        writer = QueueWriter(
+            out / "queues" / plan.out_dir,
+            ctx.sources,
+            vout,
+            vh.segment_entry_count if vout == 1 else c_qi.DEFAULT_SEGMENT_ENTRY_COUNT,
+            plan.stub,
+            dry=ctx.dry,
+        )
         if plan.stub is not None:
             ctx.result.bytes_after += len(plan.stub)
     for count, _, entries in chunks:
@@ -454,8 +525,16 @@ class _EntrySpill:
 
 #: a store entry written from: its key, size, whether it needs no new copy, and where its term
 #: re-encoded for the target version is (``Reterms``; length -1: copied as stored) with its id
-KEY_RECORD = np.dtype([("key", np.int64), ("total", np.int64), ("skip", bool), ("term_at", np.int64),
-                       ("term_len", np.int64), ("msg_id", "V16")])
+KEY_RECORD = np.dtype(
+    [
+        ("key", np.int64),
+        ("total", np.int64),
+        ("skip", bool),
+        ("term_at", np.int64),
+        ("term_len", np.int64),
+        ("msg_id", "V16"),
+    ]
+)
 
 
 class Reterms:
@@ -597,9 +676,11 @@ def rewrite_vhost(vs: VhostScan, out: Path, ctx: RewriteContext, extra: dict | N
     if vh.name_raw is not None:
         _put_file(ctx, out / ".vhost", vh.name_raw)
     else:
-        ctx.result.notes.append(f"{display(node)}/{display(vhost_label)}: no name is known for vhost dir "
-                                f"{display(vh.dir_name)} (its .vhost names no vhost, nor does the metadata): "
-                                "written without .vhost, which the broker writes when it recovers the vhost")
+        ctx.result.notes.append(
+            f"{display(node)}/{display(vhost_label)}: no name is known for vhost dir "
+            f"{display(vh.dir_name)} (its .vhost names no vhost, nor does the metadata): "
+            "written without .vhost, which the broker writes when it recovers the vhost"
+        )
     raw = _read_small(vh.path / ".config")
     if raw is not None:
         _put_file(ctx, out / ".config", raw)
@@ -625,13 +706,17 @@ def rewrite_vhost(vs: VhostScan, out: Path, ctx: RewriteContext, extra: dict | N
             store_pos = {f.path: fi for fi, f in enumerate(files)}
             refs = ([], [], [])  # (file position, offset, total) of the store entries written
             # rebuild: entries whose 255 marker is bad but whose term is whole can still be delivered
-            ctx.torn = {i: (persistent.files[fi].path, o, t) for fi, o, t, i in persistent.bad} \
-                if ctx.rebuild and persistent is not None else {}
+            ctx.torn = (
+                {i: (persistent.files[fi].path, o, t) for fi, o, t, i in persistent.bad}
+                if ctx.rebuild and persistent is not None
+                else {}
+            )
             for plan in plans:
                 chunks = _plan_chunks(sub, plan, ctx, refs, store_pos, first=k == 0)
                 if spill is None:
-                    added += _write_queue(sub, out, ctx, plan, chunks,
-                                          partial(_orphans_to_restore, sub, plan.restore, ctx, refs), extra)
+                    added += _write_queue(
+                        sub, out, ctx, plan, chunks, partial(_orphans_to_restore, sub, plan.restore, ctx, refs), extra
+                    )
                     continue
                 for _, pos, entries in chunks:
                     spill.add(k, pos, entries)
@@ -647,12 +732,18 @@ def rewrite_vhost(vs: VhostScan, out: Path, ctx: RewriteContext, extra: dict | N
         if spill is not None:
             spill.rewind()
             for plan in plans:
-                added += _write_queue(vs, out, ctx, plan, spill.chunks(plan),
-                                      partial(sorted, plan.orphans, key=lambda o: o[0]), extra)
+                added += _write_queue(
+                    vs, out, ctx, plan, spill.chunks(plan), partial(sorted, plan.orphans, key=lambda o: o[0]), extra
+                )
         for rows in (extra or {}).values():  # queues with no dir yet
-            writer = QueueWriter(out / "queues" / rows.dir_name, ctx.sources, rows.index_version,
-                                 vh.segment_entry_count if rows.index_version == 1 else c_qi.DEFAULT_SEGMENT_ENTRY_COUNT,
-                                 rows.stub, dry=ctx.dry)
+            writer = QueueWriter(
+                out / "queues" / rows.dir_name,
+                ctx.sources,
+                rows.index_version,
+                vh.segment_entry_count if rows.index_version == 1 else c_qi.DEFAULT_SEGMENT_ENTRY_COUNT,
+                rows.stub,
+                dry=ctx.dry,
+            )
             writer.add(rows.entries(0))
             writer.close()
             added.append(rows)
@@ -665,18 +756,29 @@ def rewrite_vhost(vs: VhostScan, out: Path, ctx: RewriteContext, extra: dict | N
                     rec["skip"] = _kept_copies(st, kept, rec["key"])
                     keys.put(k, rec)
                 kept_keys = _kept_keys(st, kept) if kept and st is not None else np.zeros(0, np.int64)
-                _store_garbage(sub, ctx, node, vhost_label,
-                               np.union1d(rec["key"], kept_keys) if len(kept_keys) else rec["key"])
+                _store_garbage(
+                    sub, ctx, node, vhost_label, np.union1d(rec["key"], kept_keys) if len(kept_keys) else rec["key"]
+                )
         # the shared store: each entry written from once, in its original order
-        shared = SharedStoreWriter(out / "msg_store_persistent", ctx.sources, ctx.limit, dry=ctx.dry,
-                                   first=max((files[fi].number for fi in kept), default=-1) + 1)
+        shared = SharedStoreWriter(
+            out / "msg_store_persistent",
+            ctx.sources,
+            ctx.limit,
+            dry=ctx.dry,
+            first=max((files[fi].number for fi in kept), default=-1) + 1,
+        )
         for fi in sorted(kept):  # kept whole, under their own names
             ctx.kept_paths.append(shared.keep(files[fi].path, files[fi].size))
             ctx.result.bytes_after += files[fi].size
         for rec in keys.by_file():
             for key, total, skipped, term_at, term_len, msg_id in zip(
-                    rec["key"].tolist(), rec["total"].tolist(), rec["skip"].tolist(), rec["term_at"].tolist(),
-                    rec["term_len"].tolist(), rec["msg_id"]):
+                rec["key"].tolist(),
+                rec["total"].tolist(),
+                rec["skip"].tolist(),
+                rec["term_at"].tolist(),
+                rec["term_len"].tolist(),
+                rec["msg_id"],
+            ):
                 if skipped:  # in a kept file, or a kept file holds a copy its recovery claims first
                     continue
                 if term_len >= 0:  # re-encoded for the target version
@@ -711,8 +813,9 @@ def _store_records(refs) -> np.ndarray:
     return rec
 
 
-def _kept_files(files: list, ctx: RewriteContext, node: str, vhost: str | None, model: BrokerModel,
-                live: np.ndarray) -> set[int]:
+def _kept_files(
+    files: list, ctx: RewriteContext, node: str, vhost: str | None, model: BrokerModel, live: np.ndarray
+) -> set[int]:
     """compact --threshold (borg's): the positions of the persistent store files kept whole
     (garbage ratio at or below the threshold, ``live`` bytes per file written from, and nothing
     in them the output's boot or verify would object to); each file's fate goes to the report."""
@@ -726,17 +829,27 @@ def _kept_files(files: list, ctx: RewriteContext, node: str, vhost: str | None, 
         why = None
         if ctx.reterm:
             why = "messages of this vhost are re-encoded for the target version"
-        elif rf.bad_markers or any(h.kind in ("garbage", "truncated_tail") or
-                                   (h.kind == "zeroed" and model.sequential_scan) for h in rf.holes):
+        elif rf.bad_markers or any(
+            h.kind in ("garbage", "truncated_tail") or (h.kind == "zeroed" and model.sequential_scan) for h in rf.holes
+        ):
             why = "holds damaged bytes or a hole the target's store scan objects to"
         elif fi in retermed:
             why = "holds messages re-encoded for the target version"
         action = "kept" if why is None and ratio * 100 <= ctx.threshold else "rewritten"
         if action == "kept":
             kept.add(fi)
-        ctx.result.store_files.append({"node": node, "vhost": vhost, "file": display(rf.path), "size": size,
-                                       "live_bytes": int(live[fi]), "garbage_ratio": round(ratio, 4),
-                                       "action": action, "why": why})
+        ctx.result.store_files.append(
+            {
+                "node": node,
+                "vhost": vhost,
+                "file": display(rf.path),
+                "size": size,
+                "live_bytes": int(live[fi]),
+                "garbage_ratio": round(ratio, 4),
+                "action": action,
+                "why": why,
+            }
+        )
     return kept
 
 
@@ -759,8 +872,9 @@ def _kept_copies(st, kept: set[int], keys: np.ndarray) -> np.ndarray:
     return in_kept[at] | has_copy[st.e_group[at]]
 
 
-def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: RewriteContext, refs, store_pos, written: bool,
-                   shift: int) -> tuple[list[Entry], list[int]]:
+def _chunk_entries(
+    vs: VhostScan, qx, res, qr: QueueResult, ctx: RewriteContext, refs, store_pos, written: bool, shift: int
+) -> tuple[list[Entry], list[int]]:
     """The chunk's live entries to write (SeqIds moved by ``shift``), and their positions among
     the live entries; the rest counted, and put in lost+found when rebuild has their bytes.
     ``written``: the queue dir is written (else its messages are dropped or quarantined)."""
@@ -789,15 +903,24 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: RewriteContext,
     for j in range(len(live)):
         fate = fates[j]
         loc = locs[j]
-        msg_id = ids[16 * j:16 * j + 16]
+        msg_id = ids[16 * j : 16 * j + 16]
         fb = body_file[j]
 
         def place() -> dict:
             path = str(res.body_files[fb]) if fb >= 0 else str(qx.files[files[j]]) if qx.files else None
-            return {"node": qr.node, "vhost": qr.vhost, "queue": qr.queue, "priority": qr.priority,
-                    "queue_dir": qr.dir, "seq_id": seqs[j], "msg_id": msg_id.hex() if has_id[j] else None,
-                    "location": loc, "fate_at_next_boot": fate.reason, "file": path,
-                    "offset": store_off[j] if store_off[j] >= 0 else None}
+            return {
+                "node": qr.node,
+                "vhost": qr.vhost,
+                "queue": qr.queue,
+                "priority": qr.priority,
+                "queue_dir": qr.dir,
+                "seq_id": seqs[j],
+                "msg_id": msg_id.hex() if has_id[j] else None,
+                "location": loc,
+                "fate_at_next_boot": fate.reason,
+                "file": path,
+                "offset": store_off[j] if store_off[j] >= 0 else None,
+            }
 
         def raw() -> bytes | None:
             if fb < 0:
@@ -858,8 +981,11 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: RewriteContext,
             if qs_fate(res.qs_status[j]) in QUARANTINED:  # its .qs entry contradicts the index
                 fate = qs_fate(res.qs_status[j])
             whole_qs_entry = False
-            if fate == Fate.QS_BAD_HEADER and qs is not None and \
-                    vs.bodies.qs_entry(qs, st_off[j], st_size[j], trust_header=False) == r_qs.OK:
+            if (
+                fate == Fate.QS_BAD_HEADER
+                and qs is not None
+                and vs.bodies.qs_entry(qs, st_off[j], st_size[j], trust_header=False) == r_qs.OK
+            ):
                 fate, whole_qs_entry = Fate.DELIVERED, True  # the entry itself is intact
             if fate == Fate.BODY_MISSING and loc == Location.SHARED_STORE and msg_id in ctx.torn:
                 b = _whole_term(vs, *ctx.torn[msg_id], msg_id) if msg_id not in ctx.repaired else ctx.repaired[msg_id]
@@ -870,8 +996,9 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: RewriteContext,
                             continue
                         b = new if new is not None else b
                     ctx.repaired[msg_id] = b
-                    entries.append(Entry(seqs[j] + shift, msg_id, sizes[j], expiries[j], shared=True,
-                                         delivered=delivered[j] == 1))
+                    entries.append(
+                        Entry(seqs[j] + shift, msg_id, sizes[j], expiries[j], shared=True, delivered=delivered[j] == 1)
+                    )
                     at.append(j)
                     continue
             if fate in SALVAGEABLE:
@@ -900,8 +1027,13 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: RewriteContext,
                 continue
         if not keep:
             continue
-        ok, new = retarget(b, True) if b is not None else \
-            retarget(vs.bodies.read(res.body_files[fb], body_start[j], min(body_len[j], formats.SHAPE_HEAD)), False)
+        ok, new = (
+            retarget(b, True)
+            if b is not None
+            else retarget(
+                vs.bodies.read(res.body_files[fb], body_start[j], min(body_len[j], formats.SHAPE_HEAD)), False
+            )
+        )
         if not ok:
             continue
         seq = seqs[j] + shift
@@ -916,11 +1048,27 @@ def _chunk_entries(vs: VhostScan, qx, res, qr: QueueResult, ctx: RewriteContext,
         elif new is not None:  # re-encoded: written from memory
             entries.append(Entry(seq, msg_id, sizes[j], expiries[j], delivered=delivered[j] == 1, term=new))
         elif loc == Location.QUEUE_STORE:
-            entries.append(Entry(seq, b"", sizes[j], expiries[j], src=(qs_path, *r_qs.entry_span(st_off[j], st_size[j])),
-                                 qs_header=True))
+            entries.append(
+                Entry(
+                    seq,
+                    b"",
+                    sizes[j],
+                    expiries[j],
+                    src=(qs_path, *r_qs.entry_span(st_off[j], st_size[j])),
+                    qs_header=True,
+                )
+            )
         else:  # CQv1 embedded
-            entries.append(Entry(seq, msg_id, sizes[j], expiries[j], delivered=delivered[j] == 1,
-                                 src=(qx.files[files[j]], st_off[j], st_size[j])))
+            entries.append(
+                Entry(
+                    seq,
+                    msg_id,
+                    sizes[j],
+                    expiries[j],
+                    delivered=delivered[j] == 1,
+                    src=(qx.files[files[j]], st_off[j], st_size[j]),
+                )
+            )
     if rf:
         refs[0].append(np.array(rf, np.int64))
         refs[1].append(np.array(ro, np.int64))
@@ -959,8 +1107,10 @@ def _orphans_to_restore(vs: VhostScan, queue: bytes, ctx: RewriteContext, refs) 
         key = (int(st.e_file[e]), int(st.e_offset[e]), int(st.e_total[e]))
         if action != formats.KEEP:
             try:
-                ctx.reterm[key[0] * _KEY + key[1]] = (msg_id, formats.retarget_or_damage(target, term, vhost_raw,
-                                                                                         msg_id))
+                ctx.reterm[key[0] * _KEY + key[1]] = (
+                    msg_id,
+                    formats.retarget_or_damage(target, term, vhost_raw, msg_id),
+                )
             except FormatError as e:
                 ctx.result.notes.append(f"orphan {msg_id.hex()} not restored into {queue!r}: {e.message}")
                 continue
@@ -982,11 +1132,23 @@ def _restore(orphans: list[tuple], first_seq: int, qr: QueueResult, ctx: Rewrite
     entries = []
     for (_, offset, _), msg_id, size, path in orphans:
         entries.append(Entry(first_seq + len(entries), msg_id, size, 0, shared=True))
-        where = {"node": qr.node, "vhost": qr.vhost, "queue": qr.queue, "queue_dir": qr.dir,
-                 "seq_id": entries[-1].seq_id, "msg_id": msg_id.hex(), "file": str(path), "offset": offset}
+        where = {
+            "node": qr.node,
+            "vhost": qr.vhost,
+            "queue": qr.queue,
+            "queue_dir": qr.dir,
+            "seq_id": entries[-1].seq_id,
+            "msg_id": msg_id.hex(),
+            "file": str(path),
+            "offset": offset,
+        }
         ctx.result.restored.append(where)
-        ctx.lost.add("restored", {**where, "location": "shared_store", "fate_at_next_boot": None}, None,
-                     f"orphaned store message written back into queue {qr.queue!r} (--restore-orphans)")
+        ctx.lost.add(
+            "restored",
+            {**where, "location": "shared_store", "fate_at_next_boot": None},
+            None,
+            f"orphaned store message written back into queue {qr.queue!r} (--restore-orphans)",
+        )
     qr.restored += len(entries)
     return entries
 
@@ -1043,31 +1205,56 @@ def _store_garbage(vs: VhostScan, ctx: RewriteContext, node: str, vhost: str | N
             if label == "duplicate":
                 if vs.bodies.read(*st.term_span(int(group_written[g]))) == raw:
                     continue  # the same bytes as the copy written
-            ctx.lost.add(label, {"node": node, "vhost": vhost, "queue": None, "store": kind, "file": str(f.path), "offset": o,
-                                 "msg_id": st.e_id[i].tobytes().hex()}, raw,
-                         "no queue index refers to it (acked, or its index entry is gone)" if label == "orphan"
-                         else "differs from the copy of this id that was written")
+            ctx.lost.add(
+                label,
+                {
+                    "node": node,
+                    "vhost": vhost,
+                    "queue": None,
+                    "store": kind,
+                    "file": str(f.path),
+                    "offset": o,
+                    "msg_id": st.e_id[i].tobytes().hex(),
+                },
+                raw,
+                "no queue index refers to it (acked, or its index entry is gone)"
+                if label == "orphan"
+                else "differs from the copy of this id that was written",
+            )
         for fi, o, t, i in st.bad:
             path = st.files[fi].path
             if kind == "persistent" and i in ctx.repaired:
-                ctx.result.notes.append(f"{vhost}: {path}@{o}: entry {i.hex()} lacked its write marker but its "
-                                        "term was whole: written with a good one")
+                ctx.result.notes.append(
+                    f"{vhost}: {path}@{o}: entry {i.hex()} lacked its write marker but its "
+                    "term was whole: written with a good one"
+                )
                 continue
             entry = ctx.result.garbage.setdefault("torn", [0, 0])
             entry[0] += 1
             entry[1] += t
             if ctx.rebuild:
-                ctx.lost.add("torn_write", {"node": node, "vhost": vhost, "queue": None, "store": kind, "file": str(path),
-                                            "offset": o, "msg_id": i.hex()},
-                             vs.bodies.read(path, *r_rdq.term_span(o, t)),
-                             "entry without its 255 write marker")
+                ctx.lost.add(
+                    "torn_write",
+                    {
+                        "node": node,
+                        "vhost": vhost,
+                        "queue": None,
+                        "store": kind,
+                        "file": str(path),
+                        "offset": o,
+                        "msg_id": i.hex(),
+                    },
+                    vs.bodies.read(path, *r_rdq.term_span(o, t)),
+                    "entry without its 255 write marker",
+                )
 
 
 # -- the node dir -----------------------------------------------------------------------------------
 
 
-def write_lost_queue_dirs(out_node: Path, meta, model: BrokerModel, dry: bool = False,
-                          source: "layout.NodeDir | None" = None) -> list[str]:
+def write_lost_queue_dirs(
+    out_node: Path, meta, model: BrokerModel, dry: bool = False, source: layout.NodeDir | None = None
+) -> list[str]:
     """Give every durable classic queue of ``meta`` homed on the node an index dir in the
     written node dir ``out_node`` (``.queue_name`` only, as the broker leaves an empty queue):
     a queue whose dir SRC lacks (``queue-index-missing``) or that a Spark write has no rows
@@ -1098,11 +1285,12 @@ def write_lost_queue_dirs(out_node: Path, meta, model: BrokerModel, dry: bool = 
                 qdir.mkdir()
                 with open(qdir / ".queue_name", "xb") as f:
                     f.write(formats.queue_name_stub(lq.vhost, stored[dir_name], version))
-        notes.append(f"vhost {lq.vhost.decode('utf-8', 'replace')!r}, queue {lq.label!r}: durable queue with no index dir "
-                     f"({', '.join(sorted({w for _, _, w in lq.dirs}))}): written empty, as its next boot "
-                     "would start it")
+        notes.append(
+            f"vhost {lq.vhost.decode('utf-8', 'replace')!r}, queue {lq.label!r}: durable queue with no index dir "
+            f"({', '.join(sorted({w for _, _, w in lq.dirs}))}): written empty, as its next boot "
+            "would start it"
+        )
     return notes
-
 
 
 def _vhosts_under_own_dirs(node, notes: list[str], meta) -> None:
@@ -1131,19 +1319,34 @@ def _vhosts_under_own_dirs(node, notes: list[str], meta) -> None:
         shown = display(raw[:200]) + ("..." if len(raw) > 200 else "")
         if own in taken:
             node.vhosts.remove(v)
-            notes.append(f"{display(node.node)}: vhost dir {display(v.dir_name)} holds .vhost {shown!r}, whose own "
-                         f"dir {own} is present too (the broker reads only that one): not written")
+            notes.append(
+                f"{display(node.node)}: vhost dir {display(v.dir_name)} holds .vhost {shown!r}, whose own "
+                f"dir {own} is present too (the broker reads only that one): not written"
+            )
             continue
-        notes.append(f"{display(node.node)}: vhost dir {display(v.dir_name)} holds .vhost {shown!r}, whose own "
-                     f"dir {own} is missing: written back as {own}")
+        notes.append(
+            f"{display(node.node)}: vhost dir {display(v.dir_name)} holds .vhost {shown!r}, whose own "
+            f"dir {own} is missing: written back as {own}"
+        )
         taken.add(own)
         v.dir_name, v.name_raw, v.name = own, raw, raw.decode("utf-8", "replace")
 
 
-def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: bool = False,
-            file_size_limit: int = c_rdq.FILE_SIZE_LIMIT, progress: Callable[[str], None] | None = None,
-            verify_output: bool = True, source_version: str | None = None, force: bool = False,
-            threshold: float | None = None, template=None, restore_orphans=()) -> Result:
+def rewrite(
+    command: str,
+    src,
+    dst,
+    broker_version: str | None = None,
+    dry_run: bool = False,
+    file_size_limit: int = c_rdq.FILE_SIZE_LIMIT,
+    progress: Callable[[str], None] | None = None,
+    verify_output: bool = True,
+    source_version: str | None = None,
+    force: bool = False,
+    threshold: float | None = None,
+    template=None,
+    restore_orphans=(),
+) -> Result:
     """compact or rebuild ``src`` (a node dir, a mnesia base or a folder of them) into ``dst``.
     ``broker_version``: the version that will boot the output (its index versions, stored term
     shapes and atom encoding; default: the version SRC was written by); ``source_version``: the
@@ -1155,9 +1358,9 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
     broker whose metadata replaces SRC's (``retarget``: for a target of another release series);
     ``restore_orphans`` (rebuild only, opt-in): queue names into which the orphaned shared-store
     messages their bindings route to them are written back (``_orphans_to_restore``)."""
-    from cqforensics.write import retarget
     from cqforensics.base.errors import UsageError
     from cqforensics.commands.fsck import running_broker
+    from cqforensics.write import retarget
 
     if threshold is not None and (command != "compact" or not 0 <= threshold <= 100):
         raise UsageError("--threshold: a percentage from 0 to 100, for compact only")
@@ -1172,20 +1375,28 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
     for node in nodes:
         live = running_broker(node.path)
         if live:
-            raise OperationalError(f"{node.path}: a broker appears to be running on it ({live}); stop it, or "
-                                   "copy the dir, before rewriting it")
+            raise OperationalError(
+                f"{node.path}: a broker appears to be running on it ({live}); stop it, or "
+                "copy the dir, before rewriting it"
+            )
     as_of_ms = int(time.time() * 1000)  # TTLs judged at one instant (lost+found's provenance)
     predicted = {}
     if command == "rebuild":  # what SRC's own next boot would deliver, per queue dir
         predicted = _broker_prediction(src, source_version)
-    with Staging(Path(dst), inputs, dry_run, replace=force, command=command,
-                 broker_version=broker_version) as staging:
+    with Staging(Path(dst), inputs, dry_run, replace=force, command=command, broker_version=broker_version) as staging:
         sources = Sources()
         lost = LostFound(None if dry_run else staging.path / "lost+found")
-        ctx = RewriteContext(command, result, sources, lost, dry_run, file_size_limit,
-                             target=version_model(broker_version) if broker_version else None,
-                             threshold=threshold,
-                             restore_orphans=frozenset(q.encode() if isinstance(q, str) else q for q in restore_orphans))
+        ctx = RewriteContext(
+            command,
+            result,
+            sources,
+            lost,
+            dry_run,
+            file_size_limit,
+            target=version_model(broker_version) if broker_version else None,
+            threshold=threshold,
+            restore_orphans=frozenset(q.encode() if isinstance(q, str) else q for q in restore_orphans),
+        )
         result.threshold = threshold
         try:
             if template is not None:  # another series' metadata: the target's own (write/retarget.py)
@@ -1194,8 +1405,13 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
                 copy_tree(src, staging.path, {n.path / "msg_stores" / "vhosts" for n in nodes})
             versions, targets = set(), set()
             for node in nodes:
-                options = make_options(broker_version=source_version, as_of=as_of_ms, bodies=False, decode=False,
-                                       assume_dirty=command == "rebuild")
+                options = make_options(
+                    broker_version=source_version,
+                    as_of=as_of_ms,
+                    bodies=False,
+                    decode=False,
+                    assume_dirty=command == "rebuild",
+                )
                 ns = NodeScan(node, options)
                 _vhosts_under_own_dirs(node, result.notes, ns.metadata)
                 versions.add(ns.model.label)
@@ -1206,18 +1422,25 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
                 sizes = [layout.tree_bytes(vs.vhost.path) for vs in vhosts] if progress else []
                 for k, vs in enumerate(vhosts, 1):
                     if progress:
-                        progress(f"{display(node.node)}: vhost {display(vs.vhost.label)} ({k}/{len(vhosts)})",
-                                 sum(sizes[:k - 1]), sum(sizes))
+                        progress(
+                            f"{display(node.node)}: vhost {display(vs.vhost.label)} ({k}/{len(vhosts)})",
+                            sum(sizes[: k - 1]),
+                            sum(sizes),
+                        )
                     try:
                         rewrite_vhost(vs, out_node / "msg_stores" / "vhosts" / vs.vhost.dir_name, ctx)
                     finally:
                         vs.close()
                     dropped = len(vs.vhost.others) + sum(len(q.others) for q in vs.vhost.queues)
                     if dropped:
-                        result.notes.append(f"{node.node}, vhost {vs.vhost.label!r}: {plural(dropped, 'file')} the "
-                                            "broker does not use were not carried over")
-                result.notes += [f"{node.node}: {n}" for n in
-                                 write_lost_queue_dirs(out_node, ns.metadata, ctx.target or ns.model, dry_run, node)]
+                        result.notes.append(
+                            f"{node.node}, vhost {vs.vhost.label!r}: {plural(dropped, 'file')} the "
+                            "broker does not use were not carried over"
+                        )
+                result.notes += [
+                    f"{node.node}: {n}"
+                    for n in write_lost_queue_dirs(out_node, ns.metadata, ctx.target or ns.model, dry_run, node)
+                ]
                 if template is None and ctx.target is not None:
                     gap = retarget.carried_metadata_note(ns.model, ctx.target)
                     result.cannot_boot += [f"{node.node}: {gap}"] if gap else []
@@ -1231,16 +1454,20 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
         if ctx.damage:
             more = ctx.damaged - len(ctx.damage)
             shown = "; ".join(ctx.damage) + (f" (and {more} more)" if more else "")
-            raise DamagedSource(f"{src}: {plural(ctx.damaged, 'message')} the next boot would not deliver as they are "
-                                f"({shown}); compact only rewrites consistent stores: run `cqforensics fsck` to see "
-                                "the damage and `cqforensics rebuild` to salvage")
+            raise DamagedSource(
+                f"{src}: {plural(ctx.damaged, 'message')} the next boot would not deliver as they are "
+                f"({shown}); compact only rewrites consistent stores: run `cqforensics fsck` to see "
+                "the damage and `cqforensics rebuild` to salvage"
+            )
         for q in result.queues:
             if command == "rebuild":
                 q.broker_would_deliver, q.broker_would_expire = predicted.get((q.node, q.vhost, q.dir), (0, 0))
         found = {r["queue"].encode() for r in result.restored}
         for name in sorted(ctx.restore_orphans - found):
-            result.notes.append(f"--restore-orphans {name.decode('utf-8', 'replace')!r}: no orphaned store message "
-                                "routes to it (or no such durable queue)")
+            result.notes.append(
+                f"--restore-orphans {name.decode('utf-8', 'replace')!r}: no orphaned store message "
+                "routes to it (or no such durable queue)"
+            )
         result.lost_found = lost.items
         if lost.items and not dry_run:
             result.lost_found_path = display(Path(dst).absolute() / "lost+found")
@@ -1259,8 +1486,10 @@ def rewrite(command: str, src, dst, broker_version: str | None = None, dry_run: 
             check = verify(staging.path, broker_version=broker_version, garbage_allowed_in=ctx.kept_paths)
             result.verified = check.consistent
             if not check.consistent:
-                raise OperationalError(f"the output failed verification ({plural(len(check.violations), 'violation')}, first: "
-                                       f"{check.violations[0].message}); nothing was written to {dst}")
+                raise OperationalError(
+                    f"the output failed verification ({plural(len(check.violations), 'violation')}, first: "
+                    f"{check.violations[0].message}); nothing was written to {dst}"
+                )
         staging.commit()
     return result
 

@@ -134,7 +134,7 @@ def _write_all(fd: int, data, path: Path) -> None:
     view = memoryview(data)
     try:
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
     except OSError as e:
         raise OperationalError(f"{path}: cannot write: {e.strerror}") from e
 
@@ -148,8 +148,15 @@ class SharedStoreWriter:
     limit gets a file of its own), as the broker's writer rolls over. ``first``: the number of
     the first file (``compact --threshold`` numbers new files above the files it keeps)."""
 
-    def __init__(self, path: Path, sources: Sources, limit: int = c_rdq.FILE_SIZE_LIMIT, sync: bool = False,
-                 dry: bool = False, first: int = 0):
+    def __init__(
+        self,
+        path: Path,
+        sources: Sources,
+        limit: int = c_rdq.FILE_SIZE_LIMIT,
+        sync: bool = False,
+        dry: bool = False,
+        first: int = 0,
+    ):
         self.path = path
         self.first = first
         self.sources = sources
@@ -168,8 +175,9 @@ class SharedStoreWriter:
             self._close_current()
             out = None
         if out is None:
-            out = self._out = OutFile(self.path / file_name("rdq", self.first + len(self.files)), self.sources,
-                                        self.dry)
+            out = self._out = OutFile(
+                self.path / file_name("rdq", self.first + len(self.files)), self.sources, self.dry
+            )
         return out
 
     def _close_current(self) -> None:
@@ -244,8 +252,16 @@ class QueueWriter:
     """One queue dir: ``.queue_name`` plus v2 segments (``N.qi`` with ``N.qs``) or CQv1
     ``N.idx`` segments (no journal: a dirty start reads segments alone)."""
 
-    def __init__(self, path: Path, sources: Sources, index_version: int, entry_count: int,
-                 queue_name_stub: bytes | None, sync: bool = False, dry: bool = False):
+    def __init__(
+        self,
+        path: Path,
+        sources: Sources,
+        index_version: int,
+        entry_count: int,
+        queue_name_stub: bytes | None,
+        sync: bool = False,
+        dry: bool = False,
+    ):
         self.path = path
         self.sources = sources
         self.version = index_version
@@ -345,8 +361,11 @@ class QueueWriter:
                 qs.put(term)
                 qs_size[k] = len(term)
         qi = OutFile(self.path / file_name("qi", number), self.sources, self.dry)
-        qi.put(formats.qi_segment(number, self.entry_count, slots, np.ones(n, np.uint8), loc, ids, qs_off, qs_size,
-                                  size, expiry))
+        qi.put(
+            formats.qi_segment(
+                number, self.entry_count, slots, np.ones(n, np.uint8), loc, ids, qs_off, qs_size, size, expiry
+            )
+        )
         self._done(qi, qs)
         self.stats.messages += n
 

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cqforensics.base import exitcodes
-from cqforensics.discovery import nodes as layout
 from cqforensics.base.errors import display
-from cqforensics.checks import check_vhost, qs_overlaps, undelivered
 from cqforensics.base.findings import CODES, INFO, Finding
+from cqforensics.checks import check_vhost, qs_overlaps, undelivered
+from cqforensics.discovery import nodes as layout
 from cqforensics.model.options import make_options
 from cqforensics.model.vhost import NodeScan
 
@@ -37,8 +37,9 @@ BREAKS = frozenset({"orphan-message", "duplicate-copy", "transient-dropped"})
 #: node-level files (``details["place"] == "node"``, e.g. a FIFO named like a Mnesia file), and a
 #: message the index holds twice (a copied slot: every entry still resolves, the message is
 #: delivered twice; the writers keep both copies as the source index holds them)
-CARRIED_OVER = frozenset({"term-file-damaged", "index-duplicate-entry"}
-                         | {c for c in CODES if c.startswith(("osiris-", "stream-"))})
+CARRIED_OVER = frozenset(
+    {"term-file-damaged", "index-duplicate-entry"} | {c for c in CODES if c.startswith(("osiris-", "stream-"))}
+)
 #: quorum queues' Ra data (``quorum/<node>/``) is copied by the writers as it is (they rewrite
 #: ``msg_stores/vhosts`` only): what is found there, and what its next boot drops, is carried over
 CARRIED_OVER |= {code for code in CODES if code.startswith("quorum-")}
@@ -70,16 +71,31 @@ class VerifyResult:
         return exitcodes.OK if self.consistent else exitcodes.ERRORS_LEFT
 
     def to_dict(self) -> dict:
-        return {"format": "cqforensics-verify/1", "path": self.path, "consistent": self.consistent,
-                "broker_version": self.broker_version, "nodes": self.nodes, "vhosts": self.vhosts,
-                "queues": self.queues, "messages": self.messages, "store_entries": self.store_entries,
-                "violations": [f.to_dict() for f in self.violations], "notes": [f.to_dict() for f in self.notes],
-                "exit_code": self.exit_code}
+        return {
+            "format": "cqforensics-verify/1",
+            "path": self.path,
+            "consistent": self.consistent,
+            "broker_version": self.broker_version,
+            "nodes": self.nodes,
+            "vhosts": self.vhosts,
+            "queues": self.queues,
+            "messages": self.messages,
+            "store_entries": self.store_entries,
+            "violations": [f.to_dict() for f in self.violations],
+            "notes": [f.to_dict() for f in self.notes],
+            "exit_code": self.exit_code,
+        }
 
 
-def verify(paths, broker_version: str | None = None, deep: bool = False,
-           progress: Callable[[str, int | None, int | None], None] | None = None, garbage_allowed_in=(),
-           allow_garbage: bool = False, jobs: int = 1) -> VerifyResult:
+def verify(
+    paths,
+    broker_version: str | None = None,
+    deep: bool = False,
+    progress: Callable[[str, int | None, int | None], None] | None = None,
+    garbage_allowed_in=(),
+    allow_garbage: bool = False,
+    jobs: int = 1,
+) -> VerifyResult:
     """``garbage_allowed_in``: shared-store files whose orphans and extra copies are accepted
     (notes, not violations): the files ``compact --threshold`` kept whole; ``allow_garbage``:
     in every file (``verify --allow-garbage``, for a ``compact --threshold`` output); ``jobs``:
@@ -116,11 +132,18 @@ def verify(paths, broker_version: str | None = None, deep: bool = False,
                 if v.queue_type != "stream":  # a stream's losses are its own findings (notes, above)
                     findings += undelivered(v, named)
             for f in findings:
-                if f.code in BREAKS and f.code != "transient-dropped" and f.file is not None \
-                        and (allow_garbage or os.path.realpath(f.file) in allowed):
+                if (
+                    f.code in BREAKS
+                    and f.code != "transient-dropped"
+                    and f.file is not None
+                    and (allow_garbage or os.path.realpath(f.file) in allowed)
+                ):
                     result.notes.append(f)
-                elif f.code in CARRIED_OVER or f.details.get("place") == "node" or (
-                        f.code in NAME_NOTES and f.file is not None and os.path.basename(f.file) == ".vhost"):
+                elif (
+                    f.code in CARRIED_OVER
+                    or f.details.get("place") == "node"
+                    or (f.code in NAME_NOTES and f.file is not None and os.path.basename(f.file) == ".vhost")
+                ):
                     result.notes.append(f)
                 elif f.severity != INFO or f.code in BREAKS:
                     result.violations.append(f)

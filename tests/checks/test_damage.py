@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 import cqforensics
-from support import damage
-from support import SAMPLES, copy_node
+from support import SAMPLES, copy_node, damage
 
 TARGETS = {  # file kind -> glob inside a node dir
     "qi": "msg_stores/vhosts/*/queues/*/*.qi",
@@ -29,9 +28,10 @@ TARGETS = {  # file kind -> glob inside a node dir
     "mnesia": "*.LOG",
     "khepri": "coordination/*/*.wal",
 }
-SOURCES = {"3.10.8-clean": ("qi", "qs", "rdq", "idx", "jif", "ets", "dot", "dets", "queue_name", "vhost", "config",
-                            "mnesia"),
-           "4.3.6-kill": ("qi", "qs", "rdq", "queue_name", "khepri")}
+SOURCES = {
+    "3.10.8-clean": ("qi", "qs", "rdq", "idx", "jif", "ets", "dot", "dets", "queue_name", "vhost", "config", "mnesia"),
+    "4.3.6-kill": ("qi", "qs", "rdq", "queue_name", "khepri"),
+}
 CASES = [(ds, kind, dmg) for ds, kinds in SOURCES.items() for kind in kinds for dmg in damage.KINDS]
 
 
@@ -66,8 +66,11 @@ def _largest_rdq(node: Path) -> Path:
 
 
 def _entries(node: Path, path: Path):
-    return [r for r in _rows(node, "store", columns=["file", "offset", "total_size", "msg_id", "status"])
-            if r["file"] == str(path)]
+    return [
+        r
+        for r in _rows(node, "store", columns=["file", "offset", "total_size", "msg_id", "status"])
+        if r["file"] == str(path)
+    ]
 
 
 def test_rdq_zeroed_range_is_a_hole_and_costs_the_old_scanner_what_follows(tmp_path):
@@ -81,7 +84,9 @@ def test_rdq_zeroed_range_is_a_hole_and_costs_the_old_scanner_what_follows(tmp_p
     after = {e["msg_id"] for e in entries[4:]}
     # 3.13.1+ resynchronises past the zeros; <= 3.13.0 stops there and loses everything after it
     new = {r["msg_id"]: r["drop_reason"] for r in _rows(node, "messages", broker_version="4.3") if r["msg_id"] in after}
-    old = {r["msg_id"]: r["drop_reason"] for r in _rows(node, "messages", broker_version="3.10") if r["msg_id"] in after}
+    old = {
+        r["msg_id"]: r["drop_reason"] for r in _rows(node, "messages", broker_version="3.10") if r["msg_id"] in after
+    }
     assert new and all(reason != "body_unreachable" for reason in new.values())
     assert {old[m] for m in new if new[m] is None} == {"body_unreachable"}
 
@@ -112,7 +117,7 @@ def test_a_torn_store_entry_is_a_loss_only_when_no_intact_copy_survives(tmp_path
     live = [e for e in _entries(node, rdq) if e["status"] == "live"]
     copied, only = live[0], live[1]
     data = rdq.read_bytes()
-    torn_copy = data[copied["offset"]:copied["offset"] + copied["total_size"] - 1] + b"\0"
+    torn_copy = data[copied["offset"] : copied["offset"] + copied["total_size"] - 1] + b"\0"
     at = rdq.stat().st_size  # after the file's last entry, where the walk's chain reaches it
     other = copy_node("4.3.6-kill", tmp_path / "other") / rdq.relative_to(node)
     with rdq.open("ab") as f:
@@ -206,8 +211,7 @@ def test_qs_scan_finds_every_entry_after_zeros_or_garbage(insert):
     though its header starts with zero bytes that a zero run's skip would step over."""
     from cqforensics.readers.qs import first_entry_offset, scan_entries
 
-    qs = max((SAMPLES / "4.3.6-clean" / "mnesia").rglob("*.qs"),
-             key=lambda p: p.stat().st_size).read_bytes()
+    qs = max((SAMPLES / "4.3.6-clean" / "mnesia").rglob("*.qs"), key=lambda p: p.stat().st_size).read_bytes()
     entries = [e for e in scan_entries(qs, first_entry_offset()) if e[0] == "entry"]
     assert len(entries) >= 4
     at = entries[3][1]

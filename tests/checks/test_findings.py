@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from support import ROOT
 from cqforensics.base.findings import Finding
+from support import ROOT
 
 
 def test_a_finding_is_immutable_and_scoping_makes_a_new_one():
@@ -21,19 +21,38 @@ def test_a_finding_is_immutable_and_scoping_makes_a_new_one():
     assert f.details == {"seq_id": 7}
     g = f.scoped(node="rabbit@h", vhost="/", queue="q", priority=2)
     assert (f.node, f.vhost, f.queue, f.priority) == (None, None, None, None)
-    assert (g.node, g.vhost, g.queue, g.priority, g.file, g.offset, g.crashes_queue) == \
-        ("rabbit@h", "/", "q", 2, "/x/0.qi", 64, True)
-    assert g.to_dict() == {"code": "qi-bad-entry", "severity": "error", "node": "rabbit@h", "vhost": "/",
-                           "queue": "q", "priority": 2, "file": "/x/0.qi", "offset": 64, "message": "slot 7",
-                           "details": {"seq_id": 7}}
+    assert (g.node, g.vhost, g.queue, g.priority, g.file, g.offset, g.crashes_queue) == (
+        "rabbit@h",
+        "/",
+        "q",
+        2,
+        "/x/0.qi",
+        64,
+        True,
+    )
+    assert g.to_dict() == {
+        "code": "qi-bad-entry",
+        "severity": "error",
+        "node": "rabbit@h",
+        "vhost": "/",
+        "queue": "q",
+        "priority": 2,
+        "file": "/x/0.qi",
+        "offset": 64,
+        "message": "slot 7",
+        "details": {"seq_id": 7},
+    }
     with pytest.raises(TypeError):
         f.scoped(code="expired")
 
 
 def test_only_readers_and_checks_make_findings():
     made = []
-    for path in sorted((ROOT / "cqforensics").rglob("*.py")) + sorted((ROOT / "cli").rglob("*.py")) + \
-            sorted((ROOT / "spark_datasource").rglob("*.py")):
+    for path in (
+        sorted((ROOT / "cqforensics").rglob("*.py"))
+        + sorted((ROOT / "cli").rglob("*.py"))
+        + sorted((ROOT / "spark_datasource").rglob("*.py"))
+    ):
         rel = path.relative_to(ROOT).as_posix()
         if rel.startswith(("cqforensics/readers/", "cqforensics/checks/")) or rel == "cqforensics/base/findings.py":
             continue

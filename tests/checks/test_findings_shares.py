@@ -12,20 +12,21 @@ import tarfile
 from collections import Counter
 from pathlib import Path
 
-from support import damage
 import pytest
 
 import cqforensics
-from cqforensics.discovery import nodes as layout
 from cqforensics.checks import check_vhost
+from cqforensics.discovery import nodes as layout
 from cqforensics.model.options import make_options
 from cqforensics.model.store import Share
 from cqforensics.model.vhost import NodeScan, VhostScan
+from support import damage
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = sorted(p for p in (ROOT / "sample_data").iterdir() if p.is_dir())
-EXTRA = next((p for p in (Path("/work/shared/samples-extra"), ROOT.parent / "shared" / "samples-extra") if p.is_dir()),
-             None)
+EXTRA = next(
+    (p for p in (Path("/work/shared/samples-extra"), ROOT.parent / "shared" / "samples-extra") if p.is_dir()), None
+)
 EXTRA_ARCHIVES = sorted(EXTRA.glob("*/*.tar.gz")) if EXTRA else []
 AS_OF = 1_900_000_000_000
 PARTS = 3
@@ -44,8 +45,25 @@ def checked(path: Path, parts: int = 1, deep: bool = False, assume_dirty: bool =
                 vv, ff = check_vhost(vs, deep)
                 vs.close()
                 verdicts += [v.to_dict() for v in vv]
-                found.update(json.dumps([f.code, f.severity, f.file, f.offset, f.message, f.details, f.node, f.vhost,
-                                         f.queue, f.priority], sort_keys=True, default=str) for f in ff)
+                found.update(
+                    json.dumps(
+                        [
+                            f.code,
+                            f.severity,
+                            f.file,
+                            f.offset,
+                            f.message,
+                            f.details,
+                            f.node,
+                            f.vhost,
+                            f.queue,
+                            f.priority,
+                        ],
+                        sort_keys=True,
+                        default=str,
+                    )
+                    for f in ff
+                )
     finally:
         VhostScan.shares = share
     return found, verdicts
@@ -60,7 +78,9 @@ def assert_shares_equal_whole(path: Path, **kw) -> Counter:
 
 
 def _diff(whole: Counter, shared: Counter) -> str:
-    return f"only whole: {list((whole - shared).elements())[:5]}; only in shares: {list((shared - whole).elements())[:5]}"
+    return (
+        f"only whole: {list((whole - shared).elements())[:5]}; only in shares: {list((shared - whole).elements())[:5]}"
+    )
 
 
 def codes(found: Counter) -> Counter:
@@ -129,12 +149,25 @@ def test_damaged_store(damage_kind, tmp_path):
     assert codes(found)["msg-missing"] or codes(found)["rdq-garbage"] or codes(found)["rdq-truncated"]
 
 
-TARGETS = {"qi": "*.qi", "qs": "*.qs", "idx": "*.idx", "jif": "journal.jif", "rdq": "msg_store_persistent/*.rdq",
-           "ets": "msg_store_persistent/*.ets", "dets": "recovery.dets"}
-RANDOM = [(ds, kind, dmg) for ds, kinds in {"3.10.8-clean": ("idx", "jif", "rdq", "ets", "dets"),
-                                              "4.3.6-clean": ("qi", "qs", "rdq", "ets"),
-                                              "4.3.6-kill": ("qi", "qs", "rdq")}.items()
-          for kind in kinds for dmg in damage.KINDS]
+TARGETS = {
+    "qi": "*.qi",
+    "qs": "*.qs",
+    "idx": "*.idx",
+    "jif": "journal.jif",
+    "rdq": "msg_store_persistent/*.rdq",
+    "ets": "msg_store_persistent/*.ets",
+    "dets": "recovery.dets",
+}
+RANDOM = [
+    (ds, kind, dmg)
+    for ds, kinds in {
+        "3.10.8-clean": ("idx", "jif", "rdq", "ets", "dets"),
+        "4.3.6-clean": ("qi", "qs", "rdq", "ets"),
+        "4.3.6-kill": ("qi", "qs", "rdq"),
+    }.items()
+    for kind in kinds
+    for dmg in damage.KINDS
+]
 
 
 @pytest.mark.parametrize("dataset, kind, dmg", RANDOM, ids=[f"{d}-{k}-{m}" for d, k, m in RANDOM])
@@ -142,8 +175,11 @@ def test_random_damage(dataset, kind, dmg, tmp_path):
     """tests/support/damage.py's damage at seeded random places of up to three files of a kind."""
     node = copy(dataset, tmp_path)
     rnd = random.Random(f"{dataset}{kind}{dmg}")
-    targets = sorted(p for p in node.rglob(TARGETS[kind].rsplit("/", 1)[-1])
-                     if "/" not in TARGETS[kind] or p.parent.name == TARGETS[kind].split("/")[0])
+    targets = sorted(
+        p
+        for p in node.rglob(TARGETS[kind].rsplit("/", 1)[-1])
+        if "/" not in TARGETS[kind] or p.parent.name == TARGETS[kind].split("/")[0]
+    )
     assert targets, f"the sample has no {kind} file"
     for path in rnd.sample(targets, min(3, len(targets))):
         damage.apply(dmg, path, rnd)
@@ -151,8 +187,9 @@ def test_random_damage(dataset, kind, dmg, tmp_path):
 
 
 def _store_entries(node: Path) -> list[dict]:
-    return cqforensics.read_table(node, "store", columns=["file", "offset", "total_size", "msg_id", "status"],
-                                  as_of=AS_OF).to_pylist()
+    return cqforensics.read_table(
+        node, "store", columns=["file", "offset", "total_size", "msg_id", "status"], as_of=AS_OF
+    ).to_pylist()
 
 
 def _share(msg_id: bytes) -> int:
@@ -194,8 +231,10 @@ def test_recorded_place_holding_another_shares_entry(tmp_path):
     a, b = pair
     data = bytearray(Path(a["file"]).read_bytes())
     n = a["total_size"]
-    data[a["offset"]:a["offset"] + n], data[b["offset"]:b["offset"] + n] = \
-        data[b["offset"]:b["offset"] + n], data[a["offset"]:a["offset"] + n]
+    data[a["offset"] : a["offset"] + n], data[b["offset"] : b["offset"] + n] = (
+        data[b["offset"] : b["offset"] + n],
+        data[a["offset"] : a["offset"] + n],
+    )
     Path(a["file"]).write_bytes(bytes(data))
     found = assert_shares_equal_whole(node)
     assert sum("an entry of another id" in k for k in found.elements()) == 2
@@ -208,8 +247,9 @@ def test_missing_messages_across_shares(head, tmp_path):
     its acked head (one warning; judged on every share's entries together), any others are
     each a msg-missing error."""
     node = copy("4.3.6-kill", tmp_path)
-    rows = cqforensics.read_table(node, "index", columns=["file", "offset", "seq_id", "msg_id", "location"],
-                                  as_of=AS_OF).to_pylist()
+    rows = cqforensics.read_table(
+        node, "index", columns=["file", "offset", "seq_id", "msg_id", "location"], as_of=AS_OF
+    ).to_pylist()
     by_qi: dict[str, list] = {}
     for r in sorted(rows, key=lambda r: r["seq_id"]):
         if r["location"] == "shared_store" and Path(r["file"]).name == "0.qi":
@@ -218,7 +258,7 @@ def test_missing_messages_across_shares(head, tmp_path):
     for qi, held in sorted(by_qi.items()):
         for n in range(PARTS, len(held)):  # the shortest head of every share, with an entry after it
             if {_share(r["msg_id"]) for r in held[:n]} == set(range(PARTS)):
-                pick = (qi, held[:n] if head else held[1:n + 1])
+                pick = (qi, held[:n] if head else held[1 : n + 1])
                 break
         if pick:
             break
@@ -227,7 +267,7 @@ def test_missing_messages_across_shares(head, tmp_path):
     data = bytearray(Path(qi).read_bytes())
     for k, r in enumerate(victims):
         at = data.index(r["msg_id"], r["offset"])
-        data[at + 1:at + 16] = bytes([0xEE] * 14 + [k])
+        data[at + 1 : at + 16] = bytes([0xEE] * 14 + [k])
     Path(qi).write_bytes(bytes(data))
     found = assert_shares_equal_whole(node)
     missing = [json.loads(k) for k in found.elements() if json.loads(k)[0] == "msg-missing"]
@@ -253,8 +293,9 @@ def test_copied_slots_across_segments_and_shares(tmp_path):
     each of two segments of its queue (index-duplicate-entry, each found in the pass of its id's
     share only; msg-missing too, no store holds those ids)."""
     node = copy("3.10.8-segments", tmp_path)
-    rows = cqforensics.read_table(node, "index", columns=["file", "offset", "msg_id", "location"],
-                                  as_of=AS_OF).to_pylist()
+    rows = cqforensics.read_table(
+        node, "index", columns=["file", "offset", "msg_id", "location"], as_of=AS_OF
+    ).to_pylist()
     by_file: dict[str, list] = {}
     for r in rows:
         if r["file"].endswith(".qi"):
@@ -263,15 +304,15 @@ def test_copied_slots_across_segments_and_shares(tmp_path):
     dst = next(f for f in sorted(by_file) if f != src and Path(f).parent == Path(src).parent)
     shared = next(r for r in by_file[src] if r["location"] == "shared_store")
     a, b = bytearray(Path(src).read_bytes()), bytearray(Path(dst).read_bytes())
-    slot = bytes(a[shared["offset"]:shared["offset"] + 32])
+    slot = bytes(a[shared["offset"] : shared["offset"] + 32])
     at = slot.index(shared["msg_id"])
     others = [r for r in by_file[src] if r["location"] == "queue_store"]
     for k in range(PARTS):  # first four bytes in share k's range, last byte k: ids of their own
         crafted = (k * 0x55555556).to_bytes(4, "big") + shared["msg_id"][4:15] + bytes([k])
         assert _share(crafted) == k
-        copy_ = slot[:at] + crafted + slot[at + 16:]
-        a[others[k]["offset"]:others[k]["offset"] + 32] = copy_
-        b[by_file[dst][k]["offset"]:by_file[dst][k]["offset"] + 32] = copy_
+        copy_ = slot[:at] + crafted + slot[at + 16 :]
+        a[others[k]["offset"] : others[k]["offset"] + 32] = copy_
+        b[by_file[dst][k]["offset"] : by_file[dst][k]["offset"] + 32] = copy_
     Path(src).write_bytes(bytes(a))
     Path(dst).write_bytes(bytes(b))
     found = assert_shares_equal_whole(node)

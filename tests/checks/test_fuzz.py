@@ -5,10 +5,7 @@ exit code may appear."""
 
 from __future__ import annotations
 
-
 import pytest
-
-
 
 from fuzz import campaign  # noqa: E402
 
@@ -49,8 +46,7 @@ def _cases():
         marks = ()
         if e.get("status") == "open":
             marks = (pytest.mark.xfail(run=False, reason=f"open fuzz finding: {e.get('note', '')}"),)
-        yield pytest.param(e, id=f"{e['dataset']}-{e['seed']}-{e['mutation']}-{e.get('command', 'all')}",
-                           marks=marks)
+        yield pytest.param(e, id=f"{e['dataset']}-{e['seed']}-{e['mutation']}-{e.get('command', 'all')}", marks=marks)
 
 
 @pytest.mark.parametrize("entry", list(_cases()))

@@ -16,12 +16,12 @@ import pytest
 
 import cqforensics
 from cli.main import main
-from support import copy_node
 from cqforensics.grammar import idx as c_idx
 from cqforensics.grammar import jif as c_jif
 from cqforensics.grammar import qi as c_qi
 from cqforensics.readers import qi as r_qi
 from cqforensics.readers import v1 as r_v1
+from support import copy_node
 
 COMMANDS = ("fsck", "audit", "read", "export")
 
@@ -33,27 +33,37 @@ def run_cli(args, capsys) -> tuple[int, str, str]:
     return rc, out, err
 
 
-def every_command(node: Path, tmp_path: Path, capsys, tables=("messages", "index", "acks", "queues", "files",
-                                                                  "store", "holes", "findings")) -> dict:
+def every_command(
+    node: Path,
+    tmp_path: Path,
+    capsys,
+    tables=("messages", "index", "acks", "queues", "files", "store", "holes", "findings"),
+) -> dict:
     """Runs every read-only command and every table on ``node``'s mnesia base: no traceback, no
     operational error (exit 8); returns the exit codes."""
     base = str(node.parent)
-    rcs = {"fsck": run_cli(["fsck", "--json", "--deep", base], capsys)[0],
-           "audit": run_cli(["audit", "--json", base], capsys)[0],
-           "export": run_cli(["export", base, "--all", "--format", "jsonl", "--out", str(tmp_path / "x-jsonl")],
-                             capsys)[0],
-           "export-parquet": run_cli(["export", base, "--format", "parquet", "--out", str(tmp_path / "x-pq")],
-                                     capsys)[0]}
+    rcs = {
+        "fsck": run_cli(["fsck", "--json", "--deep", base], capsys)[0],
+        "audit": run_cli(["audit", "--json", base], capsys)[0],
+        "export": run_cli(["export", base, "--all", "--format", "jsonl", "--out", str(tmp_path / "x-jsonl")], capsys)[
+            0
+        ],
+        "export-parquet": run_cli(["export", base, "--format", "parquet", "--out", str(tmp_path / "x-pq")], capsys)[0],
+    }
     for t in tables:
-        rcs[t] = run_cli(["read", base, "--table", t, "--format", "jsonl", "--out", str(tmp_path / f"{t}.jsonl")],
-                         capsys)[0]
+        rcs[t] = run_cli(
+            ["read", base, "--table", t, "--format", "jsonl", "--out", str(tmp_path / f"{t}.jsonl")], capsys
+        )[0]
     assert all(rc in (0, 1, 4) for rc in rcs.values()), rcs
     return rcs
 
 
 def findings(node: Path, code: str) -> list[tuple[str, int | None]]:
-    return [(Path(f["file"]).name, f["offset"]) for f in cqforensics.read_table(node, "findings").to_pylist()
-            if f["code"] == code]
+    return [
+        (Path(f["file"]).name, f["offset"])
+        for f in cqforensics.read_table(node, "findings").to_pylist()
+        if f["code"] == code
+    ]
 
 
 # -- 1. out-of-range numbers --------------------------------------------------------------------------
@@ -88,8 +98,9 @@ def _poke(path: Path, at: int, raw: bytes) -> None:
         f.write(raw)
 
 
-@pytest.mark.parametrize("kind, value", [("qi", BIG), ("qi", 1 << 63), ("qi", 253402300800 * 10**6),
-                                         ("idx", BIG), ("jif", 1 << 63)])
+@pytest.mark.parametrize(
+    "kind, value", [("qi", BIG), ("qi", 1 << 63), ("qi", 253402300800 * 10**6), ("idx", BIG), ("jif", 1 << 63)]
+)
 def test_expiry_out_of_range_is_null_and_a_finding(kind, value, tmp_path, capsys):
     if kind == "qi":
         node = copy_node("4.3.6-kill", tmp_path / "mnesia")
@@ -102,8 +113,9 @@ def test_expiry_out_of_range_is_null_and_a_finding(kind, value, tmp_path, capsys
         at = off + (c_jif.PUB.size - 16 if kind == "jif" else c_idx.PUB.size - 16)  # the expiry field
     _poke(path, at, struct.pack(">Q", value))  # crafted: the out-of-range expiry
     assert (path.name, off) in findings(node, "value-out-of-range")
-    rows = [r for r in cqforensics.read_table(node, "index").to_pylist()
-            if r["file"] == str(path) and r["offset"] == off]
+    rows = [
+        r for r in cqforensics.read_table(node, "index").to_pylist() if r["file"] == str(path) and r["offset"] == off
+    ]
     assert rows and rows[0]["expiry"] is None  # null, never wrapped or clamped
     every_command(node, tmp_path, capsys)
     dst = tmp_path / "compacted"
@@ -116,25 +128,34 @@ def test_qs_offset_out_of_range_is_null_a_finding_and_a_missing_entry(value, tmp
     node = copy_node("4.3.6-kill", tmp_path / "mnesia")
     for path in sorted(node.glob("msg_stores/vhosts/*/queues/*/*.qi")):
         seg = r_qi.read_qi(path, int(path.stem))
-        qs = [i for i, (st, loc) in enumerate(zip(seg.slots["status"].tolist(), seg.slots["loc_kind"].tolist()))
-              if st == 1 and loc == 2]
+        qs = [
+            i
+            for i, (st, loc) in enumerate(zip(seg.slots["status"].tolist(), seg.slots["loc_kind"].tolist()))
+            if st == 1 and loc == 2
+        ]
         if qs:
             off = int(seg.offsets()[qs[0]])
             break
     _poke(path, off + c_qi.ENTRY_DTYPE.fields["qs_offset"][1], struct.pack(">Q", value))  # crafted
     assert (path.name, off) in findings(node, "value-out-of-range")
-    index = [r for r in cqforensics.read_table(node, "index").to_pylist() if r["file"] == str(path) and r["offset"] == off]
+    index = [
+        r for r in cqforensics.read_table(node, "index").to_pylist() if r["file"] == str(path) and r["offset"] == off
+    ]
     assert index and index[0]["store_offset"] is None  # null, never wrapped negative
-    msgs = [r for r in cqforensics.read_table(node, "messages").to_pylist()
-            if r["file"] == str(path) and r["offset"] == off]
+    msgs = [
+        r for r in cqforensics.read_table(node, "messages").to_pylist() if r["file"] == str(path) and r["offset"] == off
+    ]
     assert msgs and msgs[0]["store_offset"] is None and msgs[0]["drop_reason"] is not None
     every_command(node, tmp_path, capsys)
 
 
 def test_timestamp_property_beyond_int64_is_null(tmp_path, capsys):
     node = copy_node("4.3.6-kill", tmp_path / "mnesia")
-    rows = [r for r in cqforensics.read_table(node, "messages").to_pylist()
-            if r["properties"] and r["properties"]["timestamp"] is not None and r["location"] == "shared_store"]
+    rows = [
+        r
+        for r in cqforensics.read_table(node, "messages").to_pylist()
+        if r["properties"] and r["properties"]["timestamp"] is not None and r["location"] == "shared_store"
+    ]
     r = rows[0]
     ms = int(r["properties"]["timestamp"].timestamp() * 1000)
     path = Path(r["store_file"])
@@ -143,8 +164,11 @@ def test_timestamp_property_beyond_int64_is_null(tmp_path, capsys):
     at = data.find(old, r["store_offset"])
     assert at > 0
     _poke(path, at + 1, struct.pack(">q", (1 << 63) - 1))  # crafted: ms that no µs column holds
-    after = [x for x in cqforensics.read_table(node, "messages").to_pylist()
-             if x["store_file"] == r["store_file"] and x["store_offset"] == r["store_offset"]]
+    after = [
+        x
+        for x in cqforensics.read_table(node, "messages").to_pylist()
+        if x["store_file"] == r["store_file"] and x["store_offset"] == r["store_offset"]
+    ]
     assert after[0]["properties"]["timestamp"] is None
     assert "out of range" in after[0]["decode_error"] and after[0]["offset"] is not None
     every_command(node, tmp_path, capsys)
@@ -152,12 +176,19 @@ def test_timestamp_property_beyond_int64_is_null(tmp_path, capsys):
 
 # -- 4. special files -----------------------------------------------------------------------------
 
-FIFO_TARGETS = {"jif": "msg_stores/vhosts/*/queues/*/journal.jif", "vhost": "msg_stores/vhosts/*/.vhost",
-                "config": "msg_stores/vhosts/*/.config", "queue_name": "msg_stores/vhosts/*/queues/*/.queue_name",
-                "dot": "msg_stores/vhosts/*/msg_store_persistent/clean.dot",
-                "dets": "msg_stores/vhosts/*/recovery.dets", "ets": "msg_stores/vhosts/*/msg_store_persistent/*.ets",
-                "rdq": "msg_stores/vhosts/*/msg_store_persistent/0.rdq", "qi": "msg_stores/vhosts/*/queues/*/0.qi",
-                "idx": "msg_stores/vhosts/*/queues/*/0.idx", "mnesia": "rabbit_durable_queue.DCD"}
+FIFO_TARGETS = {
+    "jif": "msg_stores/vhosts/*/queues/*/journal.jif",
+    "vhost": "msg_stores/vhosts/*/.vhost",
+    "config": "msg_stores/vhosts/*/.config",
+    "queue_name": "msg_stores/vhosts/*/queues/*/.queue_name",
+    "dot": "msg_stores/vhosts/*/msg_store_persistent/clean.dot",
+    "dets": "msg_stores/vhosts/*/recovery.dets",
+    "ets": "msg_stores/vhosts/*/msg_store_persistent/*.ets",
+    "rdq": "msg_stores/vhosts/*/msg_store_persistent/0.rdq",
+    "qi": "msg_stores/vhosts/*/queues/*/0.qi",
+    "idx": "msg_stores/vhosts/*/queues/*/0.idx",
+    "mnesia": "rabbit_durable_queue.DCD",
+}
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
@@ -202,15 +233,21 @@ def test_sparse_rdq_is_walked_by_its_extents(tmp_path, capsys):
 
 # -- 2. malformed but decodable terms ------------------------------------------------------------
 
-@pytest.mark.parametrize("name, crafted", [
-    (".config", b"[" * 5000 + b"]" * 5000 + b"."),  # crafted: nested 5,000 deep
-    (".config", b"{segment_entry_count, " + b"9" * 5000 + b"}."),  # crafted: a 5,000-digit integer
-    ("clean.dot", b"{client_refs, " + b"[" * 5000 + b"]" * 5000 + b"}."),
-    ("clean.dot", b"{client_refs, [" + b"7" * 5000 + b"]}."),
-])
+
+@pytest.mark.parametrize(
+    "name, crafted",
+    [
+        (".config", b"[" * 5000 + b"]" * 5000 + b"."),  # crafted: nested 5,000 deep
+        (".config", b"{segment_entry_count, " + b"9" * 5000 + b"}."),  # crafted: a 5,000-digit integer
+        ("clean.dot", b"{client_refs, " + b"[" * 5000 + b"]" * 5000 + b"}."),
+        ("clean.dot", b"{client_refs, [" + b"7" * 5000 + b"]}."),
+    ],
+)
 def test_text_files_nested_or_huge_are_format_errors(name, crafted, tmp_path, capsys):
     node = copy_node("3.10.8-clean", tmp_path / "mnesia")
-    target = sorted(list(node.glob(f"msg_stores/vhosts/*/{name}")) + list(node.glob(f"msg_stores/vhosts/*/*/{name}")))[0]
+    target = sorted(list(node.glob(f"msg_stores/vhosts/*/{name}")) + list(node.glob(f"msg_stores/vhosts/*/*/{name}")))[
+        0
+    ]
     target.write_bytes(crafted)
     every_command(node, tmp_path, capsys, tables=("messages", "queues", "findings"))
     if name == ".config":
@@ -222,7 +259,7 @@ def test_huge_integers_and_deep_terms_in_term_files(tmp_path, capsys):
 
     node = copy_node("3.10.8-clean", tmp_path / "mnesia")
     ets = sorted(node.glob("msg_stores/vhosts/*/msg_store_persistent/msg_store_index.ets"))[0]
-    big = 10 ** 5000
+    big = 10**5000
     raw = big.to_bytes((big.bit_length() + 7) // 8, "little")
     term = b"\x83o" + struct.pack(">I", len(raw)) + b"\x00" + raw  # crafted: a 5,000-digit bignum
     data = ets.read_bytes()
@@ -243,9 +280,9 @@ def _replace(t, pred, new):
 
 
 def test_mc_payload_fragments_of_lists_and_surrogate_chars_are_format_errors(tmp_path):
+    from cqforensics.base.errors import FormatError
     from cqforensics.codecs import amqp10, etf
     from cqforensics.message import fast as fastpath
-    from cqforensics.base.errors import FormatError
     from cqforensics.readers import rdq
 
     node = copy_node("4.3.6-kill", tmp_path / "mnesia")
@@ -253,11 +290,10 @@ def test_mc_payload_fragments_of_lists_and_surrogate_chars_are_format_errors(tmp
     data = path.read_bytes()
     f = rdq.walk(path, 0, data)
     start, length = rdq.term_span(int(f.offsets[0]), int(f.totals[0]))
-    term, _ = etf.decode(data[start:start + length])
-    assert fastpath.decode(data[start:start + length])["body"]
+    term, _ = etf.decode(data[start : start + length])
+    assert fastpath.decode(data[start : start + length])["body"]
     # crafted: the body fragments (a list of binaries in the real term) become a list of lists
-    bad = _replace(term, lambda t: isinstance(t, list) and t and all(isinstance(x, bytes) for x in t),
-                   [[b"a"], [b"b"]])
+    bad = _replace(term, lambda t: isinstance(t, list) and t and all(isinstance(x, bytes) for x in t), [[b"a"], [b"b"]])
     assert bad != term
     with pytest.raises(FormatError):
         fastpath.decode(etf.term_to_binary(bad))
@@ -267,16 +303,21 @@ def test_mc_payload_fragments_of_lists_and_surrogate_chars_are_format_errors(tmp
 
 # -- 3. names and paths that are not UTF-8 ----------------------------------------------------------
 
+
 def _bad_names(node: Path) -> dict[str, bytes]:
     """Crafted: non-UTF-8 names in every place of a node (bytes paths; Python sees surrogates)."""
     b = os.fsencode(node)
     vhost = sorted(glob.glob(b + b"/msg_stores/vhosts/*"))[0]
     queues = sorted(glob.glob(b + b"/msg_stores/vhosts/*/queues/*"))
-    made = {"queue_qi": queues[1] + b"/\xfe\xff.qi", "queue_stray": queues[2] + b"/stray\xff",
-            "store_rdq": vhost + b"/msg_store_persistent/stray\xff.rdq", "vhost_stray": vhost + b"/odd\xff",
-            "node_file": b + b"/\xffnode/\xfe"}
+    made = {
+        "queue_qi": queues[1] + b"/\xfe\xff.qi",
+        "queue_stray": queues[2] + b"/stray\xff",
+        "store_rdq": vhost + b"/msg_store_persistent/stray\xff.rdq",
+        "vhost_stray": vhost + b"/odd\xff",
+        "node_file": b + b"/\xffnode/\xfe",
+    }
     os.mkdir(b + b"/\xffnode")
-    os.mkdir(queues[0][:queues[0].rindex(b"/")] + b"/\xff\xfeempty")  # an empty queue dir: nothing to write
+    os.mkdir(queues[0][: queues[0].rindex(b"/")] + b"/\xff\xfeempty")  # an empty queue dir: nothing to write
     for p in made.values():
         with open(p, "wb") as f:
             f.write(b"junk")
@@ -290,8 +331,12 @@ def test_non_utf8_names_in_every_command(tmp_path, capsys):
     made = _bad_names(node)
     renamed = sorted(glob.glob(os.fsencode(node) + b"/msg_stores/vhosts/*/queues/*"))[0]
     os.rename(renamed, renamed + b"\xff\xfe")  # crafted: a queue dir whose name is not UTF-8
-    every_command(node, tmp_path, capsys, tables=("messages", "index", "acks", "store", "refcounts", "holes",
-                                                  "files", "queues", "findings"))
+    every_command(
+        node,
+        tmp_path,
+        capsys,
+        tables=("messages", "index", "acks", "store", "refcounts", "holes", "files", "queues", "findings"),
+    )
     for t in ("messages", "index", "acks", "store", "refcounts", "holes", "files", "queues", "findings"):
         rows = cqforensics.read_table(node.parent, t).to_pylist()
         for r in rows:
@@ -302,11 +347,17 @@ def test_non_utf8_names_in_every_command(tmp_path, capsys):
     assert display(made["queue_qi"]) in files and display(made["queue_qi"]).endswith("\\xfe\\xff.qi")
     found = {(r["code"], r["file"]) for r in cqforensics.read_table(node, "findings").to_pylist()}
     assert ("unknown-file", display(made["vhost_stray"])) in found
-    assert any(q.endswith("\\xff\\xfe") for q in (r["queue_dir"] for r in cqforensics.read_table(
-        node, "queues").to_pylist()))
-    for args in (["fsck", str(node.parent)], ["fsck", "--jsonl", str(node.parent)], ["audit", str(node.parent)],
-                 ["verify", str(node)], ["dump", os.fsdecode(made["queue_qi"])],
-                 ["dump", "--jsonl", os.fsdecode(made["store_rdq"])]):
+    assert any(
+        q.endswith("\\xff\\xfe") for q in (r["queue_dir"] for r in cqforensics.read_table(node, "queues").to_pylist())
+    )
+    for args in (
+        ["fsck", str(node.parent)],
+        ["fsck", "--jsonl", str(node.parent)],
+        ["audit", str(node.parent)],
+        ["verify", str(node)],
+        ["dump", os.fsdecode(made["queue_qi"])],
+        ["dump", "--jsonl", os.fsdecode(made["store_rdq"])],
+    ):
         rc, out, err = run_cli(args, capsys)
         assert rc in (0, 4) and "internal error" not in err, (args, err)
         out.encode("utf-8")
@@ -322,7 +373,7 @@ def test_writers_carry_non_utf8_names(command, tmp_path, capsys):
     rc, _, err = run_cli([command, str(node.parent), str(dst)], capsys)
     assert rc in (0, 1), err
     # the stray node-level file is copied as any other non-store file, under its own bytes
-    rel = made["node_file"][len(os.fsencode(node.parent)):]
+    rel = made["node_file"][len(os.fsencode(node.parent)) :]
     assert os.path.exists(os.fsencode(dst) + rel)
     run_cli(["verify", str(dst)], capsys)
 
@@ -354,9 +405,16 @@ def test_input_under_a_non_utf8_dir_prints_valid_text(tmp_path, capsys):
     node = copy_node("4.3.6-kill", base / "mnesia")
     mnesia = str(node.parent)
     every_command(node, tmp_path, capsys, tables=("files", "findings", "queues"))
-    for args in (["fsck", mnesia], ["fsck", "--json", "--deep", mnesia], ["audit", mnesia], ["verify", "--json", mnesia],
-                 ["compact", "--dry-run", mnesia, str(tmp_path / "dry")], ["rebuild", mnesia, str(tmp_path / "rb")],
-                 ["compact", "--json", mnesia, str(tmp_path / "cp")], ["dump", str(sorted(node.rglob("*.qi"))[0])]):
+    for args in (
+        ["fsck", mnesia],
+        ["fsck", "--json", "--deep", mnesia],
+        ["audit", mnesia],
+        ["verify", "--json", mnesia],
+        ["compact", "--dry-run", mnesia, str(tmp_path / "dry")],
+        ["rebuild", mnesia, str(tmp_path / "rb")],
+        ["compact", "--json", mnesia, str(tmp_path / "cp")],
+        ["dump", str(sorted(node.rglob("*.qi"))[0])],
+    ):
         rc, out, err = run_cli(args, capsys)
         assert rc in (0, 1, 4), (args, err)
         out.encode("utf-8")
@@ -374,6 +432,7 @@ def test_input_under_a_non_utf8_dir_prints_valid_text(tmp_path, capsys):
 # (layout.read_name_file); a dir that is the own dir of a vhost of the metadata holds that vhost
 # whatever its .vhost says, and is written with the metadata's name.
 
+
 def _tail(path: Path, n: int) -> None:
     """Crafted: the name in ``path`` followed by ``n`` bytes of V (a .queue_name keeps its lines)."""
     raw = path.read_bytes()
@@ -385,24 +444,39 @@ def _tail(path: Path, n: int) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name_file, n, command", [(".vhost", 2 << 20, "rebuild"), (".vhost", 2 << 20, "compact"),
-                                                   (".vhost", (1 << 20) + 1, "compact"), (".vhost", 1 << 20, "rebuild"),
-                                                   (".vhost", 300, "compact"), (".queue_name", 2 << 20, "rebuild")])
+@pytest.mark.parametrize(
+    "name_file, n, command",
+    [
+        (".vhost", 2 << 20, "rebuild"),
+        (".vhost", 2 << 20, "compact"),
+        (".vhost", (1 << 20) + 1, "compact"),
+        (".vhost", 1 << 20, "rebuild"),
+        (".vhost", 300, "compact"),
+        (".queue_name", 2 << 20, "rebuild"),
+    ],
+)
 def test_writers_accept_their_output_whatever_a_name_file_holds(name_file, n, command, tmp_path, capsys):
     node = copy_node("4.3.6-clean", tmp_path / "mnesia")
     vhost_dir = next(p for p in node.glob("msg_stores/vhosts/*") if (p / ".vhost").read_bytes() == "staging/ü".encode())
     target = vhost_dir / ".vhost" if name_file == ".vhost" else next(vhost_dir.glob("queues/*/.queue_name"))
     _tail(target, n)
     code = {"missing-queue-name", "queue-dir-mismatch"}
-    assert any(c in code for c, _ in [(f["code"], 0) for f in cqforensics.read_table(node, "findings").to_pylist()
-                                      if f["file"] in (str(target), str(target.parent))])
+    assert any(
+        c in code
+        for c, _ in [
+            (f["code"], 0)
+            for f in cqforensics.read_table(node, "findings").to_pylist()
+            if f["file"] in (str(target), str(target.parent))
+        ]
+    )
     dst = tmp_path / "out"
     rc, out, err = run_cli([command, str(node.parent), str(dst)], capsys)
     assert rc in (0, 1), err  # never 8: damaged input is a salvage (or exit 4), never an operational error
     written = dst / node.name / "msg_stores" / "vhosts" / vhost_dir.name
     assert (written / ".vhost").read_bytes() == "staging/ü".encode()  # the metadata's name, afresh
-    assert sorted(p.name for p in (dst / node.name / "msg_stores" / "vhosts").iterdir()) == \
-        sorted(p.name for p in (node / "msg_stores" / "vhosts").iterdir())
+    assert sorted(p.name for p in (dst / node.name / "msg_stores" / "vhosts").iterdir()) == sorted(
+        p.name for p in (node / "msg_stores" / "vhosts").iterdir()
+    )
     rc, out, _ = run_cli(["verify", str(dst)], capsys)
     assert rc == 0, out
 

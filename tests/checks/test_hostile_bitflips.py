@@ -14,14 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from support import copy_node
 from cqforensics.commands.fsck import run
 from cqforensics.grammar import qi as c_qi
 from cqforensics.readers import qi as r_qi
 from cqforensics.readers import terms as r_terms
-
-
 from fuzz import campaign  # noqa: E402
+from support import copy_node
 
 VHOSTS = "msg_stores/vhosts/*"
 
@@ -34,8 +32,10 @@ def flip(path: Path, offset: int, bit: int) -> None:
 
 def new_findings(node: Path, change, deep: bool = False) -> set[tuple[str, str, int | None, str]]:
     """(code, file name, offset, severity) of the findings ``change()`` adds to ``node``'s fsck."""
+
     def found():
         return {(f.code, f.file, f.offset, f.severity) for f in run([node.parent], deep=deep).findings}
+
     before = found()
     change()
     return {(c, Path(f).name if f else None, o, s) for c, f, o, s in found() - before}
@@ -73,19 +73,20 @@ def v1_publish(node: Path, name: str, want=lambda head, body: True) -> tuple[Pat
         live = {o for (f, o) in campaign._live_rows(_dataset_of(node)) if f == str(p.relative_to(node.parent))}
         o = 0
         while o + head + 32 <= len(data):
-            h = int.from_bytes(data[o:o + head], "big")
+            h = int.from_bytes(data[o : o + head], "big")
             pub = (h >> 62) <= 1 if jif else bool(h & 0x8000)
             if not pub:
                 o += head
                 continue
             (emb,) = struct.unpack_from(">I", data, o + head + 28)
-            if o in live and want(h, data[o + head:o + head + 32 + emb]):
+            if o in live and want(h, data[o + head : o + head + 32 + emb]):
                 return p, o, head
             o += head + 32 + emb
     raise AssertionError(f"no {name} publish")
 
 
 # -- flips now found -----------------------------------------------------------------------------------
+
 
 def test_qi_header_reserved_byte(tmp_path):
     node = copy("4.3.6-kill", tmp_path / "m")
@@ -196,24 +197,36 @@ def test_rdq_property_timestamp_past_its_column(tmp_path):
         campaign.put_term(row, etf.term_to_binary(tuple(new)))
         term = etf.binary_to_term(campaign.stored_term(row))
     data = rdq.read_bytes()
-    ts = data.index(struct.pack(">Q", 1_700_000_000) if props["timestamp"] is None else
-                    struct.pack(">Q", props["timestamp"]), row["store_offset"])
+    ts = data.index(
+        struct.pack(">Q", 1_700_000_000) if props["timestamp"] is None else struct.pack(">Q", props["timestamp"]),
+        row["store_offset"],
+    )
     got = new_findings(node, lambda: flip(rdq, ts, 7), deep=True)
     assert ("value-out-of-range", rdq.name, row["store_offset"], "warning") in got
 
 
 # -- flips nothing can see: silent, and counted as undetectable with their class --------------------------
 
+
 def _undetectable(base: Path, dataset: str, target: Path) -> str | None:
     return campaign.undetectable({"target": str(target), "base": base, "dataset": dataset, "mutation": "bitflip1"})
 
 
-@pytest.mark.parametrize("case", ["qi.expiry", "qi.dead", "v1.expiry", "rdq.payload", "ets.info-run", "config.comment",
-                                  "wal.trunc", "term.value"])
+@pytest.mark.parametrize(
+    "case",
+    ["qi.expiry", "qi.dead", "v1.expiry", "rdq.payload", "ets.info-run", "config.comment", "wal.trunc", "term.value"],
+)
 def test_flip_nothing_can_see_is_silent_and_explained(case, tmp_path):
-    dataset = {"qi.expiry": "4.3.6-kill", "qi.dead": "4.3.6-kill", "v1.expiry": "3.10.8-kill",
-               "rdq.payload": "4.3.6-kill", "ets.info-run": "4.3.6-clean", "config.comment": "4.3.6-kill",
-               "wal.trunc": "4.3.6-clean", "term.value": "4.3.6-clean"}[case]
+    dataset = {
+        "qi.expiry": "4.3.6-kill",
+        "qi.dead": "4.3.6-kill",
+        "v1.expiry": "3.10.8-kill",
+        "rdq.payload": "4.3.6-kill",
+        "ets.info-run": "4.3.6-clean",
+        "config.comment": "4.3.6-kill",
+        "wal.trunc": "4.3.6-clean",
+        "term.value": "4.3.6-clean",
+    }[case]
     base = tmp_path / "m"
     node = copy(dataset, base)
     if case == "qi.expiry":
@@ -226,8 +239,11 @@ def test_flip_nothing_can_see_is_silent_and_explained(case, tmp_path):
         target, at, head = v1_publish(node, "*.idx", lambda h, b: b[16:24] == bytes(8))
         at, bit, why = at + head + 16, 0, "v1.expiry"  # no expiry -> one in year 4254: not past, as plausible
     elif case == "rdq.payload":
-        row = next(r for r in campaign.stored_messages(node) if r["location"] == "shared_store"
-                   and r["term_format"] == "mc_amqpl")
+        row = next(
+            r
+            for r in campaign.stored_messages(node)
+            if r["location"] == "shared_store" and r["term_format"] == "mc_amqpl"
+        )
         target, at, bit, why = Path(row["store_file"]), row["store_offset"] + 400, 0, "payload"
     elif case == "ets.info-run":
         target = next(node.glob(f"{VHOSTS}/msg_store_persistent/file_summary.ets"))

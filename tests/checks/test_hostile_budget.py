@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 import cqforensics
-from support import copy_node
-from cqforensics.codecs import etf
 from cqforensics.base.errors import FormatError
+from cqforensics.codecs import etf
 from cqforensics.grammar import rdq as c_rdq
 from cqforensics.readers import rdq as r_rdq
+from support import copy_node
 
 MIB = 1 << 20
 _CACHE: dict[int, bytes] = {}
@@ -103,9 +103,9 @@ def _replace_first_entry(rdq, term: bytes) -> tuple[int, bytes]:
     data = rdq.read_bytes()
     f = r_rdq.walk(rdq, 0, data)
     off, total = int(f.offsets[0]), int(f.totals[0])
-    msg_id = data[off + 8:off + 24]
+    msg_id = data[off + 8 : off + 24]
     entry = struct.pack(">Q", len(term) + c_rdq.MSG_ID_SIZE) + msg_id + term + bytes((c_rdq.WRITE_OK_MARKER,))
-    rdq.write_bytes(data[:off] + entry + data[off + total:])
+    rdq.write_bytes(data[:off] + entry + data[off + total :])
     return off, msg_id
 
 
@@ -120,8 +120,11 @@ def test_crafted_rdq_entry_of_compressed_binaries_is_a_decode_error_not_gigabyte
     off, msg_id = _replace_first_entry(rdq, term)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.monotonic()
-    rows = [r for r in cqforensics.read_table(node, "messages", columns=["msg_id", "decode_error"]).to_pylist()
-            if r["msg_id"] == msg_id]
+    rows = [
+        r
+        for r in cqforensics.read_table(node, "messages", columns=["msg_id", "decode_error"]).to_pylist()
+        if r["msg_id"] == msg_id
+    ]
     findings = [f for f in cqforensics.read_table(node, "findings").to_pylist()]
     from cqforensics.commands.fsck import run
 
@@ -141,12 +144,13 @@ def test_crafted_rdq_entry_of_compressed_binaries_is_a_decode_error_not_gigabyte
 # position of real broker bytes overwritten with the largest counts (1, 2 and 4 bytes of 0xFF,
 # 0x7FFFFFFF), each decode in a child process with an address-space limit, each bounded in time.
 
+
 def _real_inputs() -> dict[str, list[tuple[str, bytes]]]:
     """Per decoder, real bytes to lie in (small ones: every byte position is tried)."""
-    from support import SAMPLES
     from cqforensics.codecs import etf
     from cqforensics.message import reference as message
     from cqforensics.readers import qs as r_qs
+    from support import SAMPLES
 
     def files(pattern: str, limit: int) -> list[Path]:
         return sorted(SAMPLES.glob(pattern), key=lambda p: (p.stat().st_size, str(p)))[:limit]
@@ -156,7 +160,7 @@ def _real_inputs() -> dict[str, list[tuple[str, bytes]]]:
         for p in SAMPLES.glob(f"{ds}/mnesia/*/msg_stores/vhosts/*/queues/*/*.qs"):
             for _, t in r_qs.dump_rows(p):
                 if t is not None:
-                    raw = bytes(t[0][t[1]:t[1] + t[2]])
+                    raw = bytes(t[0][t[1] : t[1] + t[2]])
                     try:
                         fmt = message.decode_stored(raw)["term_format"]
                     except Exception:
@@ -170,9 +174,11 @@ def _real_inputs() -> dict[str, list[tuple[str, bytes]]]:
             bare.append(("bare", bytes(t[2][2])))
     # crafted (labelled): an application-properties map of AMQP 1.0 arrays of each element kind
     # (an empty array of nulls first), a list, a map and described values
-    crafted = bytes.fromhex("005374c1620ca1017af0000000050000000040a10161e0050340404040a10162f000000011000000037100"
-                            "0000010000000200000003a10163d000000009000000025207a1017aa10164f00000000800000003560100"
-                            "01a10165f0000000080000000340404040")
+    crafted = bytes.fromhex(
+        "005374c1620ca1017af0000000050000000040a10161e0050340404040a10162f000000011000000037100"
+        "0000010000000200000003a10163d000000009000000025207a1017aa10164f00000000800000003560100"
+        "01a10165f0000000080000000340404040"
+    )
     bare.append(("crafted", crafted))
     props = []
     for raw in terms.values():
@@ -184,10 +190,17 @@ def _real_inputs() -> dict[str, list[tuple[str, bytes]]]:
         "etf": [(k, v) for k, v in terms.items()],
         "amqp10": bare,
         "amqp091": props,
-        "text": [(p.name, p.read_bytes()) for p in files("*/mnesia/*/msg_stores/vhosts/*/.config", 1)
-                 + files("*/mnesia/*/cluster_nodes.config", 1) + files("*/mnesia/*/msg_stores/vhosts/*/*/clean.dot", 1)],
-        "disk_log": [(p.name, p.read_bytes()) for p in files("3.10.8-clean/mnesia/*/*.DCL", 1)
-                     + files("*/mnesia/*/msg_stores/vhosts/*/*/file_summary.ets", 1)],
+        "text": [
+            (p.name, p.read_bytes())
+            for p in files("*/mnesia/*/msg_stores/vhosts/*/.config", 1)
+            + files("*/mnesia/*/cluster_nodes.config", 1)
+            + files("*/mnesia/*/msg_stores/vhosts/*/*/clean.dot", 1)
+        ],
+        "disk_log": [
+            (p.name, p.read_bytes())
+            for p in files("3.10.8-clean/mnesia/*/*.DCL", 1)
+            + files("*/mnesia/*/msg_stores/vhosts/*/*/file_summary.ets", 1)
+        ],
         "dets": [(p.name, p.read_bytes()) for p in files("*/mnesia/*/msg_stores/vhosts/*/recovery.dets", 1)],
         "wal": [(p.name, p.read_bytes()[:600]) for p in files("4.3.6-clean/mnesia/*/coordination/*/*.wal", 1)],
     }
@@ -202,15 +215,21 @@ def _decoders() -> dict:
         r_terms.dets_findings(Path("x.dets"), data)
         r_terms.read_dets_objects(Path("x.dets"), data)
 
-    return {"etf": fastpath.decode, "amqp10": amqp10.sections, "amqp091": amqp091.properties_json,
-            "text": textfiles.consult, "disk_log": lambda d: r_terms.read_disk_log(Path("x.LOG"), d),
-            "dets": dets, "wal": lambda d: r_terms.wal_findings(Path("x.wal"), d)}
+    return {
+        "etf": fastpath.decode,
+        "amqp10": amqp10.sections,
+        "amqp091": amqp091.properties_json,
+        "text": textfiles.consult,
+        "disk_log": lambda d: r_terms.read_disk_log(Path("x.LOG"), d),
+        "dets": dets,
+        "wal": lambda d: r_terms.wal_findings(Path("x.wal"), d),
+    }
 
 
 def _lies(data: bytes, positions):
     for k in positions:
         for lie in (b"\xff", b"\xff\xff", b"\xff\xff\xff\xff", b"\x7f\xff\xff\xff"):
-            yield k, data[:k] + lie + data[k + len(lie):]
+            yield k, data[:k] + lie + data[k + len(lie) :]
 
 
 def _every_lie(kind: str, inputs, conn) -> None:

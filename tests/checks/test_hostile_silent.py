@@ -17,11 +17,10 @@ from pathlib import Path
 import pytest
 
 import cqforensics
-from support import damage
-from support import ROOT, SAMPLES, copy_node
 from cqforensics.grammar import qi as c_qi
 from cqforensics.readers import terms as r_terms
 from cqforensics.readers import v1 as r_v1
+from support import ROOT, SAMPLES, copy_node, damage
 
 VHOSTS = "msg_stores/vhosts/*"
 
@@ -39,8 +38,11 @@ def codes_at(node: Path, path: Path) -> set[tuple[str, int | None]]:
 
 def _used_slots(data: bytes, loc: int | None = None) -> list[int]:
     n = (len(data) - c_qi.HEADER_SIZE) // c_qi.ENTRY_SIZE
-    return [i for i in range(n) if data[c_qi.HEADER_SIZE + i * 32] == 1
-            and (loc is None or data[c_qi.HEADER_SIZE + i * 32 + 3] == loc)]
+    return [
+        i
+        for i in range(n)
+        if data[c_qi.HEADER_SIZE + i * 32] == 1 and (loc is None or data[c_qi.HEADER_SIZE + i * 32 + 3] == loc)
+    ]
 
 
 def _slot(i: int) -> slice:
@@ -48,6 +50,7 @@ def _slot(i: int) -> slice:
 
 
 # -- index copies and swaps ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("loc", [1, 2])
 def test_qi_slot_copied_over_another_is_a_duplicate_at_the_copy(tmp_path, loc):
@@ -102,7 +105,7 @@ def test_v1_publish_record_copied_over_another_is_a_duplicate_seq_id(tmp_path):
     b = next(r for r in pubs[1:] if r.embedded_size == a.embedded_size)
     length = 34 + a.embedded_size  # a publish record: 34-byte head and its embedded message
     data = bytearray(idx.read_bytes())
-    data[b.offset:b.offset + length] = data[a.offset:a.offset + length]
+    data[b.offset : b.offset + length] = data[a.offset : a.offset + length]
     idx.write_bytes(bytes(data))
     assert ("index-duplicate-entry", b.offset) in codes_at(node, idx)
 
@@ -141,8 +144,14 @@ def test_no_silent_damage_codes_on_the_healthy_samples():
     """The new checks never fire on what real brokers wrote (every sample, clean and kill -9)."""
     from support import datasets
 
-    new = {"index-duplicate-entry", "segment-misplaced", "qs-trailing-garbage", "term-file-damaged",
-           "not-regular-file", "message-copies-differ"}
+    new = {
+        "index-duplicate-entry",
+        "segment-misplaced",
+        "qs-trailing-garbage",
+        "term-file-damaged",
+        "not-regular-file",
+        "message-copies-differ",
+    }
     for ds in datasets():
         got = {c for c, _, _ in findings(SAMPLES / ds / "mnesia") if c in new}
         assert not got, (ds, got)
@@ -150,26 +159,35 @@ def test_no_silent_damage_codes_on_the_healthy_samples():
 
 # -- the broker's text files: no checksum, so their writer's shape is the evidence ---------------------
 
+
 def _text_case(node: Path, rel: str, new: bytes) -> tuple[Path, set]:
     path = next(node.glob(rel))
     path.write_bytes(new)
     return path, codes_at(node, path)
 
 
-@pytest.mark.parametrize("ds,rel,mutate,offset", [
-    ("4.0.5-clean", f"{VHOSTS}/.config", lambda b: b[:15], None),  # cut inside its comment: no term left
-    ("3.13.7-clean", f"{VHOSTS}/.config", lambda b: b[:49] + bytes(len(b) - 49), 49),  # zeroed
-    ("4.0.5-clean", f"{VHOSTS}/.config", lambda b: b.replace(b"segment_entry_count", b"segment_entry_counu"), None),
-    ("4.2.2-clean", f"{VHOSTS}/msg_store_transient/clean.dot", lambda b: b[:2] + bytes(9) + b[11:], 2),
-    ("3.10.8-clean", "cluster_nodes.config", lambda b: b.replace(b"rabbit@", b"rabbiu@", 1), None),  # flipped bit
-    ("3.10.8-clean", "cluster_nodes.config", lambda b: b + b"\x83junk", len(b"{[rabbit@localhost],[rabbit@localhost]}.\n")),
-    ("4.0.5-kill", "nodes_running_at_shutdown", lambda b: b[:-3], None),  # torn: no full stop
-    ("4.0.5-kill", "rabbit_serial", lambda b: b"-1.\n", None),
-])
+@pytest.mark.parametrize(
+    "ds,rel,mutate,offset",
+    [
+        ("4.0.5-clean", f"{VHOSTS}/.config", lambda b: b[:15], None),  # cut inside its comment: no term left
+        ("3.13.7-clean", f"{VHOSTS}/.config", lambda b: b[:49] + bytes(len(b) - 49), 49),  # zeroed
+        ("4.0.5-clean", f"{VHOSTS}/.config", lambda b: b.replace(b"segment_entry_count", b"segment_entry_counu"), None),
+        ("4.2.2-clean", f"{VHOSTS}/msg_store_transient/clean.dot", lambda b: b[:2] + bytes(9) + b[11:], 2),
+        ("3.10.8-clean", "cluster_nodes.config", lambda b: b.replace(b"rabbit@", b"rabbiu@", 1), None),  # flipped bit
+        (
+            "3.10.8-clean",
+            "cluster_nodes.config",
+            lambda b: b + b"\x83junk",
+            len(b"{[rabbit@localhost],[rabbit@localhost]}.\n"),
+        ),
+        ("4.0.5-kill", "nodes_running_at_shutdown", lambda b: b[:-3], None),  # torn: no full stop
+        ("4.0.5-kill", "rabbit_serial", lambda b: b"-1.\n", None),
+    ],
+)
 def test_text_file_damage_is_a_finding(tmp_path, ds, rel, mutate, offset):
     node = copy_node(ds, tmp_path / "m")
     path = next(node.glob(rel))
-    got, = [o for c, o in _text_case(node, rel, mutate(path.read_bytes()))[1] if c == "term-file-damaged"]
+    (got,) = [o for c, o in _text_case(node, rel, mutate(path.read_bytes()))[1] if c == "term-file-damaged"]
     if offset is not None:
         assert got == offset
     elif rel == "nodes_running_at_shutdown":
@@ -220,7 +238,7 @@ def test_deep_index_size_field_that_is_not_the_body_size(tmp_path):
             break
     at = c_qi.HEADER_SIZE + used[0] * c_qi.ENTRY_SIZE
     size_at = at + c_qi.ENTRY_DTYPE.fields["size"][1]
-    data[size_at:size_at + 4] = (int.from_bytes(data[size_at:size_at + 4], "big") + 1).to_bytes(4, "big")
+    data[size_at : size_at + 4] = (int.from_bytes(data[size_at : size_at + 4], "big") + 1).to_bytes(4, "big")
     qi.write_bytes(bytes(data))
     assert not [f for f in fsck.run(node).findings if f.code == "index-size-mismatch"]
     got = [(f.file, f.offset) for f in fsck.run(node, deep=True).findings if f.code == "index-size-mismatch"]
@@ -245,8 +263,11 @@ def test_ets_dump_of_another_table_in_its_place(tmp_path):
     """A swap the fuzz campaign made: a store's msg_store_index.ets replaced by a file_summary.ets
     (both whole, valid dumps): its objects are not #msg_location{} records."""
     node = copy_node("3.10.8-clean", tmp_path / "m")
-    index = next(p for p in sorted(node.glob(f"{VHOSTS}/msg_store_persistent/msg_store_index.ets"))
-                 if r_terms.read_ets(p).objects)
+    index = next(
+        p
+        for p in sorted(node.glob(f"{VHOSTS}/msg_store_persistent/msg_store_index.ets"))
+        if r_terms.read_ets(p).objects
+    )
     index.write_bytes((index.parent / "file_summary.ets").read_bytes())
     assert any(c == "term-file-damaged" and o is not None for c, o in codes_at(node, index))
 
@@ -260,8 +281,11 @@ def test_transient_store_files_swapped_between_vhosts(tmp_path):
     da, db = a.read_bytes(), b.read_bytes()
     a.write_bytes(db)
     b.write_bytes(da)
-    got = {(f["code"], f["file"], f["severity"]) for f in cqforensics.read_table(node, "findings").to_pylist()
-           if f["code"] == "msg-missing"}
+    got = {
+        (f["code"], f["file"], f["severity"])
+        for f in cqforensics.read_table(node, "findings").to_pylist()
+        if f["code"] == "msg-missing"
+    }
     assert ("msg-missing", str(a.parent), "info") in got or ("msg-missing", str(b.parent), "info") in got
 
 
@@ -279,8 +303,10 @@ def test_ra_names_dets_that_does_not_register_the_server_dir(tmp_path):
     uid = next(p for p in names.parent.iterdir() if (p / "config").exists())
     uid.rename(uid.with_name("RABBITXXXXXXXXXXXX"))
     assert {c for c, _ in codes_at(node, names)} == {"term-file-damaged"}
-    assert len(codes_at(node, names)) == 1 and len([f for f in cqforensics.read_table(node, "findings").to_pylist()
-                                                     if f["file"] == str(names)]) == 2
+    assert (
+        len(codes_at(node, names)) == 1
+        and len([f for f in cqforensics.read_table(node, "findings").to_pylist() if f["file"] == str(names)]) == 2
+    )
 
 
 def test_embedded_copies_of_one_message_that_differ(tmp_path):
@@ -288,13 +314,22 @@ def test_embedded_copies_of_one_message_that_differ(tmp_path):
     stands for a message routed to two CQv1 queues (each embeds the same bytes under the same
     id); a byte changed in one copy's body is a finding at that copy."""
     node = copy_node("3.10.8-clean", tmp_path / "m")
-    src = next(d for d in sorted(node.glob(f"{VHOSTS}/queues/*"))
-               if any(r["location"] == "embedded" for r in cqforensics.read_table(node, "index").to_pylist()
-                      if r["file"].startswith(str(d))))
+    src = next(
+        d
+        for d in sorted(node.glob(f"{VHOSTS}/queues/*"))
+        if any(
+            r["location"] == "embedded"
+            for r in cqforensics.read_table(node, "index").to_pylist()
+            if r["file"].startswith(str(d))
+        )
+    )
     copy = src.parent / ("Z" * len(src.name))
     shutil.copytree(src, copy)
-    rows = [r for r in cqforensics.read_table(node, "index").to_pylist()
-            if r["location"] == "embedded" and r["file"].startswith(str(copy))]
+    rows = [
+        r
+        for r in cqforensics.read_table(node, "index").to_pylist()
+        if r["location"] == "embedded" and r["file"].startswith(str(copy))
+    ]
     assert not {c for c, _, _ in findings(node)} & {"message-copies-differ"}
     r = rows[0]
     damage.flip(Path(r["file"]), r["store_offset"] + r["store_size"] - 3)
@@ -305,6 +340,7 @@ def test_embedded_copies_of_one_message_that_differ(tmp_path):
 
 
 # -- Mnesia, Khepri, DETS, ets ---------------------------------------------------------------------
+
 
 def test_dcd_torn_junk_and_repeated_items(tmp_path):
     """The samples' table dumps are header-only (their records are in the .DCL logs): an item of
@@ -370,7 +406,7 @@ def test_khepri_meta_dets_and_store_ets(tmp_path):
     ets = next(node.glob(f"{VHOSTS}/msg_store_persistent/msg_store_index.ets"))
     log = r_terms.read_disk_log(ets)
     original = ets.read_bytes()
-    ets.write_bytes(original + original[log.offsets[1]:log.offsets[2]])  # an object item after the end marker
+    ets.write_bytes(original + original[log.offsets[1] : log.offsets[2]])  # an object item after the end marker
     assert ("term-file-damaged", len(original)) in codes_at(node, ets)
     ets.write_bytes(original)
     damage.truncate(ets, log.offsets[-1] + 3)
@@ -399,7 +435,7 @@ def test_dets_table_of_another_shape_in_its_place(tmp_path):
     retained.write_bytes(b)
     recovery.write_bytes(a)
     assert ("term-file-damaged", 28) in codes_at(node, retained)  # the header's keypos
-    (at, _), = r_terms._dets_objects(a)
+    ((at, _),) = r_terms._dets_objects(a)
     assert {("term-file-damaged", 28), ("term-file-damaged", at)} <= codes_at(node, recovery)
 
 
@@ -410,7 +446,7 @@ def test_dets_table_holding_another_tables_records(tmp_path):
     meta = next(node.glob("coordination/*/meta.dets"))
     recovery = next(p for p in node.glob(f"{VHOSTS}/recovery.dets") if r_terms.read_dets_objects(p))
     recovery.write_bytes(meta.read_bytes())
-    (at, _), = r_terms._dets_objects(meta.read_bytes())
+    ((at, _),) = r_terms._dets_objects(meta.read_bytes())
     assert ("term-file-damaged", at) in codes_at(node, recovery)
 
 
@@ -424,7 +460,7 @@ def test_ra_meta_dets_swapped_between_systems(tmp_path):
     assert not codes_at(node, khepri) and not codes_at(node, quorum)
     khepri.write_bytes(b)
     quorum.write_bytes(a)
-    (at, _), = r_terms._dets_objects(a)
+    ((at, _),) = r_terms._dets_objects(a)
     assert codes_at(node, khepri) == {("term-file-damaged", None)}
     assert codes_at(node, quorum) == {("term-file-damaged", at)}
 
@@ -436,7 +472,7 @@ def test_open_dets_table_word_otp_never_writes(tmp_path, word):
     node = copy_node("4.3.6-kill", tmp_path / "m")
     meta = next(node.glob("quorum/*/meta.dets"))
     data = meta.read_bytes()
-    assert struct.unpack_from(">I", data, 8)[0] == 0 and data[word:word + 4] == bytes(4)
+    assert struct.unpack_from(">I", data, 8)[0] == 0 and data[word : word + 4] == bytes(4)
     damage.flip(meta, word + 1, 0x10)
     rows = [r for r in cqforensics.read_table(node, "findings").to_pylist() if r["file"] == str(meta)]
     assert [(r["code"], r["offset"], r["severity"]) for r in rows] == [("term-file-damaged", word, "info")]
@@ -447,7 +483,7 @@ def test_open_dets_table_block_header_zeroed(tmp_path):
     by their <<Size, ACTIVE>> block headers; one zeroed, its objects are lost: a warning there."""
     node = copy_node("4.3.6-kill", tmp_path / "m")
     meta = next(node.glob("coordination/*/meta.dets"))
-    (at, _), = r_terms._dets_objects(meta.read_bytes())
+    ((at, _),) = r_terms._dets_objects(meta.read_bytes())
     damage.zero(meta, at - 8, 8)  # the block header before its first object
     rows = [r for r in cqforensics.read_table(node, "findings").to_pylist() if r["file"] == str(meta)]
     assert ("term-file-damaged", at - 8, "warning") in {(r["code"], r["offset"], r["severity"]) for r in rows}
@@ -534,9 +570,19 @@ def test_rdq_body_changed_in_place_is_undetectable_payload(tmp_path):
 
 # -- node-level special files ----------------------------------------------------------------------
 
-NODE_LEVEL = ["rabbit_durable_queue.DCD", "cluster_nodes.config", "schema.DAT", "LATEST.LOG", "FEATURE_FLAGS",
-              "nodes_running_at_shutdown", "node-type.txt", "rabbit_serial", "coordination/*/meta.dets",
-              "coordination/*/*.wal", "quorum/*/names.dets"]
+NODE_LEVEL = [
+    "rabbit_durable_queue.DCD",
+    "cluster_nodes.config",
+    "schema.DAT",
+    "LATEST.LOG",
+    "FEATURE_FLAGS",
+    "nodes_running_at_shutdown",
+    "node-type.txt",
+    "rabbit_serial",
+    "coordination/*/meta.dets",
+    "coordination/*/*.wal",
+    "quorum/*/names.dets",
+]
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs")
@@ -586,8 +632,14 @@ def _dump_in_child(path: Path) -> tuple[int, float, int, str]:
     import time
 
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-c", _PEAK, "dump", str(path)], cwd=ROOT, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.PIPE, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", _PEAK, "dump", str(path)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+    )
     wall = time.monotonic() - t0
     err, _, peak = p.stderr.rpartition("\nVmHWM:")
     return p.returncode, wall, int(peak.split()[0]) // 1024 if peak else 1 << 20, err[-800:]
@@ -614,8 +666,12 @@ def test_dump_of_sparse_50gb_qs_qi_idx_dets_is_fast_and_small(tmp_path):
     dets_src = max(v1.glob(f"{VHOSTS}/recovery.dets"), key=lambda p: p.stat().st_size).read_bytes()
     d = tmp_path / "sparse"
     d.mkdir()
-    cases = [_sparse(d / "0.qs", qs_src, tail=qs_src[-4096:]), _sparse(d / "0.qi", qi_src),
-             _sparse(d / "0.idx", idx_src), _sparse(d / "recovery.dets", dets_src, tail=dets_src[-64:])]
+    cases = [
+        _sparse(d / "0.qs", qs_src, tail=qs_src[-4096:]),
+        _sparse(d / "0.qi", qi_src),
+        _sparse(d / "0.idx", idx_src),
+        _sparse(d / "recovery.dets", dets_src, tail=dets_src[-64:]),
+    ]
     for path in cases:
         rc, wall, rss_mb, tail = _dump_in_child(path)
         assert rc in (0, 4), (path.name, rc, tail)
@@ -636,9 +692,14 @@ def test_dump_of_half_gigabyte_of_real_zeros_keeps_memory_flat(tmp_path):
         return max(node.glob(f"{VHOSTS}/{pattern}"), key=lambda p: p.stat().st_size).read_bytes()
 
     qs, dets = biggest(src, "queues/*/*.qs"), biggest(v1, "recovery.dets")
-    cases = [("0.qs", qs, qs[-4096:]), ("0.qi", biggest(src, "queues/*/*.qi"), b""),
-             ("0.idx", biggest(v1, "queues/*/*.idx"), b""), ("journal.jif", biggest(v1, "queues/*/journal.jif"), b""),
-             ("recovery.dets", dets, dets[-64:]), ("0.rdq", biggest(src, "msg_store_persistent/*.rdq"), b"")]
+    cases = [
+        ("0.qs", qs, qs[-4096:]),
+        ("0.qi", biggest(src, "queues/*/*.qi"), b""),
+        ("0.idx", biggest(v1, "queues/*/*.idx"), b""),
+        ("journal.jif", biggest(v1, "queues/*/journal.jif"), b""),
+        ("recovery.dets", dets, dets[-64:]),
+        ("0.rdq", biggest(src, "msg_store_persistent/*.rdq"), b""),
+    ]
     zeros = bytes(1 << 20)
     for name, head, tail in cases:
         path = tmp_path / name
@@ -653,7 +714,6 @@ def test_dump_of_half_gigabyte_of_real_zeros_keeps_memory_flat(tmp_path):
         assert "Traceback" not in err and "internal error" not in err, err
         assert wall < 60, (name, wall)
         assert rss_mb < 300, (name, rss_mb)
-
 
 
 def test_qs_bytes_damaged_between_entries_no_live_entry_uses(tmp_path):
@@ -675,7 +735,7 @@ def test_cluster_file_whose_disc_nodes_are_not_its_nodes(tmp_path):
     cfg = node / "cluster_nodes.config"
     raw = cfg.read_bytes()
     i = raw.rindex(b"localhost")
-    cfg.write_bytes(raw[:i] + b"locaLhost" + raw[i + 9:])
+    cfg.write_bytes(raw[:i] + b"locaLhost" + raw[i + 9 :])
     assert "term-file-damaged" in {c for c, _ in codes_at(node, cfg)}
 
 
@@ -684,8 +744,12 @@ def test_store_index_dump_of_another_store_in_its_place(tmp_path):
     store's (4.0.5 clean stop): its records lie past the end of the transient files, whose sizes
     file_summary.ets confirms."""
     node = copy_node("4.0.5-clean", tmp_path / "a")
-    vhost = next(v for v in node.glob("msg_stores/vhosts/*") if (v / "msg_store_transient" / "0.rdq").exists()
-                 and (v / "msg_store_persistent" / "msg_store_index.ets").exists())
+    vhost = next(
+        v
+        for v in node.glob("msg_stores/vhosts/*")
+        if (v / "msg_store_transient" / "0.rdq").exists()
+        and (v / "msg_store_persistent" / "msg_store_index.ets").exists()
+    )
     t = vhost / "msg_store_transient" / "msg_store_index.ets"
     t.write_bytes((vhost / "msg_store_persistent" / "msg_store_index.ets").read_bytes())
     assert "term-file-damaged" in {c for c, _ in codes_at(node, t)}

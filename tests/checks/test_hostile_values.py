@@ -23,15 +23,13 @@ from pathlib import Path
 import pytest
 
 import cqforensics
-from support import copy_node
-from cqforensics.codecs import etf
-from cqforensics.message import fast as fastpath
 from cqforensics.base.errors import FormatError
-from cqforensics.commands.fsck import run
 from cqforensics.base.schema import value_marks
-
-
+from cqforensics.codecs import etf
+from cqforensics.commands.fsck import run
+from cqforensics.message import fast as fastpath
 from fuzz import campaign  # noqa: E402
+from support import copy_node
 
 
 def _deep_at(node: Path, deep: bool = True) -> dict[tuple[str, int], set[str]]:
@@ -43,8 +41,18 @@ def _deep_at(node: Path, deep: bool = True) -> dict[tuple[str, int], set[str]]:
 
 
 def _rows(node: Path) -> list[dict]:
-    cols = ["location", "file", "offset", "store_file", "store_offset", "decode_error", "properties", "msg_id",
-            "routing_keys", "exchange"]
+    cols = [
+        "location",
+        "file",
+        "offset",
+        "store_file",
+        "store_offset",
+        "decode_error",
+        "properties",
+        "msg_id",
+        "routing_keys",
+        "exchange",
+    ]
     return cqforensics.read_table(node.parent, "messages", columns=cols).to_pylist()
 
 
@@ -56,11 +64,19 @@ def _edit_each(node: Path, locations) -> list[tuple[str, str]]:
     names = None
     k = 0
     while True:
-        rows = [r for r in campaign.stored_messages(node) if r["location"] in locations
-                and (r["file"], r["offset"]) not in used]
+        rows = [
+            r
+            for r in campaign.stored_messages(node)
+            if r["location"] in locations and (r["file"], r["offset"]) not in used
+        ]
         if names is None:
-            names = sorted({(r["location"], n) for r in rows
-                            for n, _ in campaign._odd_values(etf.binary_to_term(campaign.stored_term(r)))})
+            names = sorted(
+                {
+                    (r["location"], n)
+                    for r in rows
+                    for n, _ in campaign._odd_values(etf.binary_to_term(campaign.stored_term(r)))
+                }
+            )
         if k >= len(names):
             return done
         loc, name = names[k]
@@ -82,12 +98,15 @@ def _edit_each(node: Path, locations) -> list[tuple[str, str]]:
                 break
 
 
-@pytest.mark.parametrize("dataset, locations", [
-    ("4.3.6-kill", ("shared_store", "queue_store")),  # #mc{mc_amqpl}, #mc{mc_amqp}
-    ("3.10.8-kill", ("shared_store", "queue_store", "embedded")),  # #basic_message, 'P_basic' records
-    ("3.13.7-clean", ("embedded", "queue_store")),  # #mc in a CQv1 index
-    ("4.3.6-proto-kill", ("shared_store", "queue_store")),  # #mc{mc_mqtt}
-])
+@pytest.mark.parametrize(
+    "dataset, locations",
+    [
+        ("4.3.6-kill", ("shared_store", "queue_store")),  # #mc{mc_amqpl}, #mc{mc_amqp}
+        ("3.10.8-kill", ("shared_store", "queue_store", "embedded")),  # #basic_message, 'P_basic' records
+        ("3.13.7-clean", ("embedded", "queue_store")),  # #mc in a CQv1 index
+        ("4.3.6-proto-kill", ("shared_store", "queue_store")),  # #mc{mc_mqtt}
+    ],
+)
 def test_every_value_a_row_marks_is_a_deep_finding_at_its_term(dataset, locations, tmp_path):
     node = copy_node(dataset, tmp_path / "mnesia")
     edits = _edit_each(node, locations)
@@ -108,14 +127,15 @@ def test_the_issues_cases_are_shown_as_null_and_named(tmp_path):
     timestamp of 2^64-1, a priority of 2^40, an integer message id, routing keys stored as an
     atom; each row shows the value as null (never a text made of it) and says why."""
     node = copy_node("4.3.6-kill", tmp_path / "mnesia")
-    rows = [r for r in campaign.stored_messages(node) if r["term_format"] == "mc_amqpl"
-            and r["location"] == "queue_store"]
+    rows = [
+        r for r in campaign.stored_messages(node) if r["term_format"] == "mc_amqpl" and r["location"] == "queue_store"
+    ]
     cases = ["ts-2^70", "props-timestamp-2^64-1", "priority-2^40", "id-integer", "rk-atom"]
     for r, name in zip(rows, cases):
         odd = dict(campaign._odd_values(etf.binary_to_term(campaign.stored_term(r))))
         campaign.put_term(r, etf.term_to_binary(odd[name]))
     by_at = {(r["file"], r["offset"]): r for r in _rows(node)}
-    got = [by_at[(r["file"], r["offset"])] for r in rows[:len(cases)]]
+    got = [by_at[(r["file"], r["offset"])] for r in rows[: len(cases)]]
     ts, props_ts, prio, mid, rk = got
     assert ts["properties"]["timestamp"] is None and "out of range" in ts["decode_error"]
     assert props_ts["properties"]["timestamp"] is None and "timestamp=" in props_ts["decode_error"]
@@ -147,15 +167,17 @@ def _plant_hostile_amqp10(node: Path, case: str) -> None:
         assert name == case
         bare = term[2][2]
         props = b"".join(bare[a:b] for c, _, a, b in amqp10.sections(bare) if c == amqp10.PROPERTIES)
-        rest = b"".join(bare[a:b] for c, _, a, b in amqp10.sections(bare)
-                        if c not in (amqp10.PROPERTIES, amqp10.APPLICATION_PROPERTIES))
+        rest = b"".join(
+            bare[a:b]
+            for c, _, a, b in amqp10.sections(bare)
+            if c not in (amqp10.PROPERTIES, amqp10.APPLICATION_PROPERTIES)
+        )
         v1 = list(term[2])
         v1[2] = props + extra + rest
         campaign.put_term(r, etf.term_to_binary((term[0], term[1], tuple(v1), term[3])))
 
 
-@pytest.mark.parametrize("case", ["array-2^32-1", "array-2^32-1-ints", "list-2^32-1", "map-2^32-1",
-                                  "nested-described"])
+@pytest.mark.parametrize("case", ["array-2^32-1", "array-2^32-1-ints", "list-2^32-1", "map-2^32-1", "nested-described"])
 def test_hostile_amqp10_value_is_a_deep_finding_quickly(case, tmp_path):
     """An AMQP 1.0 message of a real 4.3.6 store given an application property holding the
     hostile value (the rest of the message intact), in a .rdq and in a .qs entry: every row says

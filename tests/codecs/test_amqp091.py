@@ -4,22 +4,28 @@ import json
 
 import pytest
 
-from cqforensics.codecs import amqp091
 from cqforensics.base.errors import FormatError
-
+from cqforensics.codecs import amqp091
 from support import manifest
 
 ALL = {
     "s": {"type": "longstr", "value": "plain ✓"},
     "latin1": {"type": "longstr", "base64": "Y2Fm6Q=="},
     "x": {"type": "binary", "base64": "AAH+/w=="},
-    "b": {"type": "byte", "value": -7}, "B": {"type": "unsignedbyte", "value": 250},
-    "sh": {"type": "short", "value": -30000}, "u": {"type": "unsignedshort", "value": 65000},
-    "I": {"type": "signedint", "value": -2000000000}, "i": {"type": "unsignedint", "value": 4000000000},
-    "l": {"type": "long", "value": -(2**62)}, "f": {"type": "float", "value": 3.25},
-    "d": {"type": "double", "value": -1e-300}, "nan": {"type": "double", "value": "nan"},
-    "D": {"type": "decimal", "value": {"scale": 3, "value": 1234567}}, "t": {"type": "bool", "value": False},
-    "T": {"type": "timestamp", "value": 1700000000}, "V": {"type": "void", "value": None},
+    "b": {"type": "byte", "value": -7},
+    "B": {"type": "unsignedbyte", "value": 250},
+    "sh": {"type": "short", "value": -30000},
+    "u": {"type": "unsignedshort", "value": 65000},
+    "I": {"type": "signedint", "value": -2000000000},
+    "i": {"type": "unsignedint", "value": 4000000000},
+    "l": {"type": "long", "value": -(2**62)},
+    "f": {"type": "float", "value": 3.25},
+    "d": {"type": "double", "value": -1e-300},
+    "nan": {"type": "double", "value": "nan"},
+    "D": {"type": "decimal", "value": {"scale": 3, "value": 1234567}},
+    "t": {"type": "bool", "value": False},
+    "T": {"type": "timestamp", "value": 1700000000},
+    "V": {"type": "void", "value": None},
     "F": {"type": "table", "value": {"inner": {"type": "signedint", "value": 1}}},
     "A": {"type": "array", "value": [{"type": "byte", "value": 1}, {"type": "table", "value": {}}]},
 }
@@ -38,23 +44,35 @@ def test_table_json_text_is_the_encoders_text():
     assert amqp091.table_json(raw) == amqp091.headers_json(ALL)
     twice = b"\x01kS\x00\x00\x00\x01a" + b"\x01jI\x00\x00\x00\x02" + b"\x01kS\x00\x00\x00\x01b"
     assert amqp091.table_json(twice) == amqp091.headers_json(
-        {"k": {"type": "longstr", "value": "b"}, "j": {"type": "signedint", "value": 2}})
-    ctl = amqp091.encode_table({'q"\\\n': {"type": "longstr", "value": "\u2028\x00\"é"}})
+        {"k": {"type": "longstr", "value": "b"}, "j": {"type": "signedint", "value": 2}}
+    )
+    ctl = amqp091.encode_table({'q"\\\n': {"type": "longstr", "value": '\u2028\x00"é'}})
     assert amqp091.table_json(ctl) == amqp091.headers_json(amqp091.decode_table(ctl))
 
 
 def test_properties_roundtrip():
     props = dict.fromkeys(amqp091.SCALAR_PROPERTIES)
-    props.update(content_type="application/json", delivery_mode=2, priority=9, timestamp=1700000000,
-                 user_id="guest", cluster_id="c")
+    props.update(
+        content_type="application/json",
+        delivery_mode=2,
+        priority=9,
+        timestamp=1700000000,
+        user_id="guest",
+        cluster_id="c",
+    )
     raw = amqp091.encode_properties(props, ALL)
     assert amqp091.decode_properties(raw) == (props, ALL)
 
 
 def test_sample_headers_of_every_type_decode_like_the_oracle():
     """The all-types header the generator sent, as the broker delivered it."""
-    msg = next(m for q in manifest("4.3.6-clean")["queues"] if q["name"] == "orders.v2" for m in q["messages"]
-               if m["headers"] and "decimal" in m["headers"])
+    msg = next(
+        m
+        for q in manifest("4.3.6-clean")["queues"]
+        if q["name"] == "orders.v2"
+        for m in q["messages"]
+        if m["headers"] and "decimal" in m["headers"]
+    )
     raw = amqp091.encode_table(msg["headers"])
     assert json.loads(json.dumps(amqp091.decode_table(raw))) == msg["headers"]
 
@@ -74,7 +92,11 @@ def test_typed_json_values_the_wire_cannot_hold_are_format_errors():
     """Issue 33: a typed-JSON string holding an integer (an edited export) made ``bytes(N)``, N
     zero bytes (a terabyte for 10^12); a number past its wire type's range failed deep in struct.
     Both are FormatErrors naming the value, before anything is allocated."""
-    for props, headers in [({}, {"h": {"type": "longstr", "value": 10 ** 12}}), ({}, {"h": {"type": "byte", "value": 300}}),
-                           ({"priority": 1 << 40}, None), ({"timestamp": -1}, None)]:
+    for props, headers in [
+        ({}, {"h": {"type": "longstr", "value": 10**12}}),
+        ({}, {"h": {"type": "byte", "value": 300}}),
+        ({"priority": 1 << 40}, None),
+        ({"timestamp": -1}, None),
+    ]:
         with pytest.raises(FormatError):
             amqp091.encode_properties(props, headers)

@@ -19,10 +19,10 @@ import pytest
 
 import cqforensics
 from cqforensics import compiled as core
-from cqforensics.tables import builders as tables
 from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers.files import read_bytes
+from cqforensics.tables import builders as tables
 from support import ROOT, SAMPLES, skip_or_fail
 from support.oracle import datasets
 
@@ -45,8 +45,9 @@ def _same_walk(data: bytes, path: Path = Path("x.rdq"), referenced: r_rdq.Refere
     assert ref.msg_ids.tobytes() == new.msg_ids.tobytes()
     assert [(h.offset, h.length, h.kind) for h in ref.holes] == [(h.offset, h.length, h.kind) for h in new.holes]
     assert [(o, t, bytes(i)) for o, t, i in ref.bad_markers] == [(o, t, bytes(i)) for o, t, i in new.bad_markers]
-    assert [(o, t, bytes(i), w, h) for o, t, i, w, h in ref.rejected] == \
-        [(o, t, bytes(i), w, h) for o, t, i, w, h in new.rejected]
+    assert [(o, t, bytes(i), w, h) for o, t, i, w, h in ref.rejected] == [
+        (o, t, bytes(i), w, h) for o, t, i, w, h in new.rejected
+    ]
     return ref
 
 
@@ -55,7 +56,7 @@ def _some_ids(data: bytes, rng: random.Random) -> r_rdq.Referenced:
     places of it (so candidates met inside damage are sometimes 'referenced' too)."""
     f = r_rdq.walk(Path("x.rdq"), 0, data)
     ids = [bytes(i) for i in f.msg_ids.tolist() if rng.random() < 0.7]
-    ids += [data[k:k + 16] for k in (rng.randrange(max(1, len(data) - 16)) for _ in range(20)) if len(data) >= 16]
+    ids += [data[k : k + 16] for k in (rng.randrange(max(1, len(data) - 16)) for _ in range(20)) if len(data) >= 16]
     return r_rdq.Referenced(np.frombuffer(b"".join(ids), "V16")) if ids else r_rdq.Referenced(np.zeros(0, "V16"))
 
 
@@ -69,8 +70,12 @@ def test_rust_unit_tests():
     if cargo is None:
         skip_or_fail("cargo is not installed")
     # the test profile (core/Cargo.toml), not --release: building the tests is most of the time
-    r = subprocess.run([cargo, "test", "--lib", "--quiet", "--manifest-path", str(ROOT / "core" / "Cargo.toml")],
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [cargo, "test", "--lib", "--quiet", "--manifest-path", str(ROOT / "core" / "Cargo.toml")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
 
@@ -111,7 +116,7 @@ def _mutations(data: bytes, rng: random.Random, n: int):
         at = rng.randrange(len(b))
         if what == 0:
             ln = rng.randrange(1, 70000)
-            b[at:at + ln] = bytes(len(b[at:at + ln]))
+            b[at : at + ln] = bytes(len(b[at : at + ln]))
         elif what == 1:
             for _ in range(rng.randrange(1, 40)):
                 k = rng.randrange(len(b))
@@ -121,9 +126,9 @@ def _mutations(data: bytes, rng: random.Random, n: int):
         elif what == 3:
             b[at:at] = rng.randbytes(rng.randrange(1, 300))
         elif what == 4:
-            b[at:at] = b[rng.randrange(len(b)):][:rng.randrange(1, 5000)]  # a duplicated slice
+            b[at:at] = b[rng.randrange(len(b)) :][: rng.randrange(1, 5000)]  # a duplicated slice
         else:
-            b[at:at + 8] = rng.choice([b"\xff" * 8, (2 ** 40).to_bytes(8, "big"), (17).to_bytes(8, "big")])
+            b[at : at + 8] = rng.choice([b"\xff" * 8, (2**40).to_bytes(8, "big"), (17).to_bytes(8, "big")])
         yield bytes(b)
 
 
@@ -137,8 +142,9 @@ def test_walk_equals_reference_on_damaged_and_random_bytes():
             _same_walk(data, referenced=_some_ids(data, rng))
             cases += 1
     for n in range(300):  # random bytes rich in 0xff markers and small sizes
-        data = bytes(rng.choice((0, 0, 0, 255, 16, 17, 131, 104, rng.randrange(256)))
-                     for _ in range(rng.randrange(2000)))
+        data = bytes(
+            rng.choice((0, 0, 0, 255, 16, 17, 131, 104, rng.randrange(256))) for _ in range(rng.randrange(2000))
+        )
         _same_walk(data)
         _same_walk(data, referenced=_some_ids(data, rng))
         cases += 1
@@ -150,7 +156,7 @@ def test_walk_skips_the_holes_of_a_sparse_file_like_the_reference(tmp_path):
     p = tmp_path / "0.rdq"
     with open(p, "wb") as f:
         f.write(data)
-        f.seek((r_rdq._SPARSE_MIN + (1 << 20)))  # a hole, then the same entries again
+        f.seek(r_rdq._SPARSE_MIN + (1 << 20))  # a hole, then the same entries again
         f.write(data)
     _same_walk(read_bytes(p), p)
     ref = r_rdq.walk(p, 0, reference=True)
@@ -165,11 +171,12 @@ def test_check_qs_equals_reference():
     for p in files:
         for data in [read_bytes(p), *_mutations(read_bytes(p), rng, 10)]:
             true = [row["offset"] for row, _ in r_qs.dump_rows(p) if row["kind"] == "entry"]
-            sizes = [int.from_bytes(data[o:o + 4], "big") if o + 4 <= len(data) else 0 for o in true]
+            sizes = [int.from_bytes(data[o : o + 4], "big") if o + 4 <= len(data) else 0 for o in true]
             offs = true + [rng.randrange(-10, len(data) + 100) for _ in range(200)]
             sizes += [rng.randrange(-5, 5000) for _ in range(200)]
-            assert np.array_equal(r_qs.check_entries(data, offs, sizes, reference=True),
-                                  r_qs.check_entries(data, offs, sizes))
+            assert np.array_equal(
+                r_qs.check_entries(data, offs, sizes, reference=True), r_qs.check_entries(data, offs, sizes)
+            )
 
 
 def _qs_mutations(data: bytes, rng: random.Random, n: int):
@@ -206,8 +213,9 @@ def test_qs_garbage_runs_equal_reference():
             assert list(r_qs.garbage_in(data, 0, holes, per_call=1)) == ref
             cases, runs = cases + 1, runs + len(ref)
     for _ in range(300):  # crafted: a valid header, then random bytes rich in the scan's key bytes
-        data = header + bytes(rng.choice((0, 0, 0, 0, 1, 131, 131, 104, 255, rng.randrange(256)))
-                              for _ in range(rng.randrange(3000)))
+        data = header + bytes(
+            rng.choice((0, 0, 0, 0, 1, 131, 131, 104, 255, rng.randrange(256))) for _ in range(rng.randrange(3000))
+        )
         ref = list(r_qs.garbage_in(data, 0, None, reference=True))
         assert list(r_qs.garbage_in(data, 0, None, per_call=rng.choice((1, 2, 4096)))) == ref
         cases, runs = cases + 1, runs + len(ref)
@@ -222,8 +230,9 @@ def _same_chunk(path: Path) -> None:
 
     number = int(path.stem) if path.stem.isdigit() else 0
     ref, new = (m_index._v2_chunk(None, number, path, reference=r) for r in (True, False))
-    assert [(f.code, f.message, f.file, f.offset, f.severity, f.details) for f in new.findings] == \
-        [(f.code, f.message, f.file, f.offset, f.severity, f.details) for f in ref.findings]
+    assert [(f.code, f.message, f.file, f.offset, f.severity, f.details) for f in new.findings] == [
+        (f.code, f.message, f.file, f.offset, f.severity, f.details) for f in ref.findings
+    ]
     for f in fields(m_index.Records):
         a, b = getattr(ref.rec, f.name), getattr(new.rec, f.name)
         assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), f.name
@@ -249,8 +258,10 @@ def test_qi_decode_equals_reference(tmp_path):
             cases += 1
     head = read_bytes(files[0])[:64]
     for k in range(200):  # crafted: slots of bytes the classification keys on, copies of each other
-        slots = [bytes(rng.choice((0, 0, 0, 1, 2, 254, 255, rng.randrange(256))) for _ in range(32))
-                 for _ in range(rng.randrange(1, 40))]
+        slots = [
+            bytes(rng.choice((0, 0, 0, 1, 2, 254, 255, rng.randrange(256))) for _ in range(32))
+            for _ in range(rng.randrange(1, 40))
+        ]
         slots += [rng.choice(slots) for _ in range(rng.randrange(4))]  # duplicate slots
         rng.shuffle(slots)
         q = tmp_path / "0.qi"
@@ -276,15 +287,25 @@ def test_read_spans_equals_slicing(tmp_path):
         for case in range(60):
             n = rng.randrange(0, 300)
             fi = np.array([rng.randrange(-1, len(datas)) for _ in range(n)], np.int32)
-            starts = np.array([rng.randrange(0, len(datas[f]) + 50) if rng.random() < 0.5 else
-                               (rng.randrange(0, 200) * 1000) % (len(datas[f]) + 1) for f in fi.tolist()], np.int64)
-            lengths = np.array([rng.choice((0, 1, rng.randrange(1, 100), rng.randrange(1, 3 << 20))) for _ in range(n)],
-                               np.int64)
+            starts = np.array(
+                [
+                    rng.randrange(0, len(datas[f]) + 50)
+                    if rng.random() < 0.5
+                    else (rng.randrange(0, 200) * 1000) % (len(datas[f]) + 1)
+                    for f in fi.tolist()
+                ],
+                np.int64,
+            )
+            lengths = np.array(
+                [rng.choice((0, 1, rng.randrange(1, 100), rng.randrange(1, 3 << 20))) for _ in range(n)], np.int64
+            )
             if rng.random() < 0.5:  # runs of nearby spans, as a store's entries are
                 order = np.lexsort((starts, fi))
                 fi, starts, lengths = fi[order], starts[order], lengths[order]
-            want = [None if f < 0 else datas[f][s:s + ln] for f, s, ln in zip(fi.tolist(), starts.tolist(),
-                                                                                lengths.tolist())]
+            want = [
+                None if f < 0 else datas[f][s : s + ln]
+                for f, s, ln in zip(fi.tolist(), starts.tolist(), lengths.tolist())
+            ]
             for sources in (datas, fds):
                 got = core.read_spans(list(sources), fi, starts, lengths)
                 assert got.to_pylist() == want
@@ -308,7 +329,7 @@ def test_read_spans_equals_slicing(tmp_path):
         for f, content, starts, lengths in cases:
             lengths[-1] += 10
             got = core.read_spans(fds, np.full(len(starts), f, np.int32), starts, lengths)
-            assert got.to_pylist() == [content[s:s + n] for s, n in zip(starts.tolist(), lengths.tolist())]
+            assert got.to_pylist() == [content[s : s + n] for s, n in zip(starts.tolist(), lengths.tolist())]
     finally:
         for fd in fds:
             os.close(fd)
@@ -325,7 +346,7 @@ def _stored_terms() -> tuple[bytes, ...]:
         out += [b for b in t.column("body").to_pylist() if b]
         for p in _files(".qs"):
             if ds in str(p):
-                out += [bytes(term[0][term[1]:term[1] + term[2]]) for row, term in r_qs.dump_rows(p) if term]
+                out += [bytes(term[0][term[1] : term[1] + term[2]]) for row, term in r_qs.dump_rows(p) if term]
     return tuple(out)
 
 
@@ -333,9 +354,15 @@ def _compare_decode(terms: list[bytes], index_ids: list, bodies: bool = True) ->
     """Core-decoded rows equal the reference's; returns how many rows the core decoded."""
     n = len(terms)
     has_id = np.array([i is not None for i in index_ids], np.uint8)
-    status, cols = core.decode_messages(terms, np.arange(n, dtype=np.int32), np.zeros(n, np.int64),
-                                        np.array([len(t) for t in terms], np.int64),
-                                        b"".join(i or bytes(16) for i in index_ids), has_id, bodies)
+    status, cols = core.decode_messages(
+        terms,
+        np.arange(n, dtype=np.int32),
+        np.zeros(n, np.int64),
+        np.array([len(t) for t in terms], np.int64),
+        b"".join(i or bytes(16) for i in index_ids),
+        has_id,
+        bodies,
+    )
     ref = tables._arrays(tables.decode_reference(terms, index_ids, bodies))
     rows = pa.array(np.flatnonzero(status == 0))
     for k, col in cols.items():
@@ -368,10 +395,10 @@ def test_decode_equals_reference_on_damaged_terms():
                 k = rng.randrange(len(t))
                 t[k] ^= 1 << rng.randrange(8)
         elif what == 1:
-            del t[rng.randrange(len(t)):]
+            del t[rng.randrange(len(t)) :]
         elif what == 2:
             k = rng.randrange(len(t))
-            t[k:k + 4] = rng.choice([b"\xff\xff\xff\xff", b"\x00\x00\x00\x00", b"\x7f\xff\xff\xff"])
+            t[k : k + 4] = rng.choice([b"\xff\xff\xff\xff", b"\x00\x00\x00\x00", b"\x7f\xff\xff\xff"])
         else:
             k = rng.randrange(len(t))
             t[k] = rng.choice(b"abdFjlmntwvs\x83hT")
@@ -392,7 +419,7 @@ def test_decode_equals_reference_on_count_lies():
     for t in by_shape.values():
         for k in sorted(set(range(min(200, len(t)))) | set(range(max(0, len(t) - 60), len(t)))):
             for lie in (b"\xff", b"\xff\xff", b"\xff\xff\xff\xff", b"\x7f\xff\xff\xff"):
-                lied.append(t[:k] + lie + t[k + len(lie):])
+                lied.append(t[:k] + lie + t[k + len(lie) :])
     assert len(by_shape) >= 4 and len(lied) > 4000
     t0 = time.monotonic()
     _compare_decode(lied, [None] * len(lied))
@@ -409,11 +436,26 @@ def test_decode_equals_reference_on_crafted_annotations():
     base = next(binary_to_term(t) for t in _stored_terms() if t[3:6] == b"w\x02m")
     anns = dict(base[3])
     variants = [
-        {}, {Atom("ttl"): 5000}, {Atom("ttl"): Atom("undefined")}, {Atom("p"): 7}, {Atom("p"): 1 << 40},
-        {Atom("d"): Atom("false")}, {Atom("ts"): 1_700_000_000_123}, {Atom("deaths"): []},
-        {b"id": b"x" * 16}, {b"rk": [b"a"]}, {b"x-death": b"1"}, {b"x-n": 3}, {b"x-b": Atom("true")},
-        {b"timestamp_in_ms": 5}, {b"other": b"text"}, {Atom("other"): [b"a", b"b"]}, {b"x": b"shadow"},
-        {Atom("rk"): []}, {Atom("x"): 5}, {Atom("id"): Atom("undefined")},
+        {},
+        {Atom("ttl"): 5000},
+        {Atom("ttl"): Atom("undefined")},
+        {Atom("p"): 7},
+        {Atom("p"): 1 << 40},
+        {Atom("d"): Atom("false")},
+        {Atom("ts"): 1_700_000_000_123},
+        {Atom("deaths"): []},
+        {b"id": b"x" * 16},
+        {b"rk": [b"a"]},
+        {b"x-death": b"1"},
+        {b"x-n": 3},
+        {b"x-b": Atom("true")},
+        {b"timestamp_in_ms": 5},
+        {b"other": b"text"},
+        {Atom("other"): [b"a", b"b"]},
+        {b"x": b"shadow"},
+        {Atom("rk"): []},
+        {Atom("x"): 5},
+        {Atom("id"): Atom("undefined")},
     ]
     terms = []
     for extra in variants:
@@ -441,12 +483,12 @@ def test_decode_from_a_file_equals_decode_from_its_bytes(tmp_path):
         data += t
     order = list(range(len(spans)))
     for a in range(0, len(order), 50):  # runs in file order, some shuffled, some reversed
-        run = order[a:a + 50]
+        run = order[a : a + 50]
         if rng.random() < 0.3:
             rng.shuffle(run)
         elif rng.random() < 0.2:
             run.reverse()
-        order[a:a + 50] = run
+        order[a : a + 50] = run
     starts = [spans[k][0] for k in order] + [spans[5][0], spans[5][0] + 3, len(data) - 10, len(data) + 100]
     lens = [spans[k][1] for k in order] + [spans[5][1], spans[5][1], 500, 50]
     n = len(starts)
@@ -455,13 +497,27 @@ def test_decode_from_a_file_equals_decode_from_its_bytes(tmp_path):
     fd = os.open(path, os.O_RDONLY)
     try:
         for bodies in (True, False):
-            want = core.decode_messages([bytes(data)], np.zeros(n, np.int32), np.array(starts, np.int64),
-                                        np.array(lens, np.int64), bytes(16 * n), np.zeros(n, np.uint8), bodies)
+            want = core.decode_messages(
+                [bytes(data)],
+                np.zeros(n, np.int32),
+                np.array(starts, np.int64),
+                np.array(lens, np.int64),
+                bytes(16 * n),
+                np.zeros(n, np.uint8),
+                bodies,
+            )
             assert (want[0] == 0).sum() > 2500
             for mapped in (True, False):
-                got = core.decode_messages([fd], np.zeros(n, np.int32), np.array(starts, np.int64),
-                                           np.array(lens, np.int64), bytes(16 * n), np.zeros(n, np.uint8), bodies,
-                                           map_files=mapped)
+                got = core.decode_messages(
+                    [fd],
+                    np.zeros(n, np.int32),
+                    np.array(starts, np.int64),
+                    np.array(lens, np.int64),
+                    bytes(16 * n),
+                    np.zeros(n, np.uint8),
+                    bodies,
+                    map_files=mapped,
+                )
                 assert np.array_equal(got[0], want[0])
                 for k in want[1]:
                     assert got[1][k].equals(want[1][k]), (k, mapped)
@@ -477,7 +533,7 @@ def test_rows_far_apart_are_read_a_term_at_a_time():
     assert not core.scattered(i32(0, 0, 0), i64(0, 100, 200), i64(100, 100, 100))  # back to back
     assert not core.scattered(i32(-1, -1), i64(0, 0), i64(0, 0))  # no term at all
     # two files, each dense, far apart from each other: dense
-    assert not core.scattered(i32(0, 1, 0, 1), i64(0, 10 ** 9, 500, 10 ** 9 + 500), i64(500, 500, 500, 500))
+    assert not core.scattered(i32(0, 1, 0, 1), i64(0, 10**9, 500, 10**9 + 500), i64(500, 500, 500, 500))
     assert core.scattered(i32(0, 0, 0), i64(0, 2 * gap, 4 * gap), i64(100, 100, 100))  # 2 gaps apart
     assert not core.scattered(i32(0, 0, 0, -1), i64(0, gap // 2, gap, 0), i64(100, 100, 100, 0))
     # terms longer than the bytes between them: mapped, whatever the gaps
@@ -492,7 +548,19 @@ def test_float_headers_render_as_python_repr():
     from cqforensics.codecs import amqp091
 
     rng = random.Random(5)
-    values = [0.0, -0.0, 1.5, 1e16, 1e-5, 1e-4, 123456789.123, float("inf"), float("nan"), 5e-324, 1.7976931348623157e308]
+    values = [
+        0.0,
+        -0.0,
+        1.5,
+        1e16,
+        1e-5,
+        1e-4,
+        123456789.123,
+        float("inf"),
+        float("nan"),
+        5e-324,
+        1.7976931348623157e308,
+    ]
     values += [struct.unpack(">d", rng.randbytes(8))[0] for _ in range(300)]
     for v in values:
         for kind, fmt in ((b"d", ">d"), (b"f", ">f")):
@@ -503,20 +571,40 @@ def test_float_headers_render_as_python_repr():
             table = b"\x01k" + kind + raw
             props = b"\x20\x00" + len(table).to_bytes(4, "big") + table  # headers flag only
             term = _amqpl_term(props)
-            status, cols = core.decode_messages([term], np.zeros(1, np.int32), np.zeros(1, np.int64),
-                                                np.array([len(term)], np.int64), bytes(16), np.zeros(1, np.uint8), True)
+            status, cols = core.decode_messages(
+                [term],
+                np.zeros(1, np.int32),
+                np.zeros(1, np.int64),
+                np.array([len(term)], np.int64),
+                bytes(16),
+                np.zeros(1, np.uint8),
+                True,
+            )
             assert status[0] == 0
             assert cols["headers"][0].as_py() == amqp091.properties_json(props)[1], v
 
 
 def _amqpl_term(props: bytes) -> bytes:
     """crafted: the 4.x mc_amqpl layout around ``props`` with a one-byte body and no annotations"""
+
     def atom(n):
         return b"w" + bytes([len(n)]) + n
 
-    return (b"\x83h\x04" + atom(b"mc") + atom(b"mc_amqpl") + b"h\x06" + atom(b"content") + b"a<" + atom(b"none")
-            + b"m" + len(props).to_bytes(4, "big") + props + atom(b"rabbit_framing_amqp_0_9_1")
-            + b"l\x00\x00\x00\x01m\x00\x00\x00\x01xj" + b"t\x00\x00\x00\x00")
+    return (
+        b"\x83h\x04"
+        + atom(b"mc")
+        + atom(b"mc_amqpl")
+        + b"h\x06"
+        + atom(b"content")
+        + b"a<"
+        + atom(b"none")
+        + b"m"
+        + len(props).to_bytes(4, "big")
+        + props
+        + atom(b"rabbit_framing_amqp_0_9_1")
+        + b"l\x00\x00\x00\x01m\x00\x00\x00\x01xj"
+        + b"t\x00\x00\x00\x00"
+    )
 
 
 # -- whole tables ----------------------------------------------------------------------------------
@@ -544,8 +632,10 @@ def _same_items(data: bytes, path: Path = Path("x.ets")) -> bool:
         assert new.offsets == ref.offsets
         assert new.rows.tobytes() == ref.rows.tobytes() and np.array_equal(new.row_items, ref.row_items)
         assert repr(new.terms) == repr(ref.terms)
-        assert (repr(new.error), getattr(new.error, "offset", None)) == \
-            (repr(ref.error), getattr(ref.error, "offset", None))
+        assert (repr(new.error), getattr(new.error, "offset", None)) == (
+            repr(ref.error),
+            getattr(ref.error, "offset", None),
+        )
     status = bytes(data[4:8]) if data[:4] == b"\x01\x02\x03\x04" else None
     if not terms.loads_whole(status, ref):
         return False
@@ -584,8 +674,12 @@ def test_disk_log_items_equal_reference_on_damaged_dumps():
         import hashlib
 
         size = len(term).to_bytes(4, "big")
-        return size + b"bWLA" + ((md5 if md5 is not None else hashlib.md5(size).digest())
-                                 if len(term) >= 65528 else b"") + term
+        return (
+            size
+            + b"bWLA"
+            + ((md5 if md5 is not None else hashlib.md5(size).digest()) if len(term) >= 65528 else b"")
+            + term
+        )
 
     ints = [0, 1, 255, 256, -1, -(1 << 31), (1 << 31) - 1, 1 << 40, (1 << 63) - 1, -(1 << 63), 1 << 63, 1 << 64, 2.5]
     for k in range(200):
@@ -602,8 +696,13 @@ def test_disk_log_items_equal_reference_on_damaged_dumps():
     for md5 in (None, bytes(16)):
         _same_items(head + item(etf.term_to_binary([])) + item(big, md5) + item(etf.term_to_binary(1)))
     for _ in range(200):
-        _same_items(head + bytes(rng.choice((0, 0, 98, 87, 76, 65, 131, 104, 6, 119, rng.randrange(256)))
-                                 for _ in range(rng.randrange(400))))
+        _same_items(
+            head
+            + bytes(
+                rng.choice((0, 0, 98, 87, 76, 65, 131, 104, 6, 119, rng.randrange(256)))
+                for _ in range(rng.randrange(400))
+            )
+        )
 
 
 def test_store_index_dumps_of_the_fuzz_corpus_read_as_reference(tmp_path):
@@ -613,8 +712,12 @@ def test_store_index_dumps_of_the_fuzz_corpus_read_as_reference(tmp_path):
     from fuzz import campaign
 
     cases = {(e["dataset"], e["seed"], e["mutation"]) for e in campaign.regressions()}
-    cases |= {(ds, seed, m) for seed in range(4) for ds in ("4.3.6-clean", "3.10.8-clean")
-              for m in ("bitflip", "truncate", "zero", "junk", "swap") }
+    cases |= {
+        (ds, seed, m)
+        for seed in range(4)
+        for ds in ("4.3.6-clean", "3.10.8-clean")
+        for m in ("bitflip", "truncate", "zero", "junk", "swap")
+    }
     dumps = 0
     for ds, seed, mutation in sorted(cases):
         inp = campaign.prepare(seed, tmp_path / f"{ds}-{seed}-{mutation}", ds, mutation)

@@ -12,8 +12,8 @@ import inspect
 
 import pytest
 
-from support import ROOT, skip_or_fail
 from cqforensics import compiled as core
+from support import ROOT, skip_or_fail
 
 STUB = ROOT / "cqforensics_core.pyi"
 

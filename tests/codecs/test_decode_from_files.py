@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import skip_or_fail
 from test_core import _stored_terms
 
 from cqforensics import compiled as core
 from cqforensics.readers import rdq as r_rdq
+from support import skip_or_fail
 
 
 @pytest.fixture(autouse=True)
@@ -25,8 +25,15 @@ def _need_core():
 
 def _decode(sources, file_ix, starts, lengths, bodies):
     n = len(file_ix)
-    return core.decode_messages(sources, np.array(file_ix, np.int32), np.array(starts, np.int64),
-                                np.array(lengths, np.int64), bytes(16 * n), np.zeros(n, np.uint8), bodies)
+    return core.decode_messages(
+        sources,
+        np.array(file_ix, np.int32),
+        np.array(starts, np.int64),
+        np.array(lengths, np.int64),
+        bytes(16 * n),
+        np.zeros(n, np.uint8),
+        bodies,
+    )
 
 
 def _equal(a, b) -> None:

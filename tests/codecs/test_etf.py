@@ -10,7 +10,6 @@ import pytest
 
 from cqforensics.codecs import etf
 from cqforensics.codecs.etf import Atom, BitBinary, EtfError, ImproperList, Opaque
-
 from support import SAMPLES
 
 
@@ -55,11 +54,34 @@ def test_atom_encodings_latin1_and_utf8():
     assert etf.term_to_binary(Atom("abc"), utf8_atoms=False) == b"\x83d\x00\x03abc"
 
 
-@pytest.mark.parametrize("term", [
-    0, 255, 256, -1, 2**31 - 1, -(2**31), 2**31, -(2**64), 2**2100, 1.5, -0.0, b"", b"bin",
-    (), (1, (2, 3)), tuple(range(300)), [], [1, 2, 3], [1000, 2], [Atom("a"), [b"x"]],
-    {Atom("a"): 1, b"k": [1]}, ImproperList([1, 2], Atom("tail")), BitBinary(b"\xff\x80", 3),
-])
+@pytest.mark.parametrize(
+    "term",
+    [
+        0,
+        255,
+        256,
+        -1,
+        2**31 - 1,
+        -(2**31),
+        2**31,
+        -(2**64),
+        2**2100,
+        1.5,
+        -0.0,
+        b"",
+        b"bin",
+        (),
+        (1, (2, 3)),
+        tuple(range(300)),
+        [],
+        [1, 2, 3],
+        [1000, 2],
+        [Atom("a"), [b"x"]],
+        {Atom("a"): 1, b"k": [1]},
+        ImproperList([1, 2], Atom("tail")),
+        BitBinary(b"\xff\x80", 3),
+    ],
+)
 def test_roundtrip(term):
     raw = etf.term_to_binary(term)
     back, end = etf.decode(raw, exact=True)
@@ -87,17 +109,20 @@ def test_opaque_pids_refs_funs_kept_verbatim():
         assert etf.term_to_binary(term) == b"\x83" + raw
 
 
-@pytest.mark.parametrize("raw, what", [
-    (b"\x83m\xff\xff\xff\xffabc", "binary"),  # claimed length beyond the buffer
-    (b"\x83l\x7f\xff\xff\xffa\x01", "list length"),  # 2 billion elements claimed
-    (b"\x83t\x7f\xff\xff\xff", "map arity"),
-    (b"\x83i\x7f\xff\xff\xff", "tuple arity"),
-    (b"\x83" + b"h\x01" * 5000 + b"a\x01", "nested"),
-    (b"\x83P\xff\xff\xff\xff" + zlib.compress(b"\0" * 10), "compressed"),  # claims 4 GiB
-    (b"\x83\xee", "tag"),
-    (b"\x84a\x01", "external term"),
-    (b"\x83", "truncated"),
-])
+@pytest.mark.parametrize(
+    "raw, what",
+    [
+        (b"\x83m\xff\xff\xff\xffabc", "binary"),  # claimed length beyond the buffer
+        (b"\x83l\x7f\xff\xff\xffa\x01", "list length"),  # 2 billion elements claimed
+        (b"\x83t\x7f\xff\xff\xff", "map arity"),
+        (b"\x83i\x7f\xff\xff\xff", "tuple arity"),
+        (b"\x83" + b"h\x01" * 5000 + b"a\x01", "nested"),
+        (b"\x83P\xff\xff\xff\xff" + zlib.compress(b"\0" * 10), "compressed"),  # claims 4 GiB
+        (b"\x83\xee", "tag"),
+        (b"\x84a\x01", "external term"),
+        (b"\x83", "truncated"),
+    ],
+)
 def test_hostile_input_is_bounded(raw, what):
     with pytest.raises(EtfError) as e:
         etf.decode(raw)

@@ -1,9 +1,10 @@
 """The fast decoding path gives exactly what the generic normaliser gives, on every sample term."""
 
-from cqforensics.message import fast as fastpath, reference as message
-from cqforensics.base.errors import FormatError
-
 from test_etf import stored_terms
+
+from cqforensics.base.errors import FormatError
+from cqforensics.message import fast as fastpath
+from cqforensics.message import reference as message
 
 
 def test_fast_path_equals_generic_on_every_sample_term():
@@ -15,5 +16,5 @@ def test_fast_path_equals_generic_on_every_sample_term():
             continue
         assert fastpath.decode(raw) == slow, f"{path}@{offset}"
         lay = fastpath._LAYOUTS
-        fast_hits += any(bytes(raw).startswith(l["mc"]) or bytes(raw).startswith(l["bm"]) for l in lay)
+        fast_hits += any(bytes(raw).startswith(layout["mc"]) or bytes(raw).startswith(layout["bm"]) for layout in lay)
     assert fast_hits > 300

@@ -17,7 +17,6 @@ from cqforensics.grammar import qs as c_qs
 from cqforensics.grammar import rdq as c_rdq
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers import v1 as r_v1
-
 from support import SAMPLES
 
 
@@ -42,18 +41,27 @@ def test_qi_twin_equals_grammar_on_every_slot():
         data = path.read_bytes()
         hdr = c_qi.header.parse(data[:64])
         twin = np.frombuffer(data, c_qi.HEADER_DTYPE, count=1)[0]
-        assert (twin["magic"], twin["version"], twin["from_seq_id"], twin["to_seq_id"]) == \
-            (hdr.magic, hdr.version, hdr.from_seq_id, hdr.to_seq_id)
+        assert (twin["magic"], twin["version"], twin["from_seq_id"], twin["to_seq_id"]) == (
+            hdr.magic,
+            hdr.version,
+            hdr.from_seq_id,
+            hdr.to_seq_id,
+        )
         assert c_qi.header.build(hdr) == data[:64]
         n = (len(data) - 64) // 32
         slots = np.frombuffer(data, c_qi.ENTRY_DTYPE, count=n, offset=64)
         for i, s in enumerate(slots):
-            raw = data[64 + 32 * i:96 + 32 * i]
+            raw = data[64 + 32 * i : 96 + 32 * i]
             if s["status"] == 0:
                 continue
             e = c_qi.entry.parse(raw)
-            assert (e.status, int(e.flags.persistent), e.size, e.expiry, e.location.kind) == \
-                (s["status"], s["flags"], s["size"], s["expiry"], s["loc_kind"])
+            assert (e.status, int(e.flags.persistent), e.size, e.expiry, e.location.kind) == (
+                s["status"],
+                s["flags"],
+                s["size"],
+                s["expiry"],
+                s["loc_kind"],
+            )
             if e.location.kind == 1:
                 assert e.location.ref.msg_id == s["msg_id"].tobytes()
             elif e.location.kind == 2:
@@ -79,10 +87,10 @@ def test_qs_and_rdq_twins_equal_grammar():
         data = path.read_bytes()
         f = r_rdq.walk(path, 0, data)
         for off, total, msg_id in zip(f.offsets.tolist(), f.totals.tolist(), (m.tobytes() for m in f.msg_ids)):
-            e = c_rdq.entry.parse(data[off:off + total])
+            e = c_rdq.entry.parse(data[off : off + total])
             size, twin_id = c_rdq.ENTRY_HEAD.unpack_from(data, off)
             assert (e.size, e.msg_id) == (size, twin_id) == (total - 9, msg_id)
-            assert c_rdq.entry.build(e) == data[off:off + total]
+            assert c_rdq.entry.build(e) == data[off : off + total]
             n += 1
     assert n > 200
     for path in files("queues/*/*.qs"):
@@ -97,7 +105,7 @@ def test_qs_and_rdq_twins_equal_grammar():
         for s in np.frombuffer(q, c_qi.ENTRY_DTYPE, count=(len(q) - 64) // 32, offset=64):
             if s["status"] == 1 and s["loc_kind"] == 2:
                 off = int(s["qs_offset"])
-                h = c_qs.entry_header.parse(data[off:off + 8])
+                h = c_qs.entry_header.parse(data[off : off + 8])
                 assert (h.size, h.flags, h.crc, h.reserved) == c_qs.ENTRY_HEADER.unpack_from(data, off)
                 assert h.size == s["qs_size"]
 
@@ -114,12 +122,16 @@ def test_v1_records_twin_equals_grammar():
             r_v1.parse_journal(path, 2048, data, idx)
             grammar = c_jif.record
         for rec in idx.records:
-            g = grammar.parse(data[rec.offset:])
+            g = grammar.parse(data[rec.offset :])
             if rec.kind == "publish":
-                assert (g.pub.msg_id, g.pub.expiry, g.pub.size, g.pub.embedded_size) == \
-                    (rec.msg_id, rec.expiry, rec.size, rec.embedded_size)
+                assert (g.pub.msg_id, g.pub.expiry, g.pub.size, g.pub.embedded_size) == (
+                    rec.msg_id,
+                    rec.expiry,
+                    rec.size,
+                    rec.embedded_size,
+                )
                 if rec.embedded_size:
-                    assert g.pub.embedded == data[rec.embedded_offset:rec.embedded_offset + rec.embedded_size]
+                    assert g.pub.embedded == data[rec.embedded_offset : rec.embedded_offset + rec.embedded_size]
                 if path.suffix == ".idx":
                     assert g.head.bit2 == rec.persistent
                 else:

@@ -8,15 +8,14 @@ import json
 import random
 
 import pytest
+from test_etf import stored_terms
 
 import cqforensics
-from cqforensics.codecs import etf
-from cqforensics.message import reference as message
 from cqforensics.base.errors import FormatError
+from cqforensics.codecs import etf
 from cqforensics.codecs.etf import Atom
-
+from cqforensics.message import reference as message
 from support import SAMPLES
-from test_etf import stored_terms
 
 A = Atom
 
@@ -51,11 +50,19 @@ def crafted_content(body: bytes) -> tuple:
 
 def test_crafted_mc_amqpl_3_13_deaths_record_becomes_x_death():
     """3.13 keeps deaths as #deaths{first, last, records = #{{Queue, Reason} => #death{}}}."""
-    death = (A("death"), b"dlx", [b"rk"], 2, {A("first_time"): 1_700_000_000_000, A("last_time"): 1_700_000_001_000,
-                                             A("ttl"): 5000})
-    anns = {A("id"): b"i" * 16, A("x"): b"dlx", A("rk"): [b"rk"],
-            A("deaths"): (A("deaths"), (b"q1", A("expired")), (b"q1", A("expired")),
-                          {(b"q1", A("expired")): death})}
+    death = (
+        A("death"),
+        b"dlx",
+        [b"rk"],
+        2,
+        {A("first_time"): 1_700_000_000_000, A("last_time"): 1_700_000_001_000, A("ttl"): 5000},
+    )
+    anns = {
+        A("id"): b"i" * 16,
+        A("x"): b"dlx",
+        A("rk"): [b"rk"],
+        A("deaths"): (A("deaths"), (b"q1", A("expired")), (b"q1", A("expired")), {(b"q1", A("expired")): death}),
+    }
     msg = message.normalise((A("mc"), A("mc_amqpl"), crafted_content(b"hi"), anns))
     xdeath = json.loads(msg["headers"])["x-death"]["value"][0]["value"]
     assert xdeath["count"] == {"type": "long", "value": 2}
@@ -66,12 +73,24 @@ def test_crafted_mc_amqpl_3_13_deaths_record_becomes_x_death():
 
 def test_crafted_mc_amqp_3_13_records():
     """3.13: {msg, Header, DeliveryAnns, MessageAnns, Properties, AppProps, Data, Footer}."""
-    props = (A("v1_0.properties"), (A("utf8"), b"id-1"), A("undefined"), A("undefined"), (A("utf8"), b"subj"),
-             *([A("undefined")] * 2), (A("symbol"), b"text/plain"), *([A("undefined")] * 6))
+    props = (
+        A("v1_0.properties"),
+        (A("utf8"), b"id-1"),
+        A("undefined"),
+        A("undefined"),
+        (A("utf8"), b"subj"),
+        *([A("undefined")] * 2),
+        (A("symbol"), b"text/plain"),
+        *([A("undefined")] * 6),
+    )
     app = (A("v1_0.application_properties"), [((A("utf8"), b"k"), (A("long"), 5))])
     data = [(A("v1_0.data"), b"payload")]
-    term = (A("mc"), A("mc_amqp"), (A("msg"), A("undefined"), A("undefined"), A("undefined"), props, app, data,
-                                    A("undefined")), {A("id"): b"j" * 16, A("x"): b"", A("rk"): [b"q"]})
+    term = (
+        A("mc"),
+        A("mc_amqp"),
+        (A("msg"), A("undefined"), A("undefined"), A("undefined"), props, app, data, A("undefined")),
+        {A("id"): b"j" * 16, A("x"): b"", A("rk"): [b"q"]},
+    )
     msg = message.normalise(term)
     assert msg["term_format"] == "mc_amqp_3.13"
     assert msg["body"] == b"payload" and msg["properties"]["message_id"] == "id-1"
@@ -82,8 +101,9 @@ def test_crafted_mc_amqp_3_13_records():
 def test_crafted_mc_mqtt():
     """mc_mqtt state: {mqtt_msg, Retain, Qos, Topic, Dup, PacketId, Payload, Props, Timestamp}."""
     state = (A("mqtt_msg"), A("false"), 1, b"sensors/1", A("false"), 7, b"21.5", {}, 1_700_000_000_000)
-    msg = message.normalise((A("mc"), A("mc_mqtt"), state, {A("id"): b"k" * 16, A("x"): b"amq.topic",
-                                                              A("rk"): [b"sensors.1"]}))
+    msg = message.normalise(
+        (A("mc"), A("mc_mqtt"), state, {A("id"): b"k" * 16, A("x"): b"amq.topic", A("rk"): [b"sensors.1"]})
+    )
     assert msg["term_format"] == "mc_mqtt" and msg["body"] == b"21.5"
     assert json.loads(msg["annotations"])["mqtt"]["topic"] == "sensors/1"
     assert msg["routing_keys"] == ["sensors.1"] and msg["exchange"] == "amq.topic"
@@ -91,8 +111,7 @@ def test_crafted_mc_mqtt():
 
 def test_basic_message_with_decoded_properties_and_fragments():
     """3.10 dead-lettering stores decoded 'P_basic'; bodies are reversed fragment lists."""
-    p_basic = (A("P_basic"), b"text/plain", A("undefined"), [(b"h", A("longstr"), b"v")], 2,
-               *([A("undefined")] * 10))
+    p_basic = (A("P_basic"), b"text/plain", A("undefined"), [(b"h", A("longstr"), b"v")], 2, *([A("undefined")] * 10))
     content = (A("content"), 60, p_basic, A("none"), A("none"), [b"world", b"hello "])
     term = (A("basic_message"), (A("resource"), b"/", A("exchange"), b"x"), [b"rk"], content, b"m" * 16, A("true"))
     msg = message.normalise(term)

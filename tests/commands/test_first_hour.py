@@ -17,8 +17,8 @@ import pytest
 
 import cqforensics
 from cli.main import main
-from support import SAMPLES, copy_node
 from cqforensics.base.errors import UsageError
+from support import SAMPLES, copy_node
 
 KILL = SAMPLES / "4.3.6-kill"
 OLD = SAMPLES / "3.10.8-kill"  # its evidence allows 3.10 - 3.12; 8 messages past their TTL today
@@ -33,15 +33,19 @@ def run(capsys, *argv) -> tuple[int, str, str]:
 # -- 2a. a name that matches nothing ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv", [
-    ["fsck", KILL, "--queue", "ordrs.v2"],
-    ["read", KILL, "--queue", "ordrs.v2"],
-    ["audit", KILL, "--queue", "ordrs.v2"],
-    ["find", KILL, "--queue", "ordrs.v2", "--message-id", "x"],
-    ["export", KILL, "--queue", "ordrs.v2", "--format", "jsonl", "--out", "{tmp}/out"],
-    ["report", KILL, "--vhost", "/", "--html", "{tmp}/r.html"],
-    ["republish", "--dry-run", KILL, "amqp://g:g@127.0.0.1:1/", "--queue", "ordrs.v2"],
-], ids=lambda a: a[0] if a[0] != "republish" else "republish")
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["fsck", KILL, "--queue", "ordrs.v2"],
+        ["read", KILL, "--queue", "ordrs.v2"],
+        ["audit", KILL, "--queue", "ordrs.v2"],
+        ["find", KILL, "--queue", "ordrs.v2", "--message-id", "x"],
+        ["export", KILL, "--queue", "ordrs.v2", "--format", "jsonl", "--out", "{tmp}/out"],
+        ["report", KILL, "--vhost", "/", "--html", "{tmp}/r.html"],
+        ["republish", "--dry-run", KILL, "amqp://g:g@127.0.0.1:1/", "--queue", "ordrs.v2"],
+    ],
+    ids=lambda a: a[0] if a[0] != "republish" else "republish",
+)
 def test_a_queue_that_matches_nothing_is_a_usage_error_naming_the_close_ones(capsys, tmp_path, monkeypatch, argv):
     """Before: `fsck --queue ordrs.v2` printed "0 messages in 0 queues ... exit 0: no errors" and
     `read --queue nosuch` a header, exit 0."""
@@ -116,8 +120,9 @@ def test_messages_expired_by_the_clock_are_said_with_how_to_judge_them_at_anothe
     code, _, err = run(capsys, "read", OLD, "--format", "jsonl")
     assert "TTLs judged by the clock: 8 messages" in err
     code, _, _ = run(capsys, "report", OLD, "--html", tmp_path / "r.html")
-    assert re.search(r"TTLs judged by the clock, at \S+ \(now\): <b class=\"expired\">8</b>",
-                     (tmp_path / "r.html").read_text())
+    assert re.search(
+        r"TTLs judged by the clock, at \S+ \(now\): <b class=\"expired\">8</b>", (tmp_path / "r.html").read_text()
+    )
 
 
 # -- 2d. audit: a report to trust and narrow -------------------------------------------------------
@@ -152,8 +157,9 @@ def test_audit_of_a_fleet_names_each_node_and_narrows_to_vhosts_and_queues(capsy
     a = audit(tmp_path, queues=["audit.a", "audit.b"])
     assert a["filters"] == {"vhosts": None, "queues": ["audit.a", "audit.b"]}
     assert {r["queue"] for r in a["files"]} == {"audit.a", "audit.b"} and {r["kind"] for r in a["files"]} == {"qs"}
-    assert a["duplicates_by_message_id"] and all(set(g["queues"]) <= {"audit.a", "audit.b"}
-                                                 for g in a["duplicates_by_message_id"])
+    assert a["duplicates_by_message_id"] and all(
+        set(g["queues"]) <= {"audit.a", "audit.b"} for g in a["duplicates_by_message_id"]
+    )
     assert a["orphans"] == [] and a["orphans_by_queue"] == []  # no orphan routes to them
     w = audit(tmp_path, queues="work")
     assert {g["queue"] for g in w["orphans_by_queue"]} == {"work"}  # what rebuild --restore-orphans gives back
@@ -333,12 +339,16 @@ def test_a_terminal_shows_a_bar_naming_the_node(tmp_path):
     assert "]cqforensics" not in text and "]202" not in text
 
 
-@pytest.mark.parametrize("argv", [
-    ["audit", "{fleet}"],
-    ["read", "{fleet}", "--out", "{tmp}/rows.jsonl", "--format", "jsonl"],
-    ["export", "{fleet}", "--format", "jsonl", "--out", "{tmp}/exp"],
-    ["report", "{fleet}", "--html", "{tmp}/r.html"],
-], ids=lambda a: a[0])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["audit", "{fleet}"],
+        ["read", "{fleet}", "--out", "{tmp}/rows.jsonl", "--format", "jsonl"],
+        ["export", "{fleet}", "--format", "jsonl", "--out", "{tmp}/exp"],
+        ["report", "{fleet}", "--html", "{tmp}/r.html"],
+    ],
+    ids=lambda a: a[0],
+)
 def test_a_pipe_shows_no_progress(capsys, tmp_path, argv):
     fleet = _fleet(tmp_path)
     argv = [str(a).replace("{fleet}", str(fleet)).replace("{tmp}", str(tmp_path)) for a in argv]

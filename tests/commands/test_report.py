@@ -23,10 +23,10 @@ import pytest
 
 import cqforensics
 from cli.main import main
-from support import SAMPLES, skip_or_fail
-from cqforensics.commands import fsck, report
 from cqforensics.base.findings import SEVERITY_RANK
 from cqforensics.codecs.textfiles import queue_dir_name, vhost_dir_name
+from cqforensics.commands import fsck, report
+from support import SAMPLES, skip_or_fail
 
 AS_OF = "2030-01-01T00:00:00Z"  # pinned: the TTL verdicts of page and tables agree
 SAMPLE = SAMPLES / "4.3.6-kill"
@@ -46,10 +46,22 @@ def chromium_exe() -> str:
 def chromium(page: Path, tmp: Path, *args: str) -> subprocess.CompletedProcess:
     """Run headless Chromium on ``page`` (a file:// URL) with a private profile, no network
     services and no sandbox when root (Chromium refuses to run sandboxed as root)."""
-    cmd = [chromium_exe(), "--headless", "--disable-gpu", "--no-first-run", "--no-default-browser-check",
-           "--disable-extensions", "--disable-sync", "--disable-background-networking",
-           "--disable-component-update", "--hide-scrollbars", f"--user-data-dir={tmp / 'chromium-profile'}",
-           *(["--no-sandbox"] if os.geteuid() == 0 else []), *args, page.absolute().as_uri()]
+    cmd = [
+        chromium_exe(),
+        "--headless",
+        "--disable-gpu",
+        "--no-first-run",
+        "--no-default-browser-check",
+        "--disable-extensions",
+        "--disable-sync",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp / 'chromium-profile'}",
+        *(["--no-sandbox"] if os.geteuid() == 0 else []),
+        *args,
+        page.absolute().as_uri(),
+    ]
     p = subprocess.run(cmd, capture_output=True, timeout=180)
     assert p.returncode == 0, p.stderr.decode(errors="replace")[-3000:]
     return p
@@ -137,8 +149,9 @@ def number(text: str) -> int:
 def expected_queues(path) -> dict:
     """(node, vhost, queue) -> (messages, delivered, dropped, Counter of drop reasons)."""
     out = defaultdict(lambda: [0, 0, 0, Counter()])
-    for m in cqforensics.read_table(path, "messages", columns=["node", "vhost", "queue", "survives_restart",
-                                                               "drop_reason"], as_of=AS_OF).to_pylist():
+    for m in cqforensics.read_table(
+        path, "messages", columns=["node", "vhost", "queue", "survives_restart", "drop_reason"], as_of=AS_OF
+    ).to_pylist():
         e = out[(m["node"], m["vhost"], m["queue"])]
         e[0] += 1
         if m["survives_restart"]:
@@ -209,10 +222,15 @@ def test_the_browser_shows_nodes_vhosts_and_queues_with_their_counts(single):
     seen = {}
     for vname, v in vhosts.items():
         for row in v.all("tr", "queue-row"):
-            reasons = Counter({r.attrs["data-reason"]: number(r.text().rsplit("×", 1)[1])
-                               for r in row.all("span", "reason")})
+            reasons = Counter(
+                {r.attrs["data-reason"]: number(r.text().rsplit("×", 1)[1]) for r in row.all("span", "reason")}
+            )
             seen[("rabbit@localhost", vname, cell(row, "qname"))] = [
-                number(cell(row, "messages")), number(cell(row, "delivered")), number(cell(row, "dropped")), reasons]
+                number(cell(row, "messages")),
+                number(cell(row, "delivered")),
+                number(cell(row, "dropped")),
+                reasons,
+            ]
             depth = row.one("svg", "depth")
             assert {r.attrs["class"] for r in depth.all("rect")} == {"seg seg-delivered", "seg seg-dropped"}
     assert seen == {k: list(v) for k, v in want.items()}
@@ -231,8 +249,9 @@ def test_the_browser_shows_findings_grouped_by_code_with_file_and_offset(single)
         groups = {g.attrs["data-code"]: g for g in v.all("details", "finding-group")}
         assert {c: number(g.one("span", "count").text()) for c, g in groups.items()} == want
         # worst first
-        ranks = [max(SEVERITY_RANK[f.severity] for f in rep.findings if f.vhost == vname and f.code == c)
-                 for c in groups]
+        ranks = [
+            max(SEVERITY_RANK[f.severity] for f in rep.findings if f.vhost == vname and f.code == c) for c in groups
+        ]
         assert ranks == sorted(ranks, reverse=True)
         for f in rep.findings:
             if f.vhost != vname:
@@ -248,8 +267,11 @@ def test_the_browser_shows_findings_grouped_by_code_with_file_and_offset(single)
 
 def test_the_browser_shows_one_svg_bar_per_store_file(single):
     _, dom, _ = single
-    files = [f["file"] for f in cqforensics.read_table(SAMPLE, "files", columns=["file", "kind"]).to_pylist()
-             if f["kind"] == "rdq"]
+    files = [
+        f["file"]
+        for f in cqforensics.read_table(SAMPLE, "files", columns=["file", "kind"]).to_pylist()
+        if f["kind"] == "rdq"
+    ]
     bars = {b.attrs["data-file"]: b for b in dom.all("svg", "store-bar")}
     assert sorted(bars) == sorted(files)
     want = store_bytes(SAMPLE)

@@ -12,6 +12,7 @@ import time
 from collections import Counter
 
 import pytest
+
 from support import ROOT, SAMPLES, manifest, need_broker
 
 DATASET = "4.3.6-kill"
@@ -47,7 +48,9 @@ def test_plan_filters_map_and_only_dropped(tmp_path):
     dropped, _ = plan(rows, Filters(only_dropped=True), {})
     assert dropped and all(not p.row["survives_restart"] and p.row["body"] is not None for p in dropped)
     some = [r for r in rows if r["survives_restart"]][:3]
-    (tmp_path / "ids").write_text("# ids\n" + some[0]["msg_id"] + "\n" + (some[1]["properties"]["message_id"] or "-") + "\n")
+    (tmp_path / "ids").write_text(
+        "# ids\n" + some[0]["msg_id"] + "\n" + (some[1]["properties"]["message_id"] or "-") + "\n"
+    )
     picked, _ = plan(rows, Filters(ids=read_ids(str(tmp_path / "ids"))), {})
     assert {p.row["msg_id"] for p in picked} >= {some[0]["msg_id"]}
 
@@ -61,23 +64,50 @@ def test_export_and_node_give_the_same_plan(tmp_path):
         export([str(SAMPLES / DATASET / "mnesia")], fmt, tmp_path / fmt)
         for src in (tmp_path / fmt, tmp_path / fmt / f"messages.{fmt}"):
             b, _ = plan(read_rows([str(src)]), Filters(), {})
-            assert [(p.vhost, p.exchange, p.routing_key, p.keys, p.targets) for p in a] == \
-                [(p.vhost, p.exchange, p.routing_key, p.keys, p.targets) for p in b]
+            assert [(p.vhost, p.exchange, p.routing_key, p.keys, p.targets) for p in a] == [
+                (p.vhost, p.exchange, p.routing_key, p.keys, p.targets) for p in b
+            ]
 
 
 def test_dry_run_cli_and_journal_never_inside_an_input(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     node = str(SAMPLES / DATASET / "mnesia")
-    p = subprocess.run([sys.executable, "-m", "cqforensics", "republish", node, "amqp://guest:guest@127.0.0.1:1/",
-                        "--dry-run", "--json", "--journal", str(tmp_path / "j")], capture_output=True, text=True,
-                       env=env)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cqforensics",
+            "republish",
+            node,
+            "amqp://guest:guest@127.0.0.1:1/",
+            "--dry-run",
+            "--json",
+            "--journal",
+            str(tmp_path / "j"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert doc["dry_run"] and doc["copies"] == sum(1 for r in _rows() if r["survives_restart"])
     assert not (tmp_path / "j").exists()
-    p = subprocess.run([sys.executable, "-m", "cqforensics", "republish", node, "amqp://guest:guest@127.0.0.1:1/",
-                        "--journal", str(SAMPLES / DATASET / "mnesia" / "j")], capture_output=True, text=True,
-                       env=env)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cqforensics",
+            "republish",
+            node,
+            "amqp://guest:guest@127.0.0.1:1/",
+            "--journal",
+            str(SAMPLES / DATASET / "mnesia" / "j"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert p.returncode == 16, p.stderr
 
 
@@ -132,8 +162,9 @@ def _cmp(msg: dict, direct: bool) -> str:
     if m.get("protocol") == "amqp10":
         m.pop("exchange", None)
         m.pop("routing_key", None)
-        m["message_annotations"] = {k: v for k, v in m["message_annotations"].items()
-                                    if k not in ("x-exchange", "x-routing-key")}
+        m["message_annotations"] = {
+            k: v for k, v in m["message_annotations"].items() if k not in ("x-exchange", "x-routing-key")
+        }
     return json.dumps(m, sort_keys=True)
 
 
@@ -141,8 +172,11 @@ def _drain(b, dataset: str, direct: set) -> dict:
     from brokers.clients import drain_all
 
     m = manifest(dataset)
-    known = {(q["vhost"], q["name"]): {k: v for k, v in q.items() if k in ("vhost", "name", "drain")}
-             for q in m["queues"] if q.get("exists_after_restart", True)}
+    known = {
+        (q["vhost"], q["name"]): {k: v for k, v in q.items() if k in ("vhost", "name", "drain")}
+        for q in m["queues"]
+        if q.get("exists_after_restart", True)
+    }
     got = {}
     for q in drain_all(b, m["vhosts"], known):
         if q.get("exists_after_restart", True):
@@ -160,14 +194,26 @@ def _direct_queues(dataset: str) -> set:
 
 def _cli(*args, **kw):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-m", "cqforensics", "republish", *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "cqforensics", "republish", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 @pytest.mark.broker
-@pytest.mark.parametrize("dataset", ["4.3.6-kill", "3.10.8-kill",
-                                     # 285 s once on a loaded shared machine (not profiled yet)
-                                     pytest.param("4.3.6-quorum-kill", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "dataset",
+    [
+        "4.3.6-kill",
+        "3.10.8-kill",
+        # 285 s once on a loaded shared machine (not profiled yet)
+        pytest.param("4.3.6-quorum-kill", marks=pytest.mark.slow),
+    ],
+)
 def test_republish_delivers_the_manifest(dataset, broker_dir, tmp_path):
     """Every message the sample's broker delivered after its restart (classic queues; quorum
     queues and their dead-letter queues in the quorum sample) arrives, once, in order."""

@@ -34,8 +34,9 @@ def test_fsck_lists_each_stream_with_its_prediction_text_and_json(capsys):
     code, out, _ = run(capsys, "fsck", NODE, "--json")
     report = json.loads(out)
     streams = {q["queue"]: q for q in report["queues"] if q["queue_type"] == "stream"}
-    assert {k: v["predicted_after_restart"] for k, v in streams.items()} == \
-        {s: len(_served(s)) for s in ("st.events", "st.retained")}
+    assert {k: v["predicted_after_restart"] for k, v in streams.items()} == {
+        s: len(_served(s)) for s in ("st.events", "st.retained")
+    }
     codes = {(f["code"], f["queue"]) for f in report["findings"]}
     assert ("stream-not-served", "st.events") in codes and ("stream-retention", "st.retained") in codes
     code, out, _ = run(capsys, "fsck", NODE)
@@ -124,10 +125,20 @@ def test_republish_to_a_stream_and_to_another_queue(broker_dir, tmp_path):
         ch.queue_declare("cq.copy", durable=True)
         conn.close()
         journal = tmp_path / "journal"
-        r = republish([str(NODE)], b.url, journal=journal, queues=["st.events", "st.retained"],
-                      queue_map={"st.retained": "cq.copy"})
-        again = republish([str(NODE)], b.url, journal=journal, queues=["st.events", "st.retained"],
-                          queue_map={"st.retained": "cq.copy"})
+        r = republish(
+            [str(NODE)],
+            b.url,
+            journal=journal,
+            queues=["st.events", "st.retained"],
+            queue_map={"st.retained": "cq.copy"},
+        )
+        again = republish(
+            [str(NODE)],
+            b.url,
+            journal=journal,
+            queues=["st.events", "st.retained"],
+            queue_map={"st.retained": "cq.copy"},
+        )
         got = served_amqp091(b, "st.events", idle=1.0, prefetch=1)["messages"]
         conn = pika.BlockingConnection(pika.URLParameters(b.url))
         copied = drain_091(conn.channel(), "cq.copy")
@@ -141,11 +152,12 @@ def test_republish_to_a_stream_and_to_another_queue(broker_dir, tmp_path):
     rows = cqforensics.read_table(NODE, "messages", broker_version="4.3.6").to_pylist()
 
     def bodies(name):
-        return [hashlib.sha256(x["body"] or b"").hexdigest() for x in rows if x["queue"] == name and x["survives_restart"]]
+        return [
+            hashlib.sha256(x["body"] or b"").hexdigest() for x in rows if x["queue"] == name and x["survives_restart"]
+        ]
 
     assert [m["body_sha256"] for m in got] == bodies("st.events")
     assert [m["body_sha256"] for m in copied] == bodies("st.retained")
-
 
 
 @pytest.mark.slow
@@ -158,8 +170,11 @@ def test_every_command_in_the_streams_doc_runs(tmp_path, capsys, monkeypatch):
     from support import ROOT
 
     monkeypatch.chdir(ROOT)
-    lines = [ln.strip()[2:] for ln in (ROOT / "docs" / "streams.md").read_text().splitlines()
-             if ln.strip().startswith("$ cqforensics ")]
+    lines = [
+        ln.strip()[2:]
+        for ln in (ROOT / "docs" / "streams.md").read_text().splitlines()
+        if ln.strip().startswith("$ cqforensics ")
+    ]
     assert len(lines) >= 10
     for line in lines:
         argv = []

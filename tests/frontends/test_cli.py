@@ -10,9 +10,8 @@ import sys
 
 import pytest
 
-from support import damage
 from cli.main import main
-from support import ROOT, SAMPLES, copy_node
+from support import ROOT, SAMPLES, copy_node, damage
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:
@@ -62,7 +61,8 @@ def test_fsck_damage_exit_4_with_file_and_offset(capsys, tmp_path):
     assert code == 4
     lines = [json.loads(x) for x in out.splitlines()]
     assert {"code": "qi-bad-header", "file": str(qi), "offset": 0} in [
-        {k: f[k] for k in ("code", "file", "offset")} for f in lines]
+        {k: f[k] for k in ("code", "file", "offset")} for f in lines
+    ]
 
 
 def test_fsck_predicts_for_another_version(capsys, tmp_path):
@@ -70,8 +70,11 @@ def test_fsck_predicts_for_another_version(capsys, tmp_path):
     import cqforensics
 
     rdq = max(node.glob("msg_stores/vhosts/*/msg_store_persistent/*.rdq"), key=lambda p: p.stat().st_size)
-    e = [r for r in cqforensics.read_table(node, "store", columns=["file", "offset", "total_size"]).to_pylist()
-         if r["file"] == str(rdq)][2]
+    e = [
+        r
+        for r in cqforensics.read_table(node, "store", columns=["file", "offset", "total_size"]).to_pylist()
+        if r["file"] == str(rdq)
+    ][2]
     damage.zero(rdq, e["offset"], e["total_size"])
     _, out_old, _ = run(capsys, "fsck", "--json", "--broker-version", "3.10", str(node))
     _, out_new, _ = run(capsys, "fsck", "--json", "--broker-version", "4.0", str(node))
@@ -148,8 +151,13 @@ def test_errors_keep_their_exit_codes_and_name_the_file(capsys, monkeypatch, tmp
 def test_no_traceback_reaches_the_user(tmp_path):
     (tmp_path / "msg_stores" / "vhosts" / "X").mkdir(parents=True)
     (tmp_path / "msg_stores" / "vhosts" / "X" / "queues").write_text("not a dir")
-    p = subprocess.run([sys.executable, "-m", "cqforensics", "fsck", str(tmp_path)], capture_output=True, text=True,
-                       cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    p = subprocess.run(
+        [sys.executable, "-m", "cqforensics", "fsck", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     assert "Traceback" not in p.stderr and p.returncode in (0, 4, 8)
 
 
@@ -213,8 +221,9 @@ def test_export_jsonl_round_trips_bodies(capsys, tmp_path):
 
     import cqforensics
 
-    code, _, err = run(capsys, "export", str(SAMPLES / "3.10.8-clean"), "--format", "jsonl", "--out",
-                       str(tmp_path / "x"))
+    code, _, err = run(
+        capsys, "export", str(SAMPLES / "3.10.8-clean"), "--format", "jsonl", "--out", str(tmp_path / "x")
+    )
     assert code == 0 and "index" in err
     rows = [json.loads(x) for x in (tmp_path / "x" / "messages.jsonl").read_text().splitlines()]
     want = cqforensics.read_table(SAMPLES / "3.10.8-clean", "messages", columns=["body"]).column("body").to_pylist()
@@ -223,8 +232,9 @@ def test_export_jsonl_round_trips_bodies(capsys, tmp_path):
 
 
 def test_export_all_recovers_acked_bodies(capsys, tmp_path):
-    code, _, err = run(capsys, "export", str(SAMPLES / "4.3.6-clean"), "--format", "parquet", "--out",
-                       str(tmp_path / "x"), "--all")
+    code, _, err = run(
+        capsys, "export", str(SAMPLES / "4.3.6-clean"), "--format", "parquet", "--out", str(tmp_path / "x"), "--all"
+    )
     import pyarrow.parquet as pq
 
     t = pq.read_table(tmp_path / "x" / "messages.parquet")
@@ -235,10 +245,15 @@ def test_export_all_recovers_acked_bodies(capsys, tmp_path):
 def test_dump_every_kind(capsys):
     kill = SAMPLES / "3.10.8-kill" / "mnesia" / "rabbit@localhost"
     clean = SAMPLES / "3.10.8-clean" / "mnesia" / "rabbit@localhost"  # recovery terms exist after a clean stop
-    for node, pattern in ((kill, "msg_stores/vhosts/*/msg_store_persistent/0.rdq"),
-                          (kill, "msg_stores/vhosts/*/queues/*/0.qi"), (kill, "msg_stores/vhosts/*/queues/*/0.qs"),
-                          (kill, "msg_stores/vhosts/*/queues/*/0.idx"), (kill, "msg_stores/vhosts/*/queues/*/journal.jif"),
-                          (clean, "msg_stores/vhosts/*/recovery.dets"), (kill, "LATEST.LOG")):
+    for node, pattern in (
+        (kill, "msg_stores/vhosts/*/msg_store_persistent/0.rdq"),
+        (kill, "msg_stores/vhosts/*/queues/*/0.qi"),
+        (kill, "msg_stores/vhosts/*/queues/*/0.qs"),
+        (kill, "msg_stores/vhosts/*/queues/*/0.idx"),
+        (kill, "msg_stores/vhosts/*/queues/*/journal.jif"),
+        (clean, "msg_stores/vhosts/*/recovery.dets"),
+        (kill, "LATEST.LOG"),
+    ):
         f = next(node.glob(pattern))
         code, out, _ = run(capsys, "dump", "--jsonl", "--deep", str(f))
         assert code == 0 and out.strip(), pattern
@@ -269,8 +284,12 @@ def _all_parsers(parser):
 def test_every_argument_has_help():
     from cli.main import build_parser
 
-    missing = [f"{p.prog}: {a.dest}" for p in _all_parsers(build_parser()) for a in p._actions
-               if not (a.help and a.help.strip())]
+    missing = [
+        f"{p.prog}: {a.dest}"
+        for p in _all_parsers(build_parser())
+        for a in p._actions
+        if not (a.help and a.help.strip())
+    ]
     assert not missing, missing
 
 
@@ -282,19 +301,21 @@ def test_version(capsys):
     assert code == 0 and out.strip() == f"cqforensics {cqforensics.__version__} (compiled core: {core.status()})"
 
 
-@pytest.mark.parametrize("argv, option", [
-    (["read", "--limit", "-1", "SAMPLE"], "--limit"),
-    (["read", "--limit", "ten", "SAMPLE"], "--limit"),
-    (["compact", "--file-size-limit", "0", "SAMPLE", "OUT"], "--file-size-limit"),
-    (["rebuild", "--file-size-limit", "-5", "SAMPLE", "OUT"], "--file-size-limit"),
-    (["dump", "--segment-entry-count", "0", "SAMPLE"], "--segment-entry-count"),
-    (["read", "--as-of", "99999999999999999", "SAMPLE"], "--as-of"),
-    (["fsck", "--as-of", "10000-01-01T00:00:00", "SAMPLE"], "--as-of"),
-    (["audit", "--as-of", "yesterday", "SAMPLE"], "--as-of"),
-])
+@pytest.mark.parametrize(
+    "argv, option",
+    [
+        (["read", "--limit", "-1", "SAMPLE"], "--limit"),
+        (["read", "--limit", "ten", "SAMPLE"], "--limit"),
+        (["compact", "--file-size-limit", "0", "SAMPLE", "OUT"], "--file-size-limit"),
+        (["rebuild", "--file-size-limit", "-5", "SAMPLE", "OUT"], "--file-size-limit"),
+        (["dump", "--segment-entry-count", "0", "SAMPLE"], "--segment-entry-count"),
+        (["read", "--as-of", "99999999999999999", "SAMPLE"], "--as-of"),
+        (["fsck", "--as-of", "10000-01-01T00:00:00", "SAMPLE"], "--as-of"),
+        (["audit", "--as-of", "yesterday", "SAMPLE"], "--as-of"),
+    ],
+)
 def test_bad_values_are_one_line_usage_errors(capsys, tmp_path, argv, option):
-    argv = [str(SAMPLES / "4.3.6-kill") if a == "SAMPLE" else str(tmp_path / "out") if a == "OUT" else a
-            for a in argv]
+    argv = [str(SAMPLES / "4.3.6-kill") if a == "SAMPLE" else str(tmp_path / "out") if a == "OUT" else a for a in argv]
     code, out, err = run(capsys, *argv)
     assert code == 16 and out == ""
     assert err.count("\n") == 1 and f"argument {option}:" in err and "Traceback" not in err
@@ -302,8 +323,17 @@ def test_bad_values_are_one_line_usage_errors(capsys, tmp_path, argv, option):
 
 
 def test_limit_zero_and_a_good_as_of_are_accepted(capsys):
-    code, out, _ = run(capsys, "read", "--limit", "0", "--format", "jsonl", "--as-of", "2026-01-01T00:00:00Z",
-                       str(SAMPLES / "4.3.6-kill"))
+    code, out, _ = run(
+        capsys,
+        "read",
+        "--limit",
+        "0",
+        "--format",
+        "jsonl",
+        "--as-of",
+        "2026-01-01T00:00:00Z",
+        str(SAMPLES / "4.3.6-kill"),
+    )
     assert code == 0 and out == ""
 
 
@@ -314,8 +344,9 @@ def test_read_out_never_writes_into_the_evidence_nor_over_a_file(capsys, tmp_pat
     for out in (node / "rows.jsonl", node / "msg_stores" / "rows.jsonl", tmp_path / "link" / "rows.jsonl"):
         code, _, err = run(capsys, "read", str(node), "--format", "jsonl", "--out", str(out))
         assert code == 16 and "inside an input" in err and err.count("\n") == 1, err
-    code, _, err = run(capsys, "read", str(tmp_path / "in"), "--format", "parquet", "--out", str(node / "x.parquet"),
-                       "--force")
+    code, _, err = run(
+        capsys, "read", str(tmp_path / "in"), "--format", "parquet", "--out", str(node / "x.parquet"), "--force"
+    )
     assert code == 16 and "inside an input" in err  # --force never allows that
     assert fingerprint(tmp_path / "in") == before
 
@@ -331,8 +362,12 @@ def test_read_out_never_writes_into_the_evidence_nor_over_a_file(capsys, tmp_pat
     _, stdout, _ = run(capsys, "read", str(node), "--format", "jsonl")
     assert code == 0 and existing.read_text() == stdout and stdout.count("\n") == 93
     # no partial file left; the manifest beside the file says it is cqforensics's own
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".rows.jsonl.cqforensics-output.json", "in", "link",
-                                                          "rows.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".rows.jsonl.cqforensics-output.json",
+        "in",
+        "link",
+        "rows.jsonl",
+    ]
     (tmp_path / "d").mkdir()
     code, _, err = run(capsys, "read", str(node), "--out", str(tmp_path / "d"))
     assert code == 16 and "is a directory" in err
@@ -341,10 +376,14 @@ def test_read_out_never_writes_into_the_evidence_nor_over_a_file(capsys, tmp_pat
 def test_every_output_follows_the_same_rules(capsys, tmp_path):
     node = copy_node("4.3.6-kill", tmp_path / "in")
     before = fingerprint(tmp_path / "in")
-    for argv in (["export", str(node), "--format", "jsonl", "--out", str(node / "x")],
-                 ["export", str(node), "--format", "jsonl", "--out", str(node / "x"), "--force"],
-                 ["compact", str(node), str(node / "x")], ["rebuild", str(node), str(node / "x"), "--force"],
-                 ["rebuild", str(node), str(tmp_path / "in")], ["compact", "--dry-run", str(node), str(node / "x")]):
+    for argv in (
+        ["export", str(node), "--format", "jsonl", "--out", str(node / "x")],
+        ["export", str(node), "--format", "jsonl", "--out", str(node / "x"), "--force"],
+        ["compact", str(node), str(node / "x")],
+        ["rebuild", str(node), str(node / "x"), "--force"],
+        ["rebuild", str(node), str(tmp_path / "in")],
+        ["compact", "--dry-run", str(node), str(node / "x")],
+    ):
         code, _, err = run(capsys, *argv)
         assert code == 16 and "inside an input" in err and err.count("\n") == 1, (argv, err)
     assert fingerprint(tmp_path / "in") == before
@@ -352,8 +391,11 @@ def test_every_output_follows_the_same_rules(capsys, tmp_path):
     full = tmp_path / "full"
     full.mkdir()
     (full / "keep").write_text("x")
-    for argv in (["export", str(node), "--format", "jsonl", "--out", str(full)],
-                 ["compact", str(node), str(full)], ["rebuild", str(node), str(full)]):
+    for argv in (
+        ["export", str(node), "--format", "jsonl", "--out", str(full)],
+        ["compact", str(node), str(full)],
+        ["rebuild", str(node), str(full)],
+    ):
         code, _, err = run(capsys, *argv)
         assert code == 16 and "not empty" in err and "--force" in err, (argv, err)
         code, _, err = run(capsys, *argv, "--force")  # not written by cqforensics: --force does not change that
@@ -361,8 +403,11 @@ def test_every_output_follows_the_same_rules(capsys, tmp_path):
         assert [p.name for p in full.iterdir()] == ["keep"]
     out = tmp_path / "out"
     code, _, _ = run(capsys, "export", str(node), "--format", "jsonl", "--out", str(out))
-    assert code == 0 and sorted(p.name for p in out.iterdir()) == [".cqforensics-output.json", "messages.jsonl",
-                                                                  "messages.jsonl.provenance.json"]
+    assert code == 0 and sorted(p.name for p in out.iterdir()) == [
+        ".cqforensics-output.json",
+        "messages.jsonl",
+        "messages.jsonl.provenance.json",
+    ]
     code, _, _ = run(capsys, "compact", str(node), str(out), "--force")  # an output of cqforensics: replaced whole
     assert code == 0 and not (out / "messages.jsonl").exists() and (out / "msg_stores").is_dir()
     assert run(capsys, "verify", str(out))[0] == 0
@@ -380,8 +425,12 @@ def test_one_helper_decides_every_output_path():
 
     for mod in (cli_main, export, salvage, rows, republish):
         assert "check_output(" in inspect.getsource(mod), mod.__name__
-    deciders = [p.relative_to(ROOT).as_posix() for top in ("cqforensics", "cli", "spark_datasource")
-                for p in (ROOT / top).rglob("*.py") if "may not be inside" in p.read_text()]
+    deciders = [
+        p.relative_to(ROOT).as_posix()
+        for top in ("cqforensics", "cli", "spark_datasource")
+        for p in (ROOT / top).rglob("*.py")
+        if "may not be inside" in p.read_text()
+    ]
     assert deciders == ["cqforensics/output/guard.py"], deciders
     assert outputs.check_output.__module__ == "cqforensics.output.guard"
 
@@ -415,7 +464,9 @@ def test_dump_shows_erlang_terms_as_erlang_text(capsys):
     dets = next(node.glob("msg_stores/vhosts/*/recovery.dets"))
     code, out2, _ = run(capsys, "dump", str(dets))
     assert code == 0 and "{persistent_ref,<<" in out2 and "{next_seq_id," in out2
-    code, out3, _ = run(capsys, "dump", "--deep", str(next(node.glob("msg_stores/vhosts/*/msg_store_persistent/0.rdq"))))
+    code, out3, _ = run(
+        capsys, "dump", "--deep", str(next(node.glob("msg_stores/vhosts/*/msg_store_persistent/0.rdq")))
+    )
     assert code == 0 and 'routing_keys=["' in out3 and 'body_preview=<<"' in out3
     code, out4, _ = run(capsys, "dump", "--jsonl", str(node / "LATEST.LOG"))
     terms = [json.loads(x)["term"] for x in out4.splitlines() if "term" in json.loads(x)]
@@ -433,14 +484,30 @@ def test_erlang_term_text():
 
     A = etf.Atom
     cases = [
-        (A("ok"), "ok"), (A("rabbit@host"), "rabbit@host"), (A("Hello"), "'Hello'"), (A("end"), "'end'"),
-        (A("it's"), "'it\\'s'"), (A(""), "''"), (A("ü"), "'ü'"),
-        (7, "7"), (-3, "-3"), (2 ** 70, str(2 ** 70)), (1.5, "1.5"),
-        (b"", "<<>>"), (b"abc", '<<"abc">>'), ("eu-ü".encode(), '<<"eu-ü"/utf8>>'), (b"\x00\xff", "<<0,255>>"),
+        (A("ok"), "ok"),
+        (A("rabbit@host"), "rabbit@host"),
+        (A("Hello"), "'Hello'"),
+        (A("end"), "'end'"),
+        (A("it's"), "'it\\'s'"),
+        (A(""), "''"),
+        (A("ü"), "'ü'"),
+        (7, "7"),
+        (-3, "-3"),
+        (2**70, str(2**70)),
+        (1.5, "1.5"),
+        (b"", "<<>>"),
+        (b"abc", '<<"abc">>'),
+        ("eu-ü".encode(), '<<"eu-ü"/utf8>>'),
+        (b"\x00\xff", "<<0,255>>"),
         (b'a"b\n', '<<"a\\"b\\n">>'),
-        ((), "{}"), ((A("a"), 1, b"x"), '{a,1,<<"x">>}'),
-        ([], "[]"), ([52, 46, 51], '"4.3"'), ([1, 2, 300], "[1,2,300]"), ([A("a"), [A("b")]], "[a,[b]]"),
-        (etf.ImproperList([1, 2], A("t")), "[1,2|t]"), ({A("k"): [1]}, "#{k => [1]}"),
+        ((), "{}"),
+        ((A("a"), 1, b"x"), '{a,1,<<"x">>}'),
+        ([], "[]"),
+        ([52, 46, 51], '"4.3"'),
+        ([1, 2, 300], "[1,2,300]"),
+        ([A("a"), [A("b")]], "[a,[b]]"),
+        (etf.ImproperList([1, 2], A("t")), "[1,2|t]"),
+        ({A("k"): [1]}, "#{k => [1]}"),
         (etf.BitBinary(b"\x01\xa0", 3), "<<1,5:3>>"),
     ]
     for term, text in cases:
@@ -448,7 +515,7 @@ def test_erlang_term_text():
     # terms as decoded from the wire: a pid keeps its node, id and serial
     raw = etf.term_to_binary((A("tid"), 30))
     assert etf.format_term(etf.binary_to_term(raw)) == "{tid,30}"
-    log = (SAMPLES / "3.10.8-clean" / "mnesia" / "rabbit@localhost" / "LATEST.LOG")
+    log = SAMPLES / "3.10.8-clean" / "mnesia" / "rabbit@localhost" / "LATEST.LOG"
     from cqforensics.readers import terms
 
     texts = [etf.format_term(t) for t in terms.read_disk_log(log).items]

@@ -7,12 +7,11 @@ import shutil
 import subprocess
 
 import pytest
-
-from support import skip_or_fail
+from test_cli import run
 
 from cli import docgen
 from cli.main import build_parser
-from test_cli import run
+from support import skip_or_fail
 
 
 def _everything():
@@ -51,8 +50,10 @@ def test_bash_script_parses_and_completes(capsys, tmp_path):
 
     def complete(*words: str) -> list[str]:
         line = " ".join(["cqforensics", *words])
-        probe = (f"source {tmp_path / 'c.sh'}; COMP_WORDS=({line}); COMP_CWORD={len(words)}; "
-                 "_cqforensics; printf '%s\\n' \"${COMPREPLY[@]}\"")
+        probe = (
+            f"source {tmp_path / 'c.sh'}; COMP_WORDS=({line}); COMP_CWORD={len(words)}; "
+            "_cqforensics; printf '%s\\n' \"${COMPREPLY[@]}\""
+        )
         return subprocess.run(["bash", "-c", probe], capture_output=True, text=True, cwd=tmp_path).stdout.split()
 
     assert "compact" in complete("comp") and "completion" in complete("comp")
@@ -75,8 +76,9 @@ def test_man_page_renders(capsys, tmp_path):
     if shutil.which("groff") is None:
         skip_or_fail("groff is not installed (apt-get install groff; .ci/run installs it)")
     (tmp_path / "cqforensics.1").write_text(page)
-    p = subprocess.run(["groff", "-man", "-Tutf8", "-ww", str(tmp_path / "cqforensics.1")], capture_output=True,
-                       text=True)
+    p = subprocess.run(
+        ["groff", "-man", "-Tutf8", "-ww", str(tmp_path / "cqforensics.1")], capture_output=True, text=True
+    )
     assert p.returncode == 0 and "compact" in p.stdout and not p.stderr.strip(), p.stderr[:500]
 
 

@@ -125,9 +125,15 @@ def test_head_gets_the_first_row_at_once(tmp_path):
         "        time.sleep(60)\n"
         "cqforensics.iter_batches = slow\n"
         "from cli.main import run\n"
-        "run()\n")
-    p = subprocess.Popen([sys.executable, "-c", slow, "read", str(BIG)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, cwd=ROOT, env=env())
+        "run()\n"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", slow, "read", str(BIG)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=env(),
+    )
     try:
         start = time.monotonic()
         first = p.stdout.readline()
@@ -136,8 +142,13 @@ def test_head_gets_the_first_row_at_once(tmp_path):
         p.kill()
         p.communicate()
     # a real pipe closed early (more output than a pipe buffer holds): exit 0, nothing on stderr
-    p = subprocess.Popen([sys.executable, "-m", "cqforensics", "read", str(BIG)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, cwd=ROOT, env=env())
+    p = subprocess.Popen(
+        [sys.executable, "-m", "cqforensics", "read", str(BIG)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=env(),
+    )
     assert p.stdout.readline().split()[:2] == [b"node", b"vhost"]
     p.stdout.close()
     assert p.wait(timeout=120) == 0
@@ -199,15 +210,22 @@ def _ghosts(tmp_path) -> tuple[Path, dict]:
     dirty recovery leaves): one of a fan-out message another queue still holds, one whose
     shared-store entry nothing else refers to, one kept in a .qs file."""
     node = copy_node("4.3.6-kill", tmp_path / "in")
-    rows = cqforensics.read_table(node, "messages", columns=["queue", "file", "offset", "location", "store_file",
-                                                               "store_offset", "index_version", "msg_id"]).to_pylist()
+    rows = cqforensics.read_table(
+        node,
+        "messages",
+        columns=["queue", "file", "offset", "location", "store_file", "store_offset", "index_version", "msg_id"],
+    ).to_pylist()
     refs = collections.Counter((r["store_file"], r["store_offset"]) for r in rows if r["store_file"])
     v2 = [r for r in rows if r["index_version"] == 2 and r["store_file"]]
-    picks = {"fan_out": next(r for r in v2 if r["location"] == "shared_store" and
-                             refs[(r["store_file"], r["store_offset"])] == 2),
-             "single": next(r for r in v2 if r["location"] == "shared_store" and
-                            refs[(r["store_file"], r["store_offset"])] == 1),
-             "qs": next(r for r in v2 if r["location"] == "queue_store")}
+    picks = {
+        "fan_out": next(
+            r for r in v2 if r["location"] == "shared_store" and refs[(r["store_file"], r["store_offset"])] == 2
+        ),
+        "single": next(
+            r for r in v2 if r["location"] == "shared_store" and refs[(r["store_file"], r["store_offset"])] == 1
+        ),
+        "qs": next(r for r in v2 if r["location"] == "queue_store"),
+    }
     for r in picks.values():
         with open(r["file"], "r+b") as f:
             f.seek(r["offset"])
@@ -239,8 +257,20 @@ def test_export_all_never_emits_the_same_bytes_twice(tmp_path):
 
 
 def test_export_filters(capsys, tmp_path):
-    code, _, err = run(capsys, "export", KILL, "--format", "jsonl", "--out", tmp_path / "q", "--all",
-                       "--queue", "amqp10.a", "--queue", "amqp10.b")
+    code, _, err = run(
+        capsys,
+        "export",
+        KILL,
+        "--format",
+        "jsonl",
+        "--out",
+        tmp_path / "q",
+        "--all",
+        "--queue",
+        "amqp10.a",
+        "--queue",
+        "amqp10.b",
+    )
     lines = [json.loads(x) for x in (tmp_path / "q" / "messages.jsonl").read_text().splitlines()]
     assert code == 0 and {r["queue"] for r in lines} == {"amqp10.a", "amqp10.b"} and len(lines) == 4
     assert {r["source"] for r in lines} == {"index"}  # store rows belong to no queue
@@ -261,7 +291,8 @@ _SLOW_EXPORT = (
     "        time.sleep(60)\n"
     "export.export_batches = slow\n"
     "from cli.main import run\n"
-    "run()\n")
+    "run()\n"
+)
 
 _SLOW_COMPACT = (
     "import time\n"
@@ -272,12 +303,19 @@ _SLOW_COMPACT = (
     "    time.sleep(60)\n"
     "salvage.rewrite_vhost = slow\n"
     "from cli.main import run\n"
-    "run()\n")
+    "run()\n"
+)
 
 
 def _start(code: str, *argv) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", code, *map(str, argv)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=ROOT, env=env(), text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *map(str, argv)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=env(),
+        text=True,
+    )
 
 
 def _finish(p: subprocess.Popen, timeout: float = 60) -> tuple[str, str]:
@@ -317,8 +355,9 @@ def test_ctrl_c_during_export_leaves_nothing_and_a_rerun_works(capsys, tmp_path,
     assert p.returncode == 32 and stderr == "cqforensics: interrupted\n" and stdout == ""
     assert list(tmp_path.iterdir()) == []  # no DIR, no partial dir
     code, _, _ = run(capsys, "export", KILL, "--format", fmt, "--out", out, "--all")
-    assert code == 0 and sorted(x.name for x in out.iterdir()) == \
-        [".cqforensics-output.json", f"messages.{fmt}"] + (["messages.jsonl.provenance.json"] if fmt == "jsonl" else [])
+    assert code == 0 and sorted(x.name for x in out.iterdir()) == [".cqforensics-output.json", f"messages.{fmt}"] + (
+        ["messages.jsonl.provenance.json"] if fmt == "jsonl" else []
+    )
 
 
 def test_a_kill_9_partial_is_removed_by_the_next_run(capsys, tmp_path):
@@ -380,8 +419,9 @@ def test_read_filters_by_vhost_and_queue(capsys):
     code, out, _ = run(capsys, "read", KILL, "--format", "jsonl", "--vhost", "staging/ü")
     rows = [json.loads(x) for x in out.splitlines()]
     assert code == 0 and rows and {r["vhost"] for r in rows} == {"staging/ü"}
-    code, out, _ = run(capsys, "read", KILL, "--format", "jsonl", "--queue", "amqp10.a", "--queue", "amqp10.b",
-                       "--columns", "queue")
+    code, out, _ = run(
+        capsys, "read", KILL, "--format", "jsonl", "--queue", "amqp10.a", "--queue", "amqp10.b", "--columns", "queue"
+    )
     assert code == 0 and sorted(json.loads(x)["queue"] for x in out.splitlines()) == ["amqp10.a"] * 2 + ["amqp10.b"] * 2
 
 
@@ -397,15 +437,21 @@ def test_fsck_filters_by_vhost_and_queue(capsys):
 
 def test_find_by_msg_id_and_body(capsys, tmp_path):
     node, picks = _ghosts(tmp_path)
-    t = cqforensics.read_table(node, "messages", columns=["msg_id", "body", "queue", "store_file", "store_offset",
-                                                            "location"]).to_pylist()
+    t = cqforensics.read_table(
+        node, "messages", columns=["msg_id", "body", "queue", "store_file", "store_offset", "location"]
+    ).to_pylist()
     held = next(r for r in t if r["location"] == "shared_store" and r["store_file"] and len(r["body"]) > 20)
     code, out, err = run(capsys, "find", node, "--msg-id", held["msg_id"].hex()[:12], "--jsonl")
     hits = [json.loads(x) for x in out.splitlines()]
     assert code == 0 and hits and err == f"{len(hits)} hit{'s' if len(hits) > 1 else ''}\n"
     assert all(h["msg_id"] == held["msg_id"].hex() for h in hits)
-    assert any(h["store_file"] == held["store_file"] and h["store_offset"] == held["store_offset"]
-               and h["queue"] == held["queue"] and h["fate"] == "delivered at next boot" for h in hits)
+    assert any(
+        h["store_file"] == held["store_file"]
+        and h["store_offset"] == held["store_offset"]
+        and h["queue"] == held["queue"]
+        and h["fate"] == "delivered at next boot"
+        for h in hits
+    )
 
     needle = held["body"][5:20]
     code, out, _ = run(capsys, "find", node, "--body-hex", needle.hex(), "--jsonl")
@@ -418,8 +464,15 @@ def test_find_by_msg_id_and_body(capsys, tmp_path):
     code, out, _ = run(capsys, "find", node, "--msg-id", single["msg_id"].hex(), "--jsonl")
     hits = [json.loads(x) for x in out.splitlines()]
     assert [(h["source"], h["queue"], h["store_file"], h["store_offset"], h["file"], h["offset"]) for h in hits] == [
-        ("ghost", single["queue"], single["store_file"], single["store_offset"], single["store_file"],
-         single["store_offset"])]
+        (
+            "ghost",
+            single["queue"],
+            single["store_file"],
+            single["store_offset"],
+            single["store_file"],
+            single["store_offset"],
+        )
+    ]
     assert hits[0]["fate"].startswith("dropped by an earlier recovery")
 
     code, out, _ = run(capsys, "find", node, "--msg-id", held["msg_id"].hex()[:8])  # text
@@ -429,12 +482,16 @@ def test_find_by_msg_id_and_body(capsys, tmp_path):
 
 
 def test_find_orphans_nothing_and_bad_ids(capsys):
-    orphans = [r for r in cqforensics.read_table(KILL, "store", columns=["msg_id", "status", "file", "offset"])
-               .to_pylist() if r["status"] == "orphan"]
+    orphans = [
+        r
+        for r in cqforensics.read_table(KILL, "store", columns=["msg_id", "status", "file", "offset"]).to_pylist()
+        if r["status"] == "orphan"
+    ]
     code, out, _ = run(capsys, "find", KILL, "--msg-id", orphans[0]["msg_id"].hex(), "--jsonl")
     hits = [json.loads(x) for x in out.splitlines()]
     assert code == 0 and [(h["source"], h["store_file"], h["store_offset"]) for h in hits] == [
-        ("orphan", orphans[0]["file"], orphans[0]["offset"])]
+        ("orphan", orphans[0]["file"], orphans[0]["offset"])
+    ]
     assert hits[0]["fate"].startswith("acked or deleted")
     code, out, err = run(capsys, "find", KILL, "--body", "no such text anywhere \u2603")
     assert code == 0 and out == "" and err == "0 hits\n"

@@ -14,8 +14,7 @@ import pyarrow as pa
 import pytest
 
 import cqforensics
-from support import damage
-from support import SAMPLES, copy_node, datasets, streams_beside_two_vhosts
+from support import SAMPLES, copy_node, damage, datasets, streams_beside_two_vhosts
 
 pytestmark = pytest.mark.spark
 
@@ -44,8 +43,14 @@ def test_discovered_by_a_fresh_session_after_pip_install(spark, tmp_path):
         s = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
         print(s.read.format("rabbitcq").option("table", "queues").load(sys.argv[1]).count())
         s.stop()""")
-    p = subprocess.run([sys.executable, "-c", code, str(SAMPLES / "4.3.6-clean")], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-c", code, str(SAMPLES / "4.3.6-clean")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, f"install the project first (python3 -m pip install '.[test]'): {p.stderr[-2000:]}"
     assert int(p.stdout.split()[-1]) == cqforensics.read_table(SAMPLES / "4.3.6-clean", "queues").num_rows
 
@@ -62,8 +67,12 @@ def test_register_helper_is_safe_when_already_discovered(spark):
 #: each stand for the six here (each costs about a minute on the shared machine: the plan's units of both
 #: kinds, ordering and partitioning are what Spark adds); tests/model/test_streams.py and tests/model/test_quorum.py
 #: read all six with the embedded reader
-SPARK_DATASETS = [d for d in datasets() if ("-streams-" not in d and "-quorum-" not in d)
-                  or d in ("3.10.8-streams-kill", "4.3.6-streams-clean", "3.10.8-quorum-kill", "4.3.6-quorum-clean")]
+SPARK_DATASETS = [
+    d
+    for d in datasets()
+    if ("-streams-" not in d and "-quorum-" not in d)
+    or d in ("3.10.8-streams-kill", "4.3.6-streams-clean", "3.10.8-quorum-kill", "4.3.6-quorum-clean")
+]
 
 
 @pytest.mark.parametrize("dataset", SPARK_DATASETS)
@@ -110,15 +119,21 @@ def test_filters_with_pushdown_on_and_off(spark, pushdown):
         df = read(spark, str(SAMPLES), "messages").filter("vhost = 'staging/ü' AND queue IN ('events', 'x')")
         rows = df.select("vhost", "queue").collect()
         assert rows and {(r.vhost, r.queue) for r in rows} == {("staging/ü", "events")}
-        expected = cqforensics.read_table(SAMPLES, "messages", vhosts=["staging/ü"], queues=["events"],
-                                          columns=["queue"]).num_rows  # names match on some of the nodes
+        expected = cqforensics.read_table(
+            SAMPLES, "messages", vhosts=["staging/ü"], queues=["events"], columns=["queue"]
+        ).num_rows  # names match on some of the nodes
         assert len(rows) == expected
         plan = df._jdf.queryExecution().executedPlan().toString()
         spark_side = plan.split("BatchScan")[0]  # nothing is pushed: Spark applies every filter
         assert "staging" in spark_side and "events" in spark_side
         f = read(spark, str(SAMPLES / "4.3.6-kill"), "index").filter("file LIKE '%/0.qi'").count()
-        assert f == sum(1 for r in cqforensics.read_table(SAMPLES / "4.3.6-kill", "index", columns=["file"])
-                        .column("file").to_pylist() if r.endswith("/0.qi"))
+        assert f == sum(
+            1
+            for r in cqforensics.read_table(SAMPLES / "4.3.6-kill", "index", columns=["file"])
+            .column("file")
+            .to_pylist()
+            if r.endswith("/0.qi")
+        )
     finally:
         spark.conf.set("spark.sql.python.filterPushdown.enabled", "false")
 
@@ -150,8 +165,11 @@ def test_a_filtered_query_does_not_change_later_queries_of_the_same_dataframe(sp
 
 
 def test_narrowed_schema_skips_bodies(spark):
-    df = spark.read.format("rabbitcq").schema("queue STRING, size BIGINT, survives_restart BOOLEAN") \
+    df = (
+        spark.read.format("rabbitcq")
+        .schema("queue STRING, size BIGINT, survives_restart BOOLEAN")
         .load(str(SAMPLES / "4.3.6-clean"))
+    )
     got = df.toArrow()
     want = cqforensics.read_table(SAMPLES / "4.3.6-clean", "messages", columns=["queue", "size", "survives_restart"])
     assert got.equals(want)
@@ -162,22 +180,28 @@ def test_damaged_input_yields_findings_not_task_failures(spark, tmp_path):
     for qi in sorted(node.glob("msg_stores/vhosts/*/queues/*/0.qi"))[:3]:
         damage.zero(qi, 0, 8)
     rdq = max(node.glob("msg_stores/vhosts/*/msg_store_persistent/*.rdq"), key=lambda p: p.stat().st_size)
-    entry = [r for r in cqforensics.read_table(node, "store", columns=["file", "offset"]).to_pylist()
-             if r["file"] == str(rdq)][2]
+    entry = [
+        r
+        for r in cqforensics.read_table(node, "store", columns=["file", "offset"]).to_pylist()
+        if r["file"] == str(rdq)
+    ][2]
     damage.junk(rdq, entry["offset"], 300)  # over an entry's header: the chain breaks there
     codes = {r.code for r in read(spark, str(tmp_path), "findings").select("code").collect()}
     assert {"qi-bad-header", "rdq-garbage"} <= codes
     assert read(spark, str(tmp_path), "messages").filter("drop_reason = 'segment_deleted'").count() > 0
 
 
-@pytest.mark.parametrize("path, options, message", [
-    ("/no/such/dir", {}, "no such file or directory"),
-    ("EMPTY", {}, "no RabbitMQ node directory"),
-    (str(SAMPLES), {"table": "nope"}, "is not one of"),
-    (str(SAMPLES), {"maxPartitionBytes": "lots"}, "not an integer"),
-    (str(SAMPLES), {"brokerVersion": "2.8"}, "outside the supported range"),
-    (str(SAMPLES), {"colour": "blue"}, "unknown option"),
-])
+@pytest.mark.parametrize(
+    "path, options, message",
+    [
+        ("/no/such/dir", {}, "no such file or directory"),
+        ("EMPTY", {}, "no RabbitMQ node directory"),
+        (str(SAMPLES), {"table": "nope"}, "is not one of"),
+        (str(SAMPLES), {"maxPartitionBytes": "lots"}, "not an integer"),
+        (str(SAMPLES), {"brokerVersion": "2.8"}, "outside the supported range"),
+        (str(SAMPLES), {"colour": "blue"}, "unknown option"),
+    ],
+)
 def test_clear_errors_at_planning(spark, tmp_path, path, options, message):
     path = str(tmp_path) if path == "EMPTY" else path
     with pytest.raises(Exception) as e:
@@ -211,20 +235,31 @@ def test_headers_and_annotations_become_maps_in_one_call(spark):
     path = str(SAMPLES / "3.13.7-clean")
     df = typed_json(read(spark, path))
     assert dict(df.dtypes)["headers"].startswith("map<string,struct<type:string,value:string")
-    rows = df.where("queue = 'dead'").select(
-        "seq_id", F.col("headers")["str"]["value"].alias("str"), F.col("headers")["int"]["type"].alias("t"),
-        F.col("headers")["bytes"]["base64"].alias("b64"), F.col("headers")["dec"]["value"].alias("dec"),
-        F.col("annotations")["p"].alias("p"),
-        F.from_json(F.col("annotations")["deaths"], DEATHS_SCHEMA).alias("deaths")).orderBy("seq_id").collect()
-    want = cqforensics.read_table(path, "messages", columns=["queue", "seq_id", "headers", "annotations"],
-                                  queues="dead").to_pylist()
+    rows = (
+        df.where("queue = 'dead'")
+        .select(
+            "seq_id",
+            F.col("headers")["str"]["value"].alias("str"),
+            F.col("headers")["int"]["type"].alias("t"),
+            F.col("headers")["bytes"]["base64"].alias("b64"),
+            F.col("headers")["dec"]["value"].alias("dec"),
+            F.col("annotations")["p"].alias("p"),
+            F.from_json(F.col("annotations")["deaths"], DEATHS_SCHEMA).alias("deaths"),
+        )
+        .orderBy("seq_id")
+        .collect()
+    )
+    want = cqforensics.read_table(
+        path, "messages", columns=["queue", "seq_id", "headers", "annotations"], queues="dead"
+    ).to_pylist()
     assert len(rows) == len(want) > 0
     for r, w in zip(rows, sorted(want, key=lambda w: w["seq_id"])):
         h, a = json.loads(w["headers"]), json.loads(w["annotations"])
         assert (r.str, r.t, r.b64) == (h["str"]["value"], h["int"]["type"], h["bytes"]["base64"])
         assert json.loads(r.dec) == h["dec"]["value"] and json.loads(r.p) == a["p"]
-        assert [(d["queue"], d["reason"], d["count"], list(d["routing_keys"])) for d in r.deaths] == \
-            [(d["queue"], d["reason"], d["count"], d["routing_keys"]) for d in a["deaths"]]
+        assert [(d["queue"], d["reason"], d["count"], list(d["routing_keys"])) for d in r.deaths] == [
+            (d["queue"], d["reason"], d["count"], d["routing_keys"]) for d in a["deaths"]
+        ]
     assert typed_json(read(spark, path, "queues")).columns == read(spark, path, "queues").columns  # no such columns
 
 
@@ -251,7 +286,9 @@ def test_streams_through_spark(spark):
         want = cqforensics.read_table(path, "messages", queues=queues.split(",") if queues else None)
         assert got.equals(want), queues
         kinds = set(got.column("queue_type").to_pylist())
-        assert kinds == ({"classic", "stream"} if queues is None else {"classic"} if queues == "cq.events" else {"stream"})
+        assert kinds == (
+            {"classic", "stream"} if queues is None else {"classic"} if queues == "cq.events" else {"stream"}
+        )
     tracking = read(spark, path, "stream_tracking").toArrow()
     assert tracking.equals(cqforensics.read_table(path, "stream_tracking")) and tracking.num_rows > 0
 

@@ -73,8 +73,13 @@ def test_standalone_cluster_reads_with_the_core(tmp_path):
     stats.mkdir()
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=python_path())
     with standalone_cluster(workers=1) as url:
-        p = subprocess.run([sys.executable, "-c", DRIVER, url, path, str(stats), python_path()], env=env,
-                           capture_output=True, text=True, timeout=600)
+        p = subprocess.run(
+            [sys.executable, "-c", DRIVER, url, path, str(stats), python_path()],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert p.returncode == 0, p.stderr[-3000:]
         groups = _cluster_groups(url)
         assert len(groups) == 2  # the master's and the worker's (its executors and Python workers run in it)

@@ -10,27 +10,36 @@ import pytest
 from cqforensics.base.errors import OperationalError, UsageError
 from spark_datasource import options as opt
 from spark_datasource import plan
-
 from support import SAMPLES, streams_beside_two_vhosts
 
 
 def test_options_defaults_and_parsing():
     s = opt.parse({"path": str(SAMPLES)})
     assert s.table == "messages" and s.paths == (str(SAMPLES),) and s.max_partition_bytes == 128 << 20
-    s = opt.parse({"paths": json.dumps([str(SAMPLES / "4.3.6-kill"), str(SAMPLES / "4.0.5-kill")]), "TABLE": "Store",
-                   "asOf": "2026-01-01T00:00:00Z", "vhosts": " /, staging/ü ", "minPartitions": "3"})
+    s = opt.parse(
+        {
+            "paths": json.dumps([str(SAMPLES / "4.3.6-kill"), str(SAMPLES / "4.0.5-kill")]),
+            "TABLE": "Store",
+            "asOf": "2026-01-01T00:00:00Z",
+            "vhosts": " /, staging/ü ",
+            "minPartitions": "3",
+        }
+    )
     assert s.table == "store" and len(s.paths) == 2 and s.vhosts == ("/", "staging/ü") and s.min_partitions == 3
     assert s.as_of_ms == 1767225600000
 
 
-@pytest.mark.parametrize("options, message", [
-    ({}, "no path given"),
-    ({"path": "x", "table": "nope"}, "is not one of"),
-    ({"path": "x", "batchRows": "0"}, "must be >= 1"),
-    ({"path": "x", "asOf": "yesterday"}, "not ISO 8601"),
-    ({"paths": "not json"}, "not a JSON list"),
-    ({"path": "/no/such/*/dir"}, "matches nothing"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({}, "no path given"),
+        ({"path": "x", "table": "nope"}, "is not one of"),
+        ({"path": "x", "batchRows": "0"}, "must be >= 1"),
+        ({"path": "x", "asOf": "yesterday"}, "not ISO 8601"),
+        ({"paths": "not json"}, "not a JSON list"),
+        ({"path": "/no/such/*/dir"}, "matches nothing"),
+    ],
+)
 def test_bad_options_are_usage_errors(options, message):
     with pytest.raises(UsageError, match=message):
         opt.parse(options)
@@ -38,10 +47,21 @@ def test_bad_options_are_usage_errors(options, message):
 
 def test_globs_expand_sorted():
     s = opt.parse({"path": str(SAMPLES / "4.*-clean")})
-    assert s.paths == tuple(str(SAMPLES / d) for d in ("4.0.5-clean", "4.0.5-proto-clean", "4.0.5-quorum-clean",
-                                                       "4.0.5-streams-clean", "4.1.8-clean", "4.2.2-clean",
-                                                       "4.3.6-clean", "4.3.6-proto-clean", "4.3.6-quorum-clean",
-                                                       "4.3.6-streams-clean"))
+    assert s.paths == tuple(
+        str(SAMPLES / d)
+        for d in (
+            "4.0.5-clean",
+            "4.0.5-proto-clean",
+            "4.0.5-quorum-clean",
+            "4.0.5-streams-clean",
+            "4.1.8-clean",
+            "4.2.2-clean",
+            "4.3.6-clean",
+            "4.3.6-proto-clean",
+            "4.3.6-quorum-clean",
+            "4.3.6-streams-clean",
+        )
+    )
 
 
 def test_units_per_segment_and_per_vhost():
@@ -60,13 +80,15 @@ def test_quorum_units_read_what_a_whole_read_reads():
     """``messages`` gets one unit per quorum queue member; reading the units one by one (as
     separate tasks would) gives exactly the rows of one whole read: each quorum message once,
     and the dead letters a boot republishes into a classic queue once."""
-    from cqforensics.read import driver
     from cqforensics.model.options import Options
+    from cqforensics.read import driver
 
     path = str(SAMPLES / "4.0.5-quorum-kill")
     units = plan.plan_units([path], "messages")
     quorum = [u for u in units if u.quorum]
-    assert sorted(u.queue for u in quorum) == ["qq.amo", "qq.dead", "qq.orders", "qq.work"] and all(u.queue_dir is None for u in quorum)
+    assert sorted(u.queue for u in quorum) == ["qq.amo", "qq.dead", "qq.orders", "qq.work"] and all(
+        u.queue_dir is None for u in quorum
+    )
     assert not [u for u in plan.plan_units([path], "index") if u.quorum]  # classic-only tables have none
     cols = ["queue", "queue_type", "raft_index", "location", "body"]
 
@@ -78,8 +100,11 @@ def test_quorum_units_read_what_a_whole_read_reads():
     assert whole == one_by_one
     assert {r[1] for r in whole} == {"classic", "quorum"}
     assert any(r[3] == "dead_letter_replay" and r[1] == "classic" for r in whole)  # cq.dead's, from qq.orders
-    named = rows(b for u in plan.plan_units([path], "messages", queues={"qq.orders"})
-                 for b in driver.read("messages", Options(), units=[u], columns=cols, queues={"qq.orders"}))
+    named = rows(
+        b
+        for u in plan.plan_units([path], "messages", queues={"qq.orders"})
+        for b in driver.read("messages", Options(), units=[u], columns=cols, queues={"qq.orders"})
+    )
     assert named == [r for r in whole if r[0] == "qq.orders"] and named
 
 
@@ -112,8 +137,11 @@ def test_no_filter_is_pushed_and_every_plan_gets_a_fresh_reader():
     if hasattr(DataSourceReader, "pushFilters"):  # Spark 4.1+
         filters = [type("EqualTo", (SimpleNamespace,), {})(attribute=("queue",), value="x")]
         assert list(r1.pushFilters(filters)) == filters  # everything stays with Spark
-    names = {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(ast.parse(inspect.getsource(source)))
-             if isinstance(n, (ast.Name, ast.Attribute))}
+    names = {
+        n.id if isinstance(n, ast.Name) else n.attr
+        for n in ast.walk(ast.parse(inspect.getsource(source)))
+        if isinstance(n, (ast.Name, ast.Attribute))
+    }
     assert not names & {"_getframe", "f_back", "f_locals", "currentframe", "stack"}
 
 

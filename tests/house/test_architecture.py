@@ -23,14 +23,21 @@ def test_no_module_above_the_readers_does_framing_arithmetic():
     offenders = []
     for path in (ROOT / "cqforensics").rglob("*.py"):
         rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith(("cqforensics/readers/", "cqforensics/grammar/", "cqforensics/write/formats.py",
-                           "cqforensics/write/store.py", "cqforensics/broker/")):
+        if rel.startswith(
+            (
+                "cqforensics/readers/",
+                "cqforensics/grammar/",
+                "cqforensics/write/formats.py",
+                "cqforensics/write/store.py",
+                "cqforensics/broker/",
+            )
+        ):
             continue
         text = path.read_text()
         for pat in (r"\+ ?24\b", r"- ?25\b", r"ENTRY_HEADER_SIZE \+", r"\+ ENTRY_HEADER_SIZE"):
             for m in re.finditer(pat, text):
-                line = text[:m.start()].count("\n") + 1
-                before = text[text.rfind("\n", 0, m.start()) + 1:m.start()]
+                line = text[: m.start()].count("\n") + 1
+                before = text[text.rfind("\n", 0, m.start()) + 1 : m.start()]
                 if before.count('"') % 2 or before.lstrip().startswith("#"):
                     continue  # inside a string or a comment
                 offenders.append(f"{rel}:{line}: {text.splitlines()[line - 1].strip()}")

@@ -25,7 +25,7 @@ def section(title: str) -> str:
     for text in PAGES.values():
         for m in re.finditer(rf"^(#+) {re.escape(title)}.*?$", text, re.M):
             end = re.compile(rf"^#{{1,{len(m.group(1))}}} ", re.M).search(text, m.end())
-            found.append(text[m.end():end.start() if end else len(text)])
+            found.append(text[m.end() : end.start() if end else len(text)])
     assert len(found) == 1, f"the docs have {len(found)} sections {title!r}, not one"
     return found[0]
 
@@ -43,17 +43,20 @@ def test_the_installed_tool_runs_outside_the_checkout(tmp_path):
     """The README's first command: what pip installed (not this checkout, which the other tests
     import) holds every module, and its console script runs fsck on a sample."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    modules = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-                     for top in ("cqforensics", "cli", "spark_datasource", "pyspark_rabbitcq")
-                     for p in (ROOT / top).rglob("*.py") if p.name != "__main__.py"
-                     and "broker" not in p.relative_to(ROOT / top).parts[:1])  # the harness is not shipped
+    modules = sorted(
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for top in ("cqforensics", "cli", "spark_datasource", "pyspark_rabbitcq")
+        for p in (ROOT / top).rglob("*.py")
+        if p.name != "__main__.py" and "broker" not in p.relative_to(ROOT / top).parts[:1]
+    )  # the harness is not shipped
     load = "import importlib, sys\nfor m in sys.argv[1:]: importlib.import_module(m)"
     p = subprocess.run([sys.executable, "-c", load, *modules], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert p.returncode == 0, f"install the project first (python3 -m pip install '.[test]'): {p.stderr[-1500:]}"
     exe = shutil.which("cqforensics", path=os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")]))
     assert exe, "pip installed no cqforensics console script"
-    p = subprocess.run([exe, "fsck", str(SAMPLES / "4.3.6-kill")], cwd=tmp_path, env=env, capture_output=True,
-                       text=True)
+    p = subprocess.run(
+        [exe, "fsck", str(SAMPLES / "4.3.6-kill")], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
     assert p.returncode in (0, 4) and "Traceback" not in p.stderr, p.stderr[-1500:]
     assert "4.3.6-kill" in p.stdout or "rabbit@localhost" in p.stdout
 
@@ -85,8 +88,13 @@ def test_every_lost_found_reason_is_documented():
     text = section("`cqforensics rebuild")
     from cqforensics.write.formats import NOT_REPRESENTABLE
 
-    for reason in {f.label for f in QUARANTINED} | {"undecodable", "torn_write", "orphan", "duplicate",
-                                                    NOT_REPRESENTABLE}:
+    for reason in {f.label for f in QUARANTINED} | {
+        "undecodable",
+        "torn_write",
+        "orphan",
+        "duplicate",
+        NOT_REPRESENTABLE,
+    }:
         assert f"`{reason}`" in text, reason
 
 
@@ -110,8 +118,14 @@ def test_exit_codes_are_documented():
     from cli import exitcodes
 
     table = section("Exit codes")
-    for code in (exitcodes.OK, exitcodes.FIXED, exitcodes.ERRORS_LEFT, exitcodes.OPERATIONAL, exitcodes.USAGE,
-                 exitcodes.INTERRUPTED):
+    for code in (
+        exitcodes.OK,
+        exitcodes.FIXED,
+        exitcodes.ERRORS_LEFT,
+        exitcodes.OPERATIONAL,
+        exitcodes.USAGE,
+        exitcodes.INTERRUPTED,
+    ):
         assert f"| {code} |" in table
 
 

@@ -37,7 +37,7 @@ def test_readme_first_command_runs_without_pyspark_and_pandas():
     assert first == "python3 -m pip install . && cqforensics fsck sample_data/4.3.6-kill"
     p = _run(f"""
 from cli.main import main
-code = main(['fsck', {str(SAMPLES / '4.3.6-kill')!r}])
+code = main(['fsck', {str(SAMPLES / "4.3.6-kill")!r}])
 assert 'pyspark' not in sys.modules and 'pandas' not in sys.modules, 'imported'
 sys.exit(code)
 """)
@@ -66,6 +66,9 @@ def test_the_broker_harness_is_not_in_the_wheel_and_extras_are_pinned():
     assert "cqforensics" in packages and "cqforensics.readers" in packages and "cli" in packages
     assert not [p for p in packages if p.startswith("brokers")]
     project = config["project"]
-    for dep in project["dependencies"] + project["optional-dependencies"]["spark"] \
-            + project["optional-dependencies"]["streams"]:
+    for dep in (
+        project["dependencies"]
+        + project["optional-dependencies"]["spark"]
+        + project["optional-dependencies"]["streams"]
+    ):
         assert "<" in dep, f"{dep}: no upper bound"

@@ -18,8 +18,11 @@ def _unpacked(rel: str) -> bool:
 def test_checksum_list_matches_every_committed_file():
     text = (SAMPLES / "README.md").read_text()
     listed = dict((path, digest) for digest, path in re.findall(r"^([0-9a-f]{64})  (.+)$", text, re.M))
-    on_disk = {p.relative_to(SAMPLES).as_posix(): p for p in SAMPLES.rglob("*") if p.is_file()
-               and p.name != "README.md" and "__pycache__" not in p.parts}
+    on_disk = {
+        p.relative_to(SAMPLES).as_posix(): p
+        for p in SAMPLES.rglob("*")
+        if p.is_file() and p.name != "README.md" and "__pycache__" not in p.parts
+    }
     on_disk = {rel: p for rel, p in on_disk.items() if not _unpacked(rel)}
     assert sorted(listed) == sorted(on_disk), "file list differs: run python sample_data/generate.py --readme"
     bad = [rel for rel, p in on_disk.items() if hashlib.sha256(p.read_bytes()).hexdigest() != listed[rel]]
@@ -46,8 +49,11 @@ def test_unpacked_archives_are_exactly_their_archive():
         with tarfile.open(tarball) as tf:
             members = {i.name: hashlib.sha256(tf.extractfile(i).read()).hexdigest() for i in tf if i.isfile()}
         base = SAMPLES / ds / "mnesia"
-        unpacked = {p.relative_to(base).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-                    for p in base.rglob("*") if p.is_file()}
+        unpacked = {
+            p.relative_to(base).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in base.rglob("*")
+            if p.is_file()
+        }
         assert unpacked == members, ds
 
 

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from support import copy_node
-
 from cqforensics.readers.metadata import read_metadata
 from cqforensics.readers.terms import read_disk_log
+from support import copy_node
 
 
 def drop_declaration_outcome(node: Path) -> tuple[bytes, bytes]:
@@ -35,9 +34,12 @@ def drop_declaration_outcome(node: Path) -> tuple[bytes, bytes]:
         for op in item[4]:  # disc_copies ops: {{Tab, Key}, Record, Op}
             if op[0][0] == "rabbit_durable_queue" and op[2] == "write":
                 tid = item[2][1]
-                j = next(j for j in range(i + 1, len(log.items)) if isinstance(log.items[j], tuple)
-                         and log.items[j][0] == "decision" and log.items[j][1] == tid)
-                path.write_bytes(data[:log.offsets[j]] + data[ends[j]:])
+                j = next(
+                    j
+                    for j in range(i + 1, len(log.items))
+                    if isinstance(log.items[j], tuple) and log.items[j][0] == "decision" and log.items[j][1] == tid
+                )
+                path.write_bytes(data[: log.offsets[j]] + data[ends[j] :])
                 resource = op[1][1]
                 return resource[1], resource[3]
     raise AssertionError(f"{path}: no durable queue declaration with a logged outcome")

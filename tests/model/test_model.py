@@ -16,7 +16,6 @@ from cqforensics.model import recovery, versions
 from cqforensics.model.options import DECODED_COLUMNS, Options, make_options, needs, parse_as_of
 from support import SAMPLES
 
-
 # -- codes -----------------------------------------------------------------------------------------
 
 
@@ -43,16 +42,23 @@ def test_codes_of_different_families_are_different_types():
 def test_options_are_built_and_validated_in_one_place():
     o = make_options(broker_version="4.0", as_of="2026-01-01T00:00:00Z")
     assert isinstance(o, Options) and o.as_of_ms == 1767225600000
-    with pytest.raises(Exception):
+    with pytest.raises(AttributeError):  # dataclasses.FrozenInstanceError
         o.bodies = False  # frozen: what was validated cannot change afterwards
-    for bad in ({"broker_version": "5.0"}, {"batch_rows": 0}, {"batch_rows": True}, {"as_of": "yesterday"},
-                {"as_of": 10 ** 17}):
+    for bad in (
+        {"broker_version": "5.0"},
+        {"batch_rows": 0},
+        {"batch_rows": True},
+        {"as_of": "yesterday"},
+        {"as_of": 10**17},
+    ):
         with pytest.raises(UsageError):
             make_options(**bad)
 
 
-@pytest.mark.parametrize("value", [1767225600000, "1767225600000", "2026-01-01T00:00:00Z", "2026-01-01T00:00:00",
-                                   "2026-01-01T01:00:00+01:00"])
+@pytest.mark.parametrize(
+    "value",
+    [1767225600000, "1767225600000", "2026-01-01T00:00:00Z", "2026-01-01T00:00:00", "2026-01-01T01:00:00+01:00"],
+)
 def test_every_spelling_of_a_time_is_parsed_alike(value):
     assert parse_as_of(value) == 1767225600000
 
@@ -68,18 +74,26 @@ def test_a_projection_decides_what_is_read():
 # -- versions ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("version,sequential,last_copy,mc,v1,takes_vhost", [
-    ("3.10", True, True, False, True, True),
-    ("3.12", True, True, False, True, True),
-    ("3.13.0", True, False, True, True, False),
-    ("3.13.1", False, False, True, True, False),
-    ("4.0", False, False, True, True, False),
-    ("4.3", False, False, True, False, False),
-])
+@pytest.mark.parametrize(
+    "version,sequential,last_copy,mc,v1,takes_vhost",
+    [
+        ("3.10", True, True, False, True, True),
+        ("3.12", True, True, False, True, True),
+        ("3.13.0", True, False, True, True, False),
+        ("3.13.1", False, False, True, True, False),
+        ("4.0", False, False, True, True, False),
+        ("4.3", False, False, True, False, False),
+    ],
+)
 def test_version_behaviour_is_asked_of_the_model(version, sequential, last_copy, mc, v1, takes_vhost):
     m = versions.model(version)
-    assert (m.sequential_scan, m.last_copy_wins, m.stores_mc, m.reads_v1, m.store_serves_current_file_reads) == \
-        (sequential, last_copy, mc, v1, takes_vhost)
+    assert (m.sequential_scan, m.last_copy_wins, m.stores_mc, m.reads_v1, m.store_serves_current_file_reads) == (
+        sequential,
+        last_copy,
+        mc,
+        v1,
+        takes_vhost,
+    )
 
 
 # -- recovery: the rules, one by one (crafted arrays, labelled as such) -----------------------------
@@ -115,8 +129,14 @@ def test_every_fate_has_one_writer_rule_and_one_finding():
     assert not salvage & quarantine
     assert recovery.BY_DESIGN <= quarantine and recovery.KEPT_AS_IS <= salvage
     lost_outright = fates - salvage - quarantine  # no bytes worth keeping: reported lost
-    assert lost_outright == {Fate.NOT_ON_DISK, Fate.BAD_LOCATION, Fate.BODY_MISSING, Fate.QS_MISSING_FILE,
-                             Fate.QS_BAD_HEADER, Fate.QS_OUT_OF_RANGE}
+    assert lost_outright == {
+        Fate.NOT_ON_DISK,
+        Fate.BAD_LOCATION,
+        Fate.BODY_MISSING,
+        Fate.QS_MISSING_FILE,
+        Fate.QS_BAD_HEADER,
+        Fate.QS_OUT_OF_RANGE,
+    }
     assert set(recovery.FINDING_OF_FATE) == fates - recovery.KEPT_AS_IS
     from cqforensics.base.findings import CODES
 

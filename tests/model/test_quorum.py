@@ -9,10 +9,10 @@ import json
 import pytest
 
 import cqforensics
-from support import SAMPLES
 from cqforensics.commands import export, fsck
 from cqforensics.message import rabbit_fifo
 from cqforensics.model import fifo as m_fifo
+from support import SAMPLES
 from support.oracle import manifest
 
 QUORUM = sorted(p.name for p in SAMPLES.glob("*-quorum-*") if (p / "mnesia").is_dir())
@@ -24,8 +24,9 @@ def qds(request) -> str:
 
 
 def _rows(ds: str, **kw) -> list[dict]:
-    return cqforensics.read_table(SAMPLES / ds / "mnesia", "messages", as_of=manifest(ds)["restarted_at_ms"],
-                                  **kw).to_pylist()
+    return cqforensics.read_table(
+        SAMPLES / ds / "mnesia", "messages", as_of=manifest(ds)["restarted_at_ms"], **kw
+    ).to_pylist()
 
 
 def test_every_quorum_message_is_predicted_with_its_redelivered_flag(qds):
@@ -97,8 +98,9 @@ def test_export_recovers_quorum_messages_and_all_recovers_consumed_ones(qds, tmp
     assert all(x["queue_type"] == "quorum" and x["raft_index"] and x["body_base64"] is not None for x in from_log)
     ids = {x["properties"]["message_id"] for x in from_log}
     # the two acked before the stop: the first two delivered (4.0: priorities above 4 first, 4.3: by priority)
-    acked = {"3.10.8": {"msg-0", "qq.orders-1"}, "4.0.5": {"msg-6", "qq.orders-5"},
-             "4.3.6": {"msg-9", "qq.orders-8"}}[qds.split("-")[0]]
+    acked = {"3.10.8": {"msg-0", "qq.orders-1"}, "4.0.5": {"msg-6", "qq.orders-5"}, "4.3.6": {"msg-9", "qq.orders-8"}}[
+        qds.split("-")[0]
+    ]
     assert acked <= ids and len(from_log) > 100  # and churn messages the log still holds
 
 
@@ -110,8 +112,8 @@ def test_front_ends_name_the_queue_type():
     import jsonschema
 
     from cli.render import fsck_text
-    from cqforensics.commands import audit, report
     from cqforensics import json_schemas as schemas
+    from cqforensics.commands import audit, report
 
     ds = "4.0.5-quorum-kill"
     path, as_of = SAMPLES / ds / "mnesia", manifest(ds)["restarted_at_ms"]

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from support import SAMPLES, manifest
 from cqforensics.commands import fsck
 from cqforensics.readers import ra_segment, ra_wal
+from support import SAMPLES, manifest
 from support.scenarios import QUORUM_SCENARIOS
 
 KILL = ("3.10.8-quorum-kill", "4.0.5-quorum-kill", "4.3.6-quorum-kill")

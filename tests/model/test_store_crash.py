@@ -7,12 +7,12 @@ the same classes against the real brokers."""
 from __future__ import annotations
 
 import pytest
-from support import copy_node
 from test_recovery_state_brokers import ets_items, root_vhost
 
 import cqforensics
 from cqforensics.commands import fsck
 from cqforensics.readers.terms import RAISES, file2tab_load
+from support import copy_node
 
 
 def _dump(tmp_path):
@@ -31,14 +31,14 @@ def test_a_bad_item_can_end_the_table(tmp_path):
     assert whole == len(items) - 2  # the table info and the end marker are no objects
     first = items[1][0]  # the first object: the first item of the first chunk after the info
     magic = bytearray(data)
-    magic[first + 4:first + 8] = bytes(4)
+    magic[first + 4 : first + 8] = bytes(4)
     assert len(file2tab_load(bytes(magic))) == whole - 1
     term = bytearray(data)
     term[first + 8] = 0  # not 131: binary_to_term refuses it
     assert file2tab_load(bytes(term)) == []
     empty = bytearray(data)
-    size = int.from_bytes(data[first:first + 4], "big")
-    empty[first + 8:first + 8 + size] = bytes([131, 104, 0]) + bytes(size - 3)
+    size = int.from_bytes(data[first : first + 4], "big")
+    empty[first + 8 : first + 8 + size] = bytes([131, 104, 0]) + bytes(size - 3)
     assert file2tab_load(bytes(empty)) is RAISES
 
 
@@ -55,7 +55,7 @@ def test_a_flipped_index_predicts_the_store_crash_and_its_bounds(tmp_path):
     node, ets = _dump(tmp_path)
     data = bytearray(ets.read_bytes())
     mid = len(data) // 2
-    data[mid:mid + 64] = bytes(b ^ 0xFF for b in data[mid:mid + 64])
+    data[mid : mid + 64] = bytes(b ^ 0xFF for b in data[mid : mid + 64])
     ets.write_bytes(bytes(data))
     report = fsck.run(node, broker_version="4.0.5")
     got = {q.queue: q for q in report.queues if q.vhost == "/"}
@@ -83,14 +83,23 @@ def _first_in(node, version: str, number: int) -> dict[str, int]:
     order; no priority queue here): where a clean start reads it from."""
     ets = root_vhost(node) / "msg_store_persistent" / "msg_store_index.ets"
     where = {o[1]: o[3] for o in file2tab_load(ets.read_bytes())}
-    rows = cqforensics.read_table(node, "messages", broker_version=version,
-                                  columns=["vhost", "queue", "seq_id", "msg_id", "location",
-                                           "survives_restart"]).to_pylist()
+    rows = cqforensics.read_table(
+        node,
+        "messages",
+        broker_version=version,
+        columns=["vhost", "queue", "seq_id", "msg_id", "location", "survives_restart"],
+    ).to_pylist()
     out: dict[str, int] = {}
     for q in {r["queue"] for r in rows if r["vhost"] == "/"}:
         mine = sorted((r for r in rows if r["vhost"] == "/" and r["queue"] == q), key=lambda r: r["seq_id"])
-        cut = next((r["seq_id"] for r in mine if r["survives_restart"] and r["location"] == "shared_store"
-                    and where.get(r["msg_id"]) == number), None)
+        cut = next(
+            (
+                r["seq_id"]
+                for r in mine
+                if r["survives_restart"] and r["location"] == "shared_store" and where.get(r["msg_id"]) == number
+            ),
+            None,
+        )
         if cut is not None:
             out[q] = sum(1 for r in mine if r["seq_id"] < cut and r["survives_restart"])
     return out

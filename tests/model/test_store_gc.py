@@ -11,14 +11,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from support import copy_node
 
 
 def _messages(node: Path, version: str) -> dict:
     import cqforensics
 
-    t = cqforensics.read_table(node, "messages", broker_version=version,
-                               columns=["queue", "seq_id", "survives_restart", "body"]).to_pylist()
+    t = cqforensics.read_table(
+        node, "messages", broker_version=version, columns=["queue", "seq_id", "survives_restart", "body"]
+    ).to_pylist()
     return {(r["queue"], r["seq_id"]): (r["survives_restart"], r["body"]) for r in t}
 
 
@@ -64,9 +66,9 @@ def test_rdt_is_appended_to_its_rdq_up_to_312(tmp_path, keep_entries):
 def test_rdt_makes_a_clean_stop_recover_dirty(tmp_path):
     """Crafted: after a clean stop an .rdt still makes 3.10-3.12 distrust file_summary and the
     store index (recover_crashed_compactions returns false)."""
+    from cqforensics.discovery.nodes import read_node_dir
     from cqforensics.model import recovery
     from cqforensics.model.versions import model
-    from cqforensics.discovery.nodes import read_node_dir
 
     node = copy_node("3.10.8-clean", tmp_path / "a")
     rdq, rdt = _combine_cut(node, 3)
@@ -102,8 +104,11 @@ def _drop_from_store(node: Path, ids: set[bytes]) -> None:
     for p in node.glob("msg_stores/vhosts/*/msg_store_persistent/*.rdq"):
         f = r_rdq.walk(p, int(p.stem))
         data = p.read_bytes()
-        keep = [data[o:o + t] for o, t, i in zip(f.offsets.tolist(), f.totals.tolist(), f.msg_ids)
-                if i.tobytes() not in ids]
+        keep = [
+            data[o : o + t]
+            for o, t, i in zip(f.offsets.tolist(), f.totals.tolist(), f.msg_ids)
+            if i.tobytes() not in ids
+        ]
         p.write_bytes(b"".join(keep))
 
 
@@ -115,8 +120,9 @@ def test_acked_head_gone_from_the_store_is_a_warning(tmp_path, where):
     import cqforensics
 
     node = copy_node("3.10.8-kill", tmp_path / "a")
-    t = cqforensics.read_table(node, "messages", columns=["queue", "seq_id", "msg_id", "location",
-                                                          "survives_restart"]).to_pylist()
+    t = cqforensics.read_table(
+        node, "messages", columns=["queue", "seq_id", "msg_id", "location", "survives_restart"]
+    ).to_pylist()
     by_queue: dict[str, list] = {}
     for r in t:
         if r["location"] == "shared_store" and r["survives_restart"]:
@@ -182,11 +188,11 @@ def test_interrupted_combine_prediction_matches_the_real_310(tmp_path, broker_di
     a real 3.10.8 killed at that moment of a combine lost 894 of 5,000)."""
     import time
 
-    from support import need_broker
     from test_recovery_state_brokers import list_counts
 
-    from cqforensics.commands import fsck
     from brokers import Broker
+    from cqforensics.commands import fsck
+    from support import need_broker
 
     need_broker("3.10.8")
     base = tmp_path / "a"
@@ -198,8 +204,9 @@ def test_interrupted_combine_prediction_matches_the_real_310(tmp_path, broker_di
     report = fsck.run(node, broker_version="3.10.8")
     # (queues with expired messages are left out: the broker lists them until they reach the head)
     predicted = {(v.vhost, v.queue): v.predicted_after_restart for v in report.queues if not v.drops.get("expired")}
-    assert any(f.code == "combine-interrupted" and f.severity == ("error" if extended else "info")
-               for f in report.findings)
+    assert any(
+        f.code == "combine-interrupted" and f.severity == ("error" if extended else "info") for f in report.findings
+    )
     got = {}
     with Broker("3.10.8", broker_dir / "run") as b:
         b.install_node(base)

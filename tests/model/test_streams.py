@@ -46,7 +46,7 @@ def _stream_dir(ds, stream):
 
     prefix = base64uri(f"/_{stream}_")
     root = SAMPLES / ds / "mnesia" / manifest(ds)["node"] / "stream"
-    (d,) = [d for d in root.iterdir() if d.name.startswith(prefix) and d.name[len(prefix):].isdigit()]
+    (d,) = [d for d in root.iterdir() if d.name.startswith(prefix) and d.name[len(prefix) :].isdigit()]
     return d
 
 
@@ -122,7 +122,7 @@ def test_the_amqp091_consumers_are_predicted(ds, stream):
     assert ("error" in truth_one) == (one.fails_at is not None)
     hundred = recovery.stream_fate(scan, model(version), prefetch=100).amqp091
     got = [m["offset"] for m in t["served_amqp091"]["messages"]]
-    assert got == hundred.offsets[:len(got)]
+    assert got == hundred.offsets[: len(got)]
     if hundred.fails_at is None:
         assert got == hundred.offsets
     rows = [r for r in _rows(ds) if r["queue"] == stream]
@@ -196,8 +196,11 @@ def test_the_tracking_table_agrees_with_the_broker(ds, stream):
     are the table's current rows."""
     truth = _truth(ds, stream)["tracking"]
     assert "error" not in truth, truth
-    current = {(r["kind"], r["reference"]): r["value"] for r in _rows(ds, "stream_tracking")
-               if r["current"] and r["queue"] == stream}
+    current = {
+        (r["kind"], r["reference"]): r["value"]
+        for r in _rows(ds, "stream_tracking")
+        if r["current"] and r["queue"] == stream
+    }
     assert truth["publisher_sequences"]
     for ref, off in truth["consumer_offsets"].items():
         assert current.get(("offset", ref)) == off, ref

@@ -7,17 +7,24 @@ from __future__ import annotations
 
 import pytest
 
-from support import SAMPLES, datasets, manifest
-from support.oracle import delivered_counts
 from cqforensics.commands import fsck
 from cqforensics.discovery import nodes as layout
 from cqforensics.model import versions
 from cqforensics.model.options import make_options
 from cqforensics.model.vhost import NodeScan, feature_flags
+from support import SAMPLES, datasets, manifest
+from support.oracle import delivered_counts
 
 #: the range each sample must be inferred as (the narrowest its evidence allows)
-EXPECTED = {"3.10.8": "3.10 - 3.12", "3.12.14": "3.10 - 3.12", "3.13.7": "3.13", "4.0.5": "4.0",
-            "4.1.8": "4.1 - 4.2", "4.2.2": "4.1 - 4.2", "4.3.6": "4.3.1 - 4.3.x"}  # the quorum WAL name: 8 digits up to 4.0
+EXPECTED = {
+    "3.10.8": "3.10 - 3.12",
+    "3.12.14": "3.10 - 3.12",
+    "3.13.7": "3.13",
+    "4.0.5": "4.0",
+    "4.1.8": "4.1 - 4.2",
+    "4.2.2": "4.1 - 4.2",
+    "4.3.6": "4.3.1 - 4.3.x",
+}  # the quorum WAL name: 8 digits up to 4.0
 #: samples with quorum queues: the machine version their logs' noop entries carry narrows it
 EXPECTED_QUORUM = {"3.10.8": "3.10", "4.0.5": "4.0.3 - 4.0.x", "4.3.6": "4.3.1 - 4.3.x"}
 

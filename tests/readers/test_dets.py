@@ -21,13 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from support import ROOT, SAMPLES
 from cqforensics.codecs import etf
 from cqforensics.readers import dets, terms
 from cqforensics.readers.files import map_file
+from support import ROOT, SAMPLES
 
-EXTRA = next((p for p in (Path("/work/shared/samples-extra"), ROOT.parent / "shared" / "samples-extra") if p.is_dir()),
-             None)
+EXTRA = next(
+    (p for p in (Path("/work/shared/samples-extra"), ROOT.parent / "shared" / "samples-extra") if p.is_dir()), None
+)
 
 
 def _is_dets(name: str) -> bool:
@@ -111,7 +112,7 @@ def test_no_finding_on_a_real_table(name):
     assert dets.structure_findings(P(name), data) == []
     check = dets._Check(P(name), data)
     check.run()
-    h = dets.Header.parse(data[:dets.HEADSZ])
+    h = dets.Header.parse(data[: dets.HEADSZ])
     if h.closed == 1:  # the whole structure was walked: every object reached through its slot
         assert check.complete and not check.lost
         assert (check.found_objects, check.found_keys) == (h.no_objects, h.no_keys)
@@ -138,7 +139,7 @@ def _structural_words(data: bytes, sample: int = 12) -> list[tuple[str, int]]:
     block header of every object block, and a deterministic sample of the words OTP writes as
     zero (unused part and segment pointers, empty slots)."""
     rnd = random.Random(7)
-    h = dets.Header.parse(data[:dets.HEADSZ])
+    h = dets.Header.parse(data[: dets.HEADSZ])
     words = [("header", o) for o in range(0, dets.HEADSZ, 4)]
     nsegs = (h.next - 1) // 256 + 1
     nparts = (nsegs - 1) // 512 + 1
@@ -159,8 +160,12 @@ def _structural_words(data: bytes, sample: int = 12) -> list[tuple[str, int]]:
         for k in range(256):
             ptr = struct.unpack_from(">I", data, s + 8 * k + 4)[0]
             if ptr:
-                words += [("slot size", s + 8 * k), ("slot pointer", s + 8 * k + 4),
-                          ("block size", ptr), ("block status", ptr + 4)]
+                words += [
+                    ("slot size", s + 8 * k),
+                    ("slot pointer", s + 8 * k + 4),
+                    ("block size", ptr),
+                    ("block status", ptr + 4),
+                ]
             else:
                 empty += [s + 8 * k, s + 8 * k + 4]
     words += [("empty slot", o) for o in rnd.sample(empty, min(sample, len(empty)))]
@@ -202,11 +207,14 @@ def test_the_exceptions_are_silent():
     assert _findings(_flip(_sample(RECOVERY), 8, 0)) == []
 
 
-@pytest.mark.parametrize("rel, offsets", [
-    (RECOVERY, [1388, 2566]),  # unused segment pointers 13 and 307 of part 0
-    (RA_META, [110, 678, 4428, 5356]),  # a collection counter, part pointer 91, empty slots 130 and 246
-    (MQTT_EMPTY, [789]),  # part pointer 119
-])
+@pytest.mark.parametrize(
+    "rel, offsets",
+    [
+        (RECOVERY, [1388, 2566]),  # unused segment pointers 13 and 307 of part 0
+        (RA_META, [110, 678, 4428, 5356]),  # a collection counter, part pointer 91, empty slots 130 and 246
+        (MQTT_EMPTY, [789]),  # part pointer 119
+    ],
+)
 def test_the_fuzzing_campaign_flips_are_found(rel, offsets):
     """Crafted: the flips the fuzzing campaign found silent, every bit of each byte."""
     data = _sample(rel)
@@ -365,8 +373,13 @@ def test_phash2_matches_the_local_otp_on_random_terms(tmp_path):
     _erl()
     (tmp_path / "cqf_phash2.erl").write_text(ERL_TERMS)
     subprocess.run(["erlc", "cqf_phash2.erl"], cwd=tmp_path, check=True, capture_output=True, timeout=60)
-    out = subprocess.run(["erl", "-noshell", "-pa", str(tmp_path), "-eval", "cqf_phash2:main(), halt()."],
-                         check=True, capture_output=True, text=True, timeout=60).stdout
+    out = subprocess.run(
+        ["erl", "-noshell", "-pa", str(tmp_path), "-eval", "cqf_phash2:main(), halt()."],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     pairs = [line.split() for line in out.splitlines() if line.strip()]
     assert len(pairs) == 303
     wrong = [(h, v) for h, v in pairs if dets.phash2(etf.decode(bytes.fromhex(h))[0]) != int(v)]
@@ -442,8 +455,15 @@ def otp_tables(tmp_path_factory) -> Path:
     return out
 
 
-GENERATED = ["grown_set.dets", "bag.dets", "dupbag.dets", "minslots.dets", "repaired.dets", "emptied.dets",
-             "twoparts.dets"]
+GENERATED = [
+    "grown_set.dets",
+    "bag.dets",
+    "dupbag.dets",
+    "minslots.dets",
+    "repaired.dets",
+    "emptied.dets",
+    "twoparts.dets",
+]
 
 
 @pytest.mark.parametrize("name", GENERATED)
@@ -456,7 +476,7 @@ def test_no_finding_on_tables_otp_writes(otp_tables, name):
     assert dets.structure_findings(path, data) == []
     check = dets._Check(path, data)
     check.run()
-    h = dets.Header.parse(data[:dets.HEADSZ])
+    h = dets.Header.parse(data[: dets.HEADSZ])
     assert check.complete and (check.found_objects, check.found_keys) == (h.no_objects, h.no_keys)
 
 
@@ -472,15 +492,18 @@ def test_marker_scan_counts_bag_objects(otp_tables, name):
     assert len(found) == recorded and terms.dets_findings(path) == []
     at = found[len(found) // 2][0]
     broken = bytearray(data)
-    broken[at:at + 4] = bytes(4)
+    broken[at : at + 4] = bytes(4)
     assert len(list(terms._dets_objects(bytes(broken)))) < recorded
 
 
-@pytest.mark.parametrize("name, words", [
-    ("grown_set.dets", None),  # five segments, two grown after creation, a reopened table (base word 0)
-    ("bag.dets", None),
-    ("twoparts.dets", None),  # two parts, 1024 segments
-])
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("grown_set.dets", None),  # five segments, two grown after creation, a reopened table (base word 0)
+        ("bag.dets", None),
+        ("twoparts.dets", None),  # two parts, 1024 segments
+    ],
+)
 def test_flips_in_tables_otp_writes(otp_tables, name, words):
     """Crafted: the flip test on OTP-written shapes the samples lack (a sample of their words and bits:
     each flip re-reads thousands of objects)."""
@@ -509,24 +532,49 @@ def test_otp_agrees_on_what_it_ignores(tmp_path):
     (tmp_path / "lookup.escript").write_text(LOOKUP)
     orig = tmp_path / "orig.dets"
     orig.write_bytes(data)
-    cases = {"closed": (8, 0), "reserved": (200, 3), "unused_part": (788, 2), "unused_segment": (1388, 4),
-             "slot_pointer": (3452, 10), "header_next": (24, 3), "segment_pointer": (1336, 4)}
+    cases = {
+        "closed": (8, 0),
+        "reserved": (200, 3),
+        "unused_part": (788, 2),
+        "unused_segment": (1388, 4),
+        "slot_pointer": (3452, 10),
+        "header_next": (24, 3),
+        "segment_pointer": (1336, 4),
+    }
     files = []
     for name, (word, bit) in cases.items():
         (tmp_path / name).write_bytes(_flip(data, word, bit))
         files.append(str(tmp_path / name))
-    out = subprocess.run(["escript", str(tmp_path / "lookup.escript"), str(orig), *files], check=True,
-                         capture_output=True, text=True, timeout=120).stdout
+    out = subprocess.run(
+        ["escript", str(tmp_path / "lookup.escript"), str(orig), *files],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
     otp = dict(line.split(" ", 1) for line in out.splitlines() if line.split(" ", 1)[0] in cases)
-    assert "closed\" not properly closed, repairing" in out  # OTP repairs the table whose flag lost bit 0
-    assert otp == {"closed": "all_found", "reserved": "all_found", "unused_part": "all_found",
-                   "unused_segment": "all_found", "slot_pointer": "{missing,1}",
-                   "header_next": "{error,not_a_dets_file}", "segment_pointer": "{missing,18}"}, otp
-    severities = {name: {f.severity for f in dets.structure_findings(P(name), (tmp_path / name).read_bytes())}
-                  for name in cases}
-    assert severities == {"closed": set(), "reserved": {"info"}, "unused_part": {"info"},
-                          "unused_segment": {"info"}, "slot_pointer": {"warning"}, "header_next": {"warning"},
-                          "segment_pointer": {"warning"}}
+    assert 'closed" not properly closed, repairing' in out  # OTP repairs the table whose flag lost bit 0
+    assert otp == {
+        "closed": "all_found",
+        "reserved": "all_found",
+        "unused_part": "all_found",
+        "unused_segment": "all_found",
+        "slot_pointer": "{missing,1}",
+        "header_next": "{error,not_a_dets_file}",
+        "segment_pointer": "{missing,18}",
+    }, otp
+    severities = {
+        name: {f.severity for f in dets.structure_findings(P(name), (tmp_path / name).read_bytes())} for name in cases
+    }
+    assert severities == {
+        "closed": set(),
+        "reserved": {"info"},
+        "unused_part": {"info"},
+        "unused_segment": {"info"},
+        "slot_pointer": {"warning"},
+        "header_next": {"warning"},
+        "segment_pointer": {"warning"},
+    }
 
 
 # -- 3. hostile files ---------------------------------------------------------------------------
@@ -541,13 +589,13 @@ def _timed(data, path: Path | None = None, limit: float = 20.0):
 
 def _with_md5(head: bytearray) -> bytearray:
     """A header whose MD5 matches its fields (so the walk trusts them)."""
-    head[dets.MD5_AT:dets.MD5_AT + 16] = hashlib.md5(bytes(head[12:dets.MD5_AT])).digest()
+    head[dets.MD5_AT : dets.MD5_AT + 16] = hashlib.md5(bytes(head[12 : dets.MD5_AT])).digest()
     return head
 
 
 def test_garbage_after_a_valid_header():
     """Crafted: a real header, then random bytes (10 seeds)."""
-    head = _sample(RECOVERY)[:dets.HEADEND]
+    head = _sample(RECOVERY)[: dets.HEADEND]
     for seed in range(10):
         rnd = random.Random(seed)
         data = head + bytes(rnd.getrandbits(8) for _ in range(rnd.choice([100, 3000, 20000])))
@@ -603,7 +651,7 @@ def test_a_64mb_sparse_file_with_a_valid_header(tmp_path):
 def test_a_header_that_claims_every_slot(tmp_path):
     """Crafted: 2^25 slots (256 parts, 131072 segments) with a matching MD5, part pointers spread over a
     64 MB sparse file of zeros and garbage: bounded time and findings."""
-    head = bytearray(_sample(RECOVERY)[:dets.BASE])
+    head = bytearray(_sample(RECOVERY)[: dets.BASE])
     struct.pack_into(">IIIII", head, 20, 1 << 25, 1 << 25, 1, 0, 0)  # m, next, keypos, objects, keys
     struct.pack_into(">III", head, 40, 256, 1 << 25, 1)
     struct.pack_into(">I", head, 52, 0)
@@ -650,17 +698,17 @@ def test_segments_full_of_slots_naming_one_block():
     """Crafted: 2^18 slots in 1024 segments, every one naming the same object block, under a header
     whose MD5 matches: the slot walk stops at its bound and the findings are capped."""
     src = _sample(RECOVERY)
-    head = bytearray(src[:dets.BASE])
+    head = bytearray(src[: dets.BASE])
     struct.pack_into(">IIIII", head, 20, 1 << 18, 1 << 18, 1, 0, 0)
     struct.pack_into(">IIII", head, 40, 256, 1 << 25, 1, 0)
     head[56:168] = bytes(112)
-    head[dets.FL_BASE_AT:dets.HEADSZ] = bytes(4)
-    head[dets.HEADEND:dets.BASE] = bytes(1024)
+    head[dets.FL_BASE_AT : dets.HEADSZ] = bytes(4)
+    head[dets.HEADEND : dets.BASE] = bytes(1024)
     struct.pack_into(">II", head, dets.HEADEND, 1336, 3384)
     _with_md5(head)
     parts = b"".join(struct.pack(">I", 5432 + 2048 * j) for j in range(1024)) + bytes(0)
     block_at = 5432 + 2048 * 1024
-    body = bytearray(bytes(head) + parts + struct.pack(">II", 214, block_at) * (256 * 1024) + src[5432:5432 + 256])
+    body = bytearray(bytes(head) + parts + struct.pack(">II", 214, block_at) * (256 * 1024) + src[5432 : 5432 + 256])
     struct.pack_into(">I", body, 0, len(body))
     body += struct.pack(">III", 12, dets.FREE, dets.ENDFREE)
     body += struct.pack(">I", len(body) + 4)

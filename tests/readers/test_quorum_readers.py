@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from support import SAMPLES
 from cqforensics.codecs import etf
-from cqforensics.message import rabbit_fifo
 from cqforensics.grammar import ra as c_ra
+from cqforensics.message import rabbit_fifo
 from cqforensics.readers import ra_segment, ra_snapshot, ra_system, ra_wal
 from cqforensics.readers.files import map_file
+from support import SAMPLES
 
 QUORUM = sorted(p.name for p in SAMPLES.glob("*-quorum-*") if (p / "mnesia").is_dir())
 SYSTEMS = sorted(p for ds in QUORUM for p in (SAMPLES / ds / "mnesia").glob("*/quorum/*"))
@@ -82,11 +82,11 @@ def test_segment_header_and_index_round_trip_through_the_grammar(path):
     grammar = c_ra.seg_index_v2 if head.version == 2 else c_ra.seg_index_v1
     for i in range(len(seg)):
         at = c_ra.SEG_HEADER_SIZE + int(seg.slot[i]) * seg.record_size()
-        raw = data[at:at + seg.record_size()]
+        raw = data[at : at + seg.record_size()]
         rec = grammar.parse(raw)
         assert grammar.build(rec) == raw
         assert c_ra.SEG_INDEX[head.version].unpack(raw) == (rec.index, rec.term, rec.offset, rec.length, rec.crc)
-        assert zlib.crc32(data[rec.offset:rec.offset + rec.length]) == rec.crc
+        assert zlib.crc32(data[rec.offset : rec.offset + rec.length]) == rec.crc
 
 
 def test_the_v1_index_layout_is_28_bytes_with_a_32_bit_offset():
@@ -180,7 +180,7 @@ def test_a_flipped_byte_in_a_record_fails_its_checksum_at_that_record(tmp_path):
     path, data, scan = _wal(tmp_path)
     i = len(scan) // 2
     at = int(scan.data_offset[i]) + int(scan.length[i]) // 2
-    path.write_bytes(data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:])
+    path.write_bytes(data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :])
     bad = ra_wal.walk(path)
     assert bad.first_bad() == i and int(bad.offset[i]) == int(scan.offset[i])
     assert not bad.bad_is_last(i)  # records follow: Ra refuses to start
@@ -191,7 +191,7 @@ def test_a_bad_checksum_on_the_last_record_is_forgiven(tmp_path):
     path, data, scan = _wal(tmp_path)
     last = len(scan) - 1
     at = int(scan.data_offset[last])
-    path.write_bytes(data[:at] + bytes([data[at] ^ 1]) + data[at + 1:] + bytes(13))
+    path.write_bytes(data[:at] + bytes([data[at] ^ 1]) + data[at + 1 :] + bytes(13))
     bad = ra_wal.walk(path)
     assert bad.first_bad() == last and bad.bad_is_last(last)
 
@@ -214,9 +214,15 @@ def test_a_zero_filled_tail_ends_the_wal(tmp_path):
     assert z.end.kind == ra_wal.END_ZEROED and z.end.offset == at and len(z) == len(scan) // 3
 
 
-@pytest.mark.parametrize("content,kind", [(b"", ra_wal.END_SHORT), (b"RAW", ra_wal.END_SHORT),
-                                          (b"RAWB\x01" + bytes(40), ra_wal.END_NO_HEADER),
-                                          (b"RAWA\x02" + bytes(40), ra_wal.END_NO_HEADER)])
+@pytest.mark.parametrize(
+    "content,kind",
+    [
+        (b"", ra_wal.END_SHORT),
+        (b"RAW", ra_wal.END_SHORT),
+        (b"RAWB\x01" + bytes(40), ra_wal.END_NO_HEADER),
+        (b"RAWA\x02" + bytes(40), ra_wal.END_NO_HEADER),
+    ],
+)
 def test_a_wal_without_its_header(tmp_path, content, kind):
     p = tmp_path / "00000001.wal"
     p.write_bytes(content)
@@ -229,7 +235,7 @@ def test_a_cached_reference_no_record_named_is_flagged_unknown(tmp_path):
     # crafted: the first record's head says "cached, ref 5" and its UId bytes are dropped
     uid_len = len(scan.writers[int(scan.ref[0])])
     head = (0x400000 | 5).to_bytes(3, "big")
-    path.write_bytes(data[:5] + head + data[5 + 3 + 2 + uid_len:])
+    path.write_bytes(data[:5] + head + data[5 + 3 + 2 + uid_len :])
     bad = ra_wal.walk(path)
     assert not bad.known[0] and bad.uid(0) is None and bad.ref[0] == 5
 
@@ -237,7 +243,7 @@ def test_a_cached_reference_no_record_named_is_flagged_unknown(tmp_path):
 def test_hostile_lengths_never_raise(tmp_path):
     path, data, scan = _wal(tmp_path)
     at = int(scan.data_offset[0]) - 20  # the first record's length field
-    path.write_bytes(data[:at] + b"\xff\xff\xff\xff" + data[at + 4:])
+    path.write_bytes(data[:at] + b"\xff\xff\xff\xff" + data[at + 4 :])
     bad = ra_wal.walk(path)
     assert bad.end.kind == ra_wal.END_TORN and bad.end.offset == 5 and len(bad) == 0
 
@@ -253,7 +259,7 @@ def test_a_flipped_byte_in_a_segment_entry_fails_its_crc(tmp_path):
     path, data, seg = _segment(tmp_path)
     i = len(seg) // 2
     at = int(seg.offset[i]) + 3
-    path.write_bytes(data[:at] + bytes([data[at] ^ 0x55]) + data[at + 1:])
+    path.write_bytes(data[:at] + bytes([data[at] ^ 0x55]) + data[at + 1 :])
     bad = ra_segment.read_segment(path)
     assert bad.status[i] == ra_segment.ENTRY_BAD_CRC
     assert (bad.status != ra_segment.ENTRY_OK).sum() == 1
@@ -262,7 +268,7 @@ def test_a_flipped_byte_in_a_segment_entry_fails_its_crc(tmp_path):
 def test_a_truncated_segment_loses_its_last_entries_data(tmp_path):
     path, data, seg = _segment(tmp_path)
     i = len(seg) - 3
-    path.write_bytes(data[:int(seg.offset[i]) + 1])
+    path.write_bytes(data[: int(seg.offset[i]) + 1])
     bad = ra_segment.read_segment(path)
     assert len(bad) == len(seg)  # the index is whole
     assert (bad.status[:i] == ra_segment.ENTRY_OK).all() and (bad.status[i:] == ra_segment.ENTRY_PAST_EOF).all()
@@ -270,16 +276,22 @@ def test_a_truncated_segment_loses_its_last_entries_data(tmp_path):
 
 def test_a_segment_cut_inside_its_index(tmp_path):
     path, data, seg = _segment(tmp_path)
-    path.write_bytes(data[:c_ra.SEG_HEADER_SIZE + 32 * 3 + 10])
+    path.write_bytes(data[: c_ra.SEG_HEADER_SIZE + 32 * 3 + 10])
     bad = ra_segment.read_segment(path)
     assert bad.torn_index and not bad.readable and len(bad) == 3
     assert (bad.status == ra_segment.ENTRY_PAST_EOF).all()
 
 
-@pytest.mark.parametrize("content,header", [(b"", ra_segment.HEADER_MISSING), (b"RASG\x00", ra_segment.HEADER_MISSING),
-                                            (b"RASX\x00\x02\x10\x00", ra_segment.HEADER_BAD),
-                                            (b"RASG\x00\x03\x10\x00", ra_segment.HEADER_BAD),
-                                            (b"RASG\x00\x00\x10\x00", ra_segment.HEADER_VERSION0)])
+@pytest.mark.parametrize(
+    "content,header",
+    [
+        (b"", ra_segment.HEADER_MISSING),
+        (b"RASG\x00", ra_segment.HEADER_MISSING),
+        (b"RASX\x00\x02\x10\x00", ra_segment.HEADER_BAD),
+        (b"RASG\x00\x03\x10\x00", ra_segment.HEADER_BAD),
+        (b"RASG\x00\x00\x10\x00", ra_segment.HEADER_VERSION0),
+    ],
+)
 def test_segment_headers(tmp_path, content, header):
     p = tmp_path / "0000000000000001.segment"
     p.write_bytes(content)
@@ -291,7 +303,7 @@ def test_an_index_record_going_back_trims_the_records_above_it(tmp_path):
     path, data, seg = _segment(tmp_path)
     # crafted: the 4th record rewritten to carry the 2nd one's index (a follower's overwrite)
     at = c_ra.SEG_HEADER_SIZE + 3 * 32
-    path.write_bytes(data[:at] + struct.pack(">Q", int(seg.index[1])) + data[at + 8:])
+    path.write_bytes(data[:at] + struct.pack(">Q", int(seg.index[1])) + data[at + 8 :])
     bad = ra_segment.read_segment(path)
     assert bad.trimmed == 1 and list(bad.index[:3]) == [seg.index[0], seg.index[1], seg.index[1]]  # the 3rd went
 
@@ -308,7 +320,7 @@ def test_a_damaged_snapshot_fails_its_crc_and_short_ones_say_so(tmp_path):
     assert ra_snapshot.read_snapshot(p).status == ra_snapshot.SNAP_FORMAT
     p.write_bytes(data[:4] + b"\x02" + data[5:])
     assert ra_snapshot.read_snapshot(p).status == ra_snapshot.SNAP_VERSION
-    p.write_bytes(data[:len(data) // 2])
+    p.write_bytes(data[: len(data) // 2])
     cut = ra_snapshot.read_snapshot(p)
     assert cut.status == ra_snapshot.SNAP_CRC and not cut.ok
 

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from support import SAMPLES, copy_node
+from cqforensics.base.errors import UsageError
 from cqforensics.commands import dump as dump_mod
 from cqforensics.discovery import nodes as layout
-from cqforensics.tables import builders as tables
-from cqforensics.base.errors import UsageError
 from cqforensics.grammar import rdq as c_rdq
 from cqforensics.model.vhost import NodeScan
-from cqforensics.readers import registry
 from cqforensics.readers import rdq as r_rdq
+from cqforensics.readers import registry
+from cqforensics.tables import builders as tables
+from support import SAMPLES, copy_node
 
 NODES = sorted(p for p in SAMPLES.glob("*/mnesia/*") if layout.is_node_dir(p))
 
@@ -67,20 +67,34 @@ def test_discovery_leaves_nothing_unclassified_in_the_samples(node):
 
 
 KINDS = [
-    (".vhost", "vhost", "vhost"), (".config", "vhost", "config"), ("recovery.dets", "vhost", "dets"),
-    ("0.rdq", "store", "rdq"), ("17.rdt", "store", "rdt"), ("clean.dot", "store", "dot"),
-    ("file_summary.ets", "store", "ets"), ("msg_store_index.ets", "store", "ets"),
-    (".queue_name", "queue", "queue_name"), ("3.qi", "queue", "qi"), ("3.qs", "queue", "qs"),
-    ("12.idx", "queue", "idx"), ("journal.jif", "queue", "jif"),
+    (".vhost", "vhost", "vhost"),
+    (".config", "vhost", "config"),
+    ("recovery.dets", "vhost", "dets"),
+    ("0.rdq", "store", "rdq"),
+    ("17.rdt", "store", "rdt"),
+    ("clean.dot", "store", "dot"),
+    ("file_summary.ets", "store", "ets"),
+    ("msg_store_index.ets", "store", "ets"),
+    (".queue_name", "queue", "queue_name"),
+    ("3.qi", "queue", "qi"),
+    ("3.qs", "queue", "qs"),
+    ("12.idx", "queue", "idx"),
+    ("journal.jif", "queue", "jif"),
     ("00000000000000000000.segment", "stream", "osiris_segment"),
     ("00000000000000004096.index", "stream", "osiris_index"),
-    ("00000003.wal", "ra_system", "ra_wal"), ("0000000000000001.wal", "ra_system", "ra_wal"),
-    ("names.dets", "ra_system", "ra_names"), ("meta.dets", "ra_system", "ra_meta"),
-    ("writers.snapshot", "ra_system", "ra_writers"), ("segment_name_upgrade_marker", "ra_system", "ra_marker"),
-    ("config", "ra_server", "ra_config"), ("00000005.segment", "ra_server", "ra_segment"),
-    ("0000000000000005.segment", "ra_server", "ra_segment"), ("0000000000000007.compacting", "ra_server", "ra_compacting"),
+    ("00000003.wal", "ra_system", "ra_wal"),
+    ("0000000000000001.wal", "ra_system", "ra_wal"),
+    ("names.dets", "ra_system", "ra_names"),
+    ("meta.dets", "ra_system", "ra_meta"),
+    ("writers.snapshot", "ra_system", "ra_writers"),
+    ("segment_name_upgrade_marker", "ra_system", "ra_marker"),
+    ("config", "ra_server", "ra_config"),
+    ("00000005.segment", "ra_server", "ra_segment"),
+    ("0000000000000005.segment", "ra_server", "ra_segment"),
+    ("0000000000000007.compacting", "ra_server", "ra_compacting"),
     ("0000000000000007.compaction_group", "ra_server", "ra_compaction_group"),
-    ("snapshot.dat", "ra_snapshot", "ra_snapshot"), ("indexes", "ra_snapshot", "ra_indexes"),
+    ("snapshot.dat", "ra_snapshot", "ra_snapshot"),
+    ("indexes", "ra_snapshot", "ra_indexes"),
 ]
 
 
@@ -97,16 +111,27 @@ def test_every_kind_is_covered():
     assert all(r.where in registry.PLACES + (None,) for r in registry.READERS.values())
 
 
-@pytest.mark.parametrize("name,kind", [
-    ("rabbit_durable_queue.DCD", "disk_log"), ("rabbit_durable_queue.DCL", "disk_log"), ("LATEST.LOG", "disk_log"),
-    ("names.dets", "ra_names"), ("other.dets", "dets"), ("copy-of.rdq", "rdq"), ("x.qi", "qi"), ("old.jif", "jif"), ("t.ets", "ets"),
-])
+@pytest.mark.parametrize(
+    "name,kind",
+    [
+        ("rabbit_durable_queue.DCD", "disk_log"),
+        ("rabbit_durable_queue.DCL", "disk_log"),
+        ("LATEST.LOG", "disk_log"),
+        ("names.dets", "ra_names"),
+        ("other.dets", "dets"),
+        ("copy-of.rdq", "rdq"),
+        ("x.qi", "qi"),
+        ("old.jif", "jif"),
+        ("t.ets", "ets"),
+    ],
+)
 def test_lone_files_are_known_by_extension(name, kind):
     assert registry.kind_of(name) == kind
 
 
-@pytest.mark.parametrize("name", ["schema.DAT", "README", "0.walx", "a.rdq.bak", "cluster_nodes.config", ".rdq",
-                                  "rdq", "0.RDQ", ""])
+@pytest.mark.parametrize(
+    "name", ["schema.DAT", "README", "0.walx", "a.rdq.bak", "cluster_nodes.config", ".rdq", "rdq", "0.RDQ", ""]
+)
 def test_unknown_names(name):
     assert registry.kind_of(name) is None
     for where in registry.PLACES:
@@ -135,8 +160,23 @@ def test_fixed_names_keep_registry_order():
 
 
 def test_dump_lists_what_the_registry_can_dump():
-    assert registry.dumpable() == [".DCD", ".DCL", ".LOG", ".compacting", ".compaction_group", ".dets", ".ets", ".idx",
-                                   ".index", ".jif", ".qi", ".qs", ".rdq", ".segment", ".wal"]
+    assert registry.dumpable() == [
+        ".DCD",
+        ".DCL",
+        ".LOG",
+        ".compacting",
+        ".compaction_group",
+        ".dets",
+        ".ets",
+        ".idx",
+        ".index",
+        ".jif",
+        ".qi",
+        ".qs",
+        ".rdq",
+        ".segment",
+        ".wal",
+    ]
     with pytest.raises(UsageError, match=r"known: \.DCD, \.DCL, \.LOG, \.compacting"):
         dump_mod.kind_of(Path("clean.dot"))  # a kind with no dump
     with pytest.raises(UsageError):
@@ -178,16 +218,15 @@ def test_dump_reads_terms_through_the_reader_spans():
     assert entries
     for row, (source, start, length) in entries:
         assert (start, length) == r_rdq.term_span(row["offset"], row["size"])
-        assert source[start:start + 1] == b"\x83" and data[start + length] == c_rdq.WRITE_OK_MARKER
+        assert source[start : start + 1] == b"\x83" and data[start + length] == c_rdq.WRITE_OK_MARKER
         assert r_rdq.entry_total(length) == row["size"]
-    qi = next(p for p in (SAMPLES / "4.3.6-kill").rglob("*.qi")
-              if any(t for _, t in registry.READERS["qi"].dump(p, 0)))
+    qi = next(p for p in (SAMPLES / "4.3.6-kill").rglob("*.qi") if any(t for _, t in registry.READERS["qi"].dump(p, 0)))
     for row, term in registry.READERS["qi"].dump(qi, 0):
         if term is not None:
             source, start, length = term  # the sibling .qs, as a Path or as the reader's map of it
             raw = source.read_bytes() if isinstance(source, Path) else bytes(source)
             assert raw == qi.with_suffix(".qs").read_bytes() and length == row["qs_size"]
-            assert raw[start:start + 1] == b"\x83"
+            assert raw[start : start + 1] == b"\x83"
 
 
 def test_the_files_table_names_kinds_from_the_registry(tmp_path):

@@ -72,9 +72,13 @@ def boot_and_drain(dataset: str, run_dir, node_dir=None) -> list[dict]:
             app, _, key = k.rpartition(".")
             apps.setdefault(app or "rabbit", []).append(f"{{{key}, {v}}}")
         adv = "[" + ", ".join(f"{{{app}, [{', '.join(items)}]}}" for app, items in apps.items()) + "].\n"
-    known = {(q["vhost"], q["name"]): {k: v for k, v in q.items() if k in ("vhost", "name", "drain", "index_version",
-                                                                         "arguments")}
-             for q in m["queues"] if q.get("exists_after_restart", True)}
+    known = {
+        (q["vhost"], q["name"]): {
+            k: v for k, v in q.items() if k in ("vhost", "name", "drain", "index_version", "arguments")
+        }
+        for q in m["queues"]
+        if q.get("exists_after_restart", True)
+    }
     with Broker(version, run_dir, advanced_config=adv) as b:
         b.install_node(SAMPLES / dataset / "mnesia" if node_dir is None else node_dir.parent)
         b.start()
@@ -88,8 +92,11 @@ def boot_and_drain(dataset: str, run_dir, node_dir=None) -> list[dict]:
 # (the streams and quorum samples are booted by their own tests, on the samples and on damaged
 # copies: tests/real_brokers/test_streams_brokers.py, tests/real_brokers/test_quorum_brokers.py; a drain of their queues is
 # not what their ground truth records: records served from first, dead letters timed by the boot)
-BOOTED = [d for d in datasets() if manifest(d)["broker"]["rabbitmq"] in VERSIONS
-          and "-streams-" not in d and "-quorum-" not in d]
+BOOTED = [
+    d
+    for d in datasets()
+    if manifest(d)["broker"]["rabbitmq"] in VERSIONS and "-streams-" not in d and "-quorum-" not in d
+]
 
 
 @pytest.mark.parametrize("dataset", BOOTED)

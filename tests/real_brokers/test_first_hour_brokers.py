@@ -31,9 +31,9 @@ CLASSIC, QUORUM, STREAM = ("cq.a", "cq.b"), ("qq.a", "qq.dlx"), ("st.a",)
 def node(request, tmp_path_factory) -> Path:
     """A node dir with two classic queues, two quorum queues (one with a dead-letter exchange and
     a delivery limit) and a stream, 7 persistent messages in each, written by a real broker."""
-    from brokers import Broker
-
     import pika
+
+    from brokers import Broker
 
     version = request.param
     need_broker(version)
@@ -48,9 +48,16 @@ def node(request, tmp_path_factory) -> Path:
             for q in CLASSIC:
                 ch.queue_declare(q, durable=True)
             ch.queue_declare("qq.a", durable=True, arguments={"x-queue-type": "quorum"})
-            ch.queue_declare("qq.dlx", durable=True, arguments={"x-queue-type": "quorum", "x-delivery-limit": 3,
-                                                                "x-dead-letter-exchange": "",
-                                                                "x-dead-letter-routing-key": "cq.b"})
+            ch.queue_declare(
+                "qq.dlx",
+                durable=True,
+                arguments={
+                    "x-queue-type": "quorum",
+                    "x-delivery-limit": 3,
+                    "x-dead-letter-exchange": "",
+                    "x-dead-letter-routing-key": "cq.b",
+                },
+            )
             ch.queue_declare("st.a", durable=True, arguments={"x-queue-type": "stream"})
             for i in range(7):
                 for q in CLASSIC + QUORUM + STREAM:
@@ -82,8 +89,11 @@ def test_fsck_reads_every_kind_and_its_check_is_complete(capsys, node):
     assert not kinds and doc["exit_code"] == 0
     assert not [f for f in doc["findings"] if f["code"] == "storage-not-read"]
     # every message predicted to come back, whatever the kind of queue
-    assert {q["queue"]: (q["messages"], q["predicted_after_restart"], q["queue_type"]) for q in doc["queues"]} == \
-        {**{q: (7, 7, "classic") for q in CLASSIC}, **{q: (7, 7, "quorum") for q in QUORUM}, "st.a": (7, 7, "stream")}
+    assert {q["queue"]: (q["messages"], q["predicted_after_restart"], q["queue_type"]) for q in doc["queues"]} == {
+        **{q: (7, 7, "classic") for q in CLASSIC},
+        **{q: (7, 7, "quorum") for q in QUORUM},
+        "st.a": (7, 7, "stream"),
+    }
 
 
 def test_a_filter_naming_a_quorum_queue_or_a_stream_reads_it(capsys, node):

@@ -16,8 +16,9 @@ from support.scenarios import SCENARIOS, V1_ONLY
 pytestmark = pytest.mark.broker
 
 CLEAN_SCENARIOS = ("rdq_zeroed_range", "rdq_missing", "qs_crc", "qs_missing", "qi_bad_header", "qi_reserved_bit")
-CASES = [(ds, sc) for ds in ("3.10.8-kill", "4.3.6-kill") for sc in SCENARIOS
-         if sc not in V1_ONLY or ds.startswith("3.")]
+CASES = [
+    (ds, sc) for ds in ("3.10.8-kill", "4.3.6-kill") for sc in SCENARIOS if sc not in V1_ONLY or ds.startswith("3.")
+]
 CASES += [(ds, sc) for ds in ("3.10.8-clean", "4.3.6-clean") for sc in CLEAN_SCENARIOS]
 CASES += [("4.0.5-kill", sc) for sc in ("rdq_zeroed_range", "qs_crc", "qi_reserved_bit", "qi_bad_header")]
 
@@ -56,8 +57,9 @@ def test_prediction_matches_the_real_broker(dataset, scenario, broker_dir):
         elif q.vhost in crashed_vhosts and any(v.crash == "vhost" for v in report.queues if v.vhost == q.vhost):
             continue  # a crashing vhost makes its other queues' deliveries a matter of timing
         else:
-            assert got.get(key, 0) == q.predicted_after_restart, \
+            assert got.get(key, 0) == q.predicted_after_restart, (
                 f"{key}: predicted {q.predicted_after_restart}, the broker delivered {got.get(key)}"
+            )
     predicted = {(q.vhost, q.queue) for q in report.queues}
     for key, n in got.items():  # queues without a dir of their own (never used) deliver nothing
         if key not in predicted:

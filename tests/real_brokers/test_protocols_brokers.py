@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from support import SAMPLES, datasets, need_broker
 from brokers import plugins_needed
+from support import SAMPLES, datasets, need_broker
 
 PROTO = [d for d in datasets() if "-proto-" in d]
 
@@ -25,8 +25,15 @@ def test_plugins_needed_reads_the_feature_flags(dataset):
 def test_harness_enables_mqtt_and_stomp(version, broker_dir):
     need_broker(version)
     from brokers import Broker
-    from brokers.clients import (drain_091, mqtt_client, mqtt_close, mqtt_publish, pika_module,
-                                            stomp_connection, stomp_send)
+    from brokers.clients import (
+        drain_091,
+        mqtt_client,
+        mqtt_close,
+        mqtt_publish,
+        pika_module,
+        stomp_connection,
+        stomp_send,
+    )
 
     pika = pika_module()
     with Broker(version, broker_dir / "run", plugins=["rabbitmq_stomp", "rabbitmq_mqtt"]) as b:

@@ -14,9 +14,9 @@ import json
 import pytest
 
 import cqforensics
-from support import SAMPLES, datasets, manifest
 from cqforensics.codecs import etf
 from cqforensics.message import reference as message
+from support import SAMPLES, datasets, manifest
 from support.oracle import compare
 
 PROTO = [d for d in datasets() if "-proto-" in d]
@@ -24,9 +24,14 @@ PROTO_4X = [d for d in PROTO if d.startswith("4.")]
 PROTO_310 = [d for d in PROTO if d.startswith("3.10.")]
 
 #: manifest key of a published MQTT 5.0 property -> its MQTT name in annotations["mqtt"]
-MQTT_NAMES = {"content_type": "Content-Type", "response_topic": "Response-Topic",
-              "correlation_data": "Correlation-Data", "message_expiry_interval": "Message-Expiry-Interval",
-              "payload_format_indicator": "Payload-Format-Indicator", "user_property": "User-Property"}
+MQTT_NAMES = {
+    "content_type": "Content-Type",
+    "response_topic": "Response-Topic",
+    "correlation_data": "Correlation-Data",
+    "message_expiry_interval": "Message-Expiry-Interval",
+    "payload_format_indicator": "Payload-Format-Indicator",
+    "user_property": "User-Property",
+}
 
 
 def _rows(dataset: str) -> list[dict]:
@@ -61,8 +66,7 @@ def test_messages_equal_the_amqp091_deliveries(dataset):
 @pytest.mark.parametrize("dataset", PROTO_4X)
 def test_mqtt5_properties_reach_the_amqp091_view(dataset):
     """The conversions the issue names are all exercised (and, by the test above, right)."""
-    delivered = [msg for q in manifest(dataset)["queues"] if q["name"].startswith("mqtt")
-                 for msg in q["messages"]]
+    delivered = [msg for q in manifest(dataset)["queues"] if q["name"].startswith("mqtt") for msg in q["messages"]]
     props = [m["properties"] for m in delivered]
     headers = [m["headers"] or {} for m in delivered]
     assert {"application/json", "text/plain", "application/octet-stream"} <= {p["content_type"] for p in props}
@@ -70,7 +74,8 @@ def test_mqtt5_properties_reach_the_amqp091_view(dataset):
     assert {"corr-5-1", "off-1"} <= {p["correlation_id"] for p in props}
     assert any("x-correlation-id" in h and "base64" in h["x-correlation-id"] for h in headers)
     assert {"replies.v5.client-1", "replies.a.b", "back.to.me"} <= {
-        h["x-reply-to-topic"]["value"] for h in headers if "x-reply-to-topic" in h}
+        h["x-reply-to-topic"]["value"] for h in headers if "x-reply-to-topic" in h
+    }
     user = next(h for h in headers if "region" in h)
     assert user["dup"]["value"] == "first" and user["x-tenant"]["value"] == "acme" and "ключ" in user
     assert {p["delivery_mode"] for p in props} == {2}
@@ -86,8 +91,10 @@ def test_mc_mqtt_annotations_keep_what_the_publisher_sent(dataset):
         mqtt = json.loads(r["annotations"])["mqtt"]
         sent = published[(mqtt["topic"], _sha(r))]
         assert (mqtt["qos"], mqtt["retain"], mqtt["dup"]) == (sent["qos"], sent["retain"], False)
-        assert r["exchange"] == "amq.topic" and r["routing_keys"][0] == message.mqtt_to_amqp(
-            sent["topic"].encode()).decode()
+        assert (
+            r["exchange"] == "amq.topic"
+            and r["routing_keys"][0] == message.mqtt_to_amqp(sent["topic"].encode()).decode()
+        )
         want = {}
         for k, v in sent["properties"].items():
             if k == "correlation_data":
@@ -172,9 +179,18 @@ def test_correlation_data_is_the_correlation_id_or_an_x_header():
 
 
 def test_response_topic_user_properties_and_header_order():
-    m = _mc({A("Response-Topic"): b"re/ply.x/+", A("User-Property"): [(b"z", b"1"), (b"a", b"2"), (b"a", b"3"),
-                                                                         (b"x-reply-to-topic", b"user"),
-                                                                         (b"k" * 256, b"too long a name")]})
+    m = _mc(
+        {
+            A("Response-Topic"): b"re/ply.x/+",
+            A("User-Property"): [
+                (b"z", b"1"),
+                (b"a", b"2"),
+                (b"a", b"3"),
+                (b"x-reply-to-topic", b"user"),
+                (b"k" * 256, b"too long a name"),
+            ],
+        }
+    )
     h = json.loads(m["headers"])
     assert list(h) == ["a", "x-reply-to-topic", "z"]  # sorted by name, the first of a name wins
     assert h["a"]["value"] == "2" and h["x-reply-to-topic"]["value"] == "re.ply.x.*"

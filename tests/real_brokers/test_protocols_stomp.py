@@ -18,9 +18,17 @@ from support import SAMPLES, datasets, manifest
 PROTO = [d for d in datasets() if "-proto-" in d]
 
 #: STOMP header -> basic property (rabbit_stomp_util:message_properties)
-MAPPED = {"content-type": "content_type", "content-encoding": "content_encoding", "correlation-id": "correlation_id",
-          "reply-to": "reply_to", "expiration": "expiration", "amqp-message-id": "message_id", "type": "type",
-          "user-id": "user_id", "app-id": "app_id"}
+MAPPED = {
+    "content-type": "content_type",
+    "content-encoding": "content_encoding",
+    "correlation-id": "correlation_id",
+    "reply-to": "reply_to",
+    "expiration": "expiration",
+    "amqp-message-id": "message_id",
+    "type": "type",
+    "user-id": "user_id",
+    "app-id": "app_id",
+}
 NOT_HEADERS = set(MAPPED) | {"priority", "timestamp", "persistent", "destination"}
 
 
@@ -48,8 +56,9 @@ def test_stomp_frames_become_the_amqp091_messages_the_table_shows(dataset):
         for h, prop in MAPPED.items():
             assert props[prop] == p["headers"].get(h), h
         ts = props["timestamp"]
-        assert (None if ts is None else int(ts.timestamp())) == (int(p["headers"]["timestamp"])
-                                                                 if "timestamp" in p["headers"] else None)
+        assert (None if ts is None else int(ts.timestamp())) == (
+            int(p["headers"]["timestamp"]) if "timestamp" in p["headers"] else None
+        )
         assert props["priority"] == (int(p["headers"]["priority"]) if "priority" in p["headers"] else None)
         headers = json.loads(r["headers"])
         custom = {k: v for k, v in p["headers"].items() if k not in NOT_HEADERS}
@@ -60,7 +69,7 @@ def test_stomp_frames_become_the_amqp091_messages_the_table_shows(dataset):
         if dest.startswith("/queue/") or dest.startswith("/amq/queue/"):
             assert (r["exchange"], r["routing_keys"][0]) == ("", dest.rsplit("/", 1)[1])
         elif dest.startswith("/topic/"):
-            assert (r["exchange"], r["routing_keys"][0]) == ("amq.topic", dest[len("/topic/"):])
+            assert (r["exchange"], r["routing_keys"][0]) == ("amq.topic", dest[len("/topic/") :])
         else:
             _, _, x, rk = dest.split("/")
             assert (r["exchange"], r["routing_keys"][0]) == (x, rk)

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from support import SAMPLES, manifest, need_broker
 from cqforensics.commands import fsck
+from support import SAMPLES, manifest, need_broker
 from support.scenarios import QUORUM_SCENARIOS
 
 pytestmark = pytest.mark.broker
@@ -31,9 +31,13 @@ pytestmark = pytest.mark.broker
 #: 3.10.8-quorum-kill wal_zeroed_tail is left out: it passed on a quiet machine, and in the CI-like run
 #: of 2026-11-28 (a loaded 2-core machine) qq.amo and qq.dead answered nothing within the wait where
 #: 0 was predicted (their members elected empty, as 3.10 does: versions.qq_empty_member_elected)
-CASES = [("3.10.8-quorum-kill", "wal_bad_checksum"),
-         ("4.0.5-quorum-kill", "segment_missing"), ("4.0.5-quorum-kill", "wal_bad_last_record"),
-         ("4.0.5-quorum-kill", "segment_bad_crc"), ("4.3.6-quorum-kill", "meta_missing")]
+CASES = [
+    ("3.10.8-quorum-kill", "wal_bad_checksum"),
+    ("4.0.5-quorum-kill", "segment_missing"),
+    ("4.0.5-quorum-kill", "wal_bad_last_record"),
+    ("4.0.5-quorum-kill", "segment_bad_crc"),
+    ("4.3.6-quorum-kill", "meta_missing"),
+]
 #: the sample broker's Ra settings (sample_data/generate.py SETTINGS["quorum"])
 RA_SETTINGS = "[{ra, [{wal_max_size_bytes, 1048576}, {segment_max_entries, 1024}]}].\n"
 
@@ -140,8 +144,9 @@ def test_quorum_damage_prediction_matches_the_real_broker(dataset, scenario, bro
         if q.crash == "queue":
             assert got.get(key, "crash") == "crash", f"{key}: predicted a crash, the broker delivered {got.get(key)}"
         else:
-            assert got.get(key, 0) == q.predicted_after_restart, \
+            assert got.get(key, 0) == q.predicted_after_restart, (
                 f"{key}: predicted {q.predicted_after_restart}, the broker delivered {got.get(key)}"
+            )
     predicted = {(q.vhost, q.queue) for q in report.queues}
     for key, n in got.items():  # a declared queue fsck does not list (never used) delivers nothing
         if key not in predicted:

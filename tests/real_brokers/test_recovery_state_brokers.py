@@ -32,12 +32,14 @@ import time
 from pathlib import Path
 
 import pytest
+
 from support import SAMPLES, manifest, need_broker
 
 RECOVERY_FILES = ("clean.dot", "msg_store_index.ets", "file_summary.ets")
 
 
 # -- making the cases --------------------------------------------------------------------------------
+
 
 def vhost_dirs(node: Path) -> list[Path]:
     return sorted(p for p in (node / "msg_stores" / "vhosts").iterdir() if p.is_dir())
@@ -114,6 +116,7 @@ def consume(b, queue: str, n: int) -> int:
 
 # -- draining with time limits -----------------------------------------------------------------------
 
+
 def drain_queue(b, vhost: str, queue: str, timeout: float = 15.0, retries: int = 3) -> dict:
     """basic.get + ack until empty, on a fresh connection per attempt. Per queue: ``delivered``
     (all attempts), ``errors`` (reply codes of channel or connection closes, e.g. 541),
@@ -177,15 +180,28 @@ def list_counts(b, vhost: str, timeout: float = 30.0) -> dict[str, object] | str
     import subprocess
 
     try:
-        out = b.ctl("list_queues", "-p", vhost, "name", "messages", "--formatter", "json", "-q",
-                    "--timeout", str(int(timeout)), timeout=timeout + 10, check=False)
+        out = b.ctl(
+            "list_queues",
+            "-p",
+            vhost,
+            "name",
+            "messages",
+            "--formatter",
+            "json",
+            "-q",
+            "--timeout",
+            str(int(timeout)),
+            timeout=timeout + 10,
+            check=False,
+        )
         return {q["name"]: q.get("messages") for q in json.loads(out or "[]")}
     except (subprocess.TimeoutExpired, ValueError) as e:
         return f"list failed: {type(e).__name__}"
 
 
-def observe(b, vhosts: list[str], amqp10: set, settle: float = 5.0, timeout: float = 15.0,
-            restart: frozenset = frozenset()) -> dict:
+def observe(
+    b, vhosts: list[str], amqp10: set, settle: float = 5.0, timeout: float = 15.0, restart: frozenset = frozenset()
+) -> dict:
     """Per (vhost, queue): what ``list_queues`` counted after boot and what draining got.
     ``restart``: vhosts whose crash is predicted. Once such a vhost's message store has crashed,
     the broker restarts the vhost, or sometimes leaves it down (seen once on 3.10.8,
@@ -307,7 +323,7 @@ def make_case(b, case: str) -> str:
         items, o = [], 8
         while o + 8 <= len(data):
             items.append(o)
-            size = int.from_bytes(data[o:o + 4], "big")
+            size = int.from_bytes(data[o : o + 4], "big")
             o += 8 + (16 if size >= 65528 else 0) + size
         cut = items[-5] + 10  # items[-1] is the end marker
         ets.write_bytes(data[:cut])
@@ -339,9 +355,9 @@ def ets_items(ets: Path) -> list[tuple[int, object]]:
 
     data, out, o = ets.read_bytes(), [], 8
     while o + 8 <= len(data):
-        size = int.from_bytes(data[o:o + 4], "big")
+        size = int.from_bytes(data[o : o + 4], "big")
         start = o + 8 + (16 if size >= 65528 else 0)
-        out.append((o, etf.decode(data[start:start + size])[0]))
+        out.append((o, etf.decode(data[start : start + size])[0]))
         o = start + size
     return out
 
@@ -349,8 +365,9 @@ def ets_items(ets: Path) -> list[tuple[int, object]]:
 def _rows(node: Path, version: str, queue: str) -> list[dict]:
     import cqforensics
 
-    rows = cqforensics.read_table(node, table="messages", broker_version=version,
-                                  columns=["vhost", "queue", "msg_id", "location", "store_file"]).to_pylist()
+    rows = cqforensics.read_table(
+        node, table="messages", broker_version=version, columns=["vhost", "queue", "msg_id", "location", "store_file"]
+    ).to_pylist()
     return [r for r in rows if r["vhost"] == "/" and r["queue"] == queue and r["location"] == "shared_store"]
 
 
@@ -368,9 +385,12 @@ def predicted_bodies(node: Path, version: str) -> tuple[dict, set[str], set[str]
     more than one queue holds."""
     import cqforensics
 
-    t = cqforensics.read_table(node, table="messages", broker_version=version,
-                               columns=["vhost", "queue", "body", "msg_id", "location", "survives_restart",
-                                        "drop_reason"]).to_pylist()
+    t = cqforensics.read_table(
+        node,
+        table="messages",
+        broker_version=version,
+        columns=["vhost", "queue", "body", "msg_id", "location", "survives_restart", "drop_reason"],
+    ).to_pylist()
     out: dict[tuple[str, str], set[str]] = {}
     unrecorded, holders = set(), {}
     for r in t:
@@ -392,16 +412,17 @@ CASES = ("stale", "ets_flipped", "ets_truncated", "rdq_missing", "qs_missing")
 
 
 @pytest.mark.broker
-@pytest.mark.parametrize("version, case", [(v, c) for v in VERSIONS for c in CASES],
-                         ids=[f"{v}-{c}" for v in VERSIONS for c in CASES])
+@pytest.mark.parametrize(
+    "version, case", [(v, c) for v in VERSIONS for c in CASES], ids=[f"{v}-{c}" for v in VERSIONS for c in CASES]
+)
 def test_clean_start_on_wrong_state_matches_the_real_broker(version, case, broker_dir, stopped):
     """Per queue: what the broker delivered (distinct bodies: a queue that crashes loses the
     acks of what it delivered just before, and delivers those again after its restart) equals
     what fsck predicts; a queue predicted to crash on a read got an error (541), one predicted
     to restart may have, every other queue none; and fsck reports an error finding whenever the
     recorded state is wrong."""
-    from cqforensics.commands import fsck
     from brokers import Broker
+    from cqforensics.commands import fsck
 
     need_broker(version)
     dataset = f"{version}-clean"
@@ -456,8 +477,10 @@ def compare(report, predicted, got: dict) -> list[str]:
         else:
             ok = distinct == want
         if not ok:
-            out.append(f"{key}: delivered {len(distinct)} distinct, predicted {len(want)}: "
-                       f"{len(distinct - want)} unexpected, {len(want - distinct)} missing ({g['events']})")
+            out.append(
+                f"{key}: delivered {len(distinct)} distinct, predicted {len(want)}: "
+                f"{len(distinct - want)} unexpected, {len(want - distinct)} missing ({g['events']})"
+            )
         if not (restarted or q.vhost in vhost_crash) and (g["errors"] or g["delivered"] != q.predicted_after_restart):
             out.append(f"{key}: predicted {q.predicted_after_restart} without a crash, the broker: {g['events']}")
     return out
@@ -467,10 +490,9 @@ def test_store_index_is_read_as_file2tab_loads_it(tmp_path):
     """ets:file2tab (no verify) skips a damaged item and ends the table at a torn item, and the
     start stays clean: the ids it loses are ``not_in_store_index`` (OTP 25's file2tab loaded 30
     of 31 and 12 of 31 objects of these very cuts of a 4.3.6 dump)."""
-    from support import copy_node
-
     from cqforensics.commands import fsck
     from cqforensics.readers.terms import file2tab_objects
+    from support import copy_node
 
     node = copy_node("4.3.6-clean", tmp_path / "a")
     ets = root_vhost(node) / "msg_store_persistent" / "msg_store_index.ets"
@@ -493,15 +515,14 @@ def test_recovery_terms_that_disagree_with_the_index_restart_the_queue(tmp_path)
     """A message acked after the clean stop (its .qi slot zeroed) while recovery.dets still
     counts it: the queue crashes at init and restarts from its files (seen on 3.10.8, 4.0.5
     and 4.3.6), so the prediction is the index's own messages, with a recovery-terms-mismatch."""
-    from support import copy_node
-
     from cqforensics.commands import fsck
+    from support import copy_node
 
     node = copy_node("4.3.6-clean", tmp_path / "a")
     qi = queue_dir(node, b"audit.b") / "0.qi"
     data = bytearray(qi.read_bytes())
     live = [o for o in range(64, len(data) - 31, 32) if data[o] == 1]
-    data[live[0]:live[0] + 32] = bytes(32)  # acked: IDX2 zeroes the slot
+    data[live[0] : live[0] + 32] = bytes(32)  # acked: IDX2 zeroes the slot
     qi.write_bytes(bytes(data))
     report = fsck.run(node, broker_version="4.3.6")
     q = next(v for v in report.queues if v.queue == "audit.b")
@@ -516,8 +537,11 @@ STORE_CASES = ("rdq_missing_middle", "ets_cut_ttl")
 
 
 @pytest.mark.broker
-@pytest.mark.parametrize("version, case", [(v, c) for v in VERSIONS for c in STORE_CASES],
-                         ids=[f"{v}-{c}" for v in VERSIONS for c in STORE_CASES])
+@pytest.mark.parametrize(
+    "version, case",
+    [(v, c) for v in VERSIONS for c in STORE_CASES],
+    ids=[f"{v}-{c}" for v in VERSIONS for c in STORE_CASES],
+)
 def test_store_crash_stays_within_the_predicted_bounds(version, case, broker_dir, stopped):
     """On a store of many files: each queue delivers (distinct bodies once a crash made it
     deliver some again) between fsck's ``predicted_min`` and ``predicted_max``, and exactly
@@ -526,8 +550,8 @@ def test_store_crash_stays_within_the_predicted_bounds(version, case, broker_dir
     precedes it is delivered (3.10-3.12 exactly). ``ets_cut_ttl``: the queue dropping expired
     messages the cut index lacks crashes the store (the broker's log says so), as the
     ``store-crash`` finding predicts, and the vhost restarts."""
-    from cqforensics.commands import fsck
     from brokers import Broker
+    from cqforensics.commands import fsck
 
     vhosts = manifest(f"{version}-clean")["vhosts"]
     with Broker(version, broker_dir / "run", advanced_config=STORE_CONFIG) as b:
@@ -565,8 +589,10 @@ def compare_bounds(report, got: dict) -> list[str]:
         # redelivered after a crash: count each body once (else as delivered: bodies may repeat)
         n = len(set(g["bodies"])) if g["errors"] or g["hang"] else g["delivered"]
         if not q.predicted_min <= n <= q.predicted_max:
-            out.append(f"{key}: delivered {n}, predicted {q.predicted_after_restart} "
-                       f"({q.predicted_min}..{q.predicted_max}) ({g['events']})")
+            out.append(
+                f"{key}: delivered {n}, predicted {q.predicted_after_restart} "
+                f"({q.predicted_min}..{q.predicted_max}) ({g['events']})"
+            )
         if q.crash == "queue" and not (g["errors"] or g["hang"]):
             out.append(f"{key}: predicted a crash, the broker delivered {g['delivered']} ({g['events']})")
     return out
@@ -582,14 +608,17 @@ def test_store_index_is_loaded_as_otp_file2tab_loads_it(version, tmp_path):
     import random
     import subprocess
 
-    from cqforensics.codecs import etf
     from brokers import runtime
+    from cqforensics.codecs import etf
     from cqforensics.readers.terms import RAISES, file2tab_load
 
     need_broker(version)
     rt = runtime(version)
-    dumps = sorted(p for ds in ("3.10.8-clean", "4.3.6-clean", "3.12.14-clean")
-                   for p in (SAMPLES / ds / "mnesia").rglob("msg_store_persistent/*.ets"))
+    dumps = sorted(
+        p
+        for ds in ("3.10.8-clean", "4.3.6-clean", "3.12.14-clean")
+        for p in (SAMPLES / ds / "mnesia").rglob("msg_store_persistent/*.ets")
+    )
     rnd = random.Random(33)
     work = Path(tempfile_dir(rt.root)) / f"cqf-file2tab-{os.getpid()}"
     work.mkdir(parents=True)
@@ -602,11 +631,11 @@ def test_store_index_is_loaded_as_otp_file2tab_loads_it(version, tmp_path):
             if kind == "flip":
                 d[at] ^= 1 << rnd.randrange(8)
             elif kind == "invert":
-                d[at:at + n] = bytes(x ^ 0xFF for x in d[at:at + n])
+                d[at : at + n] = bytes(x ^ 0xFF for x in d[at : at + n])
             elif kind == "zero":
-                d[at:at + n] = bytes(len(d[at:at + n]))
+                d[at : at + n] = bytes(len(d[at : at + n]))
             elif kind == "junk":
-                d[at:at + n] = bytes(rnd.randrange(256) for _ in d[at:at + n])
+                d[at : at + n] = bytes(rnd.randrange(256) for _ in d[at : at + n])
             else:
                 del d[at:]
             (work / f"{k}.ets").write_bytes(bytes(d))
@@ -614,8 +643,9 @@ def test_store_index_is_loaded_as_otp_file2tab_loads_it(version, tmp_path):
         argv = ["erl", "-noshell", "-eval", ERL_FILE2TAB]
         if rt.chroot:
             argv = ["chroot", str(rt.root), *argv]
-        run = subprocess.run(argv, input="\n".join(cases) + "\n", capture_output=True, text=True, timeout=300,
-                             check=False)
+        run = subprocess.run(
+            argv, input="\n".join(cases) + "\n", capture_output=True, text=True, timeout=300, check=False
+        )
         otp = dict(line.split(" ", 1) for line in run.stdout.splitlines() if " " in line)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -648,8 +678,9 @@ def tempfile_dir(root: Path) -> str:
 #: "<name> error" or "<name> raises" (file2tab/1 in a process of its own, 10 s at most)
 ERL_FILE2TAB = (
     'Loop = fun Loop() -> case io:get_line("") of eof -> ok; Line -> F = string:trim(Line), Self = self(), '
-    'P = spawn(fun() -> R = try ets:file2tab(F) of {ok, T} -> Keys = lists:sort([element(2, O) || '
+    "P = spawn(fun() -> R = try ets:file2tab(F) of {ok, T} -> Keys = lists:sort([element(2, O) || "
     'O <- ets:tab2list(T)]), io_lib:format("~b ~s", [ets:info(T, size), [io_lib:format("~2.16.0b", [X]) || '
     '<<X>> <= erlang:md5(term_to_binary(Keys))]]); {error, _} -> "error" catch _:_ -> "raises" end, '
     'Self ! {self(), R} end), receive {P, R} -> io:format("~s ~s~n", [F, R]) after 10000 -> exit(P, kill), '
-    'io:format("~s hangs~n", [F]) end, Loop() end end, Loop(), halt().')
+    'io:format("~s hangs~n", [F]) end, Loop() end end, Loop(), halt().'
+)

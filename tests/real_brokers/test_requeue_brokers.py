@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+
 from support import copy_node, need_broker
 
 
@@ -57,7 +58,7 @@ def test_unflushed_qs_tail_is_a_warning_and_a_cut_entry_an_error(tmp_path):
     assert warned[0].offset == off
     node2 = copy_node("4.3.6-kill", tmp_path / "b")
     qs2 = node2 / qs.relative_to(node)
-    qs2.write_bytes(qs2.read_bytes()[:off + 8 + size // 2])
+    qs2.write_bytes(qs2.read_bytes()[: off + 8 + size // 2])
     _, errors = _errors(node2)
     assert any(f.code == "qs-entry-missing" and f.file == str(qs2) for f in errors)
 
@@ -85,8 +86,10 @@ def test_a_newest_qs_created_but_never_written_is_a_warning_and_a_bad_header_an_
     lost = sum(r["survives_restart"] for r in kept if r["store_file"] == str(intact / qs.relative_to(node)))
     whole = fsck.run(intact, broker_version="4.3.6")
     assert lost > 0
-    assert sum(v.predicted_after_restart for v in whole.queues) - \
-        sum(v.predicted_after_restart for v in report.queues) == lost
+    assert (
+        sum(v.predicted_after_restart for v in whole.queues) - sum(v.predicted_after_restart for v in report.queues)
+        == lost
+    )
     node2 = copy_node("4.3.6-kill", tmp_path / "b")
     qs2 = node2 / qs.relative_to(node)
     qs2.write_bytes(b"\x5a" * 64 + qs2.read_bytes()[64:])
@@ -103,9 +106,9 @@ def test_kill_during_mass_requeue_gives_no_error_and_an_exact_prediction(version
     boot delivers exactly the predicted number."""
     from test_recovery_state_brokers import drain_queue
 
-    from cqforensics.commands import fsck
     from brokers import Broker
     from brokers.clients import pika_module
+    from cqforensics.commands import fsck
 
     need_broker(version)
     pika = pika_module()
@@ -175,9 +178,9 @@ def test_kill_during_publish_and_acking_consumer_gives_no_error(version, broker_
 
     from test_recovery_state_brokers import list_counts
 
-    from cqforensics.commands import fsck
     from brokers import Broker
     from brokers.clients import pika_module
+    from cqforensics.commands import fsck
 
     need_broker(version)
     pika = pika_module()
@@ -242,8 +245,9 @@ def _compaction_started(before: dict, now: dict) -> bool:
 
 
 @pytest.mark.broker
-@pytest.mark.parametrize("version,delay", [("3.10.8", 0.0), ("3.10.8", 0.1), ("4.0.5", 0.0), ("4.3.6", 0.0),
-                                           ("4.3.6", 0.3)])
+@pytest.mark.parametrize(
+    "version,delay", [("3.10.8", 0.0), ("3.10.8", 0.1), ("4.0.5", 0.0), ("4.3.6", 0.0), ("4.3.6", 0.3)]
+)
 def test_kill_during_compaction_gives_no_error_and_an_exact_prediction(version, delay, broker_dir):
     """RabbitMQ killed with kill -9 while its shared store's GC runs: 15,000 persistent messages
     of 4.2-8 KB round-robin to three queues (six 16 MiB files), two queues consumed and acked, so
@@ -256,9 +260,9 @@ def test_kill_during_compaction_gives_no_error_and_an_exact_prediction(version, 
 
     from test_recovery_state_brokers import list_counts
 
-    from cqforensics.commands import fsck
     from brokers import Broker
     from brokers.clients import pika_module
+    from cqforensics.commands import fsck
 
     need_broker(version)
     pika = pika_module()
@@ -272,8 +276,12 @@ def test_kill_during_compaction_gives_no_error_and_an_exact_prediction(version, 
         b.wait_durable(*queues)  # the kill below must not take the declarations with it
         rng, text = random.Random(7), b"abcdefghij" * 801
         for i in range(n):  # unconfirmed (a confirm per message took a minute on 3.10): counted below
-            ch.basic_publish("", queues[i % 3], text[:rng.randint(4200, 8000)],
-                             pika.BasicProperties(delivery_mode=2, message_id=f"m{i}"))
+            ch.basic_publish(
+                "",
+                queues[i % 3],
+                text[: rng.randint(4200, 8000)],
+                pika.BasicProperties(delivery_mode=2, message_id=f"m{i}"),
+            )
         deadline = time.monotonic() + 120
         while sum(ch.queue_declare(q, passive=True).method.message_count for q in queues) < n:
             assert time.monotonic() < deadline, "the broker did not take every message in 120 s"
@@ -335,11 +343,14 @@ def test_kill_during_compaction_gives_no_error_and_an_exact_prediction(version, 
         own_loss = any(f.code == "combine-interrupted" and f.severity == "error" for f in report.findings)
 
         def own(f) -> bool:
-            return own_loss and (f.code in ("combine-interrupted", "msg-missing") or (
-                f.code == "msg-corrupt" and str((f.details or {}).get("copy_file", "")).endswith(".rdt")))
+            return own_loss and (
+                f.code in ("combine-interrupted", "msg-missing")
+                or (f.code == "msg-corrupt" and str((f.details or {}).get("copy_file", "")).endswith(".rdt"))
+            )
 
-        errors = [(f.code, f.file, f.offset, f.message) for f in report.findings if f.severity == "error"
-                  and not own(f)]
+        errors = [
+            (f.code, f.file, f.offset, f.message) for f in report.findings if f.severity == "error" and not own(f)
+        ]
         assert not errors, errors[:5]
         predicted = {v.queue: v.predicted_after_restart for v in report.queues}
         b.start(timeout=300)

@@ -14,10 +14,10 @@ from __future__ import annotations
 import pytest
 
 import cqforensics
-from support import need_broker
 from cqforensics.model import recovery
 from cqforensics.model.versions import model
 from cqforensics.readers import osiris as r_osiris
+from support import need_broker
 from support.stream_damage import DAMAGES
 
 pytestmark = pytest.mark.broker
@@ -33,8 +33,9 @@ def _dirs(node_dir):
     out = {}
     for kind, name in NAMES.items():
         prefix = base64uri(f"/_{name}_")
-        (d,) = [d for d in (node_dir / "stream").iterdir() if d.name.startswith(prefix)
-                and d.name[len(prefix):].isdigit()]
+        (d,) = [
+            d for d in (node_dir / "stream").iterdir() if d.name.startswith(prefix) and d.name[len(prefix) :].isdigit()
+        ]
         out[kind] = d
     return out
 
@@ -48,8 +49,7 @@ def booted(request, tmp_path_factory):
     import time
     from pathlib import Path
 
-    from brokers import Broker
-    from brokers import streams
+    from brokers import Broker, streams
 
     version = request.param
     need_broker(version)
@@ -68,24 +68,30 @@ def booted(request, tmp_path_factory):
             predicted = {}
             for kind, d in dirs.items():
                 scan = r_osiris.read_stream(d)
-                predicted[kind] = {"fate": recovery.stream_fate(scan, m, prefetch=1),
-                                   "fate100": recovery.stream_fate(scan, m, prefetch=100), "scan": scan}
+                predicted[kind] = {
+                    "fate": recovery.stream_fate(scan, m, prefetch=1),
+                    "fate100": recovery.stream_fate(scan, m, prefetch=100),
+                    "scan": scan,
+                }
             rows = cqforensics.read_table(b.mnesia_base, "messages", broker_version=version).to_pylist()
             tracking = cqforensics.read_table(b.mnesia_base, "stream_tracking", broker_version=version).to_pylist()
             b.start()
             truths = {}
             for kind, name in NAMES.items():
                 refs = {"offset": [streams.CONSUMER], "sequence": [streams.PUBLISHER]}
-                truths[kind] = streams.stream_truth(b, name, refs, limit=90 if kind == "intact" else 10,
-                                                    prefetch_100=kind in PREFETCH_100, idle=1.0)
+                truths[kind] = streams.stream_truth(
+                    b, name, refs, limit=90 if kind == "intact" else 10, prefetch_100=kind in PREFETCH_100, idle=1.0
+                )
             b.kill()
         print(f"\n{version}: streams damage oracle took {time.monotonic() - t0:.0f}s")
         for kind, p in predicted.items():
             t, f = truths[kind], p["fate"]
-            print(f"  {kind:16} {f.outcome:6} stream protocol {len(t['served_stream_protocol']['records']):3} "
-                  f"(predicted {len(_user_offsets(f, p['scan'])):3}), AMQP 0-9-1 prefetch 1 "
-                  f"{len(t['served_amqp091_one']['messages']):3} (predicted {len(f.amqp091.offsets):3}, fails at "
-                  f"{f.amqp091.fails_at})")
+            print(
+                f"  {kind:16} {f.outcome:6} stream protocol {len(t['served_stream_protocol']['records']):3} "
+                f"(predicted {len(_user_offsets(f, p['scan'])):3}), AMQP 0-9-1 prefetch 1 "
+                f"{len(t['served_amqp091_one']['messages']):3} (predicted {len(f.amqp091.offsets):3}, fails at "
+                f"{f.amqp091.fails_at})"
+            )
         yield version, predicted, truths, rows, tracking, done
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -99,10 +105,14 @@ def test_every_damage_changes_what_is_kept_or_served(booted):
     for kind, p in predicted.items():
         if kind == "intact":
             continue
-        same = (p["fate"].outcome == "ok" and not p["fate"].cut and not p["fate"].unreached
-                and _user_offsets(p["fate"], p["scan"]) == _user_offsets(base["fate"], base["scan"])
-                and p["fate"].amqp091.offsets == base["fate"].amqp091.offsets
-                and p["fate100"].amqp091.offsets == base["fate100"].amqp091.offsets)
+        same = (
+            p["fate"].outcome == "ok"
+            and not p["fate"].cut
+            and not p["fate"].unreached
+            and _user_offsets(p["fate"], p["scan"]) == _user_offsets(base["fate"], base["scan"])
+            and p["fate"].amqp091.offsets == base["fate"].amqp091.offsets
+            and p["fate100"].amqp091.offsets == base["fate100"].amqp091.offsets
+        )
         # a flipped body byte nobody checks: 4.2+ check no CRC, 4.0/4.1 only in a first read of credit above 1
         unchecked = {("crc_late", "4.0.5"), ("crc_late", "4.3.6"), ("crc_early", "4.3.6")}
         assert not same or (kind, version) in unchecked, f"{version} {kind}: changes nothing"
@@ -144,7 +154,7 @@ def test_an_amqp091_consumer_is_served_what_was_predicted(booted, kind):
     if "served_amqp091" in t:  # prefetch 100: what is handed over before a failing read may be in flight
         hundred = [m["offset"] for m in t["served_amqp091"]["messages"]]
         want = p["fate100"].amqp091
-        assert hundred == want.offsets[:len(hundred)], f"{version} {kind}: not a prefix of the prediction"
+        assert hundred == want.offsets[: len(hundred)], f"{version} {kind}: not a prefix of the prediction"
         if want.fails_at is None or not want.offsets:
             assert hundred == want.offsets
         # the table's amqp091_drop_reason is for prefetch 100

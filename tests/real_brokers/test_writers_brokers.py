@@ -7,19 +7,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_brokers import _comparable, boot_and_drain
 
 from support import manifest
 from support.scenarios import SCENARIOS, V1_ONLY
-from test_brokers import _comparable, boot_and_drain
 
 pytestmark = pytest.mark.broker
 
 
-@pytest.mark.parametrize("dataset", ["3.10.8-kill", "3.10.8-clean", "3.10.8-segments", "4.3.6-clean", "4.3.6-kill",
-                                     "4.3.6-rolled", "4.0.5-kill"])
+@pytest.mark.parametrize(
+    "dataset",
+    ["3.10.8-kill", "3.10.8-clean", "3.10.8-segments", "4.3.6-clean", "4.3.6-kill", "4.3.6-rolled", "4.0.5-kill"],
+)
 def test_compact_output_delivers_what_the_original_does(dataset, broker_dir):
-    from support import SAMPLES
     from cqforensics.write import compact
+    from support import SAMPLES
 
     out = broker_dir / "compacted"
     result = compact(SAMPLES / dataset / "mnesia", out)
@@ -33,8 +35,9 @@ def assert_delivers_manifest(dataset: str, got: list[dict]) -> None:
     assert _comparable([q for q in got if q.get("exists_after_restart", True)]) == _comparable(existing)
 
 
-REBUILD_CASES = [(ds, sc) for ds in ("3.10.8-kill", "4.3.6-kill") for sc in SCENARIOS
-                 if sc not in V1_ONLY or ds.startswith("3.")]
+REBUILD_CASES = [
+    (ds, sc) for ds in ("3.10.8-kill", "4.3.6-kill") for sc in SCENARIOS if sc not in V1_ONLY or ds.startswith("3.")
+]
 REBUILD_CASES += [("3.10.8-clean", "rdq_zeroed_range"), ("4.3.6-clean", "rdq_missing")]
 # damage whose messages the broker's own recovery loses while their bytes survive
 RESCUES = {"rdq_marker_flip", "qi_bad_header", "qi_reserved_bit", "v1_segment_truncated"}
@@ -45,8 +48,8 @@ def test_rebuild_output_delivers_every_salvaged_message(dataset, scenario, broke
     import shutil
 
     import cqforensics
-    from support import SAMPLES
     from cqforensics.write import rebuild
+    from support import SAMPLES
     from support.oracle import compare_deliveries
 
     src = broker_dir / "damaged"
@@ -103,20 +106,34 @@ def _expected_091(rows: list[dict]) -> dict:
         props = dict(r["properties"])
         ts = props.pop("timestamp")
         props["timestamp"] = None if ts is None else int(ts.timestamp())
-        out.setdefault((r["vhost"], r["queue"]), []).append(json.dumps({
-            "body_sha256": hashlib.sha256(r["body"]).hexdigest(), "exchange": r["exchange"] or "",
-            "routing_key": (r["routing_keys"] or [r["queue"]])[0], "properties": props,
-            "headers": headers_table(r["headers"], r["term_format"])}, sort_keys=True))
+        out.setdefault((r["vhost"], r["queue"]), []).append(
+            json.dumps(
+                {
+                    "body_sha256": hashlib.sha256(r["body"]).hexdigest(),
+                    "exchange": r["exchange"] or "",
+                    "routing_key": (r["routing_keys"] or [r["queue"]])[0],
+                    "properties": props,
+                    "headers": headers_table(r["headers"], r["term_format"]),
+                },
+                sort_keys=True,
+            )
+        )
     return out
 
 
 def _delivered(queues: list[dict]) -> dict:
     import json
 
-    return {(q["vhost"], q["name"]): [json.dumps({k: m[k] for k in ("body_sha256", "exchange", "routing_key",
-                                                                     "properties", "headers")}, sort_keys=True)
-                                      for m in q["messages"]]
-            for q in queues if q["messages"]}
+    return {
+        (q["vhost"], q["name"]): [
+            json.dumps(
+                {k: m[k] for k in ("body_sha256", "exchange", "routing_key", "properties", "headers")}, sort_keys=True
+            )
+            for m in q["messages"]
+        ]
+        for q in queues
+        if q["messages"]
+    }
 
 
 @pytest.mark.parametrize("dataset, move_to", [("3.10.8-kill", "orders.v1"), ("4.3.6-clean", "work")])
@@ -128,9 +145,9 @@ def test_spark_writer_output_delivers_the_written_rows(dataset, move_to, broker_
 
     from pyspark.sql import functions as F
 
-    from support import SAMPLES
     from brokers import Broker
     from brokers.clients import drain_all
+    from support import SAMPLES
 
     version = manifest(dataset)["broker"]["rabbitmq"]
     from support import need_broker
@@ -148,8 +165,13 @@ def test_spark_writer_output_delivers_the_written_rows(dataset, move_to, broker_
         out = broker_dir / "out"
         out.mkdir()
         shutil.copy2(b.mnesia_base / "rabbit@localhost-feature_flags", out)
-        (rows_df.write.format("rabbitcq").option("brokerVersion", version).option("template", str(b.node_dir))
-         .mode("overwrite").save(str(out / "rabbit@localhost")))
+        (
+            rows_df.write.format("rabbitcq")
+            .option("brokerVersion", version)
+            .option("template", str(b.node_dir))
+            .mode("overwrite")
+            .save(str(out / "rabbit@localhost"))
+        )
         written = spark.read.format("rabbitcq").load(str(out)).collect()
         assert all(r["survives_restart"] for r in written) and len(written) == rows_df.count() > 0
         b.install_node(out)
@@ -165,6 +187,7 @@ def test_spark_writer_output_delivers_the_written_rows(dataset, move_to, broker_
 
 # -- damage at many offsets of every booted sample: what has bytes left comes back ---------------------
 
+
 def _spans(node) -> list[dict]:
     """Per message the broker delivers from the undamaged copy: its identity (vhost, queue, body
     digest) and the byte range of its stored entry ([file, start, end): the .rdq entry, size
@@ -173,16 +196,34 @@ def _spans(node) -> list[dict]:
 
     import cqforensics
 
-    store = {(r["file"], r["msg_id"]): (r["offset"], r["offset"] + r["total_size"])
-             for r in cqforensics.read_table(node, "store", columns=["file", "offset", "total_size", "msg_id",
-                                                                        "status"]).to_pylist()
-             if r["status"] == "live"}
-    index = {(r["file"], r["offset"]): r["store_size"] for r in
-             cqforensics.read_table(node, "index", columns=["file", "offset", "store_size"]).to_pylist()}
+    store = {
+        (r["file"], r["msg_id"]): (r["offset"], r["offset"] + r["total_size"])
+        for r in cqforensics.read_table(
+            node, "store", columns=["file", "offset", "total_size", "msg_id", "status"]
+        ).to_pylist()
+        if r["status"] == "live"
+    }
+    index = {
+        (r["file"], r["offset"]): r["store_size"]
+        for r in cqforensics.read_table(node, "index", columns=["file", "offset", "store_size"]).to_pylist()
+    }
     out = []
-    for m in cqforensics.read_table(node, "messages", columns=["vhost", "queue", "file", "offset", "location",
-                                                               "store_file", "store_offset", "msg_id", "body",
-                                                               "survives_restart"]).to_pylist():
+    for m in cqforensics.read_table(
+        node,
+        "messages",
+        columns=[
+            "vhost",
+            "queue",
+            "file",
+            "offset",
+            "location",
+            "store_file",
+            "store_offset",
+            "msg_id",
+            "body",
+            "survives_restart",
+        ],
+    ).to_pylist():
         if not m["survives_restart"] or m["body"] is None or m["body"].startswith(b"\x00Sw"):
             continue  # (an AMQP 1.0 amqp-value body: a consumer gets a value, not these bytes)
         if m["location"] == "shared_store":
@@ -191,8 +232,15 @@ def _spans(node) -> list[dict]:
             start, end = m["store_offset"], m["store_offset"] + 8 + index[(m["file"], m["offset"])]
         else:
             start, end = m["store_offset"], m["store_offset"] + index[(m["file"], m["offset"])]
-        out.append({"id": (m["vhost"], m["queue"], hashlib.sha256(m["body"]).hexdigest()),
-                    "file": m["store_file"], "start": start, "end": end, "location": m["location"]})
+        out.append(
+            {
+                "id": (m["vhost"], m["queue"], hashlib.sha256(m["body"]).hexdigest()),
+                "file": m["store_file"],
+                "start": start,
+                "end": end,
+                "location": m["location"],
+            }
+        )
     return out
 
 
@@ -202,6 +250,7 @@ def _damage_many(node, spans: list[dict]) -> list[tuple[str, int, int]]:
     largest entry, and the smallest file cut inside its last entry; in the queue stores, a
     zeroed range and a flipped term byte."""
     from support import damage
+
     hits = []
     rdq = sorted((s for s in spans if s["location"] == "shared_store"), key=lambda s: (s["file"], s["start"]))
     qs = sorted((s for s in spans if s["location"] == "queue_store"), key=lambda s: (s["file"], s["start"]))
@@ -234,8 +283,16 @@ def _damage_many(node, spans: list[dict]) -> list[tuple[str, int, int]]:
     return hits
 
 
-BOOTED_SAMPLES = ["3.10.8-clean", "3.10.8-kill", "3.10.8-segments", "4.0.5-clean", "4.0.5-kill", "4.3.6-clean",
-                  "4.3.6-kill", "4.3.6-rolled"]
+BOOTED_SAMPLES = [
+    "3.10.8-clean",
+    "3.10.8-kill",
+    "3.10.8-segments",
+    "4.0.5-clean",
+    "4.0.5-kill",
+    "4.3.6-clean",
+    "4.3.6-kill",
+    "4.3.6-rolled",
+]
 
 
 @pytest.mark.parametrize("dataset", BOOTED_SAMPLES)
@@ -249,8 +306,8 @@ def test_rebuild_after_damage_at_many_offsets_delivers_everything_with_bytes_lef
     import shutil
     from collections import Counter
 
-    from support import SAMPLES, copy_node
     from cqforensics.write import rebuild
+    from support import SAMPLES, copy_node
 
     node = copy_node(dataset, broker_dir / "damaged" / "mnesia")
     spans = _spans(SAMPLES / dataset / "mnesia" / node.name)
@@ -263,8 +320,12 @@ def test_rebuild_after_damage_at_many_offsets_delivers_everything_with_bytes_lef
     result = rebuild(node.parent, broker_dir / "rebuilt")
     assert result.verified
     got = boot_and_drain(dataset, broker_dir / "run", broker_dir / "rebuilt" / node.name)
-    delivered = Counter((q["vhost"], q["name"], m["body_sha256"]) for q in got for m in q["messages"]
-                        if m.get("body_section") != "amqp-value")
+    delivered = Counter(
+        (q["vhost"], q["name"], m["body_sha256"])
+        for q in got
+        for m in q["messages"]
+        if m.get("body_section") != "amqp-value"
+    )
     assert not intact - delivered, f"messages with intact bytes not delivered: {intact - delivered}"
     extra = delivered - intact
     per_queue = Counter(s["id"][:2] for s in touched)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from support import SAMPLES, manifest, need_broker
 from test_brokers import _comparable
+
+from support import SAMPLES, manifest, need_broker
 
 # (sample, target): 3.10.8 data for both 4.x brokers, 4.3.6 data (Khepri, #mc, AMQP 1.0) for 3.10.8
 CASES = [("3.10.8-kill", "4.0.5"), ("3.10.8-clean", "4.3.6"), ("4.3.6-clean", "3.10.8"), ("4.3.6-kill", "3.10.8")]
@@ -69,14 +70,16 @@ def test_compact_for_another_series_boots_with_a_template(dataset, target, broke
         result = compact(src, out, broker_version=target, template=b.node_dir)
         assert result.verified
         lost = sum(q.quarantined.get("target_cannot_represent", 0) for q in result.queues)
-        assert (out / "rabbit@localhost-feature_flags").read_bytes() == \
-            (b.mnesia_base / "rabbit@localhost-feature_flags").read_bytes()
+        assert (out / "rabbit@localhost-feature_flags").read_bytes() == (
+            b.mnesia_base / "rabbit@localhost-feature_flags"
+        ).read_bytes()
         b.install_node(out)
         b.start()
         got = drain_all(b, vhosts)  # every queue drained over AMQP 0-9-1
         b.stop()
-    got = [q for q in got if q["messages"] or any(e["name"] == q["name"] and e["vhost"] == q["vhost"]
-                                                  for e in expected)]
+    got = [
+        q for q in got if q["messages"] or any(e["name"] == q["name"] and e["vhost"] == q["vhost"] for e in expected)
+    ]
     want = _comparable([q for q in expected if q["messages"]])
     assert {k: v for k, v in _comparable(got).items() if v} == want
     assert {(q["vhost"], q["name"]) for q in got} == {(q["vhost"], q["name"]) for q in expected}
@@ -137,26 +140,31 @@ def test_a_template_lacking_a_queue_is_refused(tmp_path):
     from cqforensics.write import compact
 
     with pytest.raises(UsageError, match="orders.v1"):
-        compact(SAMPLES / "3.10.8-clean" / "mnesia", tmp_path / "out", broker_version="4.3.6",
-                template=SAMPLES / "4.3.6-clean" / "mnesia" / "rabbit@localhost")
+        compact(
+            SAMPLES / "3.10.8-clean" / "mnesia",
+            tmp_path / "out",
+            broker_version="4.3.6",
+            template=SAMPLES / "4.3.6-clean" / "mnesia" / "rabbit@localhost",
+        )
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.broker
-@pytest.mark.parametrize("dataset, scenario, target", [("3.10.8-kill", "v1_segment_truncated", "4.3.6"),
-                                                       ("4.3.6-kill", "qi_reserved_bit", "3.10.8")])
+@pytest.mark.parametrize(
+    "dataset, scenario, target",
+    [("3.10.8-kill", "v1_segment_truncated", "4.3.6"), ("4.3.6-kill", "qi_reserved_bit", "3.10.8")],
+)
 def test_rebuild_for_another_series_delivers_every_salvaged_message(dataset, scenario, target, broker_dir):
     """rebuild of a damaged node, written for the other series with a template: the target
     delivers every message the output's indexes hold (read back as the target version)."""
     import shutil
 
-    from support.oracle import compare_deliveries
-    from support.scenarios import SCENARIOS
-
     import cqforensics
     from brokers import Broker
     from brokers.clients import drain_all
     from cqforensics.write import rebuild
+    from support.oracle import compare_deliveries
+    from support.scenarios import SCENARIOS
 
     need_broker(target)
     src = broker_dir / "damaged"
@@ -191,8 +199,11 @@ def test_compact_for_a_later_4x_needs_no_template(broker_dir):
     result = compact(SAMPLES / dataset / "mnesia", out, broker_version="4.3.6")
     assert result.verified and not any("--template" in n for n in result.notes)
     m = manifest(dataset)
-    known = {(q["vhost"], q["name"]): {k: v for k, v in q.items() if k in ("vhost", "name", "drain")}
-             for q in m["queues"] if q.get("exists_after_restart", True)}
+    known = {
+        (q["vhost"], q["name"]): {k: v for k, v in q.items() if k in ("vhost", "name", "drain")}
+        for q in m["queues"]
+        if q.get("exists_after_restart", True)
+    }
     with Broker("4.3.6", broker_dir / "run") as b:
         b.install_node(out)
         b.start()

@@ -48,5 +48,14 @@ def streams_beside_two_vhosts(dest: Path) -> Path:
     return dest
 
 
-__all__ = ["ROOT", "SAMPLES", "NO_SKIP", "skip_or_fail", "need_broker", "copy_node",
-           "streams_beside_two_vhosts", "datasets", "manifest"]
+__all__ = [
+    "ROOT",
+    "SAMPLES",
+    "NO_SKIP",
+    "skip_or_fail",
+    "need_broker",
+    "copy_node",
+    "streams_beside_two_vhosts",
+    "datasets",
+    "manifest",
+]

@@ -79,10 +79,13 @@ def delivered_counts(m: dict) -> dict:
 
 
 def _amqp10_expected(m: dict) -> dict:
-    return {"properties": {k: v for k, v in m["properties"].items()},
-            "application_properties": m["application_properties"],
-            "message_annotations": {k: v for k, v in m["message_annotations"].items()
-                                    if k not in ("x-exchange", "x-routing-key")}}
+    return {
+        "properties": {k: v for k, v in m["properties"].items()},
+        "application_properties": m["application_properties"],
+        "message_annotations": {
+            k: v for k, v in m["message_annotations"].items() if k not in ("x-exchange", "x-routing-key")
+        },
+    }
 
 
 def _amqp10_actual(row: dict) -> dict:
@@ -101,8 +104,11 @@ def _amqp10_actual(row: dict) -> dict:
             props[k] = v["value"]
         else:
             props[k] = v
-    return {"properties": props, "application_properties": a["application_properties"],
-            "message_annotations": a["message_annotations"]}
+    return {
+        "properties": props,
+        "application_properties": a["application_properties"],
+        "message_annotations": a["message_annotations"],
+    }
 
 
 def compare(dataset: str, rows: list[dict]) -> list[str]:
@@ -150,12 +156,17 @@ def compare_deliveries(queues: list[dict], rows: list[dict], recorded: list[str]
                 diffs.append(f"{where}: routing key {a['routing_keys']} != {e['routing_key']!r}")
             props = dict(a["properties"])
             ts = props.pop("timestamp")
-            props["timestamp"] = None if ts is None else int(ts.timestamp()) if hasattr(ts, "timestamp") else ts // 1_000_000
+            props["timestamp"] = (
+                None if ts is None else int(ts.timestamp()) if hasattr(ts, "timestamp") else ts // 1_000_000
+            )
             if recorded is not None:
                 props = {k: props[k] for k in recorded}
             if props != e["properties"]:
-                delta = {k: (props.get(k), e["properties"].get(k)) for k in e["properties"]
-                         if props.get(k) != e["properties"].get(k)}
+                delta = {
+                    k: (props.get(k), e["properties"].get(k))
+                    for k in e["properties"]
+                    if props.get(k) != e["properties"].get(k)
+                }
                 diffs.append(f"{where}: properties differ {delta}")
             headers = json.loads(a["headers"]) if a["headers"] else None
             if a.get("location") == "dead_letter_replay" and headers and e["headers"]:
@@ -180,5 +191,14 @@ def _boot_time(got: dict, want: dict, slack: int = 10) -> dict:
     return got
 
 
-__all__ = ["archived", "compare", "compare_deliveries", "datasets", "delivered_counts", "extract_archives", "manifest", "SAMPLES",
-           "base64"]
+__all__ = [
+    "archived",
+    "compare",
+    "compare_deliveries",
+    "datasets",
+    "delivered_counts",
+    "extract_archives",
+    "manifest",
+    "SAMPLES",
+    "base64",
+]

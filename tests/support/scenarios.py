@@ -11,6 +11,7 @@ from pathlib import Path
 
 import cqforensics
 from support import damage
+
 QI = "msg_stores/vhosts/*/queues/*/*.qi"
 RDQ = "msg_stores/vhosts/*/msg_store_persistent/*.rdq"
 
@@ -24,7 +25,9 @@ def _queue_dir(node: Path, name: bytes, vhost: bytes = b"/") -> Path:
 
 
 def _store_entries(node: Path):
-    rows = cqforensics.read_table(node, "store", columns=["vhost", "file", "offset", "total_size", "status"]).to_pylist()
+    rows = cqforensics.read_table(
+        node, "store", columns=["vhost", "file", "offset", "total_size", "status"]
+    ).to_pylist()
     return [r for r in rows if r["vhost"] == "/" and r["status"] == "live"]
 
 
@@ -63,8 +66,7 @@ def rdq_marker_flip(node: Path) -> str:
 def _qi_slot(node: Path, queue: bytes, loc: int | None = None, nth: int = 0) -> tuple[Path, int]:
     qi = _queue_dir(node, queue) / "0.qi"
     data = qi.read_bytes()
-    hits = [o for o in range(64, len(data) - 31, 32)
-            if data[o] == 1 and (loc is None or data[o + 3] == loc)]
+    hits = [o for o in range(64, len(data) - 31, 32) if data[o] == 1 and (loc is None or data[o + 3] == loc)]
     return qi, hits[nth]
 
 
@@ -118,11 +120,18 @@ def v1_journal_torn(node: Path) -> str:
 
 
 SCENARIOS = {
-    "rdq_zeroed_range": rdq_zeroed_range, "rdq_truncated": rdq_truncated, "rdq_missing": rdq_missing,
-    "rdq_marker_flip": rdq_marker_flip, "qs_crc": qs_crc, "qs_missing": qs_missing, "qi_bad_header": qi_bad_header,
+    "rdq_zeroed_range": rdq_zeroed_range,
+    "rdq_truncated": rdq_truncated,
+    "rdq_missing": rdq_missing,
+    "rdq_marker_flip": rdq_marker_flip,
+    "qs_crc": qs_crc,
+    "qs_missing": qs_missing,
+    "qi_bad_header": qi_bad_header,
     "qi_bad_header_and_slot": qi_bad_header_and_slot,
-    "qi_reserved_bit": qi_reserved_bit, "queue_name_lost": queue_name_lost,
-    "v1_segment_truncated": v1_segment_truncated, "v1_journal_torn": v1_journal_torn,
+    "qi_reserved_bit": qi_reserved_bit,
+    "queue_name_lost": queue_name_lost,
+    "v1_segment_truncated": v1_segment_truncated,
+    "v1_journal_torn": v1_journal_torn,
 }
 V1_ONLY = {"v1_segment_truncated", "v1_journal_torn"}
 
@@ -232,10 +241,16 @@ def names_missing(node: Path) -> str:
 
 
 QUORUM_SCENARIOS = {
-    "wal_torn": wal_torn, "wal_zeroed_tail": wal_zeroed_tail, "wal_bad_checksum": wal_bad_checksum,
-    "wal_bad_last_record": wal_bad_last_record, "segment_bad_crc": segment_bad_crc,
-    "segment_truncated": segment_truncated, "segment_missing": segment_missing, "snapshot_damaged": snapshot_damaged,
-    "meta_missing": meta_missing, "names_missing": names_missing,
+    "wal_torn": wal_torn,
+    "wal_zeroed_tail": wal_zeroed_tail,
+    "wal_bad_checksum": wal_bad_checksum,
+    "wal_bad_last_record": wal_bad_last_record,
+    "segment_bad_crc": segment_bad_crc,
+    "segment_truncated": segment_truncated,
+    "segment_missing": segment_missing,
+    "snapshot_damaged": snapshot_damaged,
+    "meta_missing": meta_missing,
+    "names_missing": names_missing,
 }
 #: scenarios that need a sample whose quorum queue has segments (4.0.5) or a snapshot (3.10.8, 4.3.6)
 SEGMENT_SCENARIOS = {"segment_bad_crc", "segment_truncated", "segment_missing"}

@@ -82,7 +82,7 @@ def index_behind(d: Path) -> dict:
     chunks: index and segment out of step)."""
     idx = _pairs(d)[-1][1]
     data = idx.read_bytes()
-    idx.write_bytes(data[:-3 * g.INDEX_RECORD_SIZE])
+    idx.write_bytes(data[: -3 * g.INDEX_RECORD_SIZE])
     return {"file": str(idx)}
 
 
@@ -104,5 +104,18 @@ def gap(d: Path) -> dict:
     return {"files": [str(seg), str(idx)]}
 
 
-DAMAGES = {f.__name__: f for f in (torn, crc_early, crc_late, record_mangled, no_index_last, no_index_all,
-                                   no_segment_last, index_behind, index_ahead, gap)}
+DAMAGES = {
+    f.__name__: f
+    for f in (
+        torn,
+        crc_early,
+        crc_late,
+        record_mangled,
+        no_index_last,
+        no_index_all,
+        no_segment_last,
+        index_behind,
+        index_ahead,
+        gap,
+    )
+}

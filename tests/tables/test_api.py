@@ -8,8 +8,8 @@ import os
 import pytest
 
 import cqforensics
-from support import SAMPLES, copy_node
 from cqforensics.base.errors import CQError, OperationalError, UsageError
+from support import SAMPLES, copy_node
 
 NODE = SAMPLES / "4.3.6-clean"
 
@@ -27,14 +27,17 @@ def test_a_string_names_one_vhost_or_queue_not_its_characters():
     assert dead.equals(cqforensics.read_table(NODE, "messages", queues=["dead"], columns=["queue"]))
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"vhosts": 3}, "vhosts"),
-    ({"queues": [b"dead"]}, "queues"),
-    ({"columns": ["colour"]}, "has no column"),
-    ({"colour": "blue"}, "unknown option"),
-    ({"broker_version": "2.8"}, "outside the supported range"),
-    ({"as_of": "yesterday"}, "not ISO 8601"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"vhosts": 3}, "vhosts"),
+        ({"queues": [b"dead"]}, "queues"),
+        ({"columns": ["colour"]}, "has no column"),
+        ({"colour": "blue"}, "unknown option"),
+        ({"broker_version": "2.8"}, "outside the supported range"),
+        ({"as_of": "yesterday"}, "not ISO 8601"),
+    ],
+)
 def test_bad_arguments_are_usage_errors(kwargs, message):
     with pytest.raises(UsageError, match=message):
         cqforensics.read_table(NODE, "queues", **kwargs)
@@ -92,13 +95,18 @@ def test_no_module_constructs_options_but_make_options():
                     with open(p, encoding="utf-8") as f:
                         text = f.read()
                     for m in re.finditer(r"(?<![\w.])Options\(", text):
-                        offenders.append(f"{p}:{text[:m.start()].count(chr(10)) + 1}")
+                        offenders.append(f"{p}:{text[: m.start()].count(chr(10)) + 1}")
     assert [o for o in offenders if not o.startswith(os.path.join(root, "cqforensics", "model", "options.py"))] == []
 
 
-@pytest.mark.parametrize("iso, ms", [("2026-01-01T00:00:00Z", 1767225600000),
-                                     ("2026-01-01T01:00:00+01:00", 1767225600000),
-                                     ("2026-01-01T00:00:00", 1767225600000)])
+@pytest.mark.parametrize(
+    "iso, ms",
+    [
+        ("2026-01-01T00:00:00Z", 1767225600000),
+        ("2026-01-01T01:00:00+01:00", 1767225600000),
+        ("2026-01-01T00:00:00", 1767225600000),
+    ],
+)
 def test_spark_cli_and_api_share_one_as_of_parser(iso, ms):
     from types import SimpleNamespace
 
@@ -111,7 +119,7 @@ def test_spark_cli_and_api_share_one_as_of_parser(iso, ms):
         cli = read_options(SimpleNamespace(as_of=text, broker_version=None))
         assert spark.as_of_ms == spark.options.as_of_ms == cli["as_of"] == parse_as_of(text) == ms
         assert make_options(**cli).as_of_ms == ms
-    assert parse_as_of(dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)) == ms
+    assert parse_as_of(dt.datetime(2026, 1, 1, tzinfo=dt.UTC)) == ms
     for bad in ("yesterday", "2026-13-01"):
         with pytest.raises(UsageError, match="option asOf: not ISO 8601"):
             spark_options.parse({"path": str(NODE), "asOf": bad})

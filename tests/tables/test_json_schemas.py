@@ -9,11 +9,10 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from test_cli import run
 
 from support import SAMPLES
 from support.oracle import datasets
-from test_cli import run
-
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +26,9 @@ def validators():
     out = {}
     for n, s in loaded.items():
         jsonschema.Draft202012Validator.check_schema(s)
-        out[n] = jsonschema.Draft202012Validator(s, registry=registry,
-                                                 format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+        out[n] = jsonschema.Draft202012Validator(
+            s, registry=registry, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+        )
     return out
 
 
@@ -41,11 +41,14 @@ def test_shipped_schemas_are_current_and_packaged():
     from cqforensics import json_schemas as schemas
 
     for name, s in schemas.generated().items():
-        assert schemas.load(name) == json.loads(json.dumps(s)), f"{name}.json is stale: python3 -m cqforensics.json_schemas"
+        assert schemas.load(name) == json.loads(json.dumps(s)), (
+            f"{name}.json is stale: python3 -m cqforensics.json_schemas"
+        )
     pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     assert '"schemas/*.json"' in pyproject
-    assert {"fsck", "finding", "audit", "dump-line", "export-line", "lost-found-line", "provenance"} <= \
-        set(schemas.names())
+    assert {"fsck", "finding", "audit", "dump-line", "export-line", "lost-found-line", "provenance"} <= set(
+        schemas.names()
+    )
     assert schemas.load("fsck")["properties"]["format"] == {"const": "cqforensics-fsck/1"}
 
 
@@ -154,8 +157,9 @@ def test_provenance_of_reports_exports_and_lost_found(validators, tmp_path, caps
     code, out, _ = run(capsys, "fsck", "--json", str(src))
     assert json.loads(out)["provenance"]["as_of"] is not None  # "now", recorded as the instant used
     for fmt in ("parquet", "jsonl"):
-        code, _, err = run(capsys, "export", str(src), "--format", fmt, "--as-of", "2030-01-02T03:04:05Z",
-                           "--out", str(tmp_path / fmt))
+        code, _, err = run(
+            capsys, "export", str(src), "--format", fmt, "--as-of", "2030-01-02T03:04:05Z", "--out", str(tmp_path / fmt)
+        )
         assert code == 0, err
         if fmt == "parquet":
             meta = pq.read_schema(tmp_path / fmt / "messages.parquet").metadata
@@ -168,8 +172,12 @@ def test_provenance_of_reports_exports_and_lost_found(validators, tmp_path, caps
     result = rebuild(damaged, tmp_path / "rebuilt")
     assert result.lost_found  # transient messages at least
     lf = tmp_path / "rebuilt" / "lost+found"
-    check(json.loads((lf / "provenance.json").read_text()), "rebuild", as_of=None,
-          inputs=sorted(str(p) for p in damaged.rglob("*") if p.is_file() and not p.is_symlink()))
+    check(
+        json.loads((lf / "provenance.json").read_text()),
+        "rebuild",
+        as_of=None,
+        inputs=sorted(str(p) for p in damaged.rglob("*") if p.is_file() and not p.is_symlink()),
+    )
     for line in _lines((lf / "lost+found.jsonl").read_text()):
         _valid(validators, "lost-found-line", line)
         _convention(line)

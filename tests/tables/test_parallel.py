@@ -20,15 +20,15 @@ import pytest
 
 import cqforensics
 from cli.main import main
-from support import ROOT, SAMPLES
-from cqforensics.read import driver
-from cqforensics.commands import fsck
 from cqforensics.base import parallel
-from cqforensics.checks import vhost as checks_vhost
 from cqforensics.base.errors import FormatError, UsageError
+from cqforensics.checks import vhost as checks_vhost
+from cqforensics.commands import fsck
 from cqforensics.model import store as model_store
 from cqforensics.model import vhost as model_vhost
 from cqforensics.model.vhost import VhostScan
+from cqforensics.read import driver
+from support import ROOT, SAMPLES
 
 AS_OF = 1_900_000_000_000
 #: a killed 4.x node (CQv2, .qs and shared store), a 3.10 node with small v1 segments, a clean
@@ -172,8 +172,13 @@ def _gone(pid: int, within: float = 10.0) -> bool:
 
 
 def test_ctrl_c_exits_32_and_leaves_no_worker():
-    proc = subprocess.Popen([sys.executable, "-c", _INTERRUPTED, str(ROOT)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _INTERRUPTED, str(ROOT)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         workers = _workers(proc, 2)
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group
@@ -186,8 +191,13 @@ def test_ctrl_c_exits_32_and_leaves_no_worker():
 
 
 def test_killing_the_command_kills_its_workers():
-    proc = subprocess.Popen([sys.executable, "-c", _INTERRUPTED, str(ROOT)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _INTERRUPTED, str(ROOT)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         workers = _workers(proc, 2)
         proc.kill()  # kill -9: no handler runs; the kernel kills the workers (PR_SET_PDEATHSIG)
@@ -239,10 +249,41 @@ def test_cli_outputs_are_the_same_byte_for_byte(split_everything, capsys, tmp_pa
         for fmt in ("table", "jsonl"):
             assert main(["read", src, "--as-of", str(AS_OF), "--format", fmt, "-j", j]) == 0
             outs[(fmt, j)] = capsys.readouterr().out
-        assert main(["read", src, "--as-of", str(AS_OF), "--format", "parquet", "--out",
-                     str(tmp_path / f"m{j}.parquet"), "-j", j]) == 0
-        assert main(["export", src, "--as-of", str(AS_OF), "--all", "--format", "jsonl", "--out",
-                     str(tmp_path / f"e{j}"), "-j", j]) == 0
+        assert (
+            main(
+                [
+                    "read",
+                    src,
+                    "--as-of",
+                    str(AS_OF),
+                    "--format",
+                    "parquet",
+                    "--out",
+                    str(tmp_path / f"m{j}.parquet"),
+                    "-j",
+                    j,
+                ]
+            )
+            == 0
+        )
+        assert (
+            main(
+                [
+                    "export",
+                    src,
+                    "--as-of",
+                    str(AS_OF),
+                    "--all",
+                    "--format",
+                    "jsonl",
+                    "--out",
+                    str(tmp_path / f"e{j}"),
+                    "-j",
+                    j,
+                ]
+            )
+            == 0
+        )
         assert main(["audit", src, "--as-of", str(AS_OF), "--json", "-j", j]) == 0
         outs[("audit", j)] = capsys.readouterr().out
     for key in ("table", "jsonl", "audit"):

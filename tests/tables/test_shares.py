@@ -9,15 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.damage import middle_third_of_biggest_rdq
 
 import cqforensics
+from cqforensics.base.schema import SCHEMAS, TABLES
 from cqforensics.model import store as m_store
 from cqforensics.model.index import IndexChunk
 from cqforensics.model.vhost import VhostScan
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers.qs import QsFile
-from cqforensics.base.schema import SCHEMAS, TABLES
+from support.damage import middle_third_of_biggest_rdq
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = sorted(p for p in (ROOT / "sample_data").iterdir() if p.is_dir())
@@ -58,14 +58,19 @@ def test_shares_split_the_rows(three_shares):
 
 def test_id_share_is_a_range_of_the_first_bytes():
     """Crafted ids: shares cut the first-4-bytes range evenly, in bytewise order."""
-    raw = bytes.fromhex("00000000" + "11" * 12) + bytes.fromhex("55555554" + "00" * 12) + \
-        bytes.fromhex("55555556" + "00" * 12) + bytes.fromhex("aaaaaaab" + "00" * 12) + bytes.fromhex("ff" * 16)
+    raw = (
+        bytes.fromhex("00000000" + "11" * 12)
+        + bytes.fromhex("55555554" + "00" * 12)
+        + bytes.fromhex("55555556" + "00" * 12)
+        + bytes.fromhex("aaaaaaab" + "00" * 12)
+        + bytes.fromhex("ff" * 16)
+    )
     ids = np.frombuffer(raw, "V16")
     assert m_store.id_share(ids, 3).tolist() == [0, 0, 1, 2, 2]
     assert m_store.id_share(ids, 1).tolist() == [0] * 5
     for k in range(3):
         share = m_store.Share(k, 3)
-        assert [share.holds_key(raw[i:i + 16]) for i in range(0, len(raw), 16)] == share.holds(ids).tolist()
+        assert [share.holds_key(raw[i : i + 16]) for i in range(0, len(raw), 16)] == share.holds(ids).tolist()
     assert m_store.Share(0, 3).holds_key(b"short") and not m_store.Share(1, 3).holds_key(b"short")
 
 
@@ -91,9 +96,20 @@ def _live_rows(vs, chunks) -> list[tuple]:
         for j, row in enumerate(qx.live.tolist()):
             rec = tuple(getattr(qx.rec, f.name)[row].tobytes() for f in fields(Records) if f.name != "file")
             body = res.body_files[res.body_file[j]] if res.body_file[j] >= 0 else None
-            out.append((qx.qdir.dir_name, qx.files[qx.rec.file[row]], rec, body, int(res.body_start[j]),
-                        int(res.body_len[j]), int(res.store_offset[j]), int(res.qs_status[j]), int(res.fate[j]),
-                        None if res.crash_once is None else bool(res.crash_once[j])))
+            out.append(
+                (
+                    qx.qdir.dir_name,
+                    qx.files[qx.rec.file[row]],
+                    rec,
+                    body,
+                    int(res.body_start[j]),
+                    int(res.body_len[j]),
+                    int(res.store_offset[j]),
+                    int(res.qs_status[j]),
+                    int(res.fate[j]),
+                    None if res.crash_once is None else bool(res.crash_once[j]),
+                )
+            )
     return out
 
 
@@ -130,7 +146,9 @@ def test_live_chunks_of_a_share_come_from_the_spill_as_read(sample, join_rows, t
 def test_live_entries_spilled_after_the_references_are_those_read(sample, three_shares):
     """The live entries asked for after the references were spilled (a pass of their own over
     the indexes) are those the chunks give, row by row."""
-    ns = cqforensics.model.vhost.NodeScan(next(iter(cqforensics.discovery.nodes.discover([ROOT / "sample_data" / sample]))))
+    ns = cqforensics.model.vhost.NodeScan(
+        next(iter(cqforensics.discovery.nodes.discover([ROOT / "sample_data" / sample])))
+    )
     vs = ns.vhosts[0]
     sub = vs.share_scan(1)
     sub.spill("refs")
@@ -203,8 +221,11 @@ def test_three_shares_on_a_damaged_store(damage, tmp_path, monkeypatch):
     middle_third_of_biggest_rdq(node, damage)
     tables = ["messages", "store", "refcounts", "holes", "files", "queues"]
     whole = {t: rows(node, t) for t in tables}
-    assert any("body_missing" in r or "truncated" in r or "garbage" in r or "zeroed" in r
-               for t in ("messages", "holes") for r in whole[t]), "the damage must show"
+    assert any(
+        "body_missing" in r or "truncated" in r or "garbage" in r or "zeroed" in r
+        for t in ("messages", "holes")
+        for r in whole[t]
+    ), "the damage must show"
     monkeypatch.setattr(VhostScan, "shares", property(lambda self: 3))
     for t in tables:
         assert rows(node, t) == whole[t], (damage, t)
@@ -227,8 +248,13 @@ def test_verify_in_shares_counts_as_whole(sample, monkeypatch):
     shared = verify([ROOT / "sample_data" / sample / "mnesia"])
     assert built, "no share scan was made"
     assert scanned and None not in scanned
-    assert (shared.store_entries, shared.messages, shared.queues, len(shared.violations), len(shared.notes)) == \
-        (whole.store_entries, whole.messages, whole.queues, len(whole.violations), len(whole.notes))
+    assert (shared.store_entries, shared.messages, shared.queues, len(shared.violations), len(shared.notes)) == (
+        whole.store_entries,
+        whole.messages,
+        whole.queues,
+        len(whole.violations),
+        len(whole.notes),
+    )
 
 
 #: what a read builds that grows with the store

@@ -8,9 +8,8 @@ from collections import Counter
 import pytest
 
 import cqforensics
-from cqforensics.discovery import nodes as layout
 from cqforensics.codecs import textfiles
-
+from cqforensics.discovery import nodes as layout
 from support import SAMPLES, manifest
 from support.oracle import delivered_counts
 
@@ -29,7 +28,9 @@ def test_discovery_accepts_node_dir_mnesia_base_and_folder(tmp_path):
     # the same node name in several backups gets a unique label
     assert len({n.node for n in nodes}) == len(nodes)
     assert all(n.node.endswith(n.path.name) for n in nodes)
-    assert sum(n.node.endswith("rabbit@localhost") for n in nodes) == len(list(SAMPLES.glob("*/mnesia/rabbit@localhost")))
+    assert sum(n.node.endswith("rabbit@localhost") for n in nodes) == len(
+        list(SAMPLES.glob("*/mnesia/rabbit@localhost"))
+    )
 
 
 def test_queue_names_priorities_and_index_versions():
@@ -70,8 +71,18 @@ def test_projection_skips_bodies():
 
 
 # the columns the messages table fills from the term (the rest come from the index and the store)
-DECODED = {"exchange", "routing_keys", "properties", "headers", "annotations", "body", "body_size", "term_format",
-           "decode_error", "msg_id"}
+DECODED = {
+    "exchange",
+    "routing_keys",
+    "properties",
+    "headers",
+    "annotations",
+    "body",
+    "body_size",
+    "term_format",
+    "decode_error",
+    "msg_id",
+}
 
 
 def test_undecoded_reads_agree_with_the_full_read(dataset):
@@ -81,8 +92,10 @@ def test_undecoded_reads_agree_with_the_full_read(dataset):
     assert cqforensics.read_table(SAMPLES / dataset, "messages", columns=plain).equals(full.select(plain))
     raw = cqforensics.read_table(SAMPLES / dataset, "messages", decode=False)
     assert raw.select(plain).equals(full.select(plain))
-    for r, f in zip(raw.select(["msg_id", "body", "exchange", "properties"]).to_pylist(),
-                    full.select(["msg_id", "location", "index_version"]).to_pylist()):
+    for r, f in zip(
+        raw.select(["msg_id", "body", "exchange", "properties"]).to_pylist(),
+        full.select(["msg_id", "location", "index_version"]).to_pylist(),
+    ):
         assert r["exchange"] is None and r["properties"] is None  # nothing decoded
         if f["location"] == "stream":  # a stream record: its AMQP 1.0 bytes as they are
             assert r["msg_id"] is None and r["body"][:1] == b"\x00"
@@ -96,8 +109,9 @@ def test_undecoded_reads_agree_with_the_full_read(dataset):
 
 
 def test_messages_sizes_agree_with_bodies(dataset):
-    for r in cqforensics.read_table(SAMPLES / dataset, "messages", columns=["size", "body_size", "term_format"]
-                                    ).to_pylist():
+    for r in cqforensics.read_table(
+        SAMPLES / dataset, "messages", columns=["size", "body_size", "term_format"]
+    ).to_pylist():
         if r["term_format"] in ("basic_message", "mc_amqpl"):
             assert r["size"] == r["body_size"]
 
@@ -136,8 +150,9 @@ def test_acks_evidence():
 def test_queues_table_counts_match_messages(dataset):
     m = manifest(dataset)
     queues = cqforensics.read_table(SAMPLES / dataset, "queues", as_of=m["restarted_at_ms"]).to_pylist()
-    msgs = cqforensics.read_table(SAMPLES / dataset, "messages", as_of=m["restarted_at_ms"],
-                                  columns=["queue", "priority", "survives_restart"]).to_pylist()
+    msgs = cqforensics.read_table(
+        SAMPLES / dataset, "messages", as_of=m["restarted_at_ms"], columns=["queue", "priority", "survives_restart"]
+    ).to_pylist()
     for q in queues:
         mine = [r for r in msgs if (r["queue"], r["priority"]) == (q["queue"], q["priority"])]
         assert q["messages"] == len(mine)
@@ -165,8 +180,8 @@ def test_many_backups_in_one_read(tmp_path):
 
 def test_a_scan_seeded_with_vhost_facts_reads_what_a_fresh_one_does():
     """The Spark reader hands one task's vhost-wide facts to the next task of the same vhost."""
-    from cqforensics.read.api import make_options
     from cqforensics.model.vhost import NodeScan, VhostScan
+    from cqforensics.read.api import make_options
     from cqforensics.tables.builders import BUILDERS
 
     node = next(iter(layout.discover(SAMPLES / "4.3.6-kill")))
@@ -235,6 +250,7 @@ def test_constant_and_null_name_columns_equal_the_lookup():
     """names_array's shortcuts (one name, only nulls) make what the dictionary lookup does."""
     import numpy as np
     import pyarrow as pa
+
     from cqforensics.tables.builders import names_array, repeat
 
     names = ["a", "bb", "ccc"]
@@ -243,13 +259,20 @@ def test_constant_and_null_name_columns_equal_the_lookup():
         codes = pa.array(np.maximum(index, 0).astype(np.int32), mask=null)
         return pa.DictionaryArray.from_arrays(codes, pa.array(names, pa.string())).dictionary_decode()
 
-    for index, null in [(np.full(5, 2), None), (np.full(5, 1), np.zeros(5, bool)), (np.full(5, 1), np.ones(5, bool)),
-                        (np.array([0, 2, 1, 2]), np.array([False, True, False, False])), (np.array([-1, -1]), None),
-                        (np.array([2, 2, 2]), np.array([False, False, True]))]:
+    for index, null in [
+        (np.full(5, 2), None),
+        (np.full(5, 1), np.zeros(5, bool)),
+        (np.full(5, 1), np.ones(5, bool)),
+        (np.array([0, 2, 1, 2]), np.array([False, True, False, False])),
+        (np.array([-1, -1]), None),
+        (np.array([2, 2, 2]), np.array([False, False, True])),
+    ]:
         assert names_array(names, index, null).equals(lookup(index, null)), (index, null)
     assert repeat("x", 3).to_pylist() == ["x"] * 3 and repeat("x", 5000).to_pylist() == ["x"] * 5000
     assert repeat("x", 2).to_pylist() == ["x"] * 2 and repeat(None, 4).null_count == 4
-    assert repeat(7, 3, pa.int32()).to_pylist() == [7] * 3 and repeat("y" * 1000, 2000).to_pylist() == ["y" * 1000] * 2000
+    assert (
+        repeat(7, 3, pa.int32()).to_pylist() == [7] * 3 and repeat("y" * 1000, 2000).to_pylist() == ["y" * 1000] * 2000
+    )
     from cqforensics.tables.builders import _REPEAT_BYTES, _REPEATS
 
     for k in range(1500):  # more values than are kept, at growing lengths

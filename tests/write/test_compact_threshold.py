@@ -9,9 +9,9 @@ import os
 import shutil
 
 import pytest
+from test_cli import run
 
 from support import SAMPLES
-from test_cli import run
 
 DATASET = "4.3.6-clean"
 VHOST = "628WB79CIFDYO9LJI6DKMI09L"
@@ -29,11 +29,15 @@ def fragmented_copy(dest):
     shutil.copytree(SAMPLES / DATASET / "mnesia", dest, symlinks=True)
     store = dest / "rabbit@localhost" / "msg_stores" / "vhosts" / VHOST / "msg_store_persistent"
     data = (store / "0.rdq").read_bytes()
-    live = {(r["offset"], r["total_size"]) for r in cqforensics.read_table(
-        SAMPLES / DATASET / "mnesia", table="store", columns=["file", "offset", "total_size", "status"]).to_pylist()
-        if r["status"] == "live" and r["file"].endswith(f"{VHOST}/msg_store_persistent/0.rdq")}
+    live = {
+        (r["offset"], r["total_size"])
+        for r in cqforensics.read_table(
+            SAMPLES / DATASET / "mnesia", table="store", columns=["file", "offset", "total_size", "status"]
+        ).to_pylist()
+        if r["status"] == "live" and r["file"].endswith(f"{VHOST}/msg_store_persistent/0.rdq")
+    }
     f = r_rdq.walk(store / "0.rdq", 0)
-    entries = [data[o:o + t] for o, t in zip(f.offsets.tolist(), f.totals.tolist()) if (o, t) in live]
+    entries = [data[o : o + t] for o, t in zip(f.offsets.tolist(), f.totals.tolist()) if (o, t) in live]
     assert len(entries) > 10 and not f.holes  # the sample's own orphans are left out
     half = len(entries) // 2
     fresh = iter(range(1, 1 << 20))
@@ -43,7 +47,7 @@ def fragmented_copy(dest):
         while len(out) < live * ratio / (1 - ratio) - 200:
             e = entries[k % len(entries)]
             k += 1
-            out += e[:8] + next(fresh).to_bytes(16, "big") + e[8 + c_rdq.MSG_ID_SIZE:]
+            out += e[:8] + next(fresh).to_bytes(16, "big") + e[8 + c_rdq.MSG_ID_SIZE :]
         return out
 
     first, second = b"".join(entries[:half]), b"".join(entries[half:])
@@ -55,8 +59,11 @@ def fragmented_copy(dest):
 
 
 def _ratios(result) -> dict[str, float]:
-    return {os.path.basename(f["file"]): f["garbage_ratio"] for f in result.store_files
-            if VHOST in f["file"] and "persistent" in f["file"]}
+    return {
+        os.path.basename(f["file"]): f["garbage_ratio"]
+        for f in result.store_files
+        if VHOST in f["file"] and "persistent" in f["file"]
+    }
 
 
 def test_threshold_rewrites_only_the_fragmented_file(tmp_path):
@@ -76,7 +83,9 @@ def test_threshold_rewrites_only_the_fragmented_file(tmp_path):
     # the kept file is byte for byte the source's; the live entries of 0.rdq went to 2.rdq (above it)
     assert (new / "1.rdq").read_bytes() == (store / "1.rdq").read_bytes()
     assert sorted(p.name for p in new.glob("*.rdq")) == ["1.rdq", "2.rdq"]
-    live0 = int(next(f["live_bytes"] for f in result.store_files if f["file"].endswith(f"{VHOST}/msg_store_persistent/0.rdq")))
+    live0 = int(
+        next(f["live_bytes"] for f in result.store_files if f["file"].endswith(f"{VHOST}/msg_store_persistent/0.rdq"))
+    )
     assert (new / "2.rdq").stat().st_size == live0
     # the same messages as a full compaction, and as the source
     full = compact(tmp_path / "src", tmp_path / "full")
@@ -98,23 +107,31 @@ def test_threshold_rewrites_only_the_fragmented_file(tmp_path):
 
 def test_threshold_cli_report_and_bounds(tmp_path, capsys):
     fragmented_copy(tmp_path / "src")
-    code, out, err = run(capsys, *["compact", "--threshold", "30", "--json", str(tmp_path / "src"), str(tmp_path / "o")])
+    code, out, err = run(
+        capsys, *["compact", "--threshold", "30", "--json", str(tmp_path / "src"), str(tmp_path / "o")]
+    )
     assert code == 0, err
     doc = json.loads(out)
     assert doc["threshold"] == 30
     mine = {os.path.basename(f["file"]): f["action"] for f in doc["store_files"] if VHOST in f["file"]}
     assert mine == {"0.rdq": "rewritten", "1.rdq": "kept"}
-    code, out, err = run(capsys, *["compact", "--threshold", "30", "--dry-run", str(tmp_path / "src"), str(tmp_path / "d")])
+    code, out, err = run(
+        capsys, *["compact", "--threshold", "30", "--dry-run", str(tmp_path / "src"), str(tmp_path / "d")]
+    )
     assert code == 0 and "store files rewritten (garbage above 30%" in out and "store files kept" in out
     assert "1.rdq: " in out.split("store files kept")[1]
     # threshold 100 keeps every file; 0 rewrites every file with garbage
-    code, out, _ = run(capsys, "compact", "--threshold", "100", "--json", "--dry-run", str(tmp_path / "src"),
-                       str(tmp_path / "d"))
+    code, out, _ = run(
+        capsys, "compact", "--threshold", "100", "--json", "--dry-run", str(tmp_path / "src"), str(tmp_path / "d")
+    )
     assert {f["action"] for f in json.loads(out)["store_files"]} == {"kept"}
-    code, out, _ = run(capsys, *["compact", "--threshold", "0", "--json", "--dry-run", str(tmp_path / "src"),
-                        str(tmp_path / "d")])
-    assert {os.path.basename(f["file"]): f["action"] for f in json.loads(out)["store_files"]
-            if VHOST in f["file"]} == {"0.rdq": "rewritten", "1.rdq": "rewritten"}
+    code, out, _ = run(
+        capsys, *["compact", "--threshold", "0", "--json", "--dry-run", str(tmp_path / "src"), str(tmp_path / "d")]
+    )
+    assert {os.path.basename(f["file"]): f["action"] for f in json.loads(out)["store_files"] if VHOST in f["file"]} == {
+        "0.rdq": "rewritten",
+        "1.rdq": "rewritten",
+    }
     code, out, _ = run(capsys, *["verify", "--allow-garbage", str(tmp_path / "o")])
     assert code == 0
     code, out, _ = run(capsys, *["verify", str(tmp_path / "o")])
@@ -129,16 +146,19 @@ def test_threshold_cli_report_and_bounds(tmp_path, capsys):
 
 @pytest.mark.broker
 def test_threshold_output_boots_and_delivers_what_the_original_does(broker_dir):
-    from support import need_broker
-    from cqforensics.write import compact
     from test_brokers import boot_and_drain
     from test_writers_brokers import assert_delivers_manifest
+
+    from cqforensics.write import compact
+    from support import need_broker
 
     need_broker("4.3.6")
     fragmented_copy(broker_dir / "src")
     out = broker_dir / "compacted"
     result = compact(broker_dir / "src", out, threshold=30)
     assert result.verified
-    assert {os.path.basename(f["file"]): f["action"] for f in result.store_files if VHOST in f["file"]} == \
-        {"0.rdq": "rewritten", "1.rdq": "kept"}
+    assert {os.path.basename(f["file"]): f["action"] for f in result.store_files if VHOST in f["file"]} == {
+        "0.rdq": "rewritten",
+        "1.rdq": "kept",
+    }
     assert_delivers_manifest(DATASET, boot_and_drain(DATASET, broker_dir / "run", out / "rabbit@localhost"))

@@ -13,28 +13,35 @@ from pathlib import Path
 import pytest
 
 import cqforensics
-from support import damage
-from support import copy_node, datasets
-from cqforensics.discovery import nodes as layout
 from cqforensics.codecs import textfiles
 from cqforensics.commands.fsck import run as fsck_run
-from cqforensics.readers.metadata import Metadata, QueueRecord, read_metadata
+from cqforensics.discovery import nodes as layout
 from cqforensics.model.vhost import lost_queues
+from cqforensics.readers.metadata import Metadata, QueueRecord, read_metadata
+from support import copy_node, damage, datasets
 
 ROOT_VHOST = textfiles.vhost_dir_name(b"/")
 
 
 def _queue_dir(node: Path, vhost: bytes, name: bytes) -> Path:
-    return node / "msg_stores" / "vhosts" / textfiles.vhost_dir_name(vhost) / "queues" / \
-        textfiles.queue_dir_name(vhost, name)
+    return (
+        node
+        / "msg_stores"
+        / "vhosts"
+        / textfiles.vhost_dir_name(vhost)
+        / "queues"
+        / textfiles.queue_dir_name(vhost, name)
+    )
 
 
 def _lost(report, code="queue-index-missing"):
     return [f for f in report.findings if f.code == code]
 
 
-@pytest.mark.parametrize("dataset, kind", [("3.10.8-kill", "mnesia"), ("3.12.14-clean", "mnesia"),
-                                           ("4.2.2-clean", "khepri"), ("4.3.6-kill", "khepri")])
+@pytest.mark.parametrize(
+    "dataset, kind",
+    [("3.10.8-kill", "mnesia"), ("3.12.14-clean", "mnesia"), ("4.2.2-clean", "khepri"), ("4.3.6-kill", "khepri")],
+)
 def test_deleted_queue_dir_is_named_with_an_error_and_exit_4(dataset, kind, tmp_path):
     from cli.main import main
 
@@ -145,7 +152,9 @@ def test_duplicate_only_for_an_id_stored_more_than_once(tmp_path):
     entries = [r for r in cqforensics.read_table(node, "store", columns=cols).to_pylist() if r["file"] == str(rdq)]
     victim = entries[3]
     damage.zero(rdq, victim["offset"], victim["total_size"])
-    msgs = cqforensics.read_table(node, "messages", columns=["msg_id", "drop_reason"], broker_version="3.10").to_pylist()
+    msgs = cqforensics.read_table(
+        node, "messages", columns=["msg_id", "drop_reason"], broker_version="3.10"
+    ).to_pylist()
     unreachable = {m["msg_id"] for m in msgs if m["drop_reason"] == "body_unreachable"}
     assert unreachable
     store = cqforensics.read_table(node, "store", columns=cols, broker_version="3.10").to_pylist()
@@ -156,8 +165,11 @@ def test_duplicate_only_for_an_id_stored_more_than_once(tmp_path):
     by_id = {r["msg_id"]: r["status"] for r in store}
     assert {by_id[i] for i in unreachable if copies[i] == 1} == {"live"}
     referenced = {m["msg_id"] for m in msgs}
-    assert all(r["status"] == "orphan" for r in store if copies[r["msg_id"]] == 1 and r["msg_id"] not in referenced
-               and r["status"] != "corrupt")
+    assert all(
+        r["status"] == "orphan"
+        for r in store
+        if copies[r["msg_id"]] == 1 and r["msg_id"] not in referenced and r["status"] != "corrupt"
+    )
 
 
 def test_duplicate_labels_on_every_sample(dataset):
@@ -181,8 +193,11 @@ def test_renamed_queue_dir_is_lost_at_boot_and_written_back_by_rebuild(dataset, 
 
     node = copy_node(dataset, tmp_path / "mnesia")
     cols = ["vhost", "queue", "seq_id", "msg_id", "body", "drop_reason"]
-    before = [r for r in cqforensics.read_table(node, "messages", columns=cols).to_pylist()
-              if r["queue"] == queue.decode() and r["drop_reason"] is None]
+    before = [
+        r
+        for r in cqforensics.read_table(node, "messages", columns=cols).to_pylist()
+        if r["queue"] == queue.decode() and r["drop_reason"] is None
+    ]
     assert before
     own = _queue_dir(node, b"/", queue)
     moved = own.with_name("RENAMEDQUEUEDIR0000000000")
@@ -192,7 +207,9 @@ def test_renamed_queue_dir_is_lost_at_boot_and_written_back_by_rebuild(dataset, 
     assert lost.queue == queue.decode() and lost.details["renamed_dirs"] == [moved.name]
     unknown = [f for f in report.findings if f.code == "unknown-queue"]
     assert [f.file for f in unknown if f.queue == queue.decode()] == [str(moved)]
-    after = [r for r in cqforensics.read_table(node, "messages", columns=cols).to_pylist() if r["queue"] == queue.decode()]
+    after = [
+        r for r in cqforensics.read_table(node, "messages", columns=cols).to_pylist() if r["queue"] == queue.decode()
+    ]
     assert {r["drop_reason"] for r in after} == {"queue_deleted"} and len(after) >= len(before)
     queues = {r["queue_dir"]: r for r in cqforensics.read_table(node, "queues").to_pylist()}
     assert queues[str(moved)]["name_source"] == "renamed" and queues[str(moved)]["durable_known"] is False
@@ -201,8 +218,11 @@ def test_renamed_queue_dir_is_lost_at_boot_and_written_back_by_rebuild(dataset, 
     assert result.verified and any(moved.name in n for n in result.notes)
     out_node = tmp_path / "out" / node.name
     assert (out_node / own.relative_to(node)).is_dir() and not (out_node / moved.relative_to(node)).exists()
-    got = [r for r in cqforensics.read_table(out_node, "messages", columns=cols).to_pylist()
-           if r["queue"] == queue.decode()]
+    got = [
+        r
+        for r in cqforensics.read_table(out_node, "messages", columns=cols).to_pylist()
+        if r["queue"] == queue.decode()
+    ]
     assert [(r["msg_id"], r["body"]) for r in got] == [(r["msg_id"], r["body"]) for r in before]
     assert all(r["drop_reason"] is None for r in got)
     # compact keeps what the next boot keeps: the queue, empty, and verifies

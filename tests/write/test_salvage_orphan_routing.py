@@ -10,31 +10,51 @@ import shutil
 import pytest
 
 import cqforensics
-from support import SAMPLES, copy_node, datasets
 from cqforensics.codecs import etf, textfiles
-from cqforensics.discovery import nodes as layout
 from cqforensics.commands.fsck import run as fsck_run
+from cqforensics.discovery import nodes as layout
 from cqforensics.model.routing import Router, headers_match, route_message, topic_match
 from cqforensics.model.vhost import NodeScan
 from cqforensics.readers.metadata import Binding, Metadata, QueueRecord, read_metadata
+from support import SAMPLES, copy_node, datasets
 
 A = etf.Atom
 
 
-@pytest.mark.parametrize("pattern, key, hit", [
-    (b"a.b.c", b"a.b.c", True), (b"a.*.c", b"a.b.c", True), (b"a.*.c", b"a.c", False),
-    (b"a.#", b"a", True), (b"a.#", b"a.b.c", True), (b"#", b"", True), (b"#", b"x.y", True),
-    (b"#.c", b"a.b.c", True), (b"a.#.c", b"a.c", True), (b"a.#.c", b"a.x.y.c", True), (b"a.#.c", b"a.x.y", False),
-    (b"*", b"", False), (b"", b"", True), (b"a..b", b"a..b", True), (b"a.*.b", b"a..b", True), (b"*", b"a.b", False), (b"*.*", b"a", False), (b"a.b", b"a.b.c", False),
-    (b"#.#", b"a", True), (b"*.#", b"", False),
-])
+@pytest.mark.parametrize(
+    "pattern, key, hit",
+    [
+        (b"a.b.c", b"a.b.c", True),
+        (b"a.*.c", b"a.b.c", True),
+        (b"a.*.c", b"a.c", False),
+        (b"a.#", b"a", True),
+        (b"a.#", b"a.b.c", True),
+        (b"#", b"", True),
+        (b"#", b"x.y", True),
+        (b"#.c", b"a.b.c", True),
+        (b"a.#.c", b"a.c", True),
+        (b"a.#.c", b"a.x.y.c", True),
+        (b"a.#.c", b"a.x.y", False),
+        (b"*", b"", False),
+        (b"", b"", True),
+        (b"a..b", b"a..b", True),
+        (b"a.*.b", b"a..b", True),
+        (b"*", b"a.b", False),
+        (b"*.*", b"a", False),
+        (b"a.b", b"a.b.c", False),
+        (b"#.#", b"a", True),
+        (b"*.#", b"", False),
+    ],
+)
 def test_topic_patterns(pattern, key, hit):
     assert topic_match(pattern, key) is hit
 
 
 def _h(**kv):
-    return {k: ({"type": "longstr", "value": v} if isinstance(v, str) else {"type": "signedint", "value": v})
-            for k, v in kv.items()}
+    return {
+        k: ({"type": "longstr", "value": v} if isinstance(v, str) else {"type": "signedint", "value": v})
+        for k, v in kv.items()
+    }
 
 
 def test_headers_matching():
@@ -55,19 +75,38 @@ def _meta() -> Metadata:
     m = Metadata("mnesia")
     for q in (b"q1", b"q2", b"q3", b"direct.q", b"ae.q"):
         m.queues[(b"/", q)] = QueueRecord(b"/", q, True, [], "rabbit_classic_queue", "t", "n@h")
-    m.exchanges.update({(b"/", b"x.direct"): "direct", (b"/", b"x.fan"): "fanout", (b"/", b"x.topic"): "topic",
-                        (b"/", b"x.hdr"): "headers", (b"/", b"x.e2e"): "fanout", (b"/", b"x.ae"): "direct",
-                        (b"/", b"x.other"): "x-consistent-hash", (b"/", b"x.alt"): "fanout"})
+    m.exchanges.update(
+        {
+            (b"/", b"x.direct"): "direct",
+            (b"/", b"x.fan"): "fanout",
+            (b"/", b"x.topic"): "topic",
+            (b"/", b"x.hdr"): "headers",
+            (b"/", b"x.e2e"): "fanout",
+            (b"/", b"x.ae"): "direct",
+            (b"/", b"x.other"): "x-consistent-hash",
+            (b"/", b"x.alt"): "fanout",
+        }
+    )
     m.exchange_args[(b"/", b"x.ae")] = [(b"alternate-exchange", A("longstr"), b"x.alt")]
-    m.bindings += [Binding(b"/", b"x.direct", b"k1", "queue", b"q1"), Binding(b"/", b"x.direct", b"k2", "queue", b"q2"),
-                   Binding(b"/", b"x.fan", b"", "queue", b"q1"), Binding(b"/", b"x.fan", b"", "queue", b"q3"),
-                   Binding(b"/", b"x.topic", b"orders.*.eu", "queue", b"q2"),
-                   Binding(b"/", b"x.topic", b"orders.#", "queue", b"q3"),
-                   Binding(b"/", b"x.hdr", b"", "queue", b"q1", ((b"x-match", A("longstr"), b"any"),
-                                                                  (b"kind", A("longstr"), b"invoice"))),
-                   Binding(b"/", b"x.e2e", b"", "exchange", b"x.direct"),
-                   Binding(b"/", b"x.ae", b"nomatch-never", "queue", b"q1"),
-                   Binding(b"/", b"x.alt", b"", "queue", b"ae.q")]
+    m.bindings += [
+        Binding(b"/", b"x.direct", b"k1", "queue", b"q1"),
+        Binding(b"/", b"x.direct", b"k2", "queue", b"q2"),
+        Binding(b"/", b"x.fan", b"", "queue", b"q1"),
+        Binding(b"/", b"x.fan", b"", "queue", b"q3"),
+        Binding(b"/", b"x.topic", b"orders.*.eu", "queue", b"q2"),
+        Binding(b"/", b"x.topic", b"orders.#", "queue", b"q3"),
+        Binding(
+            b"/",
+            b"x.hdr",
+            b"",
+            "queue",
+            b"q1",
+            ((b"x-match", A("longstr"), b"any"), (b"kind", A("longstr"), b"invoice")),
+        ),
+        Binding(b"/", b"x.e2e", b"", "exchange", b"x.direct"),
+        Binding(b"/", b"x.ae", b"nomatch-never", "queue", b"q1"),
+        Binding(b"/", b"x.alt", b"", "queue", b"ae.q"),
+    ]
     return m
 
 
@@ -96,8 +135,9 @@ def test_routing_agrees_with_where_the_broker_put_every_message(dataset):
     durable (no metadata) or the message has no exchange (undecodable, transient body gone)."""
     path = SAMPLES / dataset / "mnesia"
     routers = {n.node: (Router(read_metadata(n.path)), read_metadata(n.path)) for n in layout.discover([path])}
-    rows = cqforensics.read_table(path, "messages", columns=["node", "vhost", "queue", "exchange", "routing_keys",
-                                                             "headers"]).to_pylist()
+    rows = cqforensics.read_table(
+        path, "messages", columns=["node", "vhost", "queue", "exchange", "routing_keys", "headers"]
+    ).to_pylist()
     checked = 0
     for r in rows:
         router, meta = routers[r["node"]]
@@ -117,8 +157,14 @@ def test_orphans_of_a_lost_queue_are_attributed_to_it(tmp_path):
     own = {m["msg_id"] for m in msgs if m["queue"] == "dead" and m["location"] == "shared_store"}
     others = {m["msg_id"] for m in msgs if m["queue"] != "dead" and m["vhost"] == "/"}
     assert len(own - others) >= 50
-    shutil.rmtree(node / "msg_stores" / "vhosts" / textfiles.vhost_dir_name(b"/") / "queues" /
-                  textfiles.queue_dir_name(b"/", b"dead"))
+    shutil.rmtree(
+        node
+        / "msg_stores"
+        / "vhosts"
+        / textfiles.vhost_dir_name(b"/")
+        / "queues"
+        / textfiles.queue_dir_name(b"/", b"dead")
+    )
     (f,) = [f for f in fsck_run([node]).findings if f.code == "queue-index-missing"]
     assert f.queue == "dead" and f.details["orphans_routed_here"] == len(own - others)
     assert f.details["orphans_in_store"] > f.details["orphans_routed_here"]
@@ -133,12 +179,19 @@ def test_orphans_of_a_lost_queue_are_attributed_to_it(tmp_path):
 # -- with a real broker: its routing is the ground truth, its boot the proof ---------------------------
 
 SENDS = [  # (exchange, routing key, headers): each message a distinct body
-    ("x.direct", "k", None), ("x.direct", "other", None), ("x.direct", "nowhere", None),
+    ("x.direct", "k", None),
+    ("x.direct", "other", None),
+    ("x.direct", "nowhere", None),
     ("x.fanout", "anything", None),
-    ("x.topic", "a.b.c", None), ("x.topic", "a.b.z", None), ("x.topic", "q.z", None), ("x.topic", "a.b.c.d", None),
-    ("x.headers", "", {"color": "red", "size": "big"}), ("x.headers", "", {"color": "red"}),
+    ("x.topic", "a.b.c", None),
+    ("x.topic", "a.b.z", None),
+    ("x.topic", "q.z", None),
+    ("x.topic", "a.b.c.d", None),
+    ("x.headers", "", {"color": "red", "size": "big"}),
+    ("x.headers", "", {"color": "red"}),
     ("x.headers", "", {"color": "blue"}),
-    ("", "lost", None), ("", "keep", None),
+    ("", "lost", None),
+    ("", "keep", None),
 ]
 
 
@@ -155,10 +208,10 @@ def test_lost_queue_orphans_are_routed_as_the_broker_routed_and_restored(version
 
     from test_recovery_state_brokers import drain_queue
 
-    from support import need_broker
     from brokers import Broker
     from brokers.clients import pika_module
     from cqforensics.write import rebuild
+    from support import need_broker
 
     need_broker(version)
     pika = pika_module()
@@ -178,18 +231,27 @@ def test_lost_queue_orphans_are_routed_as_the_broker_routed_and_restored(version
         ch.queue_bind("lost", "x.headers", arguments={"x-match": "all", "color": "red", "size": "big"})
         ch.queue_bind("keep", "x.headers", arguments={"x-match": "any", "color": "blue", "size": "small"})
         for i, (x, key, headers) in enumerate(SENDS):
-            ch.basic_publish(x, key, f"{i}:{x}:{key}:".encode() + b"x" * 5000,
-                             pika.BasicProperties(delivery_mode=2, headers=headers))
+            ch.basic_publish(
+                x, key, f"{i}:{x}:{key}:".encode() + b"x" * 5000, pika.BasicProperties(delivery_mode=2, headers=headers)
+            )
         conn.close()
         b.stop()
         node = b.node_dir
         held = cqforensics.read_table(node, "messages", columns=["queue", "msg_id", "body"]).to_pylist()
         broker_put = {r["msg_id"]: r["body"] for r in held if r["queue"] == "lost"}
         assert len(broker_put) == 5 and len([r for r in held if r["queue"] == "keep"]) == 5
-        shutil.rmtree(node / "msg_stores" / "vhosts" / textfiles.vhost_dir_name(b"/") / "queues" /
-                      textfiles.queue_dir_name(b"/", b"lost"))
+        shutil.rmtree(
+            node
+            / "msg_stores"
+            / "vhosts"
+            / textfiles.vhost_dir_name(b"/")
+            / "queues"
+            / textfiles.queue_dir_name(b"/", b"lost")
+        )
         store = cqforensics.read_table(node, "store", columns=["status", "routes_to", "msg_id"]).to_pylist()
-        attributed = {r["msg_id"] for r in store if r["status"] == "orphan" and r["routes_to"] and "lost" in r["routes_to"]}
+        attributed = {
+            r["msg_id"] for r in store if r["status"] == "orphan" and r["routes_to"] and "lost" in r["routes_to"]
+        }
         assert attributed == set(broker_put)
         result = rebuild(b.mnesia_base, broker_dir / "out", restore_orphans=["lost"])
         assert result.verified and result.totals()["restored_orphans"] == 5
@@ -199,5 +261,7 @@ def test_lost_queue_orphans_are_routed_as_the_broker_routed_and_restored(version
         got = drain_queue(b, "/", "lost")
         kept = drain_queue(b, "/", "keep")
         b.stop()
-    assert not got["errors"] and sorted(got["bodies"]) == sorted(hashlib.sha256(x).hexdigest() for x in broker_put.values())
+    assert not got["errors"] and sorted(got["bodies"]) == sorted(
+        hashlib.sha256(x).hexdigest() for x in broker_put.values()
+    )
     assert kept["delivered"] == 5

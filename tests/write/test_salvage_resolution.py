@@ -21,11 +21,10 @@ import numpy as np
 import pytest
 
 import cqforensics
-from support import damage
-from support import copy_node
 from cqforensics import compiled as core
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.write.salvage import rebuild
+from support import copy_node, damage
 
 RDQ = "msg_stores/vhosts/*/msg_store_persistent/*.rdq"
 
@@ -45,8 +44,11 @@ def _live(node: Path, path: Path) -> list[dict]:
 
 
 def _rejections(node: Path) -> list[tuple[str, int, str]]:
-    return [(Path(f["file"]).name, f["offset"], json.loads(f["details"])) for f in _rows(node, "findings")
-            if f["code"] == "rdq-rejected-candidate"]
+    return [
+        (Path(f["file"]).name, f["offset"], json.loads(f["details"]))
+        for f in _rows(node, "findings")
+        if f["code"] == "rdq-rejected-candidate"
+    ]
 
 
 def _found(node: Path, path: Path) -> dict[tuple[int, bytes], str]:
@@ -57,8 +59,10 @@ def _found(node: Path, path: Path) -> dict[tuple[int, bytes], str]:
 def _tables(node: Path) -> dict[str, list]:
     out = {}
     for t in ("store", "holes", "findings", "messages"):
-        cols = {"store": ["file", "offset", "total_size", "msg_id", "status"],
-                "messages": ["queue", "seq_id", "msg_id", "store_offset", "survives_restart", "drop_reason"]}.get(t)
+        cols = {
+            "store": ["file", "offset", "total_size", "msg_id", "status"],
+            "messages": ["queue", "seq_id", "msg_id", "store_offset", "survives_restart", "drop_reason"],
+        }.get(t)
         out[t] = sorted(map(repr, _rows(node, t, columns=cols)))
     return out
 
@@ -130,10 +134,10 @@ def test_phantom_behind_a_zeroed_range_is_rejected_and_hides_nothing(tmp_path, m
     # the prediction follows each broker's own scan: 3.10 stops at S's zeroed size field,
     # 4.0 resynchronises (and trusts only referenced ids), so it reaches everything after it
     after = {e["msg_id"] for e in survivors if e["offset"] > r["offset"]}
-    old = {m["msg_id"]: m["drop_reason"] for m in _rows(node, "messages", broker_version="3.10")
-           if m["msg_id"] in after}
-    new = {m["msg_id"]: m["drop_reason"] for m in _rows(node, "messages", broker_version="4.0")
-           if m["msg_id"] in after}
+    old = {
+        m["msg_id"]: m["drop_reason"] for m in _rows(node, "messages", broker_version="3.10") if m["msg_id"] in after
+    }
+    new = {m["msg_id"]: m["drop_reason"] for m in _rows(node, "messages", broker_version="4.0") if m["msg_id"] in after}
     assert new and not set(new.values()) & {"body_unreachable", "body_missing"} and None in new.values()
     assert {old[m] for m in new if new[m] is None} == {"body_unreachable"}
 
@@ -156,8 +160,9 @@ def test_unreferenced_candidate_never_hides_referenced_entries(dataset, tmp_path
     live = _live(node, rdq)
     assert len(live) >= 8
     q, last = live[1], live[4]
-    assert all(a["offset"] + a["total_size"] == b["offset"] for a, b in zip(live[1:5], live[2:5])), \
+    assert all(a["offset"] + a["total_size"] == b["offset"] for a, b in zip(live[1:5], live[2:5])), (
         "crafting needs four adjacent entries"
+    )
     with open(rdq, "r+b") as f:  # crafted
         f.seek(q["offset"])
         f.write(struct.pack(">Q", last["offset"] + last["total_size"] - q["offset"] - 9))
@@ -190,7 +195,7 @@ def _holed_copy(data: bytes, holes: int, rng: random.Random) -> tuple[bytes, lis
             if k % 5 == 0:
                 out += rng.randbytes(rng.randrange(1, 40))
         offsets.append(len(out))
-        out += data[o:o + t]
+        out += data[o : o + t]
     return bytes(out), offsets
 
 
@@ -214,8 +219,14 @@ def test_walking_a_heavily_holed_file_costs_about_an_unholed_one():
     if core.native() is None:
         pytest.skip(f"the compiled core is not available: {core.status()}")
     rng = random.Random(5)
-    entry = bytearray(struct.pack(">Q", 16 + 2000) + bytes(16) + b"\x83h\x02w\x01xm" + struct.pack(">I", 1989)
-                      + bytes(rng.randbytes(1989)) + b"\xff")
+    entry = bytearray(
+        struct.pack(">Q", 16 + 2000)
+        + bytes(16)
+        + b"\x83h\x02w\x01xm"
+        + struct.pack(">I", 1989)
+        + bytes(rng.randbytes(1989))
+        + b"\xff"
+    )
     plain, holed, ids = bytearray(), bytearray(), []
     for k in range(7000):
         i = rng.randbytes(16)

@@ -15,17 +15,17 @@ import zlib
 
 import numpy as np
 import pytest
+from test_cli import fingerprint, run
 
 import cqforensics
-from support import ROOT, SAMPLES
 from cqforensics.grammar import idx as c_idx
 from cqforensics.grammar import qi as c_qi
 from cqforensics.grammar import qs as c_qs
 from cqforensics.grammar import rdq as c_rdq
 from cqforensics.write import compact, formats, rebuild
 from cqforensics.write.verify import verify
+from support import ROOT, SAMPLES
 from support.scenarios import SCENARIOS, V1_ONLY
-from test_cli import fingerprint, run
 
 # -- byte builders == construct grammars ----------------------------------------------------------
 
@@ -39,61 +39,106 @@ def test_segment_header_equals_grammar():
 def test_qi_segment_entries_equal_grammar():
     mid = bytes(range(16))
     slots = np.array([0, 2, 5])
-    seg = formats.qi_segment(1, 8, slots, persistent=np.array([True, True, False]),
-                             loc_kind=np.array([c_qi.LOC_SHARED_STORE, c_qi.LOC_QUEUE_STORE, c_qi.LOC_MEMORY]),
-                             msg_id=np.array([mid, b"", b""], dtype="V16"), qs_offset=np.array([0, 64, 0]),
-                             qs_size=np.array([0, 300, 0]), size=np.array([5000, 200, 0]),
-                             expiry=np.array([0, 1_700_000_000_000_000, 0]))
-    assert seg[:c_qi.HEADER_SIZE] == formats.segment_header(c_qi.MAGIC, 1, 8)
-    body = seg[c_qi.HEADER_SIZE:]
+    seg = formats.qi_segment(
+        1,
+        8,
+        slots,
+        persistent=np.array([True, True, False]),
+        loc_kind=np.array([c_qi.LOC_SHARED_STORE, c_qi.LOC_QUEUE_STORE, c_qi.LOC_MEMORY]),
+        msg_id=np.array([mid, b"", b""], dtype="V16"),
+        qs_offset=np.array([0, 64, 0]),
+        qs_size=np.array([0, 300, 0]),
+        size=np.array([5000, 200, 0]),
+        expiry=np.array([0, 1_700_000_000_000_000, 0]),
+    )
+    assert seg[: c_qi.HEADER_SIZE] == formats.segment_header(c_qi.MAGIC, 1, 8)
+    body = seg[c_qi.HEADER_SIZE :]
     assert len(body) == 6 * c_qi.ENTRY_SIZE  # up to the last live slot
     want = {
         0: dict(kind=c_qi.LOC_SHARED_STORE, ref=dict(msg_id=mid), persistent=True, size=5000, expiry=0),
-        2: dict(kind=c_qi.LOC_QUEUE_STORE, ref=dict(offset=64, size=300), persistent=True, size=200,
-                expiry=1_700_000_000_000_000),
+        2: dict(
+            kind=c_qi.LOC_QUEUE_STORE,
+            ref=dict(offset=64, size=300),
+            persistent=True,
+            size=200,
+            expiry=1_700_000_000_000_000,
+        ),
         5: dict(kind=c_qi.LOC_MEMORY, ref=None, persistent=False, size=0, expiry=0),
     }
     for slot in range(6):
-        raw = body[slot * c_qi.ENTRY_SIZE:(slot + 1) * c_qi.ENTRY_SIZE]
+        raw = body[slot * c_qi.ENTRY_SIZE : (slot + 1) * c_qi.ENTRY_SIZE]
         if slot not in want:
             assert raw == bytes(c_qi.ENTRY_SIZE)  # acked
             continue
         w = want[slot]
-        expected = c_qi.entry.build(dict(status=1, flags=dict(reserved=0, persistent=w["persistent"]), reserved=0,
-                                         location=dict(kind=w["kind"], ref=w["ref"]), size=w["size"],
-                                         expiry=w["expiry"]))
+        expected = c_qi.entry.build(
+            dict(
+                status=1,
+                flags=dict(reserved=0, persistent=w["persistent"]),
+                reserved=0,
+                location=dict(kind=w["kind"], ref=w["ref"]),
+                size=w["size"],
+                expiry=w["expiry"],
+            )
+        )
         assert raw == expected, slot
 
 
 def test_qs_rdq_and_v1_records_equal_grammar():
     term = b"\x83h\x02d\x00\x01ak\x00\x03abc"
     head = formats.qs_entry_header(term)
-    assert head + term == c_qs.entry.build(dict(header=dict(size=len(term), flags=1, crc=zlib.crc32(term) & 0xFFFF,
-                                                            reserved=0), term=term))
+    assert head + term == c_qs.entry.build(
+        dict(header=dict(size=len(term), flags=1, crc=zlib.crc32(term) & 0xFFFF, reserved=0), term=term)
+    )
     mid = b"\x01" * 16
     built = formats.rdq_entry(mid, term)
     assert built == c_rdq.entry.build(dict(size=16 + len(term), msg_id=mid, body=term, marker=None))
     assert len(built) == formats.rdq_entry_size(len(term))
     pub = formats.v1_publish_head(7, True, mid, 5, 900, len(term)) + term
-    assert pub == c_idx.record.build(dict(head=dict(publish=True, bit2=True, rel_seq=7),
-                                          pub=dict(msg_id=mid, expiry=5, size=900, embedded_size=len(term),
-                                                   embedded=term)))
+    assert pub == c_idx.record.build(
+        dict(
+            head=dict(publish=True, bit2=True, rel_seq=7),
+            pub=dict(msg_id=mid, expiry=5, size=900, embedded_size=len(term), embedded=term),
+        )
+    )
     assert formats.v1_deliver(7) == c_idx.record.build(dict(head=dict(publish=False, bit2=True, rel_seq=7), pub=None))
 
 
 # -- compact ------------------------------------------------------------------------------------
 
-KEEP = ["vhost", "queue", "priority", "seq_id", "msg_id", "persistent", "expiry", "exchange", "routing_keys",
-        "properties", "headers", "annotations", "body", "term_format", "survives_restart", "drop_reason",
-        "queue_type", "raft_index", "raft_term", "delivery_count", "checked_out"]
+KEEP = [
+    "vhost",
+    "queue",
+    "priority",
+    "seq_id",
+    "msg_id",
+    "persistent",
+    "expiry",
+    "exchange",
+    "routing_keys",
+    "properties",
+    "headers",
+    "annotations",
+    "body",
+    "term_format",
+    "survives_restart",
+    "drop_reason",
+    "queue_type",
+    "raft_index",
+    "raft_term",
+    "delivery_count",
+    "checked_out",
+]
 
 
 def _kept_messages(path) -> list[dict]:
     """The messages a boot delivers or expires, as a writer must carry them over."""
     # one clock for both reads: a quorum queue's boot dead letters carry the boot's time (as_of)
     rows = cqforensics.read_table(path, "messages", columns=KEEP, as_of=1_800_000_000_000).to_pylist()
-    return sorted((r for r in rows if r["survives_restart"] or r["drop_reason"] == "expired"),
-                  key=lambda r: (r["vhost"], r["queue"], r["priority"] or 0, r["seq_id"] or 0, r["raft_index"] or 0))
+    return sorted(
+        (r for r in rows if r["survives_restart"] or r["drop_reason"] == "expired"),
+        key=lambda r: (r["vhost"], r["queue"], r["priority"] or 0, r["seq_id"] or 0, r["raft_index"] or 0),
+    )
 
 
 def test_compact_keeps_every_message_and_verifies(dataset, tmp_path):
@@ -121,8 +166,9 @@ def test_compact_rolls_store_files_at_the_limit(tmp_path):
 
 
 def test_compact_dry_run_writes_nothing(tmp_path, capsys):
-    code, out, _ = run(capsys, "compact", "--dry-run", "--json", str(SAMPLES / "4.3.6-kill" / "mnesia"),
-                       str(tmp_path / "out"))
+    code, out, _ = run(
+        capsys, "compact", "--dry-run", "--json", str(SAMPLES / "4.3.6-kill" / "mnesia"), str(tmp_path / "out")
+    )
     doc = json.loads(out)
     assert code == 0 and doc["dry_run"] and doc["bytes_reclaimed"] > 0
     assert doc["totals"]["written"] > 0
@@ -142,8 +188,12 @@ def test_compact_refuses_a_damaged_source(tmp_path, capsys):
 def test_destination_rules(where, tmp_path, capsys):
     src = tmp_path / "src"
     shutil.copytree(SAMPLES / "4.3.6-kill" / "mnesia", src)
-    dst = {"non-empty": tmp_path / "full", "inside-src": src / "out", "a-file": tmp_path / "f",
-           "no-parent": tmp_path / "no" / "out"}[where]
+    dst = {
+        "non-empty": tmp_path / "full",
+        "inside-src": src / "out",
+        "a-file": tmp_path / "f",
+        "no-parent": tmp_path / "no" / "out",
+    }[where]
     if where == "non-empty":
         dst.mkdir()
         (dst / "keep").write_text("x")
@@ -177,11 +227,21 @@ def test_an_output_the_target_cannot_boot_exits_4_and_is_kept(command, tmp_path,
     assert code & 4 and "ERROR: the output cannot boot" in text and "--template" in text, text
     assert f"exit {code}: " in text and "cannot boot it" in text.splitlines()[-1]
     assert (out / "mnesia" / "rabbit@localhost" / "msg_stores").is_dir()  # kept: the stores are right
-    code, doc, _ = run(capsys, command, "-q", "--json", "--dry-run", "--broker-version", "3.10",
-                       str(SAMPLES / "4.3.6-kill"), str(tmp_path / "dry"))
+    code, doc, _ = run(
+        capsys,
+        command,
+        "-q",
+        "--json",
+        "--dry-run",
+        "--broker-version",
+        "3.10",
+        str(SAMPLES / "4.3.6-kill"),
+        str(tmp_path / "dry"),
+    )
     assert code & 4 and json.loads(doc)["cannot_boot"] and json.loads(doc)["exit_code"] == code
-    code, text, _ = run(capsys, command, "-q", "--broker-version", "4.3", str(SAMPLES / "4.0.5-kill"),
-                        str(tmp_path / "up"))
+    code, text, _ = run(
+        capsys, command, "-q", "--broker-version", "4.3", str(SAMPLES / "4.0.5-kill"), str(tmp_path / "up")
+    )
     assert not code & 4 and "cannot boot" not in text  # an upgrade the broker performs itself
 
 
@@ -230,8 +290,12 @@ def test_rebuild_of_a_consistent_store_is_compact(tmp_path):
 
 # -- verify -------------------------------------------------------------------------------------
 
-VERIFY_CASES = [(ds, sc) for ds in ("3.10.8-kill", "4.3.6-kill") for sc in SCENARIOS
-                if sc != "v1_journal_torn" and (sc not in V1_ONLY or ds.startswith("3."))]
+VERIFY_CASES = [
+    (ds, sc)
+    for ds in ("3.10.8-kill", "4.3.6-kill")
+    for sc in SCENARIOS
+    if sc != "v1_journal_torn" and (sc not in V1_ONLY or ds.startswith("3."))
+]
 
 
 @pytest.fixture(scope="module")
@@ -273,8 +337,12 @@ def test_verify_usage_errors(tmp_path, capsys):
 
 
 def _writer(command: str, src, dst) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "cqforensics", command, "-q", str(src), str(dst)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "cqforensics", command, "-q", str(src), str(dst)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def _partials(parent) -> list:
@@ -334,8 +402,9 @@ def _order(rows) -> dict:
 def test_spark_write_overwrite_then_append_keeps_order(spark, source_rows, tmp_path):
     dst = tmp_path / "node"
     template = SAMPLES / "4.3.6-kill" / "mnesia" / "rabbit@localhost"
-    source_rows.write.format("rabbitcq").option("brokerVersion", "4.3.6").option("template", str(template)) \
-        .mode("overwrite").save(str(dst))
+    source_rows.write.format("rabbitcq").option("brokerVersion", "4.3.6").option("template", str(template)).mode(
+        "overwrite"
+    ).save(str(dst))
     first = cqforensics.read_table(dst).to_pylist()
     want = _order(source_rows.collect())
     assert _order(first) == want
@@ -343,38 +412,47 @@ def test_spark_write_overwrite_then_append_keeps_order(spark, source_rows, tmp_p
     assert (dst / "rabbit_durable_queue.DCD").exists() or (dst / "coordination").exists()  # the template's metadata
     # append: the new rows after the ones DST holds, same queues
     source_rows.write.format("rabbitcq").option("brokerVersion", "4.3.6").mode("append").save(str(dst))
-    both = _order(sorted(cqforensics.read_table(dst).to_pylist(),
-                         key=lambda r: (r["vhost"], r["queue"], -(r["priority"] or 0), r["seq_id"])))
+    both = _order(
+        sorted(
+            cqforensics.read_table(dst).to_pylist(),
+            key=lambda r: (r["vhost"], r["queue"], -(r["priority"] or 0), r["seq_id"]),
+        )
+    )
     for key, msgs in want.items():
         if key[1] != "jobs.prio":  # a priority queue delivers by level, across both writes
             assert both[key] == msgs + msgs, key
     # overwrite of an existing DST replaces its messages
-    source_rows.where("queue = 'work'").write.format("rabbitcq").option("brokerVersion", "4.3.6") \
-        .mode("overwrite").save(str(dst))
+    source_rows.where("queue = 'work'").write.format("rabbitcq").option("brokerVersion", "4.3.6").mode(
+        "overwrite"
+    ).save(str(dst))
     assert {r["queue"] for r in cqforensics.read_table(dst).to_pylist()} == {"work"}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
 def test_spark_write_without_body_fails_at_planning(spark, source_rows, tmp_path):
-    from pyspark.errors import PySparkException
     from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
 
     with pytest.raises((PySparkException, Py4JJavaError)) as e:
-        source_rows.drop("body").write.format("rabbitcq").option("brokerVersion", "4.3.6").mode("overwrite") \
-            .save(str(tmp_path / "x"))
+        source_rows.drop("body").write.format("rabbitcq").option("brokerVersion", "4.3.6").mode("overwrite").save(
+            str(tmp_path / "x")
+        )
     assert "column 'body' is missing" in str(e.value)
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("options, message", [
-    ({}, "brokerVersion is required"),
-    ({"brokerVersion": "2.8"}, "2.8"),
-    ({"brokerVersion": "4.3", "queueVersion": "3"}, "queueVersion must be 1 or 2"),
-    ({"brokerVersion": "4.3", "color": "red"}, "unknown option(s) color"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({}, "brokerVersion is required"),
+        ({"brokerVersion": "2.8"}, "2.8"),
+        ({"brokerVersion": "4.3", "queueVersion": "3"}, "queueVersion must be 1 or 2"),
+        ({"brokerVersion": "4.3", "color": "red"}, "unknown option(s) color"),
+    ],
+)
 def test_spark_write_options_are_checked(spark, source_rows, tmp_path, options, message):
-    from pyspark.errors import PySparkException
     from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
 
     w = source_rows.write.format("rabbitcq").mode("overwrite")
     for k, v in options.items():
@@ -386,13 +464,14 @@ def test_spark_write_options_are_checked(spark, source_rows, tmp_path, options, 
 
 
 def test_spark_write_refuses_a_queue_the_template_does_not_declare(spark, source_rows, tmp_path):
-    from pyspark.errors import PySparkException
     from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
 
     template = SAMPLES / "4.3.6-kill" / "mnesia" / "rabbit@localhost"
     renamed = source_rows.withColumn("queue", source_rows.queue.substr(1, 3))
     with pytest.raises((PySparkException, Py4JJavaError)) as e:
-        renamed.write.format("rabbitcq").option("brokerVersion", "4.3.6").option("template", str(template)) \
-            .mode("overwrite").save(str(tmp_path / "x"))
+        renamed.write.format("rabbitcq").option("brokerVersion", "4.3.6").option("template", str(template)).mode(
+            "overwrite"
+        ).save(str(tmp_path / "x"))
     assert "not durable queues in the node's metadata" in str(e.value)
     assert [p for p in tmp_path.iterdir()] == []

@@ -20,11 +20,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_cli import fingerprint
 
 import cqforensics
 from cli.main import main
 from support import ROOT, SAMPLES, copy_node
-from test_cli import fingerprint
 
 # R: refused (exit 16, or the Spark job fails at planning, with one line naming the target), with and
 #    without --force / in both save modes; nothing anywhere changes.
@@ -60,12 +60,12 @@ CASES = {
     "input": "the target is the job's input (a node dir)",
     "inside-input": "a new path inside the input",
     "inside-input-existing": "an existing entry inside the input (dir writers: its msg_stores/; file writers: a "
-                             "file the broker wrote)",
+    "file the broker wrote)",
     "above-input": "a parent of the input (its mnesia base)",
     "other-node": "another node's real data dir, no input of the job",
     "inside-other-node": "a new path inside that node dir",
     "other-node-existing": "an existing entry of that node (dir writers: its msg_stores/; file writers: a file "
-                           "its broker wrote)",
+    "its broker wrote)",
     "other-base": "that node's mnesia base (a dir holding a node dir)",
     "link-to-input": "a symlink to the input",
     "link-to-inside-input": "a symlink to an entry inside the input",
@@ -74,11 +74,11 @@ CASES = {
     "through-link": "a new path under a symlink to the other node dir",
     "foreign": "a plain non-empty dir (dir writers) or file (file writers) cqforensics did not write",
     "forged-marker": "another node's data dir (file writers: a foreign file) with the manifest of a real output "
-                     "of cqforensics copied in (beside it)",
+    "of cqforensics copied in (beside it)",
     "forged-manifest": "a cleanly stopped broker's node dir with a manifest computed over it (files: a file's "
-                       "manifest cannot be told from a real one: the documented limit, docs/evidence.md)",
+    "manifest cannot be told from a real one: the documented limit, docs/evidence.md)",
     "changed-output": "a previous output of cqforensics changed since (dirs: a file added, as a broker's boot "
-                      "would; files: edited)",
+    "would; files: edited)",
     "previous-output": "a previous output of the same writer",
     "previous-output-read": "a previous output of cqforensics that the job reads as its input",
 }
@@ -107,9 +107,12 @@ def test_grid_covers_every_writer_and_case():
 
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    writing = sorted(name for name, p in sub.choices.items()
-                     if any(o in p._option_string_actions for o in ("--out", "--html", "--journal"))
-                     or any(a.dest == "dst" for a in p._actions))
+    writing = sorted(
+        name
+        for name, p in sub.choices.items()
+        if any(o in p._option_string_actions for o in ("--out", "--html", "--journal"))
+        or any(a.dest == "dst" for a in p._actions)
+    )
     assert writing == sorted(CLI), writing
 
 
@@ -126,8 +129,13 @@ def world(tmp_path_factory):
     (w / "foreign.txt").write_text("not written by cqforensics\n")
     links = w / "links"
     links.mkdir()
-    for name, to in (("input", node), ("inside", node / "msg_stores"), ("above", node.parent), ("other", other),
-                     ("other-file", other / "rabbit_serial")):
+    for name, to in (
+        ("input", node),
+        ("inside", node / "msg_stores"),
+        ("above", node.parent),
+        ("other", other),
+        ("other-file", other / "rabbit_serial"),
+    ):
         (links / name).symlink_to(to)
     return {"root": w, "node": node, "other": other, "links": links}
 
@@ -157,11 +165,14 @@ JOURNAL_URL = "amqp://guest:guest@127.0.0.1:1/"
 
 
 def _argv(writer: str, src, out, force: bool) -> list[str]:
-    argv = {"compact": ["compact", "-q", src, out], "rebuild": ["rebuild", "-q", src, out],
-            "export": ["export", src, "--format", "jsonl", "--out", out],
-            "read": ["read", src, "--format", "jsonl", "--out", out],
-            "report": ["report", src, "--html", out],
-            "republish": ["republish", src, JOURNAL_URL, "--journal", out]}[writer]
+    argv = {
+        "compact": ["compact", "-q", src, out],
+        "rebuild": ["rebuild", "-q", src, out],
+        "export": ["export", src, "--format", "jsonl", "--out", out],
+        "read": ["read", src, "--format", "jsonl", "--out", out],
+        "report": ["report", src, "--html", out],
+        "republish": ["republish", src, JOURNAL_URL, "--journal", out],
+    }[writer]
     return [str(a) for a in argv] + (["--force"] if force and writer != "republish" else [])
 
 
@@ -183,10 +194,29 @@ def _refused(capsys, writer, src, target, protect, cwd=None) -> None:
     assert {str(p): fingerprint(p) for p in protect} == before
 
 
-REFUSALS = [(w, c) for (w, c), mark in TABLE.items() if mark == "R" and w in CLI and c in (
-    "input", "inside-input", "inside-input-existing", "above-input", "other-node", "inside-other-node",
-    "other-node-existing", "other-base", "link-to-input", "link-to-inside-input", "link-to-above-input",
-    "link-to-other-node", "through-link", "foreign")]
+REFUSALS = [
+    (w, c)
+    for (w, c), mark in TABLE.items()
+    if mark == "R"
+    and w in CLI
+    and c
+    in (
+        "input",
+        "inside-input",
+        "inside-input-existing",
+        "above-input",
+        "other-node",
+        "inside-other-node",
+        "other-node-existing",
+        "other-base",
+        "link-to-input",
+        "link-to-inside-input",
+        "link-to-above-input",
+        "link-to-other-node",
+        "through-link",
+        "foreign",
+    )
+]
 
 
 @pytest.mark.parametrize("writer, case", REFUSALS, ids=[f"{w}-{c}" for w, c in REFUSALS])
@@ -201,8 +231,16 @@ def test_the_library_writer_of_definitions_follows_the_rule(world):
     from cqforensics.write import retarget
 
     before = fingerprint(world["root"])
-    for case in ("input", "inside-input", "inside-input-existing", "inside-other-node", "other-node-existing",
-                 "link-to-other-node", "through-link", "foreign"):
+    for case in (
+        "input",
+        "inside-input",
+        "inside-input-existing",
+        "inside-other-node",
+        "other-node-existing",
+        "link-to-other-node",
+        "through-link",
+        "foreign",
+    ):
         with pytest.raises(UsageError):
             retarget.write_definitions(world["node"], model("4.3.6"), _target(world, case, "read"))
     assert fingerprint(world["root"]) == before
@@ -216,8 +254,20 @@ def test_compact_and_rebuild_never_write_over_or_into_their_template(world, caps
     for command in ("compact", "rebuild"):
         for target in (other, other / "out", other.parent):
             for force in ([], ["--force"]):
-                code, _, err = _run(capsys, [command, "-q", "--broker-version", "4.3", "--template", str(other),
-                                             str(world["node"]), str(target), *force])
+                code, _, err = _run(
+                    capsys,
+                    [
+                        command,
+                        "-q",
+                        "--broker-version",
+                        "4.3",
+                        "--template",
+                        str(other),
+                        str(world["node"]),
+                        str(target),
+                        *force,
+                    ],
+                )
                 assert code == 16 and err.count("\n") == 1, (command, target, err)
     assert fingerprint(world["root"]) == before
 
@@ -227,16 +277,33 @@ def test_compact_and_rebuild_never_write_over_or_into_their_template(world, caps
 
 def _make_output(capsys, writer: str, src, out) -> None:
     if writer == "republish":  # a journal of cqforensics: its start record (the broker is not needed)
-        out.write_text(json.dumps({"op": "start", "v": 1, "tool": "cqforensics", "target": JOURNAL_URL,
-                                   "inputs": [str(src)], "time": "2026-11-27T00:00:00+00:00"}) + "\n")
+        out.write_text(
+            json.dumps(
+                {
+                    "op": "start",
+                    "v": 1,
+                    "tool": "cqforensics",
+                    "target": JOURNAL_URL,
+                    "inputs": [str(src)],
+                    "time": "2026-11-27T00:00:00+00:00",
+                }
+            )
+            + "\n"
+        )
         return
     code, _, err = _run(capsys, _argv(writer, src, out, False))
     assert code in (0, 1), err
 
 
 def _out_name(writer: str) -> str:
-    return {"compact": "out", "rebuild": "out", "export": "out", "read": "rows.jsonl", "report": "r.html",
-            "republish": "j.journal"}[writer]
+    return {
+        "compact": "out",
+        "rebuild": "out",
+        "export": "out",
+        "read": "rows.jsonl",
+        "report": "r.html",
+        "republish": "j.journal",
+    }[writer]
 
 
 @pytest.mark.parametrize("writer", CLI)
@@ -356,11 +423,18 @@ def test_a_journal_of_cqforensics_is_continued_and_nothing_else(tmp_path, capsys
 def test_republish_without_its_client_library_leaves_no_file(tmp_path):
     """No pika (hidden from the import here): the run stops before any journal file is made, the
     default one in the working directory included."""
-    code = ("import sys; sys.modules['pika'] = None\n"
-            "from cli.main import main\n"
-            f"sys.exit(main(['republish', {str(SAMPLES / '4.3.6-kill' / 'mnesia')!r}, {JOURNAL_URL!r}]))")
-    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    code = (
+        "import sys; sys.modules['pika'] = None\n"
+        "from cli.main import main\n"
+        f"sys.exit(main(['republish', {str(SAMPLES / '4.3.6-kill' / 'mnesia')!r}, {JOURNAL_URL!r}]))"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     assert p.returncode == 8 and "republish needs pika" in p.stderr and p.stderr.count("\n") == 1, p.stderr
     assert list(tmp_path.iterdir()) == []
 
@@ -407,8 +481,11 @@ def _spark_refused(df, dst, protect, mode: str, template: bool = True) -> str:
     return msg
 
 
-SPARK_REFUSALS = [c for (w, c), mark in TABLE.items() if w == "spark" and mark == "R"
-                  and c not in ("forged-marker", "forged-manifest", "changed-output")]
+SPARK_REFUSALS = [
+    c
+    for (w, c), mark in TABLE.items()
+    if w == "spark" and mark == "R" and c not in ("forged-marker", "forged-manifest", "changed-output")
+]
 
 
 @pytest.mark.spark

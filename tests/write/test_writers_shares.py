@@ -13,19 +13,21 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from test_shares import middle_third_of_biggest_rdq
 
-from support import SAMPLES, copy_node
 from cqforensics.model.vhost import VhostScan
 from cqforensics.write import compact, rebuild
-from test_shares import middle_third_of_biggest_rdq
+from support import SAMPLES, copy_node
 
 
 def _tree(root: Path) -> dict:
     """Every file under the output but lost+found and the manifest (which says when it was
     written): relative path -> sha256."""
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and "lost+found" not in p.parts
-            and p.name != ".cqforensics-output.json"}
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and "lost+found" not in p.parts and p.name != ".cqforensics-output.json"
+    }
 
 
 def _lost_found(root: Path) -> Counter:
@@ -34,8 +36,7 @@ def _lost_found(root: Path) -> Counter:
     if not index.exists():
         return Counter()
     items = [json.loads(line) for line in index.read_text().splitlines()]
-    return Counter(json.dumps({k: v for k, v in i.items() if k not in ("item", "raw")}, sort_keys=True)
-                   for i in items)
+    return Counter(json.dumps({k: v for k, v in i.items() if k not in ("item", "raw")}, sort_keys=True) for i in items)
 
 
 def _result(result, out: Path) -> dict:
@@ -61,9 +62,16 @@ def _whole_and_shared(writer, src, tmp_path, monkeypatch, parts=3, **kw):
     return whole, shared
 
 
-CASES = [("compact", "4.3.6-kill"), ("compact", "3.10.8-clean"), ("compact", "4.3.6-rolled"),
-         ("rebuild", "4.3.6-kill"), ("rebuild", "3.10.8-kill"), ("rebuild", "3.12.14-clean"),
-         ("rebuild", "4.0.5-proto-kill"), ("rebuild", "3.10.8-segments")]
+CASES = [
+    ("compact", "4.3.6-kill"),
+    ("compact", "3.10.8-clean"),
+    ("compact", "4.3.6-rolled"),
+    ("rebuild", "4.3.6-kill"),
+    ("rebuild", "3.10.8-kill"),
+    ("rebuild", "3.12.14-clean"),
+    ("rebuild", "4.0.5-proto-kill"),
+    ("rebuild", "3.10.8-segments"),
+]
 
 
 @pytest.mark.parametrize("command, dataset", CASES, ids=[f"{c}-{d}" for c, d in CASES])
@@ -94,8 +102,11 @@ def test_torn_entries_repaired_and_orphans_restored_in_shares(tmp_path, monkeypa
     node = copy_node("3.12.14-clean", src)
     import cqforensics
 
-    rows = [r for r in cqforensics.read_table(node, "store", columns=["file", "offset", "total_size", "status"])
-            .to_pylist() if r["status"] == "live"]
+    rows = [
+        r
+        for r in cqforensics.read_table(node, "store", columns=["file", "offset", "total_size", "status"]).to_pylist()
+        if r["status"] == "live"
+    ]
     victim = rows[len(rows) // 2]
     path = Path(victim["file"].replace(str(SAMPLES / "3.12.14-clean" / "mnesia"), str(src)))
     data = bytearray(path.read_bytes())
@@ -103,8 +114,7 @@ def test_torn_entries_repaired_and_orphans_restored_in_shares(tmp_path, monkeypa
     path.write_bytes(bytes(data))
     for name in ("clean.dot", "file_summary.ets", "msg_store_index.ets"):
         (path.parent / name).unlink(missing_ok=True)
-    whole, shared = _whole_and_shared(rebuild, src, tmp_path, monkeypatch,
-                                      restore_orphans=["work", "orders", "legacy"])
+    whole, shared = _whole_and_shared(rebuild, src, tmp_path, monkeypatch, restore_orphans=["work", "orders", "legacy"])
     assert whole[0]["restored_orphans"] and any("write marker" in n for n in whole[0]["notes"])
     assert shared == whole
 

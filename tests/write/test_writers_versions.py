@@ -13,21 +13,41 @@ import json
 import pytest
 
 import cqforensics
-from support import SAMPLES
 from cqforensics.discovery import nodes as layout
 from cqforensics.model import versions
 from cqforensics.model.options import make_options
 from cqforensics.model.vhost import NodeScan
 from cqforensics.write import compact, formats, rebuild
+from support import SAMPLES
 from support.oracle import datasets
 
 TARGETS = ["3.10", "3.12", "3.13", "4.0", "4.2", "4.3"]
 #: the sample each target's own data is compared with
-OWN_DATA = {"3.10": "3.10.8-clean", "3.12": "3.12.14-clean", "3.13": "3.13.7-clean", "4.0": "4.0.5-clean",
-            "4.2": "4.2.2-clean", "4.3": "4.3.6-clean"}
+OWN_DATA = {
+    "3.10": "3.10.8-clean",
+    "3.12": "3.12.14-clean",
+    "3.13": "3.13.7-clean",
+    "4.0": "4.0.5-clean",
+    "4.2": "4.2.2-clean",
+    "4.3": "4.3.6-clean",
+}
 
-COLUMNS = ["vhost", "queue", "priority", "seq_id", "msg_id", "index_version", "exchange", "routing_keys",
-           "properties", "headers", "body", "term_format", "survives_restart", "drop_reason"]
+COLUMNS = [
+    "vhost",
+    "queue",
+    "priority",
+    "seq_id",
+    "msg_id",
+    "index_version",
+    "exchange",
+    "routing_keys",
+    "properties",
+    "headers",
+    "body",
+    "term_format",
+    "survives_restart",
+    "drop_reason",
+]
 COMPARED = ("msg_id", "exchange", "routing_keys", "properties", "body")
 
 
@@ -37,16 +57,25 @@ def _key(r) -> tuple:
 
 def _kept(path, version: str | None = None) -> dict[tuple, dict]:
     """The messages a boot delivers or expires, by (vhost, queue, priority, seq id)."""
-    rows = cqforensics.read_table(path, "messages", columns=[*COLUMNS, "queue_type", "location"],
-                                  **({"broker_version": version} if version else {})).to_pylist()
+    rows = cqforensics.read_table(
+        path,
+        "messages",
+        columns=[*COLUMNS, "queue_type", "location"],
+        **({"broker_version": version} if version else {}),
+    ).to_pylist()
     # the classic queues' stored messages: what compact re-encodes for a version (a stream's dir and a
     # quorum queue's Ra data are carried over as they are; a quorum queue's dead letters replayed into a
     # classic queue at the boot are predicted, not stored)
-    return {_key(r): r for r in rows if (r["survives_restart"] or r["drop_reason"] == "expired")
-            and r["queue_type"] == "classic" and r["location"] != "dead_letter_replay"}
+    return {
+        _key(r): r
+        for r in rows
+        if (r["survives_restart"] or r["drop_reason"] == "expired")
+        and r["queue_type"] == "classic"
+        and r["location"] != "dead_letter_replay"
+    }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _source(dataset: str) -> dict[tuple, dict]:
     return _kept(SAMPLES / dataset / "mnesia")
 
@@ -62,8 +91,7 @@ def stored_terms(path, version: str):
                         if not len(qx.live):
                             continue
                         res = vs.resolve(qx)
-                        for fb, start, n in zip(res.body_file.tolist(), res.body_start.tolist(),
-                                                res.body_len.tolist()):
+                        for fb, start, n in zip(res.body_file.tolist(), res.body_start.tolist(), res.body_len.tolist()):
                             if fb >= 0:
                                 yield bytes(vs.bodies.read(res.body_files[fb], start, n))
             finally:
@@ -79,19 +107,25 @@ def _writes(model: versions.BrokerModel) -> tuple:
     return model.stores_mc, model.utf8_atoms, model.amqp10_state
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def own_shapes(target: str) -> frozenset:
     """The term shapes (record, protocol, state, UTF-8 atoms) in the target's own sample, and in
     the samples of the versions the version table says write the same shapes (the 4.2.2
     sample has no AMQP 1.0 message; the 4.0.5, 4.1.8 and 4.3.6 ones do)."""
-    same = [OWN_DATA[target]] + [d for d in datasets() if d != OWN_DATA[target] and
-                                 _writes(versions.model(d.split("-")[0])) == _writes(versions.model(target))]
+    same = [OWN_DATA[target]] + [
+        d
+        for d in datasets()
+        if d != OWN_DATA[target] and _writes(versions.model(d.split("-")[0])) == _writes(versions.model(target))
+    ]
     shapes = {_shape(t) for d in same for t in stored_terms(SAMPLES / d / "mnesia", d.split("-")[0])}
     # #mc{mc_mqtt} keeps one state record from 3.13.0 on (deps/rabbitmq_mqtt/src/mc_mqtt.erl, 3.13.7 =
     # 4.x): its shape comes from any sample of a version that stores #mc{} with the same atoms
-    mqtt = [d for d in datasets() if _writes(versions.model(d.split("-")[0]))[:2] == _writes(versions.model(target))[:2]]
-    shapes |= {s for d in mqtt for s in map(_shape, stored_terms(SAMPLES / d / "mnesia", d.split("-")[0]))
-               if s[1] == "mc_mqtt"}
+    mqtt = [
+        d for d in datasets() if _writes(versions.model(d.split("-")[0]))[:2] == _writes(versions.model(target))[:2]
+    ]
+    shapes |= {
+        s for d in mqtt for s in map(_shape, stored_terms(SAMPLES / d / "mnesia", d.split("-")[0])) if s[1] == "mc_mqtt"
+    }
     return frozenset(shapes)
 
 
@@ -105,8 +139,11 @@ def _check(dataset: str, target: str, out, result) -> None:
     src = _source(dataset)
     lost_found = out / "lost+found" / "lost+found.jsonl"
     items = [json.loads(line) for line in lost_found.read_text().splitlines()] if lost_found.exists() else []
-    unrepresentable = {(i["vhost"], i["queue"], i["priority"] or 0, i["seq_id"]): i for i in items
-                       if i["reason"] == formats.NOT_REPRESENTABLE}
+    unrepresentable = {
+        (i["vhost"], i["queue"], i["priority"] or 0, i["seq_id"]): i
+        for i in items
+        if i["reason"] == formats.NOT_REPRESENTABLE
+    }
     assert result.totals()["quarantined"].get(formats.NOT_REPRESENTABLE, 0) == len(unrepresentable)
     model = versions.model(target)
     for i in unrepresentable.values():  # only what the target has no stored form for
@@ -171,8 +208,12 @@ def test_the_write_plan_per_target():
     mqtt = S("mc", "mc_mqtt", "mqtt_msg", True)
     K, R, U = formats.KEEP, formats.REENCODE, formats.UNREPRESENTABLE
     want = {  # target: basic L1, basic UTF-8, mc_amqpl, mc_amqp v1, mc_amqp msg, mc_mqtt
-        "3.10": (K, R, R, U, U, U), "3.12": (K, R, R, U, U, U), "3.13": (R, R, K, U, K, K),
-        "4.0": (R, R, K, K, U, K), "4.3": (R, R, K, K, U, K)}
+        "3.10": (K, R, R, U, U, U),
+        "3.12": (K, R, R, U, U, U),
+        "3.13": (R, R, K, U, K, K),
+        "4.0": (R, R, K, K, U, K),
+        "4.3": (R, R, K, K, U, K),
+    }
     for target, actions in want.items():
         m = versions.model(target)
         got = tuple(formats.term_plan(m, s)[0] for s in (basic_l1, basic_u8, amqpl, amqp_v1, amqp_msg, mqtt))
