@@ -17,10 +17,18 @@ sys.path[:0] = [str(_TESTS.parent), str(_TESTS)] + sorted(
     str(d) for d in _TESTS.iterdir() if d.is_dir() and d.name != "support"
 )
 
-from support import ROOT, skip_or_fail  # noqa: E402
-from support.oracle import datasets, extract_archives  # noqa: E402
+from support import ROOT, dataset_params, skip_or_fail  # noqa: E402
+from support.oracle import extract_archives  # noqa: E402
 
 extract_archives()  # datasets committed as their node-dir archive are unpacked before any test reads them
+
+
+def pytest_collection_modifyitems(items):
+    """A test that takes the ``spark`` session is a ``spark`` test, marked or not (the fast tier
+    leaves Spark out)."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)
 
 
 @pytest.fixture
@@ -34,7 +42,7 @@ def broker_dir(tmp_path_factory):
     shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.fixture(params=datasets())
+@pytest.fixture(params=dataset_params())
 def dataset(request) -> str:
     return request.param
 

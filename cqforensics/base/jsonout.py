@@ -7,7 +7,7 @@
 * times: ISO 8601 strings in UTC (``2026-11-20T10:00:00+00:00``);
 * offsets, sizes, counts, sequence ids: JSON integers (decimal), never hex strings.
 
-Schemas for each document (draft 2020-12) ship in ``cqforensics/schemas/``.
+Schemas for each document (draft 2020-12) ship in ``cqforensics/json_schemas/``.
 """
 
 from __future__ import annotations

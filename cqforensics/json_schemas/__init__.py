@@ -1,7 +1,7 @@
 """JSON Schemas (draft 2020-12) of every JSON document and line cqforensics writes, in the one
 convention of ``cqforensics.base.jsonout`` (docs/commands.md, "JSON output").
 
-Shipped as package data (``cqforensics/schemas/*.json``): ``fsck.json`` (``cqforensics-fsck/1``,
+Shipped as package data (``cqforensics/json_schemas/*.json``): ``fsck.json`` (``cqforensics-fsck/1``,
 ``fsck --json``), ``finding.json`` (a finding: ``fsck --jsonl`` lines and ``fsck --json``'s
 ``findings``), ``audit.json`` (``audit --json``), ``dump-line.json`` (``dump --jsonl``),
 ``export-line.json`` (``export --format jsonl`` lines), ``read-<table>.json`` (``read --format

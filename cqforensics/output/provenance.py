@@ -1,7 +1,7 @@
 """Provenance: what produced a report, an export or a lost+found, from what. Recorded in
 ``fsck --json`` (``provenance``), every export (Parquet key-value metadata
 ``cqforensics.provenance``; beside a JSONL export, ``messages.jsonl.provenance.json``) and
-``lost+found/provenance.json``; its JSON Schema is ``cqforensics/schemas/provenance.json``.
+``lost+found/provenance.json``; its JSON Schema is ``cqforensics/json_schemas/provenance.json``.
 
 ``tool``/``version``: cqforensics and its version; ``core``: the compiled core's status (on, off,
 or why not built); ``command``; ``broker_version``: the version whose next boot was predicted

@@ -49,6 +49,7 @@ def _cases():
         yield pytest.param(e, id=f"{e['dataset']}-{e['seed']}-{e['mutation']}-{e.get('command', 'all')}", marks=marks)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry", list(_cases()))
 def test_regression_replays_clean(entry, tmp_path):
     """No failure; and where the entry says so, fsck names the damaged file (``reported``: a value

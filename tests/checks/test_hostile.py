@@ -98,6 +98,7 @@ def _poke(path: Path, at: int, raw: bytes) -> None:
         f.write(raw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kind, value", [("qi", BIG), ("qi", 1 << 63), ("qi", 253402300800 * 10**6), ("idx", BIG), ("jif", 1 << 63)]
 )
@@ -191,6 +192,7 @@ FIFO_TARGETS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
 @pytest.mark.parametrize("kind", sorted(FIFO_TARGETS))
 def test_fifo_is_never_opened(kind, tmp_path, capsys):
@@ -234,6 +236,7 @@ def test_sparse_rdq_is_walked_by_its_extents(tmp_path, capsys):
 # -- 2. malformed but decodable terms ------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, crafted",
     [

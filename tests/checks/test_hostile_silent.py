@@ -140,6 +140,7 @@ def test_qs_junk_after_the_last_entry(tmp_path):
     assert ("qs-trailing-garbage", size) in codes_at(node, qs)
 
 
+@pytest.mark.slow
 def test_no_silent_damage_codes_on_the_healthy_samples():
     """The new checks never fire on what real brokers wrote (every sample, clean and kill -9)."""
     from support import datasets
@@ -681,6 +682,7 @@ def test_dump_of_sparse_50gb_qs_qi_idx_dets_is_fast_and_small(tmp_path):
     shutil.rmtree(d)
 
 
+@pytest.mark.slow
 def test_dump_of_half_gigabyte_of_real_zeros_keeps_memory_flat(tmp_path):
     """The same files, with their zeros written out (a file system that reports no holes, or a
     file zero-filled for real): every scan must drop the pages it has passed, so the dump's

@@ -98,6 +98,7 @@ def _edit_each(node: Path, locations) -> list[tuple[str, str]]:
                 break
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "dataset, locations",
     [

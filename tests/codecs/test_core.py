@@ -23,7 +23,7 @@ from cqforensics.readers import qs as r_qs
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers.files import read_bytes
 from cqforensics.tables import builders as tables
-from support import ROOT, SAMPLES, skip_or_fail
+from support import ROOT, SAMPLES, dataset_params, skip_or_fail
 from support.oracle import datasets
 
 
@@ -65,6 +65,7 @@ def test_core_reports_its_state():
     assert core.native().ABI == core.ABI
 
 
+@pytest.mark.slow
 def test_rust_unit_tests():
     cargo = shutil.which("cargo")
     if cargo is None:
@@ -132,6 +133,7 @@ def _mutations(data: bytes, rng: random.Random, n: int):
         yield bytes(b)
 
 
+@pytest.mark.slow
 def test_walk_equals_reference_on_damaged_and_random_bytes():
     rng = random.Random(15)
     files = _files(".rdq")
@@ -242,6 +244,7 @@ def _same_chunk(path: Path) -> None:
     assert ref.bad_segments == new.bad_segments
 
 
+@pytest.mark.slow
 def test_qi_decode_equals_reference(tmp_path):
     """Every sample .qi, damaged copies and crafted slots: the core's slot decode gives the
     reference's findings, records, acks and live entries, byte for byte."""
@@ -373,6 +376,7 @@ def _compare_decode(terms: list[bytes], index_ids: list, bodies: bool = True) ->
     return len(rows)
 
 
+@pytest.mark.slow
 def test_decode_equals_reference_on_every_stored_message():
     terms = list(_stored_terms())
     assert len(terms) > 5000
@@ -742,11 +746,12 @@ def _tables_equal(path: Path) -> None:
         assert ref.equals(new), f"{path}: table {table} differs with the core"
 
 
-@pytest.mark.parametrize("ds", datasets())
+@pytest.mark.parametrize("ds", dataset_params())
 def test_every_table_equals_reference(ds):
     _tables_equal(SAMPLES / ds / "mnesia")
 
 
+@pytest.mark.slow
 def test_every_table_equals_reference_on_damaged_copies(tmp_path):
 
     from fuzz import campaign
@@ -763,6 +768,7 @@ def test_every_table_equals_reference_on_damaged_copies(tmp_path):
     assert done >= 30
 
 
+@pytest.mark.slow
 def test_every_table_equals_reference_on_the_fuzz_corpus(tmp_path):
     """The kept fuzz cases (fuzz/regressions.json), each input rebuilt as the campaign made it."""
 

@@ -283,7 +283,7 @@ def test_export_filters(capsys, tmp_path):
 
 _SLOW_EXPORT = (
     "import time\n"
-    "from cqforensics import export\n"
+    "from cqforensics.commands import export\n"
     "real = export.export_batches\n"
     "def slow(*a, **k):\n"
     "    for b in real(*a, **k):\n"

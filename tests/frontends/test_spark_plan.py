@@ -76,6 +76,7 @@ def test_units_per_segment_and_per_vhost():
         plan.plan_units(["/no/such"], "messages")
 
 
+@pytest.mark.slow
 def test_quorum_units_read_what_a_whole_read_reads():
     """``messages`` gets one unit per quorum queue member; reading the units one by one (as
     separate tasks would) gives exactly the rows of one whole read: each quorum message once,

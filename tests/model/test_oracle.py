@@ -5,11 +5,11 @@ routing key, properties, typed headers; AMQP 1.0 sections for 1.0 messages)."""
 import pytest
 
 import cqforensics
-from support import SAMPLES, datasets, manifest
+from support import SAMPLES, dataset_params, manifest
 from support.oracle import compare
 
 
-@pytest.mark.parametrize("dataset", datasets())
+@pytest.mark.parametrize("dataset", dataset_params())
 def test_survivors_equal_what_the_broker_delivered(dataset):
     m = manifest(dataset)
     rows = cqforensics.read_table(SAMPLES / dataset, "messages", as_of=m["restarted_at_ms"]).to_pylist()
@@ -19,7 +19,7 @@ def test_survivors_equal_what_the_broker_delivered(dataset):
     assert compare(dataset, [r for r in rows if r["queue_type"] != "stream"]) == []
 
 
-@pytest.mark.parametrize("dataset", datasets())
+@pytest.mark.parametrize("dataset", dataset_params())
 def test_every_message_decodes(dataset):
     rows = cqforensics.read_table(
         SAMPLES / dataset,

@@ -12,7 +12,7 @@ from cqforensics.discovery import nodes as layout
 from cqforensics.model import versions
 from cqforensics.model.options import make_options
 from cqforensics.model.vhost import NodeScan, feature_flags
-from support import SAMPLES, datasets, manifest
+from support import SAMPLES, dataset_params, manifest
 from support.oracle import delivered_counts
 
 #: the range each sample must be inferred as (the narrowest its evidence allows)
@@ -38,7 +38,7 @@ def _scan(dataset: str) -> NodeScan:
     return NodeScan(next(iter(layout.discover(SAMPLES / dataset))), make_options())
 
 
-@pytest.mark.parametrize("dataset", datasets())
+@pytest.mark.parametrize("dataset", dataset_params())
 def test_inference_names_a_range_holding_the_true_version(dataset):
     version = manifest(dataset)["broker"]["rabbitmq"]
     r = _scan(dataset).version_range
@@ -48,7 +48,7 @@ def test_inference_names_a_range_holding_the_true_version(dataset):
     assert r.model.version <= r.high  # the prediction uses a version of the range
 
 
-@pytest.mark.parametrize("dataset", datasets())
+@pytest.mark.parametrize("dataset", dataset_params())
 def test_fsck_predicts_what_the_broker_delivered(dataset):
     """Per queue, the inferred version's predicted deliveries equal the broker's, nothing
     crashes or hangs, and fsck shows the range it inferred."""

@@ -178,6 +178,7 @@ def _structural_words(data: bytes, sample: int = 12) -> list[tuple[str, int]]:
 EXCEPTIONS = {(8, 0)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rel", [RECOVERY, RA_META, MQTT_EMPTY, MQTT_BIG])
 def test_every_flipped_structural_bit_is_found_near_its_word(rel):
     """Crafted: one flipped bit at a time in each structural word of a real closed table."""
@@ -193,6 +194,7 @@ def test_every_flipped_structural_bit_is_found_near_its_word(rel):
     assert not missed, missed[:10]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rel", [RECOVERY, MQTT_EMPTY])
 def test_every_flipped_bit_of_the_free_lists_is_found(rel):
     """Crafted: a flipped bit in the free lists (and the size word after them) never goes unseen."""
@@ -496,6 +498,7 @@ def test_marker_scan_counts_bag_objects(otp_tables, name):
     assert len(list(terms._dets_objects(bytes(broken)))) < recorded
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, words",
     [
@@ -694,6 +697,7 @@ def test_a_1gb_table_whose_free_lists_were_moved_to_its_end(tmp_path):
     assert terms.dets_findings(path) == []
 
 
+@pytest.mark.slow
 def test_segments_full_of_slots_naming_one_block():
     """Crafted: 2^18 slots in 1024 segments, every one naming the same object block, under a header
     whose MD5 matches: the slot walk stops at its bound and the findings are capped."""

@@ -17,6 +17,15 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_data"
 NO_SKIP = os.environ.get("CQF_NO_SKIP") == "1"
 
+#: the datasets a test parametrized over every sample runs on in the fast tier (-m "not slow"):
+#: one killed node per storage kind, of the oldest and newest broker; the others are ``slow``
+FAST_DATASETS = ("3.10.8-kill", "4.3.6-kill", "4.3.6-quorum-kill", "4.3.6-streams-kill")
+
+
+def dataset_params() -> list:
+    """Every dataset, as parameters: those outside ``FAST_DATASETS`` marked ``slow``."""
+    return [d if d in FAST_DATASETS else pytest.param(d, marks=pytest.mark.slow) for d in datasets()]
+
 
 def skip_or_fail(why: str) -> None:
     if NO_SKIP:

@@ -1,6 +1,6 @@
 """Every JSON document and line cqforensics writes follows the one convention (msg_id hex, nested
 typed headers, body_base64, decimal offsets) and validates against its shipped JSON Schema
-(cqforensics/schemas/*.json, draft 2020-12), on real outputs of every sample."""
+(cqforensics/json_schemas/*.json, draft 2020-12), on real outputs of every sample."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import jsonschema
 import pytest
 from test_cli import run
 
-from support import SAMPLES
-from support.oracle import datasets
+from support import SAMPLES, dataset_params
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +44,7 @@ def test_shipped_schemas_are_current_and_packaged():
             f"{name}.json is stale: python3 -m cqforensics.json_schemas"
         )
     pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
-    assert '"schemas/*.json"' in pyproject
+    assert '"json_schemas/*.json"' in pyproject
     assert {"fsck", "finding", "audit", "dump-line", "export-line", "lost-found-line", "provenance"} <= set(
         schemas.names()
     )
@@ -65,7 +64,7 @@ def _convention(row: dict) -> None:
         assert not isinstance(row.get(k), str), k
 
 
-@pytest.mark.parametrize("dataset", datasets())
+@pytest.mark.parametrize("dataset", dataset_params())
 def test_every_output_of_every_sample_validates(dataset, validators, tmp_path, capsys):
     from cqforensics.base.schema import TABLES
 

@@ -17,6 +17,7 @@ from cqforensics.model.index import IndexChunk
 from cqforensics.model.vhost import VhostScan
 from cqforensics.readers import rdq as r_rdq
 from cqforensics.readers.qs import QsFile
+from support import FAST_DATASETS
 from support.damage import middle_third_of_biggest_rdq
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +35,11 @@ def three_shares(monkeypatch):
     monkeypatch.setattr(VhostScan, "shares", property(lambda self: 3))
 
 
-@pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "sample",
+    [p if p.name in FAST_DATASETS else pytest.param(p, marks=pytest.mark.slow) for p in SAMPLES],
+    ids=lambda p: p.name,
+)
 def test_three_shares_give_the_unshared_rows(sample, monkeypatch):
     whole = {t: rows(sample, t) for t in TABLES}
     monkeypatch.setattr(VhostScan, "shares", property(lambda self: 3))

@@ -18,7 +18,7 @@ from cqforensics.commands.fsck import run as fsck_run
 from cqforensics.discovery import nodes as layout
 from cqforensics.model.vhost import lost_queues
 from cqforensics.readers.metadata import Metadata, QueueRecord, read_metadata
-from support import copy_node, damage, datasets
+from support import copy_node, damage, dataset_params
 
 ROOT_VHOST = textfiles.vhost_dir_name(b"/")
 
@@ -103,7 +103,7 @@ def test_a_deleted_vhost_dir_names_its_queues(tmp_path):
     assert f.queue == "payments" and f.details["queue_vhost"] == "prod" and f.details["why"] == ["its vhost has no dir"]
 
 
-@pytest.mark.parametrize("dataset", datasets())
+@pytest.mark.parametrize("dataset", dataset_params())
 def test_no_sample_has_a_lost_queue(dataset):
     from support import SAMPLES
 

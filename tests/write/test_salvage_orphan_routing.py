@@ -16,7 +16,7 @@ from cqforensics.discovery import nodes as layout
 from cqforensics.model.routing import Router, headers_match, route_message, topic_match
 from cqforensics.model.vhost import NodeScan
 from cqforensics.readers.metadata import Binding, Metadata, QueueRecord, read_metadata
-from support import SAMPLES, copy_node, datasets
+from support import SAMPLES, copy_node, dataset_params
 
 A = etf.Atom
 
@@ -128,7 +128,7 @@ def test_routing_by_exchange_type():
     assert route_message(r, b"/", {"exchange": "x.direct", "routing_keys": ["k2"], "headers": None}) == {b"q2"}
 
 
-@pytest.mark.parametrize("dataset", datasets())
+@pytest.mark.parametrize("dataset", dataset_params())
 def test_routing_agrees_with_where_the_broker_put_every_message(dataset):
     """Every message a queue index holds was routed there by the real broker: routing it again
     through the metadata's bindings (Mnesia or Khepri) names its queue, unless its queue is not

@@ -349,6 +349,7 @@ def _partials(parent) -> list:
     return [p for p in parent.iterdir() if ".cqf-partial-" in p.name]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["compact", "rebuild"])
 def test_kill_9_never_leaves_output_that_looks_complete(command, tmp_path):
     src = SAMPLES / "4.3.6-rolled" / "mnesia"

@@ -18,7 +18,7 @@ from cqforensics.model import versions
 from cqforensics.model.options import make_options
 from cqforensics.model.vhost import NodeScan
 from cqforensics.write import compact, formats, rebuild
-from support import SAMPLES
+from support import SAMPLES, dataset_params
 from support.oracle import datasets
 
 TARGETS = ["3.10", "3.12", "3.13", "4.0", "4.2", "4.3"]
@@ -175,8 +175,9 @@ def _check(dataset: str, target: str, out, result) -> None:
     assert ev.range().contains(target), (dataset, target, ev.range())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("dataset", datasets())
+@pytest.mark.parametrize("dataset", dataset_params())
 def test_compact_writes_what_the_target_version_writes(dataset, target, tmp_path):
     out = tmp_path / "out"
     result = compact(SAMPLES / dataset / "mnesia", out, broker_version=target)
@@ -191,6 +192,7 @@ def test_compact_writes_what_the_target_version_writes(dataset, target, tmp_path
 KILLED = [d for d in datasets() if d.endswith("-kill")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("dataset", KILLED)
 def test_rebuild_writes_what_the_target_version_writes(dataset, target, tmp_path):
