@@ -400,9 +400,7 @@ def cmd_fsck(args) -> int:
         for w in n.warnings:
             print(f"cqforensics: warning: {n.path}: {w}", file=sys.stderr)
     if args.json:
-        import json
-
-        print(json.dumps(render.jsonable(report.to_dict()), ensure_ascii=False, sort_keys=True, indent=1))
+        print(render.document(report.to_dict()))
     elif not args.jsonl:
         render.fsck_text(report, sys.stdout, show_all=args.all_findings)
     return report.exit_code
@@ -534,7 +532,6 @@ def cmd_audit(args) -> int:
     reference counts against a clean shutdown's recorded index (problems as fsck counts them),
     live vs garbage bytes per file and what a compaction would reclaim; every row names its
     node. --vhost/--queue narrow it."""
-    import json
 
     from cli import render
     from cqforensics.base.errors import plural
@@ -547,7 +544,7 @@ def cmd_audit(args) -> int:
         if progress:
             progress.close()
     if args.json:
-        print(json.dumps(render.jsonable(a), ensure_ascii=False, sort_keys=True, indent=1))
+        print(render.document(a))
         return exitcodes.OK
     out = sys.stdout
     fleet = len(a["nodes"]) > 1
@@ -641,14 +638,13 @@ def _rewrite(args, command: str) -> int:
 
 def _report(result, as_json: bool, as_text, progress) -> int:
     """Print a writer's or verify's result (one JSON document or text); its exit code."""
-    import json
 
     from cli import render
 
     if progress:
         progress.close()
     if as_json:
-        print(json.dumps(render.jsonable(result.to_dict()), ensure_ascii=False, sort_keys=True, indent=1))
+        print(render.document(result.to_dict()))
     else:
         as_text(result, sys.stdout)
     return result.exit_code
