@@ -313,8 +313,10 @@ class _Decoder:
         if tag == SMALL_ATOM_UTF8 or tag == SMALL_ATOM:
             self.need(p, 1, "atom length")
             n = buf[p]
-            self.atom(p + 1, n, tag == SMALL_ATOM_UTF8)  # checked (and cached) as a decode would
-            return p + 1 + n
+            q = p + 1 + n
+            if q > self.end or (bytes(buf[p + 1 : q]), tag == SMALL_ATOM_UTF8) not in _ATOM_CACHE:
+                self.atom(p + 1, n, tag == SMALL_ATOM_UTF8)  # checked (and cached) as a decode would
+            return q
         if tag == NIL:
             return p
         if tag == SMALL_INTEGER:
