@@ -382,7 +382,7 @@ class _Decoder:
                 if not tail:
                     if pos >= self.end:
                         break
-                    tail = src[pos : pos + _ZCHUNK]
+                    tail = src[pos : min(pos + _ZCHUNK, self.end)]  # never past the end the decoder has
                     pos += len(tail)
                 part = z.decompress(tail, size + 1 - got)
                 tail = z.unconsumed_tail
@@ -493,14 +493,18 @@ def decode_at(buf, pos: int, *, max_decompressed: int = MAX_DECOMPRESSED):
         raise EtfError("terms nested too deeply", offset=pos) from None
 
 
-def decode_fields_at(buf, pos: int, wanted, *, max_decompressed: int = MAX_DECOMPRESSED):
+def decode_fields_at(buf, pos: int, wanted, *, end: int | None = None, max_decompressed: int = MAX_DECOMPRESSED):
     """The tuple whose tag is at ``buf[pos]`` with only the elements at the positions ``wanted``
     decoded (None in the others' places), and its end: as ``decode_at``, for a reader that needs
     a few fields of many large records (a term that is no tuple is decoded whole). The skipped
     bytes are checked as a decode checks them, so a record decodes here exactly when it decodes
-    whole."""
+    whole. ``end``: the record must end by ``buf[end]`` (as if ``buf`` ended there, without
+    the copy or view a slice of it would make for each record)."""
     try:
-        return _Decoder(buf, max_decompressed).tuple_fields(pos, frozenset(wanted))
+        d = _Decoder(buf, max_decompressed)
+        if end is not None:
+            d.end = min(d.end, max(pos, end))
+        return d.tuple_fields(pos, frozenset(wanted))
     except RecursionError:
         raise EtfError("terms nested too deeply", offset=pos) from None
 
