@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cqforensics.base import heap
 from cqforensics.base.errors import FormatError, OperationalError, display
 from cqforensics.codecs import textfiles
 from cqforensics.grammar.idx import LEGACY_SEGMENT_ENTRY_COUNT
@@ -633,7 +634,14 @@ def tree_bytes(path: Path) -> int:
 
 
 def discover(paths) -> list[NodeDir]:
-    """Every node dir under ``paths`` (a path or a list), labelled uniquely, in input order."""
+    """Every node dir under ``paths`` (a path or a list), labelled uniquely, in input order.
+    Listed with the cyclic collector paused (``heap.building``: a node of many queue dirs is
+    hundreds of thousands of objects, all kept)."""
+    with heap.building():
+        return _discover(paths)
+
+
+def _discover(paths) -> list[NodeDir]:
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     roots = []

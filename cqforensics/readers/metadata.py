@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cqforensics.base import heap
 from cqforensics.base.errors import FormatError
 from cqforensics.codecs import etf
 from cqforensics.readers.files import is_regular, read_bytes
@@ -400,6 +401,13 @@ def _khepri(coord: Path) -> Metadata:
 
 
 def read_metadata(node_dir: Path) -> Metadata:
+    """The node's metadata (Khepri, else Mnesia), read with the cyclic collector paused
+    (``heap.building``: a record a queue, each decoded into a few dozen objects, all kept)."""
+    with heap.building():
+        return _read_metadata(node_dir)
+
+
+def _read_metadata(node_dir: Path) -> Metadata:
     coord = node_dir / "coordination"
     if (node_dir / "rabbitmq_metadata").exists() or not (node_dir / "schema.DAT").exists():
         if coord.is_dir():
