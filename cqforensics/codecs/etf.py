@@ -360,12 +360,25 @@ class _Decoder:
         if n > self.end - p:
             raise EtfError(f"tuple arity {n} exceeds the remaining bytes", offset=pos)
         items = []
+        end = self.end
         for i in range(n):
             if i in wanted:
                 v, p = self.term(p, 1)
-            else:
-                v, p = None, self.skip(p, 1)
-            items.append(v)
+                items.append(v)
+                continue
+            items.append(None)
+            # the fields most records leave as [] or a known atom, skipped inline (``skip`` for
+            # anything else, and to word any error)
+            t = buf[p] if p < end else None
+            if t == NIL:
+                p += 1
+                continue
+            if (t == SMALL_ATOM_UTF8 or t == SMALL_ATOM) and p + 1 < end:
+                q = p + 2 + buf[p + 1]
+                if q <= end and (bytes(buf[p + 2 : q]), t == SMALL_ATOM_UTF8) in _ATOM_CACHE:
+                    p = q
+                    continue
+            p = self.skip(p, 1)
         return tuple(items), p
 
     def compressed(self, p: int, depth: int):
