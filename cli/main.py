@@ -1288,6 +1288,7 @@ class _NoPandas:
 def run() -> None:
     """The console script: ``main`` with Ctrl-C (or SIGTERM) turned into one line and exit 32,
     wherever it arrives."""
+    import gc
     import signal
 
     if "pandas" not in sys.modules:
@@ -1310,6 +1311,10 @@ def run() -> None:
         _interrupt_caught()
         print("cqforensics: interrupted", file=sys.stderr)
         code = exitcodes.INTERRUPTED
+    # the command is done: what it made is left to the exit, whose last full collection would
+    # otherwise traverse all of it (0.3-0.9 s after a node of 20,000 queues, for nothing: every
+    # file the command wrote is closed, the streams are flushed by the exit itself)
+    gc.freeze()
     sys.exit(code)
 
 
