@@ -400,9 +400,7 @@ def cmd_fsck(args) -> int:
         for w in n.warnings:
             print(f"cqforensics: warning: {n.path}: {w}", file=sys.stderr)
     if args.json:
-        import json
-
-        print(json.dumps(render.jsonable(report.to_dict()), ensure_ascii=False, sort_keys=True, indent=1))
+        print(render.document(report.to_dict()))
     elif not args.jsonl:
         render.fsck_text(report, sys.stdout, show_all=args.all_findings)
     return report.exit_code
@@ -534,7 +532,6 @@ def cmd_audit(args) -> int:
     reference counts against a clean shutdown's recorded index (problems as fsck counts them),
     live vs garbage bytes per file and what a compaction would reclaim; every row names its
     node. --vhost/--queue narrow it."""
-    import json
 
     from cli import render
     from cqforensics.base.errors import plural
@@ -547,7 +544,7 @@ def cmd_audit(args) -> int:
         if progress:
             progress.close()
     if args.json:
-        print(json.dumps(render.jsonable(a), ensure_ascii=False, sort_keys=True, indent=1))
+        print(render.document(a))
         return exitcodes.OK
     out = sys.stdout
     fleet = len(a["nodes"]) > 1
@@ -641,14 +638,13 @@ def _rewrite(args, command: str) -> int:
 
 def _report(result, as_json: bool, as_text, progress) -> int:
     """Print a writer's or verify's result (one JSON document or text); its exit code."""
-    import json
 
     from cli import render
 
     if progress:
         progress.close()
     if as_json:
-        print(json.dumps(render.jsonable(result.to_dict()), ensure_ascii=False, sort_keys=True, indent=1))
+        print(render.document(result.to_dict()))
     else:
         as_text(result, sys.stdout)
     return result.exit_code
@@ -1292,6 +1288,7 @@ class _NoPandas:
 def run() -> None:
     """The console script: ``main`` with Ctrl-C (or SIGTERM) turned into one line and exit 32,
     wherever it arrives."""
+    import gc
     import signal
 
     if "pandas" not in sys.modules:
@@ -1314,6 +1311,10 @@ def run() -> None:
         _interrupt_caught()
         print("cqforensics: interrupted", file=sys.stderr)
         code = exitcodes.INTERRUPTED
+    # the command is done: what it made is left to the exit, whose last full collection would
+    # otherwise traverse all of it (0.3-0.9 s after a node of 20,000 queues, for nothing: every
+    # file the command wrote is closed, the streams are flushed by the exit itself)
+    gc.freeze()
     sys.exit(code)
 
 

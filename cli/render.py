@@ -17,6 +17,15 @@ def jsonable(v):
     return jsonout.convert(v) if isinstance(v, dict) else jsonout.value(v)
 
 
+def document(v) -> str:
+    """``v`` as one indented JSON document in the convention (``fsck``/``audit``/``verify
+    --json``): the text of ``json.dumps(jsonable(v), ensure_ascii=False, sort_keys=True,
+    indent=1)``, made in one pass (``jsonout.document``)."""
+    from cqforensics.base import jsonout
+
+    return jsonout.document(v, indent=1)
+
+
 def dump_value(v) -> str:
     """A ``dump`` field as text: strings as they are (Erlang terms come as Erlang text, see
     ``cqforensics.codecs.etf.format_term``), numbers, ``true``/``false``, bytes as an Erlang binary

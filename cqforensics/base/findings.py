@@ -7,7 +7,7 @@ change meaning. ``CODES`` maps each code to its default severity and a one-line 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from cqforensics.base.errors import display, display_all
 
@@ -257,6 +257,10 @@ def _capped(value):
     return value
 
 
+#: where ``Finding.scoped`` places a finding
+_PLACES = frozenset({"node", "vhost", "queue", "priority"})
+
+
 @dataclass(frozen=True)
 class Finding:
     """One finding, immutable and located when it is made: readers name the file and offset,
@@ -291,11 +295,18 @@ class Finding:
             object.__setattr__(self, "message", _cut(self.message))
 
     def scoped(self, **where) -> Finding:
-        """This finding placed in a node, vhost, queue and/or priority level (a new finding)."""
-        bad = set(where) - {"node", "vhost", "queue", "priority"}
+        """This finding placed in a node, vhost, queue and/or priority level (a new finding).
+        Only the new places are made text (``display``): the rest was made once, when this
+        finding was (made again, a cut text would be cut again, its count of cut characters
+        lost; and a node of many queues scopes as many findings, each twice)."""
+        bad = where.keys() - _PLACES
         if bad:
             raise TypeError(f"scoped() takes node, vhost, queue, priority, not {sorted(bad)}")
-        return replace(self, **where)
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        for name, v in where.items():
+            object.__setattr__(new, name, display(v) if v is not None and name != "priority" else v)
+        return new
 
     def to_dict(self) -> dict:
         return {

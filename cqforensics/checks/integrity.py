@@ -523,11 +523,14 @@ def _file_summary_shape(path: Path, files: r_terms.TermFiles) -> list[Finding]:
             if isinstance(o, tuple) and len(o) == 8 and o[0] == "file_summary" and isinstance(o[1], int):
                 records.append((off, o))
     numbers = sorted(o[1] for _, o in records)
+    place: dict[int, int] = {}  # a file number's first position in ``numbers`` (not a search per record)
+    for k, number in enumerate(numbers):
+        place.setdefault(number, k)
     index = path.parent / "msg_store_index.ets"
     live = _referenced_bytes(index, files) if index.exists() else None
     out = []
     for off, (_, number, valid, left, right, _size, locked, readers) in records:
-        k = numbers.index(number)
+        k = place[number]
         problems = []
         if locked != "false":
             problems.append(f"locked is {str(locked)[:20]}, not false")

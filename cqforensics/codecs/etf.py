@@ -313,8 +313,10 @@ class _Decoder:
         if tag == SMALL_ATOM_UTF8 or tag == SMALL_ATOM:
             self.need(p, 1, "atom length")
             n = buf[p]
-            self.atom(p + 1, n, tag == SMALL_ATOM_UTF8)  # checked (and cached) as a decode would
-            return p + 1 + n
+            q = p + 1 + n
+            if q > self.end or (bytes(buf[p + 1 : q]), tag == SMALL_ATOM_UTF8) not in _ATOM_CACHE:
+                self.atom(p + 1, n, tag == SMALL_ATOM_UTF8)  # checked (and cached) as a decode would
+            return q
         if tag == NIL:
             return p
         if tag == SMALL_INTEGER:
@@ -358,12 +360,25 @@ class _Decoder:
         if n > self.end - p:
             raise EtfError(f"tuple arity {n} exceeds the remaining bytes", offset=pos)
         items = []
+        end = self.end
         for i in range(n):
             if i in wanted:
                 v, p = self.term(p, 1)
-            else:
-                v, p = None, self.skip(p, 1)
-            items.append(v)
+                items.append(v)
+                continue
+            items.append(None)
+            # the fields most records leave as [] or a known atom, skipped inline (``skip`` for
+            # anything else, and to word any error)
+            t = buf[p] if p < end else None
+            if t == NIL:
+                p += 1
+                continue
+            if (t == SMALL_ATOM_UTF8 or t == SMALL_ATOM) and p + 1 < end:
+                q = p + 2 + buf[p + 1]
+                if q <= end and (bytes(buf[p + 2 : q]), t == SMALL_ATOM_UTF8) in _ATOM_CACHE:
+                    p = q
+                    continue
+            p = self.skip(p, 1)
         return tuple(items), p
 
     def compressed(self, p: int, depth: int):
@@ -380,7 +395,7 @@ class _Decoder:
                 if not tail:
                     if pos >= self.end:
                         break
-                    tail = src[pos : pos + _ZCHUNK]
+                    tail = src[pos : min(pos + _ZCHUNK, self.end)]  # never past the end the decoder has
                     pos += len(tail)
                 part = z.decompress(tail, size + 1 - got)
                 tail = z.unconsumed_tail
@@ -491,14 +506,18 @@ def decode_at(buf, pos: int, *, max_decompressed: int = MAX_DECOMPRESSED):
         raise EtfError("terms nested too deeply", offset=pos) from None
 
 
-def decode_fields_at(buf, pos: int, wanted, *, max_decompressed: int = MAX_DECOMPRESSED):
+def decode_fields_at(buf, pos: int, wanted, *, end: int | None = None, max_decompressed: int = MAX_DECOMPRESSED):
     """The tuple whose tag is at ``buf[pos]`` with only the elements at the positions ``wanted``
     decoded (None in the others' places), and its end: as ``decode_at``, for a reader that needs
     a few fields of many large records (a term that is no tuple is decoded whole). The skipped
     bytes are checked as a decode checks them, so a record decodes here exactly when it decodes
-    whole."""
+    whole. ``end``: the record must end by ``buf[end]`` (as if ``buf`` ended there, without
+    the copy or view a slice of it would make for each record)."""
     try:
-        return _Decoder(buf, max_decompressed).tuple_fields(pos, frozenset(wanted))
+        d = _Decoder(buf, max_decompressed)
+        if end is not None:
+            d.end = min(d.end, max(pos, end))
+        return d.tuple_fields(pos, frozenset(wanted))
     except RecursionError:
         raise EtfError("terms nested too deeply", offset=pos) from None
 

@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cqforensics.base import heap
 from cqforensics.base.errors import FormatError, OperationalError, display
 from cqforensics.codecs import textfiles
 from cqforensics.grammar.idx import LEGACY_SEGMENT_ENTRY_COUNT
@@ -246,12 +247,15 @@ class NodeDir:
 NAME_FILE_LIMIT = 1 << 20
 
 
-def read_name_file(path: Path, problems: list[FileProblem], what: str, listed: bool = False) -> bytes | None:
+def read_name_file(
+    path: Path, problems: list[FileProblem], what: str, listed: bool = False, where: str | None = None
+) -> bytes | None:
     """The bytes of a name file (``what``: ``.vhost`` or ``.queue_name``), the one reading of it
     every layer uses; None when absent, not a regular file, or longer than ``NAME_FILE_LIMIT``
     (then a ``missing-queue-name`` problem: what it holds is no name, the start of it is not one
-    either). ``listed``: a listing just showed it as a regular file, not a symlink."""
-    raw = _read_small(path, problems, NAME_FILE_LIMIT + 1, listed=listed)
+    either). ``listed``: a listing just showed it as a regular file, not a symlink; ``where``:
+    ``path`` as text, when the caller has it (a path's text is made anew for each new Path)."""
+    raw = _read_small(path, problems, NAME_FILE_LIMIT + 1, listed=listed, where=where)
     if raw is not None and len(raw) > NAME_FILE_LIMIT:
         problems.append(
             FileProblem(
@@ -274,12 +278,15 @@ def _plain_file(e: os.DirEntry) -> bool:
         return False
 
 
-def _read_small(path: Path, problems: list[FileProblem], limit: int = 1 << 20, listed: bool = False) -> bytes | None:
+def _read_small(
+    path: Path, problems: list[FileProblem], limit: int = 1 << 20, listed: bool = False, where: str | None = None
+) -> bytes | None:
     """The first ``limit`` bytes of a small text file; None when absent or not a regular file
     (a FIFO would block ``open()`` forever: it becomes a ``not-regular-file`` problem, unread).
-    ``listed``: a listing just showed it as a regular file, not a symlink."""
+    ``listed``: a listing just showed it as a regular file, not a symlink; ``where``: ``path``
+    as text."""
     try:
-        return r_files.read_optional(path, limit, listed=listed)
+        return r_files.read_optional(path if where is None else where, limit, listed=listed)
     except r_files.NotRegularFile as e:
         _not_regular(problems, path, e.message)
         return None
@@ -370,12 +377,21 @@ def _numbered(entries, where: str) -> dict[str, list[tuple[int, Path]]]:
     return out
 
 
-def read_queue_dir(path: Path, vhost_raw: bytes | None, problems: list[FileProblem]) -> QueueDir:
-    where = os.fspath(path)
+def read_queue_dir(
+    path: Path, vhost_raw: bytes | None, problems: list[FileProblem], where: str | None = None
+) -> QueueDir:
+    """A queue dir, listed, and its ``.queue_name`` read and checked against the dir's name.
+    ``where``: ``path`` as text, when the caller has it (the listing's entry): a node may hold
+    tens of thousands of queue dirs, and each step here is paid once per dir."""
+    if where is None:
+        where = os.fspath(path)
     q = QueueDir(path=path, dir_name=os.path.basename(where))
     q.numbered = files = {kind: [] for kind in registry.numbered_kinds("queue")}
     listed = None  # the .queue_name the listing shows
     for e in _special(_listdir(where), problems):
+        if e.name == ".queue_name":  # the one file of most queue dirs (an empty queue's)
+            listed = e
+            continue
         hit = registry.placed(e.name, "queue")
         kind = hit[0] if hit is not None else None
         if kind == "queue_name":
@@ -397,7 +413,13 @@ def read_queue_dir(path: Path, vhost_raw: bytes | None, problems: list[FileProbl
     raw = (
         None
         if listed is None and stub not in _not_regular_paths(problems)
-        else read_name_file(stub, problems, ".queue_name", listed=listed is not None and _plain_file(listed))
+        else read_name_file(
+            stub,
+            problems,
+            ".queue_name",
+            listed=listed is not None and _plain_file(listed),
+            where=listed.path if listed is not None else None,
+        )
     )
     if raw is None and len(problems) == before and stub not in _not_regular_paths(problems):
         problems.append(FileProblem("missing-queue-name", stub, "queue dir has no .queue_name"))
@@ -473,7 +495,7 @@ def read_vhost_dir(path: Path) -> VhostDir:
         elif e.name == "queues" and _is_dir(e):
             for qe in _special(_listdir(p), v.problems):
                 if _is_dir(qe):
-                    v.queues.append(read_queue_dir(_child(p, qe.name), v.name_raw, v.problems))
+                    v.queues.append(read_queue_dir(_child(p, qe.name), v.name_raw, v.problems, qe.path))
                 else:
                     v.others.append(Path(qe.path))
         elif registry.kind_of(e.name, "vhost") is None:
@@ -612,7 +634,14 @@ def tree_bytes(path: Path) -> int:
 
 
 def discover(paths) -> list[NodeDir]:
-    """Every node dir under ``paths`` (a path or a list), labelled uniquely, in input order."""
+    """Every node dir under ``paths`` (a path or a list), labelled uniquely, in input order.
+    Listed with the cyclic collector paused (``heap.building``: a node of many queue dirs is
+    hundreds of thousands of objects, all kept)."""
+    with heap.building():
+        return _discover(paths)
+
+
+def _discover(paths) -> list[NodeDir]:
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     roots = []

@@ -28,6 +28,7 @@ from cqforensics.base import parallel
 from cqforensics.base.enums import Location, StoreStatus
 from cqforensics.base.errors import CQError, display, plural
 from cqforensics.base.findings import Finding
+from cqforensics.codecs import textfiles
 from cqforensics.discovery.nodes import (
     STORAGE_KINDS,
     NodeDir,
@@ -972,8 +973,6 @@ class NodeScan:
         """Vhost dir name -> the index dir names of its durable queues (every level of a
         priority queue): the dirs the next boot keeps (IDX2 start/2 deletes the others); None
         when the metadata is unreadable."""
-        from cqforensics.codecs import textfiles
-
         meta = self.metadata
         if meta.kind is None:
             return None
@@ -1049,8 +1048,6 @@ def name_from_metadata(v: VhostDir, meta: Metadata) -> dict[str, tuple[str, byte
     boots empty. It is named from its ``.queue_name`` (``name_source`` "renamed") when that
     queue has no dir of its own here; returns those dirs: dir name -> (the queue's own dir
     name, stored name, priority level), what ``rebuild`` writes them back as."""
-    from cqforensics.codecs import textfiles
-
     if v.name is None:
         for vhost in sorted(set(meta.vhosts) | {vh for vh, _ in meta.queues}):
             if textfiles.vhost_dir_name(vhost) == v.dir_name:
@@ -1162,8 +1159,6 @@ class LostQueue:
 def queue_dirs_of(meta: Metadata, vhost: bytes, name: bytes) -> list[tuple[str, bytes, int | None]]:
     """The index dirs a durable queue has: (dir name, stored name, priority level); one per
     level 0..x-max-priority for a priority queue (rabbit_priority_queue), else one."""
-    from cqforensics.codecs import textfiles
-
     known = meta.queue_dirs.get((vhost, name))
     if known is not None:
         return known
@@ -1186,8 +1181,6 @@ def queue_dirs_of(meta: Metadata, vhost: bytes, name: bytes) -> list[tuple[str, 
 def home_nodes(node: NodeDir, meta: Metadata) -> set[str]:
     """The names this node dir had: its own dir name, and the home node (pid) of every durable
     queue that has an index dir here (a backup may have renamed the dir)."""
-    from cqforensics.codecs import textfiles
-
     here = {(v.dir_name, q.dir_name) for v in node.vhosts for q in v.queues}
     names = {node.path.name}
     for (vhost, name), rec in meta.queues.items():
@@ -1203,8 +1196,6 @@ def lost_queues(node: NodeDir, meta: Metadata) -> list[LostQueue]:
     dir, or a level dir of a priority queue, is not a readable dir under their vhost's dir.
     A queue homed on another node of a cluster has no dir here and is not listed; nor is
     anything when the metadata is unreadable."""
-    from cqforensics.codecs import textfiles
-
     if meta.kind is None or not meta.queues:
         return []
     vhost_dirs = {v.dir_name: v for v in node.vhosts}

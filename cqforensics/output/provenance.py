@@ -24,12 +24,14 @@ import time
 from pathlib import Path
 
 from cqforensics import compiled as core
-from cqforensics.base import parallel
+from cqforensics.base import heap, parallel
 from cqforensics.base.errors import display
 from cqforensics.readers.files import fd_extents
 
 METADATA_KEY = b"cqforensics.provenance"
 _CHUNK = 1 << 20
+#: how an input is opened to be hashed: never through a symlink, never blocking on a FIFO
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def now_ms() -> int:
@@ -67,10 +69,7 @@ def _entry(path: str) -> dict | None:
     ``holes`` lists its zeroed ranges ``[offset, length]``, ``data_sha256`` the SHA-256 of the
     bytes outside them, in file order (the file is that data with zeros in the holes)."""
     try:
-        fd = os.open(
-            path,
-            os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0),
-        )
+        fd = os.open(path, _OPEN_FLAGS)
     except OSError:
         try:
             st = os.lstat(path)
@@ -116,7 +115,13 @@ def _entry(path: str) -> dict | None:
 def inputs_manifest(paths, jobs: int = 1) -> list[dict]:
     """``{path, size, sha256}`` of every regular file under ``paths`` (a file path is itself);
     a sparse file's holes are listed, not read (``_entry``). ``jobs``: processes hashing files
-    at once (``cqforensics.base.parallel``), the same manifest."""
+    at once (``cqforensics.base.parallel``), the same manifest. Made with the cyclic collector
+    paused (``heap.building``: an entry a file, all kept)."""
+    with heap.building():
+        return _manifest(paths, jobs)
+
+
+def _manifest(paths, jobs: int) -> list[dict]:
     if isinstance(paths, (str, Path)):
         paths = [paths]
     files: set[str] = set()

@@ -115,16 +115,18 @@ def read_optional(path: Path | str, limit: int | None = None, listed: bool = Fal
 
 #: what a read of a small file asks the kernel for at a time
 _SMALL_READ = 1 << 16
+#: how ``_read_upto`` opens a file (never blocking on a FIFO), and one a listing just showed
+#: as a regular file (no symlink followed either)
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+_LISTED_FLAGS = _READ_FLAGS | getattr(os, "O_NOFOLLOW", 0)
 
 
 def _read_upto(path: Path | str, limit: int, listed: bool = False) -> bytes:
     """The first ``limit`` bytes of a regular file, read a little at a time: a buffered
     ``read(limit)`` allocates ``limit`` bytes up front (an mmap and munmap for each small file
     read with a 1 MiB limit: most of the cost of listing a node of many queue dirs)."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    if listed:
-        flags |= getattr(os, "O_NOFOLLOW", 0)
-    else:
+    flags = _LISTED_FLAGS if listed else _READ_FLAGS
+    if not listed:
         what = file_type(path)
         if what == "a directory":
             raise IsADirectoryError(21, "Is a directory", os.fsdecode(path))

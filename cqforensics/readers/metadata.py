@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cqforensics.base import heap
 from cqforensics.base.errors import FormatError
 from cqforensics.codecs import etf
 from cqforensics.readers.files import is_regular, read_bytes
@@ -188,11 +189,12 @@ def _frozen(t):
     return t
 
 
-def _fill(meta: Metadata, tables: dict[str, dict]) -> None:
-    """Metadata from the replayed records of each table (key -> (record, source))."""
+def _fill(meta: Metadata, tables: dict[str, dict], records: dict | None = None) -> None:
+    """Metadata from the replayed records of each table (key -> (record, source));
+    ``records``: the QueueRecord of each key of the queue table, when already made."""
     queues = {}
-    for rec, source in tables[TABLE].values():
-        q = queue_record(rec, source)
+    for key, (rec, source) in tables[TABLE].items():
+        q = records[key] if records is not None else queue_record(rec, source)
         if q is not None:
             queues[(q.vhost, q.name)] = q
     meta.queues = {k: v for k, v in queues.items() if v.durable}
@@ -353,8 +355,7 @@ _CARVE = {
     EXCHANGE_TABLE: _carver(b"exchange"),
     ROUTE_TABLE: _carver(b"binding"),
 }
-_CARVE_CHECK = {
-    TABLE: lambda t: queue_record(t, "") is not None,
+_CARVE_CHECK = {  # the queue table's check is making its QueueRecord (_khepri)
     VHOST_TABLE: lambda t: vhost_record(t) is not None,
     EXCHANGE_TABLE: lambda t: exchange_record(t) is not None,
     ROUTE_TABLE: lambda t: binding_record(t) is not None,
@@ -364,6 +365,7 @@ _CARVE_CHECK = {
 def _khepri(coord: Path) -> Metadata:
     meta = Metadata("khepri", notes=["Khepri metadata read heuristically (records carved from the Ra log)"])
     tables: dict[str, dict] = {t: {} for t in TABLES}
+    records: dict = {}  # key -> the QueueRecord of the #amqqueue{} in tables[TABLE]
     for path in sorted(p for p in coord.rglob("*") if is_regular(p)):
         try:
             data = read_bytes(path)
@@ -375,12 +377,16 @@ def _khepri(coord: Path) -> Metadata:
             for start in _carved(data, carver):
                 try:  # a record within 64 KiB of its start (a view: no copy per candidate)
                     if table == TABLE:  # the fields queue_record reads (a node may hold many queues)
-                        term, _ = etf.decode_fields_at(view[start : start + 65536], 0, QUEUE_FIELDS)
+                        term, _ = etf.decode_fields_at(data, start, QUEUE_FIELDS, end=start + 65536)
                     else:
                         term, _ = etf.decode_at(view[start : start + 65536], 0)
                 except etf.EtfError:
                     continue
-                if not _CARVE_CHECK[table](term):
+                if table == TABLE:  # the record is made once: checking it is making it
+                    rec = queue_record(term, path.name)
+                    if rec is None:
+                        continue
+                elif not _CARVE_CHECK[table](term):
                     continue
                 key = _key_of(table, term) if table != ROUTE_TABLE else _frozen(term)
                 try:
@@ -388,11 +394,20 @@ def _khepri(coord: Path) -> Metadata:
                 except TypeError:
                     continue
                 tables[table][key] = (term, path.name)
-    _fill(meta, tables)
+                if table == TABLE:
+                    records[key] = rec
+    _fill(meta, tables, records)
     return meta
 
 
 def read_metadata(node_dir: Path) -> Metadata:
+    """The node's metadata (Khepri, else Mnesia), read with the cyclic collector paused
+    (``heap.building``: a record a queue, each decoded into a few dozen objects, all kept)."""
+    with heap.building():
+        return _read_metadata(node_dir)
+
+
+def _read_metadata(node_dir: Path) -> Metadata:
     coord = node_dir / "coordination"
     if (node_dir / "rabbitmq_metadata").exists() or not (node_dir / "schema.DAT").exists():
         if coord.is_dir():

@@ -347,7 +347,8 @@ def refcounts_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
     node, vhost = _where(vs)
     labels = [q.label for q in vs.all_queue_dirs]
     names = sorted(set(labels))
-    name_of = np.array([names.index(x) for x in labels] or [0], np.int64)
+    position = {x: k for k, x in enumerate(names)}  # (a search of the list per queue was quadratic)
+    name_of = np.array([position[x] for x in labels] or [0], np.int64)
     for kind, st in vs.stores.items():
         refs = vs.references[kind]
         missing = refs.ids.ids[st.distinct.lookup(refs.ids.ids) < 0]  # referenced, in no file

@@ -46,6 +46,19 @@ def test_a_finding_is_immutable_and_scoping_makes_a_new_one():
         f.scoped(code="expired")
 
 
+def test_scoping_keeps_a_cut_text_as_it_was_cut():
+    """A text over MAX_TEXT is cut once, when the finding is made: scoping it (twice, as a check
+    and then fsck do) neither cuts it again nor loses the count of characters cut; undecodable
+    names it is scoped to are shown as escapes, as when made."""
+    from cqforensics.base.findings import MAX_TEXT
+
+    f = Finding("unknown-queue", "m" * (MAX_TEXT + 500), details={"text": "d" * (MAX_TEXT + 300)})
+    g = f.scoped(queue=b"q\xff").scoped(node="rabbit@h", vhost="/")
+    assert g.message == f.message and g.message.endswith("... (500 more characters cut)")
+    assert g.details == f.details and g.details["text"].endswith("... (300 more characters cut)")
+    assert (g.queue, g.node, g.vhost) == ("q\\xff", "rabbit@h", "/")
+
+
 def test_only_readers_and_checks_make_findings():
     made = []
     for path in (
