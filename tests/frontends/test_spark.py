@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 import cqforensics
-from support import SAMPLES, copy_node, damage, datasets, streams_beside_two_vhosts
+from support import SAMPLES, copy_node, damage, datasets, manifest, streams_beside_two_vhosts
 
 pytestmark = pytest.mark.spark
 
@@ -78,7 +78,7 @@ SPARK_DATASETS = [
 @pytest.mark.parametrize("dataset", SPARK_DATASETS)
 def test_every_table_equals_the_embedded_reader(spark, dataset):
     path = str(SAMPLES / dataset)
-    m = __import__("oracle").manifest(dataset)
+    m = manifest(dataset)
     for table in cqforensics.TABLES:
         opts = {"asOf": m["restarted_at_ms"], "maxPartitionBytes": 20_000}  # several partitions per read
         got = read(spark, path, table, **opts).toArrow()
