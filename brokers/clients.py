@@ -25,27 +25,11 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-#: AMQP 0-9-1 field-table type characters -> RabbitMQ's type names (rabbit_binary_parser).
-FIELD_TYPES = {
-    "S": "longstr",
-    "T": "timestamp",
-    "b": "byte",
-    "B": "unsignedbyte",
-    "s": "short",
-    "u": "unsignedshort",
-    "I": "signedint",
-    "i": "unsignedint",
-    "d": "double",
-    "f": "float",
-    "l": "long",
-    "L": "long",
-    "t": "bool",
-    "D": "decimal",
-    "F": "table",
-    "A": "array",
-    "x": "binary",
-    "V": "void",
-}
+from cqforensics.codecs.amqp091 import TYPE_CHARS
+
+#: AMQP 0-9-1 field-table type characters -> RabbitMQ's type names (rabbit_binary_parser): the
+#: codec's one table
+FIELD_TYPES = TYPE_CHARS
 
 #: The 13 basic properties other than headers, in wire order.
 PROPERTY_NAMES = (
