@@ -177,6 +177,19 @@ class _Decoder:
                 _ATOM_CACHE[key] = a
         return a
 
+    def tuple_arity(self, tag: int, p: int, pos: int) -> tuple[int, int]:
+        """The arity of the tuple tagged at ``pos`` (its arity field at ``p``) and where its
+        elements start, checked against the bytes left (each element takes at least one)."""
+        if tag == SMALL_TUPLE:
+            self.need(p, 1, "tuple arity")
+            n, p = self.buf[p], p + 1
+        else:
+            self.need(p, 4, "tuple arity")
+            (n,), p = _u32(self.buf, p), p + 4
+        if n > self.end - p:
+            raise EtfError(f"tuple arity {n} exceeds the remaining bytes", offset=pos)
+        return n, p
+
     def term(self, pos: int, depth: int):
         if pos >= self.end:
             raise EtfError("term truncated", offset=pos)
@@ -214,14 +227,7 @@ class _Decoder:
             (n,) = _u16(buf, p)
             return self.atom(p + 2, n, tag == ATOM_UTF8), p + 2 + n
         if tag == SMALL_TUPLE or tag == LARGE_TUPLE:
-            if tag == SMALL_TUPLE:
-                self.need(p, 1, "tuple arity")
-                n, p = buf[p], p + 1
-            else:
-                self.need(p, 4, "tuple arity")
-                (n,), p = _u32(buf, p), p + 4
-            if n > self.end - p:
-                raise EtfError(f"tuple arity {n} exceeds the remaining bytes", offset=pos)
+            n, p = self.tuple_arity(tag, p, pos)
             items = []
             for _ in range(n):
                 v, p = self.term(p, depth + 1)
@@ -350,15 +356,7 @@ class _Decoder:
         tag = buf[pos] if pos < self.end else None
         if tag != SMALL_TUPLE and tag != LARGE_TUPLE:
             return self.term(pos, 0)
-        p = pos + 1
-        if tag == SMALL_TUPLE:
-            self.need(p, 1, "tuple arity")
-            n, p = buf[p], p + 1
-        else:
-            self.need(p, 4, "tuple arity")
-            (n,), p = _u32(buf, p), p + 4
-        if n > self.end - p:
-            raise EtfError(f"tuple arity {n} exceeds the remaining bytes", offset=pos)
+        n, p = self.tuple_arity(tag, pos + 1, pos)
         items = []
         end = self.end
         for i in range(n):
