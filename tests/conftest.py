@@ -10,12 +10,9 @@ from pathlib import Path
 import pytest
 
 _TESTS = Path(__file__).resolve().parent
-# ``support`` from every test folder; and each folder, for the helpers a test module still takes
-# from another's (``from test_cli import run``), whichever folders a run collects
-# and the checkout's root, for ``fuzz`` and ``brokers`` (not installed with the package)
-sys.path[:0] = [str(_TESTS.parent), str(_TESTS)] + sorted(
-    str(d) for d in _TESTS.iterdir() if d.is_dir() and d.name != "support"
-)
+# ``support`` (the shared helpers) for every test, wherever it sits; and the checkout's root, for
+# ``fuzz`` and ``brokers`` (not installed with the package). No test imports another test module.
+sys.path[:0] = [str(_TESTS.parent), str(_TESTS)]
 
 from support import ROOT, dataset_params, skip_or_fail  # noqa: E402
 from support.oracle import extract_archives  # noqa: E402

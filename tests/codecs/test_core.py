@@ -5,7 +5,6 @@ makes that a failure)."""
 
 from __future__ import annotations
 
-import functools
 import os
 import random
 import shutil
@@ -25,16 +24,13 @@ from cqforensics.readers.files import read_bytes
 from cqforensics.tables import builders as tables
 from support import ROOT, SAMPLES, dataset_params, skip_or_fail
 from support.oracle import datasets
+from support.terms import sample_files, stored_bodies
 
 
 @pytest.fixture(autouse=True)
 def _need_core():
     if core.native() is None:
         skip_or_fail(f"the compiled core is not available: {core.status()}")
-
-
-def _files(suffix: str) -> list[Path]:
-    return sorted(p for ds in datasets() for p in (SAMPLES / ds / "mnesia").rglob(f"*{suffix}") if p.is_file())
 
 
 def _same_walk(data: bytes, path: Path = Path("x.rdq"), referenced: r_rdq.Referenced | None = None):
@@ -81,7 +77,7 @@ def test_rust_unit_tests():
 
 
 def test_walk_equals_reference_on_every_sample_file():
-    files = _files(".rdq")
+    files = sample_files(".rdq")
     assert len(files) >= 10
     rng = random.Random(13)
     for p in files:
@@ -136,7 +132,7 @@ def _mutations(data: bytes, rng: random.Random, n: int):
 @pytest.mark.slow
 def test_walk_equals_reference_on_damaged_and_random_bytes():
     rng = random.Random(15)
-    files = _files(".rdq")
+    files = sample_files(".rdq")
     cases = 0
     for p in files:
         for data in _mutations(read_bytes(p), rng, 25):
@@ -154,7 +150,7 @@ def test_walk_equals_reference_on_damaged_and_random_bytes():
 
 
 def test_walk_skips_the_holes_of_a_sparse_file_like_the_reference(tmp_path):
-    data = read_bytes(_files(".rdq")[0])
+    data = read_bytes(sample_files(".rdq")[0])
     p = tmp_path / "0.rdq"
     with open(p, "wb") as f:
         f.write(data)
@@ -167,7 +163,7 @@ def test_walk_skips_the_holes_of_a_sparse_file_like_the_reference(tmp_path):
 
 
 def test_check_qs_equals_reference():
-    files = _files(".qs")
+    files = sample_files(".qs")
     assert files
     rng = random.Random(3)
     for p in files:
@@ -199,7 +195,7 @@ def test_qs_garbage_runs_equal_reference():
     """Crafted and damaged bytes: the core's garbage runs of a .qs segment (findings
     qs-garbage / qs-trailing-garbage) equal the reference scan's, with and without a sparse
     file's holes, whatever the number of runs per call."""
-    files = _files(".qs")
+    files = sample_files(".qs")
     assert files
     rng = random.Random(29)
     cases = runs = 0
@@ -248,7 +244,7 @@ def _same_chunk(path: Path) -> None:
 def test_qi_decode_equals_reference(tmp_path):
     """Every sample .qi, damaged copies and crafted slots: the core's slot decode gives the
     reference's findings, records, acks and live entries, byte for byte."""
-    files = _files(".qi")
+    files = sample_files(".qi")
     assert files
     rng = random.Random(31)
     cases = 0
@@ -279,7 +275,7 @@ def test_read_spans_equals_slicing(tmp_path):
     slicing each file gives: in and out of order, far apart, repeated, overlapping, past the
     end of the file, from buffers and from open files, with null rows."""
     rng = random.Random(37)
-    files = _files(".rdq")[:3]
+    files = sample_files(".rdq")[:3]
     datas = [read_bytes(p) for p in files] + [rng.randbytes(5000)]
     paths = []
     for k, d in enumerate(datas):
@@ -318,7 +314,7 @@ def test_read_spans_equals_slicing(tmp_path):
     # a store's terms in file order (a read per run of up to 1024 pieces, the gaps between
     # them skipped), of the sample file with the most entries: every entry, every third, and
     # every other one with the last cut where the file ends
-    path = max(_files(".rdq"), key=lambda p: p.stat().st_size)
+    path = max(sample_files(".rdq"), key=lambda p: p.stat().st_size)
     data = read_bytes(path)
     offsets, totals, *_ = core.walk_rdq(data)
     assert len(offsets) > 500
@@ -339,18 +335,6 @@ def test_read_spans_equals_slicing(tmp_path):
 
 
 # -- message decode --------------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=1)
-def _stored_terms() -> tuple[bytes, ...]:
-    out = []
-    for ds in datasets():
-        t = cqforensics.read_table(SAMPLES / ds / "mnesia", "store", columns=["body"])
-        out += [b for b in t.column("body").to_pylist() if b]
-        for p in _files(".qs"):
-            if ds in str(p):
-                out += [bytes(term[0][term[1] : term[1] + term[2]]) for row, term in r_qs.dump_rows(p) if term]
-    return tuple(out)
 
 
 def _compare_decode(terms: list[bytes], index_ids: list, bodies: bool = True) -> int:
@@ -378,7 +362,7 @@ def _compare_decode(terms: list[bytes], index_ids: list, bodies: bool = True) ->
 
 @pytest.mark.slow
 def test_decode_equals_reference_on_every_stored_message():
-    terms = list(_stored_terms())
+    terms = list(stored_bodies())
     assert len(terms) > 5000
     rng = random.Random(1)
     ids = [None if rng.random() < 0.5 else (t[-40:-24] if rng.random() < 0.5 else rng.randbytes(16)) for t in terms]
@@ -388,7 +372,7 @@ def test_decode_equals_reference_on_every_stored_message():
 
 
 def test_decode_equals_reference_on_damaged_terms():
-    terms = _stored_terms()
+    terms = stored_bodies()
     rng = random.Random(7)
     damaged = []
     for _ in range(6000):
@@ -417,7 +401,7 @@ def test_decode_equals_reference_on_count_lies():
     bytes of 0xFF (and 0x7FFFFFFF) written over the term. The core falls back or decodes as the
     reference does, and the whole lot takes seconds (no count is trusted before it is checked)."""
     by_shape = {}
-    for t in _stored_terms():
+    for t in stored_bodies():
         by_shape.setdefault((t[:12], len(t) < 400), t)
     lied = []
     for t in by_shape.values():
@@ -437,7 +421,7 @@ def test_decode_equals_reference_on_crafted_annotations():
     the reference, and every row it decodes equals the reference's."""
     from cqforensics.codecs.etf import Atom, binary_to_term, term_to_binary
 
-    base = next(binary_to_term(t) for t in _stored_terms() if t[3:6] == b"w\x02m")
+    base = next(binary_to_term(t) for t in stored_bodies() if t[3:6] == b"w\x02m")
     anns = dict(base[3])
     variants = [
         {},
@@ -478,7 +462,7 @@ def test_decode_from_a_file_equals_decode_from_its_bytes(tmp_path):
     of nearby terms at a time (``Window``): rows in and out of file order, far apart, repeated,
     overlapping, cut by the file's end or past it, and a term longer than a window decode as
     from the file's bytes in memory. Crafted layout of real stored terms."""
-    terms = list(_stored_terms()[:3000]) + [random.Random(3).randbytes(3 << 20)]
+    terms = list(stored_bodies()[:3000]) + [random.Random(3).randbytes(3 << 20)]
     rng = random.Random(11)
     data, spans = bytearray(), []
     for t in terms:
@@ -785,7 +769,7 @@ def test_buffer_arguments_are_read_as_they_are_and_type_checked():
     """The core reads array arguments through the buffer protocol: numpy arrays and memoryviews of
     the item type go in without a copy and give the same answer; a buffer of another item type
     (bytes, int32) is refused, never reinterpreted, and so is a non-contiguous one."""
-    data = read_bytes(_files(".qs")[0])
+    data = read_bytes(sample_files(".qs")[0])
     offsets, sizes = np.array([0, 8, 1 << 40], np.int64), np.array([4, 1 << 30, 4], np.int64)
     want = core.native().check_qs(data, offsets, sizes)
     assert want == core.check_qs(data, offsets, sizes).tobytes()

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_core import _stored_terms
 
 from cqforensics import compiled as core
 from cqforensics.readers import rdq as r_rdq
 from support import skip_or_fail
+from support.terms import stored_bodies
 
 
 @pytest.fixture(autouse=True)
@@ -46,7 +46,7 @@ def _equal(a, b) -> None:
 @pytest.mark.parametrize("bodies", [True, False])
 def test_decode_from_a_file_equals_decode_from_its_bytes(tmp_path, bodies):
     rng = random.Random(11)
-    terms = list(_stored_terms())[:3000]
+    terms = list(stored_bodies())[:3000]
     blob = bytearray()
     starts, lengths = [], []
     for t in terms:

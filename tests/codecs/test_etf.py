@@ -10,28 +10,7 @@ import pytest
 
 from cqforensics.codecs import etf
 from cqforensics.codecs.etf import Atom, BitBinary, EtfError, ImproperList, Opaque
-from support import SAMPLES
-
-
-def stored_terms():
-    """(path, offset, raw term bytes) of every message term in every sample: shared-store
-    entries, .qs entries and v1 embedded messages (located through the index table)."""
-    import cqforensics
-
-    out = []
-    for b in cqforensics.iter_batches(SAMPLES, "store", columns=["file", "offset", "body"]):
-        out += zip(*(b.column(c).to_pylist() for c in ("file", "offset", "body")))
-    cols = ["file", "kind", "location", "store_offset", "store_size"]
-    for b in cqforensics.iter_batches(SAMPLES, "index", columns=cols):
-        for f, kind, loc, off, size in zip(*(b.column(c).to_pylist() for c in cols)):
-            if kind != "publish" or loc not in ("queue_store", "embedded"):
-                continue
-            if loc == "queue_store":
-                f, off = f[:-3] + ".qs", off + 8
-            with open(f, "rb") as fh:
-                fh.seek(off)
-                out.append((f, off, fh.read(size)))
-    return out
+from support.terms import stored_terms
 
 
 def test_every_sample_term_reencodes_byte_identically():

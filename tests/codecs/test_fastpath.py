@@ -1,10 +1,9 @@
 """The fast decoding path gives exactly what the generic normaliser gives, on every sample term."""
 
-from test_etf import stored_terms
-
 from cqforensics.base.errors import FormatError
 from cqforensics.message import fast as fastpath
 from cqforensics.message import reference as message
+from support.terms import stored_terms
 
 
 def test_fast_path_equals_generic_on_every_sample_term():

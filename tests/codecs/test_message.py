@@ -8,7 +8,6 @@ import json
 import random
 
 import pytest
-from test_etf import stored_terms
 
 import cqforensics
 from cqforensics.base.errors import FormatError
@@ -16,6 +15,7 @@ from cqforensics.codecs import etf
 from cqforensics.codecs.etf import Atom
 from cqforensics.message import reference as message
 from support import SAMPLES
+from support.terms import stored_terms
 
 A = Atom
 

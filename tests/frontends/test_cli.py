@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -10,27 +9,8 @@ import sys
 
 import pytest
 
-from cli.main import main
 from support import ROOT, SAMPLES, copy_node, damage
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def fingerprint(root) -> dict:
-    """Every file's bytes and mtime, and every dir's listing, under root."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        out[dirpath] = sorted(dirnames + filenames)
-        for n in filenames:
-            p = os.path.join(dirpath, n)
-            st = os.stat(p)
-            with open(p, "rb") as f:
-                out[p] = (hashlib.sha256(f.read()).hexdigest(), st.st_mtime_ns, st.st_size)
-    return out
+from support.cli import fingerprint, run
 
 
 def test_fsck_clean_samples_exit_0(capsys):

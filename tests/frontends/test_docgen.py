@@ -7,11 +7,11 @@ import shutil
 import subprocess
 
 import pytest
-from test_cli import run
 
 from cli import docgen
 from cli.main import build_parser
 from support import skip_or_fail
+from support.cli import run
 
 
 def _everything():

@@ -10,39 +10,11 @@ cut out of LATEST.LOG, as that kill leaves it."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from cqforensics.readers.metadata import read_metadata
-from cqforensics.readers.terms import read_disk_log
 from support import copy_node
-
-
-def drop_declaration_outcome(node: Path) -> tuple[bytes, bytes]:
-    """Cut out of ``node``'s LATEST.LOG the ``committed`` outcome of the last durable queue
-    declaration it logs; returns that queue's (vhost, name)."""
-    path = node / "LATEST.LOG"
-    data = path.read_bytes()
-    log = read_disk_log(path, data)
-    assert log.error is None, log.error
-    ends = log.offsets[1:] + [len(data)]
-    for i in reversed(range(len(log.items))):
-        item = log.items[i]
-        if not (isinstance(item, tuple) and item[0] == "commit" and isinstance(item[2], tuple)):
-            continue  # not a presume-abort commit (those carry a #decision{})
-        for op in item[4]:  # disc_copies ops: {{Tab, Key}, Record, Op}
-            if op[0][0] == "rabbit_durable_queue" and op[2] == "write":
-                tid = item[2][1]
-                j = next(
-                    j
-                    for j in range(i + 1, len(log.items))
-                    if isinstance(log.items[j], tuple) and log.items[j][0] == "decision" and log.items[j][1] == tid
-                )
-                path.write_bytes(data[: log.offsets[j]] + data[ends[j] :])
-                resource = op[1][1]
-                return resource[1], resource[3]
-    raise AssertionError(f"{path}: no durable queue declaration with a logged outcome")
+from support.damage import drop_declaration_outcome
 
 
 @pytest.mark.parametrize("dataset", ["4.0.5-kill", "3.10.8-kill"])

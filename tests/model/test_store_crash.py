@@ -7,12 +7,12 @@ the same classes against the real brokers."""
 from __future__ import annotations
 
 import pytest
-from test_recovery_state_brokers import ets_items, root_vhost
 
 import cqforensics
 from cqforensics.commands import fsck
 from cqforensics.readers.terms import RAISES, file2tab_load
 from support import copy_node
+from support.nodes import ets_items, root_vhost
 
 
 def _dump(tmp_path):

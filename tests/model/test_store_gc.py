@@ -188,11 +188,10 @@ def test_interrupted_combine_prediction_matches_the_real_310(tmp_path, broker_di
     a real 3.10.8 killed at that moment of a combine lost 894 of 5,000)."""
     import time
 
-    from test_recovery_state_brokers import list_counts
-
     from brokers import Broker
     from cqforensics.commands import fsck
     from support import need_broker
+    from support.live import list_counts
 
     need_broker("3.10.8")
     base = tmp_path / "a"

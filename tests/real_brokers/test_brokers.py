@@ -8,6 +8,7 @@ import json
 import pytest
 
 from support import SAMPLES, datasets, manifest, need_broker
+from support.live import boot_and_drain, comparable
 
 pytestmark = pytest.mark.broker
 
@@ -44,49 +45,6 @@ def test_harness_start_publish_kill_restart_stop(version, broker_dir):
         assert list(b.node_dir.glob("msg_stores/vhosts/*/msg_store_persistent/clean.dot"))
 
 
-def _comparable(queues: list[dict]) -> dict:
-    """Per queue, the delivered messages without the fields a later boot may change."""
-    out = {}
-    for q in queues:
-        msgs = []
-        for m in q["messages"]:
-            m = {k: v for k, v in m.items() if k != "redelivered"}
-            msgs.append(json.dumps(m, sort_keys=True))
-        out[(q["vhost"], q["name"])] = msgs
-    return out
-
-
-def boot_and_drain(dataset: str, run_dir, node_dir=None) -> list[dict]:
-    """Boot the dataset's broker version on a copy (or on ``node_dir``'s mnesia base) and drain it."""
-    from brokers import Broker
-    from brokers.clients import drain_all
-
-    m = manifest(dataset)
-    version = m["broker"]["rabbitmq"]
-    need_broker(version)
-    settings = m.get("settings") or {}
-    adv = None
-    if settings:  # ``key``: a rabbit setting; ``app.key``: another application's (ra.wal_max_size_bytes)
-        apps: dict[str, list[str]] = {}
-        for k, v in settings.items():
-            app, _, key = k.rpartition(".")
-            apps.setdefault(app or "rabbit", []).append(f"{{{key}, {v}}}")
-        adv = "[" + ", ".join(f"{{{app}, [{', '.join(items)}]}}" for app, items in apps.items()) + "].\n"
-    known = {
-        (q["vhost"], q["name"]): {
-            k: v for k, v in q.items() if k in ("vhost", "name", "drain", "index_version", "arguments")
-        }
-        for q in m["queues"]
-        if q.get("exists_after_restart", True)
-    }
-    with Broker(version, run_dir, advanced_config=adv) as b:
-        b.install_node(SAMPLES / dataset / "mnesia" if node_dir is None else node_dir.parent)
-        b.start()
-        queues = drain_all(b, m["vhosts"], known)
-        b.stop()
-    return queues
-
-
 # the imported datasets (3.12.14, 3.13.7, 4.1.8, 4.2.2) were written by brokers no runtime here
 # provides: they are proven by reading (tests/model/test_oracle.py), never booted
 # (the streams and quorum samples are booted by their own tests, on the samples and on damaged
@@ -102,8 +60,8 @@ BOOTED = [
 @pytest.mark.parametrize("dataset", BOOTED)
 def test_sample_boots_and_delivers_its_manifest(dataset, broker_dir):
     """The oracle is reproducible: the committed bytes, booted again, give the same deliveries."""
-    got = _comparable([q for q in boot_and_drain(dataset, broker_dir / "run") if q.get("exists_after_restart", True)])
-    want = _comparable([q for q in manifest(dataset)["queues"] if q.get("exists_after_restart", True)])
+    got = comparable([q for q in boot_and_drain(dataset, broker_dir / "run") if q.get("exists_after_restart", True)])
+    want = comparable([q for q in manifest(dataset)["queues"] if q.get("exists_after_restart", True)])
     assert got == want
 
 
@@ -112,10 +70,9 @@ def test_declaration_without_its_outcome_is_not_recovered(dataset, broker_dir):
     """The kill sample with a declaration's logged outcome cut out of LATEST.LOG (as a kill -9
     between the two disk_log flushes leaves it) boots with exactly the queues the reader lists:
     Mnesia aborts the undecided declaration (tests/model/test_metadata_outcomes.py)."""
-    from test_metadata_outcomes import drop_declaration_outcome
-
     from brokers import Broker
     from cqforensics.readers.metadata import read_metadata
+    from support.damage import drop_declaration_outcome
 
     version = manifest(dataset)["broker"]["rabbitmq"]
     need_broker(version)

@@ -27,22 +27,19 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from support import SAMPLES, manifest, need_broker
+from support.live import consume, drain_queue, list_counts, publish
+from support.nodes import ets_items, queue_dir, root_vhost, vhost_dirs
 
 RECOVERY_FILES = ("clean.dot", "msg_store_index.ets", "file_summary.ets")
 
 
 # -- making the cases --------------------------------------------------------------------------------
-
-
-def vhost_dirs(node: Path) -> list[Path]:
-    return sorted(p for p in (node / "msg_stores" / "vhosts").iterdir() if p.is_dir())
 
 
 def save_recovery_files(node: Path) -> dict[Path, bytes]:
@@ -70,133 +67,7 @@ def _owner(node: Path):
     return st.st_uid, st.st_gid
 
 
-def root_vhost(node: Path) -> Path:
-    for v in vhost_dirs(node):
-        if (v / ".vhost").exists() and (v / ".vhost").read_bytes() == b"/":
-            return v
-    raise AssertionError("no vhost / dir")
-
-
-def queue_dir(node: Path, name: bytes) -> Path:
-    for q in (root_vhost(node) / "queues").iterdir():
-        qn = q / ".queue_name"
-        if qn.exists() and b"QUEUE: " + name + b"\n" in qn.read_bytes() + b"\n":
-            return q
-    raise AssertionError(f"no dir for queue {name!r}")
-
-
-def publish(b, queue: str, n: int, size: int, tag: str) -> None:
-    from brokers.clients import pika_module
-
-    pika = pika_module()
-    conn = pika.BlockingConnection(pika.URLParameters(b.url))
-    ch = conn.channel()
-    ch.confirm_delivery()
-    for i in range(n):
-        body = (f"{tag}-{i}-".encode() * (size // 8 + 1))[:size]
-        ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2, message_id=f"{tag}-{i}"))
-    conn.close()
-
-
-def consume(b, queue: str, n: int) -> int:
-    from brokers.clients import pika_module
-
-    pika = pika_module()
-    conn = pika.BlockingConnection(pika.URLParameters(b.url))
-    ch = conn.channel()
-    got = 0
-    for _ in range(n):
-        m, _, _ = ch.basic_get(queue, auto_ack=True)
-        if m is None:
-            break
-        got += 1
-    conn.close()
-    return got
-
-
 # -- draining with time limits -----------------------------------------------------------------------
-
-
-def drain_queue(b, vhost: str, queue: str, timeout: float = 15.0, retries: int = 3) -> dict:
-    """basic.get + ack until empty, on a fresh connection per attempt. Per queue: ``delivered``
-    (all attempts), ``errors`` (reply codes of channel or connection closes, e.g. 541),
-    ``hang`` (a get got no answer within ``timeout``), ``events`` (per attempt: count and how it
-    ended)."""
-    from brokers.clients import pika_module
-
-    pika = pika_module()
-    rec = {"delivered": 0, "errors": [], "hang": False, "events": [], "bodies": []}
-    for attempt in range(retries):
-        box = {"n": 0, "end": None, "bodies": []}
-
-        def run(box=box):
-            try:
-                params = pika.URLParameters(b.url)
-                params.virtual_host = vhost
-                params.blocked_connection_timeout = timeout
-                conn = pika.BlockingConnection(params)
-                ch = conn.channel()
-                while True:
-                    m, _, body = ch.basic_get(queue, auto_ack=False)
-                    if m is None:
-                        box["end"] = "empty"
-                        break
-                    box["bodies"].append(hashlib.sha256(body).hexdigest())
-                    ch.basic_ack(m.delivery_tag)
-                    box["n"] += 1
-                conn.close()
-            except (pika.exceptions.AMQPError, OSError) as e:  # channel/connection closed by the broker
-                code = getattr(e, "reply_code", None)
-                if code is None and e.args and isinstance(e.args[0], int):
-                    code = e.args[0]
-                box["end"] = code if code is not None else type(e).__name__
-
-        t = threading.Thread(target=run, daemon=True)
-        t.start()
-        last, deadline = -1, time.monotonic() + timeout
-        while t.is_alive():  # a hang: no progress for ``timeout`` seconds
-            t.join(0.5)
-            if box["n"] != last:
-                last, deadline = box["n"], time.monotonic() + timeout
-            elif time.monotonic() > deadline:
-                break
-        rec["delivered"] += box["n"]
-        rec["bodies"] += box["bodies"]
-        if t.is_alive():
-            rec["hang"] = True
-            rec["events"].append((box["n"], "hang"))
-            break
-        rec["events"].append((box["n"], box["end"]))
-        if box["end"] == "empty":
-            break
-        rec["errors"].append(box["end"])
-        if attempt < retries - 1:  # no attempt follows the last
-            time.sleep(2)  # the queue's supervisor restarts it
-    return rec
-
-
-def list_counts(b, vhost: str, timeout: float = 30.0) -> dict[str, object] | str:
-    import json
-    import subprocess
-
-    try:
-        out = b.ctl(
-            "list_queues",
-            "-p",
-            vhost,
-            "name",
-            "messages",
-            "--formatter",
-            "json",
-            "-q",
-            "--timeout",
-            str(int(timeout)),
-            timeout=timeout + 10,
-            check=False,
-        )
-        return {q["name"]: q.get("messages") for q in json.loads(out or "[]")}
-    except (subprocess.TimeoutExpired, ValueError) as e:
-        return f"list failed: {type(e).__name__}"
 
 
 def observe(
@@ -347,19 +218,6 @@ def make_case(b, case: str) -> str:
         ets.write_bytes(data[:cut])
         return f"msg_store_index.ets cut to {cut} of {len(data)} bytes (inside an item of a {TTL_QUEUE} message)"
     raise ValueError(case)
-
-
-def ets_items(ets: Path) -> list[tuple[int, object]]:
-    """(offset, term) of each item of an intact ``ets:tab2file`` dump."""
-    from cqforensics.codecs import etf
-
-    data, out, o = ets.read_bytes(), [], 8
-    while o + 8 <= len(data):
-        size = int.from_bytes(data[o : o + 4], "big")
-        start = o + 8 + (16 if size >= 65528 else 0)
-        out.append((o, etf.decode(data[start : start + size])[0]))
-        o = start + size
-    return out
 
 
 def _rows(node: Path, version: str, queue: str) -> list[dict]:

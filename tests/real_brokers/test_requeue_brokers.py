@@ -104,11 +104,10 @@ def test_kill_during_mass_requeue_gives_no_error_and_an_exact_prediction(version
     above that) while they are published, the channel closed (every delivery requeued) and the
     broker killed with kill -9 while it requeues and flushes; fsck finds no error, and the next
     boot delivers exactly the predicted number."""
-    from test_recovery_state_brokers import drain_queue
-
     from brokers import Broker
     from brokers.clients import pika_module
     from cqforensics.commands import fsck
+    from support.live import drain_queue
 
     need_broker(version)
     pika = pika_module()
@@ -176,11 +175,10 @@ def test_kill_during_publish_and_acking_consumer_gives_no_error(version, broker_
     the newest .qs: reported as an error before, the prediction already exact.)"""
     import shutil
 
-    from test_recovery_state_brokers import list_counts
-
     from brokers import Broker
     from brokers.clients import pika_module
     from cqforensics.commands import fsck
+    from support.live import list_counts
 
     need_broker(version)
     pika = pika_module()
@@ -258,11 +256,10 @@ def test_kill_during_compaction_gives_no_error_and_an_exact_prediction(version, 
     predicted number in every queue."""
     import random
 
-    from test_recovery_state_brokers import list_counts
-
     from brokers import Broker
     from brokers.clients import pika_module
     from cqforensics.commands import fsck
+    from support.live import list_counts
 
     need_broker(version)
     pika = pika_module()

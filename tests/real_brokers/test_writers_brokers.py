@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_brokers import _comparable, boot_and_drain
 
 from support import manifest
+from support.live import assert_delivers_manifest, boot_and_drain
 from support.scenarios import SCENARIOS, V1_ONLY
 
 pytestmark = pytest.mark.broker
@@ -27,12 +27,6 @@ def test_compact_output_delivers_what_the_original_does(dataset, broker_dir):
     result = compact(SAMPLES / dataset / "mnesia", out)
     assert result.verified
     assert_delivers_manifest(dataset, boot_and_drain(dataset, broker_dir / "run", out / "rabbit@localhost"))
-
-
-def assert_delivers_manifest(dataset: str, got: list[dict]) -> None:
-    """Per queue, in order, the messages the original delivered (redelivered flags aside)."""
-    existing = [q for q in manifest(dataset)["queues"] if q.get("exists_after_restart", True)]
-    assert _comparable([q for q in got if q.get("exists_after_restart", True)]) == _comparable(existing)
 
 
 REBUILD_CASES = [

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_brokers import _comparable
 
 from support import SAMPLES, manifest, need_broker
+from support.live import comparable
 
 # (sample, target): 3.10.8 data for both 4.x brokers, 4.3.6 data (Khepri, #mc, AMQP 1.0) for 3.10.8
 CASES = [("3.10.8-kill", "4.0.5"), ("3.10.8-clean", "4.3.6"), ("4.3.6-clean", "3.10.8"), ("4.3.6-kill", "3.10.8")]
@@ -80,8 +80,8 @@ def test_compact_for_another_series_boots_with_a_template(dataset, target, broke
     got = [
         q for q in got if q["messages"] or any(e["name"] == q["name"] and e["vhost"] == q["vhost"] for e in expected)
     ]
-    want = _comparable([q for q in expected if q["messages"]])
-    assert {k: v for k, v in _comparable(got).items() if v} == want
+    want = comparable([q for q in expected if q["messages"]])
+    assert {k: v for k, v in comparable(got).items() if v} == want
     assert {(q["vhost"], q["name"]) for q in got} == {(q["vhost"], q["name"]) for q in expected}
     assert lost == unrepresentable
 
@@ -211,4 +211,4 @@ def test_compact_for_a_later_4x_needs_no_template(broker_dir):
         b.stop()
         assert (b.node_dir / "coordination").is_dir()  # Khepri
     expected, _ = _expected(dataset, "4.3.6")
-    assert _comparable(got) == _comparable(expected)
+    assert comparable(got) == comparable(expected)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from test_cli import run
 
 from support import SAMPLES, dataset_params
+from support.cli import run
 
 
 @pytest.fixture(scope="module")

@@ -6,56 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import pytest
-from test_cli import run
 
-from support import SAMPLES
+from support.cli import run
+from support.damage import fragmented_copy
 
 DATASET = "4.3.6-clean"
 VHOST = "628WB79CIFDYO9LJI6DKMI09L"
-
-
-def fragmented_copy(dest):
-    """A copy of the 4.3.6-clean sample whose biggest vhost store is split over two files: 0.rdq
-    with about 60% of its bytes orphans (copies of entries under fresh ids, as acked messages
-    leave them) and 1.rdq with about 10%. The clean-shutdown files of that store are removed (they
-    record the old locations), so the next boot rebuilds its index, as after a kill -9."""
-    import cqforensics
-    from cqforensics.grammar import rdq as c_rdq
-    from cqforensics.readers import rdq as r_rdq
-
-    shutil.copytree(SAMPLES / DATASET / "mnesia", dest, symlinks=True)
-    store = dest / "rabbit@localhost" / "msg_stores" / "vhosts" / VHOST / "msg_store_persistent"
-    data = (store / "0.rdq").read_bytes()
-    live = {
-        (r["offset"], r["total_size"])
-        for r in cqforensics.read_table(
-            SAMPLES / DATASET / "mnesia", table="store", columns=["file", "offset", "total_size", "status"]
-        ).to_pylist()
-        if r["status"] == "live" and r["file"].endswith(f"{VHOST}/msg_store_persistent/0.rdq")
-    }
-    f = r_rdq.walk(store / "0.rdq", 0)
-    entries = [data[o : o + t] for o, t in zip(f.offsets.tolist(), f.totals.tolist()) if (o, t) in live]
-    assert len(entries) > 10 and not f.holes  # the sample's own orphans are left out
-    half = len(entries) // 2
-    fresh = iter(range(1, 1 << 20))
-
-    def orphans(live: int, ratio: float) -> bytes:
-        out, k = b"", 0
-        while len(out) < live * ratio / (1 - ratio) - 200:
-            e = entries[k % len(entries)]
-            k += 1
-            out += e[:8] + next(fresh).to_bytes(16, "big") + e[8 + c_rdq.MSG_ID_SIZE :]
-        return out
-
-    first, second = b"".join(entries[:half]), b"".join(entries[half:])
-    (store / "0.rdq").write_bytes(first + orphans(len(first), 0.6))
-    (store / "1.rdq").write_bytes(orphans(len(second), 0.1) + second)
-    for name in ("clean.dot", "file_summary.ets", "msg_store_index.ets"):
-        (store / name).unlink(missing_ok=True)
-    return store
 
 
 def _ratios(result) -> dict[str, float]:
@@ -146,11 +104,9 @@ def test_threshold_cli_report_and_bounds(tmp_path, capsys):
 
 @pytest.mark.broker
 def test_threshold_output_boots_and_delivers_what_the_original_does(broker_dir):
-    from test_brokers import boot_and_drain
-    from test_writers_brokers import assert_delivers_manifest
-
     from cqforensics.write import compact
     from support import need_broker
+    from support.live import assert_delivers_manifest, boot_and_drain
 
     need_broker("4.3.6")
     fragmented_copy(broker_dir / "src")

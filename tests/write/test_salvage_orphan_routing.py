@@ -206,12 +206,11 @@ def test_lost_queue_orphans_are_routed_as_the_broker_routed_and_restored(version
     output delivers them from ``lost``."""
     import hashlib
 
-    from test_recovery_state_brokers import drain_queue
-
     from brokers import Broker
     from brokers.clients import pika_module
     from cqforensics.write import rebuild
     from support import need_broker
+    from support.live import drain_queue
 
     need_broker(version)
     pika = pika_module()

@@ -15,7 +15,6 @@ import zlib
 
 import numpy as np
 import pytest
-from test_cli import fingerprint, run
 
 import cqforensics
 from cqforensics.grammar import idx as c_idx
@@ -25,6 +24,7 @@ from cqforensics.grammar import rdq as c_rdq
 from cqforensics.write import compact, formats, rebuild
 from cqforensics.write.verify import verify
 from support import ROOT, SAMPLES
+from support.cli import fingerprint, run
 from support.scenarios import SCENARIOS, V1_ONLY
 
 # -- byte builders == construct grammars ----------------------------------------------------------

@@ -20,11 +20,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_cli import fingerprint
 
 import cqforensics
 from cli.main import main
 from support import ROOT, SAMPLES, copy_node
+from support.cli import fingerprint
 
 # R: refused (exit 16, or the Spark job fails at planning, with one line naming the target), with and
 #    without --force / in both save modes; nothing anywhere changes.

@@ -13,11 +13,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from test_shares import middle_third_of_biggest_rdq
 
 from cqforensics.model.vhost import VhostScan
 from cqforensics.write import compact, rebuild
 from support import SAMPLES, copy_node
+from support.damage import middle_third_of_biggest_rdq
 
 
 def _tree(root: Path) -> dict:
@@ -123,9 +123,8 @@ def test_torn_entries_repaired_and_orphans_restored_in_shares(tmp_path, monkeypa
 def test_compact_threshold_and_retarget_in_shares(kw, tmp_path, monkeypatch):
     """--threshold (files kept whole, known only once every share is in), and a target version
     whose store terms have another shape (each re-encoded term spilled as it is made)."""
-    from test_compact_threshold import fragmented_copy
-
     from cqforensics.write import salvage
+    from support.damage import fragmented_copy
 
     fragmented_copy(tmp_path / "src")
     made = []

@@ -1,0 +1,171 @@
+"""Talking to a running real broker (brokers/ harness): publish, consume, count and drain with time
+limits, and a sample booted and drained whole (compared with its manifest)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+
+from support import SAMPLES, manifest, need_broker
+
+
+def publish(b, queue: str, n: int, size: int, tag: str) -> None:
+    from brokers.clients import pika_module
+
+    pika = pika_module()
+    conn = pika.BlockingConnection(pika.URLParameters(b.url))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for i in range(n):
+        body = (f"{tag}-{i}-".encode() * (size // 8 + 1))[:size]
+        ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2, message_id=f"{tag}-{i}"))
+    conn.close()
+
+
+def consume(b, queue: str, n: int) -> int:
+    from brokers.clients import pika_module
+
+    pika = pika_module()
+    conn = pika.BlockingConnection(pika.URLParameters(b.url))
+    ch = conn.channel()
+    got = 0
+    for _ in range(n):
+        m, _, _ = ch.basic_get(queue, auto_ack=True)
+        if m is None:
+            break
+        got += 1
+    conn.close()
+    return got
+
+
+def drain_queue(b, vhost: str, queue: str, timeout: float = 15.0, retries: int = 3) -> dict:
+    """basic.get + ack until empty, on a fresh connection per attempt. Per queue: ``delivered``
+    (all attempts), ``errors`` (reply codes of channel or connection closes, e.g. 541),
+    ``hang`` (a get got no answer within ``timeout``), ``events`` (per attempt: count and how it
+    ended)."""
+    from brokers.clients import pika_module
+
+    pika = pika_module()
+    rec = {"delivered": 0, "errors": [], "hang": False, "events": [], "bodies": []}
+    for attempt in range(retries):
+        box = {"n": 0, "end": None, "bodies": []}
+
+        def run(box=box):
+            try:
+                params = pika.URLParameters(b.url)
+                params.virtual_host = vhost
+                params.blocked_connection_timeout = timeout
+                conn = pika.BlockingConnection(params)
+                ch = conn.channel()
+                while True:
+                    m, _, body = ch.basic_get(queue, auto_ack=False)
+                    if m is None:
+                        box["end"] = "empty"
+                        break
+                    box["bodies"].append(hashlib.sha256(body).hexdigest())
+                    ch.basic_ack(m.delivery_tag)
+                    box["n"] += 1
+                conn.close()
+            except (pika.exceptions.AMQPError, OSError) as e:  # channel/connection closed by the broker
+                code = getattr(e, "reply_code", None)
+                if code is None and e.args and isinstance(e.args[0], int):
+                    code = e.args[0]
+                box["end"] = code if code is not None else type(e).__name__
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        last, deadline = -1, time.monotonic() + timeout
+        while t.is_alive():  # a hang: no progress for ``timeout`` seconds
+            t.join(0.5)
+            if box["n"] != last:
+                last, deadline = box["n"], time.monotonic() + timeout
+            elif time.monotonic() > deadline:
+                break
+        rec["delivered"] += box["n"]
+        rec["bodies"] += box["bodies"]
+        if t.is_alive():
+            rec["hang"] = True
+            rec["events"].append((box["n"], "hang"))
+            break
+        rec["events"].append((box["n"], box["end"]))
+        if box["end"] == "empty":
+            break
+        rec["errors"].append(box["end"])
+        if attempt < retries - 1:  # no attempt follows the last
+            time.sleep(2)  # the queue's supervisor restarts it
+    return rec
+
+
+def list_counts(b, vhost: str, timeout: float = 30.0) -> dict[str, object] | str:
+    import json
+    import subprocess
+
+    try:
+        out = b.ctl(
+            "list_queues",
+            "-p",
+            vhost,
+            "name",
+            "messages",
+            "--formatter",
+            "json",
+            "-q",
+            "--timeout",
+            str(int(timeout)),
+            timeout=timeout + 10,
+            check=False,
+        )
+        return {q["name"]: q.get("messages") for q in json.loads(out or "[]")}
+    except (subprocess.TimeoutExpired, ValueError) as e:
+        return f"list failed: {type(e).__name__}"
+
+
+def comparable(queues: list[dict]) -> dict:
+    """Per queue, the delivered messages without the fields a later boot may change."""
+    out = {}
+    for q in queues:
+        msgs = []
+        for m in q["messages"]:
+            m = {k: v for k, v in m.items() if k != "redelivered"}
+            msgs.append(json.dumps(m, sort_keys=True))
+        out[(q["vhost"], q["name"])] = msgs
+    return out
+
+
+def boot_and_drain(dataset: str, run_dir, node_dir=None) -> list[dict]:
+    """Boot the dataset's broker version on a copy (or on ``node_dir``'s mnesia base) and drain it."""
+    from brokers import Broker
+    from brokers.clients import drain_all
+
+    m = manifest(dataset)
+    version = m["broker"]["rabbitmq"]
+    need_broker(version)
+    settings = m.get("settings") or {}
+    adv = None
+    if settings:  # ``key``: a rabbit setting; ``app.key``: another application's (ra.wal_max_size_bytes)
+        apps: dict[str, list[str]] = {}
+        for k, v in settings.items():
+            app, _, key = k.rpartition(".")
+            apps.setdefault(app or "rabbit", []).append(f"{{{key}, {v}}}")
+        adv = "[" + ", ".join(f"{{{app}, [{', '.join(items)}]}}" for app, items in apps.items()) + "].\n"
+    known = {
+        (q["vhost"], q["name"]): {
+            k: v for k, v in q.items() if k in ("vhost", "name", "drain", "index_version", "arguments")
+        }
+        for q in m["queues"]
+        if q.get("exists_after_restart", True)
+    }
+    with Broker(version, run_dir, advanced_config=adv) as b:
+        b.install_node(SAMPLES / dataset / "mnesia" if node_dir is None else node_dir.parent)
+        b.start()
+        queues = drain_all(b, m["vhosts"], known)
+        b.stop()
+    return queues
+
+
+def assert_delivers_manifest(dataset: str, got: list[dict]) -> None:
+    """Per queue, in order, the messages the original delivered (redelivered flags aside)."""
+    existing = [q for q in manifest(dataset)["queues"] if q.get("exists_after_restart", True)]
+    assert comparable([q for q in got if q.get("exists_after_restart", True)]) == comparable(existing)
