@@ -554,7 +554,7 @@ def decode_core(vs: VhostScan, res, rows: slice, ids: np.ndarray, has_id: np.nda
         file_ix,
         res.body_start[rows],
         res.body_len[rows],
-        np.ascontiguousarray(ids).tobytes(),
+        np.ascontiguousarray(ids).view(np.uint8),  # the ids as bytes, not copied
         has_id,
         vs.options.bodies,
     )
