@@ -28,6 +28,33 @@ def decode_checks(vs: VhostScan, qx: IndexChunk, res: Resolved) -> list[Finding]
     r = qx.rec
     has_id = qx.index_ids(qx.live)  # the entries whose index holds the message id (the row compares it too)
     durable = vs.queue_known(qx.qdir) is True
+
+    def at_index(code: str, text: str, i: int, j: int, f: int, **details) -> Finding:
+        """A finding about index entry ``i`` (its file and offset), naming the stored term too."""
+        where = {"store_file": str(res.body_files[f]), "store_offset": int(res.store_offset[j])}
+        file = str(qx.files[int(r.file[i])]) if qx.files else None
+        return Finding(
+            code,
+            text,
+            file,
+            int(r.offset[i]),
+            queue=qx.qdir.name,
+            priority=qx.qdir.priority,
+            details={"seq_id": int(r.seq[i]), **details, **where},
+        )
+
+    def at_term(code: str, text: str, i: int, j: int, f: int, **details) -> Finding:
+        """A finding about the stored term of index entry ``i`` (the term's file and offset)."""
+        return Finding(
+            code,
+            text,
+            str(res.body_files[f]),
+            int(res.store_offset[j]),
+            queue=qx.qdir.name,
+            priority=qx.qdir.priority,
+            details={"seq_id": int(r.seq[i]), **details},
+        )
+
     for j, i in enumerate(qx.live.tolist()):
         f = int(res.body_file[j])
         if f < 0:
@@ -48,70 +75,28 @@ def decode_checks(vs: VhostScan, qx: IndexChunk, res: Resolved) -> list[Finding]
                 and msg["persistent"] != (r.persistent[i] == 1)
             ):
                 # a durable queue's index flag is its message's own persistence (IsPersistent)
-                out.append(
-                    Finding(
-                        "persistence-mismatch",
-                        f"the index marks the message {'persistent' if r.persistent[i] == 1 else 'transient'}, its stored term says it is "
-                        f"{'persistent' if msg['persistent'] else 'transient'}: one of the two was flipped "
-                        "(the next boot goes by the index)",
-                        str(qx.files[int(r.file[i])]) if qx.files else None,
-                        int(r.offset[i]),
-                        queue=qx.qdir.name,
-                        priority=qx.qdir.priority,
-                        details={
-                            "seq_id": int(r.seq[i]),
-                            "store_file": str(res.body_files[f]),
-                            "store_offset": int(res.store_offset[j]),
-                        },
-                    )
+                text = (
+                    f"the index marks the message {'persistent' if r.persistent[i] == 1 else 'transient'}, "
+                    f"its stored term says it is {'persistent' if msg['persistent'] else 'transient'}: "
+                    "one of the two was flipped (the next boot goes by the index)"
                 )
+                out.append(at_index("persistence-mismatch", text, i, j, f))
         except Exception as e:  # any failure to decode is the finding
             bad = f"{type(e).__name__}: {e}"
         if bad is None and msg.get("term_format") in _SIZE_IS_BODY and len(msg["body"]) != int(r.size[i]):
             # the index records the body's size at publish (the stats it recovers): checked on
             # every sample, equal for these formats; a disagreement is a damaged index entry
+            text = (
+                f"the index records a {int(r.size[i])}-byte message, its stored body has "
+                f"{plural(len(msg['body']), 'byte')}: the index entry's size field is damaged (or the body)"
+            )
             out.append(
-                Finding(
-                    "index-size-mismatch",
-                    f"the index records a {int(r.size[i])}-byte message, its "
-                    f"stored body has {plural(len(msg['body']), 'byte')}: the index entry's size field is damaged "
-                    "(or the body)",
-                    str(qx.files[int(r.file[i])]) if qx.files else None,
-                    int(r.offset[i]),
-                    queue=qx.qdir.name,
-                    priority=qx.qdir.priority,
-                    details={
-                        "seq_id": int(r.seq[i]),
-                        "index_size": int(r.size[i]),
-                        "body_size": len(msg["body"]),
-                        "store_file": str(res.body_files[f]),
-                        "store_offset": int(res.store_offset[j]),
-                    },
-                )
+                at_index("index-size-mismatch", text, i, j, f, index_size=int(r.size[i]), body_size=len(msg["body"]))
             )
         if marked:
-            out.append(
-                Finding(
-                    "value-out-of-range",
-                    f"the stored message shows values as null: {marked}",
-                    str(res.body_files[f]),
-                    int(res.store_offset[j]),
-                    queue=qx.qdir.name,
-                    priority=qx.qdir.priority,
-                    details={"seq_id": int(r.seq[i]), "values": marked},
-                )
-            )
+            text = f"the stored message shows values as null: {marked}"
+            out.append(at_term("value-out-of-range", text, i, j, f, values=marked))
         if bad:
-            qs = r.loc[i] == Location.QUEUE_STORE
-            out.append(
-                Finding(
-                    "qs-entry-undecodable" if qs else "msg-corrupt",
-                    bad[:300],
-                    str(res.body_files[f]),
-                    int(res.store_offset[j]),
-                    queue=qx.qdir.name,
-                    priority=qx.qdir.priority,
-                    details={"seq_id": int(r.seq[i])},
-                )
-            )
+            code = "qs-entry-undecodable" if r.loc[i] == Location.QUEUE_STORE else "msg-corrupt"
+            out.append(at_term(code, bad[:300], i, j, f))
     return out

@@ -152,6 +152,18 @@ def queue_findings(q: m_quorum.QuorumQueue, model) -> list[Finding]:
                 **where,
             )
         )
+    elif q.fate == m_quorum.Q_OK and q.why:  # up or not as the boot's timing falls: a bound, not an answer
+        out.append(
+            Finding(
+                "quorum-queue-unavailable",
+                f"{q.why}: the queue delivers nothing either way, and may not answer at all (data dir {q.log.uid})",
+                display(q.why_file or q.log.path),
+                q.why_offset,
+                severity="warning",
+                **where,
+                details={"may_answer": True},
+            )
+        )
     elif q.fate == m_quorum.Q_CRASH and "gap" in q.why:
         out.append(
             Finding(

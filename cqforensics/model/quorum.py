@@ -594,16 +594,22 @@ def _server_fate(
         # files present only (ra_log_reader:segrefs_to_read/4, Ra 2.x; ra_log_segments
         # segment_fold_plan/3, Ra 3), so recovery skips the missing entries without a word and
         # the machine applies the rest (seen on 4.0.5: a middle segment deleted, the queue up)
-    if snap_idx < 1 and not any(i >= 1 for i in log.entries) and not unregistered and not model.qq_empty_member_elected:
+    if snap_idx < 1 and not any(i >= 1 for i in log.entries) and not unregistered:
         # ra_server:is_new/1 (next_index =:= 1): ra_server_proc follower(enter) sets no election
         # timer for a new member; RabbitMQ's recover/2 restarts it and triggers no election
-        return (
-            Q_UNAVAILABLE,
+        empty = (
             "nothing of its log is left after recovery (no snapshot, no entry): Ra takes the "
-            "server for a new member and waits for an election nobody calls: the queue gets no leader",
-            log.path,
-            None,
+            "server for a new member and waits for an election nobody calls"
         )
+        if model.qq_empty_member_elected is False:
+            return Q_UNAVAILABLE, f"{empty}: the queue gets no leader", log.path, None
+        if model.qq_empty_member_elected is None:  # up, empty, or never elected: the boot's timing decides
+            return (
+                Q_OK,
+                f"{empty}, or it is elected and comes up empty, as the boot's timing falls ({model})",
+                log.path,
+                None,
+            )
     return Q_OK, "", None, None
 
 

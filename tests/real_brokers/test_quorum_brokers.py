@@ -23,20 +23,22 @@ pytestmark = pytest.mark.broker
 #: (sample, damage): the node refuses to start (a bad checksum inside the WAL), a lost WAL end
 #: (zero-filled), the last WAL record dropped, entries skipped without a word (a segment lost), a
 #: queue crashing on a segment entry's CRC, every at-most-once dead letter republished (meta.dets
-#: lost). Left out: 4.3.6 wal_torn (predicted right, seen once: 205 s, the queues without a leader
-#: time out one by one) and 3.10.8 snapshot_damaged (seen once, NOT as predicted: qq.orders
-#: crashed as predicted, but qq.amo, qq.dead and cq.dead delivered 0 where 2, 3 and 2 were
-#: predicted, after the 30 s wait ran out: a boot slower than the wait, or a prediction wrong;
-#: not yet explained: docs/quorum.md)
-#: 3.10.8-quorum-kill wal_zeroed_tail is left out: it passed on a quiet machine, and in the CI-like run
-#: of 2026-11-28 (a loaded 2-core machine) qq.amo and qq.dead answered nothing within the wait where
-#: 0 was predicted (their members elected empty, as 3.10 does: versions.qq_empty_member_elected)
+#: lost), a snapshot failing its checksum (3.10.8: Ra skips it, the log left starts after it, the
+#: queue crashes with gap_between_snapshot_and_first_index; every other queue as predicted, its
+#: dead letters included). Left out: 4.3.6 wal_torn (predicted right, seen once: 205 s, the
+#: queues without a leader time out one by one).
+#: 3.10.8 wal_zeroed_tail leaves three members with nothing of their log: whether 3.10 elects them
+#: depends on the boot's timing (elected and empty on a quiet machine, never elected on a loaded
+#: one: versions.qq_empty_member_elected), so fsck gives the bound (nothing delivered; it may not
+#: answer) and the test takes either answer from those queues.
 CASES = [
     ("3.10.8-quorum-kill", "wal_bad_checksum"),
     ("4.0.5-quorum-kill", "segment_missing"),
     ("4.0.5-quorum-kill", "wal_bad_last_record"),
     ("4.0.5-quorum-kill", "segment_bad_crc"),
     ("4.3.6-quorum-kill", "meta_missing"),
+    ("3.10.8-quorum-kill", "snapshot_damaged"),
+    ("3.10.8-quorum-kill", "wal_zeroed_tail"),
 ]
 #: the sample broker's Ra settings (sample_data/generate.py SETTINGS["quorum"])
 RA_SETTINGS = "[{ra, [{wal_max_size_bytes, 1048576}, {segment_max_entries, 1024}]}].\n"
@@ -71,11 +73,12 @@ def _counts(b, queues: list[tuple[str, str]]) -> dict:
     return out
 
 
-def _settled(b, report, timeout: float = 30.0) -> None:
+def _settled(b, report, timeout: float = 90.0) -> None:
     """Wait until the queues fsck predicts to come up hold what it predicts (checked-out messages
     come back a moment after the boot, when each quorum queue's leader sees the consumers of
     before the stop gone), and stay so for two seconds; at most ``timeout`` seconds: then the
-    drain shows the difference."""
+    drain shows the difference. (Generous: once, on a loaded machine, the dead letters of
+    3.10.8's snapshot_damaged case were not there after 30 s; on a quiet one they are at 13 s.)"""
     up = [(q.vhost, q.queue) for q in report.queues if not q.crash]
     want = {(q.vhost, q.queue): q.predicted_after_restart for q in report.queues if not q.crash}
     deadline, since = time.monotonic() + timeout, None
@@ -137,11 +140,21 @@ def test_quorum_damage_prediction_matches_the_real_broker(dataset, scenario, bro
         _settled(b, report)
         # every queue fsck lists and every queue the sample declared
         queues = sorted({(q.vhost, q.queue) for q in report.queues} | {(q["vhost"], q["name"]) for q in m["queues"]})
-        got = _drain(b, queues)
+        # a queue fsck says may not answer (a member left with nothing: timing decides its election)
+        # is counted, not drained: each basic.get to a queue without a leader waits ~65 s
+        may_answer = {
+            f.queue for f in report.findings if f.code == "quorum-queue-unavailable" and f.details.get("may_answer")
+        }
+        unsure = {(q.vhost, q.queue) for q in report.queues if q.queue in may_answer}
+        got = _drain(b, [k for k in queues if k not in unsure]) | _counts(b, sorted(unsure))
         b.kill()
     for q in report.queues:
         key = (q.vhost, q.queue)
-        if q.crash == "queue":
+        if key in unsure:
+            assert q.predicted_after_restart == 0 and got.get(key, 0) in (0, "crash"), (
+                f"{key}: predicted nothing delivered (or no answer), the broker delivered {got.get(key)}"
+            )
+        elif q.crash == "queue":
             assert got.get(key, "crash") == "crash", f"{key}: predicted a crash, the broker delivered {got.get(key)}"
         else:
             assert got.get(key, 0) == q.predicted_after_restart, (
