@@ -314,7 +314,7 @@ def test_kill_during_compaction_gives_no_error_and_an_exact_prediction(version, 
             x.cancel()
             c.close()
 
-        stop = [False]
+        killed = threading.Event()
 
         def drains():
             try:
@@ -323,8 +323,7 @@ def test_kill_during_compaction_gives_no_error_and_an_exact_prediction(version, 
                 # 4.x: the first remove armed a 15 s timer, which skips the files removed from
                 # since; one remove after it fired arms it again with every file
                 for _ in range(5):
-                    time.sleep(16)
-                    if stop[0]:
+                    if killed.wait(16):  # the kill ends the wait (a sleep held the join below)
                         break
                     consume("keep", limit=1)
             except (pika.exceptions.AMQPError, OSError):  # killed under it (3.10: GC during the drains)
@@ -338,7 +337,7 @@ def test_kill_during_compaction_gives_no_error_and_an_exact_prediction(version, 
             time.sleep(0.01)
         time.sleep(delay)
         b.kill()
-        stop[0] = True
+        killed.set()
         t.join(timeout=60)
         report = fsck.run(b.node_dir, broker_version=version)
         # the one loss the broker causes itself: 3.10-3.12 killed after a combine extended its
