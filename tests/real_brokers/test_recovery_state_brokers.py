@@ -73,17 +73,17 @@ def _owner(node: Path):
 def observe(
     b, queues: dict[str, list[str]], settle: float = 5.0, timeout: float = 15.0, restart: frozenset = frozenset()
 ) -> dict:
-    """Per (vhost, queue) of ``queues`` (vhost -> names: those fsck reports), what draining got;
-    a queue the broker does not have (every basic.get refused with 404 NOT_FOUND, nothing
-    delivered) has no ``delivered``: not served. (The queues come from fsck rather than from
-    ``rabbitmqctl list_queues``, one Erlang VM booted per vhost per case: a queue the broker
-    holds and fsck does not report was never compared either.)
+    """Per (vhost, queue) of ``queues`` (vhost -> names: those fsck reports), what draining got.
+    A queue the broker does not have (every basic.get refused with 404 NOT_FOUND, nothing
+    delivered, no attempt ending on an empty queue) has no ``delivered``: not served. (The queues
+    come from fsck rather than from ``rabbitmqctl list_queues``, an Erlang VM booted per vhost per
+    case: a queue the broker holds and fsck does not report was never compared either.)
     ``restart``: vhosts whose crash is predicted. Once such a vhost's message store has crashed,
     the broker restarts the vhost, or sometimes leaves it down (seen once on 3.10.8,
     rdq_missing: a queue's read got 541, the next one hung, every other queue 404 for a minute;
-    probably restarts too fast for the vhost's supervisor). A queue left undrained there (no attempt ended empty) is drained again
-    after ``rabbitmqctl restart_vhost``, as an operator would: what it then delivers is the
-    prediction's ``predicted_after_restart``."""
+    probably restarts too fast for the vhost's supervisor). A queue left undrained there (no
+    attempt ended empty) is drained again after ``rabbitmqctl restart_vhost``, as an operator
+    would: what it then delivers is the prediction's ``predicted_after_restart``."""
     time.sleep(settle)
     out = {}
     for vhost, names in sorted(queues.items()):
@@ -100,8 +100,8 @@ def observe(
                 rec["errors"] += again["errors"]
                 rec["events"] += [(0, "restart_vhost")] + again["events"]
                 rec["hang"] = again["hang"]  # a read left waiting by the crash is not a hang of the queue
-    for key, rec in out.items():
-        if not rec["delivered"] and rec["errors"] and set(rec["errors"]) == {404}:
+    for key, rec in out.items():  # (404 for every queue of a vhost left down, then served: not absent)
+        if not rec["delivered"] and set(rec["errors"]) == {404} and all(e != "empty" for _, e in rec["events"]):
             out[key] = {"absent": rec["events"]}
     return out
 
