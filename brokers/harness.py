@@ -377,9 +377,17 @@ class Broker:
         self._proc = None
 
     def close(self) -> None:
-        """Kill the node if still running, stop its epmd and release the bind mount."""
+        """Kill the node if still running, stop its epmd and release the bind mount. epmd refuses
+        to stop while it lists a node ("Killing not allowed - living nodes in database"), and a
+        node killed with kill -9 stays listed until its Erlang VM is gone, a moment after the
+        process ``kill`` waits for: asked again for up to 10 s (a daemon left running otherwise)."""
         self.kill()
-        subprocess.run(self._argv_epmd_kill(), capture_output=True)
+        deadline = time.monotonic() + 10
+        while True:
+            done = subprocess.run(self._argv_epmd_kill(), capture_output=True, text=True)
+            if "not allowed" not in done.stdout + done.stderr or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         if self._mounted:
             target = self.runtime.root / str(self.run_dir).lstrip("/")
             subprocess.run(["umount", "-l", str(target)], check=False)

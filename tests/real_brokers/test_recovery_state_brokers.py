@@ -32,8 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from support import SAMPLES, manifest, need_broker
-from support.live import consume, drain_queue, list_counts, publish
+from support import SAMPLES, need_broker
+from support.live import consume, drain_queue, publish
 from support.nodes import ets_items, queue_dir, root_vhost, vhost_dirs
 
 RECOVERY_FILES = ("clean.dot", "msg_store_index.ets", "file_summary.ets")
@@ -71,28 +71,25 @@ def _owner(node: Path):
 
 
 def observe(
-    b, vhosts: list[str], amqp10: set, settle: float = 5.0, timeout: float = 15.0, restart: frozenset = frozenset()
+    b, queues: dict[str, list[str]], settle: float = 5.0, timeout: float = 15.0, restart: frozenset = frozenset()
 ) -> dict:
-    """Per (vhost, queue): what ``list_queues`` counted after boot and what draining got.
+    """Per (vhost, queue) of ``queues`` (vhost -> names: those fsck reports), what draining got.
+    A queue the broker does not have (every basic.get refused with 404 NOT_FOUND, nothing
+    delivered, no attempt ending on an empty queue) has no ``delivered``: not served. (The queues
+    come from fsck rather than from ``rabbitmqctl list_queues``, an Erlang VM booted per vhost per
+    case: a queue the broker holds and fsck does not report was never compared either.)
     ``restart``: vhosts whose crash is predicted. Once such a vhost's message store has crashed,
     the broker restarts the vhost, or sometimes leaves it down (seen once on 3.10.8,
     rdq_missing: a queue's read got 541, the next one hung, every other queue 404 for a minute;
-    probably restarts too fast for the vhost's supervisor). A queue left undrained there (no attempt ended empty) is drained again
-    after ``rabbitmqctl restart_vhost``, as an operator would: what it then delivers is the
-    prediction's ``predicted_after_restart``."""
+    probably restarts too fast for the vhost's supervisor). A queue left undrained there (no
+    attempt ended empty) is drained again after ``rabbitmqctl restart_vhost``, as an operator
+    would: what it then delivers is the prediction's ``predicted_after_restart``."""
     time.sleep(settle)
     out = {}
-    for vhost in vhosts:
-        listed = list_counts(b, vhost)
-        if isinstance(listed, str):
-            out[(vhost, None)] = {"listed": listed}
-            continue
-        for name, n in sorted(listed.items()):
-            if (vhost, name) in amqp10:
-                out[(vhost, name)] = {"listed": n, "amqp10": True}
-                continue
-            out[(vhost, name)] = {"listed": n, **drain_queue(b, vhost, name, timeout)}
-        left = [k for k, v in out.items() if k[0] == vhost and v.get("events") and v["events"][-1][1] != "empty"]
+    for vhost, names in sorted(queues.items()):
+        for name in sorted(names):
+            out[(vhost, name)] = drain_queue(b, vhost, name, timeout)
+        left = [k for k, v in out.items() if k[0] == vhost and v["events"][-1][1] != "empty"]
         if vhost in restart and left:
             b.ctl("restart_vhost", "--vhost", vhost, check=False)  # refused when it is running
             time.sleep(settle)
@@ -103,6 +100,17 @@ def observe(
                 rec["errors"] += again["errors"]
                 rec["events"] += [(0, "restart_vhost")] + again["events"]
                 rec["hang"] = again["hang"]  # a read left waiting by the crash is not a hang of the queue
+    for key, rec in out.items():  # (404 for every queue of a vhost left down, then served: not absent)
+        if not rec["delivered"] and set(rec["errors"]) == {404} and all(e != "empty" for _, e in rec["events"]):
+            out[key] = {"absent": rec["events"]}
+    return out
+
+
+def fsck_queues(report) -> dict[str, list[str]]:
+    """vhost -> the queues fsck reports in it."""
+    out: dict[str, list[str]] = {}
+    for q in report.queues:
+        out.setdefault(q.vhost, []).append(q.queue)
     return out
 
 
@@ -126,44 +134,60 @@ def stopped(tmp_path_factory):
     """``stopped(version, kind)``: the mnesia base of the version's clean sample once its own broker
     has booted it and stopped it cleanly (``kind`` "clean"), or has first written a store of many
     files to it (``kind`` "store": ``BULK`` queues and ``TTL_QUEUE``, under ``STORE_CONFIG``).
-    Each is made once per module (one boot) and copied by each case that starts from it."""
+    Each is made once per test session (one boot) and copied by each case that starts from it:
+    it is kept in the session's temp dir, which the xdist workers share, and made under a file
+    lock by the first worker that needs it (with ``-n 2`` each worker made its own before)."""
+    import fcntl
     import tempfile
 
     from brokers import Broker
 
-    made: dict[tuple[str, str], Path] = {}
-    bases = []
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the session's dir, above each worker's own
 
     def make(version: str, kind: str) -> Path:
-        if (version, kind) in made:
-            return made[(version, kind)]
         need_broker(version)
-        base = Path(tempfile.mkdtemp(prefix="cqf-broker-"))
-        base.chmod(0o755)
-        bases.append(base)
-        with Broker(version, base / "run", advanced_config=STORE_CONFIG if kind == "store" else None) as b:
-            b.install_node(SAMPLES / f"{version}-clean" / "mnesia")
-            b.start()
-            if kind == "store":
-                from cqforensics.model.versions import model
+        made, part = shared / f"stopped-{version}-{kind}", shared / f"stopped-{version}-{kind}.part"
+        with open(shared / f"stopped-{version}-{kind}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if not made.exists():
+                base = Path(tempfile.mkdtemp(prefix="cqf-broker-"))
+                base.chmod(0o755)
+                try:
+                    _make_stopped(
+                        Broker(version, base / "run", advanced_config=STORE_CONFIG if kind == "store" else None), kind
+                    )
+                    shutil.rmtree(part, ignore_errors=True)  # left by a worker that failed
+                    shutil.copytree(base / "run" / "mnesia", part, symlinks=True)
+                    part.rename(made)
+                finally:
+                    shutil.rmtree(base, ignore_errors=True)
+        return made
 
-                for name, (v, n) in BULK.items():  # 4.3 refuses v1 (4.0-4.2 take it and convert it)
-                    declare(b, name, {"x-queue-version": v} if model(version).reads_v1 else {})
-                    publish(b, name, n, 5000, name)
-                declare(b, TTL_QUEUE, {"x-message-ttl": TTL_MS})
-                publish(b, TTL_QUEUE, 20, 5000, TTL_QUEUE)
-                published = time.monotonic()
-            b.stop()  # the broker's own clean stop: its recovery files describe its data
-            if kind == "store":  # the next boot finds them expired, and so does fsck before it
-                time.sleep(max(0.0, TTL_MS / 1000 + 1 - (time.monotonic() - published)))
-                on_disk = len(ids_of(b.node_dir, version, TTL_QUEUE))
-                assert on_disk == 20, f"{on_disk} of the 20 {TTL_QUEUE} messages outlived the clean stop (slow stop?)"
-            made[(version, kind)] = b.mnesia_base
-        return made[(version, kind)]
+    return make
 
-    yield make
-    for base in bases:
-        shutil.rmtree(base, ignore_errors=True)
+
+def _make_stopped(b, kind: str) -> None:
+    """Boot the version's clean sample in ``b``, write the store of ``kind`` "store", stop cleanly."""
+    version = b.version
+    with b:
+        b.install_node(SAMPLES / f"{version}-clean" / "mnesia")
+        b.start()
+        if kind == "store":
+            from cqforensics.model.versions import model
+
+            for name, (v, n) in BULK.items():  # 4.3 refuses v1 (4.0-4.2 take it and convert it)
+                declare(b, name, {"x-queue-version": v} if model(version).reads_v1 else {})
+                publish(b, name, n, 5000, name)
+            declare(b, TTL_QUEUE, {"x-message-ttl": TTL_MS})
+            publish(b, TTL_QUEUE, 20, 5000, TTL_QUEUE)
+            published = time.monotonic()
+        b.stop()  # the broker's own clean stop: its recovery files describe its data
+        if kind == "store":  # the next boot finds them expired, and so does fsck before it
+            time.sleep(max(0.0, TTL_MS / 1000 + 1 - (time.monotonic() - published)))
+            on_disk = len(ids_of(b.node_dir, version, TTL_QUEUE))
+            assert on_disk == 20, f"{on_disk} of the 20 {TTL_QUEUE} messages outlived the clean stop (slow stop?)"
 
 
 def make_case(b, case: str) -> str:
@@ -283,15 +307,13 @@ def test_clean_start_on_wrong_state_matches_the_real_broker(version, case, broke
     from cqforensics.commands import fsck
 
     need_broker(version)
-    dataset = f"{version}-clean"
-    vhosts = manifest(dataset)["vhosts"]
     with Broker(version, broker_dir / "run") as b:
         b.install_node(stopped(version, "clean"))  # booted and stopped cleanly by this broker
         what = make_case(b, case)
         report = fsck.run(b.node_dir, broker_version=version)
         bodies, unrecorded, shared = predicted_bodies(b.node_dir, version)
         b.start()
-        got = observe(b, vhosts, amqp10=set(), restart=frozenset(q.vhost for q in report.queues if q.crash == "vhost"))
+        got = observe(b, fsck_queues(report), restart=frozenset(q.vhost for q in report.queues if q.crash == "vhost"))
         b.kill()  # a clean stop after crashed queues can hang (seen on 3.10.8 and 4.0.5)
     problems = compare(report, (bodies, unrecorded, shared), got)
     assert not problems, f"{what}:\n" + "\n".join(problems)
@@ -411,13 +433,12 @@ def test_store_crash_stays_within_the_predicted_bounds(version, case, broker_dir
     from brokers import Broker
     from cqforensics.commands import fsck
 
-    vhosts = manifest(f"{version}-clean")["vhosts"]
     with Broker(version, broker_dir / "run", advanced_config=STORE_CONFIG) as b:
         b.install_node(stopped(version, "store"))
         what = make_case(b, case)
         report = fsck.run(b.node_dir, broker_version=version)
         b.start()
-        got = observe(b, vhosts, amqp10=set(), restart=frozenset(q.vhost for q in report.queues if q.crash == "vhost"))
+        got = observe(b, fsck_queues(report), restart=frozenset(q.vhost for q in report.queues if q.crash == "vhost"))
         log = b.log_file.read_text(errors="replace")
         b.kill()
     problems = compare_bounds(report, got)
