@@ -706,14 +706,18 @@ def test_store_index_dumps_of_the_fuzz_corpus_read_as_reference(tmp_path):
         for ds in ("4.3.6-clean", "3.10.8-clean")
         for m in ("bitflip", "truncate", "zero", "junk", "swap")
     }
-    dumps = 0
+    # most dumps of a case are the sample's own, untouched by its mutation (436 dumps, 56 distinct):
+    # each distinct content is compared once, under the first path it was met at
+    seen = set()
     for ds, seed, mutation in sorted(cases):
         inp = campaign.prepare(seed, tmp_path / f"{ds}-{seed}-{mutation}", ds, mutation)
-        for p in Path(inp["base"]).rglob("*.ets"):
+        for p in sorted(Path(inp["base"]).rglob("*.ets")):
             if p.is_file():
-                _same_items(read_bytes(p), p)
-                dumps += 1
-    assert dumps >= 40
+                data = read_bytes(p)
+                if data not in seen:
+                    seen.add(data)
+                    _same_items(data, p)
+    assert len(seen) >= 40
 
 
 def _tables_equal(path: Path) -> None:
@@ -742,11 +746,16 @@ def test_every_table_equals_reference_on_damaged_copies(tmp_path):
 
     done = 0
     for seed in range(3):  # every mutation on each of the three datasets once (282 s with 6 seeds in CI)
+        ds = ("4.3.6-kill", "3.10.8-kill", "4.0.5-clean")[seed % 3]
+        sample = campaign.tree_digest(bytes(SAMPLES / ds / "mnesia"))
         for mutation in sorted(campaign.MUTATIONS):
             if mutation == "fifo":
                 continue
-            ds = ("4.3.6-kill", "3.10.8-kill", "4.0.5-clean")[seed % 3]
             inp = campaign.prepare(seed, tmp_path / f"{seed}-{mutation}", ds, mutation)
+            # a mutation with nothing to act on here (an osiris one on a node without streams, zeros
+            # over zeros: 20 of the 57) leaves the sample as it was: test_every_table_equals_reference
+            if campaign.tree_digest(bytes(inp["base"])) == sample:
+                continue
             _tables_equal(Path(inp["base"]))
             done += 1
     assert done >= 30

@@ -10,7 +10,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from support import SAMPLES, dataset_params
+from support import FAST_DATASETS, SAMPLES, dataset_params
 from support.cli import run
 
 
@@ -69,25 +69,29 @@ def test_every_output_of_every_sample_validates(dataset, validators, tmp_path, c
     from cqforensics.base.schema import TABLES
 
     src = str(SAMPLES / dataset / "mnesia")
-    code, out, err = run(capsys, "fsck", "--json", src)
+    # the form of the documents is checked: the commands fork their default workers (a worker per CPU)
+    # on the fast tier's datasets, one per storage kind, and run in one process (-j 1) on the others;
+    # forking cost 55% more CPU on 4.0.5-quorum-kill, and -j 1 is the path the workers' output equals
+    ONE = () if dataset in FAST_DATASETS else ("-j", "1")
+    code, out, err = run(capsys, "fsck", "--json", *ONE, src)
     assert code in (0, 4), err
     fsck = json.loads(out)
     _valid(validators, "fsck", fsck)
     for f in fsck["findings"]:
         _convention(f)
-    code, out, _ = run(capsys, "fsck", "--jsonl", src)
+    code, out, _ = run(capsys, "fsck", "--jsonl", *ONE, src)
     for line in _lines(out):
         _valid(validators, "finding", line)
-    code, out, _ = run(capsys, "audit", "--json", src)
+    code, out, _ = run(capsys, "audit", "--json", *ONE, src)
     assert code == 0
     _valid(validators, "audit", json.loads(out))
     for table in TABLES:
-        code, out, err = run(capsys, "read", src, "--table", table, "--format", "jsonl", "--limit", "200")
+        code, out, err = run(capsys, "read", src, "--table", table, "--format", "jsonl", "--limit", "200", *ONE)
         assert code == 0, err
         for line in _lines(out):
             _valid(validators, f"read-{table}", line)
             _convention(line)
-    code, out, err = run(capsys, "export", src, "--format", "jsonl", "--all", "--out", str(tmp_path / "x"))
+    code, out, err = run(capsys, "export", src, "--format", "jsonl", "--all", *ONE, "--out", str(tmp_path / "x"))
     assert code == 0, err
     rows = _lines((tmp_path / "x" / "messages.jsonl").read_text())
     assert rows
