@@ -7,8 +7,8 @@ clean one (the broker trusts its shutdown state and crashes reading damaged mess
 
 **Shared boots.** Every (dataset, scenario) case is checked as before: the scenario damages its
 own copy of the sample and fsck predicts on that copy alone. What is shared is the broker's boot:
-scenarios whose damage stays inside the dir of one queue (``CONFINED_TO``), each a different
-queue, are applied together to one more copy, which the broker boots once; each queue is then
+scenarios whose damage stays inside the dir of one queue (``support.scenarios.CONFINED_TO``),
+each a different queue, are applied together to one more copy, which the broker boots once; each queue is then
 compared with the prediction of the scenario that damaged it (queues none of them touched, with
 the prediction every one of them makes). A boot costs 4-6 CPU-seconds; this takes the file from
 38 boots to 23. Whether the damages really are independent is checked on every run, by the
@@ -22,8 +22,6 @@ A failure names its scenario."""
 
 from __future__ import annotations
 
-import filecmp
-import os
 import shutil
 from pathlib import Path
 
@@ -31,7 +29,15 @@ import pytest
 
 from cqforensics.commands import fsck
 from support import SAMPLES, copy_node, manifest, need_broker
-from support.scenarios import SCENARIOS, V1_ONLY
+from support.scenarios import (
+    SCENARIOS,
+    V1_ONLY,
+    apply_changes,
+    boot_ids,
+    changed_files,
+    owners,
+    shared_boots,
+)
 
 pytestmark = pytest.mark.broker
 
@@ -42,74 +48,16 @@ CASES = [
 CASES += [(ds, sc) for ds in ("3.10.8-clean", "4.3.6-clean") for sc in CLEAN_SCENARIOS]
 CASES += [("4.0.5-kill", sc) for sc in ("rdq_zeroed_range", "qs_crc", "qi_reserved_bit", "qi_bad_header")]
 
-#: the scenarios that damage files of one queue's own dir only (support/scenarios.py), and which
-#: queue; the others damage the vhost's shared message store or hang the boot, and boot alone
-CONFINED_TO = {
-    "qs_crc": "orders.v2",
-    "qs_missing": "orders.v2",
-    "qi_bad_header": "audit.b",
-    "qi_bad_header_and_slot": "audit.b",
-    "qi_reserved_bit": "work",
-    "queue_name_lost": "dead",
-    "v1_journal_torn": "transient.mix.v1",  # the biggest journal.jif of the 3.10.8 samples
-}
-
-
-def _boots(cases) -> list[tuple[str, tuple[str, ...]]]:
-    """The cases as boots: per dataset, each confined scenario joins the first boot of confined
-    scenarios that damage other queues; every other scenario boots alone."""
-    boots: list[tuple[str, list[str]]] = []
-    for ds, sc in cases:
-        q = CONFINED_TO.get(sc)
-        shared = next(
-            (group for d, group in boots if d == ds and q and all(CONFINED_TO.get(o) not in (None, q) for o in group)),
-            None,
-        )
-        if shared is None:
-            boots.append((ds, [sc]))
-        else:
-            shared.append(sc)
-    return [(ds, tuple(group)) for ds, group in boots]
-
-
-BOOTS = _boots(CASES)
-
-
-def _changes(sample_node: Path, node: Path) -> dict[str, bytes | None]:
-    """The files of ``node`` (a damaged copy of ``sample_node``) that differ from the sample's,
-    relative to the node dir: their new bytes, or None for a file removed."""
-    out: dict[str, bytes | None] = {}
-    for dirpath, _, files in os.walk(sample_node):
-        for name in files:
-            rel = os.path.relpath(os.path.join(dirpath, name), sample_node)
-            mine = node / rel
-            if not mine.exists():
-                out[rel] = None
-            elif not filecmp.cmp(sample_node / rel, mine, shallow=False):
-                out[rel] = mine.read_bytes()
-    for dirpath, _, files in os.walk(node):  # (no scenario adds a file; one would be a change too)
-        for name in files:
-            rel = os.path.relpath(os.path.join(dirpath, name), node)
-            if not (sample_node / rel).exists():
-                out[rel] = (node / rel).read_bytes()
-    return out
-
-
-def _apply(changes: dict[str, bytes | None], node: Path) -> None:
-    for rel, data in changes.items():
-        if data is None:
-            (node / rel).unlink()
-        else:
-            (node / rel).write_bytes(data)
+#: a hung boot stops every queue: that scenario (confined to orders.v1's dir) boots alone
+BOOTS = shared_boots(CASES, alone={"v1_segment_truncated"})
 
 
 def _prediction(report) -> dict:
     return {(q.vhost, q.queue): (q.predicted_after_restart, q.crash) for q in report.queues}
 
 
-@pytest.mark.parametrize("dataset, scenarios", BOOTS, ids=[f"{d}-{'+'.join(g)}" for d, g in BOOTS])
+@pytest.mark.parametrize("dataset, scenarios", BOOTS, ids=boot_ids(BOOTS))
 def test_prediction_matches_the_real_broker(dataset, scenarios, broker_dir):
-    import cqforensics
     from brokers import Broker, BrokerError
     from brokers.clients import drain_counts
 
@@ -124,31 +72,20 @@ def test_prediction_matches_the_real_broker(dataset, scenarios, broker_dir):
         node = copy_node(dataset, broker_dir / "alone" / sc)
         SCENARIOS[sc](node)
         reports[sc] = fsck.run(node, broker_version=version)
-        changes[sc] = _changes(sample_node, node)
-        assert changes[sc], f"{sc}: damaged nothing"
+        changes[sc] = changed_files(sample_node, node)
     shutil.rmtree(broker_dir / "alone")
-    owner: dict[tuple, str] = {}  # (vhost, queue) -> the scenario that damaged files of its dir
+    owner: dict[tuple, str] = {}  # (vhost, queue) -> the scenario of this boot that damaged it
     if len(scenarios) > 1:
-        dirs = {
-            os.path.relpath(r["queue_dir"], sample_node): (r["vhost"], r["queue"])
-            for r in cqforensics.read_table(
-                sample_node.parent, "queues", columns=["vhost", "queue", "queue_dir"]
-            ).to_pylist()
-        }
+        owner = owners(sample_node, changes)
         for sc in scenarios:
             report = reports[sc]
             assert report.nodes[0].boot == "ok", f"{sc}: predicts a hung boot; it cannot share one"
             wide = [q.queue for q in report.queues if q.crash in ("vhost", "node")]
             assert not wide, f"{sc}: predicts a vhost or node crash ({wide}); it cannot share a boot"
-            for rel in changes[sc]:
-                key = next((k for d, k in dirs.items() if rel.startswith(d + os.sep)), None)
-                assert key is not None, f"{sc}: changed {rel}, outside any queue dir; it cannot share a boot"
-                assert key[1] == CONFINED_TO[sc], f"{sc}: changed {rel}, of {key}, not of {CONFINED_TO[sc]!r}"
-                assert owner.setdefault(key, sc) == sc, f"{sc} and {owner[key]} both damage {key}"
     with Broker(version, broker_dir / "run") as b:
         b.install_node(SAMPLES / dataset / "mnesia")
         for sc in scenarios:
-            _apply(changes[sc], b.node_dir)
+            apply_changes(changes[sc], b.node_dir)
         if len(scenarios) > 1:  # independent by the model: together, each queue as its scenario alone
             together = _prediction(fsck.run(b.node_dir, broker_version=version))
             alone = {sc: _prediction(reports[sc]) for sc in scenarios}
