@@ -8,9 +8,9 @@ clean one (the broker trusts its shutdown state and crashes reading damaged mess
 **Shared boots.** Every (dataset, scenario) case is checked as before: the scenario damages its
 own copy of the sample and fsck predicts on that copy alone. What is shared is the broker's boot:
 scenarios whose damage stays inside the dir of one queue (``support.scenarios.CONFINED_TO``),
-each a different queue, are applied together to one more copy, which the broker boots once; each queue is then
-compared with the prediction of the scenario that damaged it (queues none of them touched, with
-the prediction every one of them makes). A boot costs 4-6 CPU-seconds; this takes the file from
+each a different queue, are applied together to one more copy, which the broker boots once;
+each queue is then compared with the prediction of the scenario that damaged it (queues none of
+them touched, with the prediction every one of them makes). A boot costs 4-6 CPU-seconds; this takes the file from
 38 boots to 23. Whether the damages really are independent is checked on every run, by the
 recovery model's own rules, before the broker boots: each scenario's changed files lie inside its
 queue's dir, no two scenarios touch the same queue, none predicts a vhost or node crash or a
