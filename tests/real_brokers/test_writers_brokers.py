@@ -8,9 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from support import manifest
+from support import copy_node, manifest
 from support.live import assert_delivers_manifest, boot_and_drain
-from support.scenarios import SCENARIOS, V1_ONLY
+from support.scenarios import (
+    SCENARIOS,
+    V1_ONLY,
+    apply_changes,
+    boot_ids,
+    changed_files,
+    owners,
+    shared_boots,
+)
 
 pytestmark = pytest.mark.broker
 
@@ -26,7 +34,9 @@ def test_compact_output_delivers_what_the_original_does(dataset, broker_dir):
     out = broker_dir / "compacted"
     result = compact(SAMPLES / dataset / "mnesia", out)
     assert result.verified
-    assert_delivers_manifest(dataset, boot_and_drain(dataset, broker_dir / "run", out / "rabbit@localhost"))
+    assert_delivers_manifest(
+        dataset, boot_and_drain(dataset, broker_dir / "run", out / "rabbit@localhost", clean_stop=False)
+    )
 
 
 REBUILD_CASES = [
@@ -35,31 +45,58 @@ REBUILD_CASES = [
 REBUILD_CASES += [("3.10.8-clean", "rdq_zeroed_range"), ("4.3.6-clean", "rdq_missing")]
 # damage whose messages the broker's own recovery loses while their bytes survive
 RESCUES = {"rdq_marker_flip", "qi_bad_header", "qi_reserved_bit", "v1_segment_truncated"}
+REBUILD_BOOTS = shared_boots(REBUILD_CASES)
 
 
-@pytest.mark.parametrize("dataset, scenario", REBUILD_CASES, ids=[f"{d}-{s}" for d, s in REBUILD_CASES])
-def test_rebuild_output_delivers_every_salvaged_message(dataset, scenario, broker_dir):
-    import shutil
-
+@pytest.mark.parametrize("dataset, scenarios", REBUILD_BOOTS, ids=boot_ids(REBUILD_BOOTS))
+def test_rebuild_output_delivers_every_salvaged_message(dataset, scenarios, broker_dir):
+    """Each scenario damages a copy of its own, which is rebuilt and checked as it always was.
+    Scenarios confined to the dirs of different queues (support.scenarios.CONFINED_TO) share
+    the broker's boot (one boot, 4-6 CPU-seconds, for up to six of them): their damages,
+    together on one more copy, rebuilt once, booted once; each scenario's own salvage must then
+    be what that boot delivers from the queue it damaged and from every queue none of them did."""
     import cqforensics
     from cqforensics.write import rebuild
     from support import SAMPLES
     from support.oracle import compare_deliveries
 
-    src = broker_dir / "damaged"
-    shutil.copytree(SAMPLES / dataset / "mnesia", src)
-    SCENARIOS[scenario](src / "rabbit@localhost")
-    out = broker_dir / "rebuilt"
-    result = rebuild(src, out)
-    assert result.verified
-    for q in result.queues:  # never fewer than the broker's own recovery
-        assert q.written >= q.broker_would_deliver, q
-    if scenario in RESCUES or (scenario == "rdq_zeroed_range" and dataset.startswith("3.")) or "clean" in dataset:
-        assert result.rescued > 0 and result.exit_code == 1
-    salvaged = cqforensics.read_table(out).to_pylist()
-    assert sum(r["survives_restart"] for r in salvaged) > 0
-    got = boot_and_drain(dataset, broker_dir / "run", out / "rabbit@localhost")
-    assert compare_deliveries([q for q in got if q.get("exists_after_restart", True)], salvaged) == []
+    sample_node = SAMPLES / dataset / "mnesia" / "rabbit@localhost"
+    salvaged, changes = {}, {}
+    for sc in scenarios:
+        src = broker_dir / sc / "damaged"
+        node = copy_node(dataset, src)
+        SCENARIOS[sc](node)
+        out = broker_dir / sc / "rebuilt"
+        result = rebuild(src, out)
+        assert result.verified, sc
+        for q in result.queues:  # never fewer than the broker's own recovery
+            assert q.written >= q.broker_would_deliver, (sc, q)
+        if sc in RESCUES or (sc == "rdq_zeroed_range" and dataset.startswith("3.")) or "clean" in dataset:
+            assert result.rescued > 0 and result.exit_code == 1, sc
+        salvaged[sc] = cqforensics.read_table(out).to_pylist()
+        assert sum(r["survives_restart"] for r in salvaged[sc]) > 0, sc
+        changes[sc] = changed_files(sample_node, node)
+    if len(scenarios) == 1:
+        booted = broker_dir / scenarios[0] / "rebuilt" / "rabbit@localhost"
+        owner = {}
+    else:  # every damage on one copy, rebuilt once
+        owner = owners(sample_node, changes)
+        node = copy_node(dataset, broker_dir / "together" / "damaged")
+        for sc in scenarios:
+            apply_changes(changes[sc], node)
+        result = rebuild(node.parent, broker_dir / "together" / "rebuilt")
+        assert result.verified, "+".join(scenarios)
+        booted = broker_dir / "together" / "rebuilt" / "rabbit@localhost"
+    got = boot_and_drain(dataset, broker_dir / "run", booted, clean_stop=False)
+    got = [q for q in got if q.get("exists_after_restart", True)]
+    failures = []
+    for sc in scenarios:  # the queues it damaged, and those no scenario of this boot did
+        diffs = compare_deliveries(
+            [q for q in got if owner.get((q["vhost"], q["name"]), sc) == sc],
+            [r for r in salvaged[sc] if owner.get((r["vhost"], r["queue"]), sc) == sc],
+        )
+        failures += [f"{sc}: {d}" for d in diffs]
+    assert not failures, "\n".join(failures)
 
 
 def _declare_like(b, node_dir) -> list[str]:
@@ -171,7 +208,7 @@ def test_spark_writer_output_delivers_the_written_rows(dataset, move_to, broker_
         b.install_node(out)
         b.start()
         got = drain_all(b, vhosts)
-        b.stop()
+        b.kill()  # (nothing reads the node after the drain)
     expected = _expected_091([r.asDict(recursive=True) for r in rows_df.collect()])
     delivered = _delivered(got)
     assert sorted(delivered) == sorted(expected)
@@ -313,7 +350,7 @@ def test_rebuild_after_damage_at_many_offsets_delivers_everything_with_bytes_lef
     intact = Counter(s["id"] for s in spans) - Counter(s["id"] for s in touched)
     result = rebuild(node.parent, broker_dir / "rebuilt")
     assert result.verified
-    got = boot_and_drain(dataset, broker_dir / "run", broker_dir / "rebuilt" / node.name)
+    got = boot_and_drain(dataset, broker_dir / "run", broker_dir / "rebuilt" / node.name, clean_stop=False)
     delivered = Counter(
         (q["vhost"], q["name"], m["body_sha256"])
         for q in got

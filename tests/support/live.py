@@ -190,8 +190,10 @@ def comparable(queues: list[dict]) -> dict:
     return out
 
 
-def boot_and_drain(dataset: str, run_dir, node_dir=None) -> list[dict]:
-    """Boot the dataset's broker version on a copy (or on ``node_dir``'s mnesia base) and drain it."""
+def boot_and_drain(dataset: str, run_dir, node_dir=None, clean_stop: bool = True) -> list[dict]:
+    """Boot the dataset's broker version on a copy (or on ``node_dir``'s mnesia base) and drain it,
+    then stop it cleanly, or with ``clean_stop=False`` kill it: for a caller that reads nothing
+    the shutdown writes (a clean stop costs a rabbitmqctl VM and the broker's shutdown work)."""
     from brokers import Broker
     from brokers.clients import drain_all
 
@@ -217,7 +219,10 @@ def boot_and_drain(dataset: str, run_dir, node_dir=None) -> list[dict]:
         b.install_node(SAMPLES / dataset / "mnesia" if node_dir is None else node_dir.parent)
         b.start()
         queues = drain_all(b, m["vhosts"], known)
-        b.stop()
+        if clean_stop:
+            b.stop()
+        else:
+            b.kill()
     return queues
 
 

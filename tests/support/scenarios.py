@@ -136,6 +136,107 @@ SCENARIOS = {
 V1_ONLY = {"v1_segment_truncated", "v1_journal_torn"}
 
 
+# -- several scenarios on one copy: one boot for damages that cannot reach each other -----------------
+# A broker boot costs 4-6 CPU-seconds. Scenarios whose damage stays inside the dir of one queue,
+# each a different queue, can be applied together to one copy that the broker boots once; each
+# queue is then compared with what the scenario that damaged it expects. A damage of a vhost's
+# shared message store reaches every queue with messages in it: those scenarios boot alone.
+# Used by tests/real_brokers/test_predict_brokers.py and test_writers_brokers.py (rebuild).
+
+#: the scenarios that change files of one queue's own dir only, and the queue (the same in every
+#: sample those scenarios run on)
+CONFINED_TO = {
+    "qs_crc": "orders.v2",
+    "qs_missing": "orders.v2",
+    "qi_bad_header": "audit.b",
+    "qi_bad_header_and_slot": "audit.b",
+    "qi_reserved_bit": "work",
+    "queue_name_lost": "dead",
+    "v1_segment_truncated": "orders.v1",
+    "v1_journal_torn": "transient.mix.v1",  # the biggest journal.jif of the 3.10.8 samples
+}
+
+
+def shared_boots(cases, alone=()) -> list[tuple[str, tuple[str, ...]]]:
+    """(dataset, scenario) cases as boots: per dataset, each scenario of ``CONFINED_TO`` (and
+    not in ``alone``) joins the first boot of such scenarios that all damage other queues;
+    every other scenario boots alone."""
+    boots: list[tuple[str, list[str]]] = []
+
+    def confined(sc):
+        return None if sc in alone else CONFINED_TO.get(sc)
+
+    for ds, sc in cases:
+        q = confined(sc)
+        shared = next(
+            (g for d, g in boots if d == ds and q and all(confined(o) not in (None, q) for o in g)),
+            None,
+        )
+        if shared is None:
+            boots.append((ds, [sc]))
+        else:
+            shared.append(sc)
+    return [(ds, tuple(g)) for ds, g in boots]
+
+
+def boot_ids(boots) -> list[str]:
+    return [f"{d}-{'+'.join(g)}" for d, g in boots]
+
+
+def changed_files(sample_node: Path, node: Path) -> dict[str, bytes | None]:
+    """The files of ``node`` (a damaged copy of ``sample_node``) that differ from the sample's,
+    relative to the node dir: their bytes now, or None for a file removed."""
+    import filecmp
+    import os
+
+    out: dict[str, bytes | None] = {}
+    for root in (sample_node, node):
+        for dirpath, _, files in os.walk(root):
+            for name in files:
+                rel = os.path.relpath(os.path.join(dirpath, name), root)
+                if rel in out:
+                    continue
+                if not (node / rel).exists():
+                    out[rel] = None
+                elif not (sample_node / rel).exists() or not filecmp.cmp(sample_node / rel, node / rel, shallow=False):
+                    out[rel] = (node / rel).read_bytes()
+    return out
+
+
+def apply_changes(changes: dict[str, bytes | None], node: Path) -> None:
+    """Make ``node`` (a copy of the sample) hold ``changes`` (of ``changed_files``)."""
+    for rel, data in changes.items():
+        if data is None:
+            (node / rel).unlink()
+        else:
+            (node / rel).write_bytes(data)
+
+
+def owners(sample_node: Path, changes: dict[str, dict]) -> dict[tuple[str, str], str]:
+    """(vhost, queue) -> the scenario that changed files of its dir, for scenarios to share a
+    boot (``changes``: per scenario, its ``changed_files``). Fails unless each scenario changed
+    files of its ``CONFINED_TO`` queue's dir only, and no two the same queue's."""
+    import os
+
+    import cqforensics
+
+    dirs = {
+        os.path.relpath(r["queue_dir"], sample_node): (r["vhost"], r["queue"])
+        for r in cqforensics.read_table(
+            sample_node.parent, "queues", columns=["vhost", "queue", "queue_dir"]
+        ).to_pylist()
+    }
+    out: dict[tuple[str, str], str] = {}
+    for sc, changed in changes.items():
+        assert changed, f"{sc}: damaged nothing"
+        for rel in changed:
+            key = next((k for d, k in dirs.items() if rel.startswith(d + os.sep)), None)
+            assert key is not None, f"{sc}: changed {rel}, outside any queue dir: it cannot share a boot"
+            assert key[1] == CONFINED_TO.get(sc), f"{sc}: changed {rel}, of {key}, not of {CONFINED_TO.get(sc)!r}"
+            assert out.setdefault(key, sc) == sc, f"{sc} and {out[key]} both damage {key}: they cannot share a boot"
+    return out
+
+
 # -- quorum queues (Ra files under quorum/<node>/) ---------------------------------------------------
 # Used by tests/real_brokers/test_quorum_brokers.py (the real broker boots on each damaged copy) and
 # tests/model/test_quorum_damage.py (readers and findings, no broker).
