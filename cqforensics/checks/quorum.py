@@ -152,7 +152,7 @@ def queue_findings(q: m_quorum.QuorumQueue, model) -> list[Finding]:
                 **where,
             )
         )
-    elif q.fate == m_quorum.Q_OK and q.why:  # up or not as the boot's timing falls: a bound, not an answer
+    elif q.may_not_answer:  # up or not as the boot's timing falls: a bound, not an answer
         out.append(
             Finding(
                 "quorum-queue-unavailable",

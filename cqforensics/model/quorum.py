@@ -415,6 +415,13 @@ class QuorumQueue:
     def label(self) -> str:
         return self.name if self.name is not None else f"?{self.log.uid}"
 
+    @property
+    def may_not_answer(self) -> bool:
+        """Up (empty) or without a leader, as the boot's timing falls: a fate of ``Q_OK`` that
+        carries a ``why`` (``_server_fate``: a member left with nothing, on a version that elects
+        such a member or not as it happens)."""
+        return self.fate == Q_OK and bool(self.why)
+
     def messages(self):
         """(Msg, Fate, Delivery or None, delivery count, checked out) of every message the
         queue holds, in the order the next boot delivers them, then the ones it does not: kept
