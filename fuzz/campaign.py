@@ -1312,6 +1312,8 @@ def undetectable(inp: dict) -> str | None:
         return "same-content"
     if _payload_only(inp):
         return "retained-swap" if inp.get("mutation") == "swap" else "payload"
+    if _same_delivery(inp):
+        return "delivered-same"
     try:
         was, now = original.read_bytes(), Path(target).read_bytes()
     except OSError:
@@ -1578,6 +1580,33 @@ def _payload_only(inp: dict) -> bool:
 
     try:
         return original.read_bytes() != Path(target).read_bytes() and rows(original) == rows(target)
+    except CQError:
+        return False
+
+
+#: the ``messages`` columns that say where a message is stored, not what is delivered
+_PLACES = frozenset({"file", "offset", "store_file", "store_offset"})
+
+
+def _same_delivery(inp: dict) -> bool:
+    """Whether a changed message file (``.qs``, ``.qi``, ``.rdq``) leaves every message the node
+    delivers as it was: the ``messages`` rows of the mutated copy are the sample's but for where
+    a message is stored (the rows are what the broker hands a consumer: mc_amqpl:protocol_state
+    builds an AMQP 0-9-1 message's timestamp, priority, expiration and delivery mode from its
+    annotations, so a stored properties field it overrides is read by nothing)."""
+    target = inp.get("target") or ""
+    if not target.endswith((".qs", ".qi", ".rdq")):
+        return False
+
+    def rows(base):
+        t = cqforensics.read_table(base, "messages")
+        return sorted(
+            json.dumps({k: v for k, v in r.items() if k not in _PLACES}, sort_keys=True, default=str)
+            for r in t.to_pylist()
+        )
+
+    try:
+        return rows(SAMPLES / inp["dataset"] / "mnesia") == rows(inp["base"])
     except CQError:
         return False
 

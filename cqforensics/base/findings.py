@@ -114,7 +114,8 @@ CODES: dict[str, tuple[str, str]] = {
     "term-file-damaged": (
         WARNING,
         "a Mnesia log, Khepri (Ra) WAL, DETS table or ets dump is torn, holds bytes "
-        "that are no item, or holds more or fewer items than it records; or a text "
+        "that are no item, or holds more or fewer items than it records (a Ra log of the coordination "
+        "system that ends before the entry meta.dets says its server applied); or a text "
         "file the broker writes (.config, clean.dot, cluster_nodes.config, ...) holds "
         "NUL bytes, unreadable terms or terms of another shape than its writer's",
     ),
@@ -209,7 +210,12 @@ CODES: dict[str, tuple[str, str]] = {
         ERROR,
         "the entries of a stream chunk do not frame (lengths, record counts) or a sub-batch does not decompress",
     ),
-    "osiris-tracking-bad": (ERROR, "the tracking data of a stream chunk (trailer, delta or snapshot) does not parse"),
+    "osiris-tracking-bad": (
+        ERROR,
+        "the tracking data of a stream chunk (trailer, delta or snapshot) does not parse, or is out of step with "
+        "the stream's other tracking blocks (a writer's sequence going down, a snapshot that lacks a writer or "
+        "offset the blocks before it hold, or names another chunk or sequence for it)",
+    ),
     "osiris-segment-missing": (ERROR, "a stream index file without its segment: its chunks are gone"),
     "osiris-index-missing": (
         ERROR,
@@ -221,7 +227,8 @@ CODES: dict[str, tuple[str, str]] = {
     ),
     "osiris-index-mismatch": (
         WARNING,
-        "a stream index and its segment are out of step (a record naming no chunk, differing ids, chunks the index does not list, zero records)",
+        "a stream index and its segment are out of step (a record naming no chunk, differing ids or timestamps, "
+        "chunks the index does not list, zero records)",
     ),
     "stream-retention": (INFO, "a stream starts above offset 0: the offsets below were deleted (retention or by hand)"),
     "stream-boot-loss": (

@@ -76,6 +76,22 @@ def system_findings(ns: NodeScan) -> list[Finding]:
                         details={"records": len(rec.skipped)},
                     )
                 )
+    for c_sys in ns.coordination_systems:
+        for log, end, applied in m_quorum.applied_beyond_log(c_sys):
+            what = {"rabbitmq_metadata": "Khepri, the metadata store"}.get(log.name or "", "a coordination server")
+            out.append(
+                Finding(
+                    "term-file-damaged",
+                    f"Ra server {log.name or log.uid} ({what}): meta.dets says it applied its log up to "
+                    f"entry {applied}, but its log (snapshot, segments, WAL) ends at {end}: the entries "
+                    "after it are gone (its WAL lost, emptied or replaced; or meta.dets damaged), and "
+                    "their changes with them",
+                    display(c_sys.dir.wal[-1][1] if c_sys.dir.wal else log.path),
+                    None,
+                    severity="error",
+                    details={"server": log.name or log.uid, "log_end": end, "last_applied": applied},
+                )
+            )
     return out
 
 

@@ -224,6 +224,8 @@ class NodeDir:
     node: str  # label: the dir name (rabbit@host), or a relative path when names repeat
     vhosts: list[VhostDir] = field(default_factory=list)
     quorum: list[RaSystemDir] = field(default_factory=list)  # quorum/<node>/ (normally one)
+    #: coordination/<node>/: Khepri (the metadata store, 4.2+ by default) and the stream coordinator
+    coordination: list[RaSystemDir] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -542,7 +544,7 @@ def read_ra_server_dir(path: Path, problems: list[FileProblem]) -> RaServerDir:
 
 
 def read_ra_system_dir(path: Path) -> RaSystemDir:
-    """The files of ``quorum/<node>/``, listed and classified (nothing is read)."""
+    """The files of ``quorum/<node>/`` (or ``coordination/<node>/``), listed and classified (nothing is read)."""
     ra = RaSystemDir(path=path)
     entries = _special(_listdir(path), ra.problems)
     files = _numbered(entries, "ra_system")
@@ -587,6 +589,9 @@ def read_node_dir(path: Path, label: str | None = None) -> NodeDir:
     for e in _listdir(path / "quorum"):
         if _is_dir(e):
             node.quorum.append(read_ra_system_dir(Path(e.path)))
+    for e in _listdir(path / "coordination"):
+        if _is_dir(e):
+            node.coordination.append(read_ra_system_dir(Path(e.path)))
     return node
 
 

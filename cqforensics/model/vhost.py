@@ -903,6 +903,13 @@ class NodeScan:
         return [m_quorum.read_system(ra, self.model) for ra in self.node.quorum]
 
     @cached_property
+    def coordination_systems(self) -> list[m_quorum.System]:
+        """The node's coordination Ra system (``coordination/<node>/``: Khepri and the stream
+        coordinator) read as ``quorum_systems`` are, for the checks of its log's own integrity
+        (its machines are not replayed)."""
+        return [m_quorum.read_system(ra, self.model) for ra in self.node.coordination]
+
+    @cached_property
     def quorum(self) -> list[m_quorum.QuorumQueue]:
         """Every quorum queue member of the node (``quorum/<node>/``), replayed, with what the
         next boot of ``model`` does (``model.quorum.node_quorum``)."""

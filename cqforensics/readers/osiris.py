@@ -546,6 +546,8 @@ def read_stream(stream_dir: Path | str, with_records: bool = True) -> StreamScan
                 scan.findings += f
         if index is not None:
             scan.findings += compare_index(seg, index)
+    if with_records:
+        scan.findings += compare_tracking(scan)
     if scan.pairs and scan.chunks and scan.chunks[0].chunk_id > 0:
         c0 = scan.chunks[0]
         scan.findings.append(
@@ -608,6 +610,19 @@ def compare_index(seg: Segment, index: IndexFile) -> list[Finding]:
                     details={"kind": "differs", "chunk_id": c.chunk_id},
                 )
             )
+        elif c.timestamp != int(r["timestamp"]):
+            # osiris_log write_chunk/6 writes the chunk's one timestamp into both; readers that
+            # attach by timestamp ({timestamp, Ts}) search the index's copy (timestamp_search_fun/3)
+            out.append(
+                Finding(
+                    "osiris-index-mismatch",
+                    f"index record of chunk {c.chunk_id} says timestamp {int(r['timestamp'])}, the "
+                    f"chunk says {c.timestamp}: a consumer attaching by timestamp starts at the wrong chunk",
+                    name,
+                    at,
+                    details={"kind": "timestamp", "chunk_id": c.chunk_id},
+                )
+            )
     unlisted = [c for c in seg.chunks if c.pos not in listed]
     if unlisted:
         out.append(
@@ -621,6 +636,143 @@ def compare_index(seg: Segment, index: IndexFile) -> list[Finding]:
                 details={"kind": "unlisted", "chunks": [c.chunk_id for c in unlisted[:50]]},
             )
         )
+    return out
+
+
+#: osiris_tracking ?MAX_SEQUENCES: a snapshot keeps the 255 writers of the highest chunk ids
+#: (trim_sequences/2); RabbitMQ sets no other limit
+MAX_SEQUENCES = 255
+
+
+def compare_tracking(scan: StreamScan) -> list[Finding]:
+    """The stream's tracking blocks against each other, as osiris keeps them: a writer's
+    sequence only grows (osiris_writer is_duplicate/4 drops a write whose sequence is not above
+    the writer's last, so each chunk's trailer holds a higher one than the chunk before); a
+    snapshot, the first chunk of every segment after the first, is the tracking state at the
+    roll (osiris_tracking snapshot/3): every writer known by then (up to ``MAX_SEQUENCES``) at
+    the chunk and sequence it last wrote, or at the snapshot's own chunk id for the write that
+    rolled the segment, and every consumer offset at or above the stream's first. What no other
+    block repeats (the last trailer of a writer and no snapshot after it; a snapshot whose
+    segment before it retention deleted) nothing can check: docs/streams.md says so. The next
+    boot recovers the tracking from the last segment (osiris_log init: its snapshot, then
+    trailers and deltas), so damage there is what the publishers' deduplication starts from."""
+    out: list[Finding] = []
+    chunks = {(c.file, c.pos): c for c in scan.chunks}
+    last_file = str(next(reversed(scan.segments.values())).path) if scan.segments else None
+
+    def bad(t: Tracking, kind: str, text: str, file=None, pos=None) -> None:
+        file, pos = file or t.file, t.pos if pos is None else pos
+        tail = " (the last segment: the next boot's deduplication starts from it)" if file == last_file else ""
+        out.append(
+            Finding(
+                "osiris-tracking-bad",
+                f"chunk {chunks[(file, pos)].chunk_id}: {text}{tail}",
+                file,
+                pos,
+                details={"kind": kind, "reference": t.reference, "source": t.source},
+            )
+        )
+
+    # 1. each writer's sequences upwards, chunk after chunk: strictly from trailer to trailer,
+    # a snapshot's copy at least its writer's last (the block that breaks the order is named)
+    by_writer: dict[bytes, list[Tracking]] = {}
+    for t in scan.tracking:
+        if t.kind == "sequence" and (t.file, t.pos) in chunks:
+            by_writer.setdefault(t.reference, []).append(t)
+
+    def below(a: Tracking, b: Tracking) -> bool:  # whether a may come before b
+        return a.value < b.value or (a.value == b.value and "snapshot" in (a.source, b.source))
+
+    for ref, ts in by_writer.items():
+        for k in range(1, len(ts)):
+            a, b = ts[k - 1], ts[k]
+            if below(a, b):
+                continue
+            # the outlier: a, when the block before it leads to b; else b
+            outlier = a if k >= 2 and below(ts[k - 2], b) or k == 1 and k + 1 < len(ts) and below(b, ts[k + 1]) else b
+            other = b if outlier is a else a
+            bad(
+                outlier,
+                "sequence",
+                f"{outlier.source} holds writer {ref.decode('utf-8', 'replace')!r} at sequence {outlier.value}; "
+                f"chunk {chunks[(other.file, other.pos)].chunk_id} "
+                f"{'after' if outlier is a else 'before'} it holds {other.value}: osiris accepts a writer's "
+                "sequences only upwards",
+            )
+
+    # 2. each snapshot against the state the blocks before it make, where all of them are here
+    seqs: dict[bytes, tuple[int, int]] = {}  # writer -> (chunk id, sequence) of its last block
+    offsets: dict[bytes, int] = {}
+    first = scan.first_offset
+    known = first == 0  # the state before this point is all on disk (from chunk 0, or a snapshot)
+    expected = None
+    by_chunk: dict[tuple[str, int], list[Tracking]] = {}
+    for t in scan.tracking:
+        by_chunk.setdefault((t.file, t.pos), []).append(t)
+    for c in scan.chunks:
+        if expected is not None and c.chunk_id != expected or not c.valid:
+            known = False  # a gap or a chunk not read whole: the state after it is not all here
+        expected = c.chunk_id + c.num_records
+        blocks = by_chunk.get((c.file, c.pos), [])
+        if c.chunk_type != g.CHNK_TRK_SNAPSHOT or not c.valid:
+            for t in blocks:
+                if t.kind == "offset":
+                    offsets[t.reference] = t.value
+                elif t.kind == "sequence":
+                    seqs[t.reference] = (c.chunk_id, t.value)
+            continue
+        snap_seqs = {t.reference: t for t in blocks if t.kind == "sequence"}
+        for ref, t in snap_seqs.items():
+            name = ref.decode("utf-8", "replace")
+            if t.chunk_id > c.chunk_id:
+                bad(t, "sequence", f"snapshot names writer {name!r} at chunk {t.chunk_id}, after the snapshot itself")
+            elif not known or t.chunk_id == c.chunk_id:
+                continue  # the write that rolled the segment: its chunk comes next
+            elif ref not in seqs:
+                bad(
+                    t,
+                    "sequence",
+                    f"snapshot holds writer {name!r} at chunk {t.chunk_id}, which no block before it names",
+                )
+            elif (t.chunk_id, t.value) != seqs[ref]:
+                c0, v0 = seqs[ref]
+                bad(
+                    t,
+                    "sequence",
+                    f"snapshot holds writer {name!r} at chunk {t.chunk_id} sequence {t.value}; its last "
+                    f"block before says chunk {c0} sequence {v0}",
+                )
+        if known and len(seqs) <= MAX_SEQUENCES:
+            snap_offsets = {t.reference for t in blocks if t.kind == "offset"}
+            lacking = [
+                ("writer", ref, f"last at chunk {c0}, sequence {v0}")
+                for ref, (c0, v0) in seqs.items()
+                if ref not in snap_seqs
+            ]
+            lacking += [
+                ("consumer", ref, f"offset {v}")
+                for ref, v in offsets.items()
+                if ref not in snap_offsets and first is not None and v >= first
+            ]
+            for who, ref, what in lacking:
+                out.append(
+                    Finding(
+                        "osiris-tracking-bad",
+                        f"chunk {c.chunk_id}: snapshot lacks {who} {ref.decode('utf-8', 'replace')!r} ({what}): "
+                        "osiris snapshots every writer it tracks and every offset at or above the stream's first"
+                        + (
+                            " (the last segment: the next boot's deduplication starts from it)"
+                            if c.file == last_file
+                            else ""
+                        ),
+                        c.file,
+                        c.pos,
+                        details={"kind": "missing", "reference": ref, "source": "snapshot"},
+                    )
+                )
+        seqs = {ref: (t.chunk_id, t.value) for ref, t in snap_seqs.items()}
+        offsets = {t.reference: t.value for t in blocks if t.kind == "offset"}
+        known = True
     return out
 
 
