@@ -86,13 +86,22 @@ def system_findings(ns: NodeScan) -> list[Finding]:
                     f"entry {applied}, but its log (snapshot, segments, WAL) ends at {end}: the entries "
                     "after it are gone (its WAL lost, emptied or replaced; or meta.dets damaged), and "
                     "their changes with them",
-                    display(c_sys.dir.wal[-1][1] if c_sys.dir.wal else log.path),
-                    None,
+                    *_log_end(c_sys, log),
                     severity="error",
                     details={"server": log.name or log.uid, "log_end": end, "last_applied": applied},
                 )
             )
     return out
+
+
+def _log_end(system: m_quorum.System, log: m_quorum.ServerLog) -> tuple[str, int | None]:
+    """(file, offset) where a server's log ends: where the recovery of the system's last WAL
+    stops (a torn or failing record), else the end of its framed records; the server's dir when
+    the system has no WAL."""
+    if not system.wal:
+        return display(log.path), None
+    scan, rec = system.wal[-1]
+    return display(scan.path), rec.stop_offset if rec.stop_offset is not None else scan.end.offset
 
 
 def queue_findings(q: m_quorum.QuorumQueue, model) -> list[Finding]:
