@@ -964,13 +964,13 @@ MUTATIONS = {
 
 
 def _unpacked(dataset: str) -> None:
-    """Unpack the archived datasets (``tests/oracle.extract_archives``) unless already done."""
+    """Unpack the archived datasets (``tests/support/oracle.extract_archives``) unless already done."""
     ds = SAMPLES / dataset
     if (ds / "mnesia").is_dir() or not any(ds.glob("*.tar.gz")):
         return
     sys.path.insert(0, str(ROOT / "tests"))
     try:
-        from oracle import extract_archives
+        from support.oracle import extract_archives
     finally:
         sys.path.remove(str(ROOT / "tests"))
     extract_archives()
