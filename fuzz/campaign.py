@@ -1348,6 +1348,9 @@ UNDETECTABLE = {
     "wal.trunc": "a Ra WAL record's truncate bit: not covered by its checksum, and as plausible either way",
     "term.value": "a value inside a DETS table, a Ra server config or a WAL writers snapshot that keeps its writer's "
     "shape (a term, a timeout, a name): as plausible as the original",
+    "osiris.tracking": "a stream tracking byte no other block repeats: a consumer offset or timestamp value, a "
+    "writer's last sequence block with no later snapshot comparing it, a snapshot the blocks before it were "
+    "deleted from (docs/streams.md)",
 }
 
 
@@ -1424,7 +1427,99 @@ def _byte_classes(dataset: str, original: Path, was: bytes, now: bytes, changed:
         ]
     if name.endswith(".dets") or name == "config" or name == "writers.snapshot":
         return ["term.value" if _same_shape(original, Path(original), was, now) else "term"] * len(changed)
+    if name.endswith(".segment"):
+        return _segment_classes(original, now, changed)
     return None
+
+
+def _tracking_blocks(data: bytes, start: int, end: int, snapshot: bool):
+    """(start, reference end, value start, end, kind, reference) of each tracking block in
+    ``data[start:end]`` (the grammar of readers/osiris parse_tracking)."""
+    p = start
+    while p + 2 <= end:
+        typ, n = data[p], data[p + 1]
+        kind = g_osiris.TRACKING_TYPES.get(typ)
+        q = p + 2 + n
+        v = q + (8 if snapshot and kind == "sequence" else 0)
+        if kind is None or v + 8 > end:
+            return
+        yield p, q, v, v + 8, kind, bytes(data[p + 2 : q])
+        p = v + 8
+
+
+def _segment_classes(original: Path, now: bytes, changed: list[int]) -> list[str]:
+    """The class of each changed byte of a stream segment: ``osiris.tracking`` for tracking bytes
+    no other block repeats (docs/streams.md: a consumer offset or timestamp value; a writer's
+    sequence, reference or snapshot chunk id with no later block of that writer and no later
+    snapshot that compares it; a snapshot the blocks before it cannot be compared with, as
+    the first of a stream whose earlier segments retention deleted), ``osiris`` otherwise (chunk
+    headers and data are CRC-checked and framed; tracking bytes another block repeats are
+    compared: readers/osiris compare_tracking)."""
+    scan = r_osiris.read_stream(original.parent)
+    chunks = scan.chunks
+    order = {(c.file, c.pos): k for k, c in enumerate(chunks)}
+    was = original.read_bytes()
+    snapshots = [k for k, c in enumerate(chunks) if c.chunk_type == g_osiris.CHNK_TRK_SNAPSHOT]
+    # a snapshot is compared with the blocks before it once the state is known: from chunk 0, or
+    # after an earlier snapshot
+    checked = {k for k in snapshots if chunks[0].chunk_id == 0 or any(j < k for j in snapshots)}
+    out = []
+    for off in changed:
+        c = next((c for c in chunks if c.file == str(original) and c.pos <= off < c.end), None)
+        if c is None:
+            out.append("osiris")
+            continue
+        k = order[(c.file, c.pos)]
+        if c.chunk_type == g_osiris.CHNK_USER:
+            start, end = c.data_pos + c.data_size, c.end
+        else:
+            start, end = c.data_pos + 4, c.data_pos + c.data_size  # the body of its one simple entry
+        snap = c.chunk_type == g_osiris.CHNK_TRK_SNAPSHOT
+        block = next((b for b in _tracking_blocks(was, start, end, snap) if b[0] <= off < b[3]), None)
+        if block is None or off == block[0] + 1:  # outside tracking data, or a block's length
+            out.append("osiris")
+            continue
+        b0, ref_end, v0, b_end, kind, ref = block
+        if off == b0:  # its type: another kind of block for the same reference
+            new_kind = g_osiris.TRACKING_TYPES.get(now[off])
+            later_snapshot = any(j > k or j == k and snap for j in checked)
+            out.append("osiris.tracking" if new_kind and not later_snapshot and not snap else "osiris")
+            continue
+        if kind != "sequence":
+            # a consumer offset: only a lacking reference is compared (an offset at or above the
+            # stream's first, at a snapshot that compares the state); a timestamp: nothing
+            value = int.from_bytes(was[v0:b_end], "big")
+            compared = any(j > k or j == k and snap for j in checked) and value >= (scan.first_offset or 0)
+            out.append("osiris" if kind == "offset" and off < ref_end and compared else "osiris.tracking")
+            continue
+        if snap and k in checked:
+            out.append("osiris")  # compared whole with the state before it
+            continue
+        mine = [(order[(t.file, t.pos)], t) for t in scan.tracking if t.kind == "sequence" and t.reference == ref]
+        prev = [t for j, t in mine if j < k]
+        nxt = [t for j, t in mine if j > k]
+        # the first snapshot after this block that compares the state, and whether this block is
+        # then the writer's last (what the snapshot's copy is compared with)
+        s_next = min((j for j in checked if j > k), default=None)
+        s_copy = next((t for j, t in mine if j == s_next), None)
+        last_before = (
+            s_copy is not None
+            and s_copy.chunk_id < chunks[s_next].chunk_id  # not the write that rolled the segment
+            and not any(j < s_next for j, _ in mine if j > k)
+        )
+        if off < ref_end:  # the reference: the block moves to another writer
+            out.append("osiris" if s_next is not None else "osiris.tracking")
+        elif off < v0:  # a snapshot's chunk id for the writer
+            new_chunk = int.from_bytes(now[ref_end:v0], "big")
+            out.append("osiris" if new_chunk > c.chunk_id or last_before else "osiris.tracking")
+        else:  # the value
+            new = int.from_bytes(now[v0:b_end], "big")
+            loose = lambda t: snap or t.source == "snapshot"  # noqa: E731 - a snapshot's copy may repeat a value
+            seen = (prev and (new < prev[-1].value or new == prev[-1].value and not loose(prev[-1]))) or (
+                nxt and (new > nxt[0].value or new == nxt[0].value and not loose(nxt[0]))
+            )
+            out.append("osiris" if seen or last_before else "osiris.tracking")
+    return out
 
 
 def _spans(data: bytes, key: bytes):

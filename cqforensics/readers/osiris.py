@@ -404,12 +404,11 @@ def parse_tracking(buf: bytes, chunk: Chunk, source: str, findings: list) -> lis
     p = 0
     snap = source == "snapshot"
     while p < len(buf):
-        if p + 2 > len(buf):
-            break
-        typ, n = buf[p], buf[p + 1]
+        typ, n = buf[p], buf[p + 1] if p + 1 < len(buf) else 0
         q = p + 2 + n
         ref = buf[p + 2 : q]
         size = 16 if snap and typ == g.TRK_SEQUENCE else 8
+        # a byte left over is no block either: osiris_tracking parse_trailer/3 has no clause for it
         if typ not in g.TRACKING_TYPES or q + size > len(buf):
             findings.append(
                 Finding(
@@ -703,6 +702,7 @@ def compare_tracking(scan: StreamScan) -> list[Finding]:
     # 2. each snapshot against the state the blocks before it make, where all of them are here
     seqs: dict[bytes, tuple[int, int]] = {}  # writer -> (chunk id, sequence) of its last block
     offsets: dict[bytes, int] = {}
+    named: dict[bytes, Tracking] = {}  # reference -> the last block naming it
     first = scan.first_offset
     known = first == 0  # the state before this point is all on disk (from chunk 0, or a snapshot)
     expected = None
@@ -720,6 +720,7 @@ def compare_tracking(scan: StreamScan) -> list[Finding]:
                     offsets[t.reference] = t.value
                 elif t.kind == "sequence":
                     seqs[t.reference] = (c.chunk_id, t.value)
+                named[t.reference] = t
             continue
         snap_seqs = {t.reference: t for t in blocks if t.kind == "sequence"}
         for ref, t in snap_seqs.items():
@@ -755,10 +756,20 @@ def compare_tracking(scan: StreamScan) -> list[Finding]:
                 if ref not in snap_offsets and first is not None and v >= first
             ]
             for who, ref, what in lacking:
+                # both ends of the disagreement: the snapshot, and the block naming what it lacks
+                # (either may be the damaged one: a reference changed in the one or the other)
+                text = ref.decode("utf-8", "replace")
+                t = named.get(ref)
+                if t is not None:
+                    bad(
+                        t,
+                        "not_in_snapshot",
+                        f"{t.source} names {who} {text!r}, which the snapshot of chunk {c.chunk_id} lacks",
+                    )
                 out.append(
                     Finding(
                         "osiris-tracking-bad",
-                        f"chunk {c.chunk_id}: snapshot lacks {who} {ref.decode('utf-8', 'replace')!r} ({what}): "
+                        f"chunk {c.chunk_id}: snapshot lacks {who} {text!r} ({what}): "
                         "osiris snapshots every writer it tracks and every offset at or above the stream's first"
                         + (
                             " (the last segment: the next boot's deduplication starts from it)"
@@ -772,6 +783,7 @@ def compare_tracking(scan: StreamScan) -> list[Finding]:
                 )
         seqs = {ref: (t.chunk_id, t.value) for ref, t in snap_seqs.items()}
         offsets = {t.reference: t.value for t in blocks if t.kind == "offset"}
+        named = {t.reference: t for t in blocks}
         known = True
     return out
 

@@ -135,3 +135,43 @@ def test_a_coordination_log_shorter_than_what_khepri_applied_is_found(tmp_path, 
     (f,) = khepri_findings()
     assert f["code"] == "term-file-damaged" and f["severity"] == "error" and f["file"] == str(coord)
     assert f["details"]["server"] == "rabbitmq_metadata" and f["details"]["log_end"] < f["details"]["last_applied"]
+
+
+@pytest.mark.parametrize("dataset", ["4.0.5-streams-kill", "4.3.6-streams-clean"])
+def test_a_tracking_byte_is_found_exactly_where_another_block_repeats_it(tmp_path, dataset):
+    """Crafted, seeded: 40 single-byte changes of tracking data (trailers, and tracking chunks with
+    their CRC recomputed) per stream sample. The campaign's byte classes (fuzz/campaign.py
+    ``_segment_classes``) say which no other block repeats (``osiris.tracking``: a consumer
+    offset, a writer's last block, a snapshot whose segment before it is gone); every other
+    change must be named in the changed segment, and none of those may be."""
+    import random
+
+    from fuzz import campaign
+
+    rng = random.Random(f"tracking:{dataset}")
+    src = next((SAMPLES / dataset / "mnesia").glob("*/stream/__st_retained_*"))
+    spots = []
+    for c in r_osiris.read_stream(src).chunks:
+        if c.chunk_type == g.CHNK_USER:
+            spots += [(c, x) for x in range(c.data_pos + c.data_size, c.end)]
+        else:
+            spots += [(c, x) for x in range(c.data_pos + 4, c.data_pos + c.data_size)]
+    seen = set()
+    for n in range(40):
+        c, off = rng.choice(spots)
+        d = tmp_path / str(n)
+        shutil.copytree(src, d)
+        seg = d / c.file.rsplit("/", 1)[1]
+        data = bytearray(seg.read_bytes())
+        old = data[off]
+        data[off] = rng.choice([0, 255, old ^ 1, old ^ 0x80]) if old not in (0, 255) else old ^ 1
+        if c.chunk_type != g.CHNK_USER:
+            data[c.pos + 32 : c.pos + 36] = zlib.crc32(bytes(data[c.data_pos : c.data_pos + c.data_size])).to_bytes(
+                4, "big"
+            )
+        seg.write_bytes(bytes(data))
+        found = any(f.file == str(seg) and f.code != "stream-retention" for f in r_osiris.read_stream(d).findings)
+        (cls,) = campaign._segment_classes(type(seg)(c.file), bytes(data), [off])
+        assert found is (cls != "osiris.tracking"), (c.chunk_id, c.type_name, off - c.pos, old, data[off], cls)
+        seen.add(cls)
+    assert seen == {"osiris", "osiris.tracking"}  # both ways drawn
