@@ -151,7 +151,9 @@ CODES: dict[str, tuple[str, str]] = {
         ERROR,
         "log entries of a quorum queue in no segment and no WAL (a segment file lost): right "
         "after its snapshot the queue crashes when it recovers; further on the next boot "
-        "skips them silently (what they enqueued is lost, what they settled comes back)",
+        "skips them silently (what they enqueued is lost, what they settled comes back); at its end, "
+        "entries meta.dets says the server applied (a WAL's end lost or replaced), which the next "
+        "boot cannot apply again",
     ),
     "quorum-snapshot-damaged": (
         WARNING,
