@@ -11,11 +11,11 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::columns::{self, as_bytes, Columns, NumCol, Plain, Validity, VarCol};
 use crate::io::{Source, Spans};
-use crate::{amqp091, ets, qi, qs, rdq};
+use crate::{amqp091, etf, ets, qi, qs, rdq};
 
 /// Bumped whenever a function's arguments or results change: the Python side refuses a core
 /// built from other sources (a stale build) and says how to rebuild.
-pub const ABI: u32 = 14;
+pub const ABI: u32 = 15;
 
 /// A read-only view of a Python buffer of `T`s (bytes, mmap, memoryview, numpy array), held
 /// for as long as its slice is used.
@@ -481,6 +481,23 @@ fn disk_log_items<'py>(
     Ok(out)
 }
 
+/// The external term whose tag is at `data[pos]` as the Python values `codecs/etf.py` makes
+/// (`makers`: its `(atom, opaque, improper, hashable)`, `etf::Terms`), and where it ends; None
+/// for a term the reference decodes (compressed, a fun, damaged, ...). The bytes are copied
+/// first: the makers are Python code, run while the term is walked.
+#[pyfunction]
+fn decode_term<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyAny>,
+    pos: usize,
+    makers: (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>),
+) -> PyResult<Option<(Bound<'py, PyAny>, usize)>> {
+    let bytes = View::<u8>::new(data)?.slice().to_vec();
+    let (atom, opaque, improper, hashable) = (&makers.0, &makers.1, &makers.2, &makers.3);
+    let terms = etf::Terms { py, buf: &bytes, atom, opaque, improper, hashable };
+    Ok(terms.term(pos, 0))
+}
+
 #[pymodule]
 fn cqforensics_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ABI", ABI)?;
@@ -491,6 +508,7 @@ fn cqforensics_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(qi_slots, m)?)?;
     m.add_function(wrap_pyfunction!(read_spans, m)?)?;
     m.add_function(wrap_pyfunction!(disk_log_items, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_term, m)?)?;
     m.add_class::<VarColumn>()?;
     m.add_class::<NumColumn>()?;
     m.add_class::<ListColumn>()?;

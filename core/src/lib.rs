@@ -6,11 +6,14 @@
 //! * `io`: every file read and system call (spans of files, maps, `preadv`, dropped pages);
 //! * `columns`: the Arrow-layout column builders and the decode of a batch into them;
 //! * the formats, each knowing nothing of Python or files: `rdq` (the shared-store walk), `qi`,
-//!   `qs`, `ets` (disk_log items), `message` (stored terms) and `amqp091` (properties, tables).
+//!   `qs`, `ets` (disk_log items), `message` (stored terms) and `amqp091` (properties, tables);
+//! * `etf`: external terms made into Python values (the one format whose results are Python
+//!   objects: the reference's own values, for the Ra log's entries).
 
 pub mod amqp091;
 mod bindings;
 pub mod columns;
+pub mod etf;
 pub mod ets;
 pub mod io;
 pub mod message;

@@ -109,6 +109,19 @@ _f64 = struct.Struct(">d").unpack_from
 _ATOM_CACHE: dict[tuple[bytes, bool], Atom] = {}
 
 
+def make_atom(raw: bytes, utf8: bool) -> Atom:
+    """The atom of these name bytes (``utf8``: its wire encoding), from the cache decoded atoms
+    share; raises UnicodeDecodeError for a UTF-8 atom that is not UTF-8. The compiled core's
+    term decoder makes its atoms with it, so both decoders give the same objects."""
+    key = (raw, utf8)
+    a = _ATOM_CACHE.get(key)
+    if a is None:
+        a = Atom(raw.decode("utf-8" if utf8 else "latin-1"), utf8)
+        if len(_ATOM_CACHE) < 65536:
+            _ATOM_CACHE[key] = a
+    return a
+
+
 class _Budget:
     """Bytes compressed terms may still inflate to; charging one also charges its parent (the
     budget of an enclosing ``decode_budget``)."""
@@ -165,17 +178,10 @@ class _Decoder:
 
     def atom(self, pos: int, n: int, utf8: bool) -> Atom:
         self.need(pos, n, "atom")
-        raw = bytes(self.buf[pos : pos + n])
-        key = (raw, utf8)
-        a = _ATOM_CACHE.get(key)
-        if a is None:
-            try:
-                a = Atom(raw.decode("utf-8" if utf8 else "latin-1"), utf8)
-            except UnicodeDecodeError:
-                raise EtfError("atom is not valid UTF-8", offset=pos) from None
-            if len(_ATOM_CACHE) < 65536:
-                _ATOM_CACHE[key] = a
-        return a
+        try:
+            return make_atom(bytes(self.buf[pos : pos + n]), utf8)
+        except UnicodeDecodeError:
+            raise EtfError("atom is not valid UTF-8", offset=pos) from None
 
     def tuple_arity(self, tag: int, p: int, pos: int) -> tuple[int, int]:
         """The arity of the tuple tagged at ``pos`` (its arity field at ``p``) and where its

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from cqforensics.base.errors import OperationalError, UsageError
 from cqforensics.message import fast as fastpath
-from cqforensics.message import rabbit_fifo
 from cqforensics.message import reference as message
+from cqforensics.model import quorum as m_quorum
 from cqforensics.readers import registry
 from cqforensics.readers.files import file_type, read_bytes
 
@@ -50,7 +50,7 @@ def _message(raw) -> dict:
 def _ra_entry(raw) -> dict:
     """A Ra log entry (WAL record, segment entry): its command, and the message an enqueue carries."""
     try:
-        entry = rabbit_fifo.decode(raw)
+        entry = m_quorum.decode_log_entry(raw)
     except Exception as e:
         return {"decode_error": f"{type(e).__name__}: {e}"[:200]}
     out = {"entry": entry.kind}

@@ -203,8 +203,8 @@ def _quorum_log_rows(vs: VhostScan, node: str, vhost: str | None, seen: set) -> 
     """Messages a quorum queue's log still holds that its state no longer does (``raft_log``:
     consumed, acked or purged, until Ra truncates the log below its snapshot): every enqueue
     entry copy, recovered or not, whose bytes no row emitted yet."""
-    from cqforensics.message import rabbit_fifo
     from cqforensics.message import reference as message
+    from cqforensics.model import quorum as m_quorum
 
     bodies = vs.node._quorum_bodies if vs.quorum_queues else None
     for q in vs.quorum_queues:
@@ -217,7 +217,7 @@ def _quorum_log_rows(vs: VhostScan, node: str, vhost: str | None, seen: set) -> 
             if key in seen:
                 continue
             try:
-                cmd = rabbit_fifo.decode(e.data(bodies)).command
+                cmd = m_quorum.decode_log_entry(e.data(bodies)).command
             except FormatError:
                 continue
             if cmd is None or cmd.name not in ("enqueue", "requeue") or cmd.msg is None:

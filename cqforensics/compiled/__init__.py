@@ -8,6 +8,8 @@ reference implementations, which stay the specification the core is tested again
 * ``disk_log_items``: the items of an ``ets:tab2file`` dump, strictly or as ``ets:file2tab``
   finds them, the store index's ``#msg_location{}`` records decoded into columns
   (``readers.terms.disk_log_walk``);
+* ``decode_term``: an external term made into the reference's Python values, for the plain
+  terms a Ra log entry is made of (``codecs.etf.decode``);
 * ``decode_messages``: the two stored layouts that make up almost every store (``fastpath``)
   decoded straight into Arrow columns. A row the core does not handle (another shape, a float
   header, damage) is marked for the reference to decode; ``COUNTS`` keeps the tally.
@@ -28,8 +30,9 @@ import numpy as np
 import pyarrow as pa
 
 from cqforensics.base.schema import PROPERTIES, STRINGS
+from cqforensics.codecs import etf
 
-ABI = 14  # must equal the core's ABI (core/src/bindings.rs)
+ABI = 15  # must equal the core's ABI (core/src/bindings.rs)
 log = logging.getLogger("cqforensics.compiled")
 
 try:
@@ -143,6 +146,30 @@ def disk_log_items(data, start: int = 8, max_items: int = 1 << 62) -> dict:
     out["decoded"] = np.frombuffer(out["decoded"], np.uint8)
     out["ids"] = np.frombuffer(out["ids"], "V16")
     return out
+
+
+# -- external terms --------------------------------------------------------------------------------
+
+
+#: the reference's makers of what no Python builtin is: atoms, pids/ports/references, improper
+#: lists, and a list or map made a map key
+_TERM_MAKERS = (etf.make_atom, etf.Opaque, etf.ImproperList, etf._hashable)
+
+
+def decode_term(data):
+    """The external term ``data`` holds (its version byte first; bytes after the term are
+    ignored, as ``codecs.etf.decode`` ignores them) as the reference's own Python values, or
+    None when the core is off or leaves the term to the reference (a compressed term, a fun,
+    one past its bounds, damage): then ``etf.decode`` decodes it, errors and all."""
+    n = native()
+    if n is None or len(data) < 2 or data[0] != etf.VERSION:
+        return None
+    got = n.decode_term(data, 1, _TERM_MAKERS)
+    if got is None:
+        COUNTS["terms_to_reference"] += 1
+        return None
+    COUNTS["terms"] += 1
+    return got[0]
 
 
 # -- message decode --------------------------------------------------------------------------------
@@ -279,6 +306,7 @@ __all__ = [
     "NO_TERM",
     "check_qs",
     "decode_messages",
+    "decode_term",
     "disk_log_items",
     "qs_garbage",
     "read_spans",

@@ -20,6 +20,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cqforensics import compiled
 from cqforensics.base.enums import Fate
 from cqforensics.base.errors import FormatError
 from cqforensics.codecs import etf
@@ -85,8 +86,15 @@ class Replay:
     error: str | None = None
 
 
+def decode_log_entry(data) -> rabbit_fifo.Entry:
+    """A log entry's stored bytes -> ``rabbit_fifo.Entry``: its term made by the compiled core
+    where it is a plain one, else by the reference (``codecs.etf``), which words any error."""
+    term = compiled.decode_term(data)
+    return rabbit_fifo.decode(data) if term is None else rabbit_fifo.decode_entry(term)
+
+
 def _decode(entry: LogEntry, bodies):
-    return rabbit_fifo.decode(entry.data(bodies))
+    return decode_log_entry(entry.data(bodies))
 
 
 def replay(log: ServerLog, bodies, upto: int | None = None, lenient: bool = False) -> Replay:
@@ -653,7 +661,7 @@ def newest_machine_version(ra_dir) -> int | None:
         data = read_bytes(path)
         for i in small:
             try:
-                e = rabbit_fifo.decode(data[int(scan.data_offset[i]) : scan.record_end(i)])
+                e = decode_log_entry(data[int(scan.data_offset[i]) : scan.record_end(i)])
             except FormatError:
                 continue
             if e.kind == "noop" and e.machine_version is not None:

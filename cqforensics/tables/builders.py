@@ -45,7 +45,6 @@ from cqforensics.base.schema import value_marks as schema_marks
 from cqforensics.checks import check_vhost
 from cqforensics.grammar import qs as c_qs
 from cqforensics.message import fast as fastpath
-from cqforensics.message import rabbit_fifo
 from cqforensics.message import reference as message
 from cqforensics.model import fifo as m_fifo
 from cqforensics.model import quorum as m_quorum
@@ -1022,7 +1021,7 @@ def raft_log_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
             recovered = (path, off) in used
             entry, command, ts, body_size = None, None, None, None
             try:
-                e = rabbit_fifo.decode(bodies.read(path, data_off, length))
+                e = m_quorum.decode_log_entry(bodies.read(path, data_off, length))
                 entry, ts = e.kind, e.ts
                 command = e.command.name if e.command else ("noop" if e.kind == "noop" else None)
                 if e.command is not None and e.command.msg is not None:

@@ -1,0 +1,101 @@
+"""The compiled term decoder (core/src/etf.rs, ``compiled.decode_term``) against the reference
+(``codecs.etf.decode``): on every Ra log entry of every quorum sample (WAL records and segment
+entries), every stored message term, and seeded damage of them, it gives the reference's value,
+of the reference's types (atoms with their encoding, pids and references as ``Opaque``,
+``ImproperList``), or leaves the term to the reference (None); never another value. The core is
+built by ``pip install .``; without it these tests skip (CQF_NO_SKIP=1 in CI fails them)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from cqforensics import compiled as core
+from cqforensics.codecs import etf
+from cqforensics.readers import ra_segment as r_seg
+from cqforensics.readers import ra_wal as r_wal
+from support import skip_or_fail
+from support.terms import sample_files, stored_bodies
+
+
+@pytest.fixture(autouse=True)
+def _need_core():
+    if core.native() is None:
+        skip_or_fail(f"the compiled core is not available: {core.status()}")
+
+
+def _shape(v):
+    """The value with every type spelled out (``==`` alone takes an Atom for its str, 1 for
+    True, a tuple of an ImproperList for another)."""
+    if isinstance(v, etf.Atom):
+        return ("atom", str(v), v.utf8)
+    if isinstance(v, (list, tuple)):
+        return (type(v).__name__, [_shape(x) for x in v])
+    if isinstance(v, dict):
+        return ("map", [(_shape(k), _shape(x)) for k, x in v.items()])
+    if isinstance(v, etf.ImproperList):
+        return ("improper", _shape(v.items), _shape(v.tail))
+    return (type(v).__name__, v)
+
+
+def _ra_entries() -> list[bytes]:
+    out = []
+    for p in sample_files(".wal"):
+        scan, data = r_wal.walk(p), p.read_bytes()
+        out += [bytes(r_wal.record_data(data, scan, i)) for i in range(len(scan))]
+    for p in sample_files(".segment"):
+        if "/quorum/" not in str(p):
+            continue
+        seg, data = r_seg.read_segment(p), p.read_bytes()
+        out += [bytes(r_seg.entry_data(data, seg, i)) for i in range(len(seg))]
+    return out
+
+
+def _agrees(b: bytes) -> bool:
+    """Whether the core gives the reference's value for ``b`` (True) or leaves it (False)."""
+    got = core.decode_term(b)
+    if got is None:
+        return False
+    want, _ = etf.decode(b)  # the core decided a term the reference must decode too
+    assert _shape(got) == _shape(want), b[:64]
+    return True
+
+
+def test_every_ra_log_entry_of_the_samples_is_decoded_as_the_reference_does():
+    entries = _ra_entries()
+    assert len(entries) > 5000
+    decided = sum(_agrees(b) for b in entries)
+    assert decided == len(entries)  # plain terms, pids and references: none left to the reference
+
+
+def test_stored_message_terms_are_decoded_as_the_reference_does_or_left_to_it():
+    bodies = [b for b in stored_bodies() if b[:1] == bytes([etf.VERSION])]
+    assert sum(_agrees(b) for b in bodies) > len(bodies) // 2
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_damaged_terms_get_the_reference_value_or_go_to_it(seed):
+    """Seeded byte flips, cuts and junk in Ra entries and message terms: the core's value, when
+    it gives one, is the reference's, and it never gives one where the reference raises."""
+    rng = random.Random(seed)
+    pool = _ra_entries()[::7] + [b for b in stored_bodies() if b[:1] == bytes([etf.VERSION])][::5]
+    for b in rng.sample(pool, min(400, len(pool))):
+        d = bytearray(b)
+        how = rng.randrange(3)
+        if how == 0:
+            for _ in range(rng.randint(1, 3)):
+                d[rng.randrange(1, len(d))] = rng.randrange(256)
+        elif how == 1:
+            del d[rng.randrange(1, len(d)) :]
+        else:
+            d[rng.randrange(1, len(d))] = rng.choice([104, 105, 108, 116, 110, 107, 88, 90])  # a tag
+        d = bytes(d)
+        got = core.decode_term(d)
+        try:
+            want = etf.decode(d)[0]
+        except etf.EtfError:
+            assert got is None, d[:64]
+            continue
+        if got is not None:
+            assert _shape(got) == _shape(want), d[:64]
