@@ -11,7 +11,6 @@ import shutil
 import struct
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -586,28 +585,63 @@ NODE_LEVEL = [
 ]
 
 
+#: the child that reads each copy's findings, a copy after the other: a line when it starts one (so
+#: that a read that blocks is named) and a line with its findings, or the traceback it raised
+_READ_EACH = """
+import json, sys, traceback
+sys.path.insert(0, sys.argv[1])
+import cqforensics
+for name, node in json.loads(sys.argv[2]):
+    print(json.dumps({"reading": name}), flush=True)
+    try:
+        rows = cqforensics.read_table(node, "findings").to_pylist()
+        print(json.dumps({"name": name, "findings": [[r["code"], r["file"]] for r in rows]}), flush=True)
+    except BaseException:
+        print(json.dumps({"name": name, "raised": traceback.format_exc()}), flush=True)
+"""
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs")
-@pytest.mark.parametrize("name", NODE_LEVEL)
-def test_node_level_fifo_is_a_finding_and_never_blocks(tmp_path, name):
-    node = copy_node("4.0.5-clean", tmp_path / "m")
-    if name == "FEATURE_FLAGS":
-        target = node.parent / f"{node.name}-feature_flags"
-    else:
-        target = next(node.glob(name))
-    target.unlink()
-    os.mkfifo(target)
-    code = textwrap.dedent(f"""
-        import json, sys
-        sys.path.insert(0, {str(ROOT)!r})
-        import cqforensics
-        rows = cqforensics.read_table({str(node)!r}, "findings").to_pylist()
-        print(json.dumps([[r["code"], r["file"]] for r in rows]))
-    """)
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr[-1500:]
+def test_node_level_fifo_is_a_finding_and_never_blocks(tmp_path):
+    """Each of NODE_LEVEL made a FIFO (crafted) in a copy of its own of the 4.0.5 node, whose
+    findings name it ``not-regular-file``. The copies are read in one child, one after the other
+    (one interpreter, not one per copy): a read that blocks hangs the child, not the test run, and
+    the child's last line names the copy it blocks on; a read that raises is reported by name."""
     import json
 
-    assert ["not-regular-file", str(target)] in json.loads(p.stdout)
+    targets = {}
+    for i, name in enumerate(NODE_LEVEL):
+        node = copy_node("4.0.5-clean", tmp_path / f"m{i}")
+        if name == "FEATURE_FLAGS":
+            target = node.parent / f"{node.name}-feature_flags"
+        else:
+            target = next(node.glob(name))
+        target.unlink()
+        os.mkfifo(target)
+        targets[name] = (node, target)
+    argv = [
+        sys.executable,
+        "-c",
+        _READ_EACH,
+        str(ROOT),
+        json.dumps([[n, str(node)] for n, (node, _) in targets.items()]),
+    ]
+    try:  # the bound the reads had one child each: 120 s a copy
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=120 * len(NODE_LEVEL))
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or ""
+        started = [json.loads(line)["reading"] for line in out.splitlines() if '"reading"' in line]
+        pytest.fail(f"the read of the copy with a FIFO for {started[-1] if started else '(none started)'} blocks")
+    assert p.returncode == 0, p.stderr[-1500:]
+    done = {r["name"]: r for r in map(json.loads, p.stdout.splitlines()) if "name" in r}
+    bad = {}
+    for name, (_, target) in targets.items():
+        r = done.get(name, {"raised": "not read"})
+        if "raised" in r:
+            bad[name] = r["raised"][-1500:]
+        elif ["not-regular-file", str(target)] not in r["findings"]:
+            bad[name] = "no not-regular-file finding names it"
+    assert not bad, bad
 
 
 # -- dump streams: a sparse 50 GB file, bounded memory --------------------------------------------------
