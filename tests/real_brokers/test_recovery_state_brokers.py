@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from support import SAMPLES, need_broker
-from support.live import consume, drain_queue, publish
+from support.live import consume, drain_queues, publish
 from support.nodes import ets_items, queue_dir, root_vhost, vhost_dirs
 
 RECOVERY_FILES = ("clean.dot", "msg_store_index.ets", "file_summary.ets")
@@ -73,7 +73,8 @@ def _owner(node: Path):
 def observe(
     b, queues: dict[str, list[str]], settle: float = 5.0, timeout: float = 15.0, restart: frozenset = frozenset()
 ) -> dict:
-    """Per (vhost, queue) of ``queues`` (vhost -> names: those fsck reports), what draining got.
+    """Per (vhost, queue) of ``queues`` (vhost -> names: those fsck reports), what draining got
+    (``drain_queues``: each queue's retries after a crash wait while the others are drained).
     A queue the broker does not have (every basic.get refused with 404 NOT_FOUND, nothing
     delivered, no attempt ending on an empty queue) has no ``delivered``: not served. (The queues
     come from fsck rather than from ``rabbitmqctl list_queues``, an Erlang VM booted per vhost per
@@ -87,14 +88,14 @@ def observe(
     time.sleep(settle)
     out = {}
     for vhost, names in sorted(queues.items()):
-        for name in sorted(names):
-            out[(vhost, name)] = drain_queue(b, vhost, name, timeout)
+        for name, rec in drain_queues(b, vhost, sorted(names), timeout).items():
+            out[(vhost, name)] = rec
         left = [k for k, v in out.items() if k[0] == vhost and v["events"][-1][1] != "empty"]
         if vhost in restart and left:
             b.ctl("restart_vhost", "--vhost", vhost, check=False)  # refused when it is running
             time.sleep(settle)
-            for key in left:
-                rec, again = out[key], drain_queue(b, vhost, key[1], timeout)
+            for key, again in zip(left, drain_queues(b, vhost, [k[1] for k in left], timeout).values()):
+                rec = out[key]
                 rec["delivered"] += again["delivered"]
                 rec["bodies"] += again["bodies"]
                 rec["errors"] += again["errors"]
