@@ -123,6 +123,26 @@ def _drain_attempt(pika, b, vhost: str, queue: str, timeout: float) -> tuple[int
     return n, "hang" if t.is_alive() else box["end"], bodies
 
 
+def wait_log_quiet(b, limit: float = 5.0, quiet: float = 2.0) -> float:
+    """Wait until the broker ``b`` has written nothing to its log for ``quiet`` seconds (what a
+    boot sets off right after its listener opens: the last boot steps, a queue crashing at init
+    and restarted, a vhost restarted after its message store crashed, each logs as it happens),
+    ``limit`` seconds at most; returns the seconds waited."""
+    t0 = time.monotonic()
+    size, since = -1, t0
+    while (now := time.monotonic()) - t0 < limit:
+        try:
+            now_size = b.log_file.stat().st_size
+        except FileNotFoundError:
+            now_size = -1
+        if now_size != size:
+            size, since = now_size, now
+        elif now - since >= quiet:
+            break
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
 def message_counts(b, queues, vhost: str = "/") -> dict[str, int]:
     """Ready messages per queue, from AMQP passive ``queue.declare`` (one connection): what
     ``list_counts`` gives for a queue without consumers or unacked deliveries, without booting a
