@@ -251,11 +251,13 @@ class Broker:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def start(self, timeout: float = 180.0) -> None:
+    def start(self, timeout: float = 180.0, stuck=None) -> None:
         """Boot the node and wait until its AMQP listener accepts connections.
 
         Raises BrokerError (with the log tail) when the node exits or is not up within
-        ``timeout`` seconds; a node that hangs at boot is killed before raising.
+        ``timeout`` seconds; a node that hangs at boot is killed before raising. ``stuck``: a
+        function asked while waiting, returning why the boot can no longer complete (as the
+        broker's own state shows it) or None: then it is given up at once, as after ``timeout``.
         """
         if self.running:
             raise BrokerError(f"broker {self.version} on {self.run_dir} is already running")
@@ -281,6 +283,12 @@ class Broker:
                 )
             if self._listening():
                 return
+            why = stuck() if stuck is not None else None
+            if why:
+                self.kill()
+                raise BrokerError(
+                    f"RabbitMQ {self.version} is stuck at boot on {self.node_dir}: {why}\n" + self.log_tail()
+                )
             time.sleep(0.25)
         self.kill()
         raise BrokerError(

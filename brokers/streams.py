@@ -35,6 +35,7 @@ import base64
 import contextlib
 import datetime
 import hashlib
+import threading
 import time
 import uuid
 
@@ -306,33 +307,56 @@ def sections(body: bytes) -> dict:
     }
 
 
+#: ``_raw_chunks``' patch of rstream: installed while any thread reads, each thread recording
+#: into its own list (reads of several streams may run at once, each in a thread of its own)
+_patch = {"users": 0, "lock": threading.Lock(), "local": threading.local(), "saved": None}
+
+
 @contextlib.contextmanager
 def _raw_chunks(chunks: list):
     """Record every chunk the broker delivers over the stream protocol (chunk id, records, CRC
     valid) before rstream's own handling, which drops the connection at a chunk whose CRC fails
-    (``schema.Deliver``): what the broker sent is the truth, whatever a client does with it."""
+    (``schema.Deliver``): what the broker sent is the truth, whatever a client does with it.
+    The chunks a thread's subscriptions get go to the ``chunks`` of that thread."""
     import zlib
 
     from rstream import consumer as rc
     from rstream import schema
 
-    post_init, on_deliver = schema.Deliver.__post_init__, rc.Consumer._on_deliver
+    local = _patch["local"]
+    with _patch["lock"]:
+        if _patch["users"] == 0:
+            post_init, on_deliver = schema.Deliver.__post_init__, rc.Consumer._on_deliver
+            _patch["saved"] = post_init, on_deliver
 
-    def lenient(self):
-        self._cqf_crc_ok = zlib.crc32(self.data) == self.chunk_crc
-        self.chunk_crc = zlib.crc32(self.data)  # rstream then takes the chunk as it is
+            def lenient(self):
+                self._cqf_crc_ok = zlib.crc32(self.data) == self.chunk_crc
+                self.chunk_crc = zlib.crc32(self.data)  # rstream then takes the chunk as it is
 
-    async def recording(self, frame, subscriber, filter_value):
-        chunks.append(
-            [frame.chunk_first_offset, frame.num_records, frame.num_entries, getattr(frame, "_cqf_crc_ok", True)]
-        )
-        await on_deliver(self, frame, subscriber, filter_value)
+            async def recording(self, frame, subscriber, filter_value):
+                sink = getattr(local, "chunks", None)
+                if sink is not None:
+                    sink.append(
+                        [
+                            frame.chunk_first_offset,
+                            frame.num_records,
+                            frame.num_entries,
+                            getattr(frame, "_cqf_crc_ok", True),
+                        ]
+                    )
+                await on_deliver(self, frame, subscriber, filter_value)
 
-    schema.Deliver.__post_init__, rc.Consumer._on_deliver = lenient, recording
+            schema.Deliver.__post_init__, rc.Consumer._on_deliver = lenient, recording
+        _patch["users"] += 1
+    local.chunks = chunks
     try:
         yield
     finally:
-        schema.Deliver.__post_init__, rc.Consumer._on_deliver = post_init, on_deliver
+        local.chunks = None
+        with _patch["lock"]:
+            _patch["users"] -= 1
+            if _patch["users"] == 0:
+                schema.Deliver.__post_init__, rc.Consumer._on_deliver = _patch["saved"]
 
 
 def wait_available(broker, stream: str, limit: float = 90.0) -> str | None:

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from support import SAMPLES, need_broker
-from support.live import consume, drain_queue, publish
+from support.live import consume, drain_queues, publish, wait_log_quiet
 from support.nodes import ets_items, queue_dir, root_vhost, vhost_dirs
 
 RECOVERY_FILES = ("clean.dot", "msg_store_index.ets", "file_summary.ets")
@@ -73,7 +73,8 @@ def _owner(node: Path):
 def observe(
     b, queues: dict[str, list[str]], settle: float = 5.0, timeout: float = 15.0, restart: frozenset = frozenset()
 ) -> dict:
-    """Per (vhost, queue) of ``queues`` (vhost -> names: those fsck reports), what draining got.
+    """Per (vhost, queue) of ``queues`` (vhost -> names: those fsck reports), what draining got
+    (``drain_queues``: each queue's retries after a crash wait while the others are drained).
     A queue the broker does not have (every basic.get refused with 404 NOT_FOUND, nothing
     delivered, no attempt ending on an empty queue) has no ``delivered``: not served. (The queues
     come from fsck rather than from ``rabbitmqctl list_queues``, an Erlang VM booted per vhost per
@@ -83,18 +84,20 @@ def observe(
     rdq_missing: a queue's read got 541, the next one hung, every other queue 404 for a minute;
     probably restarts too fast for the vhost's supervisor). A queue left undrained there (no
     attempt ended empty) is drained again after ``rabbitmqctl restart_vhost``, as an operator
-    would: what it then delivers is the prediction's ``predicted_after_restart``."""
-    time.sleep(settle)
+    would: what it then delivers is the prediction's ``predicted_after_restart``. Draining starts
+    once the broker's log has been quiet (``wait_log_quiet``), ``settle`` seconds at most after
+    the boot or the restart (a fixed 5 s before: 3 to 4 s more a boot on a quiet broker)."""
+    wait_log_quiet(b, settle)
     out = {}
     for vhost, names in sorted(queues.items()):
-        for name in sorted(names):
-            out[(vhost, name)] = drain_queue(b, vhost, name, timeout)
+        for name, rec in drain_queues(b, vhost, sorted(names), timeout).items():
+            out[(vhost, name)] = rec
         left = [k for k, v in out.items() if k[0] == vhost and v["events"][-1][1] != "empty"]
         if vhost in restart and left:
             b.ctl("restart_vhost", "--vhost", vhost, check=False)  # refused when it is running
-            time.sleep(settle)
-            for key in left:
-                rec, again = out[key], drain_queue(b, vhost, key[1], timeout)
+            wait_log_quiet(b, settle)
+            for key, again in zip(left, drain_queues(b, vhost, [k[1] for k in left], timeout).values()):
+                rec = out[key]
                 rec["delivered"] += again["delivered"]
                 rec["bodies"] += again["bodies"]
                 rec["errors"] += again["errors"]
@@ -134,36 +137,29 @@ def stopped(tmp_path_factory):
     """``stopped(version, kind)``: the mnesia base of the version's clean sample once its own broker
     has booted it and stopped it cleanly (``kind`` "clean"), or has first written a store of many
     files to it (``kind`` "store": ``BULK`` queues and ``TTL_QUEUE``, under ``STORE_CONFIG``).
-    Each is made once per test session (one boot) and copied by each case that starts from it:
-    it is kept in the session's temp dir, which the xdist workers share, and made under a file
-    lock by the first worker that needs it (with ``-n 2`` each worker made its own before)."""
-    import fcntl
+    Each is made once per test session (one boot) and copied by each case that starts from it
+    (``support.session.made_once``: in the session's temp dir, which the xdist workers share,
+    made under a file lock by the first worker that needs it)."""
     import tempfile
 
     from brokers import Broker
-
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent  # the session's dir, above each worker's own
+    from support.session import made_once
 
     def make(version: str, kind: str) -> Path:
         need_broker(version)
-        made, part = shared / f"stopped-{version}-{kind}", shared / f"stopped-{version}-{kind}.part"
-        with open(shared / f"stopped-{version}-{kind}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-            if not made.exists():
-                base = Path(tempfile.mkdtemp(prefix="cqf-broker-"))
-                base.chmod(0o755)
-                try:
-                    _make_stopped(
-                        Broker(version, base / "run", advanced_config=STORE_CONFIG if kind == "store" else None), kind
-                    )
-                    shutil.rmtree(part, ignore_errors=True)  # left by a worker that failed
-                    shutil.copytree(base / "run" / "mnesia", part, symlinks=True)
-                    part.rename(made)
-                finally:
-                    shutil.rmtree(base, ignore_errors=True)
-        return made
+
+        def write(part: Path) -> None:
+            base = Path(tempfile.mkdtemp(prefix="cqf-broker-"))
+            base.chmod(0o755)
+            try:
+                _make_stopped(
+                    Broker(version, base / "run", advanced_config=STORE_CONFIG if kind == "store" else None), kind
+                )
+                shutil.copytree(base / "run" / "mnesia", part, symlinks=True)
+            finally:
+                shutil.rmtree(base, ignore_errors=True)
+
+        return made_once(tmp_path_factory, f"stopped-{version}-{kind}", write)
 
     return make
 

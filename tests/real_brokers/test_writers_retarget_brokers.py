@@ -39,6 +39,45 @@ def _template(b, src, target: str) -> list[str]:
     return vhosts
 
 
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    """``template(src, target)``: (the node dir of a stopped ``_template`` of the target version
+    holding SRC's definitions, its vhosts). Made once per session for each set of definitions
+    (keyed by their digest: 4.3.6-clean and 4.3.6-kill, damaged or not, need the same 3.10.8
+    template) and only read by the cases (compact and rebuild read a template, never write it):
+    a template costs a boot, an import and a clean stop of the target broker."""
+    import hashlib
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from brokers import Broker
+    from cqforensics.model.versions import model
+    from cqforensics.write import retarget
+    from support.session import made_once
+
+    def make(src, target: str) -> tuple[Path, list[str]]:
+        need_broker(target)
+        defs = json.dumps(retarget.definitions(src, model(target)), sort_keys=True, ensure_ascii=False)
+        digest = hashlib.sha256(defs.encode()).hexdigest()[:16]
+
+        def write(part: Path) -> None:
+            base = Path(tempfile.mkdtemp(prefix="cqf-broker-"))
+            base.chmod(0o755)
+            try:
+                with Broker(target, base / "run") as b:
+                    vhosts = _template(b, src, target)
+                shutil.copytree(b.mnesia_base, part / "mnesia", symlinks=True)
+                (part / "vhosts.json").write_text(json.dumps(vhosts), encoding="utf-8")
+            finally:
+                shutil.rmtree(base, ignore_errors=True)
+
+        made = made_once(tmp_path_factory, f"template-{target}-{digest}", write)
+        return made / "mnesia" / "rabbit@localhost", json.loads((made / "vhosts.json").read_text(encoding="utf-8"))
+
+    return make
+
+
 def _expected(dataset: str, target: str) -> tuple[list[dict], int]:
     """The manifest's queues as the target delivers them after the move, and how many messages
     it cannot hold (AMQP 1.0 messages stored as #mc{mc_amqp} have no form on 3.10 - 3.12)."""
@@ -58,7 +97,7 @@ def _expected(dataset: str, target: str) -> tuple[list[dict], int]:
 
 @pytest.mark.broker
 @pytest.mark.parametrize("dataset, target", CASES, ids=[f"{d}-for-{t}" for d, t in CASES])
-def test_compact_for_another_series_boots_with_a_template(dataset, target, broker_dir):
+def test_compact_for_another_series_boots_with_a_template(dataset, target, broker_dir, template):
     from brokers import Broker
     from brokers.clients import drain_all
     from cqforensics.write import compact
@@ -66,14 +105,14 @@ def test_compact_for_another_series_boots_with_a_template(dataset, target, broke
     need_broker(target)
     src = SAMPLES / dataset / "mnesia"
     expected, unrepresentable = _expected(dataset, target)
+    tnode, vhosts = template(src, target)
     with Broker(target, broker_dir / "run") as b:
-        vhosts = _template(b, src, target)
         out = broker_dir / "out"
-        result = compact(src, out, broker_version=target, template=b.node_dir)
+        result = compact(src, out, broker_version=target, template=tnode)
         assert result.verified
         lost = sum(q.quarantined.get("target_cannot_represent", 0) for q in result.queues)
         assert (out / "rabbit@localhost-feature_flags").read_bytes() == (
-            b.mnesia_base / "rabbit@localhost-feature_flags"
+            tnode.parent / "rabbit@localhost-feature_flags"
         ).read_bytes()
         b.install_node(out)
         b.start()
@@ -156,7 +195,7 @@ def test_a_template_lacking_a_queue_is_refused(tmp_path):
     "dataset, scenario, target",
     [("3.10.8-kill", "v1_segment_truncated", "4.3.6"), ("4.3.6-kill", "qi_reserved_bit", "3.10.8")],
 )
-def test_rebuild_for_another_series_delivers_every_salvaged_message(dataset, scenario, target, broker_dir):
+def test_rebuild_for_another_series_delivers_every_salvaged_message(dataset, scenario, target, broker_dir, template):
     """rebuild of a damaged node, written for the other series with a template: the target
     delivers every message the output's indexes hold (read back as the target version)."""
     import shutil
@@ -172,10 +211,10 @@ def test_rebuild_for_another_series_delivers_every_salvaged_message(dataset, sce
     src = broker_dir / "damaged"
     shutil.copytree(SAMPLES / dataset / "mnesia", src)
     SCENARIOS[scenario](src / "rabbit@localhost")
+    tnode, vhosts = template(src, target)
     with Broker(target, broker_dir / "run") as b:
-        vhosts = _template(b, src, target)
         out = broker_dir / "out"
-        result = rebuild(src, out, broker_version=target, template=b.node_dir)
+        result = rebuild(src, out, broker_version=target, template=tnode)
         assert result.verified and result.rescued > 0
         salvaged = cqforensics.read_table(out, broker_version=target).to_pylist()
         assert sum(r["survives_restart"] for r in salvaged) > 0
