@@ -63,6 +63,7 @@ def undelivered(v: QueueVerdict, named=()) -> list[Finding]:
                 node=v.node,
                 vhost=v.vhost,
                 queue=v.queue,
+                details={"fate": fate},
             )
         )
     return out

@@ -466,17 +466,17 @@ def export(
     cqforensics.output.guard). ``progress``: a display ``(text, done, total)``."""
     if fmt not in ("jsonl", "parquet"):
         raise UsageError(f"unknown format {fmt!r}: jsonl or parquet")
+    out = Path(out).absolute()
+    try:  # before anything is read: an output aimed at evidence is refused whatever the input holds
+        check_output(out, paths, directory=True, force=force, deep=False)
+    except UsageError as e:
+        raise UsageError(str(e) + _stale_note(out)) from None
     nodes = driver.discovered(
         paths,
         make_options(options.get("broker_version"), bodies=False, decode=False),
         driver.names(vhosts, "vhosts"),
         driver.names(queues, "queues"),
     )
-    out = Path(out).absolute()
-    try:
-        check_output(out, paths, directory=True, force=force, deep=False)
-    except UsageError as e:
-        raise UsageError(str(e) + _stale_note(out)) from None
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:

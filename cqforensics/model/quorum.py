@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -316,7 +317,7 @@ def read_system(ra_dir, model: BrokerModel) -> System:
     snap_index: dict[bytes, int] = {}
     for srv in ra_dir.servers:
         cfg = r_sys.read_config(srv.config) if srv.config is not None else None
-        log = ServerLog(srv.uid, srv.path, cfg, names.get(srv.uid.encode()), meta=metas.get(srv.uid.encode()))
+        log = ServerLog(srv.uid, srv.path, cfg, names.get(os.fsencode(srv.uid)), meta=metas.get(os.fsencode(srv.uid)))
         snaps = []
         for sd in srv.snapshots:
             if sd.kind == "snapshot" and sd.snapshot is not None:
@@ -325,7 +326,7 @@ def read_system(ra_dir, model: BrokerModel) -> System:
         log.snapshot = chosen
         sys_.snapshots[srv.uid] = ([chosen] if chosen else []) + [s for s in snaps if s is not chosen]
         if chosen is not None and chosen.index is not None:
-            snap_index[srv.uid.encode()] = chosen.index
+            snap_index[os.fsencode(srv.uid)] = chosen.index
         segs = []
         for _, path in srv.segments:
             seg = r_seg.read_segment(path)
@@ -354,7 +355,7 @@ def read_system(ra_dir, model: BrokerModel) -> System:
         sys_.wal.append((scan, rec))
         for i in rec.kept:
             uid = scan.uid(i)
-            log = logs.get(uid.decode("utf-8", "replace")) if uid is not None else None
+            log = logs.get(os.fsdecode(uid)) if uid is not None else None
             if log is None:
                 continue
             idx = int(scan.index[i])
@@ -518,7 +519,7 @@ def _permissive(system: System, log: ServerLog) -> ServerLog:
                     "segment",
                     "ok",
                 )
-    uid = log.uid.encode()
+    uid = os.fsencode(log.uid)
     for scan, _ in system.wal:
         for i in range(len(scan)):
             if scan.uid(i) == uid and scan.checksum[i] != r_wal.CHECK_BAD:
@@ -572,7 +573,7 @@ def _server_fate(
         return (Q_NODE_DOWN, *down)
     if known is not None and log.resource is not None and log.resource not in known:
         return Q_DELETED, "the metadata holds no such queue: the broker never starts this server", log.path, None
-    unregistered = system.registered is not None and log.uid.encode() not in system.registered
+    unregistered = system.registered is not None and os.fsencode(log.uid) not in system.registered
     if unregistered and not model.qq_recover_elects_new_member:
         return (
             Q_UNAVAILABLE,

@@ -564,12 +564,13 @@ def read_stream(stream_dir: Path | str, with_records: bool = True) -> StreamScan
 
 def compare_index(seg: Segment, index: IndexFile) -> list[Finding]:
     """Index records against the chunks walked: each record must name a chunk's position, id,
-    epoch and type, in order; a chunk the index does not list is one the next boot cuts off
+    epoch, type and timestamp, in chunk order; a chunk the index does not list is one the next boot cuts off
     (if it is after the last record) or a reader never finds by index."""
     out = []
     by_pos = {c.pos: c for c in seg.chunks}
     listed = set()
     name = str(index.path)
+    last = None  # the chunk id of the record before
     for k, r in enumerate(index.records):
         at = g.IDX_HEADER_SIZE + k * g.INDEX_RECORD_SIZE
         if not any(r.tobytes()):
@@ -597,6 +598,20 @@ def compare_index(seg: Segment, index: IndexFile) -> list[Finding]:
             )
             continue
         listed.add(c.pos)
+        if last is not None and c.chunk_id <= last:
+            # osiris searches an index as a sorted file (offset and timestamp scans, its last
+            # record as the segment's last chunk at recovery: osiris_log last_idx_record/1)
+            out.append(
+                Finding(
+                    "osiris-index-mismatch",
+                    f"index record of chunk {c.chunk_id} comes after the record of chunk {last}: "
+                    "an index is in chunk order (a search for an offset or a timestamp goes wrong)",
+                    name,
+                    at,
+                    details={"kind": "order", "chunk_id": c.chunk_id},
+                )
+            )
+        last = c.chunk_id
         if (c.chunk_id, c.epoch, c.chunk_type) != (int(r["chunk_id"]), int(r["epoch"]), int(r["chunk_type"])):
             out.append(
                 Finding(

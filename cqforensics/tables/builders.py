@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -980,7 +981,7 @@ def raft_log_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
             continue
         vh = q.vhost if q.vhost is not None else vhost
         used = {(e.file, e.offset) for e in q.log.entries.values()}
-        uid = q.log.uid.encode()
+        uid = os.fsencode(q.log.uid)
         copies = []
         for sf in q.system.segments.get(q.log.uid, []):
             seg = sf.seg

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cqforensics.base import exitcodes
+from cqforensics.base.enums import Fate
 from cqforensics.base.errors import display
 from cqforensics.base.findings import CODES, INFO, Finding
 from cqforensics.checks import check_vhost, qs_overlaps, undelivered
@@ -115,6 +116,9 @@ def verify(
         versions.add(ns.model.label)
         if progress is not None:
             progress.attach(ns)
+        # the node does not start for the quorum queues' Ra data (a WAL its Ra refuses), which the
+        # writers carry over as it is: what that costs the classic queues is carried over too
+        carried_hang = ns.quorum_refusal is not None and not ns.hang_causes
         for vs in ns.vhosts:
             if progress is not None:
                 progress.vhost(ns, vs)
@@ -129,8 +133,10 @@ def verify(
             for v in verdicts:
                 result.queues += 1
                 result.messages += v.messages
-                if v.queue_type != "stream":  # a stream's losses are its own findings (notes, above)
-                    findings += undelivered(v, named)
+                if v.queue_type == "classic":  # a stream's or quorum queue's losses: their own findings (notes)
+                    for f in undelivered(v, named):
+                        carried = carried_hang and f.details.get("fate") == Fate.BOOT_HANG.label
+                        (result.notes if carried else findings).append(f)
             for f in findings:
                 if (
                     f.code in BREAKS
