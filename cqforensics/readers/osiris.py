@@ -674,8 +674,7 @@ def compare_tracking(scan: StreamScan) -> list[Finding]:
     chunks = {(c.file, c.pos): c for c in scan.chunks}
     last_file = str(next(reversed(scan.segments.values())).path) if scan.segments else None
 
-    def bad(t: Tracking, kind: str, text: str, file=None, pos=None) -> None:
-        file, pos = file or t.file, t.pos if pos is None else pos
+    def found(file: str, pos: int, kind: str, text: str, reference: bytes, source: str) -> None:
         tail = " (the last segment: the next boot's deduplication starts from it)" if file == last_file else ""
         out.append(
             Finding(
@@ -683,9 +682,12 @@ def compare_tracking(scan: StreamScan) -> list[Finding]:
                 f"chunk {chunks[(file, pos)].chunk_id}: {text}{tail}",
                 file,
                 pos,
-                details={"kind": kind, "reference": t.reference, "source": t.source},
+                details={"kind": kind, "reference": reference, "source": source},
             )
         )
+
+    def bad(t: Tracking, kind: str, text: str) -> None:  # about the block ``t``, at its chunk
+        found(t.file, t.pos, kind, text, t.reference, t.source)
 
     # 1. each writer's sequences upwards, chunk after chunk: strictly from trailer to trailer,
     # a snapshot's copy at least its writer's last (the block that breaks the order is named)
@@ -702,8 +704,10 @@ def compare_tracking(scan: StreamScan) -> list[Finding]:
             a, b = ts[k - 1], ts[k]
             if below(a, b):
                 continue
-            # the outlier: a, when the block before it leads to b; else b
-            outlier = a if k >= 2 and below(ts[k - 2], b) or k == 1 and k + 1 < len(ts) and below(b, ts[k + 1]) else b
+            # the outlier is a when leaving it out mends the order (the block before a leads to b,
+            # or a is the first and b leads on to the next), else b
+            a_out = below(ts[k - 2], b) if k >= 2 else k + 1 < len(ts) and below(b, ts[k + 1])
+            outlier = a if a_out else b
             other = b if outlier is a else a
             bad(
                 outlier,
@@ -781,20 +785,14 @@ def compare_tracking(scan: StreamScan) -> list[Finding]:
                         "not_in_snapshot",
                         f"{t.source} names {who} {text!r}, which the snapshot of chunk {c.chunk_id} lacks",
                     )
-                out.append(
-                    Finding(
-                        "osiris-tracking-bad",
-                        f"chunk {c.chunk_id}: snapshot lacks {who} {text!r} ({what}): "
-                        "osiris snapshots every writer it tracks and every offset at or above the stream's first"
-                        + (
-                            " (the last segment: the next boot's deduplication starts from it)"
-                            if c.file == last_file
-                            else ""
-                        ),
-                        c.file,
-                        c.pos,
-                        details={"kind": "missing", "reference": ref, "source": "snapshot"},
-                    )
+                found(
+                    c.file,
+                    c.pos,
+                    "missing",
+                    f"snapshot lacks {who} {text!r} ({what}): osiris snapshots every writer it tracks "
+                    "and every offset at or above the stream's first",
+                    ref,
+                    "snapshot",
                 )
         seqs = {ref: (t.chunk_id, t.value) for ref, t in snap_seqs.items()}
         offsets = {t.reference: t.value for t in blocks if t.kind == "offset"}
