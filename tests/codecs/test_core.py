@@ -769,9 +769,16 @@ def test_every_table_equals_reference_on_the_fuzz_corpus(tmp_path):
 
     cases = {(e["dataset"], e["seed"], e["mutation"]) for e in campaign.regressions()}
     assert len(cases) >= 10
+    from cqforensics.discovery.nodes import find_node_dirs
+
+    compared = 0
     for ds, seed, mutation in sorted(cases):
         inp = campaign.prepare(seed, tmp_path / f"{ds}-{seed}-{mutation}", ds, mutation)
+        if not find_node_dirs(Path(inp["base"])):
+            continue  # the mutation left no node dir (one renamed): no table to compare
         _tables_equal(Path(inp["base"]))
+        compared += 1
+    assert compared >= len(cases) - 2
 
 
 def test_buffer_arguments_are_read_as_they_are_and_type_checked():
