@@ -216,7 +216,7 @@ def queue_findings(q: m_quorum.QuorumQueue, model) -> list[Finding]:
             )
         )
 
-    if q.fate == m_quorum.Q_OK and q.log.entries:
+    if q.fate == m_quorum.Q_OK and not q.may_not_answer:  # (a log left with nothing is said there)
         for log, end, applied in m_quorum.applied_beyond_log(q.system):
             if log is q.log:
                 file, offset = _log_end(q.system, q.log)

@@ -612,31 +612,29 @@ def compare_index(seg: Segment, index: IndexFile) -> list[Finding]:
                 )
             )
         last = c.chunk_id
+        differs = None
         if (c.chunk_id, c.epoch, c.chunk_type) != (int(r["chunk_id"]), int(r["epoch"]), int(r["chunk_type"])):
-            out.append(
-                Finding(
-                    "osiris-index-mismatch",
-                    f"index record says chunk {int(r['chunk_id'])} epoch "
-                    f"{int(r['epoch'])} type {int(r['chunk_type'])}, the segment has chunk {c.chunk_id} "
-                    f"epoch {c.epoch} type {c.chunk_type} there",
-                    name,
-                    at,
-                    details={"kind": "differs", "chunk_id": c.chunk_id},
-                )
+            differs = (
+                "differs",
+                f"index record says chunk {int(r['chunk_id'])} epoch {int(r['epoch'])} type "
+                f"{int(r['chunk_type'])}, the segment has chunk {c.chunk_id} epoch {c.epoch} type "
+                f"{c.chunk_type} there",
             )
         elif c.timestamp != int(r["timestamp"]):
             # osiris_log write_chunk/6 writes the chunk's one timestamp into both; readers that
             # attach by timestamp ({timestamp, Ts}) search the index's copy (timestamp_search_fun/3)
-            out.append(
-                Finding(
-                    "osiris-index-mismatch",
-                    f"index record of chunk {c.chunk_id} says timestamp {int(r['timestamp'])}, the "
-                    f"chunk says {c.timestamp}: a consumer attaching by timestamp starts at the wrong chunk",
-                    name,
-                    at,
-                    details={"kind": "timestamp", "chunk_id": c.chunk_id},
-                )
+            differs = (
+                "timestamp",
+                f"index record of chunk {c.chunk_id} says timestamp {int(r['timestamp'])}, the "
+                f"chunk says {c.timestamp}: a consumer attaching by timestamp starts at the wrong chunk",
             )
+        if differs is not None:
+            # both ends of the disagreement, either may be the damaged one: the index record, and
+            # the chunk's header (no checksum covers it)
+            kind, text = differs
+            for file, pos in ((name, at), (str(seg.path), c.pos)):
+                details = {"kind": kind, "chunk_id": c.chunk_id, "index_record": at, "chunk_pos": c.pos}
+                out.append(Finding("osiris-index-mismatch", text, file, pos, details=details))
     unlisted = [c for c in seg.chunks if c.pos not in listed]
     if unlisted:
         out.append(
