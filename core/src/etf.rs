@@ -130,36 +130,20 @@ impl<'a, 'py> Terms<'a, 'py> {
                 Some((l.into_any(), p + 2 + n))
             }
             SMALL_TUPLE | LARGE_TUPLE => {
-                let (n, mut q) =
+                let (n, q) =
                     if tag == SMALL_TUPLE { (self.u8_at(p)? as usize, p + 1) } else { (self.u32_at(p)?, p + 4) };
-                if n > self.buf.len().saturating_sub(q) {
-                    return None;
-                }
-                let mut items = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let (v, r) = self.term(q, depth + 1)?;
-                    items.push(v);
-                    q = r;
-                }
+                let (items, q) = self.items(n, q, depth)?;
                 Some((PyTuple::new(py, items).ok()?.into_any(), q))
             }
             LIST => {
-                let n = self.u32_at(p)?;
-                let mut q = p + 4;
-                if n > self.buf.len().saturating_sub(q) {
-                    return None;
-                }
-                let mut items = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let (v, r) = self.term(q, depth + 1)?;
-                    items.push(v);
-                    q = r;
-                }
+                let (items, q) = self.items(self.u32_at(p)?, p + 4, depth)?;
                 let list = PyList::new(py, items).ok()?;
-                if self.u8_at(q)? == NIL {
-                    return Some((list.into_any(), q + 1));
-                }
                 let (tail, r) = self.term(q, depth + 1)?;
+                // a tail that decodes to the empty list (NIL, or an empty string or list) makes a
+                // proper list, as the reference's `tail == []` test has it
+                if tail.downcast::<PyList>().is_ok_and(|t| t.is_empty()) {
+                    return Some((list.into_any(), r));
+                }
                 let v = self.improper.call1((list, tail)).ok()?;
                 Some((v, r))
             }
@@ -200,6 +184,22 @@ impl<'a, 'py> Terms<'a, 'py> {
             }
             _ => None,
         }
+    }
+
+    /// The `n` terms from `pos` (a tuple's or list's elements) and where they end; `n` checked
+    /// against the bytes left first (each term takes one at least), as the reference does.
+    fn items(&self, n: usize, pos: usize, depth: u32) -> Option<(Vec<Bound<'py, PyAny>>, usize)> {
+        if n > self.buf.len().saturating_sub(pos) {
+            return None;
+        }
+        let mut items = Vec::with_capacity(n);
+        let mut q = pos;
+        for _ in 0..n {
+            let (v, r) = self.term(q, depth + 1)?;
+            items.push(v);
+            q = r;
+        }
+        Some((items, q))
     }
 
     /// The pid, port or reference tagged at `pos` and ending at `end`, as the reference keeps it.

@@ -99,3 +99,19 @@ def test_damaged_terms_get_the_reference_value_or_go_to_it(seed):
             continue
         if got is not None:
             assert _shape(got) == _shape(want), d[:64]
+
+
+@pytest.mark.parametrize(
+    "term",
+    [
+        bytes([131, 108, 0, 0, 0, 1, 97, 5, 106]),  # [5]
+        bytes([131, 108, 0, 0, 0, 1, 97, 5, 107, 0, 0]),  # [5 | ""]: proper (the tail is [])
+        bytes([131, 108, 0, 0, 0, 1, 97, 5, 108, 0, 0, 0, 0, 106]),  # [5 | []] written as a list
+        bytes([131, 108, 0, 0, 0, 1, 97, 5, 97, 7]),  # [5 | 7]: improper
+        bytes([131, 108, 0, 0, 0, 1, 97, 5, 107, 0, 1, 9]),  # [5 | [9]] (a string tail): improper
+    ],
+)
+def test_list_tails_are_decided_as_the_reference_decides_them(term):
+    """Crafted: a list's tail that decodes to the empty list, whatever its tag, makes a proper list
+    (the reference's ``tail == []``); any other tail an ``ImproperList``."""
+    assert _agrees(term)
