@@ -77,7 +77,11 @@ def system_findings(ns: NodeScan) -> list[Finding]:
                     )
                 )
     for c_sys in ns.coordination_systems:
-        for log, end, applied in m_quorum.applied_beyond_log(c_sys):
+        for log in c_sys.servers:
+            beyond = m_quorum.applied_beyond_log(log)
+            if beyond is None:
+                continue
+            end, applied = beyond
             what = {"rabbitmq_metadata": "Khepri, the metadata store"}.get(log.name or "", "a coordination server")
             out.append(
                 Finding(
@@ -217,23 +221,24 @@ def queue_findings(q: m_quorum.QuorumQueue, model) -> list[Finding]:
         )
 
     if q.fate == m_quorum.Q_OK and not q.may_not_answer:  # (a log left with nothing is said there)
-        for log, end, applied in m_quorum.applied_beyond_log(q.system):
-            if log is q.log:
-                file, offset = _log_end(q.system, q.log)
-                out.append(
-                    Finding(
-                        "quorum-log-gap",
-                        f"meta.dets says the server applied its log up to entry {applied}, but its log "
-                        f"ends at {end}: entries {end + 1}-{applied} are in no segment and no WAL (the WAL's "
-                        "end lost or replaced). The next boot applies up to its last entry only (ra_server "
-                        "apply_to/5: the lesser of the last index and the commit index) without a word, so "
-                        "what they enqueued is lost and what they settled comes back",
-                        file,
-                        offset,
-                        **where,
-                        details={"log_end": end, "last_applied": applied, "entries": applied - end},
-                    )
+        beyond = m_quorum.applied_beyond_log(q.log)
+        if beyond is not None:
+            end, applied = beyond
+            file, offset = _log_end(q.system, q.log)
+            out.append(
+                Finding(
+                    "quorum-log-gap",
+                    f"meta.dets says the server applied its log up to entry {applied}, but its log "
+                    f"ends at {end}: entries {end + 1}-{applied} are in no segment and no WAL (the WAL's "
+                    "end lost or replaced). The next boot applies up to its last entry only (ra_server "
+                    "apply_to/5: the lesser of the last index and the commit index) without a word, so "
+                    "what they enqueued is lost and what they settled comes back",
+                    file,
+                    offset,
+                    **where,
+                    details={"log_end": end, "last_applied": applied, "entries": applied - end},
                 )
+            )
 
     def at(msgs) -> tuple[str | None, int | None]:
         """The file and offset of the first of ``msgs`` whose enqueue a log entry holds."""

@@ -629,23 +629,19 @@ def _server_fate(
     return Q_OK, "", None, None
 
 
-def applied_beyond_log(system: System) -> list[tuple[ServerLog, int, int]]:
-    """(server, where its log ends, what meta.dets says it applied) for each server of the
-    system whose log (snapshot, segments, the WAL records recovery keeps) ends before the
-    index meta.dets records as applied. Ra applies only committed entries, and an entry is
-    committed once written (ra_log_wal syncs before it notifies the writer), so a log that
-    ends below ``last_applied`` lost entries its machine had applied (a WAL lost, emptied or
-    replaced; or the meta record damaged)."""
-    out = []
-    for log in system.servers:
-        applied = log.meta.last_applied if log.meta is not None else None
-        if applied is None:
-            continue
-        snap = log.snapshot.index if log.snapshot is not None and log.snapshot.index is not None else 0
-        end = max([snap, *log.entries])
-        if applied > end:
-            out.append((log, end, applied))
-    return out
+def applied_beyond_log(log: ServerLog) -> tuple[int, int] | None:
+    """(where the server's log ends, what meta.dets says it applied) when its log (snapshot,
+    segments, the WAL records recovery keeps) ends before the index meta.dets records as
+    applied, else None. Ra applies only committed entries, and an entry is committed once
+    written (ra_log_wal syncs before it notifies the writer), so a log that ends below
+    ``last_applied`` lost entries its machine had applied (a WAL lost, emptied or replaced; or
+    the meta record damaged)."""
+    applied = log.meta.last_applied if log.meta is not None else None
+    if applied is None:
+        return None
+    snap = log.snapshot.index if log.snapshot is not None and log.snapshot.index is not None else 0
+    end = max([snap, *log.entries])
+    return (end, applied) if applied > end else None
 
 
 def newest_machine_version(ra_dir) -> int | None:
