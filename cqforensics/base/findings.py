@@ -230,7 +230,7 @@ CODES: dict[str, tuple[str, str]] = {
     "osiris-index-mismatch": (
         WARNING,
         "a stream index and its segment are out of step (a record naming no chunk, differing ids or timestamps, "
-        "chunks the index does not list, zero records)",
+        "records out of chunk order, chunks the index does not list, zero records)",
     ),
     "stream-retention": (INFO, "a stream starts above offset 0: the offsets below were deleted (retention or by hand)"),
     "stream-boot-loss": (
