@@ -120,3 +120,12 @@ def decode_term(
         Callable[[bytes, bool], str], Callable[[int, bytes], object], Callable[[list, object], object], Callable
     ],
 ) -> tuple[object, int] | None: ...
+def decode_fields(
+    data: Buffer,
+    starts: list[int],
+    limit: int,
+    wanted: list[int],
+    makers: tuple[
+        Callable[[bytes, bool], str], Callable[[int, bytes], object], Callable[[list, object], object], Callable
+    ],
+) -> list[tuple[tuple, int] | None]: ...

@@ -1291,6 +1291,8 @@ def run() -> None:
     import gc
     import signal
 
+    from cqforensics.base import heap
+
     if "pandas" not in sys.modules:
         sys.meta_path.insert(0, _NoPandas())
 
@@ -1305,7 +1307,8 @@ def run() -> None:
     try:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM):
             signal.signal(sig, _on_interrupt)
-        code = main()
+        with heap.command():
+            code = main()
         _interrupt_caught()  # one that numpy swallowed while the command finished anyway
     except KeyboardInterrupt:
         _interrupt_caught()

@@ -15,7 +15,7 @@ use crate::{amqp091, etf, ets, qi, qs, rdq};
 
 /// Bumped whenever a function's arguments or results change: the Python side refuses a core
 /// built from other sources (a stale build) and says how to rebuild.
-pub const ABI: u32 = 15;
+pub const ABI: u32 = 16;
 
 /// A read-only view of a Python buffer of `T`s (bytes, mmap, memoryview, numpy array), held
 /// for as long as its slice is used.
@@ -493,9 +493,39 @@ fn decode_term<'py>(
     makers: (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>),
 ) -> PyResult<Option<(Bound<'py, PyAny>, usize)>> {
     let bytes = View::<u8>::new(data)?.slice().to_vec();
-    let (atom, opaque, improper, hashable) = (&makers.0, &makers.1, &makers.2, &makers.3);
-    let terms = etf::Terms { py, buf: &bytes, atom, opaque, improper, hashable };
+    let terms = etf::Terms::new(py, &bytes, (&makers.0, &makers.1, &makers.2, &makers.3));
     Ok(terms.term(pos, 0))
+}
+
+/// For each start in `starts`: the tuple whose tag is there, ending within `limit` bytes of
+/// it, with only its elements at the positions `wanted` made into values (`etf::Terms::fields`:
+/// None in the others' places), and where it ends; or None, for a record the reference decodes
+/// (not a tuple, not plain, damaged). The records carved from one log: the bytes are copied
+/// once (the makers are Python code), the atoms made once.
+#[pyfunction]
+fn decode_fields<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyAny>,
+    starts: Vec<usize>,
+    limit: usize,
+    wanted: Vec<usize>,
+    makers: (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>),
+) -> PyResult<Bound<'py, PyList>> {
+    let bytes = View::<u8>::new(data)?.slice().to_vec();
+    let mut mask = vec![false; wanted.iter().max().map_or(0, |m| m + 1)];
+    for w in wanted {
+        mask[w] = true;
+    }
+    let mut terms = etf::Terms::new(py, &bytes, (&makers.0, &makers.1, &makers.2, &makers.3));
+    let out = PyList::empty(py);
+    for start in starts {
+        terms.buf = &bytes[..bytes.len().min(start.saturating_add(limit))];
+        match terms.fields(start, &mask) {
+            Some(got) => out.append(got)?,
+            None => out.append(py.None())?,
+        }
+    }
+    Ok(out)
 }
 
 #[pymodule]
@@ -509,6 +539,7 @@ fn cqforensics_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_spans, m)?)?;
     m.add_function(wrap_pyfunction!(disk_log_items, m)?)?;
     m.add_function(wrap_pyfunction!(decode_term, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_fields, m)?)?;
     m.add_class::<VarColumn>()?;
     m.add_class::<NumColumn>()?;
     m.add_class::<ListColumn>()?;

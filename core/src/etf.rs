@@ -5,6 +5,9 @@
 //! (`None`) and the reference decodes the whole term, errors and their offsets included. So this
 //! path is never stricter or looser than the reference, only faster where the term is plain.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
@@ -35,11 +38,15 @@ const MAP: u8 = 116;
 const ATOM_UTF8: u8 = 118;
 const SMALL_ATOM_UTF8: u8 = 119;
 
+/// The atoms made so far, by their bytes and encoding: `make_atom` (Python) is asked once per
+/// distinct atom of a decode, not once per occurrence (a record holds dozens, most the same).
+type Atoms<'a, 'py> = RefCell<HashMap<(&'a [u8], bool), Bound<'py, PyAny>>>;
+
 /// The decoding of one buffer: its bytes, and the reference's makers of the values that are
 /// no Python builtin: `atom` (`etf.make_atom`: its cache, its `Atom` type, its UTF-8 check),
 /// `opaque` (`etf.Opaque(tag, raw)`: a pid, port or reference kept as its bytes), `improper`
 /// (`etf.ImproperList(items, tail)`) and `hashable` (`etf._hashable`: a list or map used as a
-/// map key, made a tuple).
+/// map key, made a tuple). `buf` ends where the terms must end (positions are its own).
 pub struct Terms<'a, 'py> {
     pub py: Python<'py>,
     pub buf: &'a [u8],
@@ -47,9 +54,19 @@ pub struct Terms<'a, 'py> {
     pub opaque: &'a Bound<'py, PyAny>,
     pub improper: &'a Bound<'py, PyAny>,
     pub hashable: &'a Bound<'py, PyAny>,
+    atoms: Atoms<'a, 'py>,
 }
 
 impl<'a, 'py> Terms<'a, 'py> {
+    pub fn new(
+        py: Python<'py>,
+        buf: &'a [u8],
+        makers: (&'a Bound<'py, PyAny>, &'a Bound<'py, PyAny>, &'a Bound<'py, PyAny>, &'a Bound<'py, PyAny>),
+    ) -> Self {
+        let (atom, opaque, improper, hashable) = makers;
+        Terms { py, buf, atom, opaque, improper, hashable, atoms: RefCell::default() }
+    }
+
     fn bytes(&self, pos: usize, n: usize) -> Option<&'a [u8]> {
         self.buf.get(pos..pos.checked_add(n)?)
     }
@@ -70,9 +87,132 @@ impl<'a, 'py> Terms<'a, 'py> {
 
     fn make_atom(&self, pos: usize, n: usize, utf8: bool) -> Option<(Bound<'py, PyAny>, usize)> {
         let raw = self.bytes(pos, n)?;
+        if let Some(a) = self.atoms.borrow().get(&(raw, utf8)) {
+            return Some((a.clone(), pos + n));
+        }
         // the reference raises on an atom that is not valid UTF-8: given up here, it words it
         let a = self.atom.call1((PyBytes::new(self.py, raw), utf8)).ok()?;
+        self.atoms.borrow_mut().insert((raw, utf8), a.clone());
         Some((a, pos + n))
+    }
+
+    /// The tuple whose tag is at `pos` with only the elements at the positions `wanted` marks
+    /// made into values (None in the others' places), and where it ends; the others are walked
+    /// by `skip`, which decides exactly the terms `term` decides (the reference's
+    /// `tuple_fields`). None: not a tuple, or not a term this path decides.
+    pub fn fields(&self, pos: usize, wanted: &[bool]) -> Option<(Bound<'py, PyAny>, usize)> {
+        let tag = self.u8_at(pos)?;
+        let (n, mut q) = match tag {
+            SMALL_TUPLE => (self.u8_at(pos + 1)? as usize, pos + 2),
+            LARGE_TUPLE => (self.u32_at(pos + 1)?, pos + 5),
+            _ => return None,
+        };
+        if n > self.buf.len().saturating_sub(q) {
+            return None;
+        }
+        let mut items = Vec::with_capacity(n);
+        for i in 0..n {
+            if wanted.get(i).copied().unwrap_or(false) {
+                let (v, r) = self.term(q, 1)?;
+                items.push(v);
+                q = r;
+            } else {
+                q = self.skip(q, 1)?;
+                items.push(self.py.None().into_bound(self.py));
+            }
+        }
+        Some((PyTuple::new(self.py, items).ok()?.into_any(), q))
+    }
+
+    /// Where the term at `pos` ends, walked without making it, or None: a term `term` would not
+    /// decide (so the reference decides it), or a map key that is no atom, number or binary
+    /// (whether the reference can hash it is left to the reference).
+    pub fn skip(&self, pos: usize, depth: u32) -> Option<usize> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        let tag = self.u8_at(pos)?;
+        let p = pos + 1;
+        let atom = |at: usize, n: usize, utf8: bool| -> Option<usize> {
+            let raw = self.bytes(at, n)?;
+            if utf8 {
+                std::str::from_utf8(raw).ok()?; // the reference raises on it
+            }
+            Some(at + n)
+        };
+        match tag {
+            SMALL_ATOM_UTF8 | SMALL_ATOM => atom(p + 1, self.u8_at(p)? as usize, tag == SMALL_ATOM_UTF8),
+            ATOM_UTF8 | ATOM => atom(p + 2, self.u16_at(p)?, tag == ATOM_UTF8),
+            BINARY => {
+                let n = self.u32_at(p)?;
+                self.bytes(p + 4, n)?;
+                Some(p + 4 + n)
+            }
+            NIL => Some(p),
+            SMALL_INTEGER => self.bytes(p, 1).map(|_| p + 1),
+            INTEGER => self.bytes(p, 4).map(|_| p + 4),
+            NEW_FLOAT => self.bytes(p, 8).map(|_| p + 8),
+            SMALL_BIG => {
+                let n = self.u8_at(p)? as usize;
+                if n > 8 {
+                    return None;
+                }
+                self.bytes(p + 1, n + 1).map(|_| p + 2 + n)
+            }
+            STRING => {
+                let n = self.u16_at(p)?;
+                self.bytes(p + 2, n).map(|_| p + 2 + n)
+            }
+            SMALL_TUPLE | LARGE_TUPLE | LIST => {
+                let (n, mut q) = match tag {
+                    SMALL_TUPLE => (self.u8_at(p)? as usize, p + 1),
+                    _ => (self.u32_at(p)?, p + 4),
+                };
+                if n > self.buf.len().saturating_sub(q) {
+                    return None;
+                }
+                for _ in 0..n + (tag == LIST) as usize {
+                    q = self.skip(q, depth + 1)?; // a list's tail too
+                }
+                Some(q)
+            }
+            MAP => {
+                let n = self.u32_at(p)?;
+                let mut q = p + 4;
+                if n.checked_mul(2)? > self.buf.len().saturating_sub(q) {
+                    return None;
+                }
+                for _ in 0..n {
+                    let key_tag = self.u8_at(q)?;
+                    if !matches!(
+                        key_tag,
+                        SMALL_ATOM_UTF8 | SMALL_ATOM | ATOM_UTF8 | ATOM | BINARY | SMALL_INTEGER | INTEGER | NEW_FLOAT
+                    ) {
+                        return None;
+                    }
+                    q = self.skip(q, depth + 1)?;
+                    q = self.skip(q, depth + 1)?;
+                }
+                Some(q)
+            }
+            NEW_PID | PID | NEW_PORT | PORT | V4_PORT | REFERENCE => {
+                let q = self.skip(p, depth + 1)?; // the node's atom
+                let fixed = match tag {
+                    NEW_PID | V4_PORT => 12,
+                    PID => 9,
+                    NEW_PORT => 8,
+                    _ => 5,
+                };
+                self.bytes(q, fixed).map(|_| q + fixed)
+            }
+            NEWER_REFERENCE | NEW_REFERENCE => {
+                let n = self.u16_at(p)?;
+                let q = self.skip(p + 2, depth + 1)?;
+                let size = 4 * n + if tag == NEWER_REFERENCE { 4 } else { 1 };
+                self.bytes(q, size).map(|_| q + size)
+            }
+            _ => None,
+        }
     }
 
     /// The term whose tag is at `pos` and where it ends, or None: not a term this path decides.

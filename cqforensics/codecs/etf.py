@@ -755,8 +755,13 @@ def pid_node(t) -> str | None:
     """The node a decoded pid names (``rabbit@host``), None when ``t`` is no readable pid."""
     if not (isinstance(t, Opaque) and t.tag in (NEW_PID, PID)):
         return None
+    raw = t.raw
+    if len(raw) > 2 and (raw[1] == SMALL_ATOM_UTF8 or raw[1] == SMALL_ATOM):  # an atom decoded before
+        node = _ATOM_CACHE.get((raw[3 : 3 + raw[2]], raw[1] == SMALL_ATOM_UTF8))
+        if node is not None and 3 + raw[2] <= len(raw):
+            return str(node)
     try:
-        node, _ = _Decoder(t.raw, 0).term(1, 0)
+        node, _ = _Decoder(raw, 0).term(1, 0)
     except (EtfError, struct.error, IndexError):
         return None
     return str(node) if isinstance(node, Atom) else None

@@ -9,7 +9,8 @@ reference implementations, which stay the specification the core is tested again
   finds them, the store index's ``#msg_location{}`` records decoded into columns
   (``readers.terms.disk_log_walk``);
 * ``decode_term``: an external term made into the reference's Python values, for the plain
-  terms a Ra log entry is made of (``codecs.etf.decode``);
+  terms a Ra log entry is made of (``codecs.etf.decode``); ``decode_fields``: a few fields of
+  each of many records carved from one buffer (``codecs.etf.decode_fields_at``);
 * ``decode_messages``: the two stored layouts that make up almost every store (``fastpath``)
   decoded straight into Arrow columns. A row the core does not handle (another shape, a float
   header, damage) is marked for the reference to decode; ``COUNTS`` keeps the tally.
@@ -32,7 +33,7 @@ import pyarrow as pa
 from cqforensics.base.schema import PROPERTIES, STRINGS
 from cqforensics.codecs import etf
 
-ABI = 15  # must equal the core's ABI (core/src/bindings.rs)
+ABI = 16  # must equal the core's ABI (core/src/bindings.rs)
 log = logging.getLogger("cqforensics.compiled")
 
 try:
@@ -172,6 +173,22 @@ def decode_term(data):
     return got[0]
 
 
+def decode_fields(data, starts: list[int], wanted, limit: int) -> list | None:
+    """For each start: ``codecs.etf.decode_fields_at(data, start, wanted, end=start + limit)``
+    (the tuple with only its ``wanted`` elements made into values, and its end), or None where
+    the core leaves that record to the reference (not a tuple, a compressed term, a fun, one
+    past its bounds, damage: ``decode_fields_at`` decodes it, errors and all). None when the
+    core is off."""
+    n = native()
+    if n is None:
+        return None
+    got = n.decode_fields(data, starts, limit, sorted(wanted), _TERM_MAKERS)
+    left = got.count(None)
+    COUNTS["terms"] += len(got) - left
+    COUNTS["terms_to_reference"] += left
+    return got
+
+
 # -- message decode --------------------------------------------------------------------------------
 
 FALLBACK, NO_TERM = 1, 2
@@ -307,6 +324,7 @@ __all__ = [
     "check_qs",
     "decode_messages",
     "decode_term",
+    "decode_fields",
     "disk_log_items",
     "qs_garbage",
     "read_spans",

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
+from cqforensics.base import heap
 from cqforensics.base.errors import UsageError
 from cqforensics.base.schema import TABLES
 from cqforensics.model.options import make_options, needs
@@ -61,7 +62,8 @@ def iter_batches(
 
 def read_table(path, table: str = "messages", **kwargs) -> pa.Table:
     """One table of every node dir under ``path``, as a pyarrow Table (see ``iter_batches``)."""
-    batches = list(iter_batches(path, table, **kwargs))
+    with heap.command():
+        batches = list(iter_batches(path, table, **kwargs))
     return pa.Table.from_batches(batches, schema=driver.check_columns(table, kwargs.get("columns")))
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cqforensics import compiled
 from cqforensics.base import heap
 from cqforensics.base.errors import FormatError
 from cqforensics.codecs import etf
@@ -349,6 +350,9 @@ def _carved(data: bytes, carver: tuple[bytes, frozenset[bytes]]):
         at = data.find(atom, at + 1)
 
 
+#: a carved record ends within this many bytes of its start
+RECORD_LIMIT = 65536
+
 _CARVE = {
     TABLE: _carver(b"amqqueue"),
     VHOST_TABLE: _carver(b"vhost"),
@@ -374,12 +378,19 @@ def _khepri(coord: Path) -> Metadata:
         meta.files.append(path)
         view = memoryview(data)
         for table, carver in _CARVE.items():
-            for start in _carved(data, carver):
+            starts = list(_carved(data, carver))
+            # the queue table's: the fields queue_record reads (a node may hold many queues), by
+            # the compiled core where it decides a record, else by the reference (which words
+            # any error); either the same value
+            core = compiled.decode_fields(data, starts, QUEUE_FIELDS, RECORD_LIMIT) if table == TABLE else None
+            for k, start in enumerate(starts):
                 try:  # a record within 64 KiB of its start (a view: no copy per candidate)
-                    if table == TABLE:  # the fields queue_record reads (a node may hold many queues)
-                        term, _ = etf.decode_fields_at(data, start, QUEUE_FIELDS, end=start + 65536)
+                    if core is not None and core[k] is not None:
+                        term = core[k][0]
+                    elif table == TABLE:
+                        term, _ = etf.decode_fields_at(data, start, QUEUE_FIELDS, end=start + RECORD_LIMIT)
                     else:
-                        term, _ = etf.decode_at(view[start : start + 65536], 0)
+                        term, _ = etf.decode_at(view[start : start + RECORD_LIMIT], 0)
                 except etf.EtfError:
                     continue
                 if table == TABLE:  # the record is made once: checking it is making it

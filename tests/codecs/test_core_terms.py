@@ -17,26 +17,13 @@ from cqforensics.readers import ra_segment as r_seg
 from cqforensics.readers import ra_wal as r_wal
 from support import skip_or_fail
 from support.terms import sample_files, stored_bodies
+from support.terms import shape as _shape
 
 
 @pytest.fixture(autouse=True)
 def _need_core():
     if core.native() is None:
         skip_or_fail(f"the compiled core is not available: {core.status()}")
-
-
-def _shape(v):
-    """The value with every type spelled out (``==`` alone takes an Atom for its str, 1 for
-    True, a tuple of an ImproperList for another)."""
-    if isinstance(v, etf.Atom):
-        return ("atom", str(v), v.utf8)
-    if isinstance(v, (list, tuple)):
-        return (type(v).__name__, [_shape(x) for x in v])
-    if isinstance(v, dict):
-        return ("map", [(_shape(k), _shape(x)) for k, x in v.items()])
-    if isinstance(v, etf.ImproperList):
-        return ("improper", _shape(v.items), _shape(v.tail))
-    return (type(v).__name__, v)
 
 
 def _ra_entries() -> list[bytes]:

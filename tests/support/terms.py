@@ -6,6 +6,7 @@ import functools
 from pathlib import Path
 
 import cqforensics
+from cqforensics.codecs import etf
 from cqforensics.readers import qs as r_qs
 from support import SAMPLES, datasets
 
@@ -45,3 +46,18 @@ def stored_bodies() -> tuple[bytes, ...]:
             if ds in str(p):
                 out += [bytes(term[0][term[1] : term[1] + term[2]]) for row, term in r_qs.dump_rows(p) if term]
     return tuple(out)
+
+
+def shape(v):
+    """A decoded term with every type spelled out (``==`` alone takes an Atom for its str, 1 for
+    True, a tuple of an ImproperList for another): what a differential test of two decoders
+    compares."""
+    if isinstance(v, etf.Atom):
+        return ("atom", str(v), v.utf8)
+    if isinstance(v, (list, tuple)):
+        return (type(v).__name__, [shape(x) for x in v])
+    if isinstance(v, dict):
+        return ("map", [(shape(k), shape(x)) for k, x in v.items()])
+    if isinstance(v, etf.ImproperList):
+        return ("improper", shape(v.items), shape(v.tail))
+    return (type(v).__name__, v)
