@@ -21,6 +21,7 @@ comparisons and benchmarks. A missing or stale build is not an error: the refere
 
 from __future__ import annotations
 
+import functools
 import logging
 import mmap
 import os
@@ -162,7 +163,23 @@ def decode_term(data):
     None when the core is off or leaves the term to the reference (a compressed term, a fun,
     one past its bounds, damage): then ``etf.decode`` decodes it, errors and all."""
     n = native()
-    if n is None or len(data) < 2 or data[0] != etf.VERSION:
+    return None if n is None else _term(n, data)
+
+
+def term_decoder():
+    """``decode_term`` with the core looked up once, for a run of many terms (a Ra log's
+    entries: looking ``CQF_CORE`` up in the environment per term cost as much as a small
+    term's decode)."""
+    n = native()
+    return _no_term if n is None else functools.partial(_term, n)
+
+
+def _no_term(data):
+    return None
+
+
+def _term(n, data):
+    if len(data) < 2 or data[0] != etf.VERSION:
         return None
     got = n.decode_term(data, 1, _TERM_MAKERS)
     if got is None:
@@ -312,5 +329,6 @@ __all__ = [
     "read_spans",
     "native",
     "status",
+    "term_decoder",
     "walk_rdq",
 ]
