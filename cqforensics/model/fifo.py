@@ -85,7 +85,10 @@ class FifoQ:
         return self.no
 
     def peek(self):
-        return self._next()[0] if len(self) else None
+        hi, no = self.hi, self.no  # _next()'s choice, written out: a peek per checkout
+        if hi and no and self.counter == self.WEIGHT:
+            return hi[0] if hi[0].index < no[0].index else no[0]
+        return hi[0] if hi else no[0] if no else None
 
     def pop(self):
         if not len(self):
@@ -533,12 +536,12 @@ class Fifo:
             ts = max(ts, self.last_ts)  # FIFO@v4.3.5 apply/3: last_command_time, monotonic
         self.last_ts = ts
         self.index = meta.get("index", self.index)
-        meta = {**meta, "ts": ts}
-        name = cmd.name
-        handler = getattr(self, "_cmd_" + name, None)
+        if meta.get("ts") != ts:
+            meta = {**meta, "ts": ts}
+        handler = _HANDLERS.get(cmd.name)
         if handler is None:
-            raise Unsupported(name)
-        handler(meta, cmd)
+            raise Unsupported(cmd.name)
+        handler(self, meta, cmd)
 
     def _cmd_enqueue(self, meta, cmd):
         pid, seq = cmd.pid, cmd.seq
@@ -1095,6 +1098,10 @@ class Fifo:
                 self._add_waiting(*active)
             else:
                 active[1].status = "quiescing"
+
+
+#: command name -> its Fifo method (``Fifo.apply``'s dispatch)
+_HANDLERS = {k[len("_cmd_") :]: v for k, v in vars(Fifo).items() if k.startswith("_cmd_")}
 
 
 def header_from_term(h) -> dict:
