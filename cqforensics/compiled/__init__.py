@@ -9,7 +9,7 @@ reference implementations, which stay the specification the core is tested again
   finds them, the store index's ``#msg_location{}`` records decoded into columns
   (``readers.terms.disk_log_walk``);
 * ``decode_term``: an external term made into the reference's Python values, for the plain
-  terms a Ra log entry is made of (``codecs.etf.decode``);
+  terms a Ra log entry is made of (``codecs.etf.decode``); ``decode_terms`` a run of them;
 * ``decode_messages``: the two stored layouts that make up almost every store (``fastpath``)
   decoded straight into Arrow columns. A row the core does not handle (another shape, a float
   header, damage) is marked for the reference to decode; ``COUNTS`` keeps the tally.
@@ -21,7 +21,6 @@ comparisons and benchmarks. A missing or stale build is not an error: the refere
 
 from __future__ import annotations
 
-import functools
 import logging
 import mmap
 import os
@@ -33,7 +32,7 @@ import pyarrow as pa
 from cqforensics.base.schema import PROPERTIES, STRINGS
 from cqforensics.codecs import etf
 
-ABI = 15  # must equal the core's ABI (core/src/bindings.rs)
+ABI = 16  # must equal the core's ABI (core/src/bindings.rs)
 log = logging.getLogger("cqforensics.compiled")
 
 try:
@@ -163,23 +162,7 @@ def decode_term(data):
     None when the core is off or leaves the term to the reference (a compressed term, a fun,
     one past its bounds, damage): then ``etf.decode`` decodes it, errors and all."""
     n = native()
-    return None if n is None else _term(n, data)
-
-
-def term_decoder():
-    """``decode_term`` with the core looked up once, for a run of many terms (a Ra log's
-    entries: looking ``CQF_CORE`` up in the environment per term cost as much as a small
-    term's decode)."""
-    n = native()
-    return _no_term if n is None else functools.partial(_term, n)
-
-
-def _no_term(data):
-    return None
-
-
-def _term(n, data):
-    if len(data) < 2 or data[0] != etf.VERSION:
+    if n is None or len(data) < 2 or data[0] != etf.VERSION:
         return None
     got = n.decode_term(data, 1, _TERM_MAKERS)
     if got is None:
@@ -187,6 +170,20 @@ def _term(n, data):
         return None
     COUNTS["terms"] += 1
     return got[0]
+
+
+def decode_terms(datas: list) -> list | None:
+    """``decode_term`` of each of ``datas`` (a list of buffers) in one call into the core, each
+    distinct atom made once for the run (a Ra log's entries, a batch at a time); None when the
+    core is off. A buffer that is no external term of version 131 gives None, as there."""
+    n = native()
+    if n is None:
+        return None
+    out = n.decode_terms(datas, 1, _TERM_MAKERS)
+    left = out.count(None)
+    COUNTS["terms"] += len(out) - left
+    COUNTS["terms_to_reference"] += left
+    return out
 
 
 # -- message decode --------------------------------------------------------------------------------
@@ -324,11 +321,11 @@ __all__ = [
     "check_qs",
     "decode_messages",
     "decode_term",
+    "decode_terms",
     "disk_log_items",
     "qs_garbage",
     "read_spans",
     "native",
     "status",
-    "term_decoder",
     "walk_rdq",
 ]

@@ -97,16 +97,27 @@ def decode_log_entry(data) -> rabbit_fifo.Entry:
     return rabbit_fifo.decode(data) if term is None else rabbit_fifo.decode_entry(term)
 
 
-def entry_decoder():
-    """``decode_log_entry`` for a run of entries (the compiled core looked up once)."""
-    term_of = compiled.term_decoder()
+#: entries decoded per call into the compiled core (their bytes are held meanwhile)
+DECODE_BATCH = 256
+
+
+def decode_log_entries(datas: list) -> list:
+    """``decode_log_entry`` of each of ``datas``: its Entry, or the FormatError it raises (the
+    terms made by the compiled core in one call, the rest by the reference, as one by one)."""
+    terms = compiled.decode_terms(datas)
+    if terms is None:
+        terms = [None] * len(datas)
     decode, decode_entry = rabbit_fifo.decode, rabbit_fifo.decode_entry
-
-    def decoder(data) -> rabbit_fifo.Entry:
-        term = term_of(data)
-        return decode(data) if term is None else decode_entry(term)
-
-    return decoder
+    out = []
+    for data, term in zip(datas, terms):
+        if term is not None:
+            out.append(decode_entry(term))
+            continue
+        try:
+            out.append(decode(data))
+        except FormatError as e:
+            out.append(e)
+    return out
 
 
 #: ``entry_row`` of bytes that are no term
@@ -129,6 +140,15 @@ def _decode(entry: LogEntry, bodies):
     return decode_log_entry(entry.data(bodies))
 
 
+def _decoded(order: list[int], entries: dict[int, LogEntry], read):
+    """(index, LogEntry, its ``decode_log_entries`` result) of each index of ``order``, decoded
+    ``DECODE_BATCH`` at a time (``read``: ``Bodies.read``)."""
+    for k in range(0, len(order), DECODE_BATCH):
+        idxs = order[k : k + DECODE_BATCH]
+        batch = [entries[i] for i in idxs]
+        yield from zip(idxs, batch, decode_log_entries([read(e.file, e.data_offset, e.length) for e in batch]))
+
+
 def replay(log: ServerLog, bodies, upto: int | None = None, lenient: bool = False) -> Replay:
     """Apply the snapshot and every log entry above it, in index order (``upto``: stop there);
     ``bodies``: the ``model.bodies.Bodies`` the entries are read through. ``lenient``: the log
@@ -149,19 +169,16 @@ def replay(log: ServerLog, bodies, upto: int | None = None, lenient: bool = Fals
         except (FormatError, ValueError) as e:
             out.notes.append(f"snapshot {snap.path}: its state is not read ({e}); replayed from the log alone")
             fifo = None
-    decode = entry_decoder()
     read = bodies.read
     facts_of = m_fifo.message_facts
     rows = out.entry_rows
     entries = log.entries
     applied = 0
-    for idx in sorted(i for i in entries if i > start and (upto is None or i <= upto)):
-        e = entries[idx]
-        try:
-            entry = decode(read(e.file, e.data_offset, e.length))
-        except FormatError as err:
+    order = sorted(i for i in entries if i > start and (upto is None or i <= upto))
+    for idx, e, entry in _decoded(order, entries, read):
+        if isinstance(entry, FormatError):
             if e.checksum in ("ok", "not_computed"):  # a damaged entry's own finding says why already
-                out.notes.append(f"entry {idx} ({e.file.name}@{e.offset}) is no term: {err.message}")
+                out.notes.append(f"entry {idx} ({e.file.name}@{e.offset}) is no term: {entry.message}")
             rows[idx] = UNDECODABLE_ROW
             continue
         out.last_index, out.last_term = idx, e.term
@@ -411,7 +428,7 @@ def read_system(ra_dir, model: BrokerModel, walks: dict | None = None) -> System
         ):
             log = by_ref[ref]
             if log is not None:
-                log.entries[idx] = LogEntry(idx, term, path, off, data_off, length, "wal", labels[check])
+                log.entries[idx] = LogEntry(idx, term, scan.path, off, data_off, length, "wal", labels[check])
     sys_.servers = [logs[k] for k in sorted(logs)]
     return sys_
 
@@ -573,6 +590,12 @@ def _permissive(system: System, log: ServerLog) -> ServerLog:
     return out
 
 
+def _other_file(a: LogEntry, b: LogEntry | None) -> bool:
+    """Whether ``b`` is a copy of the entry in another file than ``a`` (the same Path object,
+    as ``read_system`` and ``_permissive`` both take them from the walks, is not compared)."""
+    return b is not None and a.file is not b.file and a.file != b.file
+
+
 def log_holes(log: ServerLog) -> list[tuple[int, int]]:
     """The ranges (first, last) of indexes above the snapshot and below the log's last entry that
     no segment or WAL record holds: entries the next boot never applies."""
@@ -687,19 +710,18 @@ def newest_machine_version(ra_dir, walks: dict | None = None) -> int | None:
     best = None
     for _, path in ra_dir.wal:
         scan = wal_walk(path, walks)
-        small = [i for i in range(len(scan)) if int(scan.length[i]) < 64]  # a noop is ~30 bytes
-        if not small:
+        small = np.flatnonzero(scan.length < 64)  # a noop is ~30 bytes
+        if not len(small):
             continue
         from cqforensics.readers.files import read_bytes
 
         data = read_bytes(path)
-        for i in small:
-            try:
-                e = decode_log_entry(data[int(scan.data_offset[i]) : scan.record_end(i)])
-            except FormatError:
-                continue
-            if e.kind == "noop" and e.machine_version is not None:
-                best = max(best or 0, e.machine_version)
+        starts, ends = scan.data_offset[small].tolist(), (scan.data_offset + scan.length)[small].tolist()
+        for lo in range(0, len(starts), DECODE_BATCH):
+            datas = [data[a:b] for a, b in zip(starts[lo : lo + DECODE_BATCH], ends[lo : lo + DECODE_BATCH])]
+            for e in decode_log_entries(datas):
+                if not isinstance(e, FormatError) and e.kind == "noop" and e.machine_version is not None:
+                    best = max(best or 0, e.machine_version)
     for srv in ra_dir.servers:
         for sd in srv.snapshots:
             if sd.snapshot is not None:
@@ -729,7 +751,7 @@ def node_quorum(
             above = {i for i in data.entries if i > floor}  # below the snapshot: applied already, not a loss
             if (
                 above != {i for i in log.entries if i > floor}
-                or any(data.entries[i].file != log.entries[i].file for i in above if i in log.entries)
+                or any(_other_file(data.entries[i], log.entries.get(i)) for i in above)
                 or log_holes(log)
                 or (q.fate != Q_OK and (not log.entries or min(log.entries) - floor > 1))
             ):

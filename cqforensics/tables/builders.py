@@ -1013,16 +1013,22 @@ def raft_log_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
                 [("ok", "bad", "not_computed")[c] for c in scan.checksum[rows_].tolist()],
                 ["recovered" if i in kept else "not_recovered" for i in rows_.tolist()],
             )
-        for path, off, data_off, length, idx, term, source, check, wal_status in copies:
-            recovered = (path, off) in used
-            e = entries.get(idx) if recovered else None
+        todo = []  # the copies the replay did not decode (superseded, not recovered, below the snapshot)
+        for k, (path, off, data_off, length, idx, *_) in enumerate(copies):
+            e = entries.get(idx) if (path, off) in used else None
             same = e is not None and (e.file, e.offset, e.data_offset, e.length) == (path, off, data_off, length)
             row = replayed.get(idx) if same else None  # the replay decoded these very bytes
-            if row is None:  # a copy the replay did not decode (superseded, not recovered, below the snapshot)
-                try:
-                    row = m_quorum.entry_row(m_quorum.decode_log_entry(bodies.read(path, data_off, length)))
-                except (FormatError, ValueError):
-                    row = m_quorum.UNDECODABLE_ROW
+            if row is None:
+                todo.append(k)
+            copies[k] += (row,)
+        for lo in range(0, len(todo), m_quorum.DECODE_BATCH):
+            ks = todo[lo : lo + m_quorum.DECODE_BATCH]
+            datas = [bodies.read(copies[k][0], copies[k][2], copies[k][3]) for k in ks]
+            for k, got in zip(ks, m_quorum.decode_log_entries(datas)):
+                row = m_quorum.UNDECODABLE_ROW if isinstance(got, FormatError) else m_quorum.entry_row(got)
+                copies[k] = copies[k][:-1] + (row,)
+        for path, off, data_off, length, idx, term, source, check, wal_status, row in copies:
+            recovered = (path, off) in used
             entry, command, ts, body_size = row
             status = "used" if recovered else (wal_status or ("superseded" if idx in q.log.entries else "unused"))
             b = rows.add(
