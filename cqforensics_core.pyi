@@ -129,3 +129,10 @@ def decode_fields(
         Callable[[bytes, bool], str], Callable[[int, bytes], object], Callable[[list, object], object], Callable
     ],
 ) -> list[tuple[tuple, int] | None]: ...
+def decode_terms(
+    datas: list[Buffer],
+    pos: int,
+    makers: tuple[
+        Callable[[bytes, bool], str], Callable[[int, bytes], object], Callable[[list, object], object], Callable
+    ],
+) -> list[object | None]: ...

@@ -15,7 +15,7 @@ use crate::{amqp091, etf, ets, qi, qs, rdq};
 
 /// Bumped whenever a function's arguments or results change: the Python side refuses a core
 /// built from other sources (a stale build) and says how to rebuild.
-pub const ABI: u32 = 16;
+pub const ABI: u32 = 17;
 
 /// A read-only view of a Python buffer of `T`s (bytes, mmap, memoryview, numpy array), held
 /// for as long as its slice is used.
@@ -493,8 +493,38 @@ fn decode_term<'py>(
     makers: (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>),
 ) -> PyResult<Option<(Bound<'py, PyAny>, usize)>> {
     let bytes = View::<u8>::new(data)?.slice().to_vec();
-    let terms = etf::Terms::new(py, &bytes, (&makers.0, &makers.1, &makers.2, &makers.3));
+    let (atom, opaque, improper, hashable) = (&makers.0, &makers.1, &makers.2, &makers.3);
+    let atoms = etf::AtomMemo::default();
+    let terms = etf::Terms { py, buf: &bytes, atom, opaque, improper, hashable, atoms: &atoms };
     Ok(terms.term(pos, 0))
+}
+
+/// `decode_term` of each buffer of `datas` (its term from `pos`), in one call: a list of the
+/// terms, None where the reference decodes it (as `decode_term` gives None) or where the buffer
+/// is no external term of version 131 at all. Each distinct atom is made once for the run.
+#[pyfunction]
+fn decode_terms<'py>(
+    py: Python<'py>,
+    datas: &Bound<'py, PyList>,
+    pos: usize,
+    makers: (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>),
+) -> PyResult<Bound<'py, PyList>> {
+    let (atom, opaque, improper, hashable) = (&makers.0, &makers.1, &makers.2, &makers.3);
+    let atoms = etf::AtomMemo::default();
+    let out = PyList::empty(py);
+    for data in datas.iter() {
+        let bytes = View::<u8>::new(&data)?.slice().to_vec();
+        let got = if bytes.len() < 2 || bytes[0] != etf::VERSION {
+            None
+        } else {
+            etf::Terms { py, buf: &bytes, atom, opaque, improper, hashable, atoms: &atoms }.term(pos, 0)
+        };
+        match got {
+            Some((term, _)) => out.append(term)?,
+            None => out.append(py.None())?,
+        }
+    }
+    Ok(out)
 }
 
 /// For each start in `starts`: the tuple whose tag is there, ending within `limit` bytes of
@@ -516,7 +546,8 @@ fn decode_fields<'py>(
     for w in wanted {
         mask[w] = true;
     }
-    let mut terms = etf::Terms::new(py, &bytes, (&makers.0, &makers.1, &makers.2, &makers.3));
+    let atoms = etf::AtomMemo::default();
+    let mut terms = etf::Terms::new(py, &bytes, (&makers.0, &makers.1, &makers.2, &makers.3), &atoms);
     let out = PyList::empty(py);
     for start in starts {
         terms.buf = &bytes[..bytes.len().min(start.saturating_add(limit))];
@@ -540,6 +571,7 @@ fn cqforensics_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(disk_log_items, m)?)?;
     m.add_function(wrap_pyfunction!(decode_term, m)?)?;
     m.add_function(wrap_pyfunction!(decode_fields, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_terms, m)?)?;
     m.add_class::<VarColumn>()?;
     m.add_class::<NumColumn>()?;
     m.add_class::<ListColumn>()?;

@@ -11,6 +11,9 @@ use std::collections::HashMap;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
+/// the external term format's version byte (`etf.VERSION`)
+pub const VERSION: u8 = 131;
+
 /// the reference's MAX_DEPTH: deeper terms are the reference's error to word
 const MAX_DEPTH: u32 = 200;
 
@@ -38,15 +41,20 @@ const MAP: u8 = 116;
 const ATOM_UTF8: u8 = 118;
 const SMALL_ATOM_UTF8: u8 = 119;
 
-/// The atoms made so far, by their bytes and encoding: `make_atom` (Python) is asked once per
-/// distinct atom of a decode, not once per occurrence (a record holds dozens, most the same).
-type Atoms<'a, 'py> = RefCell<HashMap<(&'a [u8], bool), Bound<'py, PyAny>>>;
+/// The atoms `atom` made during a run of decodes, by name bytes, for Latin-1 (`[0]`) and UTF-8
+/// (`[1]`) atoms: the same object again for the same name, as `etf.make_atom`'s own cache gives
+/// it, without a call into Python (a Ra log's entries name the same dozen atoms each: those
+/// calls were a third of an entry's decode).
+pub type AtomMemo<'py> = RefCell<[HashMap<Vec<u8>, Bound<'py, PyAny>>; 2]>;
+
+/// The atoms one memo keeps at most (`etf.make_atom`'s cache keeps as many)
+const ATOM_MEMO_MAX: usize = 65536;
 
 /// The decoding of one buffer: its bytes, and the reference's makers of the values that are
 /// no Python builtin: `atom` (`etf.make_atom`: its cache, its `Atom` type, its UTF-8 check),
 /// `opaque` (`etf.Opaque(tag, raw)`: a pid, port or reference kept as its bytes), `improper`
 /// (`etf.ImproperList(items, tail)`) and `hashable` (`etf._hashable`: a list or map used as a
-/// map key, made a tuple). `buf` ends where the terms must end (positions are its own).
+/// map key, made a tuple); `atoms`: the run's atoms made so far.
 pub struct Terms<'a, 'py> {
     pub py: Python<'py>,
     pub buf: &'a [u8],
@@ -54,7 +62,7 @@ pub struct Terms<'a, 'py> {
     pub opaque: &'a Bound<'py, PyAny>,
     pub improper: &'a Bound<'py, PyAny>,
     pub hashable: &'a Bound<'py, PyAny>,
-    atoms: Atoms<'a, 'py>,
+    pub atoms: &'a AtomMemo<'py>,
 }
 
 impl<'a, 'py> Terms<'a, 'py> {
@@ -62,9 +70,10 @@ impl<'a, 'py> Terms<'a, 'py> {
         py: Python<'py>,
         buf: &'a [u8],
         makers: (&'a Bound<'py, PyAny>, &'a Bound<'py, PyAny>, &'a Bound<'py, PyAny>, &'a Bound<'py, PyAny>),
+        atoms: &'a AtomMemo<'py>,
     ) -> Self {
         let (atom, opaque, improper, hashable) = makers;
-        Terms { py, buf, atom, opaque, improper, hashable, atoms: RefCell::default() }
+        Terms { py, buf, atom, opaque, improper, hashable, atoms }
     }
 
     fn bytes(&self, pos: usize, n: usize) -> Option<&'a [u8]> {
@@ -87,12 +96,15 @@ impl<'a, 'py> Terms<'a, 'py> {
 
     fn make_atom(&self, pos: usize, n: usize, utf8: bool) -> Option<(Bound<'py, PyAny>, usize)> {
         let raw = self.bytes(pos, n)?;
-        if let Some(a) = self.atoms.borrow().get(&(raw, utf8)) {
+        if let Some(a) = self.atoms.borrow()[utf8 as usize].get(raw) {
             return Some((a.clone(), pos + n));
         }
         // the reference raises on an atom that is not valid UTF-8: given up here, it words it
         let a = self.atom.call1((PyBytes::new(self.py, raw), utf8)).ok()?;
-        self.atoms.borrow_mut().insert((raw, utf8), a.clone());
+        let mut memo = self.atoms.borrow_mut();
+        if memo[utf8 as usize].len() < ATOM_MEMO_MAX {
+            memo[utf8 as usize].insert(raw.to_vec(), a.clone());
+        }
         Some((a, pos + n))
     }
 

@@ -9,8 +9,9 @@ reference implementations, which stay the specification the core is tested again
   finds them, the store index's ``#msg_location{}`` records decoded into columns
   (``readers.terms.disk_log_walk``);
 * ``decode_term``: an external term made into the reference's Python values, for the plain
-  terms a Ra log entry is made of (``codecs.etf.decode``); ``decode_fields``: a few fields of
-  each of many records carved from one buffer (``codecs.etf.decode_fields_at``);
+  terms a Ra log entry is made of (``codecs.etf.decode``); ``decode_terms`` a run of them;
+  ``decode_fields``: a few fields of each of many records carved from one buffer
+  (``codecs.etf.decode_fields_at``);
 * ``decode_messages``: the two stored layouts that make up almost every store (``fastpath``)
   decoded straight into Arrow columns. A row the core does not handle (another shape, a float
   header, damage) is marked for the reference to decode; ``COUNTS`` keeps the tally.
@@ -33,7 +34,7 @@ import pyarrow as pa
 from cqforensics.base.schema import PROPERTIES, STRINGS
 from cqforensics.codecs import etf
 
-ABI = 16  # must equal the core's ABI (core/src/bindings.rs)
+ABI = 17  # must equal the core's ABI (core/src/bindings.rs)
 log = logging.getLogger("cqforensics.compiled")
 
 try:
@@ -189,6 +190,20 @@ def decode_fields(data, starts: list[int], wanted, limit: int) -> list | None:
     return got
 
 
+def decode_terms(datas: list) -> list | None:
+    """``decode_term`` of each of ``datas`` (a list of buffers) in one call into the core, each
+    distinct atom made once for the run (a Ra log's entries, a batch at a time); None when the
+    core is off. A buffer that is no external term of version 131 gives None, as there."""
+    n = native()
+    if n is None:
+        return None
+    out = n.decode_terms(datas, 1, _TERM_MAKERS)
+    left = out.count(None)
+    COUNTS["terms"] += len(out) - left
+    COUNTS["terms_to_reference"] += left
+    return out
+
+
 # -- message decode --------------------------------------------------------------------------------
 
 FALLBACK, NO_TERM = 1, 2
@@ -325,6 +340,7 @@ __all__ = [
     "decode_messages",
     "decode_term",
     "decode_fields",
+    "decode_terms",
     "disk_log_items",
     "qs_garbage",
     "read_spans",

@@ -45,24 +45,13 @@ COMMANDS = (
 #: the entry kinds (``Entry.kind``)
 ENTRY_KINDS = ("command", "noop", "cluster_change", "first", "other")
 
-_RECORD_ARITY = {  # FIFO command records: name -> tuple size (name included)
-    "enqueue": 4,
-    "requeue": 6,
-    "register_enqueuer": 2,
-    "checkout": 4,
-    "settle": 3,
-    "return": 3,
-    "discard": 3,
-    "credit": 5,
-    "modify": 6,
-    "purge": 1,
-    "purge_nodes": 2,
-    "update_config": 2,
-    "garbage_collection": 1,
-}
+
+#: Command and Entry are plain slotted dataclasses, not frozen ones: one of each is made per log
+#: entry, and a frozen dataclass of Command's 22 fields cost four times as much to make (each
+#: field set through object.__setattr__), a tenth of a replay. Nothing changes them once made.
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Command:
     """One rabbit_fifo command. Which fields are set depends on ``name``:
 
@@ -106,7 +95,7 @@ class Command:
     term: object = field(default=None, compare=False)  # the undecoded term of an ``unknown`` command
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Entry:
     """A Ra log entry: a machine command (``'$usr'``), a leader's ``noop`` (carrying the machine
     version it runs), a cluster change, the ``undefined`` placeholder at index 0, or other."""
@@ -149,65 +138,62 @@ def decode_command(cmd) -> Command:
         return Command("unknown", term=cmd)
 
 
+def _enqueue(cmd) -> Command:
+    pid = None if _atom(cmd[1], "undefined") else cmd[1]
+    return Command("enqueue", pid=pid, seq=_int(cmd[2]), msg=cmd[3])
+
+
+def _dlx(cmd) -> Command | None:
+    sub = cmd[1]  # DLX apply/4: {dlx, {checkout, Pid, Prefetch}}, {dlx, {settle, MsgIds}}
+    if not (isinstance(sub, tuple) and sub):
+        return None
+    if _atom(sub[0], "checkout") and len(sub) == 3:
+        return Command("dlx_checkout", pid=sub[1], credit=_int(sub[2]))
+    if _atom(sub[0], "settle") and len(sub) == 2:
+        return Command("dlx_settle", msg_ids=_ints(sub[1]))
+    return None
+
+
+#: (tag, arity) of a command tuple -> its Command (None: no clause matches, ``unknown``)
+_SHAPES = {
+    # FIFO@v4.0.5 ?ENQ_V2: {e, Seq, Msg, {MetaSize, PayloadSize}}
+    ("e", 4): lambda c: Command("enqueue", seq=_int(c[1]), msg=c[2], size=c[3] if isinstance(c[3], tuple) else None),
+    ("enqueue", 4): _enqueue,
+    ("requeue", 6): lambda c: Command(
+        "requeue", consumer=c[1], msg_ids=(_int(c[2]),), index=_int(c[3]), header=c[4], msg=c[5]
+    ),
+    ("register_enqueuer", 2): lambda c: Command("register_enqueuer", pid=c[1]),
+    ("checkout", 4): lambda c: Command(
+        "checkout", consumer=c[1], spec=c[2], meta=c[3] if isinstance(c[3], dict) else {}
+    ),
+    ("settle", 3): lambda c: Command("settle", consumer=c[1], msg_ids=_ints(c[2])),
+    ("return", 3): lambda c: Command("return", consumer=c[1], msg_ids=_ints(c[2])),
+    ("discard", 3): lambda c: Command("discard", consumer=c[1], msg_ids=_ints(c[2])),
+    ("modify", 6): lambda c: Command(
+        "modify", consumer=c[1], msg_ids=_ints(c[2]), flags=(c[3] == "true", c[4] == "true"), annotations=c[5]
+    ),
+    ("credit", 5): lambda c: Command(
+        "credit", consumer=c[1], credit=_int(c[2]), delivery_count=c[3], drain=c[4] == "true"
+    ),
+    ("purge", 1): lambda c: Command("purge"),
+    ("purge_nodes", 2): lambda c: Command("purge_nodes", nodes=tuple(c[1]) if isinstance(c[1], list) else ()),
+    ("update_config", 2): lambda c: Command("update_config", config=c[1] if isinstance(c[1], dict) else {}),
+    ("garbage_collection", 1): lambda c: Command("garbage_collection"),
+    ("down", 3): lambda c: Command("down", pid=c[1], info=c[2]),
+    ("nodeup", 2): lambda c: Command("nodeup", node=c[1]),
+    ("nodedown", 2): lambda c: Command("nodedown", node=c[1]),
+    ("timeout", 2): lambda c: Command("timeout", info=c[1]),
+    ("machine_version", 3): lambda c: Command("machine_version", versions=(_int(c[1]), _int(c[2]))),
+    ("dlx", 2): _dlx,
+}
+
+
 def _command(cmd) -> Command:
-    if not isinstance(cmd, tuple) or not cmd:
-        return Command("unknown", term=cmd)
-    tag = cmd[0]
-    n = len(cmd)
-    if _atom(tag, "e") and n == 4:  # FIFO@v4.0.5 ?ENQ_V2: {e, Seq, Msg, {MetaSize, PayloadSize}}
-        size = cmd[3] if isinstance(cmd[3], tuple) else None
-        return Command("enqueue", seq=_int(cmd[1]), msg=cmd[2], size=size)
-    if isinstance(tag, etf.Atom) and _RECORD_ARITY.get(str(tag)) == n:
-        name = str(tag)
-        if name == "enqueue":
-            pid = None if _atom(cmd[1], "undefined") else cmd[1]
-            return Command("enqueue", pid=pid, seq=_int(cmd[2]), msg=cmd[3])
-        if name == "requeue":
-            return Command(
-                "requeue", consumer=cmd[1], msg_ids=(_int(cmd[2]),), index=_int(cmd[3]), header=cmd[4], msg=cmd[5]
-            )
-        if name == "register_enqueuer":
-            return Command("register_enqueuer", pid=cmd[1])
-        if name == "checkout":
-            return Command("checkout", consumer=cmd[1], spec=cmd[2], meta=cmd[3] if isinstance(cmd[3], dict) else {})
-        if name in ("settle", "return", "discard"):
-            return Command(name, consumer=cmd[1], msg_ids=_ints(cmd[2]))
-        if name == "modify":
-            return Command(
-                "modify",
-                consumer=cmd[1],
-                msg_ids=_ints(cmd[2]),
-                flags=(cmd[3] == "true", cmd[4] == "true"),
-                annotations=cmd[5],
-            )
-        if name == "credit":
-            return Command(
-                "credit", consumer=cmd[1], credit=_int(cmd[2]), delivery_count=cmd[3], drain=cmd[4] == "true"
-            )
-        if name == "purge":
-            return Command("purge")
-        if name == "purge_nodes":
-            return Command("purge_nodes", nodes=tuple(cmd[1]) if isinstance(cmd[1], list) else ())
-        if name == "update_config":
-            return Command("update_config", config=cmd[1] if isinstance(cmd[1], dict) else {})
-        if name == "garbage_collection":
-            return Command("garbage_collection")
-    if _atom(tag, "down") and n == 3:
-        return Command("down", pid=cmd[1], info=cmd[2])
-    if _atom(tag, "nodeup") and n == 2:
-        return Command("nodeup", node=cmd[1])
-    if _atom(tag, "nodedown") and n == 2:
-        return Command("nodedown", node=cmd[1])
-    if _atom(tag, "timeout") and n == 2:
-        return Command("timeout", info=cmd[1])
-    if _atom(tag, "machine_version") and n == 3:
-        return Command("machine_version", versions=(_int(cmd[1]), _int(cmd[2])))
-    if _atom(tag, "dlx") and n == 2 and isinstance(cmd[1], tuple) and cmd[1]:
-        sub = cmd[1]  # DLX apply/4: {dlx, {checkout, Pid, Prefetch}}, {dlx, {settle, MsgIds}}
-        if _atom(sub[0], "checkout") and len(sub) == 3:
-            return Command("dlx_checkout", pid=sub[1], credit=_int(sub[2]))
-        if _atom(sub[0], "settle") and len(sub) == 2:
-            return Command("dlx_settle", msg_ids=_ints(sub[1]))
+    if isinstance(cmd, tuple) and cmd and isinstance(cmd[0], etf.Atom):
+        make = _SHAPES.get((cmd[0], len(cmd)))  # an Atom is a str: it finds its name
+        got = make(cmd) if make is not None else None
+        if got is not None:
+            return got
     return Command("unknown", term=cmd)
 
 

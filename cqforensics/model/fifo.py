@@ -23,6 +23,7 @@ sorted by Erlang term order.
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -84,7 +85,10 @@ class FifoQ:
         return self.no
 
     def peek(self):
-        return self._next()[0] if len(self) else None
+        hi, no = self.hi, self.no  # _next()'s choice, written out: a peek per checkout
+        if hi and no and self.counter == self.WEIGHT:
+            return hi[0] if hi[0].index < no[0].index else no[0]
+        return hi[0] if hi else no[0] if no else None
 
     def pop(self):
         if not len(self):
@@ -414,7 +418,66 @@ class Fifo:
         self.dropped: list[tuple[str, Msg]] = []  # (why, msg) gone without dead-lettering
         self.notes: list[str] = []
         self.last_ts = 0
-        self.facts: dict[int, MsgFacts] = {}
+
+    def clone(self) -> Fifo:
+        """A copy whose applies leave this one as it is (``model.quorum.boot`` predicts on one):
+        what a command changes (the queues, consumers, enqueuers, the dead-letter state, each
+        ``Msg`` in them: one copy per object, shared where the original shares it, as
+        ``copy.deepcopy`` makes) copied; the history lists (``dead_lettered``, ``published``,
+        ``dropped``) copied as lists, their ``Msg``s, which have left the queue and never change
+        again, shared. A small part of a deepcopy's cost, which was most of a boot's."""
+        msgs: dict[int, Msg] = {}
+
+        def m_(m: Msg) -> Msg:
+            c = msgs.get(id(m))
+            if c is None:
+                c = msgs[id(m)] = Msg(m.index, dict(m.header), m.priority)
+            return c
+
+        cons: dict[int, Consumer] = {}
+
+        def c_(c: Consumer) -> Consumer:
+            n = cons.get(id(c))
+            if n is None:
+                n = cons[id(c)] = copy.copy(c)
+                n.checked_out = {k: m_(m) for k, m in c.checked_out.items()}
+                n.meta = dict(c.meta)
+            return n
+
+        f = copy.copy(self)
+        f.cfg = copy.copy(self.cfg)
+        q = self.messages
+        if isinstance(q, PrioQ):
+            f.messages = PrioQ()
+            f.messages.levels = {p: deque(m_(m) for m in d) for p, d in q.levels.items()}
+        elif isinstance(q, FifoQ):
+            f.messages = FifoQ()
+            f.messages.hi, f.messages.no = deque(m_(m) for m in q.hi), deque(m_(m) for m in q.no)
+            f.messages.counter = q.counter
+        else:
+            f.messages = PlainQ()
+            f.messages.q = deque(m_(m) for m in q.q)
+        f.returns = deque(m_(m) for m in self.returns)
+        f.enqueuers = dict(self.enqueuers)
+        f.consumers = {k: c_(c) for k, c in self.consumers.items()}
+        f.service = ServiceQueue()
+        f.service.items, f.service.n = list(self.service.items), self.service.n
+        f.waiting = [(k, c_(c)) for k, c in self.waiting]
+        d = self.dlx
+        f.dlx = Dlx(
+            deque((r, m_(m)) for r, m in d.discards),
+            d.consumer_pid,
+            d.prefetch,
+            {k: (r, m_(m)) for k, (r, m) in d.checked_out.items()},
+            d.next_msg_id,
+        )
+        f.dead_lettered, f.published, f.dropped, f.notes = (
+            list(self.dead_lettered),
+            list(self.published),
+            list(self.dropped),
+            list(self.notes),
+        )
+        return f
 
     # -- queues ------------------------------------------------------------------------------
 
@@ -473,12 +536,12 @@ class Fifo:
             ts = max(ts, self.last_ts)  # FIFO@v4.3.5 apply/3: last_command_time, monotonic
         self.last_ts = ts
         self.index = meta.get("index", self.index)
-        meta = {**meta, "ts": ts}
-        name = cmd.name
-        handler = getattr(self, "_cmd_" + name, None)
+        if meta.get("ts") != ts:
+            meta = {**meta, "ts": ts}
+        handler = _HANDLERS.get(cmd.name)
         if handler is None:
-            raise Unsupported(name)
-        handler(meta, cmd)
+            raise Unsupported(cmd.name)
+        handler(self, meta, cmd)
 
     def _cmd_enqueue(self, meta, cmd):
         pid, seq = cmd.pid, cmd.seq
@@ -489,7 +552,7 @@ class Fifo:
             else:
                 pid = None
                 seq = None
-        facts = message_facts(cmd.msg, cmd.size)
+        facts = meta.get("facts") or message_facts(cmd.msg, cmd.size)
         if pid is not None:
             nxt = self.enqueuers.get(pid)
             if nxt is None:
@@ -498,7 +561,6 @@ class Fifo:
                 return  # FIFO maybe_enqueue: out_of_sequence (not enqueued) or duplicate
             self.enqueuers[pid] = (seq if self.lenient and isinstance(seq, int) else nxt) + 1
         idx = meta["index"]
-        self.facts[idx] = facts
         size = facts.size
         header = {"size": size}
         ttl = self._ttl(facts)
@@ -668,7 +730,6 @@ class Fifo:
         _incr(h, "acquired_count" if self.mv >= 4 else "delivery_count")
         con.credit = self._increase_credit(con, 1)
         m = Msg(meta["index"], h, 4 if self.mv >= 8 else 0)
-        self.facts[meta["index"]] = self.facts.get(old.index, MsgFacts(h.get("size", 0)))
         self._put(m)
         self._update_or_remove(meta, key, con)
         if self.mv >= 7:
@@ -1037,6 +1098,10 @@ class Fifo:
                 self._add_waiting(*active)
             else:
                 active[1].status = "quiescing"
+
+
+#: command name -> its Fifo method (``Fifo.apply``'s dispatch)
+_HANDLERS = {k[len("_cmd_") :]: v for k, v in vars(Fifo).items() if k.startswith("_cmd_")}
 
 
 def header_from_term(h) -> dict:

@@ -15,11 +15,12 @@ messages first, then the others in queue order (4.0-4.2: priorities above 4 firs
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from cqforensics import compiled
 from cqforensics.base.enums import Fate
@@ -83,7 +84,9 @@ class Replay:
     last_index: int = 0
     last_term: int = 0
     notes: list[str] = field(default_factory=list)
-    entry_kinds: dict[int, str] = field(default_factory=dict)  # index -> command name (the raft_log table)
+    #: index -> ``entry_row`` of each entry replayed (the raft_log table takes these, not a
+    #: second decode of the same bytes)
+    entry_rows: dict[int, tuple] = field(default_factory=dict)
     error: str | None = None
 
 
@@ -94,15 +97,62 @@ def decode_log_entry(data) -> rabbit_fifo.Entry:
     return rabbit_fifo.decode(data) if term is None else rabbit_fifo.decode_entry(term)
 
 
+#: entries decoded per call into the compiled core (their bytes are held meanwhile)
+DECODE_BATCH = 256
+
+
+def decode_log_entries(datas: list) -> list:
+    """``decode_log_entry`` of each of ``datas``: its Entry, or the FormatError it raises (the
+    terms made by the compiled core in one call, the rest by the reference, as one by one)."""
+    terms = compiled.decode_terms(datas)
+    if terms is None:
+        terms = [None] * len(datas)
+    decode, decode_entry = rabbit_fifo.decode, rabbit_fifo.decode_entry
+    out = []
+    for data, term in zip(datas, terms):
+        if term is not None:
+            out.append(decode_entry(term))
+            continue
+        try:
+            out.append(decode(data))
+        except FormatError as e:
+            out.append(e)
+    return out
+
+
+#: ``entry_row`` of bytes that are no term
+UNDECODABLE_ROW = ("undecodable", None, None, None)
+
+
+def entry_row(entry: rabbit_fifo.Entry, facts: m_fifo.MsgFacts | None = None) -> tuple:
+    """(entry kind, command name, ts, body size) of a decoded entry: the raft_log table's
+    columns (``facts``: the ``message_facts`` of the message it carries, when known)."""
+    cmd = entry.command
+    if cmd is None:
+        return (entry.kind, "noop" if entry.kind == "noop" else None, entry.ts, None)
+    size = None
+    if cmd.msg is not None:
+        size = (facts or m_fifo.message_facts(cmd.msg, cmd.size)).size
+    return (entry.kind, cmd.name, entry.ts, size)
+
+
 def _decode(entry: LogEntry, bodies):
     return decode_log_entry(entry.data(bodies))
+
+
+def _decoded(order: list[int], entries: dict[int, LogEntry], read):
+    """(index, LogEntry, its ``decode_log_entries`` result) of each index of ``order``, decoded
+    ``DECODE_BATCH`` at a time (``read``: ``Bodies.read``)."""
+    for k in range(0, len(order), DECODE_BATCH):
+        idxs = order[k : k + DECODE_BATCH]
+        batch = [entries[i] for i in idxs]
+        yield from zip(idxs, batch, decode_log_entries([read(e.file, e.data_offset, e.length) for e in batch]))
 
 
 def replay(log: ServerLog, bodies, upto: int | None = None, lenient: bool = False) -> Replay:
     """Apply the snapshot and every log entry above it, in index order (``upto``: stop there);
     ``bodies``: the ``model.bodies.Bodies`` the entries are read through. ``lenient``: the log
     misses entries to damage (``Fifo.lenient``)."""
-    buffers = bodies
     cfg = (
         m_fifo.cfg_from_map(log.config.machine_config) if log.config is not None and log.config.terms else m_fifo.Cfg()
     )
@@ -119,41 +169,47 @@ def replay(log: ServerLog, bodies, upto: int | None = None, lenient: bool = Fals
         except (FormatError, ValueError) as e:
             out.notes.append(f"snapshot {snap.path}: its state is not read ({e}); replayed from the log alone")
             fifo = None
-    for idx in sorted(i for i in log.entries if i > start and (upto is None or i <= upto)):
-        e = log.entries[idx]
-        try:
-            entry = _decode(e, buffers)
-        except FormatError as err:
+    read = bodies.read
+    facts_of = m_fifo.message_facts
+    rows = out.entry_rows
+    entries = log.entries
+    applied = 0
+    order = sorted(i for i in entries if i > start and (upto is None or i <= upto))
+    for idx, e, entry in _decoded(order, entries, read):
+        if isinstance(entry, FormatError):
             if e.checksum in ("ok", "not_computed"):  # a damaged entry's own finding says why already
-                out.notes.append(f"entry {idx} ({e.file.name}@{e.offset}) is no term: {err.message}")
-            out.entry_kinds[idx] = "undecodable"
+                out.notes.append(f"entry {idx} ({e.file.name}@{e.offset}) is no term: {entry.message}")
+            rows[idx] = UNDECODABLE_ROW
             continue
         out.last_index, out.last_term = idx, e.term
-        if entry.kind == "noop":
+        kind = entry.kind
+        if kind == "noop":
             mv = entry.machine_version or 0
             if fifo is None:
                 fifo = m_fifo.Fifo(cfg, mv)
                 fifo.lenient = lenient
             else:
                 fifo.upgrade(mv)
-            out.entry_kinds[idx] = "noop"
+            rows[idx] = entry_row(entry)
             continue
-        if entry.kind != "command":
-            out.entry_kinds[idx] = entry.kind
+        if kind != "command":
+            rows[idx] = entry_row(entry)
             continue
         cmd = entry.command
-        out.entry_kinds[idx] = cmd.name
+        facts = facts_of(cmd.msg, cmd.size) if cmd.msg is not None else None
+        rows[idx] = entry_row(entry, facts)
         if fifo is None:  # commands before any noop: only after a gap (the log's start lost)
             fifo = m_fifo.Fifo(cfg, 0)
             fifo.lenient = lenient
-        meta = {"index": idx, "term": e.term, "ts": entry.ts, "reply": entry.reply}
+        meta = {"index": idx, "term": e.term, "ts": entry.ts, "reply": entry.reply, "facts": facts}
         try:
             fifo.apply(meta, cmd)
-            out.applied += 1
+            applied += 1
         except m_fifo.Unsupported as u:
             out.notes.append(f"entry {idx}: {u} not applied")
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as err:
             out.notes.append(f"entry {idx}: {cmd.name} not applied ({type(err).__name__})")
+    out.applied = applied
     out.fifo = fifo
     return out
 
@@ -180,7 +236,7 @@ def boot(rep: Replay, machine_version: int | None, as_of_ms: int) -> list[Delive
     f0 = rep.fifo
     if f0 is None:
         return []
-    f = copy.deepcopy(f0)
+    f = f0.clone()
     held = {m.index for c in f.consumers.values() for m in c.checked_out.values()}
     held |= {m.index for _, c in f.waiting for m in c.checked_out.values()}
     returned = {m.index for m in f.returns}
@@ -304,8 +360,20 @@ class System:
         return next((r.outcome for _, r in self.wal if r.outcome != m_rec.RA_OK), m_rec.RA_OK)
 
 
-def read_system(ra_dir, model: BrokerModel) -> System:
-    """Read ``quorum/<node>/`` (``layout.RaSystemDir``) as the next boot of ``model`` recovers it."""
+def wal_walk(path: Path, walks: dict | None = None) -> r_wal.WalScan:
+    """``readers.ra_wal.walk`` of ``path``, done once per ``walks`` (a node's memo of its WAL
+    walks: the version inference and the system's recovery read the same files)."""
+    if walks is None:
+        return r_wal.walk(path)
+    scan = walks.get(path)
+    if scan is None:
+        scan = walks[path] = r_wal.walk(path)
+    return scan
+
+
+def read_system(ra_dir, model: BrokerModel, walks: dict | None = None) -> System:
+    """Read ``quorum/<node>/`` (``layout.RaSystemDir``) as the next boot of ``model`` recovers it
+    (``walks``: see ``wal_walk``)."""
     sys_ = System(ra_dir)
     sys_.names = r_sys.read_names(ra_dir.names) if ra_dir.names is not None else r_sys.Table(error="missing")
     sys_.meta = r_sys.read_meta(ra_dir.meta) if ra_dir.meta is not None else r_sys.Table(error="missing")
@@ -334,42 +402,33 @@ def read_system(ra_dir, model: BrokerModel) -> System:
             segs.append(SegmentFile(path, seg, ok, why))
             if not ok:
                 continue
-            for i in range(len(seg)):
-                idx = int(seg.index[i])
-                status = int(seg.status[i])
-                log.entries[idx] = LogEntry(
-                    idx,
-                    int(seg.term[i]),
-                    path,
-                    int(seg.offset[i]),
-                    int(seg.offset[i]),
-                    int(seg.length[i]),
-                    "segment",
-                    "ok" if status == r_seg.ENTRY_OK else r_seg.ENTRY_LABELS[status],
-                )
+            entries = log.entries
+            for idx, term, off, length, status in zip(
+                seg.index.tolist(), seg.term.tolist(), seg.offset.tolist(), seg.length.tolist(), seg.status.tolist()
+            ):
+                entries[idx] = LogEntry(idx, term, path, off, off, length, "segment", r_seg.ENTRY_LABELS[status])
         sys_.segments[srv.uid] = segs
         logs[srv.uid] = log
     for _, path in ra_dir.wal:
-        scan = r_wal.walk(path)
+        scan = wal_walk(path, walks)
         rec = m_rec.wal_recovery(scan, model, registered, snap_index)
         sys_.wal.append((scan, rec))
-        for i in rec.kept:
-            uid = scan.uid(i)
-            log = logs.get(os.fsdecode(uid)) if uid is not None else None
-            if log is None:
-                continue
-            idx = int(scan.index[i])
-            check = r_wal.CHECK_LABELS[int(scan.checksum[i])]
-            log.entries[idx] = LogEntry(
-                idx,
-                int(scan.term[i]),
-                path,
-                int(scan.offset[i]),
-                int(scan.data_offset[i]),
-                int(scan.length[i]),
-                "wal",
-                check,
-            )
+        kept = np.asarray(rec.kept, np.int64)
+        kept = kept[scan.known[kept]]  # an unknown writer's record is no server's
+        by_ref = {ref: logs.get(os.fsdecode(uid)) for ref, uid in scan.writers.items()}
+        labels = r_wal.CHECK_LABELS
+        for ref, idx, term, off, data_off, length, check in zip(
+            scan.ref[kept].tolist(),
+            scan.index[kept].tolist(),
+            scan.term[kept].tolist(),
+            scan.offset[kept].tolist(),
+            scan.data_offset[kept].tolist(),
+            scan.length[kept].tolist(),
+            scan.checksum[kept].tolist(),
+        ):
+            log = by_ref[ref]
+            if log is not None:
+                log.entries[idx] = LogEntry(idx, term, scan.path, off, data_off, length, "wal", labels[check])
     sys_.servers = [logs[k] for k in sorted(logs)]
     return sys_
 
@@ -502,39 +561,39 @@ def _permissive(system: System, log: ServerLog) -> ServerLog:
     (past a bad one, an unknown writer or a torn end too) and every readable segment entry,
     later copies winning."""
     out = ServerLog(log.uid, log.path, log.config, log.name, log.snapshot, dict(), log.meta)
+    entries = out.entries
     for sf in system.segments.get(log.uid, []):
         seg = sf.seg
         if seg.header != r_seg.HEADER_OK:
             continue
-        for i in range(len(seg)):
-            if int(seg.status[i]) in (r_seg.ENTRY_OK, r_seg.ENTRY_NO_CRC):
-                idx = int(seg.index[i])
-                out.entries[idx] = LogEntry(
-                    idx,
-                    int(seg.term[i]),
-                    sf.path,
-                    int(seg.offset[i]),
-                    int(seg.offset[i]),
-                    int(seg.length[i]),
-                    "segment",
-                    "ok",
-                )
+        rows = np.flatnonzero(np.isin(seg.status, (r_seg.ENTRY_OK, r_seg.ENTRY_NO_CRC)))
+        path = sf.path
+        for idx, term, off, length in zip(
+            seg.index[rows].tolist(), seg.term[rows].tolist(), seg.offset[rows].tolist(), seg.length[rows].tolist()
+        ):
+            entries[idx] = LogEntry(idx, term, path, off, off, length, "segment", "ok")
     uid = os.fsencode(log.uid)
+    labels = r_wal.CHECK_LABELS
     for scan, _ in system.wal:
-        for i in range(len(scan)):
-            if scan.uid(i) == uid and scan.checksum[i] != r_wal.CHECK_BAD:
-                idx = int(scan.index[i])
-                out.entries[idx] = LogEntry(
-                    idx,
-                    int(scan.term[i]),
-                    scan.path,
-                    int(scan.offset[i]),
-                    int(scan.data_offset[i]),
-                    int(scan.length[i]),
-                    "wal",
-                    r_wal.CHECK_LABELS[int(scan.checksum[i])],
-                )
+        rows = scan.rows_of(uid)
+        rows = rows[scan.checksum[rows] != r_wal.CHECK_BAD]
+        path = scan.path
+        for idx, term, off, data_off, length, check in zip(
+            scan.index[rows].tolist(),
+            scan.term[rows].tolist(),
+            scan.offset[rows].tolist(),
+            scan.data_offset[rows].tolist(),
+            scan.length[rows].tolist(),
+            scan.checksum[rows].tolist(),
+        ):
+            entries[idx] = LogEntry(idx, term, path, off, data_off, length, "wal", labels[check])
     return out
+
+
+def _other_file(a: LogEntry, b: LogEntry | None) -> bool:
+    """Whether ``b`` is a copy of the entry in another file than ``a`` (the same Path object,
+    as ``read_system`` and ``_permissive`` both take them from the walks, is not compared)."""
+    return b is not None and a.file is not b.file and a.file != b.file
 
 
 def log_holes(log: ServerLog) -> list[tuple[int, int]]:
@@ -644,25 +703,25 @@ def applied_beyond_log(log: ServerLog) -> tuple[int, int] | None:
     return (end, applied) if applied > end else None
 
 
-def newest_machine_version(ra_dir) -> int | None:
+def newest_machine_version(ra_dir, walks: dict | None = None) -> int | None:
     """The highest machine version a noop entry of the system's WAL files, or a snapshot's meta,
-    names (version evidence: each boot's leader appends a noop carrying the version it runs)."""
+    names (version evidence: each boot's leader appends a noop carrying the version it runs;
+    ``walks``: see ``wal_walk``)."""
     best = None
     for _, path in ra_dir.wal:
-        scan = r_wal.walk(path)
-        small = [i for i in range(len(scan)) if int(scan.length[i]) < 64]  # a noop is ~30 bytes
-        if not small:
+        scan = wal_walk(path, walks)
+        small = np.flatnonzero(scan.length < 64)  # a noop is ~30 bytes
+        if not len(small):
             continue
         from cqforensics.readers.files import read_bytes
 
         data = read_bytes(path)
-        for i in small:
-            try:
-                e = decode_log_entry(data[int(scan.data_offset[i]) : scan.record_end(i)])
-            except FormatError:
-                continue
-            if e.kind == "noop" and e.machine_version is not None:
-                best = max(best or 0, e.machine_version)
+        starts, ends = scan.data_offset[small].tolist(), (scan.data_offset + scan.length)[small].tolist()
+        for lo in range(0, len(starts), DECODE_BATCH):
+            datas = [data[a:b] for a, b in zip(starts[lo : lo + DECODE_BATCH], ends[lo : lo + DECODE_BATCH])]
+            for e in decode_log_entries(datas):
+                if not isinstance(e, FormatError) and e.kind == "noop" and e.machine_version is not None:
+                    best = max(best or 0, e.machine_version)
     for srv in ra_dir.servers:
         for sd in srv.snapshots:
             if sd.snapshot is not None:
@@ -692,7 +751,7 @@ def node_quorum(
             above = {i for i in data.entries if i > floor}  # below the snapshot: applied already, not a loss
             if (
                 above != {i for i in log.entries if i > floor}
-                or any(data.entries[i].file != log.entries[i].file for i in above if i in log.entries)
+                or any(_other_file(data.entries[i], log.entries.get(i)) for i in above)
                 or log_holes(log)
                 or (q.fate != Q_OK and (not log.entries or min(log.entries) - floor > 1))
             ):

@@ -900,14 +900,20 @@ class NodeScan:
         kind is not read (``layout.STORAGE_KINDS``)."""
         if not STORAGE_KINDS["quorum"].read:
             return []
-        return [m_quorum.read_system(ra, self.model) for ra in self.node.quorum]
+        return [m_quorum.read_system(ra, self.model, self.wal_walks) for ra in self.node.quorum]
 
     @cached_property
     def coordination_systems(self) -> list[m_quorum.System]:
         """The node's coordination Ra system (``coordination/<node>/``: Khepri and the stream
         coordinator) read as ``quorum_systems`` are, for the checks of its log's own integrity
         (its machines are not replayed)."""
-        return [m_quorum.read_system(ra, self.model) for ra in self.node.coordination]
+        return [m_quorum.read_system(ra, self.model, self.wal_walks) for ra in self.node.coordination]
+
+    @cached_property
+    def wal_walks(self) -> dict:
+        """The node's Ra WAL files walked, each once (``model.quorum.wal_walk``): the version
+        inference and the systems' recovery read the same files."""
+        return {}
 
     @cached_property
     def quorum(self) -> list[m_quorum.QuorumQueue]:
@@ -1306,7 +1312,7 @@ def collect_evidence(ns: NodeScan) -> versions.Evidence:
         ev.ra_writers_snapshot |= ra.writers is not None
         for _, p in ra.wal[-1:]:
             ev.ra_wal_digits = len(p.stem)
-        ev.fifo_machine_version = m_quorum.newest_machine_version(ra) or ev.fifo_machine_version
+        ev.fifo_machine_version = m_quorum.newest_machine_version(ra, ns.wal_walks) or ev.fifo_machine_version
     return ev
 
 

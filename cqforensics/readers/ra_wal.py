@@ -93,6 +93,13 @@ class WalScan:
     def uid(self, i: int) -> bytes | None:
         return self.writers.get(int(self.ref[i])) if self.known[i] else None
 
+    def rows_of(self, uid: bytes) -> np.ndarray:
+        """The rows whose writer is ``uid`` (those ``uid(i)`` gives it for), in file order."""
+        refs = [r for r, u in self.writers.items() if u == uid]
+        if not refs:
+            return np.empty(0, np.int64)
+        return np.flatnonzero(self.known & np.isin(self.ref, refs))
+
     def record_end(self, i: int) -> int:
         return int(self.data_offset[i] + self.length[i])
 

@@ -47,7 +47,6 @@ from cqforensics.checks import check_vhost
 from cqforensics.grammar import qs as c_qs
 from cqforensics.message import fast as fastpath
 from cqforensics.message import reference as message
-from cqforensics.model import fifo as m_fifo
 from cqforensics.model import quorum as m_quorum
 from cqforensics.model import recovery
 from cqforensics.model.index import OFFSET_OUT_OF_RANGE, IndexChunk
@@ -980,55 +979,57 @@ def raft_log_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         if vs.quorum_names is not None and q.name not in vs.quorum_names:
             continue
         vh = q.vhost if q.vhost is not None else vhost
-        used = {(e.file, e.offset) for e in q.log.entries.values()}
+        entries = q.log.entries
+        used = {(e.file, e.offset) for e in entries.values()}
+        replayed = q.replay.entry_rows
         uid = os.fsencode(q.log.uid)
         copies = []
         for sf in q.system.segments.get(q.log.uid, []):
             seg = sf.seg
-            for i in range(len(seg)):
-                st = int(seg.status[i])
-                copies.append(
-                    (
-                        sf.path,
-                        int(seg.offset[i]),
-                        int(seg.offset[i]),
-                        int(seg.length[i]),
-                        int(seg.index[i]),
-                        int(seg.term[i]),
-                        "segment",
-                        r_seg_labels[st],
-                        None,
-                    )
-                )
+            labels = [r_seg_labels[st] for st in seg.status.tolist()]
+            offs = seg.offset.tolist()
+            copies += zip(
+                itertools.repeat(sf.path),
+                offs,
+                offs,
+                seg.length.tolist(),
+                seg.index.tolist(),
+                seg.term.tolist(),
+                itertools.repeat("segment"),
+                labels,
+                itertools.repeat(None),
+            )
         for scan, rec in q.system.wal:
             kept = set(rec.kept)
-            for i in range(len(scan)):
-                if scan.uid(i) != uid:
-                    continue
-                copies.append(
-                    (
-                        scan.path,
-                        int(scan.offset[i]),
-                        int(scan.data_offset[i]),
-                        int(scan.length[i]),
-                        int(scan.index[i]),
-                        int(scan.term[i]),
-                        "wal",
-                        ("ok", "bad", "not_computed")[int(scan.checksum[i])],
-                        "recovered" if i in kept else "not_recovered",
-                    )
-                )
-        for path, off, data_off, length, idx, term, source, check, wal_status in copies:
+            rows_ = scan.rows_of(uid)
+            copies += zip(
+                itertools.repeat(scan.path),
+                scan.offset[rows_].tolist(),
+                scan.data_offset[rows_].tolist(),
+                scan.length[rows_].tolist(),
+                scan.index[rows_].tolist(),
+                scan.term[rows_].tolist(),
+                itertools.repeat("wal"),
+                [("ok", "bad", "not_computed")[c] for c in scan.checksum[rows_].tolist()],
+                ["recovered" if i in kept else "not_recovered" for i in rows_.tolist()],
+            )
+        todo = []  # the copies the replay did not decode (superseded, not recovered, below the snapshot)
+        for k, (path, off, data_off, length, idx, *_) in enumerate(copies):
+            e = entries.get(idx) if (path, off) in used else None
+            same = e is not None and (e.file, e.offset, e.data_offset, e.length) == (path, off, data_off, length)
+            row = replayed.get(idx) if same else None  # the replay decoded these very bytes
+            if row is None:
+                todo.append(k)
+            copies[k] += (row,)
+        for lo in range(0, len(todo), m_quorum.DECODE_BATCH):
+            ks = todo[lo : lo + m_quorum.DECODE_BATCH]
+            datas = [bodies.read(copies[k][0], copies[k][2], copies[k][3]) for k in ks]
+            for k, got in zip(ks, m_quorum.decode_log_entries(datas)):
+                row = m_quorum.UNDECODABLE_ROW if isinstance(got, FormatError) else m_quorum.entry_row(got)
+                copies[k] = copies[k][:-1] + (row,)
+        for path, off, data_off, length, idx, term, source, check, wal_status, row in copies:
             recovered = (path, off) in used
-            entry, command, ts, body_size = None, None, None, None
-            try:
-                e = m_quorum.decode_log_entry(bodies.read(path, data_off, length))
-                entry, ts = e.kind, e.ts
-                command = e.command.name if e.command else ("noop" if e.kind == "noop" else None)
-                if e.command is not None and e.command.msg is not None:
-                    body_size = m_fifo.message_facts(e.command.msg, e.command.size).size
-            except (FormatError, ValueError):
-                entry = "undecodable"
+            entry, command, ts, body_size = row
             status = "used" if recovered else (wal_status or ("superseded" if idx in q.log.entries else "unused"))
             b = rows.add(
                 {

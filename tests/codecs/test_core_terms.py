@@ -102,3 +102,29 @@ def test_list_tails_are_decided_as_the_reference_decides_them(term):
     """Crafted: a list's tail that decodes to the empty list, whatever its tag, makes a proper list
     (the reference's ``tail == []``); any other tail an ``ImproperList``."""
     assert _agrees(term)
+
+
+def test_a_run_of_terms_is_decoded_as_each_term_is_alone():
+    """``decode_terms`` (one call for many terms, each atom made once per run: the replay's
+    batches) gives for each buffer what ``decode_term`` gives it alone, value and type: on every
+    Ra log entry of the samples, seeded damage of them, and buffers that are no term at all
+    (empty, one byte, another version byte), which give None."""
+    rng = random.Random(7)
+    entries = _ra_entries()
+    damaged = []
+    for b in rng.sample(entries, 300):
+        d = bytearray(b)
+        d[rng.randrange(1, len(d))] = rng.randrange(256)
+        damaged.append(bytes(d))
+    crafted = [b"", bytes([131]), bytes([130, 97, 1]), bytes([131, 80, 0, 0, 0, 1, 120])]
+    crafted += [bytes([131, tag, 2]) + b"ok" for tag in (115, 119)] * 2  # one name, Latin-1 then UTF-8
+    run = entries + damaged + crafted
+    rng.shuffle(run)
+    got = core.decode_terms(run)
+    assert len(got) == len(run)
+    for b, g in zip(run, got):
+        alone = core.decode_term(b)
+        assert (g is None) == (alone is None), b[:64]
+        if g is not None:
+            assert _shape(g) == _shape(alone), b[:64]
+    assert sum(g is not None for g in got) >= len(entries)  # every sample entry is decided in a run too
