@@ -27,6 +27,7 @@ from cqforensics.commands import fsck
 from cqforensics.model import store as model_store
 from cqforensics.model import vhost as model_vhost
 from cqforensics.model.vhost import VhostScan
+from cqforensics.output import provenance
 from cqforensics.read import driver
 from support import ROOT, SAMPLES
 
@@ -44,6 +45,7 @@ def split_everything(monkeypatch):
     monkeypatch.setattr(model_vhost, "PARALLEL_INDEX_BYTES", 0)
     monkeypatch.setattr(model_store, "PARALLEL_WALK_BYTES", 0)
     monkeypatch.setattr(fsck, "SMALL_VHOST", 0)
+    monkeypatch.setattr(provenance, "PARALLEL_BYTES", 0)
 
 
 # -- the map ------------------------------------------------------------------------------------
