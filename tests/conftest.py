@@ -30,7 +30,7 @@ os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSeri
 def pytest_configure(config):
     """Compile this checkout's modules once, before any worker starts. Where
     PYTHONDONTWRITEBYTECODE is set (as on the project's VMs), every Python process the suite starts
-    (CLI runs, campaign inputs, Spark's planner and worker processes) otherwise compiles the ~90
+    (CLI runs, Spark's planner and worker processes) otherwise compiles the ~90
     modules it imports from source: 0.5 of the 1.1 CPU-s an import of the CLI takes. Writing
     ``__pycache__`` into the checkout is the test run's own output (ignored by git)."""
     if hasattr(config, "workerinput"):  # an xdist worker: the controller compiled already
