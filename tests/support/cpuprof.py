@@ -1,7 +1,7 @@
 """CPU per test, of the test's process and of every process it started (brokers, JVMs, CLI runs,
 Spark's Python workers), for finding what makes the suite cost what it costs (docs/testing.md).
 
-    CQF_CPUPROF=/tmp/prof python3 -m pytest -p support.cpuprof      # one JSON line per test
+    CQF_CPUPROF=/tmp/prof PYTHONPATH=tests python3 -m pytest -p support.cpuprof   # a JSON line a test
     python3 tests/support/cpuprof.py /tmp/prof [N]                   # CPU by layer and file, top N
 
 Each pytest process (each xdist worker) moves itself into a cgroup (v1 ``cpuacct``) of its own at
@@ -10,7 +10,8 @@ a killed broker's Erlang VM is orphaned when its shell dies with it, so ``getrus
 it, and the JVM of a Spark session lives across tests. Each line: the test's id, ``cpu`` (the
 group's CPU seconds during the test, its set-up and tear-down), ``self`` (the pytest process's
 own) and ``wall``. A module or session fixture's cost falls to the first test that uses it.
-Needs root and a cgroup v1 ``cpuacct`` hierarchy; without them the plugin says so and counts
+``PYTHONPATH=tests``: a ``-p`` plugin is imported before the conftest puts ``tests`` on the
+path. Needs root and a cgroup v1 ``cpuacct`` hierarchy; without them the plugin says so and counts
 nothing. Measurement only: nothing in the suite loads it.
 """
 
@@ -54,6 +55,18 @@ def pytest_configure(config):
         print(f"support.cpuprof: no CPU counted (a cgroup v1 cpuacct group is needed: {e})", file=sys.stderr)
         return
     _group = group
+
+
+def pytest_unconfigure(config):
+    """Back to the root group, and the group removed (kept while a process it counts, say an
+    orphaned broker VM, still lives)."""
+    if _group is None:
+        return
+    try:
+        (CPUACCT / "cgroup.procs").write_text(str(os.getpid()))
+        _group.rmdir()
+    except OSError:
+        pass
 
 
 @pytest.hookimpl(hookwrapper=True)
