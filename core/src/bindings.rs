@@ -493,10 +493,8 @@ fn decode_term<'py>(
     makers: (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>),
 ) -> PyResult<Option<(Bound<'py, PyAny>, usize)>> {
     let bytes = View::<u8>::new(data)?.slice().to_vec();
-    let (atom, opaque, improper, hashable) = (&makers.0, &makers.1, &makers.2, &makers.3);
     let atoms = etf::AtomMemo::default();
-    let terms = etf::Terms { py, buf: &bytes, atom, opaque, improper, hashable, atoms: &atoms };
-    Ok(terms.term(pos, 0))
+    Ok(etf::Terms::new(py, &bytes, (&makers.0, &makers.1, &makers.2, &makers.3), &atoms).term(pos, 0))
 }
 
 /// `decode_term` of each buffer of `datas` (its term from `pos`), in one call: a list of the
@@ -509,7 +507,6 @@ fn decode_terms<'py>(
     pos: usize,
     makers: (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>),
 ) -> PyResult<Bound<'py, PyList>> {
-    let (atom, opaque, improper, hashable) = (&makers.0, &makers.1, &makers.2, &makers.3);
     let atoms = etf::AtomMemo::default();
     let out = PyList::empty(py);
     for data in datas.iter() {
@@ -517,7 +514,7 @@ fn decode_terms<'py>(
         let got = if bytes.len() < 2 || bytes[0] != etf::VERSION {
             None
         } else {
-            etf::Terms { py, buf: &bytes, atom, opaque, improper, hashable, atoms: &atoms }.term(pos, 0)
+            etf::Terms::new(py, &bytes, (&makers.0, &makers.1, &makers.2, &makers.3), &atoms).term(pos, 0)
         };
         match got {
             Some((term, _)) => out.append(term)?,

@@ -417,15 +417,7 @@ def read_system(ra_dir, model: BrokerModel, walks: dict | None = None) -> System
         kept = kept[scan.known[kept]]  # an unknown writer's record is no server's
         by_ref = {ref: logs.get(os.fsdecode(uid)) for ref, uid in scan.writers.items()}
         labels = r_wal.CHECK_LABELS
-        for ref, idx, term, off, data_off, length, check in zip(
-            scan.ref[kept].tolist(),
-            scan.index[kept].tolist(),
-            scan.term[kept].tolist(),
-            scan.offset[kept].tolist(),
-            scan.data_offset[kept].tolist(),
-            scan.length[kept].tolist(),
-            scan.checksum[kept].tolist(),
-        ):
+        for ref, (idx, term, off, data_off, length, check) in zip(scan.ref[kept].tolist(), scan.entries(kept)):
             log = by_ref[ref]
             if log is not None:
                 log.entries[idx] = LogEntry(idx, term, scan.path, off, data_off, length, "wal", labels[check])
@@ -578,14 +570,7 @@ def _permissive(system: System, log: ServerLog) -> ServerLog:
         rows = scan.rows_of(uid)
         rows = rows[scan.checksum[rows] != r_wal.CHECK_BAD]
         path = scan.path
-        for idx, term, off, data_off, length, check in zip(
-            scan.index[rows].tolist(),
-            scan.term[rows].tolist(),
-            scan.offset[rows].tolist(),
-            scan.data_offset[rows].tolist(),
-            scan.length[rows].tolist(),
-            scan.checksum[rows].tolist(),
-        ):
+        for idx, term, off, data_off, length, check in scan.entries(rows):
             entries[idx] = LogEntry(idx, term, path, off, data_off, length, "wal", labels[check])
     return out
 

@@ -100,6 +100,18 @@ class WalScan:
             return np.empty(0, np.int64)
         return np.flatnonzero(self.known & np.isin(self.ref, refs))
 
+    def entries(self, rows: np.ndarray):
+        """``(index, term, offset, data_offset, length, checksum)`` of each of ``rows``, as Python
+        ints, in their order (the one place a record's columns are read together)."""
+        return zip(
+            self.index[rows].tolist(),
+            self.term[rows].tolist(),
+            self.offset[rows].tolist(),
+            self.data_offset[rows].tolist(),
+            self.length[rows].tolist(),
+            self.checksum[rows].tolist(),
+        )
+
     def record_end(self, i: int) -> int:
         return int(self.data_offset[i] + self.length[i])
 
