@@ -95,7 +95,9 @@ def _first_difference(got: pa.Table, want: pa.Table) -> str:
         return f"{got.num_rows} rows against {want.num_rows}"
     row = next(i for i in range(got.num_rows) if not got.slice(i, 1).equals(want.slice(i, 1)))
     where = want.slice(row, 1).to_pylist()[0]
-    return f"first at row {row} (node {where.get('node')!r}, vhost {where.get('vhost')!r}, queue {where.get('queue')!r})"
+    return (
+        f"first at row {row} (node {where.get('node')!r}, vhost {where.get('vhost')!r}, queue {where.get('queue')!r})"
+    )
 
 
 def test_partitions_are_bin_packed(spark):
