@@ -54,11 +54,13 @@ def jsonl_text(batch) -> tuple[int, int, str]:
     """A batch as JSON lines (what ``write_jsonl`` writes of its rows), with its row count and
     how many of them are expired (``drop_reason``): made where the batch is
     (``iter_batches(render=...)``: by the workers of ``read -j N``)."""
+    from cqforensics.base import jsonout
+
     expired = batch.column("drop_reason").to_pylist().count("expired") if "drop_reason" in batch.schema.names else 0
     return (
         batch.num_rows,
         expired,
-        "".join(json.dumps(jsonable(r), ensure_ascii=False, sort_keys=True) + "\n" for r in batch.to_pylist()),
+        jsonout.batch_lines(batch),
     )
 
 

@@ -405,17 +405,11 @@ def expired_rows(b: pa.RecordBatch) -> int:
 
 def jsonl_lines(b: pa.RecordBatch, everything: bool) -> Lines:
     return Lines(
-        "".join(_jsonl_line(row) + "\n" for row in b.to_pylist()),
+        jsonout.batch_lines(b),
         sources(b),
         expired_rows(b),
         stored(b) if everything else [],
     )
-
-
-def _jsonl_line(row: dict) -> str:
-    """One export line in the one JSON convention (``jsonout``): msg_id hex, ``body_base64``,
-    headers and annotations nested, times ISO 8601."""
-    return jsonout.dumps(row)
 
 
 def _provenance(paths, options: dict, nodes: list[NodeScan]) -> dict:

@@ -12,7 +12,7 @@ import pytest
 
 from cqforensics.base import jsonout
 from cqforensics.commands import fsck
-from support import SAMPLES
+from support import FAST_DATASETS, SAMPLES
 
 
 class _Int(enum.IntEnum):
@@ -79,3 +79,81 @@ def test_an_fsck_report():
     report = fsck.run([SAMPLES / "4.3.6-kill"], jobs=1).to_dict()
     assert report["queues"] and report["findings"]
     assert jsonout.document(report) == _reference(report)
+
+
+# -- JSON lines of a record batch, made column by column ---------------------------------------------
+
+
+def _lines_reference(batch) -> str:
+    return "".join(jsonout.dumps(row) + "\n" for row in batch.to_pylist())
+
+
+@pytest.mark.parametrize("dataset", FAST_DATASETS)
+def test_batch_lines_of_every_table(dataset):
+    """``read --format jsonl`` and ``export --format jsonl`` write ``batch_lines``: the text the
+    row-by-row ``dumps`` writes, on every table of the samples that hold every kind of row
+    (``#basic_message`` and ``#mc`` bodies, quorum and stream messages, damage findings)."""
+    import pyarrow as pa
+
+    import cqforensics
+
+    path = SAMPLES / dataset
+    for table in cqforensics.TABLES:
+        t = cqforensics.read_table(path, table)
+        for batch in t.to_batches(max_chunksize=700) or [pa.RecordBatch.from_pylist([], schema=t.schema)]:
+            assert jsonout.batch_lines(batch) == _lines_reference(batch), table
+
+
+def test_batch_lines_of_crafted_values():
+    """Crafted, not broker output: every type a table holds, with the values json writes its own
+    way (NaN, the infinities, escapes, line separators, nulls at every level, a null struct, an
+    empty list), a JSON text column holding no JSON, and the two shapes written row by row (a
+    binary column whose key would depend on its nulls; two columns under one key)."""
+    import pyarrow as pa
+
+    props = pa.struct([("content_type", pa.string()), ("timestamp", pa.timestamp("us", tz="UTC")), ("p", pa.int32())])
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "s": ['é\u2028"\\\n\x00', None, "", "%s {} %%"],
+            "n": [1, None, -(2**62), 0],
+            "b": [True, False, None, True],
+            "f": [float("nan"), float("inf"), -1.5e-300, None],
+            "msg_id": [b"\x00" * 16, None, b"\xff" * 16, b"\x01" * 16],
+            "body": [b"\x00\xff", None, b"", b"x" * 1000],
+            "headers": ['{"b": 1, "a": [1.0, "é"]}', "not json", None, "[]"],
+            "details": ["1e400", '"x"', None, "{}"],
+            "t": [
+                dt.datetime(2026, 1, 1, 1, 2, 3, 4, tzinfo=dt.UTC),
+                None,
+                dt.datetime(1970, 1, 1, tzinfo=dt.UTC),
+                None,
+            ],
+            "l": [["a", None], [], None, ['"']],
+            "props": [
+                {"content_type": "x", "timestamp": None, "p": 1},
+                None,
+                {"content_type": None, "timestamp": dt.datetime(2000, 1, 1, tzinfo=dt.UTC), "p": None},
+                {},
+            ],
+        },
+        schema=pa.schema(
+            [
+                ("s", pa.string()),
+                ("n", pa.int64()),
+                ("b", pa.bool_()),
+                ("f", pa.float64()),
+                ("msg_id", pa.binary()),
+                ("body", pa.binary()),
+                ("headers", pa.string()),
+                ("details", pa.string()),
+                ("t", pa.timestamp("us", tz="UTC")),
+                ("l", pa.list_(pa.string())),
+                ("props", props),
+            ]
+        ),
+    )
+    assert jsonout.batch_lines(batch) == _lines_reference(batch)
+    assert jsonout.batch_lines(batch.slice(1, 2)) == _lines_reference(batch.slice(1, 2))
+    odd = pa.RecordBatch.from_pydict({"payload": [b"x", None], "payload_base64": [1, 2]})
+    assert jsonout.batch_lines(odd) == _lines_reference(odd)
+    assert jsonout.batch_lines(odd.slice(0, 0)) == ""
