@@ -89,6 +89,43 @@ def ordered(tasks: Iterable, work: Callable[[object], Iterable], jobs: int, *, b
         pool.stop()
 
 
+def started(tasks: Iterable, work: Callable[[object], Iterable], jobs: int, *, buffer: int = BUFFER) -> Iterator:
+    """``ordered``, its ``jobs`` workers (one at least) at work from now on: work that overlaps
+    what the caller does before it takes the items (its own maps included). Iterate the result
+    to take them, in task order; until then a worker that gets ``buffer`` bytes ahead waits.
+    Leaving the iterator early, or never iterating it and dropping it, stops the workers. In a
+    worker, or without ``fork``, the tasks run in this process when the items are taken."""
+    tasks = list(tasks)
+    if not tasks or _IN_WORKER or not hasattr(os, "fork"):
+        return ordered(tasks, work, 1, buffer=buffer)
+    pool = _Pool(tasks, work, max(1, min(jobs, len(tasks))), buffer)
+    pool.start()
+    return _Started(pool)
+
+
+class _Started:
+    """The items of a started pool, taken once by iterating; its workers are stopped when they
+    are all taken, when the iteration is left, or when this is dropped untaken."""
+
+    def __init__(self, pool: _Pool):
+        self._pool: _Pool | None = pool
+
+    def __iter__(self) -> Iterator:
+        if self._pool is None:
+            raise RuntimeError("the items of a started map are taken once")
+        try:
+            yield from self._pool.results()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.stop()
+            self._pool = None
+
+    __del__ = close
+
+
 class _Worker:
     __slots__ = ("pid", "tasks", "results", "task", "pending", "pending_bytes", "done", "paused")
 
@@ -108,6 +145,7 @@ class _Pool:
         self.owner: dict[int, _Worker] = {}  # task -> the worker that runs (or ran) it
         self.next_task = 0
         self._current = 0  # the task whose items are handed on now
+        self._started = False  # the workers have their first tasks
         sys.stdout.flush()  # nothing buffered in the caller is written twice by a child
         sys.stderr.flush()
         for _ in range(jobs):
@@ -141,10 +179,17 @@ class _Pool:
         else:
             w.task = None
 
+    def start(self) -> None:
+        """Hand each worker its first task (``results`` does it when this was not called)."""
+        if not self._started:
+            self._started = True
+            for w in self.workers:
+                self._assign(w)
+
     def results(self) -> Iterator:
         sel = selectors.DefaultSelector()
+        self.start()
         for w in self.workers:
-            self._assign(w)
             sel.register(w.results, selectors.EVENT_READ, w)
         current = self._current = 0
         while current < len(self.tasks):

@@ -171,6 +171,7 @@ def fsck(
     options = make_options(broker_version, as_of_ms, bodies=False, decode=False, assume_dirty=assume_dirty, jobs=jobs)
     report = Report(as_of_ms=as_of_ms, as_of_given=given)
     nodes = layout.discover(paths)
+    inputs = provenance.hashing(paths, jobs)  # with -j N, beside the checks
     work = (bool(broker_version), deep, vhosts, queues)
     if jobs > 1 and len(nodes) > 1:
         if vhosts is not None or queues is not None:
@@ -194,7 +195,7 @@ def fsck(
         paths,
         ", ".join(sorted({n.broker_version for n in report.nodes})) or broker_version,
         as_of_ms,
-        jobs=jobs,
+        inputs=inputs,
     )
     yield report
 

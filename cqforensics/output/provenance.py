@@ -21,6 +21,7 @@ import os
 import stat
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from cqforensics import compiled as core
@@ -121,7 +122,31 @@ def inputs_manifest(paths, jobs: int = 1) -> list[dict]:
         return _manifest(paths, jobs)
 
 
-def _manifest(paths, jobs: int) -> list[dict]:
+def hashing(paths, jobs: int = 1) -> Callable[[], list[dict]]:
+    """The inputs manifest of ``paths``, hashed from now on beside the caller's work: call the
+    result for it (``inputs_manifest``'s, the same list). With ``jobs`` > 1 and inputs of
+    ``PARALLEL_BYTES`` or more, ``jobs - 1`` processes (one at least) hash them while the command
+    reads (fsck's serial part, its node facts and store index, then runs beside them); otherwise
+    the files are hashed when it is called, in this process."""
+    files = _files(paths)
+    workers = max(1, jobs - 1)
+    if jobs > 1 and len(files) > 1:
+        sizes = _sizes(files)
+        if sum(sizes) >= PARALLEL_BYTES:
+            # one group a worker: a started worker left waiting for the caller's reads gets no second task
+            groups = _groups(files, sizes, workers)
+            entries = parallel.started(groups, lambda group: [list(map(_entry, group))], workers)
+
+            def taken() -> list[dict]:
+                with heap.building():
+                    return [e for group in entries for e in group if e is not None]
+
+            return taken
+    return lambda: inputs_manifest(paths)
+
+
+def _files(paths) -> list[str]:
+    """Every regular file under ``paths`` (a file path is itself), sorted."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
     files: set[str] = set()
@@ -131,7 +156,11 @@ def _manifest(paths, jobs: int) -> list[dict]:
             files.add(p)
         elif os.path.isdir(p):
             _regular_files(p, files)
-    files = sorted(files)
+    return sorted(files)
+
+
+def _manifest(paths, jobs: int) -> list[dict]:
+    files = _files(paths)
     if jobs > 1 and len(files) > 1:
         sizes = _sizes(files)
         if sum(sizes) >= PARALLEL_BYTES:
@@ -173,7 +202,7 @@ def _groups(files: list[str], sizes: list[int], n: int) -> list[list[str]]:
     return out
 
 
-def record(command: str, paths, broker_version: str | None, as_of_ms: int | None, jobs: int = 1) -> dict:
+def record(command: str, paths, broker_version: str | None, as_of_ms: int | None, jobs: int = 1, inputs=None) -> dict:
     # the package's version: its __init__ is always loaded before any submodule (importing the
     # package root here would be an upward import, through cqforensics.read.api)
     version = sys.modules["cqforensics"].__version__
@@ -185,7 +214,7 @@ def record(command: str, paths, broker_version: str | None, as_of_ms: int | None
         "created": iso(now_ms()),
         "broker_version": broker_version or None,
         "as_of": iso(as_of_ms),
-        "inputs": inputs_manifest(paths, jobs),
+        "inputs": inputs() if inputs is not None else inputs_manifest(paths, jobs),
     }
 
 

@@ -124,6 +124,39 @@ def test_stopping_early_leaves_no_process():
     assert _children() == before
 
 
+def _touching(task):
+    where, t = task
+    (where / str(t)).write_text("done")
+    yield t
+
+
+def test_a_started_map_works_before_it_is_taken(tmp_path):
+    """``parallel.started``: its workers run their tasks while the caller does something else
+    (the inputs manifest hashed beside fsck's checks); the items come as ``ordered`` gives them."""
+    before = _children()
+    items = parallel.started([(tmp_path, t) for t in range(3)], _touching, 3)
+    deadline = time.monotonic() + 30
+    while len(list(tmp_path.iterdir())) < 3:  # one task a worker: every one done, nothing taken yet
+        assert time.monotonic() < deadline, "the started workers did not run their tasks"
+        time.sleep(0.05)
+    assert list(items) == [0, 1, 2]
+    assert _children() == before
+    with pytest.raises(RuntimeError):
+        list(items)
+
+
+def test_a_started_map_left_or_dropped_leaves_no_process():
+    before = _children()
+    items = parallel.started(range(50), _uneven, 2)
+    it = iter(items)
+    next(it)
+    it.close()
+    assert _children() == before
+    items = parallel.started(range(50), _uneven, 2)
+    del items  # never taken
+    assert _children() == before
+
+
 def _nested(t):
     yield from parallel.ordered(range(3), lambda k: [(os.getpid(), t, k)], 4)
 
