@@ -10,6 +10,7 @@ reference implementations, which stay the specification the core is tested again
   (``readers.terms.disk_log_walk``);
 * ``decode_term``: an external term made into the reference's Python values, for the plain
   terms a Ra log entry is made of (``codecs.etf.decode``); ``decode_terms`` a run of them;
+  ``decode_term_at`` one inside a bigger buffer, with where it ends (a disk_log's items);
   ``decode_fields``: a few fields of each of many records carved from one buffer
   (``codecs.etf.decode_fields_at``);
 * ``decode_messages``: the two stored layouts that make up almost every store (``fastpath``)
@@ -172,6 +173,23 @@ def decode_term(data):
         return None
     COUNTS["terms"] += 1
     return got[0]
+
+
+def decode_term_at(data, start: int, end: int) -> tuple | None:
+    """The external term at ``data[start:end]`` (its version byte at ``start``) as
+    ``codecs.etf.decode(data, offset=start)`` gives it, ``(term, where it ends)``, when it ends
+    by ``end``; None when the core is off or leaves the term to the reference (as
+    ``decode_term``, and a term that would run past ``end``): then ``etf.decode`` decodes it,
+    errors and all. Only the term's own bytes are copied into the core (a disk_log's item)."""
+    n = native()
+    if n is None or end - start < 2 or data[start] != etf.VERSION:
+        return None
+    got = n.decode_term(memoryview(data)[start:end], 1, _TERM_MAKERS)
+    if got is None:
+        COUNTS["terms_to_reference"] += 1
+        return None
+    COUNTS["terms"] += 1
+    return got[0], start + got[1]
 
 
 def decode_fields(data, starts: list[int], wanted, limit: int) -> list | None:
@@ -341,6 +359,7 @@ __all__ = [
     "decode_term",
     "decode_fields",
     "decode_terms",
+    "decode_term_at",
     "disk_log_items",
     "qs_garbage",
     "read_spans",

@@ -64,8 +64,9 @@ def read_disk_log(path: Path, data: bytes | None = None) -> TermLog:
         if start + length > end:
             log.error = FormatError(f"item of {plural(length, 'byte')} runs past the end of the log", str(path), o)
             break
+        got = core.decode_term_at(data, start, start + length)  # None: the reference decodes it
         try:
-            term, used = etf.decode(data, offset=start)
+            term, used = got if got is not None else etf.decode(data, offset=start)
         except etf.EtfError as e:
             log.error = FormatError(f"undecodable item: {e.message}", str(path), e.offset)
             break
@@ -256,8 +257,9 @@ def _stop_error(data, code: int, at: int, path: Path) -> FormatError:
 def _item_term(data, start: int, length: int, path: Path):
     """The term of the item at ``start``, or the FormatError that stops a strict walk: the term
     must fill the item (as ``read_disk_log``)."""
+    got = core.decode_term_at(data, start, start + length)  # None: the reference decodes it
     try:
-        term, used = etf.decode(data, offset=start)
+        term, used = got if got is not None else etf.decode(data, offset=start)
     except etf.EtfError as e:
         return FormatError(f"undecodable item: {e.message}", str(path), e.offset)
     if used != start + length:  # disk_log wrote term_to_binary of the item: it fills the item
@@ -743,8 +745,9 @@ def _dets_terms(data, pos: int, stop: int, block_end: int):
         start = pos + 4
         if not (4 < obj_size <= stop - pos and data[start] == etf.VERSION):
             return
+        got = core.decode_term_at(data, start, pos + obj_size)  # None: the reference decodes it
         try:
-            term, _ = etf.decode(data[start : pos + obj_size])
+            term = got[0] if got is not None else etf.decode(data[start : pos + obj_size])[0]
         except etf.EtfError:
             return
         yield pos, term, pos + obj_size
