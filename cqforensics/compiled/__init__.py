@@ -24,6 +24,7 @@ comparisons and benchmarks. A missing or stale build is not an error: the refere
 
 from __future__ import annotations
 
+import functools
 import logging
 import mmap
 import os
@@ -182,7 +183,19 @@ def decode_term_at(data, start: int, end: int) -> tuple | None:
     ``decode_term``, and a term that would run past ``end``): then ``etf.decode`` decodes it,
     errors and all. Only the term's own bytes are copied into the core (a disk_log's item)."""
     n = native()
-    if n is None or end - start < 2 or data[start] != etf.VERSION:
+    return None if n is None else _decode_at(n, data, start, end)
+
+
+def term_decoder_at():
+    """``decode_term_at`` for a run of terms (a file's items, a table's objects), the core's
+    state looked up once for the run (``native()`` reads the environment); None when the core
+    is off."""
+    n = native()
+    return None if n is None else functools.partial(_decode_at, n)
+
+
+def _decode_at(n, data, start: int, end: int) -> tuple | None:
+    if end - start < 2 or data[start] != etf.VERSION:
         return None
     got = n.decode_term(memoryview(data)[start:end], 1, _TERM_MAKERS)
     if got is None:
@@ -360,6 +373,7 @@ __all__ = [
     "decode_fields",
     "decode_terms",
     "decode_term_at",
+    "term_decoder_at",
     "disk_log_items",
     "qs_garbage",
     "read_spans",

@@ -134,7 +134,8 @@ def test_a_run_of_terms_is_decoded_as_each_term_is_alone():
 
 def _disk_log_items() -> list[tuple[bytes, int, int]]:
     """(the file's bytes, where the item's term starts, where the item ends) of every item of
-    every disk_log of the samples: Mnesia's .LOG, .DCD and .DCL files, the stores' .ets dumps."""
+    every disk_log of the samples (Mnesia's .LOG, .DCD and .DCL files, the stores' .ets dumps)
+    and every object of their DETS tables."""
     out = []
     for suffix in (".LOG", ".DCD", ".DCL", ".ets"):
         for p in sample_files(suffix):
@@ -143,10 +144,14 @@ def _disk_log_items() -> list[tuple[bytes, int, int]]:
                 length, _ = c_disklog.ITEM_HEAD.unpack_from(data, o)
                 start = o + 8 + (16 if length >= c_disklog.MIN_MD5_TERM else 0)
                 out.append((data, start, start + length))
+    for p in sample_files(".dets"):  # <<ObjSize:32, Term>> objects, ObjSize counting itself
+        data = p.read_bytes()
+        for o, _ in r_terms._dets_objects(data):
+            out.append((data, o + 4, o + int.from_bytes(data[o : o + 4], "big")))
     return out
 
 
-def test_every_disk_log_item_is_decoded_in_place_as_the_reference_does():
+def test_every_disk_log_item_and_dets_object_is_decoded_in_place_as_the_reference_does():
     """``decode_term_at`` (a term inside a file's bytes, read by ``readers.terms`` for the items
     of Mnesia's logs and the store dumps, and DETS objects) gives the reference's value and end
     on every item of the samples; an item cut one byte short, or with a byte changed, gets the
