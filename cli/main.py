@@ -1176,6 +1176,23 @@ def setup_logging(verbose: int, as_json: bool) -> None:
     logger.setLevel(logging.DEBUG if verbose >= 2 else logging.INFO if verbose == 1 else logging.WARNING)
 
 
+_PARSERS: dict[str, argparse.ArgumentParser] = {}
+
+
+def _parser() -> argparse.ArgumentParser:
+    """``build_parser()``, made once per process for each state of the compiled core (which its
+    ``--version`` line names): ``main`` runs many times in one process (the fuzz campaign's
+    forked runs, the in-process CLI of the tests), and a build costs about 10 ms (argparse
+    formats each option as it is added). Parsing leaves a parser as it was."""
+    from cqforensics import compiled as core
+
+    key = core.status()
+    parser = _PARSERS.get(key)
+    if parser is None:
+        parser = _PARSERS[key] = build_parser()
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     import time
 
@@ -1183,7 +1200,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = None
     try:
-        parser = build_parser()
+        parser = _parser()
         try:
             args = parser.parse_args(argv)
         except SystemExit as e:  # usage errors (16) and --help (0)

@@ -10,6 +10,7 @@ reference implementations, which stay the specification the core is tested again
   (``readers.terms.disk_log_walk``);
 * ``decode_term``: an external term made into the reference's Python values, for the plain
   terms a Ra log entry is made of (``codecs.etf.decode``); ``decode_terms`` a run of them;
+  ``decode_term_at`` one inside a bigger buffer, with where it ends (a disk_log's items);
   ``decode_fields``: a few fields of each of many records carved from one buffer
   (``codecs.etf.decode_fields_at``);
 * ``decode_messages``: the two stored layouts that make up almost every store (``fastpath``)
@@ -23,6 +24,7 @@ comparisons and benchmarks. A missing or stale build is not an error: the refere
 
 from __future__ import annotations
 
+import functools
 import logging
 import mmap
 import os
@@ -172,6 +174,35 @@ def decode_term(data):
         return None
     COUNTS["terms"] += 1
     return got[0]
+
+
+def decode_term_at(data, start: int, end: int) -> tuple | None:
+    """The external term at ``data[start:end]`` (its version byte at ``start``) as
+    ``codecs.etf.decode(data, offset=start)`` gives it, ``(term, where it ends)``, when it ends
+    by ``end``; None when the core is off or leaves the term to the reference (as
+    ``decode_term``, and a term that would run past ``end``): then ``etf.decode`` decodes it,
+    errors and all. Only the term's own bytes are copied into the core (a disk_log's item)."""
+    n = native()
+    return None if n is None else _decode_at(n, data, start, end)
+
+
+def term_decoder_at():
+    """``decode_term_at`` for a run of terms (a file's items, a table's objects), the core's
+    state looked up once for the run (``native()`` reads the environment); None when the core
+    is off."""
+    n = native()
+    return None if n is None else functools.partial(_decode_at, n)
+
+
+def _decode_at(n, data, start: int, end: int) -> tuple | None:
+    if end - start < 2 or data[start] != etf.VERSION:
+        return None
+    got = n.decode_term(memoryview(data)[start:end], 1, _TERM_MAKERS)
+    if got is None:
+        COUNTS["terms_to_reference"] += 1
+        return None
+    COUNTS["terms"] += 1
+    return got[0], start + got[1]
 
 
 def decode_fields(data, starts: list[int], wanted, limit: int) -> list | None:
@@ -341,6 +372,8 @@ __all__ = [
     "decode_term",
     "decode_fields",
     "decode_terms",
+    "decode_term_at",
+    "term_decoder_at",
     "disk_log_items",
     "qs_garbage",
     "read_spans",

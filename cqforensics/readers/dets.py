@@ -83,6 +83,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cqforensics import compiled as core
 from cqforensics.base.errors import plural
 from cqforensics.base.findings import INFO, Finding
 from cqforensics.codecs import etf
@@ -492,6 +493,7 @@ class _Check:
         self.found_objects = self.found_keys = 0
         self.collections: dict[int, int] = {}
         self.scored = self.fixes = 0
+        self.decode_at = core.term_decoder_at()  # objects' terms (None: the reference decodes them)
 
     # -- problems ---------------------------------------------------------------------------
     def problem(
@@ -1260,7 +1262,7 @@ class _Check:
                 if osz < 5 or q + osz > gend:
                     return (ptr + q - base, f"an object claims {plural(osz, 'byte')}, {gend - q} are left")
                 if parsed is not None:
-                    why = self.term(h, buf, q + 4, ptr, parsed, hash_ok)
+                    why = self.term(h, buf, q + 4, q + osz, ptr, parsed, hash_ok)
                     if why is not None:
                         return (ptr + q, why)
                 q += osz
@@ -1274,11 +1276,16 @@ class _Check:
             self.collections[_buddy(size)] = self.collections.get(_buddy(size), 0) + 1
         return parsed
 
-    def term(self, h: Header, buf: bytes, start: int, ptr: int, parsed: _Parsed, hash_ok: bool) -> str | None:
+    def term(
+        self, h: Header, buf: bytes, start: int, obj_end: int, ptr: int, parsed: _Parsed, hash_ok: bool
+    ) -> str | None:
         self.objects += 1
         parsed.nobj += 1
+        # the compiled core decodes a term that ends within its object's size (a term's value is
+        # its bytes' alone); one it leaves (damage, past the object) the reference decodes
+        got = self.decode_at(buf, start, obj_end) if self.decode_at else None
         try:  # binary_to_term on the rest of the collection, as bin2objs does
-            term, _ = etf.decode(buf, offset=start)
+            term = got[0] if got is not None else etf.decode(buf, offset=start)[0]
         except (etf.EtfError, RecursionError, ValueError, OverflowError, IndexError, struct.error) as e:
             return f"the object at {ptr + start} does not decode ({getattr(e, 'message', e)}): OTP's reads of this slot fail"
         if type(term) is not tuple or len(term) < max(1, h.keypos):

@@ -52,6 +52,7 @@ def read_disk_log(path: Path, data: bytes | None = None) -> TermLog:
     log = TermLog(path, data[4:8] == c_disklog.CLOSED)
     o = c_disklog.HEADER_SIZE
     end = len(data)
+    decode_at = core.term_decoder_at()  # None: the reference decodes every item
     while o < end:
         if o + 8 > end:
             log.error = FormatError(f"log ends inside an item header ({plural(end - o, 'byte')})", str(path), o)
@@ -64,8 +65,9 @@ def read_disk_log(path: Path, data: bytes | None = None) -> TermLog:
         if start + length > end:
             log.error = FormatError(f"item of {plural(length, 'byte')} runs past the end of the log", str(path), o)
             break
+        got = decode_at(data, start, start + length) if decode_at else None  # None: the reference's
         try:
-            term, used = etf.decode(data, offset=start)
+            term, used = got if got is not None else etf.decode(data, offset=start)
         except etf.EtfError as e:
             log.error = FormatError(f"undecodable item: {e.message}", str(path), e.offset)
             break
@@ -256,8 +258,9 @@ def _stop_error(data, code: int, at: int, path: Path) -> FormatError:
 def _item_term(data, start: int, length: int, path: Path):
     """The term of the item at ``start``, or the FormatError that stops a strict walk: the term
     must fill the item (as ``read_disk_log``)."""
+    got = core.decode_term_at(data, start, start + length)  # None: the reference decodes it
     try:
-        term, used = etf.decode(data, offset=start)
+        term, used = got if got is not None else etf.decode(data, offset=start)
     except etf.EtfError as e:
         return FormatError(f"undecodable item: {e.message}", str(path), e.offset)
     if used != start + length:  # disk_log wrote term_to_binary of the item: it fills the item
@@ -738,13 +741,15 @@ def _dets_terms(data, pos: int, stop: int, block_end: int):
     """(offset, term, next offset) of the ``<<ObjSize:32, Term>>`` objects from ``pos`` (each
     ObjSize counting itself) that fit before ``stop`` and decode, up to the first one ending at
     or past ``block_end``."""
+    decode_at = core.term_decoder_at()  # None: the reference decodes every object
     while pos + 4 <= stop:
         (obj_size,) = struct.unpack_from(">I", data, pos)
         start = pos + 4
         if not (4 < obj_size <= stop - pos and data[start] == etf.VERSION):
             return
+        got = decode_at(data, start, pos + obj_size) if decode_at else None  # None: the reference's
         try:
-            term, _ = etf.decode(data[start : pos + obj_size])
+            term = got[0] if got is not None else etf.decode(data[start : pos + obj_size])[0]
         except etf.EtfError:
             return
         yield pos, term, pos + obj_size

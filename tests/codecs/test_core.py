@@ -66,7 +66,8 @@ def test_rust_unit_tests():
     cargo = shutil.which("cargo")
     if cargo is None:
         skip_or_fail("cargo is not installed")
-    # the test profile (core/Cargo.toml), not --release: building the tests is most of the time
+    # the test profile (core/Cargo.toml), not --release: building the tests is most of the time (its
+    # dependencies are built from nothing: no other build uses that profile or pyo3 without extension-module)
     r = subprocess.run(
         [cargo, "test", "--lib", "--quiet", "--manifest-path", str(ROOT / "core" / "Cargo.toml")],
         capture_output=True,

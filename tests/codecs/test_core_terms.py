@@ -1,6 +1,6 @@
 """The compiled term decoder (core/src/etf.rs, ``compiled.decode_term``) against the reference
 (``codecs.etf.decode``): on every Ra log entry of every quorum sample (WAL records and segment
-entries), every stored message term, and seeded damage of them, it gives the reference's value,
+entries), every stored message term, every disk_log item (``decode_term_at``), and seeded damage of them, it gives the reference's value,
 of the reference's types (atoms with their encoding, pids and references as ``Opaque``,
 ``ImproperList``), or leaves the term to the reference (None); never another value. The core is
 built by ``pip install .``; without it these tests skip (CQF_NO_SKIP=1 in CI fails them)."""
@@ -13,8 +13,10 @@ import pytest
 
 from cqforensics import compiled as core
 from cqforensics.codecs import etf
+from cqforensics.grammar import disklog as c_disklog
 from cqforensics.readers import ra_segment as r_seg
 from cqforensics.readers import ra_wal as r_wal
+from cqforensics.readers import terms as r_terms
 from support import skip_or_fail
 from support.terms import sample_files, stored_bodies
 from support.terms import shape as _shape
@@ -128,3 +130,44 @@ def test_a_run_of_terms_is_decoded_as_each_term_is_alone():
         if g is not None:
             assert _shape(g) == _shape(alone), b[:64]
     assert sum(g is not None for g in got) >= len(entries)  # every sample entry is decided in a run too
+
+
+def _disk_log_items() -> list[tuple[bytes, int, int]]:
+    """(the file's bytes, where the item's term starts, where the item ends) of every item of
+    every disk_log of the samples (Mnesia's .LOG, .DCD and .DCL files, the stores' .ets dumps)
+    and every object of their DETS tables."""
+    out = []
+    for suffix in (".LOG", ".DCD", ".DCL", ".ets"):
+        for p in sample_files(suffix):
+            data = p.read_bytes()
+            for o in r_terms.read_disk_log(p, data).offsets:
+                length, _ = c_disklog.ITEM_HEAD.unpack_from(data, o)
+                start = o + 8 + (16 if length >= c_disklog.MIN_MD5_TERM else 0)
+                out.append((data, start, start + length))
+    for p in sample_files(".dets"):  # <<ObjSize:32, Term>> objects, ObjSize counting itself
+        data = p.read_bytes()
+        for o, _ in r_terms._dets_objects(data):
+            out.append((data, o + 4, o + int.from_bytes(data[o : o + 4], "big")))
+    return out
+
+
+def test_every_disk_log_item_and_dets_object_is_decoded_in_place_as_the_reference_does():
+    """``decode_term_at`` (a term inside a file's bytes, read by ``readers.terms`` for the items
+    of Mnesia's logs and the store dumps, and DETS objects) gives the reference's value and end
+    on every item of the samples; an item cut one byte short, or with a byte changed, gets the
+    reference's value and end or is left to it, never another."""
+    items = _disk_log_items()
+    assert len(items) > 1000
+    rng = random.Random(3)
+    for data, start, end in items:
+        got = core.decode_term_at(data, start, end)
+        want, used = etf.decode(data, offset=start)
+        assert got is not None and (_shape(got[0]), got[1]) == (_shape(want), used) == (_shape(want), end)
+        assert core.decode_term_at(data, start, end - 1) is None  # the term runs past the cut
+        d = bytearray(data)
+        d[rng.randrange(start + 1, end)] = rng.randrange(256)
+        got = core.decode_term_at(bytes(d), start, end)
+        if got is None:
+            continue
+        want, used = etf.decode(bytes(d), offset=start)  # the core decided: the reference decodes it too
+        assert (_shape(got[0]), got[1]) == (_shape(want), used)
