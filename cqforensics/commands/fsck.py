@@ -195,6 +195,7 @@ def fsck(
         ", ".join(sorted({n.broker_version for n in report.nodes})) or broker_version,
         as_of_ms,
         jobs=jobs,
+        listing=nodes[0].listing if nodes else None,  # the dirs and name files listed above: not again
     )
     yield report
 
