@@ -235,6 +235,11 @@ class Listing:
         self.dirs: dict[str, list[os.DirEntry]] = {}
         self.files: dict[str, tuple[int, bytes]] = {}
 
+    def __reduce__(self):
+        """Pickled empty (a ``DirEntry`` cannot be pickled, and a listing is only what this
+        process saw): a NodeDir sent to another process lists again what it walks."""
+        return (Listing, ())
+
 
 @dataclass
 class NodeDir:

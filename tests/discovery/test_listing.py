@@ -6,6 +6,7 @@ from a discovery's ``Listing`` is the manifest made by walking and reading the t
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 from pathlib import Path
 
@@ -97,3 +98,12 @@ def test_manifest_from_the_listing_is_the_walked_one(tmp_path):
     queue_dirs = {str(q.path) for n in found for v in n.vhosts for q in v.queues}
     assert queue_dirs <= set(listing.dirs) and set(empty) <= set(listing.files)
     assert provenance.inputs_manifest(root, listing=listing) == provenance.inputs_manifest(root)
+
+
+def test_a_node_dir_pickles_without_its_listing():
+    """A NodeDir sent to another process (a DirEntry cannot be pickled) arrives with an empty
+    listing: what it walks there is listed there."""
+    node = nodes.discover(SAMPLES / "4.3.6-kill" / "mnesia")[0]
+    assert node.listing.dirs
+    back = pickle.loads(pickle.dumps(node))
+    assert back == node and not back.listing.dirs and not back.listing.files
