@@ -9,10 +9,38 @@ Public API::
 """
 
 from cqforensics.base.errors import CQError, FormatError, OperationalError, UsageError
-from cqforensics.base.schema import SCHEMAS, TABLES, schema
-from cqforensics.read.api import iter_batches, make_options, read_table, to_pandas
 
 __version__ = "0.1.0"
+
+#: the public names imported when first asked for (PEP 562): every command line run and every
+#: submodule import loads this package first, and most of them need neither the read driver
+#: (every table builder) nor the Arrow schemas
+_LAZY = {
+    "read_table": "cqforensics.read.api",
+    "iter_batches": "cqforensics.read.api",
+    "to_pandas": "cqforensics.read.api",
+    "make_options": "cqforensics.read.api",
+    "SCHEMAS": "cqforensics.base.schema",
+    "TABLES": "cqforensics.base.schema",
+    "schema": "cqforensics.base.schema",
+}
+
+
+def __getattr__(name: str):
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module 'cqforensics' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(where), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
     "read_table",
     "iter_batches",

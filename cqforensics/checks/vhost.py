@@ -108,12 +108,16 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
                 findings += found
                 b = bounds.setdefault(q.dir_name, [0, 0])
                 b[0], b[1] = b[0] + lo, b[1] + hi
-                integrity.setdefault(qi, QueueIntegrity(sub, first)).absorb(state)
+                if state is not None:  # None: no index chunk in the range (an empty queue's dir)
+                    kept = integrity.get(qi)
+                    if kept is None:
+                        kept = integrity[qi] = QueueIntegrity(sub, first)
+                    kept.absorb(state)
                 n_dir, per_dir = held.get(q.dir_name, (0, {}))
                 for k, c in drops.items():
                     per_dir[k] = per_dir.get(k, 0) + c
                 held[q.dir_name] = (n_dir + n, per_dir)
-                if last:
+                if last and qi in integrity:
                     findings += [f.scoped(queue=q.name, priority=q.priority) for f in integrity.pop(qi).findings()]
         findings += copies.findings()
         stores.add(sub, first)
@@ -192,9 +196,10 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
 @dataclass
 class _Checked:
     """What the checks of a range of one pass's listing found: per queue dir met, in listing
-    order, ``(position, findings, QueueIntegrity state, messages held, drops by reason, whether
-    its last chunk was in the range)``, the ``CopyCheck`` and ``ChunkCheck`` states, and (first
-    pass) the readers' findings of its indexes."""
+    order, ``(position, findings, QueueIntegrity state (None: no chunk in the range), messages
+    held, drops by reason, whether its last chunk was in the range, delivered at least, at
+    most)``, the ``CopyCheck`` and ``ChunkCheck`` states, and (first pass) the readers'
+    findings of its indexes."""
 
     queues: list[tuple] = field(default_factory=list)
     index_findings: list[Finding] = field(default_factory=list)
@@ -241,11 +246,14 @@ def _check_range(sub: VhostScan, only: dict | None, first: bool, deep: bool) -> 
             continue
         segments = only.get(q.dir_name) if only is not None else None
         last = segments is None or not q.qi or q.qi[-1][0] in segments
-        position = {number: k for k, (number, _) in enumerate(q.qi)}
-        integrity = QueueIntegrity(sub, first)
+        position = None  # segment number -> its place in the queue, made at the first chunk
+        integrity = None  # made at the first chunk: most queue dirs of a big node have none
         found: list[Finding] = []
         n_dir, per_dir, lo_dir, hi_dir = 0, {}, 0, 0
         for qx in sub.index_of(q, in_share=False):
+            if integrity is None:
+                integrity = QueueIntegrity(sub, first)
+                position = {number: k for k, (number, _) in enumerate(q.qi)}
             ci = position.get(qx.segment, 0) if qx.segment is not None else 0  # the chunk's place in its queue
             if first:
                 found += [f.scoped(queue=q.name, priority=q.priority) for f in reader_findings(sub, qx)]
@@ -266,7 +274,9 @@ def _check_range(sub: VhostScan, only: dict | None, first: bool, deep: bool) -> 
                     per_dir[name] = per_dir.get(name, 0) + int(count)
             if deep:
                 found += decode_checks(sub, qx, res)
-        out.queues.append((qi, found, integrity.state(), n_dir, per_dir, last, lo_dir, hi_dir))
+        out.queues.append(
+            (qi, found, integrity.state() if integrity is not None else None, n_dir, per_dir, last, lo_dir, hi_dir)
+        )
     out.copies, out.chunks = copies.state(), chunks.state()
     return out
 

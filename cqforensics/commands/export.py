@@ -427,7 +427,14 @@ def _provenance(paths, options: dict, nodes: list[NodeScan]) -> dict:
     return {
         "as_of_ms": as_of_ms,
         "as_of_given": given,
-        "record": provenance.record("export", paths, version, as_of_ms, jobs=options.get("jobs", 1)),
+        "record": provenance.record(
+            "export",
+            paths,
+            version,
+            as_of_ms,
+            jobs=options.get("jobs", 1),
+            listing=nodes[0].node.listing if nodes else None,  # the dirs and name files listed: not again
+        ),
     }
 
 

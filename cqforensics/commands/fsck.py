@@ -171,7 +171,8 @@ def fsck(
     options = make_options(broker_version, as_of_ms, bodies=False, decode=False, assume_dirty=assume_dirty, jobs=jobs)
     report = Report(as_of_ms=as_of_ms, as_of_given=given)
     nodes = layout.discover(paths)
-    inputs = provenance.hashing(paths, jobs)  # with -j N, beside the checks
+    # with -j N beside the checks; the dirs and name files discovery lists are not listed again
+    inputs = provenance.hashing(paths, jobs, nodes[0].listing if nodes else None)
     work = (bool(broker_version), deep, vhosts, queues)
     if jobs > 1 and len(nodes) > 1:
         if vhosts is not None or queues is not None:

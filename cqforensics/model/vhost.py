@@ -726,12 +726,13 @@ class VhostScan:
         to split a read)."""
         total = sum(_size(p) for st in self.vhost.stores.values() for _, p in st.rdq)
         for q in self.all_queue_dirs if every else self.queue_dirs:
-            total += (
-                sum(_size(p) for _, p in q.qi)
-                + sum(_size(p) for p in q.qs.values())
-                + sum(_size(p) for _, p in q.idx)
-                + (_size(q.journal) if q.journal else 0)
-            )
+            if q.qi or q.qs or q.idx or q.journal:  # most dirs of a node of many queues hold none
+                total += (
+                    sum(_size(p) for _, p in q.qi)
+                    + sum(_size(p) for p in q.qs.values())
+                    + sum(_size(p) for _, p in q.idx)
+                    + (_size(q.journal) if q.journal else 0)
+                )
         return total
 
     def prepare(self) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from cqforensics import compiled as core
 from cqforensics.base import heap, parallel
 from cqforensics.base.errors import display
+from cqforensics.discovery.nodes import Listing
 from cqforensics.readers.files import fd_extents
 
 METADATA_KEY = b"cqforensics.provenance"
@@ -45,30 +46,40 @@ def iso(ms: int | None) -> str | None:
     return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat().replace("+00:00", "Z")
 
 
-def _regular_files(root: str, out: set[str]) -> None:
+def _regular_files(root: str, out: set[str], listing: Listing | None = None) -> None:
     """Every regular file under the dir ``root`` (symlinks neither followed nor listed), into
-    ``out``; what cannot be listed is left out."""
+    ``out``; what cannot be listed is left out. ``listing``: the dirs this command's discovery
+    listed, not listed again."""
     stack = [root]
+    known = listing.dirs if listing is not None else {}
     while stack:
+        where = stack.pop()
+        entries = known.get(where)
         try:
-            with os.scandir(stack.pop()) as it:
-                for e in it:
-                    try:
-                        if e.is_dir(follow_symlinks=False):
-                            stack.append(e.path)
-                        elif e.is_file(follow_symlinks=False):
-                            out.add(e.path)
-                    except OSError:
-                        continue
+            if entries is None:
+                with os.scandir(where) as it:
+                    entries = list(it)
         except OSError:
             continue
+        for e in entries:
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+                elif e.is_file(follow_symlinks=False):
+                    out.add(e.path)
+            except OSError:
+                continue
 
 
-def _entry(path: str) -> dict | None:
+def _entry(path: str, read: dict[str, tuple[int, bytes]] | None = None) -> dict | None:
     """``{path, size, sha256}`` of a regular file (None when it is none by now). A file the
     file system reports holes in (SEEK_HOLE) is not read there: ``sha256`` is null and
     ``holes`` lists its zeroed ranges ``[offset, length]``, ``data_sha256`` the SHA-256 of the
-    bytes outside them, in file order (the file is that data with zeros in the holes)."""
+    bytes outside them, in file order (the file is that data with zeros in the holes).
+    ``read``: files this command's discovery read whole (``Listing.files``), not read again."""
+    known = read.get(path) if read else None
+    if known is not None:
+        return {"path": display(path), "size": known[0], "sha256": hashlib.sha256(known[1]).hexdigest()}
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except OSError:
@@ -113,39 +124,42 @@ def _entry(path: str) -> dict | None:
         os.close(fd)
 
 
-def inputs_manifest(paths, jobs: int = 1) -> list[dict]:
+def inputs_manifest(paths, jobs: int = 1, listing: Listing | None = None) -> list[dict]:
     """``{path, size, sha256}`` of every regular file under ``paths`` (a file path is itself);
     a sparse file's holes are listed, not read (``_entry``). ``jobs``: processes hashing files
-    at once (``cqforensics.base.parallel``), the same manifest. Made with the cyclic collector
-    paused (``heap.building``: an entry a file, all kept)."""
+    at once (``cqforensics.base.parallel``), the same manifest. ``listing``: what this
+    command's discovery listed and read (``discovery.nodes.Listing``): those dirs are not
+    listed again nor those files read again, their entries are what the command checked. Made
+    with the cyclic collector paused (``heap.building``: an entry a file, all kept)."""
     with heap.building():
-        return _manifest(paths, jobs)
+        return _manifest(paths, jobs, listing)
 
 
-def hashing(paths, jobs: int = 1) -> Callable[[], list[dict]]:
+def hashing(paths, jobs: int = 1, listing: Listing | None = None) -> Callable[[], list[dict]]:
     """The inputs manifest of ``paths``, hashed from now on beside the caller's work: call the
     result for it (``inputs_manifest``'s, the same list). With ``jobs`` > 1 and inputs of
     ``PARALLEL_BYTES`` or more, ``jobs - 1`` processes (one at least) hash them while the command
     reads (fsck's serial part, its node facts and store index, then runs beside them); otherwise
-    the files are hashed when it is called, in this process."""
-    files = _files(paths)
-    workers = max(1, jobs - 1)
-    if jobs > 1 and len(files) > 1:
+    the files are hashed when it is called, in this process (``listing`` as it is by then)."""
+    if jobs > 1:
+        files = _files(paths, listing)
         sizes = _sizes(files)
-        if sum(sizes) >= PARALLEL_BYTES:
+        if len(files) > 1 and sum(sizes) >= PARALLEL_BYTES:
+            read = listing.files if listing is not None else None
+            workers = max(1, jobs - 1)
             # one group a worker: a started worker left waiting for the caller's reads gets no second task
             groups = _groups(files, sizes, workers)
-            entries = parallel.started(groups, lambda group: [list(map(_entry, group))], workers)
+            entries = parallel.started(groups, lambda group: [[_entry(f, read) for f in group]], workers)
 
             def taken() -> list[dict]:
                 with heap.building():
                     return [e for group in entries for e in group if e is not None]
 
             return taken
-    return lambda: inputs_manifest(paths)
+    return lambda: inputs_manifest(paths, jobs, listing)
 
 
-def _files(paths) -> list[str]:
+def _files(paths, listing: Listing | None = None) -> list[str]:
     """Every regular file under ``paths`` (a file path is itself), sorted."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -155,19 +169,20 @@ def _files(paths) -> list[str]:
         if os.path.isfile(p) and not os.path.islink(p):
             files.add(p)
         elif os.path.isdir(p):
-            _regular_files(p, files)
+            _regular_files(p, files, listing)
     return sorted(files)
 
 
-def _manifest(paths, jobs: int) -> list[dict]:
-    files = _files(paths)
+def _manifest(paths, jobs: int, listing: Listing | None = None) -> list[dict]:
+    files = _files(paths, listing)
+    read = listing.files if listing is not None else None
     if jobs > 1 and len(files) > 1:
         sizes = _sizes(files)
         if sum(sizes) >= PARALLEL_BYTES:
             groups = _groups(files, sizes, jobs * 4)
-            entries = parallel.ordered(groups, lambda group: [list(map(_entry, group))], jobs)
+            entries = parallel.ordered(groups, lambda group: [[_entry(f, read) for f in group]], jobs)
             return [e for group in entries for e in group if e is not None]
-    return [e for e in map(_entry, files) if e is not None]
+    return [e for e in (_entry(f, read) for f in files) if e is not None]
 
 
 #: the bytes (each file counted 4 KiB more, for its open, stat and close) below which the files
@@ -202,7 +217,17 @@ def _groups(files: list[str], sizes: list[int], n: int) -> list[list[str]]:
     return out
 
 
-def record(command: str, paths, broker_version: str | None, as_of_ms: int | None, jobs: int = 1, inputs=None) -> dict:
+def record(
+    command: str,
+    paths,
+    broker_version: str | None,
+    as_of_ms: int | None,
+    jobs: int = 1,
+    listing: Listing | None = None,
+    inputs: Callable[[], list[dict]] | None = None,
+) -> dict:
+    """The provenance record (module doc); ``listing``: what the command's discovery listed
+    and read (``inputs_manifest``); ``inputs``: the manifest being made already (``hashing``)."""
     # the package's version: its __init__ is always loaded before any submodule (importing the
     # package root here would be an upward import, through cqforensics.read.api)
     version = sys.modules["cqforensics"].__version__
@@ -214,7 +239,7 @@ def record(command: str, paths, broker_version: str | None, as_of_ms: int | None
         "created": iso(now_ms()),
         "broker_version": broker_version or None,
         "as_of": iso(as_of_ms),
-        "inputs": inputs() if inputs is not None else inputs_manifest(paths, jobs),
+        "inputs": inputs() if inputs is not None else inputs_manifest(paths, jobs, listing),
     }
 
 

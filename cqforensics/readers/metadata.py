@@ -184,7 +184,11 @@ def _frozen(t):
     if isinstance(t, list):
         return ("$list",) + tuple(_frozen(x) for x in t)
     if isinstance(t, tuple):
-        return tuple(_frozen(x) for x in t)
+        try:  # a #resource{} key of plain values: itself (a list or map in it is never hashable)
+            hash(t)
+            return t
+        except TypeError:
+            return tuple(_frozen(x) for x in t)
     if isinstance(t, dict):
         return ("$map",) + tuple((_frozen(k), _frozen(v)) for k, v in t.items())
     return t
