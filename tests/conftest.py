@@ -43,17 +43,10 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(items):
     """A test that takes the ``spark`` session is a ``spark`` test, marked or not (the fast tier
-    leaves Spark out).
-
-    The long tests run first: those marked ``broker``, ``spark`` or ``slow`` (20-90 s each where
-    the rest take well under one), then the others, each group in collection order. The xdist
-    workers then end on short tests together, where in collection order the run ended with one
-    or two workers finishing a broker test each while the other cores idled (about 150 s of the
-    CI-like run at 20-85% idle)."""
+    leaves Spark out)."""
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.spark)
-    items.sort(key=lambda item: not any(item.get_closest_marker(m) for m in ("broker", "spark", "slow")))
 
 
 @pytest.fixture
