@@ -139,23 +139,30 @@ def hashing(paths, jobs: int = 1, listing: Listing | None = None) -> Callable[[]
     """The inputs manifest of ``paths``, hashed from now on beside the caller's work: call the
     result for it (``inputs_manifest``'s, the same list). With ``jobs`` > 1 and inputs of
     ``PARALLEL_BYTES`` or more, ``jobs - 1`` processes (one at least) hash them while the command
-    reads (fsck's serial part, its node facts and store index, then runs beside them); otherwise
-    the files are hashed when it is called, in this process (``listing`` as it is by then)."""
+    reads (fsck's serial part, its node facts and store index, then runs beside them); with
+    smaller inputs the files walked now are hashed when it is called, in this process (the tree
+    walked once); with ``jobs`` 1, all of it when it is called."""
     if jobs > 1:
         files = _files(paths, listing)
         sizes = _sizes(files)
-        if len(files) > 1 and sum(sizes) >= PARALLEL_BYTES:
-            read = listing.files if listing is not None else None
-            workers = max(1, jobs - 1)
-            # one group a worker: a started worker left waiting for the caller's reads gets no second task
-            groups = _groups(files, sizes, workers)
-            entries = parallel.started(groups, lambda group: [[_entry(f, read) for f in group]], workers)
+        read = listing.files if listing is not None else None
+        if len(files) < 2 or sum(sizes) < PARALLEL_BYTES:  # small: hashed here, from the walk just made
 
-            def taken() -> list[dict]:
+            def here() -> list[dict]:
                 with heap.building():
-                    return [e for group in entries for e in group if e is not None]
+                    return [e for e in (_entry(f, read) for f in files) if e is not None]
 
-            return taken
+            return here
+        workers = max(1, jobs - 1)
+        # one group a worker: a started worker left waiting for the caller's reads gets no second task
+        groups = _groups(files, sizes, workers)
+        entries = parallel.started(groups, lambda group: [[_entry(f, read) for f in group]], workers)
+
+        def taken() -> list[dict]:
+            with heap.building():
+                return [e for group in entries for e in group if e is not None]
+
+        return taken
     return lambda: inputs_manifest(paths, jobs, listing)
 
 
