@@ -273,7 +273,8 @@ class Broker:
             cwd=self.run_dir,
         )
         out.close()
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 rc = self._proc.returncode
@@ -282,6 +283,7 @@ class Broker:
                     f"RabbitMQ {self.version} exited at boot (status {rc}) on {self.node_dir}\n" + self.log_tail()
                 )
             if self._listening():
+                self._booted = (time.monotonic() - started, _session_cpu(self._proc.pid))
                 return
             why = stuck() if stuck is not None else None
             if why:
@@ -336,6 +338,7 @@ class Broker:
         """Clean shutdown (rabbitmqctl shutdown): the broker writes its clean-shutdown files."""
         if not self.running:
             return
+        self._log_cpu("stop")
         try:
             self.ctl("shutdown", timeout=timeout)
             self._proc.wait(timeout=timeout)
@@ -373,10 +376,23 @@ class Broker:
                 )
             time.sleep(0.1)
 
+    def _log_cpu(self, end: str) -> None:
+        """With ``CQF_BROKER_CPU_LOG`` set, append one line per broker run to that file: version,
+        how it ended, the test, the boot's wall and CPU seconds and the run's CPU so far (every
+        process of the broker's session), to see what the brokers cost the suite."""
+        log = os.environ.get("CQF_BROKER_CPU_LOG")
+        if not log or self._proc is None:
+            return
+        wall, boot = getattr(self, "_booted", (0.0, 0.0))
+        test = os.environ.get("PYTEST_CURRENT_TEST", "-").rsplit(" ", 1)[0]
+        with open(log, "a") as f:
+            f.write(f"{self.version}\t{end}\t{wall:.2f}\t{boot:.2f}\t{_session_cpu(self._proc.pid):.2f}\t{test}\n")
+
     def kill(self) -> None:
         """kill -9 the whole broker process group (no clean-shutdown files are written)."""
         if self._proc is None:
             return
+        self._log_cpu("kill")
         try:
             os.killpg(self._proc.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -477,3 +493,19 @@ def plugins_needed(mnesia_base: Path) -> list[str]:
             w.strip("'") for w in text.replace("[", " ").replace("]", " ").replace(".", " ").replace(",", " ").split()
         }
     return sorted(p for p, names in PLUGIN_FEATURE_FLAGS.items() if flags & set(names))
+
+
+def _session_cpu(sid: int) -> float:
+    """CPU seconds (user and system) of the live processes of session ``sid``."""
+    ticks = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[3]) == sid:
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
