@@ -300,13 +300,13 @@ def _chunk_findings(vs: VhostScan, c: _Chunk, maybe_acked: bool) -> list[Finding
             if not qs.size
             else f"the file ends at {qs.size}, where they begin"
             if _tail_start(c) >= qs.size
-            else f"the file ends at {qs.size}, a page boundary inside the first of them: the kill cut the write"
+            else f"the file ends at {qs.size}, inside the first of them: the kill cut the write of it"
         )
         out.append(
             Finding(
                 "qs-entry-missing",
                 f"{plural(len(tail), 'index entry')} (seq ids {tail[0]} to {tail[-1]}) point past "
-                f"what the .qs segment holds ({where}): the store's write buffer was not flushed yet when "
+                f"what the .qs segment holds ({where}): the store's write buffer was not yet written out when "
                 "the broker was killed (the index's was); messages never written, and never confirmed, "
                 "that the next boot drops as this prediction does",
                 path,
@@ -346,19 +346,16 @@ def _unwritten_tail(vs: VhostScan, c: _Chunk) -> bool:
         return False
     if any(seg > c.segment for seg in c.qdir.qs):
         return False
-    return qs is None or all(off >= qs.size for off in gone) or _cut_by_the_kill(c, qs.size)
+    return qs is None or all(off >= qs.size for off in gone) or _cut_by_the_kill(c, qs)
 
 
-def _cut_by_the_kill(c: _Chunk, size: int) -> bool:
-    """Whether the one entry that the end of the ``.qs`` file cuts was cut by the kill, in the
-    middle of the pwrite that was writing it: Linux copies a buffered write page by page and
-    stops at the next page when a fatal signal is pending (``generic_perform_write``), so the
-    file then ends on a page boundary (a multiple of 4096 also for larger folios), inside an
-    entry, with every later entry of the write past it. The next boot reads the cut entry short
-    and drops it (``check_msg_on_disk``), as the prediction does. Seen in CI on a real 4.3.6
-    killed while it requeued 20,000 messages under a running publisher: the entry reported past
-    the end began at 4,902,719, 193 bytes before a page boundary."""
-    if size % 4096:
-        return False
-    cut = [(off, n) for _, _, _, off, n in c.bad_qs if off < size]
-    return len(cut) == 1 and sum(r_qs.entry_span(*cut[0])) > size
+def _cut_by_the_kill(c: _Chunk, qs) -> bool:
+    """Whether the one entry the end of the ``.qs`` file cuts was cut by the kill, in the middle
+    of the write of it (``readers.qs.cut_between_write_pieces``: the file ends where such a
+    write stops), every later entry past it. The next boot reads the cut entry short and drops
+    it (``check_msg_on_disk``), as the prediction does. Seen on real brokers killed while they
+    requeued 20,000 messages under a running publisher: 4.3.6 in CI, the first entry reported
+    past the end at 4,902,719, 193 bytes before a page boundary; 4.0.5, the file ending 89 bytes
+    into an entry, right before its 1,500-byte body."""
+    cut = [(off, n) for _, _, _, off, n in c.bad_qs if off < qs.size]
+    return len(cut) == 1 and r_qs.cut_between_write_pieces(qs.path, *cut[0], qs.size)

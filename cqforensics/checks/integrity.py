@@ -270,6 +270,8 @@ def qs_trailing(qx: IndexChunk) -> list[Finding]:
     l_starts, l_ends = starts[lsel], ends[lsel]
     out = []
     for off, length in r_qs.garbage_runs(path, 0):
+        if off >= last and ((starts == off) & ~inside).any():
+            break  # the start of an entry the end of the file cuts: qs-entry-missing says so
         if off >= last:
             out.append(
                 Finding(
@@ -754,9 +756,7 @@ def _node_file_findings(node: Path, p: Path) -> list[Finding]:
         return out
     except OSError as err:
         what = f"unreadable ({err.strerror})"
-    if what == "a directory":
-        return out
-    if what is not None:
+    if what is not None:  # a directory too: only those named like a broker file are asked about
         out.append(Finding("not-regular-file", f"{what}, not a regular file: never read", str(p)))
         return out
     name = p.name
@@ -785,11 +785,13 @@ def _walk(root: Path) -> list[Path]:
             out.append(Path(dirpath) / n)
             if len(out) >= MAX_WALK:
                 return out
-        # a dir entry that is a symlink to nowhere is listed among dirnames by some systems: keep it
+        # a dir entry that is a symlink to nowhere is listed among dirnames by some systems, and a
+        # dir named like a broker file stands where that file was: both kept (and not entered)
         for d in list(dirnames):
             p = Path(dirpath) / d
-            if p.is_symlink() and not p.exists():
+            if (p.is_symlink() and not p.exists()) or registry.kind_of(d) is not None:
                 out.append(p)
+                dirnames.remove(d)
     return out
 
 

@@ -64,6 +64,46 @@ def check_entry(data, offset: int, size: int) -> tuple[QsStatus, int]:
     return OK, flags & 1
 
 
+#: the most bytes ERTS copies into ``term_to_iovec``'s output: a longer binary is handed over by
+#: reference, an iovec element of its own (ERL_ONHEAP_BIN_LIMIT)
+_ONHEAP_BIN_LIMIT = 64
+_BINARY_EXT = 109  # "m": tag, 4-byte length, the bytes
+
+
+def cut_between_write_pieces(path: Path, offset: int, size: int, file_size: int) -> bool:
+    """Whether the file ends, inside the entry at ``offset`` (term ``size``), where a write of
+    that entry can stop when the writer is killed: QS2 writes an entry as the pieces
+    ``[header, term_to_iovec(Msg), padding]`` in ``pwrite`` calls of many iovecs each (split by
+    the runtime at IOV_MAX), and Linux stops a buffered write at a page boundary when a fatal
+    signal is pending. So: at a page boundary, right after the 8-byte header, or right before or
+    after the bytes of a binary longer than 64 bytes (a piece of its own; a message body is
+    one), with the bytes present the start of that entry (its header recording ``size``).
+    Seen on 4.0.5 killed during a mass requeue: the file ended right before a 1,500-byte body."""
+    start, length = entry_span(offset, size)
+    if not start < file_size < start + length:
+        return False
+    try:
+        with open_regular(path) as f:
+            f.seek(start)
+            got = f.read(file_size - start)
+    except (OSError, FormatError):
+        return False
+    if len(got) != file_size - start:  # changed under us
+        return False
+    if file_size % 4096 == 0:
+        return True
+    if len(got) < c_qs.ENTRY_HEADER_SIZE or _ENTRY_HEADER(got, 0)[0] != size:
+        return False
+    if len(got) == c_qs.ENTRY_HEADER_SIZE:
+        return True
+    for at in range(c_qs.ENTRY_HEADER_SIZE, len(got) - 4):  # a binary whose bytes end where the file does
+        if got[at] == _BINARY_EXT:
+            n = int.from_bytes(got[at + 1 : at + 5], "big")
+            if n > _ONHEAP_BIN_LIMIT and len(got) in (at + 5, at + 5 + n):
+                return True
+    return False
+
+
 def check_entries(data, offsets, sizes, reference: bool = False) -> np.ndarray:
     """``check_entry``'s status (int8 QsStatus codes) for many entries at once: by the compiled
     core when it is built, else (or with ``reference=True``) entry by entry."""
