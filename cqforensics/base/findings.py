@@ -51,7 +51,7 @@ CODES: dict[str, tuple[str, str]] = {
     "unknown-file": (INFO, "a file the broker does not use in this place"),
     "not-regular-file": (
         WARNING,
-        "a FIFO, socket, device or unfollowable symlink where a file is expected; never read",
+        "a FIFO, socket, device, directory or unfollowable symlink where a file is expected; never read",
     ),
     "value-out-of-range": (
         WARNING,

@@ -369,15 +369,22 @@ def _is_file(e: os.DirEntry) -> bool:
         return False
 
 
-def _special(entries, problems: list[FileProblem]) -> list[os.DirEntry]:
+def _special(entries, problems: list[FileProblem], where: str | None = None) -> list[os.DirEntry]:
     """``entries`` without those that are neither a dir nor a regular file (FIFOs, sockets,
     devices, dangling or looping symlinks), each reported as a ``not-regular-file`` problem:
-    nothing ever opens them."""
+    nothing ever opens them. ``where`` (a registry place): a dir named like a file the broker
+    keeps there is one too (its file lost, and something else in its place)."""
     keep = []
     for e in entries:
         try:
-            if e.is_dir() or e.is_file():  # told by the listing itself (a stat only for a symlink)
+            if e.is_file():  # told by the listing itself (a stat only for a symlink)
                 keep.append(e)
+                continue
+            if e.is_dir():
+                if where is not None and registry.placed(e.name, where) is not None:
+                    _not_regular(problems, Path(e.path), "a directory, not a regular file: never read")
+                else:
+                    keep.append(e)
                 continue
         except OSError:
             pass
@@ -489,7 +496,7 @@ def _read_queue_dir(
     q = QueueDir(path=path, dir_name=os.path.basename(where))
     q.numbered = files = {kind: [] for kind in registry.numbered_kinds("queue")}
     listed = None  # the .queue_name the listing shows
-    for e in _special(entries, problems):
+    for e in _special(entries, problems, "queue"):
         if e.name == ".queue_name":  # the one file of most queue dirs (an empty queue's)
             listed = e
             continue
@@ -582,12 +589,12 @@ def read_vhost_dir(path: Path, listing: Listing | None = None) -> VhostDir:
             count = None
         if count is not None:
             v.segment_entry_count = count
-    for e in _special(_listdir(path), v.problems):
+    for e in _special(_listdir(path), v.problems, "vhost"):
         p = Path(e.path)
         if e.name.startswith("msg_store_") and _is_dir(e) and e.name[10:] in STORES:
             kind = e.name[10:]
             store = StoreDir(kind=kind, path=p)
-            entries = _special(_listdir(p), v.problems)
+            entries = _special(_listdir(p), v.problems, "store")
             store.numbered = files = _numbered(entries, "store")
             store.rdq, store.rdt = files["rdq"], files["rdt"]
             numbered = {q for v in files.values() for _, q in v}
@@ -612,7 +619,7 @@ SNAPSHOT_DIRS = {"snapshots": "snapshot", "checkpoints": "checkpoint", "recovery
 
 def read_ra_server_dir(path: Path, problems: list[FileProblem]) -> RaServerDir:
     srv = RaServerDir(path=path, uid=path.name)
-    entries = _special(_listdir(path), problems)
+    entries = _special(_listdir(path), problems, "ra_server")
     files = _numbered(entries, "ra_server")
     srv.segments = files["ra_segment"]
     numbered = {p for k, v in files.items() if k != "ra_segment" for _, p in v}
@@ -629,7 +636,7 @@ def read_ra_server_dir(path: Path, problems: list[FileProblem]) -> RaServerDir:
                     srv.others.append(sp)
                     continue
                 snap = RaSnapshotDir(SNAPSHOT_DIRS[e.name], sp)
-                for f in _special(_listdir(sp), problems):
+                for f in _special(_listdir(sp), problems, "ra_snapshot"):
                     fk = registry.kind_of(f.name, "ra_snapshot")
                     if fk == "ra_snapshot":
                         snap.snapshot = Path(f.path)
@@ -648,7 +655,7 @@ def read_ra_server_dir(path: Path, problems: list[FileProblem]) -> RaServerDir:
 def read_ra_system_dir(path: Path) -> RaSystemDir:
     """The files of ``quorum/<node>/`` (or ``coordination/<node>/``), listed and classified (nothing is read)."""
     ra = RaSystemDir(path=path)
-    entries = _special(_listdir(path), ra.problems)
+    entries = _special(_listdir(path), ra.problems, "ra_system")
     files = _numbered(entries, "ra_system")
     ra.wal = files["ra_wal"]
     known = {p for _, p in ra.wal}

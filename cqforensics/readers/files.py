@@ -73,9 +73,7 @@ def open_regular(path: Path | str):
     """A binary file object on ``path``, opened only if it is a regular file (NotRegularFile
     otherwise; OSError as is, for the caller to word)."""
     what = file_type(path)
-    if what == "a directory":  # an operational error, as before (cannot read: is a directory)
-        raise IsADirectoryError(21, "Is a directory", os.fsdecode(path))
-    if what is not None:
+    if what is not None:  # a directory too: in a data dir, one named like a broker file is damage
         raise not_regular(path, what)
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
@@ -128,8 +126,6 @@ def _read_upto(path: Path | str, limit: int, listed: bool = False) -> bytes:
     flags = _LISTED_FLAGS if listed else _READ_FLAGS
     if not listed:
         what = file_type(path)
-        if what == "a directory":
-            raise IsADirectoryError(21, "Is a directory", os.fsdecode(path))
         if what is not None:
             raise not_regular(path, what)
     fd = os.open(path, flags)

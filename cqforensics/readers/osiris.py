@@ -17,9 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
+from cqforensics.base.errors import FormatError
 from cqforensics.base.findings import Finding
 from cqforensics.grammar import osiris as g
-from cqforensics.readers.files import read_bytes, read_head
+from cqforensics.readers.files import file_type, read_bytes, read_head
 
 _CHUNK_HEADER = g.CHUNK_HEADER.unpack_from
 _SUB_HEAD = g.SUB_BATCH_HEAD.unpack_from
@@ -472,6 +473,13 @@ def read_stream(stream_dir: Path | str, with_records: bool = True) -> StreamScan
     scan = StreamScan(d)
     segs, idxs = {}, {}
     for p in sorted(d.iterdir()):
+        try:
+            what = file_type(p)
+        except OSError as e:  # gone, or a link that cannot be followed
+            what = f"unreadable ({e.strerror})"
+        if what is not None:  # a FIFO would block the read, a directory cannot be read
+            scan.findings.append(Finding("not-regular-file", f"{what}, not a regular file: never read", str(p)))
+            continue
         s = _stem(p.name, ".segment")
         i = _stem(p.name, ".index")
         if s is not None:
@@ -806,7 +814,10 @@ def head_records(stream_dir: Path | str, limit: int = 8, head: int = 1 << 16) ->
     segs = sorted(p for p in Path(stream_dir).iterdir() if _stem(p.name, ".segment") is not None)
     if not segs:
         return []
-    data = read_head(segs[0], head)
+    try:
+        data = read_head(segs[0], head)
+    except FormatError:  # not a regular file (NotRegularFile): read_stream names it
+        return []
     seg, _ = walk_segment(segs[0], None, data)
     out: list[bytes] = []
     for c in seg.chunks:

@@ -209,6 +209,49 @@ def test_fifo_is_never_opened(kind, tmp_path, capsys):
     assert time.monotonic() - t0 < 120
 
 
+#: a file of each place and kind, and a sample that holds one: replaced by a directory of the same
+#: name (crafted), each must be a ``not-regular-file`` finding naming it, never an exception
+#: (``cannot read: Is a directory`` stopped every command before) nor a silent skip (a WAL or
+#: .rdq lost without a word)
+DIR_TARGETS = {
+    "metadata": ("3.10.8-clean", "rabbit_durable_queue.DCD"),
+    "mnesia-log": ("3.10.8-clean", "LATEST.LOG"),
+    "ra-names": ("4.3.6-quorum-clean", "quorum/*/names.dets"),
+    "ra-wal": ("4.3.6-quorum-clean", "quorum/*/*.wal"),
+    "ra-config": ("4.3.6-quorum-clean", "quorum/*/*/config"),
+    "ra-snapshot": ("4.3.6-quorum-clean", "quorum/*/*/snapshots/*/snapshot.dat"),
+    "khepri-wal": ("4.3.6-quorum-clean", "coordination/*/*.wal"),
+    "vhost-name": ("4.3.6-quorum-clean", "msg_stores/vhosts/*/.vhost"),
+    "recovery": ("4.3.6-quorum-clean", "msg_stores/vhosts/*/recovery.dets"),
+    "rdq": ("4.3.6-quorum-clean", "msg_stores/vhosts/*/msg_store_persistent/*.rdq"),
+    "ets": ("4.3.6-quorum-clean", "msg_stores/vhosts/*/msg_store_persistent/msg_store_index.ets"),
+    "clean-dot": ("4.3.6-quorum-clean", "msg_stores/vhosts/*/msg_store_persistent/clean.dot"),
+    "queue-name": ("4.3.6-quorum-clean", "msg_stores/vhosts/*/queues/*/.queue_name"),
+    "qi": ("4.3.6-quorum-clean", "msg_stores/vhosts/*/queues/*/*.qi"),
+    "qs": ("4.3.6-quorum-clean", "msg_stores/vhosts/*/queues/*/*.qs"),
+    "idx": ("3.10.8-clean", "msg_stores/vhosts/*/queues/*/*.idx"),
+    "jif": ("3.10.8-clean", "msg_stores/vhosts/*/queues/*/journal.jif"),
+    "osiris-segment": ("4.3.6-streams-clean", "stream/*/*.segment"),
+    "osiris-index": ("4.3.6-streams-clean", "stream/*/*.index"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(DIR_TARGETS))
+def test_a_directory_named_like_a_broker_file_is_a_finding(kind, tmp_path):
+    import shutil
+
+    dataset, pattern = DIR_TARGETS[kind]
+    node = copy_node(dataset, tmp_path / "n")
+    path = sorted(node.glob(pattern))[0]
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+    path.mkdir()
+    rows = cqforensics.read_table(node, "findings").to_pylist()
+    assert ["not-regular-file", str(path)] in [[r["code"], r["file"]] for r in rows]
+
+
 def test_sparse_rdq_is_walked_by_its_extents(tmp_path, capsys):
     node = copy_node("4.3.6-kill", tmp_path / "mnesia")
     store = sorted(node.glob("msg_stores/vhosts/*/msg_store_persistent"))[0]
