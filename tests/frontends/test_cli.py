@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from support import ROOT, SAMPLES, copy_node, damage
+from support import ROOT, SAMPLES, copy_node, damage, unreadable
 from support.cli import fingerprint, run
 
 
@@ -112,11 +112,11 @@ def test_interrupt_is_exit_32_without_traceback(capsys, monkeypatch):
 def test_errors_keep_their_exit_codes_and_name_the_file(capsys, monkeypatch, tmp_path):
     node = copy_node("4.3.6-kill", tmp_path / "in")
     marker = next(node.glob("msg_stores/vhosts/*/.vhost"))
-    marker.unlink()
-    marker.mkdir()
-    for cmd in ("read", "fsck", "audit"):
-        code, _, err = run(capsys, cmd, str(node))
-        assert code == 8 and str(marker) in err and err.count("\n") == 1, (cmd, err)
+    with monkeypatch.context() as m:
+        unreadable(m, marker)
+        for cmd in ("read", "fsck", "audit"):
+            code, _, err = run(capsys, cmd, str(node))
+            assert code == 8 and str(marker) in err and err.count("\n") == 1, (cmd, err)
     from cqforensics.model import vhost
 
     def denied(path):

@@ -67,4 +67,21 @@ __all__ = [
     "streams_beside_two_vhosts",
     "datasets",
     "manifest",
+    "unreadable",
 ]
+
+
+def unreadable(monkeypatch, path) -> None:
+    """Opening ``path`` fails with an I/O error, as a failing disk does (a file root cannot read;
+    a directory in its place is damage, a not-regular-file finding)."""
+    import errno
+    import os
+
+    real = os.open
+
+    def failing(p, *args, **kwargs):
+        if os.fsdecode(p) == str(path):
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return real(p, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", failing)

@@ -9,7 +9,7 @@ import pytest
 
 import cqforensics
 from cqforensics.base.errors import CQError, OperationalError, UsageError
-from support import SAMPLES, copy_node
+from support import SAMPLES, copy_node, unreadable
 
 NODE = SAMPLES / "4.3.6-clean"
 
@@ -43,11 +43,10 @@ def test_bad_arguments_are_usage_errors(kwargs, message):
         cqforensics.read_table(NODE, "queues", **kwargs)
 
 
-def test_an_unreadable_file_is_an_operational_error_naming_it(tmp_path):
+def test_an_unreadable_file_is_an_operational_error_naming_it(tmp_path, monkeypatch):
     node = copy_node("4.3.6-kill", tmp_path / "in")
     marker = next(node.glob("msg_stores/vhosts/*/.vhost"))
-    marker.unlink()
-    marker.mkdir()  # a dir where a file is expected: unreadable even as root
+    unreadable(monkeypatch, marker)
     with pytest.raises(OperationalError, match=str(marker)):
         cqforensics.read_table(node, "queues")
 
