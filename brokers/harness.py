@@ -39,6 +39,8 @@ from cqforensics.base.errors import OperationalError
 from cqforensics.readers.metadata import read_metadata
 
 NODENAME = "rabbit@localhost"
+#: Erlang VM flags: no busy waiting by the schedulers (normal, dirty CPU and dirty I/O)
+SCHEDULER_ARGS = "+sbwt none +sbwtdcpu none +sbwtdio none"
 STARTING = 30.0  # seconds a rabbitmqctl command waits for a node finishing its boot
 
 #: protocol plugins the harness knows how to configure (listener setting of each)
@@ -207,7 +209,10 @@ class Broker:
             "RABBITMQ_ENABLED_PLUGINS_FILE": f"{r}/enabled_plugins",
             "RABBITMQ_CONF_ENV_FILE": f"{r}/rabbitmq-env.conf",  # absent: ignore /etc/rabbitmq
             "RABBITMQ_PID_FILE": f"{r}/pid",
-            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+            # schedulers that sleep when out of work instead of spinning (RabbitMQ's advice for
+            # shared CPUs): a test machine runs brokers beside the tests that feed and read them
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1} "
+            + SCHEDULER_ARGS,
             "ERL_CRASH_DUMP": f"{r}/log/erl_crash.dump",
         }
         if (self.run_dir / "advanced.config").exists():
