@@ -19,7 +19,7 @@ Inputs (built once, cached in ``$CQF_BENCH_CACHE``, default /var/cache/cqforensi
   entries copied again at 25 GB: two data extents and two holes the filesystem knows (a sparse
   file costs no disk). The copy after the hole holds second copies of the ids (``duplicate-copy``).
 
-Each command runs in a fresh process (``cqforensics fsck``, ``verify``, ``audit``, ``read --table
+Each command runs in a fresh process (``cqforensics fsck``, ``verify``, ``audit``, ``report``, ``read --table
 messages``, ``read --table findings``, ``export``, ``compact``, ``rebuild``; and the API's
 ``read_table(..., "queues")``), alternating inputs, ``--repeat`` times; the table gives the best
 wall time and its CPU seconds (the machine may be shared: compare within one run). Results in
@@ -146,6 +146,7 @@ COMMANDS = {
     "export": ["cqforensics", "export", "{node}", "--format", "jsonl", "--out", "{out}/e"],
     "audit": ["cqforensics", "audit", "--json", "{node}"],
     "verify": ["cqforensics", "verify", "--json", "{node}"],
+    "report": ["cqforensics", "report", "{node}", "--html", "{out}/report.html"],
     "compact": ["cqforensics", "compact", "{node}", "{out}/c"],
     "rebuild": ["cqforensics", "rebuild", "{node}", "{out}/r"],
     "read messages": ["cqforensics", "read", "{node}", "--table", "messages", "--format", "jsonl"],

@@ -132,8 +132,11 @@ def check_vhost(vs: VhostScan, deep: bool = False) -> tuple[list[QueueVerdict], 
     findings += stores.findings(vs)
     findings += lost_queue_findings(vs, orphans)
     verdicts: dict[str | None, QueueVerdict] = {}
+    node_text, vhost_text, recovery_mode = display(node), display(vhost), vs.recovery  # the same for each queue dir
     for q in vs.all_queue_dirs:
-        v = verdicts.setdefault(q.label, QueueVerdict(display(node), display(vhost), q.label, recovery=vs.recovery))
+        v = verdicts.get(q.label)
+        if v is None:
+            v = verdicts[q.label] = QueueVerdict(node_text, vhost_text, q.label, recovery=recovery_mode)
         v.dirs += 1
         v.index_version = q.index_version or v.index_version
         n_dir, per_dir = held.get(q.dir_name, (0, {}))

@@ -152,6 +152,7 @@ def fsck(
     vhosts=None,
     queues=None,
     jobs: int = 1,
+    scans: list[NodeScan] | None = None,
 ) -> Iterator:
     """Check every node dir under ``paths``. Yields findings as they are found and, last, the
     Report (whose findings list holds them all). ``vhosts`` (names) checks only those vhosts;
@@ -160,7 +161,9 @@ def fsck(
     ``jobs``: nodes checked at once, each in its own process (a folder of backups); the report
     is the same, in the same order, whatever ``jobs`` is. A vhost or queue name that matches
     nothing is a ``UsageError`` naming the close names that exist. ``progress``: a
-    ``driver.Progress``, or a display ``(text, done, total)`` one is made for."""
+    ``driver.Progress``, or a display ``(text, done, total)`` one is made for. ``scans``: the
+    node scans of ``paths`` made already (``read.driver.open_nodes``: a report's, which its
+    table reads share), checked with this check's options instead of listing the nodes again."""
     from cqforensics.read.driver import Progress, check_names, names
 
     vhosts, queues = names(vhosts, "vhosts"), names(queues, "queues")
@@ -170,7 +173,7 @@ def fsck(
         as_of_ms = provenance.now_ms()
     options = make_options(broker_version, as_of_ms, bodies=False, decode=False, assume_dirty=assume_dirty, jobs=jobs)
     report = Report(as_of_ms=as_of_ms, as_of_given=given)
-    nodes = layout.discover(paths)
+    nodes = layout.discover(paths) if scans is None else [ns.node for ns in scans]
     # with -j N beside the checks; the dirs and name files discovery lists are not listed again
     inputs = provenance.hashing(paths, jobs, nodes[0].listing if nodes else None)
     work = (bool(broker_version), deep, vhosts, queues)
@@ -179,7 +182,12 @@ def fsck(
             check_names([NodeScan(n, options) for n in nodes], vhosts, queues)
         results = _parallel(nodes, options, work, jobs, progress)
     else:  # one node: its vhosts, and the listing of a big one, are checked by ``jobs`` processes
-        scans = [NodeScan(n, options) for n in nodes]
+        if scans is None:
+            scans = [NodeScan(n, options) for n in nodes]
+        else:
+            scans = list(scans)
+            for ns in scans:
+                ns.options = options
         check_names(scans, vhosts, queues)
         progress = Progress.of(progress)
         if progress is not None:

@@ -13,9 +13,10 @@ the data (node, vhost, queue and file names, finding messages) is shown as text:
 ``errors.display`` (undecodable bytes as ``\\xNN``), control and bidi-override characters
 escaped, then HTML-escaped.
 
-Reads only through the public read path (``api.iter_batches`` and ``fsck``), in a commands
-layer module: ``render(paths, ...)`` returns the page; the CLI (``cqforensics report``) checks
-the output path (``outputs.check_output``) and writes it.
+Reads only through the public read path (``api.iter_batches`` and ``fsck``, over node scans
+made once for all of them: ``driver.open_nodes``), in a commands layer module: ``render(paths,
+...)`` returns the page; the CLI (``cqforensics report``) checks the output path
+(``outputs.check_output``) and writes it.
 """
 
 from __future__ import annotations
@@ -208,6 +209,8 @@ def gather(
 ) -> tuple[list[Node], dict]:
     """Everything the page shows, read once per table (as_of pinned, so every table and fsck
     judge TTLs at the same instant). ``progress``: a display ``(text, done, total)``."""
+    from cqforensics.model.options import make_options
+    from cqforensics.read import driver
     from cqforensics.read.driver import Progress
 
     given = as_of is not None
@@ -220,7 +223,9 @@ def gather(
     }
     if progress is not None:
         opts["progress"] = Progress.of(progress, passes=1 + len(TABLES))
-    report = fsck_mod.run(paths, jobs=jobs, **{k: v for k, v in opts.items()})
+    # the nodes listed and their metadata read once, for fsck and every table read
+    scans = driver.open_nodes(paths, make_options(broker_version, as_of, bodies=False, decode=False, jobs=jobs))
+    report = fsck_mod.run(paths, jobs=jobs, scans=scans, **{k: v for k, v in opts.items()})
     report.as_of_given = given
     nodes = {display(n.node): Node(n) for n in report.nodes}
 
@@ -244,7 +249,7 @@ def gather(
             row.bounds = (q.predicted_min, q.predicted_max)
 
     def batches(table, columns):
-        for b in api.iter_batches(paths, table, columns=columns, jobs=jobs, **opts):  # progress: one pass each
+        for b in api.iter_batches(scans, table, columns=columns, jobs=jobs, **opts):  # progress: one pass each
             d = b.to_pydict()
             yield from zip(*(d[c] for c in columns))
 

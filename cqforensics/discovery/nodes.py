@@ -13,6 +13,7 @@ text files; the data files are only listed, classified by the reader registry
 
 from __future__ import annotations
 
+import operator
 import os
 import stat
 from dataclasses import dataclass, field
@@ -337,11 +338,17 @@ def _not_regular(problems: list[FileProblem], path: Path, message: str) -> None:
 def _listdir(path: Path | str) -> list[os.DirEntry]:
     try:
         with os.scandir(path) as it:
-            return sorted(it, key=lambda e: e.name)
+            entries = list(it)
     except FileNotFoundError:
         return []
     except OSError as e:
         raise OperationalError(f"{display(path)}: cannot list: {e.strerror}") from e
+    if len(entries) > 1:  # most queue dirs hold one file: nothing to sort
+        entries.sort(key=_NAME)
+    return entries
+
+
+_NAME = operator.attrgetter("name")
 
 
 def _is_dir(e: os.DirEntry) -> bool:
@@ -417,18 +424,22 @@ def read_queue_dir(
     problems: list[FileProblem],
     where: str | None = None,
     listing: Listing | None = None,
+    name: str | None = None,
 ) -> QueueDir:
     """A queue dir, listed, and its ``.queue_name`` read and checked against the dir's name.
-    ``where``: ``path`` as text, when the caller has it (the listing's entry): a node may hold
-    tens of thousands of queue dirs, and each step here is paid once per dir. ``listing``:
-    where to keep the dir's entries and its ``.queue_name``'s bytes for the inputs manifest."""
+    ``where``: ``path`` as text, and ``name`` the dir's name, when the caller has them (the
+    listing's entry): a node may hold tens of thousands of queue dirs, and each step here is
+    paid once per dir. ``listing``: where to keep the dir's entries and its ``.queue_name``'s
+    bytes for the inputs manifest."""
     if where is None:
         where = os.fspath(path)
+    if name is None:
+        name = os.path.basename(where)
     entries = _listdir(where)
     if listing is not None:
         listing.dirs[where] = entries
     if len(entries) == 1 and entries[0].name == ".queue_name" and vhost_raw is not None:
-        q = _named_queue_dir(path, where, entries[0], vhost_raw, listing)
+        q = _named_queue_dir(path, name, entries[0], vhost_raw, listing)
         if q is not None:
             return q
     return _read_queue_dir(path, vhost_raw, problems, where, entries)
@@ -441,7 +452,7 @@ _LISTED_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOE
 _ONE_READ = 1 << 16
 
 
-def _named_queue_dir(path: Path, where: str, e: os.DirEntry, vhost_raw: bytes, listing: Listing | None):
+def _named_queue_dir(path: Path, dir_name: str, e: os.DirEntry, vhost_raw: bytes, listing: Listing | None):
     """The queue dir of most nodes, by the short way: it holds only its ``.queue_name``, a
     regular file read in one ``read``, well formed, naming this vhost and this dir. None for
     anything else, which ``_read_queue_dir`` reads again and says what is wrong (the same
@@ -467,7 +478,7 @@ def _named_queue_dir(path: Path, where: str, e: os.DirEntry, vhost_raw: bytes, l
         qn = textfiles.parse_queue_name(raw, vhost_raw)
     except FormatError:
         return None
-    if qn.vhost != vhost_raw or textfiles.queue_dir_name(vhost_raw, qn.name) != os.path.basename(where):
+    if qn.vhost != vhost_raw or textfiles.queue_dir_name(vhost_raw, qn.name) != dir_name:
         return None
     if listing is not None and st.st_blocks * 512 >= st.st_size:
         listing.files[e.path] = (st.st_size, raw)
@@ -475,7 +486,7 @@ def _named_queue_dir(path: Path, where: str, e: os.DirEntry, vhost_raw: bytes, l
     priority = qn.priority
     return QueueDir(
         path=path,
-        dir_name=os.path.basename(where),
+        dir_name=dir_name,
         name=(qn.name[:-2] if priority is not None else qn.name).decode("utf-8", "replace"),
         name_raw=qn.name,
         priority=priority,
@@ -606,7 +617,9 @@ def read_vhost_dir(path: Path, listing: Listing | None = None) -> VhostDir:
                 listing.dirs[e.path] = listed
             for qe in _special(listed, v.problems):
                 if _is_dir(qe):
-                    v.queues.append(read_queue_dir(_child(p, qe.name), v.name_raw, v.problems, qe.path, listing))
+                    v.queues.append(
+                        read_queue_dir(_child(p, qe.name), v.name_raw, v.problems, qe.path, listing, qe.name)
+                    )
                 else:
                     v.others.append(Path(qe.path))
         elif registry.kind_of(e.name, "vhost") is None:

@@ -7,6 +7,7 @@ bodies) loops per message, to slice and decode bodies. Batches are capped by row
 from __future__ import annotations
 
 import dataclasses
+import errno
 import itertools
 import json
 import os
@@ -1177,6 +1178,10 @@ def queues_batches(vs: VhostScan) -> Iterator[pa.RecordBatch]:
         yield pa.RecordBatch.from_pylist(rows, schema=SCHEMAS["queues"])
 
 
+#: the errors of a stat that ``Path.exists`` takes for "no such file" (pathlib's ``_IGNORED_ERRNOS``)
+_ABSENT = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP})
+
+
 def file_rows(vs: VhostScan) -> Iterator[dict]:
     node, vhost = _where(vs)
     v = vs.vhost
@@ -1232,10 +1237,17 @@ def file_rows(vs: VhostScan) -> Iterator[dict]:
             yield row(p, registry.other_kind(p, "store"))
     for q in vs.queue_dirs:
         qb = {"queue": q.label, "priority": q.priority}
-        if (q.path / ".queue_name").exists():
-            yield {**row(q.path / ".queue_name", "queue_name"), **qb}
+        stub = os.path.join(q.path, ".queue_name")  # one stat, of a path made as text: paid per queue dir
+        try:
+            size = os.stat(stub).st_size
+        except OSError as e:
+            if e.errno not in _ABSENT:  # what ``Path.exists`` does not take for absence
+                raise
+        else:
+            yield {"node": node, "vhost": vhost, "file": display(stub), "kind": "queue_name", "size": size, **qb}
         seen_qs = set()
-        for qx in vs.scan_queue(q):
+        indexed = q.qi or q.idx or q.journal is not None  # an empty queue's dir has no index to scan
+        for qx in vs.scan_queue(q) if indexed else ():
             if qx.version == 2:
                 h = qx.header
                 yield {
@@ -1279,7 +1291,7 @@ def file_rows(vs: VhostScan) -> Iterator[dict]:
                         ),
                         **qb,
                     }
-        for number, p in sorted(q.qs.items()):
+        for number, p in sorted(q.qs.items()) if q.qs else ():
             if p not in seen_qs:  # a .qs whose .qi is gone
                 yield {
                     **row(p, "qs", header_ok=vs.qs_files[p].header_ok if vs.qs_files.get(p) else None, live_entries=0),

@@ -327,6 +327,34 @@ def test_a_folder_of_nodes_gets_a_fleet_summary(fleet):
     assert {cell(r, "version") for r in rows.values()} == {"3.10 - 3.12", "4.3.1 - 4.3.x"}
 
 
+def test_each_node_is_listed_and_its_metadata_read_once_for_the_whole_page(tmp_path, monkeypatch):
+    """fsck and the five table reads share one scan of each node (``driver.open_nodes``): at
+    20,000 queue dirs each listing and metadata read costs seconds, and the page was six of each."""
+    from cqforensics.discovery import nodes as layout
+    from cqforensics.model import vhost as m_vhost
+
+    folder = tmp_path / "backups"
+    for name in ("4.3.6-kill", "3.10.8-kill"):
+        shutil.copytree(SAMPLES / name / "mnesia", folder / name / "mnesia", symlinks=True)
+    listed, read = Counter(), Counter()
+    real_list, real_read = layout.read_node_dir, m_vhost.read_metadata
+
+    def counted_list(path, *a, **kw):
+        listed[str(path)] += 1
+        return real_list(path, *a, **kw)
+
+    def counted_read(path, *a, **kw):
+        read[str(path)] += 1
+        return real_read(path, *a, **kw)
+
+    monkeypatch.setattr(layout, "read_node_dir", counted_list)
+    monkeypatch.setattr(m_vhost, "read_metadata", counted_read)
+    page = report.render([folder], as_of=AS_OF)
+    assert "Fleet summary" in page
+    assert len(listed) == 2 and set(listed.values()) == {1}
+    assert len(read) == 2 and set(read.values()) == {1}
+
+
 # -- hostile names -------------------------------------------------------------------------------------
 
 HOSTILE_QUEUE = b"<script>alert('q')</script>\xfe\xff\"'&\xe2\x80\xae"
