@@ -211,8 +211,7 @@ class Broker:
             "RABBITMQ_PID_FILE": f"{r}/pid",
             # schedulers that sleep when out of work instead of spinning (RabbitMQ's advice for
             # shared CPUs): a test machine runs brokers beside the tests that feed and read them
-            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1} "
-            + SCHEDULER_ARGS,
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1} " + SCHEDULER_ARGS,
             "ERL_CRASH_DUMP": f"{r}/log/erl_crash.dump",
         }
         if (self.run_dir / "advanced.config").exists():
