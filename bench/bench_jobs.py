@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from make_store import build, node_dir  # noqa: E402
+from make_store import CLI, CLI_ENV, build, node_dir  # noqa: E402
 
 AS_OF = "2030-01-01T00:00:00Z"
 #: name -> (arguments after the command's path, what to compare: stdout or the files written)
@@ -101,12 +101,12 @@ def run(node: Path, name: str, jobs: int) -> dict:
     try:
         argv = [a.format(out=out) for a in args]
         when = ["--as-of", AS_OF] if argv[0] != "verify" else []  # verify judges no TTL
-        cmd = ["cqforensics", argv[0], str(node), *argv[1:], *when, "-j", str(jobs)]
+        cmd = [*CLI, argv[0], str(node), *argv[1:], *when, "-j", str(jobs)]
         h, kept = hashlib.sha256(), []  # stdout hashed as it comes (a jsonl read is GBs); JSON kept
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         with open(out / "stderr", "w+b") as err:
-            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err)
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=CLI_ENV)
             for chunk in iter(lambda: p.stdout.read(1 << 20), b""):
                 h.update(chunk)
                 if compare == "json":

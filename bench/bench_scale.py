@@ -43,6 +43,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+from make_store import CLI, CLI_ENV  # noqa: E402
 
 CACHE = Path(os.environ.get("CQF_BENCH_CACHE", "/var/cache/cqforensics/bench"))
 SAMPLE = ROOT / "sample_data" / "4.3.6-kill" / "mnesia"
@@ -167,11 +170,13 @@ def run(cmd: list[str], node: Path, jobs: int | None) -> tuple[float, float, int
     out = Path(tempfile.mkdtemp(prefix="cqf-bench-scale-"))
     try:
         argv = [a.format(node=node, out=out) for a in cmd]
-        if jobs is not None and argv[0] == "cqforensics":
-            argv += ["-j", str(jobs)]
+        if argv[0] == "cqforensics":  # this checkout's, whatever is on PATH
+            argv[:1] = CLI
+            if jobs is not None:
+                argv += ["-j", str(jobs)]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        p = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        p = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=CLI_ENV)
         wall = time.perf_counter() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if p.returncode not in DONE:

@@ -49,6 +49,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+#: the command line of this checkout's CLI, with ``CLI_ENV``: a benchmark measures the code
+#: beside it, never a ``cqforensics`` on PATH (an older install shadowed it once: its figures
+#: were another commit's)
+CLI = [sys.executable, "-m", "cqforensics"]
+CLI_ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
+    ).rstrip(os.pathsep),
+}
 CACHE = Path(os.environ.get("CQF_BENCH_CACHE", "/var/cache/cqforensics/bench"))
 BIG, SMALL = 5000, 200
 

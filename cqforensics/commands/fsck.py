@@ -153,6 +153,7 @@ def fsck(
     queues=None,
     jobs: int = 1,
     scans: list[NodeScan] | None = None,
+    record: bool = True,
 ) -> Iterator:
     """Check every node dir under ``paths``. Yields findings as they are found and, last, the
     Report (whose findings list holds them all). ``vhosts`` (names) checks only those vhosts;
@@ -163,7 +164,9 @@ def fsck(
     nothing is a ``UsageError`` naming the close names that exist. ``progress``: a
     ``driver.Progress``, or a display ``(text, done, total)`` one is made for. ``scans``: the
     node scans of ``paths`` made already (``read.driver.open_nodes``: a report's, which its
-    table reads share), checked with this check's options instead of listing the nodes again."""
+    table reads share), checked with this check's options instead of listing the nodes again.
+    ``record``: False leaves out the provenance record (``Report.provenance`` None) and with it
+    the hashing of every input file, for a caller that shows neither (the report page)."""
     from cqforensics.read.driver import Progress, check_names, names
 
     vhosts, queues = names(vhosts, "vhosts"), names(queues, "queues")
@@ -175,7 +178,7 @@ def fsck(
     report = Report(as_of_ms=as_of_ms, as_of_given=given)
     nodes = layout.discover(paths) if scans is None else [ns.node for ns in scans]
     # with -j N beside the checks; the dirs and name files discovery lists are not listed again
-    inputs = provenance.hashing(paths, jobs, nodes[0].listing if nodes else None)
+    inputs = provenance.hashing(paths, jobs, nodes[0].listing if nodes else None) if record else None
     work = (bool(broker_version), deep, vhosts, queues)
     if jobs > 1 and len(nodes) > 1:
         if vhosts is not None or queues is not None:
@@ -199,13 +202,14 @@ def fsck(
         for f in findings:
             report.findings.append(f)
             yield f
-    report.provenance = provenance.record(
-        "fsck",
-        paths,
-        ", ".join(sorted({n.broker_version for n in report.nodes})) or broker_version,
-        as_of_ms,
-        inputs=inputs,
-    )
+    if record:
+        report.provenance = provenance.record(
+            "fsck",
+            paths,
+            ", ".join(sorted({n.broker_version for n in report.nodes})) or broker_version,
+            as_of_ms,
+            inputs=inputs,
+        )
     yield report
 
 

@@ -225,7 +225,8 @@ def gather(
         opts["progress"] = Progress.of(progress, passes=1 + len(TABLES))
     # the nodes listed and their metadata read once, for fsck and every table read
     scans = driver.open_nodes(paths, make_options(broker_version, as_of, bodies=False, decode=False, jobs=jobs))
-    report = fsck_mod.run(paths, jobs=jobs, scans=scans, **{k: v for k, v in opts.items()})
+    # no provenance record: the page shows none, and it would hash every input file
+    report = fsck_mod.run(paths, jobs=jobs, scans=scans, record=False, **{k: v for k, v in opts.items()})
     report.as_of_given = given
     nodes = {display(n.node): Node(n) for n in report.nodes}
 
