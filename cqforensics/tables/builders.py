@@ -1237,13 +1237,15 @@ def file_rows(vs: VhostScan) -> Iterator[dict]:
             yield row(p, registry.other_kind(p, "store"))
     for q in vs.queue_dirs:
         qb = {"queue": q.label, "priority": q.priority}
-        stub = os.path.join(q.path, ".queue_name")  # one stat, of a path made as text: paid per queue dir
-        try:
-            size = os.stat(stub).st_size
-        except OSError as e:
-            if e.errno not in _ABSENT:  # what ``Path.exists`` does not take for absence
-                raise
-        else:
+        stub = os.path.join(q.path, ".queue_name")  # a path made as text: paid per queue dir
+        size = len(q.stub) if q.stub is not None else None  # discovery read it whole: no stat again
+        if size is None:
+            try:
+                size = os.stat(stub).st_size
+            except OSError as e:
+                if e.errno not in _ABSENT:  # what ``Path.exists`` does not take for absence
+                    raise
+        if size is not None:
             yield {"node": node, "vhost": vhost, "file": display(stub), "kind": "queue_name", "size": size, **qb}
         seen_qs = set()
         indexed = q.qi or q.idx or q.journal is not None  # an empty queue's dir has no index to scan
