@@ -124,6 +124,7 @@ class Broker:
         self.plugins: list[str] = sorted(set(plugins))
         self.extra_env = dict(env or {})
         self._proc: subprocess.Popen | None = None
+        self._booted = (0.0, 0.0)  # the last boot's wall and CPU seconds (``CQF_BROKER_CPU_LOG``)
         self._mounted = False
         self._ids = _owner_ids(self.runtime.root) if os.geteuid() == 0 else None
         for sub in ("mnesia", "log", "home"):
@@ -387,7 +388,7 @@ class Broker:
         log = os.environ.get("CQF_BROKER_CPU_LOG")
         if not log or self._proc is None:
             return
-        wall, boot = getattr(self, "_booted", (0.0, 0.0))
+        wall, boot = self._booted
         test = os.environ.get("PYTEST_CURRENT_TEST", "-").rsplit(" ", 1)[0]
         with open(log, "a") as f:
             f.write(f"{self.version}\t{end}\t{wall:.2f}\t{boot:.2f}\t{_session_cpu(self._proc.pid):.2f}\t{test}\n")
