@@ -477,11 +477,14 @@ def read_stream(stream_dir: Path | str, with_records: bool = True) -> StreamScan
             what = file_type(p)
         except OSError as e:  # gone, or a link that cannot be followed
             what = f"unreadable ({e.strerror})"
-        if what is not None:  # a FIFO would block the read, a directory cannot be read
-            scan.findings.append(Finding("not-regular-file", f"{what}, not a regular file: never read", str(p)))
-            continue
         s = _stem(p.name, ".segment")
         i = _stem(p.name, ".index")
+        if what == "a directory" and s is None and i is None:  # a dir of its own: not osiris's
+            scan.other_files.append(p)
+            continue
+        if what is not None:  # a FIFO would block the read; a segment or index cannot be a dir
+            scan.findings.append(Finding("not-regular-file", f"{what}, not a regular file: never read", str(p)))
+            continue
         if s is not None:
             segs[s] = p
         elif i is not None:
