@@ -24,6 +24,7 @@ declare-ok does not mean the next boot recovers the queue.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import re
@@ -31,6 +32,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -67,19 +69,57 @@ def _ephemeral_ports() -> tuple[int, int]:
         return 32768, 60999  # Linux's default
 
 
+#: ports this process holds a claim on (``_claim``): port -> the descriptor of its locked file
+_CLAIMED: dict[int, int] = {}
+
+
+def _claim(port: int) -> bool:
+    """Claim ``port`` among every process that uses this harness (the xdist workers, a bench
+    beside a test run): an exclusive lock on a file named after it in the temp dir, held until
+    ``release`` or this process's end (the kernel drops the lock then, so no claim outlives a
+    crash). A port free when chosen stays free only until something binds it, and a broker binds
+    its ports seconds later, at its boot: two workers choosing the same port in that time made
+    one boot fail (``dist_port_already_used``)."""
+    if port in _CLAIMED:
+        return False
+    claims = Path(tempfile.gettempdir()) / "cqf-ports"
+    claims.mkdir(mode=0o1777, exist_ok=True)
+    fd = os.open(claims / str(port), os.O_CREAT | os.O_RDWR, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    _CLAIMED[port] = fd
+    return True
+
+
+def release(*ports: int) -> None:
+    """Give up this process's claim on ``ports`` (``free_port``)."""
+    for port in ports:
+        fd = _CLAIMED.pop(port, None)
+        if fd is not None:
+            os.close(fd)
+
+
 def free_port() -> int:
-    """A port free now and outside the ephemeral range: a port bound at 0 comes from that
-    range, where any outgoing connection (a client's, the broker's own) may take it before a
-    later boot of the broker listens on it again (seen: eaddrinuse at a restart)."""
+    """A port free now, outside the ephemeral range, and claimed for this process until
+    ``release`` (``_claim``): no other process of the harness is handed it meanwhile. A port bound
+    at 0 comes from the ephemeral range, where any outgoing connection (a client's, the broker's
+    own) may take it before a later boot of the broker listens on it again (seen: eaddrinuse at a
+    restart)."""
     lo, hi = _ephemeral_ports()
     pool = range(10000, lo) if lo > 12000 else range(hi + 1, 65536)
     rng = random.SystemRandom()
     for _ in range(100 if len(pool) else 0):  # a range covering every port above 10000 leaves none
         port = rng.choice(pool)
+        if not _claim(port):
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
+                release(port)
                 continue
             return port
     with socket.socket() as s:  # every try taken: any free port
@@ -417,6 +457,7 @@ class Broker:
             if "not allowed" not in done.stdout + done.stderr or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
+        release(self.port, self.dist_port, self.epmd_port, self.mqtt_port, self.stomp_port, self.stream_port)
         if self._mounted:
             target = self.runtime.root / str(self.run_dir).lstrip("/")
             subprocess.run(["umount", "-l", str(target)], check=False)
