@@ -8,7 +8,9 @@ one run: this VM's speed varies between days by 2x), collated in ``bench/results
 Runs bench_readers (every table, core and pure-Python reference, ratio to the raw read, the
 compacted store), bench_holes (holed against rewritten), bench_memory (peak RSS, 0.1x to 10x)
 and bench_spark (local and standalone cluster against Parquet), each on the killed stores and
-on their cleanly stopped twins side by side (make_store.build_clean). Each writes its own results
+on their cleanly stopped twins side by side (make_store.build_clean); then bench_jobs (``-j 1``
+against ``-j 2``, every command on the 1x store) and bench_scale (20,000 queues, 20,000 unknown
+queue dirs, a sparse 50 GB ``.rdq``): every figure issue 32 asks for, from one run. Each writes its own results
 in ``bench/results/``; this script adds their stdout, under one date, to the summary.
 """
 
@@ -21,7 +23,14 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("bench_readers.py", "bench_holes.py", "bench_memory.py", "bench_spark.py")
+BENCHMARKS = (
+    "bench_readers.py",
+    "bench_holes.py",
+    "bench_memory.py",
+    "bench_spark.py",
+    "bench_jobs.py",
+    "bench_scale.py",
+)
 QUICK = {"bench_readers.py": ["--quick"], "bench_spark.py": ["--quick"]}
 
 
