@@ -13,6 +13,8 @@ from typing_extensions import Buffer
 
 #: bumped whenever a function's arguments or results change (cqforensics.compiled refuses another)
 ABI: int
+#: whether this is a debug build (about 10x slower: ``cqforensics.compiled.status`` says so)
+DEBUG: bool
 
 class VarColumn:
     """An Arrow column of variable-length values (binary, string)."""

@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from make_store import CLI, CLI_ENV, build, node_dir  # noqa: E402
+from make_store import CLI, CLI_ENV, build, core_status, node_dir  # noqa: E402
 
 AS_OF = "2030-01-01T00:00:00Z"
 #: name -> (arguments after the command's path, what to compare: stdout or the files written)
@@ -140,6 +140,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", choices=sorted(COMMANDS))
     ap.add_argument("--scale", type=float, default=1.0, help="the bench store's scale (make_store)")
     args = ap.parse_args()
+    print(f"compiled core: {core_status()}", flush=True)
     build(args.scale)
     node = node_dir(args.scale)
     names = args.only or list(COMMANDS)

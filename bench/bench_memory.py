@@ -58,7 +58,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from make_store import CACHE, _link_tree, build, build_clean, build_scaled, node_dir, scaled_dir, store_dir  # noqa: E402
+from make_store import CACHE, _link_tree, build, build_clean, build_scaled, core_status, node_dir, scaled_dir, store_dir  # noqa: E402
 
 TABLES = ("refcounts", "store", "messages")  # the default
 WRITERS = ("compact", "rebuild")
@@ -194,6 +194,7 @@ def main() -> None:
         help="the killed stores, their cleanly stopped twins (make_store.build_clean), or both",
     )
     args = ap.parse_args()
+    print(f"compiled core: {core_status()}", flush=True)
     nodes = {}
     for s in args.sizes:
         if s in (0.1, 1):

@@ -40,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from make_store import build, build_clean, build_compacted, node_dir, store_dir  # noqa: E402
+from make_store import build, build_clean, build_compacted, core_status, node_dir, store_dir  # noqa: E402
 
 CASES = {
     "index": ("index", None),
@@ -239,6 +239,7 @@ def main() -> None:
         help="leave out the compacted store (its build takes a broker about 10 minutes)",
     )
     args = ap.parse_args()
+    print(f"compiled core: {core_status()}", flush=True)
     runs = 1 if args.quick else 3
     big, small = node_dir(1.0), node_dir(0.1)
     build(1.0)

@@ -45,7 +45,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from make_store import CLI, CLI_ENV  # noqa: E402
+from make_store import CLI, CLI_ENV, core_status  # noqa: E402
 
 CACHE = Path(os.environ.get("CQF_BENCH_CACHE", "/var/cache/cqforensics/bench"))
 SAMPLE = ROOT / "sample_data" / "4.3.6-kill" / "mnesia"
@@ -201,6 +201,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=None, help="-j for every command (default: the CLI's own)")
     ap.add_argument("--only", nargs="*", choices=sorted(COMMANDS))
     args = ap.parse_args()
+    print(f"compiled core: {core_status()}", flush=True)
     inputs = {f"{n:,} queues (4.3.6)": build_queues(n) for n in args.queues}
     if args.unknown:
         inputs[f"{args.unknown:,} unknown queue dirs (crafted)"] = build_unknown(args.unknown)

@@ -60,6 +60,19 @@ CLI_ENV = {
     ).rstrip(os.pathsep),
 }
 CACHE = Path(os.environ.get("CQF_BENCH_CACHE", "/var/cache/cqforensics/bench"))
+
+
+def core_status() -> str:
+    """The compiled core the benchmarks measure (``cqforensics.compiled.status``); a debug build
+    (an editable install's, once) is refused: its figures are 8-13x slower and mean nothing."""
+    from cqforensics import compiled
+
+    status = compiled.status()
+    if "debug build" in status:
+        sys.exit(f"benchmarks refuse the compiled core this checkout holds: {status}")
+    return status
+
+
 BIG, SMALL = 5000, 200
 
 

@@ -559,6 +559,9 @@ fn decode_fields<'py>(
 #[pymodule]
 fn cqforensics_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ABI", ABI)?;
+    // a debug build (an editable install before setuptools-rust was told `debug = false`) decodes
+    // about 10x slower: `cqforensics --version` and the benchmarks say so
+    m.add("DEBUG", cfg!(debug_assertions))?;
     m.add_function(wrap_pyfunction!(walk_rdq, m)?)?;
     m.add_function(wrap_pyfunction!(decode_messages, m)?)?;
     m.add_function(wrap_pyfunction!(check_qs, m)?)?;

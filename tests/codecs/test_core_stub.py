@@ -79,3 +79,13 @@ def test_stub_is_named_where_the_module_is_built_and_shipped():
     and listed for the wheel (pyproject.toml), where type checkers look for it."""
     assert STUB.is_file()
     assert "cqforensics_core.pyi" in (ROOT / "pyproject.toml").read_text()
+
+
+def test_a_debug_build_says_so(module, monkeypatch):
+    """A debug build (setuptools-rust's default for an editable install, before ``debug = false``)
+    answers the same, about 10x slower: ``--version`` and every provenance record say which."""
+    assert isinstance(module.DEBUG, bool)
+    assert ("debug build" in core.status()) == module.DEBUG
+    monkeypatch.setattr(module, "DEBUG", True, raising=False)
+    monkeypatch.setattr(core, "_native", module)
+    assert "debug build" in core.status()
