@@ -441,17 +441,26 @@ def _may_crash(vs) -> bool:
     ``crash_once``). The common case, proved without resolving every entry."""
     if not _refs_placed(vs):
         return True
-    for qx in vs.live_chunks(whole=True):
-        r, live = qx.rec, qx.live
-        in_qs = live[r.loc[live] == _QSTORE]
-        files = r.file[in_qs]
-        for f in np.unique(files).tolist():
-            sel = in_qs[files == f]
-            qs_path = qx.qs_of(f)
-            qs = vs.qs_files.get(qs_path) if qs_path is not None else None
-            if qs is None or (vs.bodies.qs_entries(qs, r.store_offset[sel], r.store_size[sel]) != QsStatus.OK).any():
-                return True
-    return False
+    checked = vs.__dict__.get("qs_entries_checked")  # found by the index pass of an unshared scan
+    if checked is not None:
+        return not checked
+    return not all(qs_entries_check(vs, qx) for qx in vs.live_chunks(whole=True))
+
+
+def qs_entries_check(vs, qx) -> bool:
+    """Whether every live ``.qs`` entry of index chunk ``qx`` checks (no ``crash_once`` on a
+    clean start's read of it). The index pass asks it of each chunk it reads when the vhost
+    recovers clean (``VhostScan.index_pass``), so that ``_may_crash`` reads no index again."""
+    r, live = qx.rec, qx.live
+    in_qs = live[r.loc[live] == _QSTORE]
+    files = r.file[in_qs]
+    for f in np.unique(files).tolist():
+        sel = in_qs[files == f]
+        qs_path = qx.qs_of(f)
+        qs = vs.qs_files.get(qs_path) if qs_path is not None else None
+        if qs is None or (vs.bodies.qs_entries(qs, r.store_offset[sel], r.store_size[sel]) != QsStatus.OK).any():
+            return False
+    return True
 
 
 def lost_on_read(vs) -> dict[str, tuple[int, int]]:

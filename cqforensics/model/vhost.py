@@ -177,6 +177,7 @@ class VhostScan:
         "_double_ackers",
         "start_crash",
         "term_files",
+        "qs_entries_checked",
     )
     #: facts about the vhost's ids of one share (all of them, unshared): store indexes, references
     PER_SHARE = ("stores", "index_pass", "store_status")
@@ -559,7 +560,9 @@ class VhostScan:
             parts = parallel.ordered(ranges, lambda only: [self._index_refs(only, 0)], jobs)
         else:
             parts = [self._index_refs(None, self.KEEP_BYTES if self.keeps_index else 0)]
-        for part_ids, part_queue, part_crashes in parts:
+        qs_checked = True
+        for part_ids, part_queue, part_crashes, part_qs_checked in parts:
+            qs_checked = qs_checked and part_qs_checked
             for kind in ids:
                 ids[kind] += part_ids[kind]
                 queue[kind] += part_queue[kind]
@@ -573,15 +576,21 @@ class VhostScan:
             idset, group, _ = IdSet.build(all_ids)
             out[kind] = References(idset, np.bincount(group, minlength=len(idset)), group, qpos, nq)
         self.__dict__.setdefault("crashing_queues", crashes)
+        if self.recovery == "clean":
+            self.__dict__.setdefault("qs_entries_checked", qs_checked)
         return out, crashes
 
-    def _index_refs(self, only: dict | None, room: int) -> tuple[dict, dict, dict]:
+    def _index_refs(self, only: dict | None, room: int) -> tuple[dict, dict, dict, bool]:
         """``index_pass``'s gathering over the queue dirs (and segments) ``only`` names (None:
-        every one): per store the referenced ids and the positions of their queues, and the
-        findings that crash a queue; ``room``: bytes of chunks to keep for a listing to come."""
+        every one): per store the referenced ids and the positions of their queues, the
+        findings that crash a queue, and (a vhost that recovers clean) whether every live
+        ``.qs`` entry checks (``recovery.qs_entries_check``: the clean start's crash check, made
+        here so that it reads no index again); ``room``: bytes of chunks to keep for a listing
+        to come."""
         ids = {"persistent": [], "transient": []}
         queue = {"persistent": [], "transient": []}
         crashes: dict[str, list[Finding]] = {}
+        qs_checked = self.recovery == "clean"  # stays True while every entry checks
         for qi, q in enumerate(self.all_queue_dirs):
             if only is not None and q.dir_name not in only:
                 continue
@@ -600,7 +609,8 @@ class VhostScan:
                 causes = recovery.crash_causes(self, qx)
                 if causes:
                     crashes.setdefault(q.label, []).extend(causes)
-        return ids, queue, crashes
+                qs_checked = qs_checked and recovery.qs_entries_check(self, qx)
+        return ids, queue, crashes, qs_checked
 
     def store_entries(self) -> int:
         """Entries the vhost's stores hold (every share's): counted from the one walk's spill for
