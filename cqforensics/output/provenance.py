@@ -154,13 +154,24 @@ def hashing(paths, jobs: int = 1, listing: Listing | None = None) -> Callable[[]
 
             return here
         workers = max(1, jobs - 1)
-        # one group a worker: a started worker left waiting for the caller's reads gets no second task
-        groups = _groups(files, sizes, workers)
-        entries = parallel.started(groups, lambda group: [[_entry(f, read) for f in group]], workers)
+        # many groups, claimed one at a time (``_Claims``) by the workers from now on and by this
+        # process once it asks for the manifest: the hashing ends when the command's own work
+        # does, the caller's core joining in, where a group a worker left it as the critical path
+        groups = _groups(files, sizes, min(_Claims.MOST, CLAIMED_GROUPS * jobs))
+        claims = _Claims(len(groups))
+
+        def hash_claimed(_worker) -> list:
+            return [claims.each(lambda g: [_entry(f, read) for f in groups[g]])]
+
+        entries = parallel.started(range(workers), hash_claimed, workers)
 
         def taken() -> list[dict]:
             with heap.building():
-                return [e for group in entries for e in group if e is not None]
+                done = dict(claims.each(lambda g: [_entry(f, read) for f in groups[g]]))
+                claims.close()
+                for part in entries:
+                    done.update(part)
+                return [e for g in range(len(groups)) for e in done[g] if e is not None]
 
         return taken
     return lambda: inputs_manifest(paths, jobs, listing)
@@ -213,6 +224,43 @@ def _sizes(files: list[str], read: dict[str, tuple[int, bytes]] | None = None) -
         except OSError:
             sizes.append(4096)
     return sizes
+
+
+#: groups of input files a process of ``hashing`` claims at a time, per process of ``-j``
+CLAIMED_GROUPS = 8
+
+
+class _Claims:
+    """The numbers 0 .. n-1 of a map's groups, each taken once by whichever process asks first
+    (``hashing``'s workers, then its caller): a pipe filled with one byte a group before the
+    workers fork, its writing end closed, so a read takes the next number (a pipe's read of one
+    byte is atomic) and an empty pipe reads as its end, never blocking."""
+
+    MOST = 255  # one byte a group
+
+    def __init__(self, n: int):
+        self._read: int | None = None
+        if not 0 < n <= self.MOST:
+            raise ValueError(f"{n} groups: 1 to {self.MOST}")
+        self._read, write = os.pipe()
+        try:
+            os.write(write, bytes(range(n)))  # far below a pipe's capacity: never blocks
+        finally:
+            os.close(write)
+
+    def each(self, work: Callable[[int], object]) -> list[tuple[int, object]]:
+        """``(g, work(g))`` for every group this process claims, until none is left."""
+        out = []
+        while self._read is not None and (token := os.read(self._read, 1)):
+            out.append((token[0], work(token[0])))
+        return out
+
+    def close(self) -> None:
+        if self._read is not None:
+            os.close(self._read)
+            self._read = None
+
+    __del__ = close
 
 
 def _groups(files: list[str], sizes: list[int], n: int) -> list[list[str]]:

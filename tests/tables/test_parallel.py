@@ -346,3 +346,32 @@ def test_read_jsonl_limit_is_the_same_with_jobs(split_everything, capsys):
             outs.append(capsys.readouterr().out)
         assert outs[0] == outs[1]
         assert len(outs[0].split("\n")) - 1 == min(int(limit), 93)
+
+
+# -- the inputs' hashes, shared out ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("jobs", [2, 3])
+def test_the_inputs_manifest_hashed_in_claimed_groups_is_the_serial_one(monkeypatch, jobs):
+    """``provenance.hashing`` with ``jobs`` > 1: the workers and then the caller claim groups of
+    files one at a time (``_Claims``); the manifest is the serial one, in the same order, whoever
+    hashed which group (here the workers may have claimed all, some or none of them)."""
+    monkeypatch.setattr(provenance, "PARALLEL_BYTES", 0)
+    node = SAMPLES / "4.3.6-rolled"
+    want = provenance.inputs_manifest(node, 1)
+    assert provenance.hashing(node, jobs)() == want
+    monkeypatch.setattr(provenance, "CLAIMED_GROUPS", 100)  # more groups than files: some empty-handed
+    assert provenance.hashing(node, jobs)() == want
+
+
+def test_each_group_is_claimed_once_across_processes():
+    """``_Claims``: a forked worker and the caller drain the same numbers; each number goes to
+    exactly one of them, and an emptied pipe reads as its end (no wait)."""
+    claims = provenance._Claims(200)
+    got = list(parallel.started(range(2), lambda _: [claims.each(lambda g: (os.getpid(), g))], 2))
+    mine = claims.each(lambda g: (os.getpid(), g))
+    claims.close()
+    numbers = [g for part in got for g, _ in part] + [g for g, _ in mine]
+    assert sorted(numbers) == list(range(200))
+    with pytest.raises(ValueError):
+        provenance._Claims(256)
