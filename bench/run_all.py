@@ -2,7 +2,7 @@
 """Every benchmark in one run, one after the other (their figures are comparable only within
 one run: this VM's speed varies between days by 2x), collated in ``bench/results/summary.md``.
 
-    python bench/run_all.py            # about 25 minutes on the project's 2-core VM
+    python bench/run_all.py            # 19 minutes on the 2-core VM of 2026-11-29 (stores built)
     python bench/run_all.py --quick    # one run per case where a benchmark offers it
 
 Runs bench_readers (every table, core and pure-Python reference, ratio to the raw read, the
