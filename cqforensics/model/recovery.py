@@ -745,7 +745,9 @@ def store_crash(vs) -> StoreCrash | None:
                     total[n] = total.get(n, 0) + b
             sums[2].update(part[2])
             now = sub.options.now_ms() * 1000
-            for qx in sub.live_chunks(whole=True):
+            # no live entry has an expiry (the index pass of an unshared scan saw them all): none
+            # can expire, and no index is read again for it
+            for qx in sub.live_chunks(whole=True) if sub.__dict__.get("live_ttl") is not False else ():
                 r, live = qx.rec, qx.live
                 expiry = r.expiry[live]
                 if qx.qdir.label in removes or not ((expiry > 0) & (expiry <= now)).any() or dead_letters(sub, qx.qdir):

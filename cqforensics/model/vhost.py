@@ -178,6 +178,7 @@ class VhostScan:
         "start_crash",
         "term_files",
         "qs_entries_checked",
+        "live_ttl",
     )
     #: facts about the vhost's ids of one share (all of them, unshared): store indexes, references
     PER_SHARE = ("stores", "index_pass", "store_status")
@@ -560,9 +561,9 @@ class VhostScan:
             parts = parallel.ordered(ranges, lambda only: [self._index_refs(only, 0)], jobs)
         else:
             parts = [self._index_refs(None, self.KEEP_BYTES if self.keeps_index else 0)]
-        qs_checked = True
-        for part_ids, part_queue, part_crashes, part_qs_checked in parts:
-            qs_checked = qs_checked and part_qs_checked
+        qs_checked, ttl = True, False
+        for part_ids, part_queue, part_crashes, (part_qs_checked, part_ttl) in parts:
+            qs_checked, ttl = qs_checked and part_qs_checked, ttl or part_ttl
             for kind in ids:
                 ids[kind] += part_ids[kind]
                 queue[kind] += part_queue[kind]
@@ -578,19 +579,22 @@ class VhostScan:
         self.__dict__.setdefault("crashing_queues", crashes)
         if self.recovery == "clean":
             self.__dict__.setdefault("qs_entries_checked", qs_checked)
+            self.__dict__.setdefault("live_ttl", ttl)
         return out, crashes
 
-    def _index_refs(self, only: dict | None, room: int) -> tuple[dict, dict, dict, bool]:
+    def _index_refs(self, only: dict | None, room: int) -> tuple[dict, dict, dict, tuple[bool, bool]]:
         """``index_pass``'s gathering over the queue dirs (and segments) ``only`` names (None:
         every one): per store the referenced ids and the positions of their queues, the
-        findings that crash a queue, and (a vhost that recovers clean) whether every live
-        ``.qs`` entry checks (``recovery.qs_entries_check``: the clean start's crash check, made
-        here so that it reads no index again); ``room``: bytes of chunks to keep for a listing
-        to come."""
+        findings that crash a queue, and two facts a clean start's checks would otherwise read
+        every index again for: whether every live ``.qs`` entry checks (a vhost that recovers
+        clean; ``recovery.qs_entries_check``, for its crash check) and whether any live entry
+        has an expiry (``recovery.store_crash``: an expired message the recorded index lacks);
+        ``room``: bytes of chunks to keep for a listing to come."""
         ids = {"persistent": [], "transient": []}
         queue = {"persistent": [], "transient": []}
         crashes: dict[str, list[Finding]] = {}
         qs_checked = self.recovery == "clean"  # stays True while every entry checks
+        ttl = False
         for qi, q in enumerate(self.all_queue_dirs):
             if only is not None and q.dir_name not in only:
                 continue
@@ -610,7 +614,8 @@ class VhostScan:
                 if causes:
                     crashes.setdefault(q.label, []).extend(causes)
                 qs_checked = qs_checked and recovery.qs_entries_check(self, qx)
-        return ids, queue, crashes, qs_checked
+                ttl = ttl or bool((r.expiry[live] > 0).any())
+        return ids, queue, crashes, (qs_checked, ttl)
 
     def store_entries(self) -> int:
         """Entries the vhost's stores hold (every share's): counted from the one walk's spill for
