@@ -450,7 +450,8 @@ def _may_crash(vs) -> bool:
 def qs_entries_check(vs, qx) -> bool:
     """Whether every live ``.qs`` entry of index chunk ``qx`` checks (no ``crash_once`` on a
     clean start's read of it). The index pass asks it of each chunk it reads when the vhost
-    recovers clean (``VhostScan.index_pass``), so that ``_may_crash`` reads no index again."""
+    recovers clean and a listing of every index follows (``VhostScan._index_refs``), so that
+    ``_may_crash`` reads no index again."""
     r, live = qx.rec, qx.live
     in_qs = live[r.loc[live] == _QSTORE]
     files = r.file[in_qs]

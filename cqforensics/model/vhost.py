@@ -578,7 +578,8 @@ class VhostScan:
             out[kind] = References(idset, np.bincount(group, minlength=len(idset)), group, qpos, nq)
         self.__dict__.setdefault("crashing_queues", crashes)
         if self.recovery == "clean":
-            self.__dict__.setdefault("qs_entries_checked", qs_checked)
+            if self.keeps_index:  # checked only then (``_index_refs``)
+                self.__dict__.setdefault("qs_entries_checked", qs_checked)
             self.__dict__.setdefault("live_ttl", ttl)
         return out, crashes
 
@@ -586,14 +587,17 @@ class VhostScan:
         """``index_pass``'s gathering over the queue dirs (and segments) ``only`` names (None:
         every one): per store the referenced ids and the positions of their queues, the
         findings that crash a queue, and two facts a clean start's checks would otherwise read
-        every index again for: whether every live ``.qs`` entry checks (a vhost that recovers
-        clean; ``recovery.qs_entries_check``, for its crash check) and whether any live entry
-        has an expiry (``recovery.store_crash``: an expired message the recorded index lacks);
-        ``room``: bytes of chunks to keep for a listing to come."""
+        every index again for: whether every live ``.qs`` entry checks (``recovery.
+        qs_entries_check``, for the crash check; asked only of a vhost that recovers clean, in a
+        read that lists every index after this pass (``lists_every_index``: it judges every
+        queue's fate), so that a read needing no fate, ``refcounts`` or ``store``, does not pay
+        for it) and whether any live entry has an expiry (``recovery.store_crash``: an expired
+        message the recorded index lacks); ``room``: bytes of chunks to keep for a listing to
+        come."""
         ids = {"persistent": [], "transient": []}
         queue = {"persistent": [], "transient": []}
         crashes: dict[str, list[Finding]] = {}
-        qs_checked = self.recovery == "clean"  # stays True while every entry checks
+        qs_checked = self.keeps_index and self.recovery == "clean"  # stays True while every entry checks
         ttl = False
         for qi, q in enumerate(self.all_queue_dirs):
             if only is not None and q.dir_name not in only:
