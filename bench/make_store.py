@@ -68,7 +68,7 @@ def core_status() -> str:
     from cqforensics import compiled
 
     status = compiled.status()
-    if "debug build" in status:
+    if compiled.debug_build():
         sys.exit(f"benchmarks refuse the compiled core this checkout holds: {status}")
     return status
 

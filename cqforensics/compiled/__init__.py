@@ -77,9 +77,15 @@ def status() -> str:
         return _why
     if native() is None:
         return "off (CQF_CORE=0)"
-    if getattr(_native, "DEBUG", False):  # same answers, but measured 8-13x slower: never a bench's figure
+    if debug_build():
         return "on, a debug build (about 10x slower; python3 -m pip install . builds it for release)"
     return "on"
+
+
+def debug_build() -> bool:
+    """Whether the compiled core is a debug build: the same answers, measured 8-13x slower (never
+    a benchmark's figure: ``bench/make_store.core_status`` refuses it)."""
+    return bool(getattr(_native, "DEBUG", False))
 
 
 # -- rdq walk --------------------------------------------------------------------------------------
@@ -372,6 +378,7 @@ __all__ = [
     "FALLBACK",
     "NO_TERM",
     "check_qs",
+    "debug_build",
     "decode_messages",
     "decode_term",
     "decode_fields",

@@ -139,7 +139,8 @@ def hashing(paths, jobs: int = 1, listing: Listing | None = None) -> Callable[[]
     """The inputs manifest of ``paths``, hashed from now on beside the caller's work: call the
     result for it (``inputs_manifest``'s, the same list). With ``jobs`` > 1 and inputs of
     ``PARALLEL_BYTES`` or more, ``jobs - 1`` processes (one at least) hash them while the command
-    reads (fsck's serial part, its node facts and store index, then runs beside them); with
+    reads (fsck's serial part, its node facts and store index, then runs beside them), and the
+    caller hashes what they have not started when it calls the result; with
     smaller inputs the files walked now are hashed when it is called, in this process (the tree
     walked once); with ``jobs`` 1, all of it when it is called."""
     if jobs > 1:
@@ -160,14 +161,14 @@ def hashing(paths, jobs: int = 1, listing: Listing | None = None) -> Callable[[]
         groups = _groups(files, sizes, min(_Claims.MOST, CLAIMED_GROUPS * jobs))
         claims = _Claims(len(groups))
 
-        def hash_claimed(_worker) -> list:
-            return [claims.each(lambda g: [_entry(f, read) for f in groups[g]])]
+        def hash_group(g: int) -> list[dict | None]:
+            return [_entry(f, read) for f in groups[g]]
 
-        entries = parallel.started(range(workers), hash_claimed, workers)
+        entries = parallel.started(range(workers), lambda _worker: [claims.each(hash_group)], workers)
 
         def taken() -> list[dict]:
             with heap.building():
-                done = dict(claims.each(lambda g: [_entry(f, read) for f in groups[g]]))
+                done = dict(claims.each(hash_group))
                 claims.close()
                 for part in entries:
                     done.update(part)
